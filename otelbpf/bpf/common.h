@@ -1,0 +1,83 @@
+/* Shared by every otelbpf probe family: the fixed-size event record, the
+ * process filter and the drop counters. Mirrored in otelbpf/events.py.
+ *
+ * Every record on the `events` ring buffer is exactly 64 bytes so user space
+ * can drain it in bulk as a numpy structured array (see sensor/ringbuf.py).
+ * Records are submitted with BPF_RB_NO_WAKEUP: user space drains on a timer,
+ * so a traced program never pays for waking the reader. */
+#include <uapi/linux/ptrace.h>
+
+struct event {
+    u64 ts_ns;        /* bpf_ktime_get_ns() at entry (CLOCK_MONOTONIC) */
+    u64 duration_ns;  /* entry -> return; 0 for entry-only events */
+    u32 pid;          /* tgid */
+    u32 tid;
+    u8  kind;         /* EV_* */
+    u8  func;         /* family-specific function id */
+    u16 flags;        /* EVF_* */
+    s32 ret;          /* return value (CUDA error code), 0 for entry-only */
+    u64 a0, a1, a2, a3;  /* kind-specific arguments */
+};
+
+/* Variable-length facts (library paths, kernel names) are rare: a second ring
+ * with 256-byte records carries them. */
+struct strevent {
+    u32 pid;
+    u8  kind;
+    u8  pad[3];
+    u64 a0;
+    char s[240];
+};
+
+#define EV_PROC_EXEC 1
+#define EV_PROC_EXIT 2
+#define EV_CUDA_LAUNCH 10
+#define EV_CUDA_MEMCPY 11
+#define EV_CUDA_MALLOC 12
+#define EV_CUDA_FREE 13
+#define EV_CUDA_SYNC 14
+
+#define SEV_LIB_OPEN 1
+#define SEV_CUDA_FUNC_NAME 2
+
+#define EVF_INCOMPLETE 1   /* the thread exited before the call returned */
+
+/* stats[] slots: every drop in the kernel is counted here. */
+#define STAT_EVENTS_LOST 0
+#define STAT_STR_LOST 1
+#define STAT_INFLIGHT_FULL 2
+#define STAT_LAUNCH_MAP_FULL 3
+#define STAT_MAX 8
+
+BPF_RINGBUF_OUTPUT(events, EVENTS_RING_PAGES);
+BPF_RINGBUF_OUTPUT(strevents, STR_RING_PAGES);
+BPF_PERCPU_ARRAY(stats, u64, STAT_MAX);
+/* Processes being watched (only consulted when built with FILTER_PIDS). */
+BPF_HASH(watched, u32, u8, 65536);
+
+/* Calls between entry and return, keyed by pid_tgid: the entry probe stores
+ * a half-filled event, the return probe completes and emits it. LRU so that
+ * threads killed mid-call cannot fill the map. */
+BPF_TABLE("lru_hash", u64, struct event, inflight, INFLIGHT_ENTRIES);
+
+static __always_inline void count_stat(u32 slot)
+{
+    u64 *v = stats.lookup(&slot);
+    if (v)
+        (*v)++;
+}
+
+static __always_inline int is_watched(u32 tgid)
+{
+#ifdef FILTER_PIDS
+    return watched.lookup(&tgid) != 0;
+#else
+    return 1;
+#endif
+}
+
+static __always_inline void emit(struct event *e)
+{
+    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP) != 0)
+        count_stat(STAT_EVENTS_LOST);
+}

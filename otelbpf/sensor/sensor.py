@@ -1,0 +1,278 @@
+"""The sensor: load the BPF program, keep probes attached to every matching
+library, and drain the ring buffers on a timer.
+
+Threads, each with one job:
+- drain: every ``drain_interval`` copies all records out of both rings and
+  hands the arrays to ``deliver`` (which must only enqueue);
+- discovery: attaches to library files as they are reported (openat events,
+  /proc rescans), so a slow attach never delays draining.
+Knows nothing of spans or OTLP.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from otelbpf.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
+from otelbpf.sensor import elf, libraries, program
+from otelbpf.sensor.family import ProbeFamily
+from otelbpf.sensor.libraries import LibraryFile
+from otelbpf.sensor.ringbuf import RingBufferReader
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[[str, np.ndarray], None]
+
+
+class SensorError(Exception):
+    """The sensor cannot run here; the message says why and what to do."""
+
+
+@dataclass
+class SensorOptions:
+    families: list[ProbeFamily]
+    pids: list[int] = field(default_factory=list)  # empty: whole host
+    search_globs: list[str] = field(default_factory=list)
+    drain_interval_s: float = 0.02
+    events_ring_bytes: int = 8 << 20
+    rescan_interval_s: float = 5.0
+
+
+@dataclass
+class AttachStats:
+    libraries: int = 0
+    probes: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+
+class Sensor:
+    def __init__(self, options: SensorOptions, deliver: Deliver) -> None:
+        self.options = options
+        self._deliver = deliver
+        self._bpf = None
+        self._lock = threading.Lock()  # serialises BCC object use across threads
+        self._attached: dict[tuple[int, int], LibraryFile] = {}
+        self._work: queue.Queue[tuple[int, str] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._readers: dict[str, RingBufferReader] = {}
+        self.attach_stats = AttachStats()
+        self.compile_seconds = 0.0
+        self.attach_seconds = 0.0
+        self.records_received = {"events": 0, "strevents": 0}
+        self.on_library: Callable[[LibraryFile], None] | None = None
+
+    # -- life cycle -------------------------------------------------------
+
+    def start(self) -> None:
+        from bcc import BPF  # imported late: `otelbpf --help` works without BCC
+
+        text, cflags = program.build(
+            self.options.families,
+            filter_pids=bool(self.options.pids),
+            events_ring_bytes=self.options.events_ring_bytes,
+        )
+        t0 = time.monotonic()
+        try:
+            self._bpf = BPF(text=text, cflags=cflags)
+        except Exception as exc:
+            raise SensorError(
+                f"could not compile/load the BPF program: {exc}. "
+                "Run `otelbpf doctor` to see what this host lacks."
+            ) from exc
+        self.compile_seconds = time.monotonic() - t0
+        watched = self._bpf["watched"]
+        for pid in self.options.pids:
+            watched[watched.Key(pid)] = watched.Leaf(1)
+        self._readers = {
+            "events": RingBufferReader(self._bpf["events"].map_fd, self.options.events_ring_bytes, EVENT_DTYPE),
+            "strevents": RingBufferReader(self._bpf["strevents"].map_fd, 256 * 1024, STREVENT_DTYPE),
+        }
+        t0 = time.monotonic()
+        for lib in libraries.from_globs(self.options.search_globs, self.options.families):
+            self._attach(lib)
+        self._rescan()
+        self.attach_seconds = time.monotonic() - t0
+        for target, name in ((self._drain_loop, "otelbpf-drain"), (self._discovery_loop, "otelbpf-discovery")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        """Stop threads, deliver what is left, detach every probe."""
+        self._stop.set()
+        self._work.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads.clear()
+        if self._bpf is not None:
+            self.drain_once()
+            for r in self._readers.values():
+                r.close()
+            self._readers.clear()
+            with self._lock:
+                self._bpf.cleanup()
+            self._bpf = None
+
+    def watch_pid(self, pid: int) -> None:
+        """Add a process to the in-kernel filter (its children follow)."""
+        with self._lock:
+            watched = self._bpf["watched"]
+            watched[watched.Key(pid)] = watched.Leaf(1)
+        self._work.put((pid, ""))
+
+    # -- draining ---------------------------------------------------------
+
+    def drain_once(self) -> int:
+        n = 0
+        for name, reader in self._readers.items():
+            arr = reader.drain()
+            if len(arr):
+                n += len(arr)
+                self.records_received[name] += len(arr)
+                if name == "strevents":
+                    self._note_strings(arr)
+                self._deliver(name, arr)
+        return n
+
+    def _drain_loop(self) -> None:
+        interval = self.options.drain_interval_s
+        while not self._stop.wait(interval):
+            try:
+                self.drain_once()
+            except Exception:  # keep draining whatever one batch did
+                log.exception("drain failed")
+
+    def _note_strings(self, arr: np.ndarray) -> None:
+        for rec in arr[arr["kind"] == StrKind.LIB_OPEN]:
+            self._work.put((int(rec["pid"]), rec["s"].split(b"\0", 1)[0].decode(errors="replace")))
+
+    # -- discovery and attaching ------------------------------------------
+
+    def _discovery_loop(self) -> None:
+        next_scan = time.monotonic() + self.options.rescan_interval_s
+        while not self._stop.is_set():
+            timeout = max(0.0, next_scan - time.monotonic())
+            try:
+                item = self._work.get(timeout=timeout)
+            except queue.Empty:
+                item = ("rescan",)
+            if item is None:
+                return
+            try:
+                if item == ("rescan",):
+                    self._rescan()
+                    next_scan = time.monotonic() + self.options.rescan_interval_s
+                else:
+                    pid, path = item
+                    if path:
+                        lib = libraries.in_process(pid, path, self.options.families)
+                        if lib is not None:
+                            self._attach(lib)
+                    else:
+                        for lib in libraries.from_process(pid, self.options.families):
+                            self._attach(lib)
+            except Exception as exc:
+                self.attach_stats.failures += 1
+                self.attach_stats.last_error = str(exc)
+                log.exception("discovery step failed")
+
+    def _rescan(self) -> None:
+        pids = self.watched_pids() if self.options.pids else libraries.all_pids()
+        for pid in pids:
+            for lib in libraries.from_process(pid, self.options.families):
+                self._attach(lib)
+
+    def watched_pids(self) -> list[int]:
+        with self._lock:
+            return [k.value for k in self._bpf["watched"].keys()]
+
+    def attached_libraries(self) -> list[LibraryFile]:
+        return list(self._attached.values())
+
+    def _attach(self, lib: LibraryFile) -> None:
+        if lib.key in self._attached:
+            return
+        fam = next(f for f in self.options.families if f.name == lib.family)
+        kind = next(k for k in fam.libraries if k.name == lib.kind)
+        try:
+            sites = elf.resolve(lib.path, kind.symbols)
+        except (elf.ElfError, OSError) as exc:
+            self._fail(f"{lib.shown_path}: {exc}")
+            return
+        self._attached[lib.key] = lib
+        count = 0
+        with self._lock:
+            for spec in kind.probes:
+                for site in sites.get(spec.symbol, ()):
+                    for fn, attach in ((spec.entry, self._bpf.attach_uprobe), (spec.ret, self._bpf.attach_uretprobe)):
+                        if fn is None:
+                            continue
+                        try:
+                            attach(name=lib.path, addr=site.probe_vaddr, fn_name=fn)
+                            count += 1
+                        except Exception as exc:
+                            self._fail(f"{lib.shown_path}: {spec.symbol}@{site.probe_vaddr:#x}: {exc}")
+        self.attach_stats.libraries += 1
+        self.attach_stats.probes += count
+        log.info("attached %d probes to %s (%s)", count, lib.shown_path, lib.kind)
+        if self.on_library is not None:
+            self.on_library(lib)
+
+    def _fail(self, message: str) -> None:
+        self.attach_stats.failures += 1
+        self.attach_stats.last_error = message
+        log.warning("attach failed: %s", message)
+
+    # -- kernel-side state ------------------------------------------------
+
+    def kernel_stats(self) -> dict[str, int]:
+        """Drops counted in the kernel, summed over CPUs."""
+        with self._lock:
+            table = self._bpf["stats"]
+            return {s.name.lower(): int(sum(table[table.Key(int(s))])) for s in Stat}
+
+    def read_map(self, name: str) -> list[tuple[object, int]]:
+        """(key struct, value) pairs of a counting hash map."""
+        with self._lock:
+            return [(k, v.value) for k, v in self._bpf[name].items()]
+
+    def delete_keys(self, name: str, keys: list[object]) -> None:
+        with self._lock:
+            table = self._bpf[name]
+            for k in keys:
+                try:
+                    del table[k]
+                except KeyError:
+                    pass
+
+    def ring_pending_bytes(self) -> int:
+        return sum(r.pending_bytes() for r in self._readers.values())
+
+
+def require_root() -> None:
+    """Fail early, with the fix, when the agent lacks privileges."""
+    if os.geteuid() != 0:
+        caps = 0
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("CapEff:"):
+                        caps = int(line.split()[1], 16)
+        except OSError:
+            pass
+        cap_bpf, cap_perfmon, cap_sys_admin = 1 << 39, 1 << 38, 1 << 21
+        if not (caps & cap_sys_admin or (caps & cap_bpf and caps & cap_perfmon)):
+            raise SensorError(
+                "otelbpf needs privileges to load eBPF programs: run it as root (sudo), or grant "
+                "CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (see docs/capabilities.md)."
+            )
