@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# One-command host set-up for otelbpf on Debian 12 (run as root; safe and fast to re-run).
+#
+# What it does, and why:
+#   1. apt packages: BCC (bpfcc-tools, python3-bpfcc, libbpfcc), a C toolchain for the example
+#      libraries (build-essential), python3-venv.  apt-get runs only when something is missing.
+#   2. kernel headers BCC compiles against: linux-headers-$(uname -r) when Debian has it; otherwise
+#      (custom kernels such as this 6.18 VM) linux-headers-<arch> and /lib/modules/$(uname -r)/{build,source}
+#      linked to the newest installed ones.  That is a fallback: struct layouts in those headers are
+#      not the running kernel's, which is fine because otelbpf never reads kernel structs.
+#   3. tracefs at /sys/kernel/tracing and debugfs at /sys/kernel/debug (BCC attaches, and detaches
+#      uprobes, through them).
+#   4. .venv at the repo root that can `import bcc` (Debian ships it only for the system python) and
+#      has otelbpf installed editable with its test extras (re-installed only when pyproject.toml changes).
+set -euo pipefail
+
+log() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: ERROR: %s\n' "$*" >&2; exit 1; }
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (it installs packages, mounts tracefs and links kernel headers): sudo $0"
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$REPO_ROOT/.venv"
+KREL=$(uname -r)
+ARCH=$(dpkg --print-architecture)
+MODDIR="/lib/modules/$KREL"
+export DEBIAN_FRONTEND=noninteractive
+
+is_installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == 'install ok installed' ]]; }
+
+# True when BCC can find a kernel build tree for the running kernel.
+headers_present() { [[ -d "$MODDIR/build/include" ]]; }
+
+# --- 1 + 2: packages -------------------------------------------------------------------------
+wanted=(bpfcc-tools python3-bpfcc libbpfcc build-essential python3-venv)
+missing=()
+for pkg in "${wanted[@]}"; do is_installed "$pkg" || missing+=("$pkg"); done
+
+header_pkg=""
+headers_fallback=0
+if ! headers_present; then
+  apt-get update -qq
+  if apt-cache show "linux-headers-$KREL" >/dev/null 2>&1; then
+    header_pkg="linux-headers-$KREL"
+  else
+    header_pkg="linux-headers-$ARCH"
+    headers_fallback=1
+    log "Debian has no linux-headers-$KREL (custom kernel); falling back to $header_pkg"
+  fi
+  is_installed "$header_pkg" || missing+=("$header_pkg")
+fi
+
+if ((${#missing[@]})); then
+  [[ -n $header_pkg ]] || apt-get update -qq
+  log "installing: ${missing[*]}"
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  log "apt packages already installed: ${wanted[*]}"
+fi
+
+if ((headers_fallback)); then
+  newest=$(find /usr/src -maxdepth 1 -name "linux-headers-*-$ARCH" -printf '%f\n' | sort -V | tail -n1)
+  [[ -n $newest ]] || die "no /usr/src/linux-headers-*-$ARCH after installing linux-headers-$ARCH"
+  common="${newest%-"$ARCH"}-common"
+  [[ -d /usr/src/$common ]] || die "/usr/src/$common is missing (it comes with /usr/src/$newest)"
+  mkdir -p "$MODDIR"
+  ln -sfn "/usr/src/$newest" "$MODDIR/build"
+  ln -sfn "/usr/src/$common" "$MODDIR/source"
+fi
+headers_present || die "$MODDIR/build has no include/ after installing headers; BCC cannot compile"
+
+build_target=$(readlink -f "$MODDIR/build")
+headers_release=$(sed -n 's/^#define UTS_RELEASE "\(.*\)"$/\1/p' "$build_target/include/generated/utsrelease.h" 2>/dev/null || true)
+if [[ $headers_release == "$KREL" ]]; then
+  log "kernel headers: $MODDIR/build -> $build_target (matches the running kernel)"
+else
+  log "kernel headers: $MODDIR/build -> $build_target (${headers_release:-unknown release})"
+  log "  FALLBACK: these are not $KREL's headers; BCC compiles against them, but their struct layouts"
+  log "  are not the running kernel's. otelbpf never reads kernel structs, so probes are unaffected."
+fi
+
+# --- 3: tracefs / debugfs --------------------------------------------------------------------
+mount_if_absent() {  # fstype mountpoint
+  if mountpoint -q "$2"; then
+    log "$1 already mounted at $2"
+  else
+    mount -t "$1" nodev "$2" || die "cannot mount $1 at $2 (in a container: mount it on the host or run privileged)"
+    log "mounted $1 at $2"
+  fi
+}
+mount_if_absent tracefs /sys/kernel/tracing
+mount_if_absent debugfs /sys/kernel/debug
+
+# --- 4: venv that sees BCC, with otelbpf installed ---------------------------------------------
+if [[ ! -x $VENV/bin/python ]]; then
+  log "creating $VENV with $(command -v python3) ($(python3 --version))"
+  python3 -m venv "$VENV"
+fi
+
+bpfcc_files=$(dpkg -L python3-bpfcc)
+bcc_init=$(grep '/bcc/__init__\.py$' <<<"$bpfcc_files" | sort | tail -n1) \
+  || die "python3-bpfcc ships no bcc/__init__.py; reinstall it: apt-get install --reinstall python3-bpfcc"
+bcc_pkg=$(dirname "$bcc_init")
+# Expose only the bcc package, not the rest of the system dist-packages: a directory holding one
+# symlink, put on sys.path by a .pth file.
+bcc_dir="$VENV/system-bcc"
+mkdir -p "$bcc_dir"
+ln -sfn "$bcc_pkg" "$bcc_dir/bcc"
+site_packages=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+printf '%s\n' "$bcc_dir" >"$site_packages/otelbpf-system-bcc.pth"
+bcc_version=$("$VENV/bin/python" -c 'import bcc; print(bcc.__version__)') \
+  || die "$VENV/bin/python cannot import bcc from $bcc_pkg (is libbpfcc installed?)"
+log "venv $VENV sees bcc $bcc_version from $bcc_pkg"
+
+stamp="$VENV/.otelbpf-install-stamp"
+want_stamp=$(sha256sum "$REPO_ROOT/pyproject.toml" | cut -d' ' -f1)
+if [[ ! -f $stamp || $(<"$stamp") != "$want_stamp" ]]; then
+  log "installing otelbpf (editable) with test extras into $VENV"
+  "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e "$REPO_ROOT[test]"
+  printf '%s\n' "$want_stamp" >"$stamp"
+else
+  log "otelbpf already installed in $VENV (pyproject.toml unchanged)"
+fi
+log "done"
