@@ -1,0 +1,54 @@
+"""Suite-wide pytest wiring; the logic lives in tests/harness/."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from harness.bpf_gate import bpf_required, bpf_unavailable_reason
+from harness.otlp import OtlpCollector
+
+# ---------------------------------------------------------------------------------------
+# OTLP collector: rotel receiving on free loopback ports, forwarding to a recording sink.
+# ---------------------------------------------------------------------------------------
+
+_COLLECTOR_KEY = pytest.StashKey[OtlpCollector]()
+
+
+@pytest.fixture
+def otlp_collector(request: pytest.FixtureRequest) -> Iterator[OtlpCollector]:
+    """A fresh collector per test (rotel starts in ~15 ms); see harness/otlp.py for its API."""
+    collector = OtlpCollector()
+    request.node.stash[_COLLECTOR_KEY] = collector
+    try:
+        yield collector
+    finally:
+        collector.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Attach what the collector received and rotel's log to every failed test that used one."""
+    report = yield
+    collector = item.stash.get(_COLLECTOR_KEY, None)
+    if collector is not None and report.failed:
+        report.sections.append(("otlp collector", collector.describe()))
+    return report
+
+
+# ---------------------------------------------------------------------------------------
+# bpf gate: tests marked `bpf` skip where eBPF cannot load, but fail where it must work.
+# ---------------------------------------------------------------------------------------
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("bpf") is None:
+        return
+    reason = bpf_unavailable_reason()
+    if reason is None:
+        return
+    if bpf_required():
+        pytest.fail(f"eBPF is required here (CI=true or OTELBPF_REQUIRE_BPF=1) but unavailable: {reason}",
+                    pytrace=False)
+    pytest.skip(f"eBPF unavailable: {reason}")

@@ -1,0 +1,1 @@
+"""Test harness shared by the whole suite: a real OTLP collector and the eBPF availability gate."""
