@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 OK, MISSING, FAIL, SKIP = "OK", "MISSING", "FAIL", "SKIP"
 
@@ -82,6 +82,7 @@ UPROBE_SLOT, TRACEPOINT_SLOT, PERF_SLOT = 0, 1, 2
 FENTRY_TARGET = "vfs_read"
 FENTRY_PROGRAM = "KFUNC_PROBE(%s) { return 0; }" % FENTRY_TARGET
 TRACEPOINT = "syscalls:sys_enter_getpid"
+OPTIONAL_PROBES = ("perf events", "kprobes", "fentry")
 
 LIBRARY_PATTERNS = (
     ("CUDA runtime", "libcudart*"),
@@ -483,9 +484,18 @@ def _release(bpf: Any) -> None:
     atexit.unregister(bpf.cleanup)
 
 
+def _guarded(name: str, check: Callable[..., Check], *args: Any) -> Check:
+    """Run a BCC-based check; BCC raises bare Exceptions from detach paths too, and the report must finish."""
+    try:
+        return check(*args)
+    except Exception as exc:
+        return Check(name, FAIL, f"unexpected error from BCC: {exc}", "report this with the doctor's full output",
+                     required=name not in OPTIONAL_PROBES)
+
+
 def _skip(names: list[str], reason: str) -> Iterator[Check]:
     for name in names:
-        yield Check(name, SKIP, f"not tried: {reason}", required=name not in ("perf events", "kprobes", "fentry"))
+        yield Check(name, SKIP, f"not tried: {reason}", required=name not in OPTIONAL_PROBES)
 
 
 def bcc_checks(bpf_loads: bool) -> Iterator[Check]:
@@ -505,13 +515,13 @@ def bcc_checks(bpf_loads: bool) -> Iterator[Check]:
         yield from _skip(probes, "the probe programs did not compile")
         return
     try:
-        yield check_uprobes(bpf)
-        yield check_tracepoints(bpf)
-        yield check_perf_events(bpf, bcc)
-        yield check_kprobes(bpf)
+        yield _guarded("uprobes", check_uprobes, bpf)
+        yield _guarded("tracepoints", check_tracepoints, bpf)
+        yield _guarded("perf events", check_perf_events, bpf, bcc)
+        yield _guarded("kprobes", check_kprobes, bpf)
     finally:
         _release(bpf)
-    yield check_fentry(bcc)
+    yield _guarded("fentry", check_fentry, bcc)
 
 
 def host_checks() -> Iterator[Check]:
