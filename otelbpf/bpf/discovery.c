@@ -32,6 +32,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     e.pid = id >> 32;
     e.tid = (u32)id;
     e.kind = EV_PROC_EXEC;
+    bpf_get_current_comm(&e.a0, 16);  /* a name even if /proc is gone when read */
     emit(&e);
     return 0;
 }
@@ -93,6 +94,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         x.pid = id >> 32;
         x.tid = (u32)id;
         x.kind = EV_PROC_EXIT;
+        bpf_get_current_comm(&x.a0, 16);
         emit(&x);
 #ifdef FILTER_PIDS
         u32 tgid = id >> 32;

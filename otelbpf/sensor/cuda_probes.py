@@ -109,5 +109,6 @@ def cuda_family(
         c_file="cuda.c",
         libraries=tuple(kinds),
         generated_c=code,
+        counting_maps=("launches", "launch_errors"),
         cflags=(f"-DLAUNCH_SAMPLE_EVERY={int(launch_sample_every)}", f"-DLAUNCH_ENTRIES={int(launch_map_entries)}"),
     )

@@ -43,6 +43,7 @@ class ProbeFamily:
     c_file: str                      # in otelbpf/bpf/
     libraries: tuple[LibraryKind, ...]
     generated_c: str = ""            # per-symbol entry points
+    counting_maps: tuple[str, ...] = ()  # in-kernel aggregates read for metrics
     cflags: tuple[str, ...] = field(default_factory=tuple)
 
     def library_kind(self, basename: str) -> LibraryKind | None:

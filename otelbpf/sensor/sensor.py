@@ -70,6 +70,8 @@ class Sensor:
         self.attach_seconds = 0.0
         self.records_received = {"events": 0, "strevents": 0}
         self.on_library: Callable[[LibraryFile], None] | None = None
+        self._final: dict[str, list[tuple[object, int]]] = {}
+        self._final_stats: dict[str, int] = {}
 
     # -- life cycle -------------------------------------------------------
 
@@ -108,24 +110,44 @@ class Sensor:
             self._threads.append(t)
 
     def stop(self) -> None:
-        """Stop threads, deliver what is left, detach every probe."""
+        """Detach every probe, deliver what is left, keep the final counts.
+
+        Order matters: probes go first so nothing fires after the last drain;
+        the counting maps are snapshotted before the program is unloaded so a
+        final metrics export still sees them.
+        """
         self._stop.set()
         self._work.put(None)
         for t in self._threads:
             t.join(timeout=10)
         self._threads.clear()
-        if self._bpf is not None:
-            self.drain_once()
-            for r in self._readers.values():
-                r.close()
-            self._readers.clear()
-            with self._lock:
-                self._bpf.cleanup()
+        if self._bpf is None:
+            return
+        with self._lock:
+            for ev in list(self._bpf.uprobe_fds):
+                self._bpf.detach_uprobe_event(ev)
+            for tp in list(self._bpf.tracepoint_fds):
+                self._bpf.detach_tracepoint(tp)
+        self.drain_once()
+        final = {name: self.read_map(name) for name in self._counting_maps()}
+        final_stats = self.kernel_stats()
+        self._final, self._final_stats = final, final_stats
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
+        with self._lock:
+            self._bpf.cleanup()
             self._bpf = None
+
+    def _counting_maps(self) -> list[str]:
+        """Hash maps the families count into (kept readable after stop)."""
+        return [name for fam in self.options.families for name in fam.counting_maps]
 
     def watch_pid(self, pid: int) -> None:
         """Add a process to the in-kernel filter (its children follow)."""
         with self._lock:
+            if self._bpf is None:
+                return
             watched = self._bpf["watched"]
             watched[watched.Key(pid)] = watched.Leaf(1)
         self._work.put((pid, ""))
@@ -194,6 +216,8 @@ class Sensor:
 
     def watched_pids(self) -> list[int]:
         with self._lock:
+            if self._bpf is None:
+                return []
             return [k.value for k in self._bpf["watched"].keys()]
 
     def attached_libraries(self) -> list[LibraryFile]:
@@ -238,16 +262,22 @@ class Sensor:
     def kernel_stats(self) -> dict[str, int]:
         """Drops counted in the kernel, summed over CPUs."""
         with self._lock:
+            if self._bpf is None:
+                return dict(self._final_stats)
             table = self._bpf["stats"]
             return {s.name.lower(): int(sum(table[table.Key(int(s))])) for s in Stat}
 
     def read_map(self, name: str) -> list[tuple[object, int]]:
         """(key struct, value) pairs of a counting hash map."""
         with self._lock:
+            if self._bpf is None:
+                return list(self._final.get(name, []))
             return [(k, v.value) for k, v in self._bpf[name].items()]
 
     def delete_keys(self, name: str, keys: list[object]) -> None:
         with self._lock:
+            if self._bpf is None:
+                return
             table = self._bpf[name]
             for k in keys:
                 try:
@@ -259,20 +289,29 @@ class Sensor:
         return sum(r.pending_bytes() for r in self._readers.values())
 
 
+def _effective_caps() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+CAP_SYS_ADMIN = 1 << 21
+
+
 def require_root() -> None:
-    """Fail early, with the fix, when the agent lacks privileges."""
-    if os.geteuid() != 0:
-        caps = 0
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("CapEff:"):
-                        caps = int(line.split()[1], 16)
-        except OSError:
-            pass
-        cap_bpf, cap_perfmon, cap_sys_admin = 1 << 39, 1 << 38, 1 << 21
-        if not (caps & cap_sys_admin or (caps & cap_bpf and caps & cap_perfmon)):
-            raise SensorError(
-                "otelbpf needs privileges to load eBPF programs: run it as root (sudo), or grant "
-                "CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (see docs/capabilities.md)."
-            )
+    """Fail early, with the fix, when the agent lacks privileges.
+
+    Checked on effective capabilities, not the uid: root in a container may
+    lack them. Uprobes need CAP_SYS_ADMIN even with CAP_BPF and CAP_PERFMON,
+    because BCC opens probe perf events with raw samples (docs/capabilities.md).
+    """
+    if not _effective_caps() & CAP_SYS_ADMIN:
+        raise SensorError(
+            "otelbpf needs privileges to load eBPF programs and attach uprobes: run it as root (sudo), "
+            "or grant CAP_SYS_ADMIN, CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (see docs/capabilities.md)."
+        )

@@ -1,0 +1,274 @@
+"""Wire one agent together: sensor -> correlate -> export, driven by config.
+
+Data flows one way. The sensor's drain thread only enqueues arrays; one
+processing thread turns them into spans and metric state; the span queue and
+the metrics loop export. Stopping runs the same path backwards: detach
+probes, drain what is left, process it, flush exporters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import resource as rlimit
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from opentelemetry.sdk.metrics.export import Metric
+
+from otelbpf.config import Config, CudaReceiverConfig, BatchProcessorConfig, to_seconds
+from otelbpf.correlate import metrics as m
+from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.cuda import SCOPE as CUDA_SCOPE
+from otelbpf.correlate.cuda import CudaCorrelator
+from otelbpf.correlate.process_info import ProcessInfo, agent_resource
+from otelbpf.correlate.spans import scope
+from otelbpf.correlate.symbolizer import Symbolizer
+from otelbpf.export.factory import metric_exporter, span_exporter
+from otelbpf.export.health import Health
+from otelbpf.export.metrics_loop import MetricsLoop
+from otelbpf.export.span_queue import SpanQueue
+from otelbpf.sensor.cuda_probes import cuda_family
+from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
+
+log = logging.getLogger(__name__)
+
+AGENT_SCOPE = scope("otelbpf.agent")
+_KERNEL_DROP_REASONS = {
+    "events_lost": "ring_buffer_full",
+    "str_lost": "string_ring_full",
+    "inflight_full": "inflight_map_full",
+    "launch_map_full": "launch_map_full",
+}
+
+
+class Agent:
+    def __init__(self, config: Config, *, pids: Sequence[int] = (), processing_queue_chunks: int = 1024) -> None:
+        self.config = config
+        self.health = Health()
+        self.clock = MonotonicClock()
+        traces = bool(config.pipeline("traces"))
+        self._resource_attrs = config.resource_attributes("traces" if traces else "metrics")
+        self.process_info = ProcessInfo({k: v for k, v in self._resource_attrs.items()})
+        self.symbolizer = Symbolizer()
+        self.started_at = time.time()
+
+        batch = next(
+            (p for s in ("traces", "metrics") for _, p in config.pipeline_processors(s) if isinstance(p, BatchProcessorConfig)),
+            BatchProcessorConfig(),
+        )
+        self.spans: SpanQueue | None = None
+        if traces:
+            self.spans = SpanQueue(
+                [(n, span_exporter(c)) for n, c in config.pipeline_exporters("traces")],
+                self.health,
+                max_queue_size=batch.max_queue_size,
+                batch_size=batch.send_batch_size,
+                timeout_s=to_seconds(batch.timeout),
+            )
+
+        cuda_cfg = next((c for _, c in self._receivers() if isinstance(c, CudaReceiverConfig)), None)
+        if cuda_cfg is None:
+            raise SensorError("no receiver in any pipeline: name `cuda` under service.pipelines.*.receivers")
+        family = cuda_family(
+            cuda_cfg.libraries,
+            launch_sample_every=cuda_cfg.launch_sample_every if traces else 0,
+            launch_errors=cuda_cfg.launch_errors,
+        )
+        watched = list(pids) or list(config.targets.pids)
+        self.sensor = Sensor(
+            SensorOptions(
+                families=[family],
+                pids=watched,
+                search_globs=cuda_cfg.search_paths,
+                drain_interval_s=to_seconds(config.service.telemetry.drain_interval),
+                events_ring_bytes=cuda_cfg.ring_buffer_size,
+            ),
+            deliver=self._deliver,
+        )
+        self.cuda = CudaCorrelator(
+            self.process_info,
+            self.symbolizer,
+            self.clock,
+            self._emit_spans,
+            self.sensor.read_map,
+            self.sensor.delete_keys,
+            min_span_ns=cuda_cfg.min_span_duration,
+            top_kernels=cuda_cfg.top_kernels,
+            launch_sample_every=cuda_cfg.launch_sample_every,
+        )
+        self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue(maxsize=processing_queue_chunks)
+        self._processor = threading.Thread(target=self._process_loop, name="otelbpf-process", daemon=True)
+        self.metrics: MetricsLoop | None = None
+        if config.pipeline("metrics"):
+            self.metrics = MetricsLoop(
+                [(n, metric_exporter(c)) for n, c in config.pipeline_exporters("metrics")],
+                [self._cuda_metrics, self._health_metrics],
+                self.health,
+                to_seconds(config.service.telemetry.metrics_interval),
+            )
+
+    def _receivers(self):
+        seen = {}
+        for s in ("traces", "metrics"):
+            for name, cfg in self.config.pipeline_receivers(s):
+                seen[name] = cfg
+        return seen.items()
+
+    # -- data path --------------------------------------------------------
+
+    def _deliver(self, ring: str, arr: np.ndarray) -> None:
+        """Called on the drain thread: enqueue only, never block."""
+        try:
+            self._work.put_nowait((ring, arr))
+        except queue.Full:
+            self.health.add("otelbpf.events.dropped", len(arr), reason="processing_queue_full", ring=ring)
+
+    def _process_loop(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            ring, arr = item
+            try:
+                if ring == "events":
+                    self.cuda.on_events(arr)
+                else:
+                    self.cuda.on_strings(arr)
+            except Exception:  # a bad batch is counted, the agent goes on
+                log.exception("processing a batch of %d %s failed", len(arr), ring)
+                self.health.add("otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring)
+
+    def _emit_spans(self, spans: list) -> None:
+        if self.spans is not None:
+            self.spans.offer(spans)
+
+    # -- metrics sources --------------------------------------------------
+
+    def _cuda_metrics(self):
+        return [(res, CUDA_SCOPE, metrics) for res, metrics in self.cuda.collect()]
+
+    def _health_metrics(self):
+        now = time.time_ns()
+        start = int(self.started_at * 1e9)
+        out: list[Metric | None] = []
+        out.append(m.cumulative_sum(
+            "otelbpf.events.received", "{event}", "Records drained from the BPF ring buffers",
+            [({"ring": r}, n) for r, n in self.sensor.records_received.items()], start, now))
+        kernel = self.sensor.kernel_stats()
+        out.append(m.cumulative_sum(
+            "otelbpf.events.lost", "{event}", "Events lost in the kernel (ring buffer or map full)",
+            [({"reason": _KERNEL_DROP_REASONS.get(k, k)}, v) for k, v in kernel.items()], start, now))
+        by_name: dict[str, list] = {}
+        for name, attrs, value in self.health.snapshot():
+            by_name.setdefault(name, []).append((attrs, value))
+        for name, points in by_name.items():
+            out.append(m.cumulative_sum(name, "1", "Agent self-telemetry counter", points, start, now))
+        a = self.sensor.attach_stats
+        out.append(m.gauge("otelbpf.probes.attached", "{probe}", "Uprobes attached", [({}, a.probes)], now))
+        out.append(m.gauge("otelbpf.libraries.attached", "{library}", "Library files probed", [({}, a.libraries)], now))
+        out.append(m.cumulative_sum("otelbpf.attach.failures", "{probe}", "Probes that failed to attach", [({}, a.failures)], start, now))
+        out.append(m.gauge("otelbpf.spans.queued", "{span}", "Spans waiting for export", [({}, len(self.spans) if self.spans else 0)], now))
+        out.append(m.gauge("otelbpf.startup.duration", "s", "BPF compile and first attach time",
+                           [({"phase": "compile"}, self.sensor.compile_seconds), ({"phase": "attach"}, self.sensor.attach_seconds)], now))
+        usage = rlimit.getrusage(rlimit.RUSAGE_SELF)
+        out.append(m.cumulative_sum("process.cpu.time", "s", "CPU time of the agent",
+                                    [({"cpu.mode": "user"}, usage.ru_utime), ({"cpu.mode": "system"}, usage.ru_stime)], start, now))
+        out.append(m.gauge("process.memory.usage", "By", "Resident memory of the agent", [({}, _rss_bytes())], now))
+        return [(agent_resource(self._resource_attrs), AGENT_SCOPE, [x for x in out if x is not None])]
+
+    # -- life cycle -------------------------------------------------------
+
+    def start(self) -> None:
+        require_root()
+        self._processor.start()
+        self.sensor.start()
+        if self.metrics is not None:
+            self.metrics.start()
+        log.info(
+            "otelbpf running: compiled in %.2fs, %d probes on %d libraries",
+            self.sensor.compile_seconds, self.sensor.attach_stats.probes, self.sensor.attach_stats.libraries,
+        )
+
+    def stop(self) -> None:
+        self.sensor.stop()           # detach, final drain
+        self._work.put(None)
+        self._processor.join(timeout=30)
+        if self.metrics is not None:
+            self.metrics.stop()      # final export with totals
+        if self.spans is not None:
+            self.spans.close()
+
+    def stats_line(self) -> str:
+        kernel = self.sensor.kernel_stats()
+        return (
+            f"events received {sum(self.sensor.records_received.values())}, "
+            f"spans {self.cuda.spans_emitted}, lost in kernel {sum(kernel.values())}, "
+            f"dropped {self.health.get('otelbpf.events.dropped') + self.health.get('otelbpf.export.dropped')}, "
+            f"export failures {self.health.get('otelbpf.export.failures')}"
+        )
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def spawn_gated(command: list[str]) -> tuple[subprocess.Popen, int]:
+    """Start ``command`` stopped at a gate, so it can be watched before it runs.
+
+    The child blocks reading a pipe before exec'ing the command (same pid),
+    giving the agent time to put it in the in-kernel filter first.
+    """
+    r, w = os.pipe()
+    gate = "import os,sys; os.read(int(sys.argv[1]), 1); os.execvp(sys.argv[2], sys.argv[2:])"
+    proc = subprocess.Popen([sys.executable, "-c", gate, str(r), *command], pass_fds=(r,))
+    os.close(r)
+    return proc, w
+
+
+def run(config: Config, *, pids: Sequence[int] = (), command: list[str] | None = None, duration_s: float | None = None) -> int:
+    """Run until SIGINT/SIGTERM, the watched command exits, or ``duration_s``."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    for pid in pids:
+        if not os.path.exists(f"/proc/{pid}"):
+            raise SensorError(f"no process with pid {pid} (is it running, and in this pid namespace?)")
+    child = gate = None
+    watch = list(pids)
+    if command:
+        child, gate = spawn_gated(command)
+        watch.append(child.pid)
+    agent = Agent(config, pids=watch)
+    try:
+        agent.start()
+    except SensorError:
+        if child is not None:
+            child.kill()
+        raise
+    rc = 0
+    try:
+        if child is not None:
+            os.write(gate, b"go")
+            os.close(gate)
+        deadline = time.monotonic() + duration_s if duration_s else None
+        while not stop.wait(0.2):
+            if child is not None and child.poll() is not None:
+                rc = child.returncode
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+    finally:
+        agent.stop()
+        print(f"otelbpf: {agent.stats_line()}", file=sys.stderr)
+    return rc

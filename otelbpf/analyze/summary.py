@@ -1,0 +1,167 @@
+"""Read the file exporter's OTLP-JSON lines back and say what happened, per
+process: top kernels, bytes copied by direction, device-memory high-water
+mark, errors, synchronize waits, and the agent's own drops."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import Counter, defaultdict
+from typing import TextIO
+
+
+def _value(v: dict) -> object:
+    for k in ("stringValue", "boolValue", "doubleValue"):
+        if k in v:
+            return v[k]
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "arrayValue" in v:
+        return [_value(x) for x in v["arrayValue"].get("values", [])]
+    return None
+
+
+def _attrs(items: list | None) -> dict:
+    return {a["key"]: _value(a.get("value", {})) for a in items or []}
+
+
+def _lines(directory: str, signal: str):
+    files = sorted(glob.glob(os.path.join(directory, f"{signal}-*.jsonl"))) + sorted(
+        glob.glob(os.path.join(directory, f"{signal}.jsonl"))
+    )
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not OTLP-JSON: {exc}") from exc
+
+
+def _proc_key(res: dict) -> tuple:
+    return (res.get("service.name", "?"), res.get("process.pid", 0))
+
+
+def load(directory: str) -> tuple[dict, dict, dict]:
+    """(latest metric points, span stats, process descriptions) per process."""
+    latest: dict = defaultdict(dict)  # proc -> {(metric, attrs tuple): (time, point, kind)}
+    spans: dict = defaultdict(lambda: {"count": Counter(), "errors": Counter(), "slowest": []})
+    procs: dict = {}
+    for req in _lines(directory, "metrics"):
+        for rm in req.get("resourceMetrics", []):
+            res = _attrs(rm.get("resource", {}).get("attributes"))
+            key = _proc_key(res)
+            procs.setdefault(key, res)
+            for sm in rm.get("scopeMetrics", []):
+                for metric in sm.get("metrics", []):
+                    for kind in ("sum", "gauge", "histogram"):
+                        if kind in metric:
+                            for dp in metric[kind].get("dataPoints", []):
+                                a = tuple(sorted(_attrs(dp.get("attributes")).items()))
+                                t = int(dp.get("timeUnixNano", 0))
+                                slot = (metric["name"], a)
+                                if slot not in latest[key] or latest[key][slot][0] <= t:
+                                    latest[key][slot] = (t, dp, kind)
+    for req in _lines(directory, "traces"):
+        for rs in req.get("resourceSpans", []):
+            res = _attrs(rs.get("resource", {}).get("attributes"))
+            key = _proc_key(res)
+            procs.setdefault(key, res)
+            for ss in rs.get("scopeSpans", []):
+                for sp in ss.get("spans", []):
+                    st = spans[key]
+                    st["count"][sp["name"]] += 1
+                    if sp.get("status", {}).get("code") == 2:
+                        st["errors"][sp["name"]] += 1
+                    dur = int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])
+                    st["slowest"].append((dur, sp["name"], _attrs(sp.get("attributes"))))
+    return latest, spans, procs
+
+
+def _num(dp: dict) -> float:
+    if "asInt" in dp:
+        return int(dp["asInt"])
+    return float(dp.get("asDouble", 0))
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def summarize(directory: str, out: TextIO) -> int:
+    if not os.path.isdir(directory):
+        print(f"otelbpf summary: {directory} does not exist (run the agent with the file exporter first)", file=out)
+        return 2
+    try:
+        latest, spans, procs = load(directory)
+    except ValueError as exc:
+        print(f"otelbpf summary: {exc}", file=out)
+        return 2
+    if not procs:
+        print(f"otelbpf summary: no telemetry in {directory}", file=out)
+        return 1
+    for key in sorted(procs, key=lambda k: (k[0] == "otelbpf", str(k))):
+        res = procs[key]
+        points = latest.get(key, {})
+        def series(name):
+            return [(dict(a), dp, kind) for (n, a), (_t, dp, kind) in points.items() if n == name]
+        title = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
+        print(title, file=out)
+        if res.get("process.command_line"):
+            print(f"  command: {res['process.command_line']}", file=out)
+        if key[0] == "otelbpf":
+            for name in ("otelbpf.events.received", "otelbpf.events.lost", "otelbpf.events.dropped",
+                         "otelbpf.export.dropped", "otelbpf.export.failures", "otelbpf.attach.failures"):
+                for a, dp, _k in series(name):
+                    label = ",".join(f"{k}={v}" for k, v in a.items())
+                    print(f"  {name}{{{label}}}: {_num(dp):.0f}", file=out)
+            print(file=out)
+            continue
+        launches = series("cuda.kernel.launches")
+        if launches:
+            total = sum(_num(dp) for _a, dp, _k in launches)
+            by = ", ".join(f"{a['cuda.api.function']} {_num(dp):.0f}" for a, dp, _k in launches)
+            print(f"  kernel launches: {total:.0f} ({by})", file=out)
+        top = sorted(series("cuda.kernel.launches.top"), key=lambda x: -_num(x[1]))
+        if top:
+            print("  top kernels:", file=out)
+            for a, dp, _k in top[:10]:
+                print(f"    {_num(dp):>10.0f}  {a.get('cuda.kernel.name')}", file=out)
+        copies = series("cuda.memcpy.bytes")
+        if copies:
+            print("  bytes copied: " + ", ".join(
+                f"{a['cuda.memcpy.direction']} {_bytes(_num(dp))}" for a, dp, _k in sorted(copies, key=lambda x: x[0]['cuda.memcpy.direction'])), file=out)
+        hw = series("cuda.memory.high_water")
+        use = series("cuda.memory.in_use")
+        if hw:
+            line = f"  device memory: high-water {_bytes(_num(hw[0][1]))}"
+            if use:
+                line += f", in use at last export {_bytes(_num(use[0][1]))}"
+            print(line, file=out)
+        for a, dp, _k in series("cuda.sync.duration"):
+            count = int(dp.get("count", 0))
+            if count:
+                print(f"  {a['cuda.api.function']}: {count} waits, mean {float(dp.get('sum', 0)) / count * 1e3:.3f} ms,"
+                      f" max {float(dp.get('max', 0)) * 1e3:.3f} ms", file=out)
+        errors = series("cuda.api.errors")
+        if errors:
+            print("  errors:", file=out)
+            for a, dp, _k in sorted(errors, key=lambda x: -_num(x[1])):
+                print(f"    {_num(dp):>10.0f}  {a['cuda.api.function']} -> {a['cuda.error.name']} ({a['cuda.error.code']})", file=out)
+        st = spans.get(key)
+        if st and st["count"]:
+            print("  spans: " + ", ".join(f"{n} {c}" + (f" ({st['errors'][n]} errors)" if st["errors"][n] else "")
+                                          for n, c in st["count"].most_common()), file=out)
+            slow = sorted(st["slowest"], key=lambda x: -x[0])[:3]
+            for dur, name, attrs in slow:
+                print(f"    slowest: {name} {dur / 1e6:.3f} ms", file=out)
+        print(file=out)
+    return 0

@@ -1,0 +1,75 @@
+"""Command line: parse, load config, hand over. Exit codes: 0 ok, 1 cannot
+run (privileges, BPF), 2 bad usage or configuration."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="otelbpf", description="eBPF telemetry for AI workloads, as OpenTelemetry.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser(
+        "run",
+        help="watch processes and export telemetry",
+        usage="otelbpf run [-c CONFIG] [--pid PID ...] [--duration SECONDS] [-- COMMAND [ARGS...]]",
+        description="Watch the whole host (default), some pids, or a command started by the agent.",
+    )
+    run.add_argument("-c", "--config", help="YAML config (default: the embedded default, or OTEL_EXPORTER_OTLP_* env)")
+    run.add_argument("--pid", type=int, action="append", default=[], help="watch this process and its children (repeatable)")
+    run.add_argument("--duration", type=float, help="stop after this many seconds")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS: start it and watch it; stop when it exits")
+    sub.add_parser("doctor", help="what this host can do, and which processes use CUDA/NCCL/ibverbs")
+    summ = sub.add_parser("summary", help="summarize the OTLP-JSON files the file exporter wrote")
+    summ.add_argument("directory", nargs="?", default="./otelbpf-out")
+    val = sub.add_parser("validate", help="check a config file and print the effective pipelines")
+    val.add_argument("-c", "--config", required=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "doctor":
+        from otelbpf.doctor import run_doctor
+
+        return run_doctor()
+    if args.cmd == "summary":
+        from otelbpf.analyze.summary import summarize
+
+        return summarize(args.directory, sys.stdout)
+
+    from otelbpf.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"otelbpf: {exc}", file=sys.stderr)
+        return 2
+    if args.cmd == "validate":
+        for signal in config.pipeline_signals():
+            pipe = config.pipeline(signal)
+            print(f"{signal}: receivers={pipe.receivers} processors={pipe.processors} exporters={pipe.exporters}")
+        return 0
+
+    logging.basicConfig(
+        level=config.service.telemetry.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if command and args.pid:
+        print("otelbpf: give either --pid or -- COMMAND, not both", file=sys.stderr)
+        return 2
+    from otelbpf.agent import run
+    from otelbpf.sensor.sensor import SensorError
+
+    try:
+        return run(config, pids=args.pid, command=command or None, duration_s=args.duration)
+    except SensorError as exc:
+        print(f"otelbpf: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""CUDA events -> spans and per-process metrics.
+
+Input: drained ``EVENT_DTYPE`` arrays (paired calls, sampled launches,
+process exits), ``STREVENT_DTYPE`` arrays (driver function names), and the
+in-kernel launch/error counting maps. Output: finished spans handed to
+``emit_spans`` and, on demand, one list of metrics per process.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from opentelemetry.sdk.metrics.export import Metric
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+
+from otelbpf.correlate import metrics as m
+from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.cuda_errors import error_name
+from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.spans import make_span, scope
+from otelbpf.correlate.symbolizer import Symbolizer
+from otelbpf.events import FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
+
+log = logging.getLogger(__name__)
+
+SCOPE = scope("otelbpf.cuda")
+_DRIVER_LAUNCH = (CudaFunc.cuLaunchKernel, CudaFunc.cuLaunchKernelEx)
+_ASYNC = (CudaFunc.cudaMemcpyAsync, CudaFunc.cudaMemcpyAsync_ptsz)
+_GRAPH = (CudaFunc.cudaGraphLaunch, CudaFunc.cudaGraphLaunch_ptsz)
+
+#: Reads a kernel counting map: list of (key struct, count).
+MapReader = Callable[[str], list[tuple[object, int]]]
+
+
+@dataclass
+class _Process:
+    """Everything accumulated for one process since it was first seen."""
+
+    resource: Resource
+    start_ns: int
+    calls: Counter = field(default_factory=Counter)           # function -> calls
+    errors: Counter = field(default_factory=Counter)          # (function, code) -> calls
+    memcpy_bytes: Counter = field(default_factory=Counter)    # direction -> bytes
+    sync: dict = field(default_factory=lambda: defaultdict(m.HistogramState))  # function -> histogram
+    live: dict = field(default_factory=dict)                  # device address -> bytes
+    in_use: int = 0
+    high_water: int = 0
+    untracked_frees: int = 0
+    incomplete: int = 0
+    driver_names: dict = field(default_factory=dict)          # CUfunction handle -> name
+    exited: bool = False
+
+
+class CudaCorrelator:
+    def __init__(
+        self,
+        process_info: ProcessInfo,
+        symbolizer: Symbolizer,
+        clock: MonotonicClock,
+        emit_spans: Callable[[list[ReadableSpan]], None],
+        read_map: MapReader,
+        forget_keys: Callable[[str, list[object]], None],
+        *,
+        min_span_ns: int = 0,
+        top_kernels: int = 20,
+        launch_sample_every: int = 0,
+    ) -> None:
+        self._info = process_info
+        self._sym = symbolizer
+        self._clock = clock
+        self._emit = emit_spans
+        self._read_map = read_map
+        self._forget_keys = forget_keys
+        self._min_span_ns = min_span_ns
+        self._top = top_kernels
+        self._sample_every = launch_sample_every
+        self._procs: dict[int, _Process] = {}
+        self._lock = threading.Lock()
+        self.spans_emitted = 0
+
+    # -- events -----------------------------------------------------------
+
+    def _proc(self, pid: int) -> _Process:
+        p = self._procs.get(pid)
+        if p is None:
+            self._sym.remember(pid)
+            p = self._procs[pid] = _Process(self._info.resource(pid), self._clock.now_wall())
+        return p
+
+    def on_strings(self, arr: np.ndarray) -> None:
+        # A process that opens a CUDA library is about to be interesting:
+        # describe it now, while /proc still has it.
+        for pid in np.unique(arr["pid"][arr["kind"] == StrKind.LIB_OPEN]).tolist():
+            self._info.resource(pid)
+            self._sym.remember(pid)
+        names = arr[arr["kind"] == StrKind.CUDA_FUNC_NAME]
+        with self._lock:
+            for rec in names:
+                name = rec["s"].split(b"\0", 1)[0].decode(errors="replace")
+                self._proc(int(rec["pid"])).driver_names[int(rec["a0"])] = name
+
+    def on_events(self, arr: np.ndarray) -> None:
+        spans: list[ReadableSpan] = []
+        with self._lock:
+            self._aggregate(arr)
+            for rec in arr.tolist():
+                span = self._span(rec)
+                if span is not None:
+                    spans.append(span)
+        if spans:
+            self.spans_emitted += len(spans)
+            self._emit(spans)
+
+    def _aggregate(self, arr: np.ndarray) -> None:
+        """Vectorised metric updates for one drained batch."""
+        for pid in np.unique(arr["pid"]):
+            mine = arr[arr["pid"] == pid]
+            kinds = mine["kind"]
+            life = mine[(kinds == Kind.PROC_EXEC) | (kinds == Kind.PROC_EXIT)]
+            if len(life):
+                comm = life[-1:][["a0", "a1"]].tobytes().split(b"\0", 1)[0].decode(errors="replace")
+                if (life["kind"] == Kind.PROC_EXEC).any():
+                    self._info.forget(int(pid))
+                    self._sym.forget(int(pid))
+                self._info.note_comm(int(pid), comm)
+                if (life["kind"] == Kind.PROC_EXEC).any():
+                    self._info.resource(int(pid))
+            calls = mine[(kinds >= Kind.CUDA_MEMCPY) & (kinds <= Kind.CUDA_SYNC)]
+            if not len(calls) and not (kinds == Kind.CUDA_LAUNCH).any():
+                if (kinds == Kind.PROC_EXIT).any() and int(pid) in self._procs:
+                    self._procs[int(pid)].exited = True
+                continue
+            p = self._proc(int(pid))
+            complete = calls[(calls["flags"] & FLAG_INCOMPLETE) == 0]
+            p.incomplete += len(calls) - len(complete)
+            funcs, counts = np.unique(complete["func"], return_counts=True)
+            for f, c in zip(funcs.tolist(), counts.tolist()):
+                p.calls[CudaFunc(f).name] += c
+            failed = complete[complete["ret"] != 0]
+            for f, code in zip(failed["func"].tolist(), failed["ret"].tolist()):
+                p.errors[(CudaFunc(f).name, code)] += 1
+            copies = complete[(complete["kind"] == Kind.CUDA_MEMCPY) & (complete["ret"] == 0)]
+            for kind in np.unique(copies["a1"]).tolist():
+                p.memcpy_bytes[MEMCPY_DIRECTION.get(kind, f"kind{kind}")] += int(copies["a0"][copies["a1"] == kind].sum())
+            syncs = complete[complete["kind"] == Kind.CUDA_SYNC]
+            for f in np.unique(syncs["func"]).tolist():
+                p.sync[CudaFunc(f).name].add(syncs["duration_ns"][syncs["func"] == f] / 1e9)
+            for rec in complete[(complete["kind"] == Kind.CUDA_MALLOC) | (complete["kind"] == Kind.CUDA_FREE)].tolist():
+                self._track_memory(p, rec)
+            if (kinds == Kind.PROC_EXIT).any():
+                p.exited = True
+
+    @staticmethod
+    def _track_memory(p: _Process, rec: tuple) -> None:
+        _ts, _dur, _pid, _tid, kind, _func, _flags, ret, a0, a1, _a2, _a3 = rec
+        if ret != 0:
+            return
+        if kind == Kind.CUDA_MALLOC and a1:
+            p.live[a1] = a0
+            p.in_use += a0
+            p.high_water = max(p.high_water, p.in_use)
+        elif kind == Kind.CUDA_FREE and a0:
+            size = p.live.pop(a0, None)
+            if size is None:
+                p.untracked_frees += 1  # allocated before the agent started
+            else:
+                p.in_use -= size
+
+    def _span(self, rec: tuple) -> ReadableSpan | None:
+        ts, dur, pid, tid, kind, func, flags, ret, a0, a1, a2, a3 = rec
+        if kind < Kind.CUDA_LAUNCH:
+            return None
+        incomplete = bool(flags & FLAG_INCOMPLETE)
+        if kind != Kind.CUDA_LAUNCH and not incomplete and dur < self._min_span_ns:
+            return None
+        fname = CudaFunc(func).name
+        attrs: dict[str, object] = {"cuda.api.function": fname, "thread.id": tid}
+        if kind == Kind.CUDA_MEMCPY:
+            attrs["cuda.memcpy.bytes"] = a0
+            attrs["cuda.memcpy.direction"] = MEMCPY_DIRECTION.get(a1, f"kind{a1}")
+            attrs["cuda.memcpy.async"] = func in _ASYNC
+            if func in _ASYNC:
+                attrs["cuda.stream"] = f"{a2:#x}"
+        elif kind == Kind.CUDA_MALLOC:
+            attrs["cuda.memory.bytes"] = a0
+            if ret == 0 and not incomplete:
+                attrs["cuda.memory.address"] = f"{a1:#x}"
+        elif kind == Kind.CUDA_FREE:
+            attrs["cuda.memory.address"] = f"{a0:#x}"
+        elif kind == Kind.CUDA_SYNC:
+            if func != CudaFunc.cudaDeviceSynchronize:
+                attrs["cuda.stream"] = f"{a0:#x}"
+        elif kind == Kind.CUDA_LAUNCH:
+            attrs.update(self._launch_attrs(pid, func, a0, a1, a2, a3))
+        error = None
+        if incomplete:
+            attrs["otelbpf.incomplete"] = True
+            error = f"thread {tid} exited before {fname} returned"
+        elif kind != Kind.CUDA_LAUNCH:
+            attrs["cuda.api.return_code"] = ret
+            if ret != 0:
+                attrs["cuda.error.name"] = error_name(fname, ret)
+                error = f"{attrs['cuda.error.name']} ({ret})"
+        start = self._clock.to_wall(ts)
+        return make_span(
+            fname,
+            resource=self._proc(pid).resource,
+            scope=SCOPE,
+            start_ns=start,
+            end_ns=start + dur,
+            attributes=attrs,
+            error=error,
+        )
+
+    def _launch_attrs(self, pid: int, func: int, fn: int, grid: int, block: int, stream: int) -> dict[str, object]:
+        attrs: dict[str, object] = {"cuda.stream": f"{stream:#x}"}
+        if func in _GRAPH:
+            attrs["cuda.graph.exec"] = f"{fn:#x}"
+            return attrs
+        attrs["cuda.kernel.name"] = self._kernel_name(pid, func, fn)
+        attrs["cuda.kernel.function_address"] = f"{fn:#x}"
+        for label, packed in (("grid", grid), ("block", block)):
+            x, y, z = unpack_dim(packed)
+            attrs[f"cuda.{label}.x"], attrs[f"cuda.{label}.y"], attrs[f"cuda.{label}.z"] = x, y, z
+        if self._sample_every > 1:
+            attrs["otelbpf.sample_every"] = self._sample_every
+        return attrs
+
+    def _kernel_name(self, pid: int, func: int, fn: int) -> str:
+        if func in _DRIVER_LAUNCH:
+            p = self._procs.get(pid)
+            name = p.driver_names.get(fn) if p else None
+            return self._sym_demangle(name) if name else f"CUfunction {fn:#x}"
+        return self._sym.resolve(pid, fn)
+
+    @staticmethod
+    def _sym_demangle(name: str) -> str:
+        from otelbpf.correlate.symbolizer import demangle
+
+        return demangle(name)
+
+    # -- metrics ----------------------------------------------------------
+
+    def collect(self) -> list[tuple[Resource, list[Metric]]]:
+        """Cumulative metrics per process; forgets processes that exited."""
+        now = self._clock.now_wall()
+        launches: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        map_keys: dict[int, list[object]] = defaultdict(list)
+        for key, count in self._read_map("launches"):
+            launches[key.pid].append((key.func, key.fn, count))
+            map_keys[key.pid].append(key)
+        launch_errors: dict[int, Counter] = defaultdict(Counter)
+        error_keys: dict[int, list[object]] = defaultdict(list)
+        for key, count in self._read_map("launch_errors"):
+            launch_errors[key.pid][(CudaFunc(key.func).name, key.ret)] += count
+            error_keys[key.pid].append(key)
+        out = []
+        with self._lock:
+            for pid in set(launches) | set(launch_errors):
+                self._proc(pid)
+            for pid, p in list(self._procs.items()):
+                metrics = self._process_metrics(pid, p, launches.get(pid, []), launch_errors.get(pid, Counter()), now)
+                if metrics:
+                    out.append((p.resource, metrics))
+                if p.exited:
+                    del self._procs[pid]
+                    self._forget_keys("launches", map_keys.get(pid, []))
+                    self._forget_keys("launch_errors", error_keys.get(pid, []))
+                    self._sym.forget(pid)
+                    self._info.forget(pid)
+        return out
+
+    def _process_metrics(
+        self, pid: int, p: _Process, launches: list[tuple[int, int, int]], launch_errors: Counter, now: int
+    ) -> list[Metric]:
+        by_func: Counter = Counter()
+        per_kernel: Counter = Counter()
+        for func, fn, count in launches:
+            fname = CudaFunc(func).name
+            by_func[fname] += count
+            if func not in _GRAPH:
+                per_kernel[(fname, fn)] += count
+        top = heapq.nlargest(self._top, per_kernel.items(), key=lambda kv: kv[1])
+        errors = p.errors + launch_errors
+        built = [
+            m.cumulative_sum(
+                "cuda.kernel.launches", "{launch}", "Kernel (and graph) launches, counted in the kernel",
+                [({"cuda.api.function": f}, c) for f, c in sorted(by_func.items())], p.start_ns, now,
+            ),
+            m.gauge(
+                "cuda.kernel.launches.top", "{launch}",
+                f"Launches so far of the {self._top} most launched kernels of the process (a bounded top-N)",
+                [
+                    ({"cuda.api.function": f, "cuda.kernel.name": self._kernel_name(pid, CudaFunc[f], fn)}, c)
+                    for (f, fn), c in top
+                ],
+                now,
+            ),
+            m.cumulative_sum(
+                "cuda.api.calls", "{call}", "Completed calls of probed CUDA API functions (launches excluded)",
+                [({"cuda.api.function": f}, c) for f, c in sorted(p.calls.items())], p.start_ns, now,
+            ),
+            m.cumulative_sum(
+                "cuda.api.errors", "{call}", "CUDA API calls that returned an error",
+                [
+                    ({"cuda.api.function": f, "cuda.error.code": code, "cuda.error.name": error_name(f, code)}, c)
+                    for (f, code), c in sorted(errors.items())
+                ],
+                p.start_ns, now,
+            ),
+            m.cumulative_sum(
+                "cuda.memcpy.bytes", "By", "Bytes copied by successful cudaMemcpy* calls, by direction",
+                [({"cuda.memcpy.direction": d}, b) for d, b in sorted(p.memcpy_bytes.items())], p.start_ns, now,
+            ),
+            m.histogram(
+                "cuda.sync.duration", "s", "Time the host thread waited in a synchronize call",
+                [h.point({"cuda.api.function": f}, p.start_ns, now) for f, h in sorted(p.sync.items())],
+            ),
+        ]
+        if p.calls.get("cudaMalloc") or p.calls.get("cuMemAlloc_v2") or p.live:
+            built.append(m.gauge("cuda.memory.in_use", "By", "Device memory allocated through probed calls and not yet freed", [({}, p.in_use)], now))
+            built.append(m.gauge("cuda.memory.high_water", "By", "Highest cuda.memory.in_use seen", [({}, p.high_water)], now))
+        if p.incomplete or p.untracked_frees:
+            built.append(
+                m.cumulative_sum(
+                    "otelbpf.cuda.anomalies", "{call}", "Calls the agent could not account fully",
+                    [
+                        ({"reason": r}, v)
+                        for r, v in (("incomplete", p.incomplete), ("untracked_free", p.untracked_frees))
+                        if v
+                    ],
+                    p.start_ns, now,
+                )
+            )
+        return [x for x in built if x is not None]
+
+    def memory_snapshot(self) -> dict[int, tuple[int, int]]:
+        """pid -> (bytes in use, high-water mark); for tests and the summary."""
+        with self._lock:
+            return {pid: (p.in_use, p.high_water) for pid, p in self._procs.items()}

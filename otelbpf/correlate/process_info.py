@@ -1,0 +1,122 @@
+"""Who a pid is: the OpenTelemetry resource for a watched process.
+
+Read from /proc once, at first sight, because short-lived processes may be
+gone by the time their last events are exported.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Mapping
+
+from opentelemetry.sdk.resources import Resource
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _parse_kv(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` as in OTEL_RESOURCE_ATTRIBUTES (values may be %-encoded)."""
+    from urllib.parse import unquote
+
+    out = {}
+    for item in text.split(","):
+        if "=" in item:
+            k, v = item.split("=", 1)
+            if k.strip():
+                out[k.strip()] = unquote(v.strip())
+    return out
+
+
+class ProcessInfo:
+    """Cache of pid -> Resource, with the agent's resource attributes applied.
+
+    ``service.name`` comes from the configured resource attributes, else the
+    target's own ``OTEL_SERVICE_NAME`` (what its SDK would report), else the
+    executable name, so eBPF spans land in the same service as SDK spans.
+    """
+
+    def __init__(self, configured: Mapping[str, str] | None = None) -> None:
+        self._configured = dict(configured or {})
+        self._host = socket.gethostname()
+        self._cache: dict[int, Resource] = {}
+        self._comm: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def note_comm(self, pid: int, comm: str) -> None:
+        """The kernel's task name, a fallback when /proc/PID is gone."""
+        if comm:
+            with self._lock:
+                self._comm[pid] = comm
+
+    def resource(self, pid: int) -> Resource:
+        with self._lock:
+            res = self._cache.get(pid)
+            if res is None:
+                res = self._cache[pid] = self._build(pid)
+            return res
+
+    def forget(self, pid: int) -> None:
+        with self._lock:
+            self._cache.pop(pid, None)
+            self._comm.pop(pid, None)
+
+    def _build(self, pid: int) -> Resource:
+        attrs: dict[str, object] = {"host.name": self._host, "process.pid": pid}
+        exe = None
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+        except OSError:
+            pass
+        if exe:
+            attrs["process.executable.path"] = exe
+            attrs["process.executable.name"] = os.path.basename(exe)
+        cmdline = _read(f"/proc/{pid}/cmdline")
+        if cmdline:
+            args = [a.decode(errors="replace") for a in cmdline.rstrip(b"\0").split(b"\0")]
+            attrs["process.command_line"] = " ".join(args)
+            attrs["process.command_args"] = args
+        env = self._environ(pid)
+        target_attrs = _parse_kv(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
+        attrs.update({k: v for k, v in target_attrs.items() if k not in attrs})
+        service = env.get("OTEL_SERVICE_NAME") or target_attrs.get("service.name")
+        if not exe and not cmdline:
+            attrs["otelbpf.process.exited"] = True  # gone before we could look
+            if pid in self._comm:
+                attrs["process.executable.name"] = self._comm[pid]
+        if not service:
+            service = attrs.get("process.executable.name") or f"pid-{pid}"
+        attrs["service.name"] = service
+        attrs.update(self._configured)
+        return Resource(attrs)
+
+    @staticmethod
+    def _environ(pid: int) -> dict[str, str]:
+        raw = _read(f"/proc/{pid}/environ") or b""
+        out = {}
+        for item in raw.split(b"\0"):
+            if item.startswith(b"OTEL_") and b"=" in item:
+                k, v = item.split(b"=", 1)
+                out[k.decode(errors="replace")] = v.decode(errors="replace")
+        return out
+
+
+def agent_resource(configured: Mapping[str, str] | None = None) -> Resource:
+    """The agent's own resource, for its otelbpf.* health metrics."""
+    from otelbpf import __version__
+
+    attrs = {
+        "service.name": "otelbpf",
+        "service.version": __version__,
+        "host.name": socket.gethostname(),
+        "process.pid": os.getpid(),
+    }
+    attrs.update({k: v for k, v in (configured or {}).items() if k != "service.name"})
+    return Resource(attrs)

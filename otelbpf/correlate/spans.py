@@ -1,0 +1,62 @@
+"""Build finished OpenTelemetry spans from kernel events.
+
+Events arrive after the fact with their own timestamps and belong to other
+processes, so spans are constructed directly as ``ReadableSpan`` objects
+(each with its process's Resource) rather than started and ended through a
+Tracer, which would stamp the agent's clock and the agent's resource.
+"""
+
+from __future__ import annotations
+
+import random
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from otelbpf import __version__
+
+_rand = random.Random()
+
+
+def scope(name: str) -> InstrumentationScope:
+    return InstrumentationScope(name, __version__)
+
+
+def new_context(trace_id: int | None = None) -> SpanContext:
+    return SpanContext(
+        trace_id=trace_id or _rand.getrandbits(128) or 1,
+        span_id=_rand.getrandbits(64) or 1,
+        is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+
+
+def make_span(
+    name: str,
+    *,
+    resource: Resource,
+    scope: InstrumentationScope,
+    start_ns: int,
+    end_ns: int,
+    attributes: dict,
+    error: str | None = None,
+    parent: SpanContext | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> ReadableSpan:
+    ctx = new_context(parent.trace_id if parent else None)
+    status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET)
+    return ReadableSpan(
+        name=name,
+        context=ctx,
+        parent=parent,
+        resource=resource,
+        attributes=attributes,
+        kind=kind,
+        status=status,
+        start_time=start_ns,
+        end_time=end_ns,
+        instrumentation_scope=scope,
+    )

@@ -1,0 +1,177 @@
+"""Address -> function name, for kernel launch pointers.
+
+``cudaLaunchKernel``'s first argument is the address of the kernel's host
+stub, a function in the program or one of its libraries; its ELF symbol is
+the kernel's (mangled) name. Resolution: /proc/PID/maps -> file + offset ->
+symbol table (full .symtab when present, else .dynsym) -> C++ demangling.
+Unresolvable addresses become ``module+0xoffset``, never dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import cxxfilt
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Mapping:
+    start: int
+    end: int
+    offset: int
+    path: str
+
+
+def demangle(name: str) -> str:
+    if not name.startswith("_Z"):
+        return name
+    try:
+        return cxxfilt.demangle(name)
+    except cxxfilt.InvalidName:
+        return name
+
+
+class _SymbolTable:
+    """Sorted function symbols of one ELF file, and its load segments."""
+
+    def __init__(self, path: str) -> None:
+        self.addrs: list[int] = []
+        self.entries: list[tuple[int, str]] = []  # (size, name), parallel to addrs
+        self.loads: list[tuple[int, int, int]] = []  # (p_offset, p_vaddr, p_filesz)
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            self.loads = [
+                (s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"
+            ]
+            syms: dict[int, tuple[int, str]] = {}
+            for name in (".dynsym", ".symtab"):
+                sec = elf.get_section_by_name(name)
+                if not isinstance(sec, SymbolTableSection):
+                    continue
+                for sym in sec.iter_symbols():
+                    if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym.name:
+                        syms.setdefault(sym["st_value"], (sym["st_size"], sym.name))
+        for addr in sorted(syms):
+            self.addrs.append(addr)
+            self.entries.append(syms[addr])
+
+    def vaddr(self, file_offset: int) -> int | None:
+        for off, vaddr, size in self.loads:
+            if off <= file_offset < off + size:
+                return file_offset - off + vaddr
+        return None
+
+    def lookup(self, vaddr: int) -> str | None:
+        i = bisect.bisect_right(self.addrs, vaddr) - 1
+        if i < 0:
+            return None
+        size, name = self.entries[i]
+        start = self.addrs[i]
+        if vaddr == start or vaddr < start + max(size, 1):
+            return name
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable | None:
+    del dev, ino, mtime  # cache key: a replaced file is read again
+    try:
+        return _SymbolTable(path)
+    except Exception as exc:  # unreadable/corrupt ELF: fall back to module+offset
+        log.debug("cannot read symbols of %s: %s", path, exc)
+        return None
+
+
+def read_maps(pid: int) -> list[Mapping]:
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) < 6 or not parts[5].startswith("/"):
+                    continue
+                lo, hi = parts[0].split("-")
+                out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip("\n")))
+    except OSError:
+        pass
+    return out
+
+
+class Symbolizer:
+    """Per-process address resolution with caches for maps and results."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, list[Mapping]] = {}
+        self._names: dict[tuple[int, int], str] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, pid: int) -> None:
+        """Snapshot a process's maps now, while it is alive."""
+        maps = read_maps(pid)
+        if maps:
+            with self._lock:
+                self._maps[pid] = maps
+
+    def forget(self, pid: int) -> None:
+        with self._lock:
+            self._maps.pop(pid, None)
+            for key in [k for k in self._names if k[0] == pid]:
+                del self._names[key]
+
+    def resolve(self, pid: int, addr: int) -> str:
+        key = (pid, addr)
+        with self._lock:
+            hit = self._names.get(key)
+        if hit is not None:
+            return hit
+        name = self._resolve(pid, addr)
+        with self._lock:
+            self._names[key] = name
+        return name
+
+    def _find(self, pid: int, addr: int) -> Mapping | None:
+        maps = self._maps.get(pid)
+        for attempt in range(2):
+            if maps:
+                for m in maps:
+                    if m.start <= addr < m.end:
+                        return m
+            if attempt == 0:  # new library since the snapshot: look again
+                fresh = read_maps(pid)
+                if not fresh:
+                    return None
+                with self._lock:
+                    self._maps[pid] = maps = fresh
+        return None
+
+    def _resolve(self, pid: int, addr: int) -> str:
+        m = self._find(pid, addr)
+        if m is None:
+            return f"[unknown]+{addr:#x}"
+        file_offset = addr - m.start + m.offset
+        path = m.path.removesuffix(" (deleted)")
+        local = f"/proc/{pid}/root{path}"
+        if not os.path.exists(local):
+            local = path
+        try:
+            st = os.stat(local)
+            table = _table(local, st.st_dev, st.st_ino, int(st.st_mtime))
+        except OSError:
+            table = None
+        module = os.path.basename(path)
+        if table is not None:
+            vaddr = table.vaddr(file_offset)
+            if vaddr is not None:
+                sym = table.lookup(vaddr)
+                if sym is not None:
+                    return demangle(sym)
+        return f"{module}+{file_offset:#x}"

@@ -1,0 +1,92 @@
+"""Build OpenTelemetry SDK exporters from exporter configs.
+
+gRPC (``otlp``) and HTTP/protobuf (``otlphttp``) use the official
+opentelemetry-exporter-otlp packages (their retry with back-off included);
+``file`` is the local OTLP-JSON default.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from otelbpf.config import (
+    ExporterConfig,
+    FileExporterConfig,
+    OtlpExporterConfig,
+    OtlpHttpExporterConfig,
+    Signal,
+    to_seconds,
+)
+from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _grpc_kwargs(cfg: OtlpExporterConfig) -> dict:
+    import grpc
+
+    kwargs: dict = {
+        "endpoint": cfg.target,
+        "insecure": cfg.insecure,
+        "headers": dict(cfg.headers),
+        "timeout": to_seconds(cfg.timeout),
+        "compression": grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression,
+    }
+    if not cfg.insecure and (cfg.tls.ca_file or cfg.tls.cert_file):
+        kwargs["credentials"] = grpc.ssl_channel_credentials(
+            root_certificates=_read(cfg.tls.ca_file),
+            private_key=_read(cfg.tls.key_file),
+            certificate_chain=_read(cfg.tls.cert_file),
+        )
+    return kwargs
+
+
+def _http_kwargs(cfg: OtlpHttpExporterConfig, signal: Signal) -> dict:
+    from opentelemetry.exporter.otlp.proto.http import Compression
+
+    kwargs: dict = {
+        "endpoint": cfg.url(signal),
+        "headers": dict(cfg.headers),
+        "timeout": to_seconds(cfg.timeout),
+        "compression": Compression.Gzip if cfg.compression == "gzip" else Compression.NoCompression,
+    }
+    if cfg.tls.ca_file:
+        kwargs["certificate_file"] = cfg.tls.ca_file
+    if cfg.tls.cert_file:
+        kwargs["client_certificate_file"] = cfg.tls.cert_file
+        kwargs["client_key_file"] = cfg.tls.key_file
+    return kwargs
+
+
+def span_exporter(cfg: ExporterConfig) -> SpanExporter:
+    if isinstance(cfg, OtlpExporterConfig):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(**_grpc_kwargs(cfg))
+    if isinstance(cfg, OtlpHttpExporterConfig):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+
+        return HttpSpanExporter(**_http_kwargs(cfg, "traces"))
+    if isinstance(cfg, FileExporterConfig):
+        return FileSpanExporter(cfg.directory, max(1, cfg.rotate_size >> 20))
+    raise TypeError(f"no span exporter for {type(cfg).__name__}")
+
+
+def metric_exporter(cfg: ExporterConfig) -> MetricExporter:
+    if isinstance(cfg, OtlpExporterConfig):
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(**_grpc_kwargs(cfg))
+    if isinstance(cfg, OtlpHttpExporterConfig):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
+
+        return HttpMetricExporter(**_http_kwargs(cfg, "metrics"))
+    if isinstance(cfg, FileExporterConfig):
+        return FileMetricExporter(cfg.directory, max(1, cfg.rotate_size >> 20))
+    raise TypeError(f"no metric exporter for {type(cfg).__name__}")

@@ -1,0 +1,31 @@
+"""The agent's own counters: every drop and failure, exported as otelbpf.*.
+
+Plain integers behind one lock; written from the drain, processing and
+export threads, read when metrics are collected.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+
+class Health:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters: Counter = Counter()  # (metric name, frozenset(attrs)) -> value
+
+    def add(self, name: str, value: int = 1, **attrs: object) -> None:
+        if value:
+            with self._lock:
+                self.counters[(name, frozenset(attrs.items()))] += value
+
+    def get(self, name: str, **attrs: object) -> int:
+        with self._lock:
+            if attrs:
+                return self.counters.get((name, frozenset(attrs.items())), 0)
+            return sum(v for (n, _a), v in self.counters.items() if n == name)
+
+    def snapshot(self) -> list[tuple[str, dict, int]]:
+        with self._lock:
+            return [(n, dict(a), v) for (n, a), v in sorted(self.counters.items(), key=lambda kv: kv[0][0])]

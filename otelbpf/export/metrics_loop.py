@@ -1,0 +1,97 @@
+"""Export metrics every ``interval``: the probe families' cumulative metrics
+per process, plus the agent's own otelbpf.* health.
+
+All metrics are cumulative, so an export that fails loses nothing for good:
+the next successful one carries the totals. Failures are still counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from opentelemetry.sdk.metrics.export import (
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otelbpf.export.health import Health
+
+log = logging.getLogger(__name__)
+
+#: A source returns (resource, scope, metrics) triples.
+Source = Callable[[], list[tuple[Resource, InstrumentationScope, list[Metric]]]]
+
+
+class MetricsLoop:
+    def __init__(
+        self,
+        exporters: Sequence[tuple[str, MetricExporter]],
+        sources: Sequence[Source],
+        health: Health,
+        interval_s: float,
+    ) -> None:
+        self._exporters = list(exporters)
+        self._sources = list(sources)
+        self._health = health
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="otelbpf-metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.export_once()
+
+    def collect(self) -> MetricsData:
+        grouped: dict[tuple, ResourceMetrics] = {}
+        for source in self._sources:
+            try:
+                triples = source()
+            except Exception:  # one broken source must not hide the others
+                log.exception("metric source failed")
+                self._health.add("otelbpf.metrics.source_errors")
+                continue
+            for resource, scope, metrics in triples:
+                key = tuple(sorted((k, str(v)) for k, v in resource.attributes.items()))
+                rm = grouped.get(key)
+                if rm is None:
+                    rm = grouped[key] = ResourceMetrics(resource=resource, scope_metrics=[], schema_url="")
+                rm.scope_metrics.append(ScopeMetrics(scope=scope, metrics=metrics, schema_url=""))
+        return MetricsData(resource_metrics=list(grouped.values()))
+
+    def export_once(self) -> None:
+        data = self.collect()
+        if not data.resource_metrics:
+            return
+        for name, exporter in self._exporters:
+            try:
+                result = exporter.export(data)
+            except Exception as exc:
+                log.warning("metric exporter %s raised: %s", name, exc)
+                result = MetricExportResult.FAILURE
+            if result == MetricExportResult.SUCCESS:
+                self._health.add("otelbpf.export.sent", len(data.resource_metrics), signal="metrics", exporter=name)
+            else:
+                self._health.add("otelbpf.export.failures", 1, signal="metrics", exporter=name)
+
+    def stop(self) -> None:
+        """Stop the timer and export one last time, so totals at exit are kept."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self.export_once()
+        for _name, exporter in self._exporters:
+            try:
+                exporter.shutdown()
+            except Exception as exc:
+                log.warning("metric exporter shutdown failed: %s", exc)
