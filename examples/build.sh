@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds the CUDA stand-in libraries, the workload and the benchmark drivers into build/.
+# Idempotent and quick when nothing changed: a target is rebuilt only when missing or older
+# than one of its sources (or this script). Each is written under a temporary name and then
+# renamed, so a test running beside a rebuild never loads half a file.
+#
+#   build/examples/fakecudart/libcudart.so.12   stand-in CUDA runtime   (examples/cuda/fakecudart.c)
+#   build/examples/fakecuda/libcuda.so.1        stand-in CUDA driver    (examples/cuda/fakecuda.c)
+#   build/examples/cuda_workload                the workload            (examples/cuda/workload.cpp)
+#   build/bench/launch_loop                     benchmark driver        (bench/launch_loop.c)
+#   build/bench/libnopfunc.so                   prologue variants       (examples/cuda/nopfunc.c)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+src=$root/examples/cuda
+out=$root/build
+
+# stale TARGET SOURCE...: true when TARGET is missing or older than a source or this script.
+stale() {
+    local target=$1 dep
+    shift
+    [[ -e $target ]] || return 0
+    for dep in "$@" "${BASH_SOURCE[0]}"; do
+        [[ $dep -nt $target ]] && return 0
+    done
+    return 1
+}
+
+# publish TMP TARGET: puts a finished build in place.
+publish() {
+    mv -f "$1" "$2"
+    echo "built ${2#"$root"/}"
+}
+
+warn=(-Wall -Wextra -Werror)
+# The stand-ins are built with CET like most distribution libraries, so their functions start
+# with endbr64; push %rbp (examples/cuda/README.md says why the first instruction matters).
+lib=(-O2 -g -fPIC -shared -pthread -fcf-protection=full -fno-omit-frame-pointer -fno-shrink-wrap
+     -fno-optimize-sibling-calls "${warn[@]}")
+
+t=$out/examples/fakecudart/libcudart.so.12
+if stale "$t" "$src"/{fakecudart.c,fakecudart.map,devmem.c,devmem.h}; then
+    mkdir -p "${t%/*}"
+    gcc "${lib[@]}" -Wl,-soname,libcudart.so.12 -Wl,--version-script="$src/fakecudart.map" \
+        "$src/fakecudart.c" "$src/devmem.c" -o "$t.$$"
+    publish "$t.$$" "$t"
+fi
+
+t=$out/examples/fakecuda/libcuda.so.1
+if stale "$t" "$src"/{fakecuda.c,fakecuda.map,devmem.c,devmem.h}; then
+    mkdir -p "${t%/*}"
+    gcc "${lib[@]}" -Wl,-soname,libcuda.so.1 -Wl,--version-script="$src/fakecuda.map" \
+        "$src/fakecuda.c" "$src/devmem.c" -o "$t.$$"
+    publish "$t.$$" "$t"
+fi
+
+# -rdynamic puts the kernel stubs in the dynamic symbol table so the workload can name them
+# with dladdr; -fno-ipa-icf keeps the compiler from merging look-alike stubs.
+t=$out/examples/cuda_workload
+if stale "$t" "$src/workload.cpp"; then
+    mkdir -p "${t%/*}"
+    g++ -std=c++17 -O2 -g -fno-omit-frame-pointer -fno-ipa-icf -rdynamic "${warn[@]}" \
+        "$src/workload.cpp" -o "$t.$$" -ldl -lpthread
+    publish "$t.$$" "$t"
+fi
+
+t=$out/bench/launch_loop
+if stale "$t" "$root/bench/launch_loop.c"; then
+    mkdir -p "${t%/*}"
+    gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$root/bench/launch_loop.c" -o "$t.$$" -ldl
+    publish "$t.$$" "$t"
+fi
+
+# No -fcf-protection here: the prologues are hand-written and must stay exactly as written.
+t=$out/bench/libnopfunc.so
+if stale "$t" "$src/nopfunc.c"; then
+    mkdir -p "${t%/*}"
+    gcc -O2 -g -fPIC -shared "${warn[@]}" "$src/nopfunc.c" -o "$t.$$"
+    publish "$t.$$" "$t"
+fi
