@@ -1,0 +1,1189 @@
+"""The agent's configuration: a YAML file in the OpenTelemetry Collector's shape.
+
+``receivers`` are probe families, ``processors`` shape what leaves, ``exporters`` say where it
+goes, and ``service.pipelines`` wires them per signal (``traces``, ``metrics``); only
+receivers named in a pipeline are loaded. ``config/otelbpf.yaml`` documents every option
+with its default. Components are named ``type`` or ``type/name`` (``otlp/tempo``); receivers
+take no ``/name`` because one probe family is loaded once.
+
+Values: durations are ``"250ms"``, ``"1.5s"``, ``"1m30s"`` (units ns, us, ms, s, m, h) or a
+plain number of seconds, and are stored as int nanoseconds (``parse_duration``,
+``to_seconds``); sizes are ``"64KiB"``, ``"4MiB"``, ``"1GiB"`` or a plain number of bytes,
+stored as int bytes (``parse_size``). String values may use ``${env:VAR}``,
+``${env:VAR:-default}``, ``${VAR}`` and ``${VAR:-default}`` (the default applies when VAR is
+unset or empty; ``$$`` writes a literal ``$``); an unset variable without a default is an
+error naming it and the option that used it.
+
+Where settings come from, highest precedence first (explicit configuration wins, as in the
+OpenTelemetry SDKs where constructor arguments beat environment variables):
+
+1. The config file (after ``${env:...}`` substitution). A mapping written in the file
+   (``headers``, ``processors.resource.attributes``) keeps its keys; environment variables only
+   add keys it lacks.
+2. Signal-specific standard variables (``OTEL_EXPORTER_OTLP_TRACES_*``,
+   ``OTEL_EXPORTER_OTLP_METRICS_*``), for an ``otlp``/``otlphttp`` exporter that only the
+   pipeline of that signal uses; an ``otlphttp`` exporter also takes
+   ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT`` as its ``traces_endpoint`` /
+   ``metrics_endpoint`` (full URLs, used as they are, as the spec says).
+3. The generic ``OTEL_EXPORTER_OTLP_*`` variables: ``ENDPOINT``, ``HEADERS`` (``k=v,k2=v2``,
+   percent-decoded), ``TIMEOUT`` (milliseconds), ``COMPRESSION`` (gzip | none), ``INSECURE``
+   (true | false; gRPC, and as the spec says only for an endpoint without ``http(s)://``, whose
+   scheme decides), ``CERTIFICATE``, ``CLIENT_CERTIFICATE``, ``CLIENT_KEY``.
+4. Built-in defaults.
+
+Without a config file the built-in default (``DEFAULT_CONFIG_YAML``, the same as
+``config/otelbpf.yaml``) is used; being defaults, its values rank below the variables. If
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (or a signal-specific endpoint) is set, that signal's pipeline
+exports over OTLP instead of to local files: gRPC (``otlp``) unless
+``OTEL_EXPORTER_OTLP[_<SIGNAL>]_PROTOCOL`` is ``http/protobuf`` (``otlphttp``); ``http/json``
+is refused. One exporter serves both signals where the variables say the same for each, else
+there is one per signal (``otlp/traces``, ``otlp/metrics``). A signal without any endpoint
+variable keeps the file exporter. With a config file the ``PROTOCOL`` variables are ignored:
+the file names the exporter type, and the endpoint variables add no exporter.
+
+Resource: ``OTEL_RESOURCE_ATTRIBUTES`` (``k=v,...``, percent-decoded) and
+``OTEL_SERVICE_NAME`` (which wins for ``service.name``) add to the ``resource`` processor's
+``attributes``; keys written in the file win over both. When either is set and the file
+defines no ``resource`` processor, one is created, and ``resource`` is appended to every
+pipeline that lacks it, so the variables always take effect as they do in an SDK.
+``OTEL_METRIC_EXPORT_INTERVAL`` (milliseconds) fills ``service.telemetry.metrics_interval``.
+As the spec says, an empty variable counts as unset.
+
+Every problem found is reported at once in one ``ConfigError`` whose lines name the option
+path (``receivers.cuda.launch_sample_every: ...``), the file position where known, the
+allowed values or keys, and the environment variable a bad value came from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import mmap
+import os
+import re
+import urllib.parse
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeAlias, Union, get_args, get_origin
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+from pydantic_core.core_schema import ErrorType
+
+Signal: TypeAlias = Literal["traces", "metrics"]
+SIGNALS: tuple[Signal, ...] = ("traces", "metrics")
+
+OptionPath: TypeAlias = tuple[str | int, ...]  # keys and list indexes from the top of the config
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; ``errors`` holds one line per problem, all of them."""
+
+    def __init__(self, source: str, errors: Sequence[str]) -> None:
+        self.source = source
+        self.errors = list(errors)
+        count = f"{len(self.errors)} error{'s' if len(self.errors) != 1 else ''}"
+        lines = "\n".join(f"  {e}" for e in self.errors)
+        super().__init__(f"invalid otelbpf configuration ({source}, {count}):\n{lines}")
+
+
+# ---------------------------------------------------------------------------------------
+# Durations and sizes
+# ---------------------------------------------------------------------------------------
+
+_DURATION_UNITS_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+
+
+def parse_duration(value: object) -> int:
+    """A duration in int nanoseconds from ``"250ms"``, ``"1m30s"`` or a number of seconds."""
+    hint = "write a number of seconds or a number with a unit: ns, us, ms, s, m, h (e.g. 250ms, 1.5s, 1m30s)"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"invalid duration {value!r}: {hint}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"invalid duration {value!r}: must not be negative")
+        return round(value * 1_000_000_000)
+    text = value.strip()
+    if _NUMBER.fullmatch(text):
+        return round(float(text) * 1_000_000_000)
+    parts = list(_DURATION_PART.finditer(text))
+    if not text or "".join(p.group(0) for p in parts) != text:
+        raise ValueError(f"invalid duration {value!r}: {hint}")
+    return round(sum(float(p.group(1)) * _DURATION_UNITS_NS[p.group(2)] for p in parts))
+
+
+def format_duration(ns: int) -> str:
+    """The shortest exact spelling of ``ns`` in the largest whole unit (``1500000`` -> ``1500us``)."""
+    for unit in ("h", "m", "s", "ms", "us"):
+        if ns and ns % _DURATION_UNITS_NS[unit] == 0:
+            return f"{ns // _DURATION_UNITS_NS[unit]}{unit}"
+    return f"{ns}ns"
+
+
+def to_seconds(ns: int) -> float:
+    """A stored duration as float seconds, the unit the OpenTelemetry SDK takes."""
+    return ns / 1_000_000_000
+
+
+_SIZE_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_SIZE = re.compile(r"(\d+)\s*([A-Za-z]*)")
+
+
+def parse_size(value: object) -> int:
+    """A size in int bytes from ``"64KiB"``, ``"4MiB"``, ``"1GiB"`` or a number of bytes."""
+    hint = "write a number of bytes or a whole number with a unit: B, KiB, MiB, GiB (e.g. 4MiB)"
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"invalid size {value!r}: {hint}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"invalid size {value!r}: must not be negative")
+        return value
+    match = _SIZE.fullmatch(value.strip())
+    unit = match.group(2).lower() if match else ""
+    if match is None or (unit and unit not in _SIZE_UNITS):
+        raise ValueError(f"invalid size {value!r}: {hint}")
+    return int(match.group(1)) * _SIZE_UNITS.get(unit, 1)
+
+
+def format_size(size: int) -> str:
+    """The largest whole binary unit for ``size`` bytes (``4194304`` -> ``4MiB``)."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size and size % unit == 0:
+            return f"{size // unit}{name}"
+    return f"{size}B"
+
+
+Duration = Annotated[int, BeforeValidator(parse_duration)]
+PositiveDuration = Annotated[int, BeforeValidator(parse_duration), Field(gt=0)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+def _scalar_attribute(value: object) -> object:
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    raise ValueError(f"an attribute value must be a string, number or boolean, got {value!r}")
+
+
+AttributeValue = Annotated[str | bool | int | float, BeforeValidator(_scalar_attribute)]
+
+
+# ---------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------
+
+
+class _Section(BaseModel):
+    """Unknown keys are errors (typos must not pass silently); loaded configs are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _unique(items: list[Any], what: str) -> list[Any]:
+    repeated = sorted({str(i) for i in items if items.count(i) > 1})
+    if repeated:
+        raise ValueError(f"{what} listed more than once: {', '.join(repeated)}")
+    return items
+
+
+# --- receivers ---------------------------------------------------------------------------
+
+_DEFAULT_CUDA_SEARCH_PATHS = (
+    "/usr/local/cuda*/lib64/libcudart.so*",
+    "/usr/lib/x86_64-linux-gnu/libcudart.so*",
+    "/opt/conda/lib/libcudart.so*",
+    "/opt/conda/envs/*/lib/libcudart.so*",
+    "/opt/conda/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*",
+    "/usr/local/lib/python3*/dist-packages/nvidia/cuda_runtime/lib/libcudart.so*",
+    "/usr/local/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so*",
+    "/usr/lib/aarch64-linux-gnu/libcuda.so*",
+    "/usr/lib64/libcuda.so*",
+    "/usr/local/nvidia/lib64/libcuda.so*",
+)
+
+
+def _absolute_glob(pattern: str) -> str:
+    if not pattern.startswith("/"):
+        raise ValueError(f"{pattern!r} is relative: search paths are absolute globs (the working directory varies)")
+    return pattern
+
+
+class CudaReceiverConfig(_Section):
+    """Uprobes on the CUDA runtime (``cudart``) and driver (``cuda``) libraries."""
+
+    libraries: list[Literal["cudart", "cuda"]] = ["cudart", "cuda"]
+    search_paths: list[Annotated[str, AfterValidator(_absolute_glob)]] = list(_DEFAULT_CUDA_SEARCH_PATHS)
+    launch_sample_every: int = Field(0, ge=0)
+    launch_errors: bool = False
+    min_span_duration: Duration = 0
+    ring_buffer_size: Size = 4 << 20
+    top_kernels: int = Field(20, ge=0, le=1000)
+
+    @field_validator("libraries")
+    @classmethod
+    def _libraries(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("name at least one of cudart, cuda (to disable the receiver, drop it from the pipelines)")
+        return _unique(value, "library")
+
+    @field_validator("ring_buffer_size")
+    @classmethod
+    def _ring_size(cls, value: int) -> int:
+        if value < mmap.PAGESIZE or value & (value - 1):
+            raise ValueError(
+                f"the BPF ring buffer size must be a power of two of at least the page size "
+                f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
+            )
+        return value
+
+
+ReceiverConfig: TypeAlias = CudaReceiverConfig
+RECEIVER_TYPES: dict[str, type[BaseModel]] = {"cuda": CudaReceiverConfig}
+
+
+# --- processors --------------------------------------------------------------------------
+
+
+class BatchProcessorConfig(_Section):
+    """Groups telemetry before export, like the Collector's batch processor."""
+
+    timeout: PositiveDuration = 1_000_000_000
+    send_batch_size: int = Field(512, ge=1)
+    max_queue_size: int = Field(8192, ge=1)
+
+    @model_validator(mode="after")
+    def _queue_holds_a_batch(self) -> BatchProcessorConfig:
+        if self.max_queue_size < self.send_batch_size:
+            raise ValueError(
+                f"max_queue_size ({self.max_queue_size}) must be at least send_batch_size ({self.send_batch_size})"
+            )
+        return self
+
+
+class ResourceProcessorConfig(_Section):
+    """Attributes added to every resource; ``service.name`` overrides the per-process default."""
+
+    attributes: dict[str, AttributeValue] = {}
+
+    @field_validator("attributes")
+    @classmethod
+    def _keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "" in value:
+            raise ValueError("attribute keys must not be empty")
+        return value
+
+
+ProcessorConfig: TypeAlias = BatchProcessorConfig | ResourceProcessorConfig
+PROCESSOR_TYPES: dict[str, type[BaseModel]] = {"batch": BatchProcessorConfig, "resource": ResourceProcessorConfig}
+
+
+# --- exporters ---------------------------------------------------------------------------
+
+
+class HttpTLSConfig(_Section):
+    """TLS for the HTTP exporter; the endpoint's scheme (http/https) decides whether TLS is used."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _client_pair(self) -> HttpTLSConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (client certificate and its key): set both or neither")
+        return self
+
+
+class TLSConfig(HttpTLSConfig):
+    """TLS for the gRPC exporter. ``insecure`` unset: decided by the endpoint's scheme
+    (``http://`` plaintext, ``https://`` or no scheme TLS), as the Collector and SDKs do."""
+
+    insecure: bool | None = None
+
+
+Compression: TypeAlias = Literal["gzip", "none"]
+
+
+class OtlpExporterConfig(_Section):
+    """OTLP over gRPC. ``endpoint`` is ``host:port`` or ``http(s)://host[:port]``."""
+
+    endpoint: str | None = None
+    headers: dict[str, str] = {}
+    tls: TLSConfig = TLSConfig()
+    timeout: PositiveDuration = 10_000_000_000
+    compression: Compression = "gzip"
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None:
+            _grpc_target(value)
+        return value
+
+    @model_validator(mode="after")
+    def _scheme_agrees_with_tls(self) -> OtlpExporterConfig:
+        scheme = _scheme(self.endpoint)
+        if self.tls.insecure is True and scheme == "https":
+            raise ValueError(f"tls.insecure is true but the endpoint {self.endpoint!r} is https: drop one of them")
+        if self.tls.insecure is False and scheme == "http":
+            raise ValueError(
+                f"tls.insecure is false but the endpoint {self.endpoint!r} is plaintext http: use https:// or host:port"
+            )
+        return self
+
+    @property
+    def target(self) -> str:
+        """``host:port`` for the gRPC channel (port 443/80 filled in for a URL without one)."""
+        if self.endpoint is None:
+            raise ValueError("the exporter has no endpoint")
+        return _grpc_target(self.endpoint)
+
+    @property
+    def insecure(self) -> bool:
+        """Whether the channel is plaintext: ``tls.insecure`` if set, else the scheme decides."""
+        if self.tls.insecure is not None:
+            return self.tls.insecure
+        return _scheme(self.endpoint) == "http"
+
+
+class OtlpHttpExporterConfig(_Section):
+    """OTLP over HTTP/protobuf. ``endpoint`` is a base URL to which ``/v1/traces`` and
+    ``/v1/metrics`` are appended; ``traces_endpoint``/``metrics_endpoint`` are used as given."""
+
+    endpoint: str | None = None
+    traces_endpoint: str | None = None
+    metrics_endpoint: str | None = None
+    headers: dict[str, str] = {}
+    tls: HttpTLSConfig = HttpTLSConfig()
+    timeout: PositiveDuration = 10_000_000_000
+    compression: Compression = "gzip"
+
+    @field_validator("endpoint", "traces_endpoint", "metrics_endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urllib.parse.urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{value!r} is not an http(s):// URL with a host (like http://localhost:4318)")
+        return value
+
+    def url(self, signal: Signal) -> str:
+        """Where ``signal`` is POSTed."""
+        explicit = self.traces_endpoint if signal == "traces" else self.metrics_endpoint
+        if explicit is not None:
+            return explicit
+        if self.endpoint is None:
+            raise ValueError(f"the exporter has no endpoint for {signal}")
+        return self.endpoint.rstrip("/") + f"/v1/{signal}"
+
+
+class FileExporterConfig(_Section):
+    """OTLP-JSON lines (the Collector file exporter's format), one file per signal."""
+
+    directory: str = Field("./otelbpf-out", min_length=1)
+    rotate_size: Size = 64 << 20
+
+
+ExporterConfig: TypeAlias = OtlpExporterConfig | OtlpHttpExporterConfig | FileExporterConfig
+EXPORTER_TYPES: dict[str, type[BaseModel]] = {
+    "otlp": OtlpExporterConfig,
+    "otlphttp": OtlpHttpExporterConfig,
+    "file": FileExporterConfig,
+}
+
+
+def _scheme(endpoint: str | None) -> str | None:
+    if endpoint is None or "://" not in endpoint:
+        return None
+    return endpoint.split("://", 1)[0].lower()
+
+
+def _grpc_target(endpoint: str) -> str:
+    hint = "write host:port or http(s)://host[:port] (e.g. localhost:4317)"
+    scheme = _scheme(endpoint)
+    if scheme is not None and scheme not in ("http", "https"):
+        raise ValueError(f"gRPC endpoint {endpoint!r} has scheme {scheme!r}: {hint}")
+    parts = urllib.parse.urlsplit(endpoint if scheme else f"//{endpoint}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"gRPC endpoint {endpoint!r} has an invalid port: {hint}") from None
+    if not parts.hostname or parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"gRPC endpoint {endpoint!r} is not {hint.removeprefix('write ')}")
+    if port is None:
+        if scheme is None:
+            raise ValueError(f"gRPC endpoint {endpoint!r} has no port: {hint}")
+        port = 443 if scheme == "https" else 80
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{port}"
+
+
+# --- targets and service -------------------------------------------------------------------
+
+
+class TargetsConfig(_Section):
+    """Which processes are watched: all, or only ``pids`` and their descendants."""
+
+    pids: list[Annotated[int, Field(gt=0)]] = []
+
+    @field_validator("pids")
+    @classmethod
+    def _pids(cls, value: list[int]) -> list[int]:
+        return _unique(value, "pid")
+
+
+class PipelineConfig(_Section):
+    """Which receivers feed one signal, through which processors (in order), to which exporters."""
+
+    receivers: list[str]
+    processors: list[str] = []
+    exporters: list[str]
+
+    @field_validator("receivers", "exporters")
+    @classmethod
+    def _not_empty(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if not value:
+            raise ValueError(f"a pipeline needs at least one of its {info.field_name}")
+        return _unique(value, info.field_name.removesuffix("s"))
+
+    @field_validator("processors")
+    @classmethod
+    def _processors(cls, value: list[str]) -> list[str]:
+        return _unique(value, "processor")
+
+
+class PipelinesConfig(_Section):
+    traces: PipelineConfig | None = None
+    metrics: PipelineConfig | None = None
+
+
+class TelemetryConfig(_Section):
+    """The agent's own rhythm: metric export period, ring-buffer drain period, log level."""
+
+    metrics_interval: PositiveDuration = 10_000_000_000
+    drain_interval: PositiveDuration = 50_000_000
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class ServiceConfig(_Section):
+    pipelines: PipelinesConfig
+    telemetry: TelemetryConfig = TelemetryConfig()
+
+
+_COMPONENT_KINDS: dict[str, dict[str, type[BaseModel]]] = {
+    "receivers": RECEIVER_TYPES,
+    "processors": PROCESSOR_TYPES,
+    "exporters": EXPORTER_TYPES,
+}
+
+
+def component_type(name: str) -> str:
+    """The type part of a component name: ``otlp/tempo`` -> ``otlp``."""
+    return name.split("/", 1)[0]
+
+
+def _error(kind: str, message: str, loc: OptionPath, value: object) -> dict[str, Any]:
+    """A validation error of our own ``kind`` (braces escaped: pydantic formats messages)."""
+    template = message.replace("{", "{{").replace("}", "}}")
+    return {"type": PydanticCustomError(kind, template), "loc": loc, "input": value}
+
+
+_STANDARD_ERROR_TYPES = frozenset(get_args(ErrorType))  # pydantic's own; others are ours
+
+
+def _carried(error: Mapping[str, Any], prefix: OptionPath) -> dict[str, Any]:
+    """A nested validation error re-raised one level up, its location prefixed."""
+    loc = (*prefix, *error["loc"])
+    if error["type"] not in _STANDARD_ERROR_TYPES:
+        return _error(error["type"], error["msg"], loc, error["input"])
+    carried = {"type": error["type"], "loc": loc, "input": error["input"]}
+    if "ctx" in error:
+        carried["ctx"] = error["ctx"]
+    return carried
+
+
+class Config(_Section):
+    """A validated configuration. Build it with ``load_config`` or ``load_config_text``."""
+
+    receivers: dict[str, ReceiverConfig] = {}
+    processors: dict[str, ProcessorConfig] = {}
+    exporters: dict[str, ExporterConfig] = {}
+    targets: TargetsConfig = TargetsConfig()
+    service: ServiceConfig
+
+    @field_validator("receivers", "processors", "exporters", mode="before")
+    @classmethod
+    def _components(cls, value: object, info: ValidationInfo) -> object:
+        """Validate each ``type[/name]`` entry against its type's model."""
+        kind = info.field_name
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            return value
+        types = _COMPONENT_KINDS[kind]
+        singular = kind.removesuffix("s")
+        built: dict[str, BaseModel] = {}
+        errors: list[dict[str, Any]] = []
+        for name, body in value.items():
+            if not isinstance(name, str):
+                message = f"{singular} names are strings like 'type' or 'type/name'"
+                errors.append(_error("component_name", message, (str(name),), name))
+                continue
+            type_, slash, suffix = name.partition("/")
+            if type_ not in types:
+                allowed = ", ".join(sorted(types))
+                message = f"unknown {singular} type {type_!r}{_suggest(type_, types)}; allowed types: {allowed}"
+                errors.append(_error("unknown_component", message, (name,), body))
+                continue
+            if slash and (kind == "receivers" or not suffix or suffix.strip() != suffix or "/" in suffix):
+                why = (
+                    "a probe family is loaded once, so receivers take no /name"
+                    if kind == "receivers"
+                    else "write type or type/name with a non-empty name"
+                )
+                errors.append(_error("component_name", f"invalid {singular} name {name!r}: {why}", (name,), body))
+                continue
+            try:
+                built[name] = types[type_].model_validate({} if body is None else body)
+            except ValidationError as exc:
+                errors.extend(_carried(e, (name,)) for e in exc.errors())
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return built
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _cross_check(cls, data: Any, handler: Callable[[Any], Config]) -> Config:
+        """Pipelines exist and name only defined components (checked on the raw input, so these
+        errors are listed with any others), and every OTLP exporter in use has a URL."""
+        errors = _reference_errors(data) if isinstance(data, Mapping) else []
+        try:
+            config = handler(data)
+        except ValidationError as exc:
+            if not errors:
+                raise
+            carried = [_carried(e, ()) for e in exc.errors()]
+            raise ValidationError.from_exception_data(cls.__name__, [*carried, *errors]) from None
+        for signal in config.pipeline_signals():
+            for name in config.pipeline(signal).exporters:  # type: ignore[union-attr]
+                missing = _missing_endpoint(config.exporters.get(name), signal)
+                if missing:
+                    message = f"{missing} (the {signal} pipeline uses this exporter)"
+                    errors.append(_error("missing_endpoint", message, ("exporters", name, "endpoint"), None))
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return config
+
+    # --- accessors the agent uses ---
+
+    def pipeline(self, signal: Signal) -> PipelineConfig | None:
+        """The pipeline for ``signal``, or None if the signal is not exported."""
+        return getattr(self.service.pipelines, signal)
+
+    def pipeline_signals(self) -> list[Signal]:
+        """The signals that have a pipeline, in ``SIGNALS`` order."""
+        return [s for s in SIGNALS if self.pipeline(s) is not None]
+
+    def enabled_receivers(self) -> set[str]:
+        """Receivers named by at least one pipeline: the probe families to load."""
+        return {name for s in self.pipeline_signals() for name, _ in self.pipeline_receivers(s)}
+
+    def pipeline_receivers(self, signal: Signal) -> list[tuple[str, ReceiverConfig]]:
+        pipeline = self.pipeline(signal)
+        return [(n, self.receivers[n]) for n in pipeline.receivers] if pipeline else []
+
+    def pipeline_processors(self, signal: Signal) -> list[tuple[str, ProcessorConfig]]:
+        """The pipeline's processors in the order they run."""
+        pipeline = self.pipeline(signal)
+        return [(n, self.processors[n]) for n in pipeline.processors] if pipeline else []
+
+    def pipeline_exporters(self, signal: Signal) -> list[tuple[str, ExporterConfig]]:
+        pipeline = self.pipeline(signal)
+        return [(n, self.exporters[n]) for n in pipeline.exporters] if pipeline else []
+
+    def resource_attributes(self, signal: Signal) -> dict[str, str | bool | int | float]:
+        """Attributes the pipeline's ``resource`` processors add (a later processor wins a key)."""
+        merged: dict[str, str | bool | int | float] = {}
+        for _, processor in self.pipeline_processors(signal):
+            if isinstance(processor, ResourceProcessorConfig):
+                merged.update(processor.attributes)
+        return merged
+
+
+def _reference_errors(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Pipelines that are missing or name components the config does not define."""
+    service = data.get("service")
+    pipelines = service.get("pipelines") if isinstance(service, Mapping) else None
+    if not isinstance(pipelines, Mapping):
+        return []  # reported as a missing or mistyped option
+    errors = []
+    if not any(isinstance(pipelines.get(s), Mapping) for s in SIGNALS):
+        message = "no pipelines: define traces and/or metrics here"
+        errors.append(_error("no_pipelines", message, ("service", "pipelines"), None))
+    for signal in SIGNALS:
+        pipeline = pipelines.get(signal)
+        for kind in ("receivers", "processors", "exporters") if isinstance(pipeline, Mapping) else ():
+            names = pipeline.get(kind)
+            section = data.get(kind)
+            defined = sorted(str(n) for n in section) if isinstance(section, Mapping) else []
+            for index, name in enumerate(names if isinstance(names, list) else ()):
+                if isinstance(name, str) and name not in defined:
+                    singular = kind.removesuffix("s")
+                    message = (
+                        f"{singular} {name!r} is not defined under {kind}{_suggest(name, defined)}; "
+                        f"defined {kind}: {', '.join(defined) or 'none'}"
+                    )
+                    where = ("service", "pipelines", signal, kind, index)
+                    errors.append(_error("undefined_component", message, where, name))
+    return errors
+
+
+def _missing_endpoint(exporter: ExporterConfig | None, signal: Signal) -> str | None:
+    if isinstance(exporter, OtlpExporterConfig) and exporter.endpoint is None:
+        return "no endpoint: set endpoint here or OTEL_EXPORTER_OTLP_ENDPOINT"
+    if isinstance(exporter, OtlpHttpExporterConfig) and exporter.endpoint is None:
+        if (exporter.traces_endpoint if signal == "traces" else exporter.metrics_endpoint) is None:
+            return (
+                f"no endpoint: set endpoint or {signal}_endpoint here, or OTEL_EXPORTER_OTLP_ENDPOINT / "
+                f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+            )
+    return None
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------
+
+DEFAULT_CONFIG_YAML = """\
+receivers:
+  cuda:
+    libraries: [cudart, cuda]
+    search_paths:
+      - /usr/local/cuda*/lib64/libcudart.so*
+      - /usr/lib/x86_64-linux-gnu/libcudart.so*
+      - /opt/conda/lib/libcudart.so*
+      - /opt/conda/envs/*/lib/libcudart.so*
+      - /opt/conda/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*
+      - /usr/local/lib/python3*/dist-packages/nvidia/cuda_runtime/lib/libcudart.so*
+      - /usr/local/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*
+      - /usr/lib/x86_64-linux-gnu/libcuda.so*
+      - /usr/lib/aarch64-linux-gnu/libcuda.so*
+      - /usr/lib64/libcuda.so*
+      - /usr/local/nvidia/lib64/libcuda.so*
+    launch_sample_every: 0
+    launch_errors: false
+    min_span_duration: 0us
+    ring_buffer_size: 4MiB
+    top_kernels: 20
+processors:
+  batch:
+    timeout: 1s
+    send_batch_size: 512
+    max_queue_size: 8192
+  resource:
+    attributes: {}
+exporters:
+  file:
+    directory: ./otelbpf-out
+    rotate_size: 64MiB
+targets:
+  pids: []
+service:
+  pipelines:
+    traces:
+      receivers: [cuda]
+      processors: [batch, resource]
+      exporters: [file]
+    metrics:
+      receivers: [cuda]
+      processors: [batch, resource]
+      exporters: [file]
+  telemetry:
+    metrics_interval: 10s
+    drain_interval: 50ms
+    log_level: info
+"""
+"""The built-in configuration, used when no file is given; ``config/otelbpf.yaml`` is the
+same configuration with every option documented (a test keeps them equal)."""
+
+DEFAULT_SOURCE = "<built-in default>"
+
+
+def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.environ) -> Config:
+    """The configuration from the YAML file at ``path``, or the built-in default when ``path``
+    is None; ``env`` supplies ``${env:...}`` substitutions and the ``OTEL_*`` variables.
+    Raises ConfigError listing every problem."""
+    if path is None:
+        return _build(DEFAULT_CONFIG_YAML, DEFAULT_SOURCE, env, from_file=False)
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        example = "see config/otelbpf.yaml for a documented example"
+        raise ConfigError(source, [f"{source}: no such file; {example}"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, [f"{source}: cannot read: {exc}"]) from None
+    return _build(text, source, env, from_file=True)
+
+
+def load_config_text(text: str, *, source: str = "<string>", env: Mapping[str, str] = os.environ) -> Config:
+    """Like ``load_config`` for a file whose contents are ``text``; ``source`` names it in errors."""
+    return _build(text, source, env, from_file=True)
+
+
+@dataclass
+class _Findings:
+    """What assembling the raw config found: problems at option paths (None: not in the file)
+    and, per option path, the variable or ``${env:...}`` reference its value came from."""
+
+    issues: list[tuple[OptionPath | None, str]] = field(default_factory=list)
+    origins: dict[OptionPath, str] = field(default_factory=dict)
+
+
+def _build(text: str, source: str, env: Mapping[str, str], *, from_file: bool) -> Config:
+    data, root = _parse_yaml(text, source)
+    found = _Findings()
+    data = _substitute(data, (), env, found)
+    variables = {k: v for k, v in env.items() if k.startswith("OTEL_") and v != ""}
+    if not from_file:
+        _route_signals_to_otlp(data, variables, found)
+    _fill_exporters(data, variables, found)
+    _fill_resource(data, variables, found)
+    _fill_telemetry(data, variables, found, override=not from_file)
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        reported = [p for p, _ in found.issues if p is not None]
+        for error in exc.errors():
+            path = tuple(error["loc"])
+            if any(path[: len(p)] == p for p in reported):
+                continue  # a value already reported (an unset ${env:VAR}) fails again: say it once
+            origin = found.origins.get(path)
+            found.issues.append((path, _describe(error) + (f" (value from {origin})" if origin else "")))
+    else:
+        if not found.issues:
+            return config
+    file_root = root if from_file else None  # positions in the built-in default would only confuse
+    lines = [_format_issue(path, message, source, file_root, found.origins) for path, message in found.issues]
+    raise ConfigError(source, list(dict.fromkeys(lines)))
+
+
+# --- YAML ---------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue
+            if key in seen:
+                first = seen[key].line + 1
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first written on line {first})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
+def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], yaml.Node]:
+    loader = _Loader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise ConfigError(source, [f"{where}: invalid YAML: {exc.problem or exc.context}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [f"{source}: invalid YAML: {exc}"]) from None
+    finally:
+        loader.dispose()
+    if root is None:
+        raise ConfigError(source, [f"{source}: the file is empty; see config/otelbpf.yaml for a documented example"])
+    if not isinstance(data, dict):
+        where = f"{source}:{root.start_mark.line + 1}:{root.start_mark.column + 1}"
+        sections = "receivers, processors, exporters, targets and service"
+        raise ConfigError(source, [f"{where}: the top level must be a mapping with {sections}"])
+    return data, root
+
+
+def _node_at(root: yaml.Node, path: OptionPath) -> yaml.Node:
+    """The deepest YAML node along ``path`` (a mapping entry's key node, a sequence's item)."""
+    node, found = root, root
+    for part in path:
+        if isinstance(node, yaml.MappingNode):
+            keys = (entry for entry in node.value if isinstance(entry[0], yaml.ScalarNode))
+            entry = next((e for e in keys if e[0].value == str(part)), None)
+            if entry is None:
+                break
+            found, node = entry
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            found = node = node.value[part]
+        else:
+            break
+    return found
+
+
+# --- ${env:VAR} substitution -----------------------------------------------------------------
+
+_REFERENCE = re.compile(r"\$\$|\$\{([^}]*)\}")
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _substitute(value: Any, path: OptionPath, env: Mapping[str, str], found: _Findings) -> Any:
+    """``value`` with every ``${env:VAR}``-style reference in its strings replaced."""
+    if isinstance(value, dict):
+        return {k: _substitute(v, (*path, k), env, found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, (*path, i), env, found) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        reference = match.group(0)
+        if reference == "$$":
+            return "$"
+        body = match.group(1)
+        provider, colon, rest = body.partition(":")
+        if colon and not rest.startswith("-"):
+            if provider != "env":
+                message = f"{reference}: unsupported provider {provider!r}; only ${{env:VAR}} is supported"
+                found.issues.append((path, message))
+                return ""
+            body = rest
+        name, _, default = body.partition(":-")
+        if not _VAR_NAME.fullmatch(name):
+            found.issues.append((path, f"{reference}: {name!r} is not a variable name (write ${{env:NAME}} or "
+                                       f"${{env:NAME:-default}}; $$ for a literal $)"))
+            return ""
+        found.origins[path] = reference
+        current = env.get(name)
+        if ":-" in body and not current:
+            return default
+        if current is None:
+            found.issues.append((path, f"environment variable {name} is not set (used as {reference}); "
+                                       f"set it, or give a default: ${{env:{name}:-value}}"))
+            return ""
+        return current
+
+    return _REFERENCE.sub(replace, value)
+
+
+# --- standard OTEL_* variables --------------------------------------------------------------
+
+
+def _parse_pairs(variable: str, text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` with percent-encoded keys and values (the W3C baggage-like OTel format)."""
+    pairs: dict[str, str] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, eq, value = item.partition("=")
+        key = urllib.parse.unquote(key.strip())
+        if not eq or not key:
+            raise ValueError(f"{variable}: {item.strip()!r} is not key=value; write {variable}=key1=value1,key2=value2")
+        pairs[key] = urllib.parse.unquote(value.strip())
+    return pairs
+
+
+def _parse_millis(variable: str, text: str) -> str:
+    if not text.strip().isdigit():
+        raise ValueError(f"{variable}: {text!r} is not a whole number of milliseconds (e.g. {variable}=10000)")
+    return f"{int(text)}ms"
+
+
+def _parse_bool(variable: str, text: str) -> bool:
+    if text.strip().lower() not in ("true", "false"):
+        raise ValueError(f"{variable}: {text!r} is not true or false")
+    return text.strip().lower() == "true"
+
+
+def _as_is(variable: str, text: str) -> str:
+    return text
+
+
+Key: TypeAlias = tuple[str, ...]
+Settings: TypeAlias = dict[Key, tuple[str, Any]]  # option key path -> (variable, value)
+
+# (variable suffix, option key path in the exporter, parser, exporter types it applies to)
+_EXPORTER_VARIABLES: tuple[tuple[str, Key, Callable[[str, str], Any], tuple[str, ...]], ...] = (
+    ("HEADERS", ("headers",), _parse_pairs, ("otlp", "otlphttp")),
+    ("TIMEOUT", ("timeout",), _parse_millis, ("otlp", "otlphttp")),
+    ("COMPRESSION", ("compression",), _as_is, ("otlp", "otlphttp")),
+    ("INSECURE", ("tls", "insecure"), _parse_bool, ("otlp",)),
+    ("CERTIFICATE", ("tls", "ca_file"), _as_is, ("otlp", "otlphttp")),
+    ("CLIENT_CERTIFICATE", ("tls", "cert_file"), _as_is, ("otlp", "otlphttp")),
+    ("CLIENT_KEY", ("tls", "key_file"), _as_is, ("otlp", "otlphttp")),
+)
+
+
+def _variable(variables: Mapping[str, str], suffix: str, signals: set[str]) -> str | None:
+    """The signal-specific variable for an exporter serving one signal, else the generic one."""
+    if len(signals) == 1:
+        specific = f"OTEL_EXPORTER_OTLP_{next(iter(signals)).upper()}_{suffix}"
+        if specific in variables:
+            return specific
+    generic = f"OTEL_EXPORTER_OTLP_{suffix}"
+    return generic if generic in variables else None
+
+
+def _exporter_settings(type_: str, signals: set[str], variables: Mapping[str, str]) -> tuple[Settings, list[str]]:
+    """What the OTEL_EXPORTER_OTLP_* variables say for one exporter, and the malformed ones."""
+    settings: Settings = {}
+    problems: list[str] = []
+    if type_ == "otlp":
+        name = _variable(variables, "ENDPOINT", signals)
+        if name:
+            settings[("endpoint",)] = (name, variables[name])
+    else:
+        if "OTEL_EXPORTER_OTLP_ENDPOINT" in variables:
+            settings[("endpoint",)] = ("OTEL_EXPORTER_OTLP_ENDPOINT", variables["OTEL_EXPORTER_OTLP_ENDPOINT"])
+        for signal in sorted(signals):
+            name = f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+            if name in variables:
+                settings[(f"{signal}_endpoint",)] = (name, variables[name])
+    for suffix, key, parse, types in _EXPORTER_VARIABLES:
+        name = _variable(variables, suffix, signals)
+        if name and type_ in types:
+            try:
+                settings[key] = (name, parse(name, variables[name]))
+            except ValueError as exc:
+                problems.append(str(exc))
+    return settings, problems
+
+
+def _route_signals_to_otlp(data: dict[str, Any], variables: Mapping[str, str], found: _Findings) -> None:
+    """Without a file: each signal with an endpoint variable exports to an OTLP exporter, one
+    exporter for both signals where the variables say the same for each, else one per signal."""
+    routes: dict[Signal, str] = {}
+    for signal in SIGNALS:
+        upper = signal.upper()
+        if f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT" not in variables and "OTEL_EXPORTER_OTLP_ENDPOINT" not in variables:
+            continue
+        names = (f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+        name = next((n for n in names if n in variables), None)
+        protocol = variables[name] if name else "grpc"
+        if protocol not in ("grpc", "http/protobuf"):
+            why = "OTLP/JSON over HTTP is not supported" if protocol == "http/json" else "unknown protocol"
+            found.issues.append((None, f"{name}={protocol}: {why}; use grpc or http/protobuf"))
+            continue
+        routes[signal] = "otlp" if protocol == "grpc" else "otlphttp"
+    if not routes:
+        return
+    shared = len(routes) == 2 and routes["traces"] == routes["metrics"] and all(
+        _shared_settings(routes[s], {s}, variables) == _shared_settings(routes[s], set(SIGNALS), variables)
+        for s in SIGNALS
+    )
+    pipelines = data["service"]["pipelines"]
+    for signal, type_ in routes.items():
+        name = type_ if shared or list(routes.values()).count(type_) == 1 else f"{type_}/{signal}"
+        data["exporters"][name] = {}
+        pipelines[signal]["exporters"] = [name]
+    used = {n for p in pipelines.values() for n in p["exporters"]}
+    data["exporters"] = {n: e for n, e in data["exporters"].items() if n in used}
+
+
+def _shared_settings(type_: str, signals: set[str], variables: Mapping[str, str]) -> dict[Key, Any]:
+    """An exporter's settings less its per-signal URLs (one otlphttp exporter holds both)."""
+    settings = _exporter_settings(type_, signals, variables)[0]
+    return {k: v for k, (_, v) in settings.items() if k not in (("traces_endpoint",), ("metrics_endpoint",))}
+
+
+def _pipelines(data: Mapping[str, Any]) -> dict[Any, Any]:
+    """The raw ``service.pipelines`` mapping, or {} where the file has none or a malformed one."""
+    service = data.get("service")
+    pipelines = service.get("pipelines") if isinstance(service, dict) else None
+    return pipelines if isinstance(pipelines, dict) else {}
+
+
+def _fill_exporters(data: dict[str, Any], variables: Mapping[str, str], found: _Findings) -> None:
+    """Give otlp/otlphttp exporters what OTEL_EXPORTER_OTLP_* say, where the file is silent."""
+    exporters = data.get("exporters")
+    if not isinstance(exporters, dict):
+        return
+    served: dict[str, set[str]] = {}
+    for signal, pipeline in _pipelines(data).items():
+        names = pipeline.get("exporters") if isinstance(pipeline, dict) else None
+        for name in names if isinstance(names, list) else ():
+            if isinstance(name, str):
+                served.setdefault(name, set()).add(str(signal))
+    for name, body in list(exporters.items()):
+        type_ = component_type(name) if isinstance(name, str) else None
+        if type_ not in ("otlp", "otlphttp"):
+            continue
+        if body is None:
+            body = exporters[name] = {}
+        if not isinstance(body, dict):
+            continue
+        settings, problems = _exporter_settings(type_, served.get(name, set()), variables)
+        found.issues.extend((None, p) for p in problems)
+        for key, (variable, value) in settings.items():
+            if key == ("tls", "insecure") and isinstance(body.get("endpoint"), str) and _scheme(body["endpoint"]):
+                continue  # the spec: INSECURE applies only to an endpoint without http(s)://
+            _fill(body, key, value, ("exporters", name, *key), variable, found)
+
+
+def _fill(body: dict[str, Any], key: Key, value: Any, path: OptionPath, variable: str, found: _Findings) -> None:
+    """Set ``body[key...] = value`` unless the file set it; a mapping gains only missing keys."""
+    *parents, last = key
+    for part in parents:
+        if body.get(part) is None:
+            body[part] = {}
+        body = body[part]
+        if not isinstance(body, dict):
+            return
+    current = body.get(last)
+    if isinstance(value, dict):
+        if current is None:
+            current = body[last] = {}
+        for k, v in value.items() if isinstance(current, dict) else ():
+            if k not in current:
+                current[k] = v
+                found.origins[(*path, k)] = variable
+    elif current is None:
+        body[last] = value
+        found.origins[path] = variable
+
+
+def _fill_resource(data: dict[str, Any], variables: Mapping[str, str], found: _Findings) -> None:
+    """OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME into the ``resource`` processor, which
+    every pipeline then runs."""
+    attributes: dict[str, tuple[str, str]] = {}
+    if "OTEL_RESOURCE_ATTRIBUTES" in variables:
+        try:
+            pairs = _parse_pairs("OTEL_RESOURCE_ATTRIBUTES", variables["OTEL_RESOURCE_ATTRIBUTES"])
+        except ValueError as exc:
+            found.issues.append((None, str(exc)))
+            return
+        attributes = {k: ("OTEL_RESOURCE_ATTRIBUTES", v) for k, v in pairs.items()}
+    if "OTEL_SERVICE_NAME" in variables:
+        attributes["service.name"] = ("OTEL_SERVICE_NAME", variables["OTEL_SERVICE_NAME"])
+    if not attributes:
+        return
+    if data.get("processors") is None:
+        data["processors"] = {}
+    if not isinstance(data["processors"], dict):
+        return
+    path = ("processors", "resource", "attributes")
+    for key, (variable, value) in attributes.items():
+        _fill(data["processors"], path[1:], {key: value}, path, variable, found)
+    for pipeline in _pipelines(data).values():
+        if isinstance(pipeline, dict):
+            names = pipeline.setdefault("processors", [])
+            if isinstance(names, list) and "resource" not in names:
+                names.append("resource")
+
+
+def _fill_telemetry(data: dict[str, Any], variables: Mapping[str, str], found: _Findings, *, override: bool) -> None:
+    """OTEL_METRIC_EXPORT_INTERVAL (ms) into service.telemetry.metrics_interval: where the file
+    leaves it unset, or always over the built-in default (``override``)."""
+    variable = "OTEL_METRIC_EXPORT_INTERVAL"
+    service = data.get("service")
+    if variable not in variables or not isinstance(service, dict):
+        return
+    try:
+        value = _parse_millis(variable, variables[variable])
+    except ValueError as exc:
+        found.issues.append((None, str(exc)))
+        return
+    if override and isinstance(service.get("telemetry"), dict):
+        service["telemetry"].pop("metrics_interval", None)
+    path = ("service", "telemetry", "metrics_interval")
+    _fill(service, path[1:], value, path, variable, found)
+
+
+# --- error messages ---------------------------------------------------------------------------
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    """One pydantic error as a sentence: the allowed keys for a typo, the got-value otherwise."""
+    kind, message, value = error["type"], error["msg"], error.get("input")
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(tuple(error["loc"][:-1]))
+        key = str(error["loc"][-1])
+        return f"unknown option{_suggest(key, allowed)}; allowed: {', '.join(allowed)}" if allowed else "unknown option"
+    if kind == "missing":
+        return "required option is missing"
+    if kind == "value_error":
+        return message.removeprefix("Value error, ")
+    if kind not in _STANDARD_ERROR_TYPES:
+        return message
+    shown = f"a {type(value).__name__}" if isinstance(value, (dict, list)) and len(repr(value)) > 60 else repr(value)
+    return f"{message.split(', unable to')[0]}, got {shown}"
+
+
+def _allowed_keys(path: OptionPath) -> list[str]:
+    """The option names of the section at ``path`` (for 'did you mean' on unknown keys)."""
+    model: type[BaseModel] | None = Config
+    parts = list(path)
+    while parts and model is not None:
+        part = parts.pop(0)
+        if model is Config and part in _COMPONENT_KINDS and parts:
+            model = _COMPONENT_KINDS[str(part)].get(component_type(str(parts.pop(0))))
+            continue
+        spec = model.model_fields.get(str(part))
+        model = _model_in(spec.annotation) if spec else None
+    return list(model.model_fields) if model else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, type(int | None)):
+        for member in get_args(annotation):
+            found = _model_in(member)
+            if found:
+                return found
+    return None
+
+
+def _format_path(path: OptionPath) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _format_issue(
+    path: OptionPath | None, message: str, source: str, root: yaml.Node | None, origins: Mapping[OptionPath, str]
+) -> str:
+    """``file:line:col: option.path: message``; no position for what the file did not write."""
+    if path is None:
+        return message
+    where = ""
+    if root is not None and origins.get(path, "$").startswith("$"):  # not taken from OTEL_*
+        mark = _node_at(root, path).start_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}: "
+    return f"{where}{_format_path(path)}: {message}"
