@@ -49,7 +49,9 @@ _KERNEL_DROP_REASONS = {
 
 
 class Agent:
-    def __init__(self, config: Config, *, pids: Sequence[int] = (), processing_queue_chunks: int = 1024) -> None:
+    def __init__(
+        self, config: Config, *, pids: Sequence[int] = (), pause_on_load: bool = False, processing_queue_chunks: int = 1024
+    ) -> None:
         self.config = config
         self.health = Health()
         self.clock = MonotonicClock()
@@ -89,6 +91,7 @@ class Agent:
                 search_globs=cuda_cfg.search_paths,
                 drain_interval_s=to_seconds(config.service.telemetry.drain_interval),
                 events_ring_bytes=cuda_cfg.ring_buffer_size,
+                pause_on_load=pause_on_load,
             ),
             deliver=self._deliver,
         )
@@ -103,6 +106,7 @@ class Agent:
             top_kernels=cuda_cfg.top_kernels,
             launch_sample_every=cuda_cfg.launch_sample_every,
         )
+        self.sensor.on_process = self._describe_process
         self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue(maxsize=processing_queue_chunks)
         self._processor = threading.Thread(target=self._process_loop, name="otelbpf-process", daemon=True)
         self.metrics: MetricsLoop | None = None
@@ -144,6 +148,11 @@ class Agent:
             except Exception:  # a bad batch is counted, the agent goes on
                 log.exception("processing a batch of %d %s failed", len(arr), ring)
                 self.health.add("otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring)
+
+    def _describe_process(self, pid: int) -> None:
+        """Snapshot a process's resource and memory map while it is alive."""
+        self.process_info.resource(pid)
+        self.symbolizer.remember(pid)
 
     def _emit_spans(self, spans: list) -> None:
         if self.spans is not None:
@@ -249,7 +258,7 @@ def run(config: Config, *, pids: Sequence[int] = (), command: list[str] | None =
     if command:
         child, gate = spawn_gated(command)
         watch.append(child.pid)
-    agent = Agent(config, pids=watch)
+    agent = Agent(config, pids=watch, pause_on_load=child is not None)
     try:
         agent.start()
     except SensorError:

@@ -32,7 +32,7 @@ assert EVENT_DTYPE.itemsize == 64
 
 #: ``struct strevent`` (256 bytes). Library paths and kernel names.
 STREVENT_DTYPE = np.dtype(
-    [("pid", "<u4"), ("kind", "u1"), ("pad", "V3"), ("a0", "<u8"), ("s", "S240")]
+    [("pid", "<u4"), ("kind", "u1"), ("paused", "u1"), ("pad", "V2"), ("a0", "<u8"), ("s", "S240")]
 )
 assert STREVENT_DTYPE.itemsize == 256
 

@@ -24,7 +24,7 @@ struct event {
 struct strevent {
     u32 pid;
     u8  kind;
-    u8  pad[3];
+    u8  pad[3];     /* pad[0]: LIB_OPEN: the process was stopped (SIGSTOP) */
     u64 a0;
     char s[240];
 };

@@ -82,6 +82,9 @@ class CudaCorrelator:
         self._top = top_kernels
         self._sample_every = launch_sample_every
         self._procs: dict[int, _Process] = {}
+        #: pid -> wall time its last metrics were exported after it exited; its
+        #: map keys may still be read once more (final snapshot) and are ignored.
+        self._finished: dict[int, int] = {}
         self._lock = threading.Lock()
         self.spans_emitted = 0
 
@@ -95,11 +98,6 @@ class CudaCorrelator:
         return p
 
     def on_strings(self, arr: np.ndarray) -> None:
-        # A process that opens a CUDA library is about to be interesting:
-        # describe it now, while /proc still has it.
-        for pid in np.unique(arr["pid"][arr["kind"] == StrKind.LIB_OPEN]).tolist():
-            self._info.resource(pid)
-            self._sym.remember(pid)
         names = arr[arr["kind"] == StrKind.CUDA_FUNC_NAME]
         with self._lock:
             for rec in names:
@@ -125,12 +123,16 @@ class CudaCorrelator:
             kinds = mine["kind"]
             life = mine[(kinds == Kind.PROC_EXEC) | (kinds == Kind.PROC_EXIT)]
             if len(life):
-                comm = life[-1:][["a0", "a1"]].tobytes().split(b"\0", 1)[0].decode(errors="replace")
                 if (life["kind"] == Kind.PROC_EXEC).any():
-                    self._info.forget(int(pid))
-                    self._sym.forget(int(pid))
+                    self._finished.pop(int(pid), None)  # a new program under a reused pid
+                last = life[-1]
+                raw = np.array([last["a0"], last["a1"]], dtype="<u8").tobytes()
+                comm = raw.split(b"\0", 1)[0].decode(errors="replace")
                 self._info.note_comm(int(pid), comm)
-                if (life["kind"] == Kind.PROC_EXEC).any():
+                execs = life["ts_ns"][life["kind"] == Kind.PROC_EXEC]
+                if len(execs):
+                    self._info.forget(int(pid), before_ns=int(execs.max()))
+                    self._sym.forget(int(pid), before_ns=int(execs.max()))
                     self._info.resource(int(pid))
             calls = mine[(kinds >= Kind.CUDA_MEMCPY) & (kinds <= Kind.CUDA_SYNC)]
             if not len(calls) and not (kinds == Kind.CUDA_LAUNCH).any():
@@ -263,7 +265,9 @@ class CudaCorrelator:
             error_keys[key.pid].append(key)
         out = []
         with self._lock:
-            for pid in set(launches) | set(launch_errors):
+            horizon = now - 60 * 10**9
+            self._finished = {pid: t for pid, t in self._finished.items() if t > horizon}
+            for pid in (set(launches) | set(launch_errors)) - set(self._finished):
                 self._proc(pid)
             for pid, p in list(self._procs.items()):
                 metrics = self._process_metrics(pid, p, launches.get(pid, []), launch_errors.get(pid, Counter()), now)
@@ -271,6 +275,7 @@ class CudaCorrelator:
                     out.append((p.resource, metrics))
                 if p.exited:
                     del self._procs[pid]
+                    self._finished[pid] = now
                     self._forget_keys("launches", map_keys.get(pid, []))
                     self._forget_keys("launch_errors", error_keys.get(pid, []))
                     self._sym.forget(pid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Mapping
 
 from opentelemetry.sdk.resources import Resource
@@ -47,6 +48,7 @@ class ProcessInfo:
         self._configured = dict(configured or {})
         self._host = socket.gethostname()
         self._cache: dict[int, Resource] = {}
+        self._taken: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns when read
         self._comm: dict[int, str] = {}
         self._lock = threading.Lock()
 
@@ -60,13 +62,18 @@ class ProcessInfo:
         with self._lock:
             res = self._cache.get(pid)
             if res is None:
+                self._taken[pid] = time.monotonic_ns()
                 res = self._cache[pid] = self._build(pid)
             return res
 
-    def forget(self, pid: int) -> None:
+    def forget(self, pid: int, before_ns: int | None = None) -> None:
+        """Drop the cached resource (only if read before ``before_ns``, e.g.
+        an exec event's CLOCK_MONOTONIC time)."""
         with self._lock:
+            if before_ns is not None and self._taken.get(pid, 0) >= before_ns:
+                return
             self._cache.pop(pid, None)
-            self._comm.pop(pid, None)
+            self._taken.pop(pid, None)
 
     def _build(self, pid: int) -> Resource:
         attrs: dict[str, object] = {"host.name": self._host, "process.pid": pid}

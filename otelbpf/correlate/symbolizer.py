@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 import cxxfilt
@@ -111,19 +112,28 @@ class Symbolizer:
 
     def __init__(self) -> None:
         self._maps: dict[int, list[Mapping]] = {}
+        self._taken: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns of the snapshot
         self._names: dict[tuple[int, int], str] = {}
         self._lock = threading.Lock()
 
     def remember(self, pid: int) -> None:
         """Snapshot a process's maps now, while it is alive."""
+        taken = time.monotonic_ns()
         maps = read_maps(pid)
         if maps:
             with self._lock:
                 self._maps[pid] = maps
+                self._taken[pid] = taken
 
-    def forget(self, pid: int) -> None:
+    def forget(self, pid: int, before_ns: int | None = None) -> None:
+        """Drop what is known of ``pid`` (only if learnt before ``before_ns``,
+        a CLOCK_MONOTONIC time such as an exec event's: a snapshot taken after
+        the exec already describes the new program)."""
         with self._lock:
+            if before_ns is not None and self._taken.get(pid, 0) >= before_ns:
+                return
             self._maps.pop(pid, None)
+            self._taken.pop(pid, None)
             for key in [k for k in self._names if k[0] == pid]:
                 del self._names[key]
 
@@ -151,6 +161,7 @@ class Symbolizer:
                     return None
                 with self._lock:
                     self._maps[pid] = maps = fresh
+                    self._taken[pid] = time.monotonic_ns()
         return None
 
     def _resolve(self, pid: int, addr: int) -> str:

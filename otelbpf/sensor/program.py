@@ -37,6 +37,7 @@ def build(
     families: list[ProbeFamily],
     *,
     filter_pids: bool,
+    pause_on_load: bool = False,
     events_ring_bytes: int,
     str_ring_bytes: int = 256 * 1024,
     inflight_entries: int = 16384,
@@ -52,6 +53,8 @@ def build(
     ]
     if filter_pids:
         cflags.append("-DFILTER_PIDS=1")
+    if pause_on_load:
+        cflags.append("-DPAUSE_ON_LOAD=1")
     for fam in families:
         parts.append(_bpf_source(fam.c_file))
         parts.append(fam.generated_c)

@@ -2,10 +2,11 @@
 library, and drain the ring buffers on a timer.
 
 Threads, each with one job:
-- drain: every ``drain_interval`` copies all records out of both rings and
-  hands the arrays to ``deliver`` (which must only enqueue);
-- discovery: attaches to library files as they are reported (openat events,
-  /proc rescans), so a slow attach never delays draining.
+- drain: every ``drain_interval`` copies all records out of the event ring
+  and hands the arrays to ``deliver`` (which must only enqueue);
+- discovery: woken by epoll on the string ring, attaches to library files
+  as processes open them (and on /proc rescans), then resumes a process the
+  kernel paused at that open; a slow attach never delays draining.
 Knows nothing of spans or OTLP.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import select
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +47,11 @@ class SensorOptions:
     drain_interval_s: float = 0.02
     events_ring_bytes: int = 8 << 20
     rescan_interval_s: float = 5.0
+    #: Stop a watched process at its first successful open of a probed
+    #: library until the probes are attached (no call is missed). Only for
+    #: processes the agent started itself: a stopped child confuses a shell's
+    #: job control.
+    pause_on_load: bool = False
 
 
 @dataclass
@@ -61,7 +69,7 @@ class Sensor:
         self._bpf = None
         self._lock = threading.Lock()  # serialises BCC object use across threads
         self._attached: dict[tuple[int, int], LibraryFile] = {}
-        self._work: queue.Queue[tuple[int, str] | None] = queue.Queue()
+        self._work: queue.Queue[int | None] = queue.Queue()  # pids to rescan
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._readers: dict[str, RingBufferReader] = {}
@@ -69,7 +77,10 @@ class Sensor:
         self.compile_seconds = 0.0
         self.attach_seconds = 0.0
         self.records_received = {"events": 0, "strevents": 0}
-        self.on_library: Callable[[LibraryFile], None] | None = None
+        #: Called on the discovery thread when a process opens a probed
+        #: library, before a paused process is resumed: the moment it is
+        #: certainly alive, to read what /proc says about it.
+        self.on_process: Callable[[int], None] | None = None
         self._final: dict[str, list[tuple[object, int]]] = {}
         self._final_stats: dict[str, int] = {}
 
@@ -81,6 +92,7 @@ class Sensor:
         text, cflags = program.build(
             self.options.families,
             filter_pids=bool(self.options.pids),
+            pause_on_load=self.options.pause_on_load,
             events_ring_bytes=self.options.events_ring_bytes,
         )
         t0 = time.monotonic()
@@ -128,6 +140,7 @@ class Sensor:
                 self._bpf.detach_uprobe_event(ev)
             for tp in list(self._bpf.tracepoint_fds):
                 self._bpf.detach_tracepoint(tp)
+        self.drain_once("strevents")
         self.drain_once()
         final = {name: self.read_map(name) for name in self._counting_maps()}
         final_stats = self.kernel_stats()
@@ -150,21 +163,18 @@ class Sensor:
                 return
             watched = self._bpf["watched"]
             watched[watched.Key(pid)] = watched.Leaf(1)
-        self._work.put((pid, ""))
+        self._work.put(pid)
 
     # -- draining ---------------------------------------------------------
 
-    def drain_once(self) -> int:
-        n = 0
-        for name, reader in self._readers.items():
-            arr = reader.drain()
-            if len(arr):
-                n += len(arr)
-                self.records_received[name] += len(arr)
-                if name == "strevents":
-                    self._note_strings(arr)
-                self._deliver(name, arr)
-        return n
+    def drain_once(self, ring: str = "events") -> int:
+        arr = self._readers[ring].drain()
+        if len(arr):
+            self.records_received[ring] += len(arr)
+            if ring == "strevents":
+                self._handle_strings(arr)
+            self._deliver(ring, arr)
+        return len(arr)
 
     def _drain_loop(self) -> None:
         interval = self.options.drain_interval_s
@@ -174,39 +184,60 @@ class Sensor:
             except Exception:  # keep draining whatever one batch did
                 log.exception("drain failed")
 
-    def _note_strings(self, arr: np.ndarray) -> None:
+    def _handle_strings(self, arr: np.ndarray) -> None:
+        """Attach to libraries just opened; resume processes paused for it."""
         for rec in arr[arr["kind"] == StrKind.LIB_OPEN]:
-            self._work.put((int(rec["pid"]), rec["s"].split(b"\0", 1)[0].decode(errors="replace")))
+            pid = int(rec["pid"])
+            try:
+                path = rec["s"].split(b"\0", 1)[0].decode(errors="replace")
+                lib = libraries.in_process(pid, path, self.options.families)
+                if lib is not None:
+                    self._attach(lib)
+                if self.on_process is not None:
+                    self.on_process(pid)
+            except Exception as exc:
+                self._fail(f"pid {pid}: {exc}")
+            finally:
+                if rec["paused"]:
+                    self._resume(pid)
+
+    def _resume(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
     # -- discovery and attaching ------------------------------------------
 
     def _discovery_loop(self) -> None:
+        poller = select.epoll()
+        poller.register(self._bpf["strevents"].map_fd, select.EPOLLIN)
         next_scan = time.monotonic() + self.options.rescan_interval_s
-        while not self._stop.is_set():
-            timeout = max(0.0, next_scan - time.monotonic())
+        try:
+            while not self._stop.is_set():
+                poller.poll(min(0.2, max(0.0, next_scan - time.monotonic())))
+                try:
+                    self.drain_once("strevents")
+                    self._pending_work()
+                    if time.monotonic() >= next_scan:
+                        self._rescan()
+                        next_scan = time.monotonic() + self.options.rescan_interval_s
+                except Exception as exc:  # keep discovering whatever one step did
+                    self._fail(f"discovery: {exc}")
+                    log.exception("discovery step failed")
+        finally:
+            poller.close()
+
+    def _pending_work(self) -> None:
+        while True:
             try:
-                item = self._work.get(timeout=timeout)
+                pid = self._work.get_nowait()
             except queue.Empty:
-                item = ("rescan",)
-            if item is None:
                 return
-            try:
-                if item == ("rescan",):
-                    self._rescan()
-                    next_scan = time.monotonic() + self.options.rescan_interval_s
-                else:
-                    pid, path = item
-                    if path:
-                        lib = libraries.in_process(pid, path, self.options.families)
-                        if lib is not None:
-                            self._attach(lib)
-                    else:
-                        for lib in libraries.from_process(pid, self.options.families):
-                            self._attach(lib)
-            except Exception as exc:
-                self.attach_stats.failures += 1
-                self.attach_stats.last_error = str(exc)
-                log.exception("discovery step failed")
+            if pid is None:
+                return
+            for lib in libraries.from_process(pid, self.options.families):
+                self._attach(lib)
 
     def _rescan(self) -> None:
         pids = self.watched_pids() if self.options.pids else libraries.all_pids()
@@ -249,8 +280,6 @@ class Sensor:
         self.attach_stats.libraries += 1
         self.attach_stats.probes += count
         log.info("attached %d probes to %s (%s)", count, lib.shown_path, lib.kind)
-        if self.on_library is not None:
-            self.on_library(lib)
 
     def _fail(self, message: str) -> None:
         self.attach_stats.failures += 1
