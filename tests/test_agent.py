@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import cxxfilt
@@ -234,29 +235,33 @@ def test_signal_detaches_every_probe(otlp_collector, tmp_path, sig):
 
 
 def test_exporter_down_at_start_and_mid_run_bounded_counted_and_recovers(otlp_collector, tmp_path):
+    """Spans beyond the queue are dropped and counted, failed exports are
+    counted, memory stays bounded, and export resumes when the collector does."""
     c = otlp_collector
     c.stop()
-    cfg = config(otlp_grpc(c, timeout="1s"), tmp=tmp_path, extra={})
-    text = cfg.read_text().replace("timeout: 100ms", "timeout: 100ms\n    send_batch_size: 20\n    max_queue_size: 40")
-    cfg.write_text(text)
+    cfg = config(otlp_grpc(c, timeout="1s"), tmp=tmp_path)
+    cfg.write_text(cfg.read_text().replace("timeout: 100ms", "timeout: 100ms\n    send_batch_size: 20\n    max_queue_size: 40"))
+
+    def outage_then_recovery(iterations: int) -> None:
+        run_workload("--delay-after-dlopen-ms", "300", "--iterations", str(iterations), "--launches-per-iter", "0")
+        time.sleep(2.5)  # longer than the exporter's timeout: exports fail, not just retry
+        c.start()
+        # The backlog (at most the queue) drains first; then new spans flow again.
+        c.wait_for(lambda: c.latest_points("otelbpf.spans.queued") and
+                   c.latest_points("otelbpf.spans.queued")[0].value == 0, timeout=20, what="queue drained")
+        w = run_workload("--delay-after-dlopen-ms", "300", "--iterations", "1")
+        c.wait_for(lambda: _spans(c, w["pid"], "cudaMalloc"), timeout=20, what="spans after recovery")
+
     with AgentProcess(["-c", str(cfg)]) as agent:
         agent.wait_ready()
-        run_workload("--delay-after-dlopen-ms", "300", "--iterations", "150", "--launches-per-iter", "0")
-        c.start()
-        w = run_workload("--delay-after-dlopen-ms", "300", "--iterations", "1")
-        c.wait_for(lambda: _spans(c, w["pid"], "cudaMalloc"), timeout=20, what="spans after the collector came back")
-        dropped = c.wait_for(lambda: [p for p in c.latest_points("otelbpf.export.dropped") if p.value > 0],
-                             timeout=20, what="drops counted")
-        assert sum(p.value for p in dropped) >= 150 * 4 - 40 - 20  # far more spans than the queue holds
-        # Down again mid-run, then back.
+        outage_then_recovery(150)          # down from the start
+        dropped = sum(p.value for p in c.latest_points("otelbpf.export.dropped"))
+        assert dropped >= 150 * 4 - 40 - 2 * 20  # far more spans than the queue (+ a batch in flight) holds
         c.stop()
-        run_workload("--delay-after-dlopen-ms", "300", "--iterations", "20", "--launches-per-iter", "0")
-        c.start()
-        w = run_workload("--delay-after-dlopen-ms", "300", "--iterations", "1")
-        c.wait_for(lambda: _spans(c, w["pid"], "cudaMalloc"), timeout=20, what="spans after the second outage")
-        failures = c.wait_for(lambda: [p for p in c.latest_points("otelbpf.export.failures") if p.value > 0],
-                              timeout=20, what="export failures counted")
-        assert failures
+        outage_then_recovery(20)           # down again mid-run
+        c.wait_for(lambda: sum(p.value for p in c.latest_points("otelbpf.export.failures", signal="traces")) > 0,
+                   timeout=20, what="failed span exports counted")
+        assert sum(p.value for p in c.latest_points("otelbpf.export.dropped")) > dropped
         rss = c.latest_points("process.memory.usage", **{"service.name": "otelbpf"})[0].value
         assert rss < 400 << 20
         assert agent.proc.poll() is None
