@@ -35,6 +35,7 @@ from otelbpf.export.health import Health
 from otelbpf.export.metrics_loop import MetricsLoop
 from otelbpf.export.span_queue import SpanQueue
 from otelbpf.sensor.cuda_probes import cuda_family
+from otelbpf.threadname import name_os_thread
 from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class Agent:
             min_span_ns=cuda_cfg.min_span_duration,
             top_kernels=cuda_cfg.top_kernels,
             launch_sample_every=cuda_cfg.launch_sample_every,
+            max_spans_per_second=cuda_cfg.max_spans_per_second if traces else 0,
+            on_sampled_out=lambda n: self.health.add("otelbpf.spans.sampled_out", n, receiver="cuda"),
         )
         self.sensor.on_process = self._describe_process
         self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue(maxsize=processing_queue_chunks)
@@ -135,6 +138,7 @@ class Agent:
             self.health.add("otelbpf.events.dropped", len(arr), reason="processing_queue_full", ring=ring)
 
     def _process_loop(self) -> None:
+        name_os_thread("otelbpf-process")
         while True:
             item = self._work.get()
             if item is None:

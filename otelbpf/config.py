@@ -238,6 +238,7 @@ class CudaReceiverConfig(_Section):
     min_span_duration: Duration = 0
     ring_buffer_size: Size = 4 << 20
     top_kernels: int = Field(20, ge=0, le=1000)
+    max_spans_per_second: int = Field(20_000, ge=0)
 
     @field_validator("libraries")
     @classmethod
@@ -700,6 +701,7 @@ receivers:
     min_span_duration: 0us
     ring_buffer_size: 4MiB
     top_kernels: 20
+    max_spans_per_second: 20000
 processors:
   batch:
     timeout: 1s

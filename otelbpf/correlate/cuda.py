@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,23 @@ _GRAPH = (CudaFunc.cudaGraphLaunch, CudaFunc.cudaGraphLaunch_ptsz)
 
 #: Reads a kernel counting map: list of (key struct, count).
 MapReader = Callable[[str], list[tuple[object, int]]]
+
+
+class SpanBudget:
+    """Token bucket: at most ``rate`` spans per second, bursts up to one second's worth."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._tokens = float(rate)
+        self._last = time.monotonic()
+
+    def take(self, n: int) -> int:
+        now = time.monotonic()
+        self._tokens = min(float(self.rate), self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        granted = min(n, int(self._tokens))
+        self._tokens -= granted
+        return granted
 
 
 @dataclass
@@ -71,6 +89,8 @@ class CudaCorrelator:
         min_span_ns: int = 0,
         top_kernels: int = 20,
         launch_sample_every: int = 0,
+        max_spans_per_second: int = 20_000,
+        on_sampled_out: Callable[[int], None] = lambda n: None,
     ) -> None:
         self._info = process_info
         self._sym = symbolizer
@@ -81,6 +101,8 @@ class CudaCorrelator:
         self._min_span_ns = min_span_ns
         self._top = top_kernels
         self._sample_every = launch_sample_every
+        self._budget = SpanBudget(max_spans_per_second)
+        self._on_sampled_out = on_sampled_out
         self._procs: dict[int, _Process] = {}
         #: pid -> wall time its last metrics were exported after it exited; its
         #: map keys may still be read once more (final snapshot) and are ignored.
@@ -108,7 +130,11 @@ class CudaCorrelator:
         spans: list[ReadableSpan] = []
         with self._lock:
             self._aggregate(arr)
-            for rec in arr.tolist():
+            wanted = arr[self._span_worthy(arr)]
+            allowed = self._budget.take(len(wanted))
+            if allowed < len(wanted):
+                self._on_sampled_out(len(wanted) - allowed)
+            for rec in wanted[:allowed].tolist():
                 span = self._span(rec)
                 if span is not None:
                     spans.append(span)
@@ -146,8 +172,10 @@ class CudaCorrelator:
             for f, c in zip(funcs.tolist(), counts.tolist()):
                 p.calls[CudaFunc(f).name] += c
             failed = complete[complete["ret"] != 0]
-            for f, code in zip(failed["func"].tolist(), failed["ret"].tolist()):
-                p.errors[(CudaFunc(f).name, code)] += 1
+            if len(failed):
+                pairs, counts = np.unique(failed[["func", "ret"]], return_counts=True)
+                for (f, code), c in zip(pairs.tolist(), counts.tolist()):
+                    p.errors[(CudaFunc(f).name, code)] += c
             copies = complete[(complete["kind"] == Kind.CUDA_MEMCPY) & (complete["ret"] == 0)]
             for kind in np.unique(copies["a1"]).tolist():
                 p.memcpy_bytes[MEMCPY_DIRECTION.get(kind, f"kind{kind}")] += int(copies["a0"][copies["a1"] == kind].sum())
@@ -175,13 +203,16 @@ class CudaCorrelator:
             else:
                 p.in_use -= size
 
+    def _span_worthy(self, arr: np.ndarray) -> np.ndarray:
+        """Mask of events that become spans (before the budget)."""
+        kind = arr["kind"]
+        cuda = kind >= Kind.CUDA_LAUNCH
+        long_enough = (arr["duration_ns"] >= self._min_span_ns) | ((arr["flags"] & FLAG_INCOMPLETE) != 0)
+        return cuda & ((kind == Kind.CUDA_LAUNCH) | long_enough)
+
     def _span(self, rec: tuple) -> ReadableSpan | None:
         ts, dur, pid, tid, kind, func, flags, ret, a0, a1, a2, a3 = rec
-        if kind < Kind.CUDA_LAUNCH:
-            return None
         incomplete = bool(flags & FLAG_INCOMPLETE)
-        if kind != Kind.CUDA_LAUNCH and not incomplete and dur < self._min_span_ns:
-            return None
         fname = CudaFunc(func).name
         attrs: dict[str, object] = {"cuda.api.function": fname, "thread.id": tid}
         if kind == Kind.CUDA_MEMCPY:

@@ -23,6 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelbpf.export.health import Health
+from otelbpf.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class MetricsLoop:
         self._thread.start()
 
     def _run(self) -> None:
+        name_os_thread("otelbpf-metrics")
         while not self._stop.wait(self._interval):
             self.export_once()
 

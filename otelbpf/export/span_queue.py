@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelbpf.export.health import Health
+from otelbpf.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class SpanQueue:
         return [self._q.popleft() for _ in range(n)]
 
     def _run(self) -> None:
+        name_os_thread("otelbpf-spans")
         while True:
             with self._cv:
                 if not self._closing and len(self._q) < self._batch:

@@ -29,6 +29,7 @@ from otelbpf.sensor import elf, libraries, program
 from otelbpf.sensor.family import ProbeFamily
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.ringbuf import RingBufferReader
+from otelbpf.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ class Sensor:
         return len(arr)
 
     def _drain_loop(self) -> None:
+        name_os_thread("otelbpf-drain")
         interval = self.options.drain_interval_s
         while not self._stop.wait(interval):
             try:
@@ -210,6 +212,7 @@ class Sensor:
     # -- discovery and attaching ------------------------------------------
 
     def _discovery_loop(self) -> None:
+        name_os_thread("otelbpf-discover")
         poller = select.epoll()
         poller.register(self._bpf["strevents"].map_fd, select.EPOLLIN)
         next_scan = time.monotonic() + self.options.rescan_interval_s
