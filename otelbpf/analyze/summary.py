@@ -134,7 +134,7 @@ def summarize(directory: str, out: TextIO) -> int:
         if top:
             print("  top kernels:", file=out)
             for a, dp, _k in top[:10]:
-                print(f"    {_num(dp):>10.0f}  {a.get('cuda.kernel.name')}", file=out)
+                print(f"    {_num(dp):>10.0f}  {a.get('cuda.kernel.name')}  [{a.get('cuda.api.function')}]", file=out)
         copies = series("cuda.memcpy.bytes")
         if copies:
             print("  bytes copied: " + ", ".join(

@@ -360,7 +360,7 @@ class CudaCorrelator:
                 [h.point({"cuda.api.function": f}, p.start_ns, now) for f, h in sorted(p.sync.items())],
             ),
         ]
-        if p.calls.get("cudaMalloc") or p.calls.get("cuMemAlloc_v2") or p.live:
+        if p.high_water:  # after a first successful allocation
             built.append(m.gauge("cuda.memory.in_use", "By", "Device memory allocated through probed calls and not yet freed", [({}, p.in_use)], now))
             built.append(m.gauge("cuda.memory.high_water", "By", "Highest cuda.memory.in_use seen", [({}, p.high_water)], now))
         if p.incomplete or p.untracked_frees:
