@@ -22,11 +22,10 @@ from collections.abc import Sequence
 import numpy as np
 from opentelemetry.sdk.metrics.export import Metric
 
-from otelbpf.config import Config, CudaReceiverConfig, BatchProcessorConfig, to_seconds
+from otelbpf import receivers
+from otelbpf.config import BatchProcessorConfig, Config, to_seconds
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.cuda import SCOPE as CUDA_SCOPE
-from otelbpf.correlate.cuda import CudaCorrelator
 from otelbpf.correlate.process_info import ProcessInfo, agent_resource
 from otelbpf.correlate.spans import scope
 from otelbpf.correlate.symbolizer import Symbolizer
@@ -34,8 +33,8 @@ from otelbpf.export.factory import metric_exporter, span_exporter
 from otelbpf.export.health import Health
 from otelbpf.export.metrics_loop import MetricsLoop
 from otelbpf.export.span_queue import SpanQueue
-from otelbpf.sensor.cuda_probes import cuda_family
 from otelbpf.threadname import name_os_thread
+from otelbpf.receivers import Context, MapAccess
 from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
 
 log = logging.getLogger(__name__)
@@ -76,39 +75,24 @@ class Agent:
                 timeout_s=to_seconds(batch.timeout),
             )
 
-        cuda_cfg = next((c for _, c in self._receivers() if isinstance(c, CudaReceiverConfig)), None)
-        if cuda_cfg is None:
-            raise SensorError("no receiver in any pipeline: name `cuda` under service.pipelines.*.receivers")
-        family = cuda_family(
-            cuda_cfg.libraries,
-            launch_sample_every=cuda_cfg.launch_sample_every if traces else 0,
-            launch_errors=cuda_cfg.launch_errors,
-        )
+        maps = MapAccess()
+        ctx = Context(self.process_info, self.symbolizer, self.clock, self.health, self._emit_spans, maps, traces)
+        self.receivers = [receivers.build(name, cfg, ctx) for name, cfg in self._receiver_configs()]
+        if not self.receivers:
+            raise SensorError("no receiver in any pipeline: name one (e.g. `cuda`) under service.pipelines.*.receivers")
         watched = list(pids) or list(config.targets.pids)
         self.sensor = Sensor(
             SensorOptions(
-                families=[family],
+                families=[r.family for r in self.receivers],
                 pids=watched,
-                search_globs=cuda_cfg.search_paths,
+                search_globs=[g for r in self.receivers for g in r.search_globs],
                 drain_interval_s=to_seconds(config.service.telemetry.drain_interval),
-                events_ring_bytes=cuda_cfg.ring_buffer_size,
+                events_ring_bytes=max(r.ring_buffer_size for r in self.receivers),
                 pause_on_load=pause_on_load,
             ),
             deliver=self._deliver,
         )
-        self.cuda = CudaCorrelator(
-            self.process_info,
-            self.symbolizer,
-            self.clock,
-            self._emit_spans,
-            self.sensor.read_map,
-            self.sensor.delete_keys,
-            min_span_ns=cuda_cfg.min_span_duration,
-            top_kernels=cuda_cfg.top_kernels,
-            launch_sample_every=cuda_cfg.launch_sample_every,
-            max_spans_per_second=cuda_cfg.max_spans_per_second if traces else 0,
-            on_sampled_out=lambda n: self.health.add("otelbpf.spans.sampled_out", n, receiver="cuda"),
-        )
+        maps.read, maps.forget = self.sensor.read_map, self.sensor.delete_keys
         self.sensor.on_process = self._describe_process
         self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue(maxsize=processing_queue_chunks)
         self._processor = threading.Thread(target=self._process_loop, name="otelbpf-process", daemon=True)
@@ -116,17 +100,17 @@ class Agent:
         if config.pipeline("metrics"):
             self.metrics = MetricsLoop(
                 [(n, metric_exporter(c)) for n, c in config.pipeline_exporters("metrics")],
-                [self._cuda_metrics, self._health_metrics],
+                [self._receiver_metrics, self._health_metrics],
                 self.health,
                 to_seconds(config.service.telemetry.metrics_interval),
             )
 
-    def _receivers(self):
+    def _receiver_configs(self):
         seen = {}
         for s in ("traces", "metrics"):
             for name, cfg in self.config.pipeline_receivers(s):
                 seen[name] = cfg
-        return seen.items()
+        return list(seen.items())
 
     # -- data path --------------------------------------------------------
 
@@ -144,14 +128,16 @@ class Agent:
             if item is None:
                 return
             ring, arr = item
-            try:
-                if ring == "events":
-                    self.cuda.on_events(arr)
-                else:
-                    self.cuda.on_strings(arr)
-            except Exception:  # a bad batch is counted, the agent goes on
-                log.exception("processing a batch of %d %s failed", len(arr), ring)
-                self.health.add("otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring)
+            for r in self.receivers:
+                try:
+                    if ring == "events":
+                        r.correlator.on_events(arr)
+                    else:
+                        r.correlator.on_strings(arr)
+                except Exception:  # a bad batch is counted, the agent goes on
+                    log.exception("%s: processing a batch of %d %s failed", r.name, len(arr), ring)
+                    self.health.add("otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring,
+                                    receiver=r.name)
 
     def _describe_process(self, pid: int) -> None:
         """Snapshot a process's resource and memory map while it is alive."""
@@ -164,8 +150,8 @@ class Agent:
 
     # -- metrics sources --------------------------------------------------
 
-    def _cuda_metrics(self):
-        return [(res, CUDA_SCOPE, metrics) for res, metrics in self.cuda.collect()]
+    def _receiver_metrics(self):
+        return [(res, r.correlator.scope, metrics) for r in self.receivers for res, metrics in r.correlator.collect()]
 
     def _health_metrics(self):
         now = time.time_ns()
@@ -222,7 +208,7 @@ class Agent:
         kernel = self.sensor.kernel_stats()
         return (
             f"events received {sum(self.sensor.records_received.values())}, "
-            f"spans {self.cuda.spans_emitted}, lost in kernel {sum(kernel.values())}, "
+            f"spans {sum(getattr(r.correlator, 'spans_emitted', 0) for r in self.receivers)}, lost in kernel {sum(kernel.values())}, "
             f"dropped {self.health.get('otelbpf.events.dropped') + self.health.get('otelbpf.export.dropped')}, "
             f"export failures {self.health.get('otelbpf.export.failures')}"
         )

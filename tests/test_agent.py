@@ -9,7 +9,6 @@ comparing with what each workload reports it did.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -33,7 +32,6 @@ from harness.agent import (
     real_cudart,
     run_workload,
     start_workload,
-    wait_until,
 )
 
 pytestmark = pytest.mark.bpf

@@ -77,6 +77,8 @@ class _Process:
 
 
 class CudaCorrelator:
+    scope = SCOPE
+
     def __init__(
         self,
         process_info: ProcessInfo,

@@ -12,7 +12,6 @@ import functools
 import os
 from dataclasses import dataclass
 
-from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerSymSection, GNUVerDefSection
 

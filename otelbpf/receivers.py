@@ -1,0 +1,101 @@
+"""The receiver registry: how a config entry under ``receivers:`` becomes a
+probe family for the sensor and a correlator for its events.
+
+Adding a probe family (NCCL, ibverbs, ...) means one builder here plus its
+BPF C, its ``sensor/<family>_probes.py`` and its ``correlate/<family>.py``;
+the agent treats every receiver alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from opentelemetry.sdk.metrics.export import Metric
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otelbpf.config import CudaReceiverConfig, ReceiverConfig
+from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.symbolizer import Symbolizer
+from otelbpf.export.health import Health
+from otelbpf.sensor.family import ProbeFamily
+
+
+class MapAccess:
+    """Late-bound access to the sensor's BPF maps (the sensor is built after
+    the receivers that describe its program)."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[str], list[tuple[object, int]]] = lambda name: []
+        self.forget: Callable[[str, list[object]], None] = lambda name, keys: None
+
+
+@dataclass
+class Context:
+    """What every correlator may use."""
+
+    process_info: ProcessInfo
+    symbolizer: Symbolizer
+    clock: MonotonicClock
+    health: Health
+    emit_spans: Callable[[list], None]
+    maps: MapAccess
+    traces: bool  # a traces pipeline exists: build spans at all
+
+
+class Correlator(Protocol):
+    scope: InstrumentationScope
+
+    def on_events(self, arr: np.ndarray) -> None: ...
+
+    def on_strings(self, arr: np.ndarray) -> None: ...
+
+    def collect(self) -> list[tuple[Resource, list[Metric]]]: ...
+
+
+@dataclass
+class Receiver:
+    name: str
+    family: ProbeFamily
+    correlator: Correlator
+    search_globs: list[str]
+    ring_buffer_size: int
+
+
+def _cuda(name: str, cfg: CudaReceiverConfig, ctx: Context) -> Receiver:
+    from otelbpf.correlate.cuda import CudaCorrelator
+    from otelbpf.sensor.cuda_probes import cuda_family
+
+    family = cuda_family(
+        cfg.libraries,
+        launch_sample_every=cfg.launch_sample_every if ctx.traces else 0,
+        launch_errors=cfg.launch_errors,
+    )
+    correlator = CudaCorrelator(
+        ctx.process_info,
+        ctx.symbolizer,
+        ctx.clock,
+        ctx.emit_spans,
+        lambda m: ctx.maps.read(m),
+        lambda m, keys: ctx.maps.forget(m, keys),
+        min_span_ns=cfg.min_span_duration,
+        top_kernels=cfg.top_kernels,
+        launch_sample_every=cfg.launch_sample_every,
+        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
+        on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+    )
+    return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
+
+
+#: config model type -> builder
+BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
+    CudaReceiverConfig: _cuda,
+}
+
+
+def build(name: str, cfg: ReceiverConfig, ctx: Context) -> Receiver:
+    return BUILDERS[type(cfg)](name, cfg, ctx)
