@@ -35,6 +35,8 @@ SCOPE = scope("otelbpf.cuda")
 _DRIVER_LAUNCH = (CudaFunc.cuLaunchKernel, CudaFunc.cuLaunchKernelEx)
 _ASYNC = (CudaFunc.cudaMemcpyAsync, CudaFunc.cudaMemcpyAsync_ptsz)
 _GRAPH = (CudaFunc.cudaGraphLaunch, CudaFunc.cudaGraphLaunch_ptsz)
+#: Event kinds this correlator owns (events.py reserves 10-19 for CUDA).
+CUDA_KINDS = (Kind.CUDA_LAUNCH, Kind.CUDA_SYNC)
 
 #: Reads a kernel counting map: list of (key struct, count).
 MapReader = Callable[[str], list[tuple[object, int]]]
@@ -208,7 +210,7 @@ class CudaCorrelator:
     def _span_worthy(self, arr: np.ndarray) -> np.ndarray:
         """Mask of events that become spans (before the budget)."""
         kind = arr["kind"]
-        cuda = kind >= Kind.CUDA_LAUNCH
+        cuda = (kind >= CUDA_KINDS[0]) & (kind <= CUDA_KINDS[1])
         long_enough = (arr["duration_ns"] >= self._min_span_ns) | ((arr["flags"] & FLAG_INCOMPLETE) != 0)
         return cuda & ((kind == Kind.CUDA_LAUNCH) | long_enough)
 
