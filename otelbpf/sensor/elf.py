@@ -118,7 +118,9 @@ def resolve(path: str, names: list[str]) -> dict[str, list[SymbolSite]]:
     by_addr: dict[int, list[str]] = {}
     for name in names:
         for _version, vaddr, _off, _head in table.get(name, ()):
-            by_addr.setdefault(vaddr, []).append(name)
+            aliases = by_addr.setdefault(vaddr, [])
+            if name not in aliases:  # one name may be exported under two versions at one address
+                aliases.append(name)
     result: dict[str, list[SymbolSite]] = {}
     seen: set[int] = set()
     for name in names:
