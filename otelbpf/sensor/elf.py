@@ -64,7 +64,9 @@ def _function_symbols(path: str, key: tuple[int, int]) -> dict[str, list[tuple[s
             loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
             out: dict[str, list[tuple[str | None, int, int, bytes]]] = {}
             for idx, sym in enumerate(dynsym.iter_symbols()):
-                if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
+                # Not STT_GNU_IFUNC (pyelftools: STT_LOOS): its address is a resolver that runs
+                # once at relocation, never the function callers reach.
+                if sym["st_info"]["type"] != "STT_FUNC":
                     continue
                 if sym["st_shndx"] == "SHN_UNDEF" or sym["st_value"] == 0:
                     continue
