@@ -50,7 +50,8 @@ _KERNEL_DROP_REASONS = {
 
 class Agent:
     def __init__(
-        self, config: Config, *, pids: Sequence[int] = (), pause_on_load: bool = False, processing_queue_chunks: int = 1024
+        self, config: Config, *, pids: Sequence[int] = (), pause_on_load: bool = False,
+        processing_queue_records: int = 1 << 20,
     ) -> None:
         self.config = config
         self.health = Health()
@@ -94,7 +95,11 @@ class Agent:
         )
         maps.read, maps.forget = self.sensor.read_map, self.sensor.delete_keys
         self.sensor.on_process = self._describe_process
-        self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue(maxsize=processing_queue_chunks)
+        # Bounded in records, not batches: one drained batch can hold ~60k events.
+        self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue()
+        self._queued = 0
+        self._queued_max = processing_queue_records
+        self._queued_lock = threading.Lock()
         self._processor = threading.Thread(target=self._process_loop, name="otelbpf-process", daemon=True)
         self.metrics: MetricsLoop | None = None
         if config.pipeline("metrics"):
@@ -116,10 +121,16 @@ class Agent:
 
     def _deliver(self, ring: str, arr: np.ndarray) -> None:
         """Called on the drain thread: enqueue only, never block."""
-        try:
-            self._work.put_nowait((ring, arr))
-        except queue.Full:
+        with self._queued_lock:
+            if self._queued + len(arr) > self._queued_max:
+                full = True
+            else:
+                full = False
+                self._queued += len(arr)
+        if full:
             self.health.add("otelbpf.events.dropped", len(arr), reason="processing_queue_full", ring=ring)
+        else:
+            self._work.put((ring, arr))
 
     def _process_loop(self) -> None:
         name_os_thread("otelbpf-process")
@@ -128,6 +139,8 @@ class Agent:
             if item is None:
                 return
             ring, arr = item
+            with self._queued_lock:
+                self._queued -= len(arr)
             for r in self.receivers:
                 try:
                     if ring == "events":

@@ -181,6 +181,31 @@ def test_library_dlopened_after_the_agent_started(otlp_collector, tmp_path):
         assert agent.stop() == 0
 
 
+def test_pid_mode_attaches_to_a_running_process_and_ignores_others(otlp_collector, tmp_path):
+    """--pid: the library is already mapped (found by the /proc scan); other processes stay unseen."""
+    gate = tmp_path / "go"
+    watched = start_workload("--wait-for-file", str(gate), "--iterations", "2", "--h2d-bytes", "777",
+                             "--d2h-bytes", "0", "--alloc-bytes", "1000")
+    other = start_workload("--wait-for-file", str(gate), "--iterations", "2")
+    cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
+    try:
+        with AgentProcess(["-c", str(cfg), "--pid", str(watched.pid)]) as agent:
+            agent.wait_ready()
+            gate.touch()
+            w, o = finish(watched), finish(other)
+            c = otlp_collector
+            f = {"process.pid": w["pid"], "cuda.memcpy.direction": "H2D"}
+            c.wait_for(lambda: c.latest_points("cuda.memcpy.bytes", **f) and _value(c, "cuda.memcpy.bytes", **f) == 2 * 777,
+                       what="bytes of the watched pid")
+            assert agent.stop() == 0
+        assert not [s for s in c.spans() if s.resource.get("process.pid") == o["pid"]]
+        assert not c.latest_points("cuda.memcpy.bytes", **{"process.pid": o["pid"]})
+    finally:
+        for p in (watched, other):
+            if p.poll() is None:
+                p.kill()
+
+
 def test_process_exiting_mid_call_is_reported_and_agent_keeps_running(otlp_collector, tmp_path):
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
     with AgentProcess(["-c", str(cfg)]) as agent:

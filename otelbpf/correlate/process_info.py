@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 
 from opentelemetry.sdk.resources import Resource
@@ -44,10 +45,11 @@ class ProcessInfo:
     executable name, so eBPF spans land in the same service as SDK spans.
     """
 
-    def __init__(self, configured: Mapping[str, str] | None = None) -> None:
+    def __init__(self, configured: Mapping[str, str] | None = None, max_processes: int = 8192) -> None:
         self._configured = dict(configured or {})
         self._host = socket.gethostname()
-        self._cache: dict[int, Resource] = {}
+        self._max = max_processes
+        self._cache: OrderedDict[int, Resource] = OrderedDict()  # LRU: bounded on busy hosts
         self._taken: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns when read
         self._comm: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -64,6 +66,12 @@ class ProcessInfo:
             if res is None:
                 self._taken[pid] = time.monotonic_ns()
                 res = self._cache[pid] = self._build(pid)
+                while len(self._cache) > self._max:
+                    old, _ = self._cache.popitem(last=False)
+                    self._taken.pop(old, None)
+                    self._comm.pop(old, None)
+            else:
+                self._cache.move_to_end(pid)
             return res
 
     def forget(self, pid: int, before_ns: int | None = None) -> None:

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import cxxfilt
@@ -110,8 +111,9 @@ def read_maps(pid: int) -> list[Mapping]:
 class Symbolizer:
     """Per-process address resolution with caches for maps and results."""
 
-    def __init__(self) -> None:
-        self._maps: dict[int, list[Mapping]] = {}
+    def __init__(self, max_processes: int = 4096) -> None:
+        self._max = max_processes
+        self._maps: OrderedDict[int, list[Mapping]] = OrderedDict()  # LRU: bounded on busy hosts
         self._taken: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns of the snapshot
         self._names: dict[tuple[int, int], str] = {}
         self._lock = threading.Lock()
@@ -123,7 +125,11 @@ class Symbolizer:
         if maps:
             with self._lock:
                 self._maps[pid] = maps
+                self._maps.move_to_end(pid)
                 self._taken[pid] = taken
+                while len(self._maps) > self._max:
+                    old, _ = self._maps.popitem(last=False)
+                    self._taken.pop(old, None)
 
     def forget(self, pid: int, before_ns: int | None = None) -> None:
         """Drop what is known of ``pid`` (only if learnt before ``before_ns``,
