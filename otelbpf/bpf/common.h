@@ -76,6 +76,16 @@ static __always_inline int is_watched(u32 tgid)
 #endif
 }
 
+/* Fill the header every event starts with: now, this process and thread. */
+static __always_inline void new_event(struct event *e, u64 pid_tgid, u8 kind, u8 func)
+{
+    e->ts_ns = bpf_ktime_get_ns();
+    e->pid = pid_tgid >> 32;
+    e->tid = (u32)pid_tgid;
+    e->kind = kind;
+    e->func = func;
+}
+
 static __always_inline void emit(struct event *e)
 {
     if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP) != 0)

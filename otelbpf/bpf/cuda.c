@@ -110,11 +110,7 @@ static __always_inline int on_launch(struct pt_regs *ctx, u8 func, u8 variant, u
 #if LAUNCH_SAMPLE_EVERY > 0
     if (seen % LAUNCH_SAMPLE_EVERY == 0) {
         struct event e = {};
-        e.ts_ns = bpf_ktime_get_ns();
-        e.pid = tgid;
-        e.tid = (u32)id;
-        e.kind = EV_CUDA_LAUNCH;
-        e.func = func;
+        new_event(&e, id, EV_CUDA_LAUNCH, func);
         e.a0 = fn;
         fill_launch(ctx, variant, &e);
         emit(&e);
@@ -148,11 +144,7 @@ static __always_inline int on_entry(u8 kind, u8 func, u64 a0, u64 a1, u64 a2, u6
     if (!is_watched(id >> 32))
         return 0;
     struct event e = {};
-    e.ts_ns = bpf_ktime_get_ns();
-    e.pid = id >> 32;
-    e.tid = (u32)id;
-    e.kind = kind;
-    e.func = func;
+    new_event(&e, id, kind, func);
     e.a0 = a0;
     e.a1 = a1;
     e.a2 = a2;

@@ -28,10 +28,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     if (!is_watched(id >> 32))
         return 0;
     struct event e = {};
-    e.ts_ns = bpf_ktime_get_ns();
-    e.pid = id >> 32;
-    e.tid = (u32)id;
-    e.kind = EV_PROC_EXEC;
+    new_event(&e, id, EV_PROC_EXEC, 0);
     bpf_get_current_comm(&e.a0, 16);  /* a name even if /proc is gone when read */
     emit(&e);
     return 0;
@@ -123,10 +120,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     }
     if ((u32)id == (id >> 32)) {
         struct event x = {};
-        x.ts_ns = bpf_ktime_get_ns();
-        x.pid = id >> 32;
-        x.tid = (u32)id;
-        x.kind = EV_PROC_EXIT;
+        new_event(&x, id, EV_PROC_EXIT, 0);
         bpf_get_current_comm(&x.a0, 16);
         emit(&x);
 #ifdef FILTER_PIDS

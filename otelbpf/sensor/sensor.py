@@ -47,7 +47,7 @@ class SensorOptions:
     search_globs: list[str] = field(default_factory=list)
     drain_interval_s: float = 0.02
     events_ring_bytes: int = 8 << 20
-    rescan_interval_s: float = 5.0
+    rescan_interval_s: float = 30.0  # safety net only: openat events find new libraries
     #: Stop a watched process at its first successful open of a probed
     #: library until the probes are attached (no call is missed). Only for
     #: processes the agent started itself: a stopped child confuses a shell's
