@@ -93,6 +93,26 @@ def _table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable | None:
         return None
 
 
+def _mapped_table(pid: int, m: Mapping, deleted: bool) -> _SymbolTable | None:
+    """The symbols of the file mapped at ``m``, or None when it cannot be read.
+
+    A file deleted since it was mapped (an upgrade renames a new file over the old)
+    is read through /proc/PID/map_files, which opens the mapped inode itself, and
+    never by its path: whatever is there now has other code at the same offsets.
+    """
+    if deleted:
+        candidates = [f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"]
+    else:
+        candidates = [f"/proc/{pid}/root{m.path}", m.path]  # the process's mount namespace first
+    for local in candidates:
+        try:
+            st = os.stat(local)
+        except OSError:
+            continue
+        return _table(local, st.st_dev, st.st_ino, int(st.st_mtime))
+    return None
+
+
 def read_maps(pid: int) -> list[Mapping]:
     out = []
     try:
@@ -176,14 +196,7 @@ class Symbolizer:
             return f"[unknown]+{addr:#x}"
         file_offset = addr - m.start + m.offset
         path = m.path.removesuffix(" (deleted)")
-        local = f"/proc/{pid}/root{path}"
-        if not os.path.exists(local):
-            local = path
-        try:
-            st = os.stat(local)
-            table = _table(local, st.st_dev, st.st_ino, int(st.st_mtime))
-        except OSError:
-            table = None
+        table = _mapped_table(pid, m, deleted=path != m.path)
         module = os.path.basename(path)
         if table is not None:
             vaddr = table.vaddr(file_offset)
