@@ -52,6 +52,7 @@ class _JsonLines:
         self.path = os.path.join(directory, f"{name}.jsonl")
         self._dir, self._name, self._rotate = directory, name, rotate_bytes
         self._lock = threading.Lock()
+        self._rotations = 0
         self._f = open(self.path, "a", encoding="utf-8")
 
     def write(self, line: str) -> None:
@@ -60,8 +61,12 @@ class _JsonLines:
             self._f.flush()
             if self._rotate and self._f.tell() >= self._rotate:
                 self._f.close()
+                # The sequence number keeps two rotations in one second apart (the second
+                # would replace the first) and makes names sort in the order written.
+                self._rotations += 1
                 stamp = time.strftime("%Y%m%dT%H%M%S")
-                os.replace(self.path, os.path.join(self._dir, f"{self._name}-{stamp}-{os.getpid()}.jsonl"))
+                rotated = f"{self._name}-{stamp}-{os.getpid()}-{self._rotations:06d}.jsonl"
+                os.replace(self.path, os.path.join(self._dir, rotated))
                 self._f = open(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
