@@ -45,7 +45,11 @@ def to_otlp_json(message) -> str:
 
 
 class _JsonLines:
-    """Append-only file with size-based rotation, safe across threads."""
+    """Append-only file with size-based rotation, safe across threads.
+
+    Each line goes out unbuffered; a write that fails part way (disk full) is cut off
+    again, so the file never holds half a line, nor a failed line written later.
+    """
 
     def __init__(self, directory: str, name: str, rotate_bytes: int) -> None:
         os.makedirs(directory, exist_ok=True)
@@ -53,12 +57,21 @@ class _JsonLines:
         self._dir, self._name, self._rotate = directory, name, rotate_bytes
         self._lock = threading.Lock()
         self._rotations = 0
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open(self.path, "ab", buffering=0)
 
     def write(self, line: str) -> None:
+        data = memoryview((line + "\n").encode())
         with self._lock:
-            self._f.write(line + "\n")
-            self._f.flush()
+            end = self._f.seek(0, os.SEEK_END)
+            try:
+                while data:
+                    data = data[self._f.write(data):]
+            except OSError:
+                try:
+                    self._f.truncate(end)
+                except OSError:
+                    pass  # not a regular file (/dev/full, a pipe): nothing to cut
+                raise
             if self._rotate and self._f.tell() >= self._rotate:
                 self._f.close()
                 # The sequence number keeps two rotations in one second apart (the second
@@ -67,7 +80,7 @@ class _JsonLines:
                 stamp = time.strftime("%Y%m%dT%H%M%S")
                 rotated = f"{self._name}-{stamp}-{os.getpid()}-{self._rotations:06d}.jsonl"
                 os.replace(self.path, os.path.join(self._dir, rotated))
-                self._f = open(self.path, "a", encoding="utf-8")
+                self._f = open(self.path, "ab", buffering=0)
 
     def close(self) -> None:
         with self._lock:
