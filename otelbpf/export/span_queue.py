@@ -96,7 +96,9 @@ class SpanQueue:
             self._closing = True
             self._cv.notify()
         self._thread.join(timeout_s)
-        left = len(self._q)
+        with self._cv:  # an exporter still stuck must not send, later, what is counted here
+            left = len(self._q)
+            self._q.clear()
         if left:
             self._health.add("otelbpf.export.dropped", left, signal="traces", reason="shutdown")
         for _name, exporter in self._exporters:
