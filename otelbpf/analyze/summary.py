@@ -8,6 +8,7 @@ import glob
 import json
 import os
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import TextIO
 
 
@@ -26,7 +27,10 @@ def _attrs(items: list | None) -> dict:
     return {a["key"]: _value(a.get("value", {})) for a in items or []}
 
 
-def _lines(directory: str, signal: str):
+def _read(directory: str, signal: str, add: Callable[[dict], None]) -> None:
+    """Feed every request line to ``add``, rotated files first. A line that is not an
+    OTLP-JSON request (not JSON, or JSON of another shape) is a ValueError naming its
+    file and line, never a traceback."""
     files = sorted(glob.glob(os.path.join(directory, f"{signal}-*.jsonl"))) + sorted(
         glob.glob(os.path.join(directory, f"{signal}.jsonl"))
     )
@@ -37,8 +41,13 @@ def _lines(directory: str, signal: str):
                 if not line:
                     continue
                 try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
+                    req = json.loads(line)
+                    if not isinstance(req, dict):
+                        raise TypeError(f"a JSON {type(req).__name__}, not an object")
+                    add(req)
+                except KeyError as exc:
+                    raise ValueError(f"{path}:{n}: not OTLP-JSON: no field {exc}") from exc
+                except (TypeError, AttributeError, ValueError) as exc:
                     raise ValueError(f"{path}:{n}: not OTLP-JSON: {exc}") from exc
 
 
@@ -51,7 +60,8 @@ def load(directory: str) -> tuple[dict, dict, dict]:
     latest: dict = defaultdict(dict)  # proc -> {(metric, attrs tuple): (time, point, kind)}
     spans: dict = defaultdict(lambda: {"count": Counter(), "errors": Counter(), "slowest": []})
     procs: dict = {}
-    for req in _lines(directory, "metrics"):
+
+    def add_metrics(req: dict) -> None:
         for rm in req.get("resourceMetrics", []):
             res = _attrs(rm.get("resource", {}).get("attributes"))
             key = _proc_key(res)
@@ -66,7 +76,8 @@ def load(directory: str) -> tuple[dict, dict, dict]:
                                 slot = (metric["name"], a)
                                 if slot not in latest[key] or latest[key][slot][0] <= t:
                                     latest[key][slot] = (t, dp, kind)
-    for req in _lines(directory, "traces"):
+
+    def add_spans(req: dict) -> None:
         for rs in req.get("resourceSpans", []):
             res = _attrs(rs.get("resource", {}).get("attributes"))
             key = _proc_key(res)
@@ -79,6 +90,9 @@ def load(directory: str) -> tuple[dict, dict, dict]:
                         st["errors"][sp["name"]] += 1
                     dur = int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])
                     st["slowest"].append((dur, sp["name"], _attrs(sp.get("attributes"))))
+
+    _read(directory, "metrics", add_metrics)
+    _read(directory, "traces", add_spans)
     return latest, spans, procs
 
 
