@@ -45,6 +45,8 @@ _KERNEL_DROP_REASONS = {
     "str_lost": "string_ring_full",
     "inflight_full": "inflight_map_full",
     "launch_map_full": "launch_map_full",
+    "sock_lost": "socket_ring_full",
+    "sock_map_full": "socket_map_full",
 }
 
 
@@ -93,7 +95,7 @@ class Agent:
             ),
             deliver=self._deliver,
         )
-        maps.read, maps.forget = self.sensor.read_map, self.sensor.delete_keys
+        maps.read, maps.forget, maps.update = self.sensor.read_map, self.sensor.delete_keys, self.sensor.update_map
         self.sensor.on_process = self._describe_process
         # Bounded in records, not batches: one drained batch can hold ~60k events.
         self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue()
@@ -145,8 +147,10 @@ class Agent:
                 try:
                     if ring == "events":
                         r.correlator.on_events(arr)
-                    else:
+                    elif ring == "strevents":
                         r.correlator.on_strings(arr)
+                    elif any(spec.name == ring for spec in r.family.rings):
+                        r.correlator.on_ring(ring, arr)
                 except Exception:  # a bad batch is counted, the agent goes on
                     log.exception("%s: processing a batch of %d %s failed", r.name, len(arr), ring)
                     self.health.add("otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring,

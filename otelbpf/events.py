@@ -49,6 +49,11 @@ class Kind(enum.IntEnum):
     CUDA_MALLOC = 12
     CUDA_FREE = 13
     CUDA_SYNC = 14
+    SOCK_DATA = 40      # a read/write-like syscall on a tracked socket (sockdata ring)
+    SOCK_CONNECT = 41   # connect() to an inet address (sockdata ring)
+    SOCK_ACCEPT = 42    # accept()/accept4() returned a connection (sockdata ring)
+    SOCK_CLOSE = 43     # close() of a tracked socket (sockdata ring)
+    SOCK_UNKNOWN = 44   # first I/O on an fd the kernel has not classified (sockdata ring)
 
 
 class StrKind(enum.IntEnum):
@@ -69,6 +74,8 @@ class Stat(enum.IntEnum):
     STR_LOST = 1
     INFLIGHT_FULL = 2
     LAUNCH_MAP_FULL = 3
+    SOCK_LOST = 4
+    SOCK_MAP_FULL = 5
 
 
 class CudaFunc(enum.IntEnum):
@@ -102,3 +109,57 @@ MEMCPY_DIRECTION = {0: "H2H", 1: "H2D", 2: "D2H", 3: "D2D", 4: "default"}
 def unpack_dim(packed: int) -> tuple[int, int, int]:
     """Inverse of ``pack_dim`` in cuda.c: x | y << 32 | z << 48."""
     return packed & 0xFFFFFFFF, (packed >> 32) & 0xFFFF, (packed >> 48) & 0xFFFF
+
+
+class SockFunc(enum.IntEnum):
+    """Syscall ids carried in ``sock_rec.func`` for the sockets family (bpf/sockets.c)."""
+
+    read = 1
+    write = 2
+    readv = 3
+    writev = 4
+    sendto = 5
+    recvfrom = 6
+    sendmsg = 7
+    recvmsg = 8
+    connect = 9
+    accept = 10
+    accept4 = 11
+    close = 12
+
+
+#: Syscalls that carry bytes from the process to the peer.
+SOCK_EGRESS = frozenset({SockFunc.write, SockFunc.writev, SockFunc.sendto, SockFunc.sendmsg})
+
+#: ``sock_rec.flags`` bits (bpf/sockets.c).
+SOCKF_LISTENER_UNKNOWN = 1  # accept on a listener whose port the kernel did not know
+SOCKF_VECTOR_TRUNCATED = 2  # more iovecs than the probe copies: the payload stops early
+
+#: Size of ``struct sock_rec`` without its payload.
+SOCK_HEADER_BYTES = 64
+
+
+def sock_record_dtype(payload_bytes: int) -> np.dtype:
+    """``struct sock_rec`` with a payload of ``payload_bytes`` (records on the ``sockdata`` ring)."""
+    dtype = np.dtype(
+        [
+            ("ts_ns", "<u8"),       # syscall entry (CLOCK_MONOTONIC)
+            ("duration_ns", "<u8"),  # entry -> exit
+            ("pid", "<u4"),
+            ("tid", "<u4"),
+            ("fd", "<i4"),
+            ("ret", "<i4"),          # bytes moved, new fd (accept), or -errno
+            ("kind", "u1"),
+            ("func", "u1"),
+            ("cap", "<u2"),          # payload bytes captured (<= ret)
+            ("flags", "<u4"),
+            ("family", "<u2"),       # connect/accept: AF_INET or AF_INET6
+            ("port", "<u2"),         # connect: remote port; accept: peer port
+            ("local_port", "<u2"),   # accept: the listener's port when known
+            ("pad", "V2"),
+            ("addr", "V16"),         # connect: remote address; accept: peer address (network order)
+            ("data", "u1", (payload_bytes,)),
+        ]
+    )
+    assert dtype.itemsize == SOCK_HEADER_BYTES + payload_bytes
+    return dtype

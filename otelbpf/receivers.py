@@ -9,7 +9,7 @@ the agent treats every receiver alike.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -18,6 +18,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelbpf.config import CudaReceiverConfig, ReceiverConfig
+from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.symbolizer import Symbolizer
@@ -32,6 +33,7 @@ class MapAccess:
     def __init__(self) -> None:
         self.read: Callable[[str], list[tuple[object, int]]] = lambda name: []
         self.forget: Callable[[str, list[object]], None] = lambda name, keys: None
+        self.update: Callable[[str, list[tuple[int, int]]], None] = lambda name, items: None
 
 
 @dataclass
@@ -45,6 +47,9 @@ class Context:
     emit_spans: Callable[[list], None]
     maps: MapAccess
     traces: bool  # a traces pipeline exists: build spans at all
+    #: Open server spans per thread: request receivers add them, every
+    #: correlator may ask it for the parent of what a thread did (causality.py).
+    causality: Causality = field(default_factory=Causality)
 
 
 class Correlator(Protocol):
@@ -53,6 +58,9 @@ class Correlator(Protocol):
     def on_events(self, arr: np.ndarray) -> None: ...
 
     def on_strings(self, arr: np.ndarray) -> None: ...
+
+    # Families with rings of their own (ProbeFamily.rings) also implement
+    # on_ring(name: str, arr: np.ndarray) -> None.
 
     def collect(self) -> list[tuple[Resource, list[Metric]]]: ...
 
@@ -87,6 +95,7 @@ def _cuda(name: str, cfg: CudaReceiverConfig, ctx: Context) -> Receiver:
         launch_sample_every=cfg.launch_sample_every,
         max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
         on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+        parent_of=ctx.causality.parent,
     )
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 

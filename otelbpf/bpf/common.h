@@ -36,6 +36,11 @@ struct strevent {
 #define EV_CUDA_MALLOC 12
 #define EV_CUDA_FREE 13
 #define EV_CUDA_SYNC 14
+#define EV_SOCK_DATA 40
+#define EV_SOCK_CONNECT 41
+#define EV_SOCK_ACCEPT 42
+#define EV_SOCK_CLOSE 43
+#define EV_SOCK_UNKNOWN 44
 
 #define SEV_LIB_OPEN 1
 #define SEV_CUDA_FUNC_NAME 2
@@ -47,6 +52,8 @@ struct strevent {
 #define STAT_STR_LOST 1
 #define STAT_INFLIGHT_FULL 2
 #define STAT_LAUNCH_MAP_FULL 3
+#define STAT_SOCK_LOST 4       /* sockdata ring full */
+#define STAT_SOCK_MAP_FULL 5   /* sock_state / sock_args full */
 #define STAT_MAX 8
 
 BPF_RINGBUF_OUTPUT(events, EVENTS_RING_PAGES);

@@ -20,6 +20,7 @@ import numpy as np
 from opentelemetry.sdk.metrics.export import Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext
 
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.clock import MonotonicClock
@@ -95,6 +96,7 @@ class CudaCorrelator:
         launch_sample_every: int = 0,
         max_spans_per_second: int = 20_000,
         on_sampled_out: Callable[[int], None] = lambda n: None,
+        parent_of: Callable[[int, int, int], SpanContext | None] = lambda pid, tid, ts: None,
     ) -> None:
         self._info = process_info
         self._sym = symbolizer
@@ -107,6 +109,8 @@ class CudaCorrelator:
         self._sample_every = launch_sample_every
         self._budget = SpanBudget(max_spans_per_second)
         self._on_sampled_out = on_sampled_out
+        #: (pid, tid, monotonic ns) -> the request being served then (causality.py)
+        self._parent_of = parent_of
         self._procs: dict[int, _Process] = {}
         #: pid -> wall time its last metrics were exported after it exited; its
         #: map keys may still be read once more (final snapshot) and are ignored.
@@ -254,6 +258,7 @@ class CudaCorrelator:
             end_ns=start + dur,
             attributes=attrs,
             error=error,
+            parent=self._parent_of(pid, tid, ts),
         )
 
     def _launch_attrs(self, pid: int, func: int, fn: int, grid: int, block: int, stream: int) -> dict[str, object]:

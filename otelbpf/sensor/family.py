@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class ProbeSpec:
@@ -38,6 +40,19 @@ class LibraryKind:
 
 
 @dataclass(frozen=True)
+class RingSpec:
+    """A ring buffer of the family's own, declared in its C file as
+    ``BPF_RINGBUF_OUTPUT(name, ...)`` with ``size_bytes``, whose records all
+    have ``dtype``. The sensor drains it with ``events`` and hands each batch
+    to the family's correlator as ``on_ring(name, array)``; for records too
+    big or too many for the shared 64-byte ``events`` ring (socket payloads)."""
+
+    name: str
+    dtype: np.dtype
+    size_bytes: int
+
+
+@dataclass(frozen=True)
 class ProbeFamily:
     name: str
     c_file: str                      # in otelbpf/bpf/
@@ -45,6 +60,7 @@ class ProbeFamily:
     generated_c: str = ""            # per-symbol entry points
     counting_maps: tuple[str, ...] = ()  # in-kernel aggregates read for metrics
     cflags: tuple[str, ...] = field(default_factory=tuple)
+    rings: tuple[RingSpec, ...] = ()
 
     def library_kind(self, basename: str) -> LibraryKind | None:
         return next((k for k in self.libraries if k.matches(basename)), None)

@@ -3,7 +3,10 @@ library, and drain the ring buffers on a timer.
 
 Threads, each with one job:
 - drain: every ``drain_interval`` copies all records out of the event ring
-  and hands the arrays to ``deliver`` (which must only enqueue);
+  and the families' own rings and hands the arrays to ``deliver`` (which must
+  only enqueue): family rings first, then ``events``, drained in the opposite
+  order, so that a family record (a request read) that happened before an
+  event (a CUDA call it caused) is never delivered after it;
 - discovery: woken by epoll on the string ring, attaches to library files
   as processes open them (and on /proc rescans), then resumes a process the
   kernel paused at that open; a slow attach never delays draining.
@@ -78,6 +81,7 @@ class Sensor:
         self.compile_seconds = 0.0
         self.attach_seconds = 0.0
         self.records_received = {"events": 0, "strevents": 0}
+        self.records_received.update({r.name: 0 for f in options.families for r in f.rings})
         #: Called on the discovery thread when a process opens a probed
         #: library, before a paused process is resumed: the moment it is
         #: certainly alive, to read what /proc says about it.
@@ -112,6 +116,8 @@ class Sensor:
             "events": RingBufferReader(self._bpf["events"].map_fd, self.options.events_ring_bytes, EVENT_DTYPE),
             "strevents": RingBufferReader(self._bpf["strevents"].map_fd, 256 * 1024, STREVENT_DTYPE),
         }
+        for ring in self._family_rings():
+            self._readers[ring.name] = RingBufferReader(self._bpf[ring.name].map_fd, ring.size_bytes, ring.dtype)
         t0 = time.monotonic()
         for lib in libraries.from_globs(self.options.search_globs, self.options.families):
             self._attach(lib)
@@ -142,7 +148,7 @@ class Sensor:
             for tp in list(self._bpf.tracepoint_fds):
                 self._bpf.detach_tracepoint(tp)
         self.drain_once("strevents")
-        self.drain_once()
+        self.drain_tick()
         final = {name: self.read_map(name) for name in self._counting_maps()}
         final_stats = self.kernel_stats()
         self._final, self._final_stats = final, final_stats
@@ -152,6 +158,9 @@ class Sensor:
         with self._lock:
             self._bpf.cleanup()
             self._bpf = None
+
+    def _family_rings(self):
+        return [ring for fam in self.options.families for ring in fam.rings]
 
     def _counting_maps(self) -> list[str]:
         """Hash maps the families count into (kept readable after stop)."""
@@ -177,12 +186,23 @@ class Sensor:
             self._deliver(ring, arr)
         return len(arr)
 
+    def drain_tick(self) -> int:
+        """One timer tick: ``events`` drained first and delivered last (see the module doc)."""
+        events = self._readers["events"].drain()
+        n = len(events)
+        for ring in self._family_rings():
+            n += self.drain_once(ring.name)
+        if len(events):
+            self.records_received["events"] += len(events)
+            self._deliver("events", events)
+        return n
+
     def _drain_loop(self) -> None:
         name_os_thread("otelbpf-drain")
         interval = self.options.drain_interval_s
         while not self._stop.wait(interval):
             try:
-                self.drain_once()
+                self.drain_tick()
             except Exception:  # keep draining whatever one batch did
                 log.exception("drain failed")
 
@@ -305,6 +325,16 @@ class Sensor:
             if self._bpf is None:
                 return list(self._final.get(name, []))
             return [(k, v.value) for k, v in self._bpf[name].items()]
+
+    def update_map(self, name: str, items: list[tuple[int, int]]) -> None:
+        """Write scalar (key, value) pairs into a hash map (families that let
+        user space decide what the kernel traces)."""
+        with self._lock:
+            if self._bpf is None:
+                return
+            table = self._bpf[name]
+            for k, v in items:
+                table[table.Key(k)] = table.Leaf(v)
 
     def delete_keys(self, name: str, keys: list[object]) -> None:
         with self._lock:

@@ -1,0 +1,116 @@
+"""Which request a thread was serving at a given moment: the parent of what it did.
+
+A synchronous server reads a request, works on it (downstream calls, CUDA)
+and writes the response on one thread, then takes the next request. So every
+span a thread produces between a server span's request-in and response-out
+is that server span's child, and the time sequence partitions a thread that
+serves requests one after another.
+
+Thread pools handing work to other threads, and event loops (asyncio, gRPC's
+completion queues) serving several requests on one thread, break that
+assumption. What can be detected is detected: when a thread has more than one
+request open at a moment, a lookup at that moment answers "no parent" (and is
+counted) rather than picking one; the requests involved are marked. Work
+handed to another thread is not followed: its spans stay roots.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass
+
+from opentelemetry.trace import SpanContext
+
+#: Closed intervals are kept this long (in event time) for late lookups:
+#: another ring's events may be processed a little after the request ended.
+RETENTION_NS = 30 * 10**9
+#: A lookup inspects at most this many closed intervals before the time asked.
+_SCAN = 64
+
+
+@dataclass
+class Interval:
+    """One server span on one thread: request-in .. response-out (None while open)."""
+
+    start_ns: int
+    context: SpanContext
+    end_ns: int | None = None
+    concurrent: bool = False  # another request was open on the thread meanwhile
+
+    def contains(self, ts_ns: int) -> bool:
+        return self.start_ns <= ts_ns and (self.end_ns is None or ts_ns <= self.end_ns)
+
+
+class _Thread:
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.intervals: list[Interval] = []
+        self.open: list[Interval] = []
+
+
+class Causality:
+    """Per-(pid, tid) intervals of server spans, queried by (pid, tid, time)."""
+
+    def __init__(self, retention_ns: int = RETENTION_NS) -> None:
+        self._retention = retention_ns
+        self._threads: dict[tuple[int, int], _Thread] = {}
+        self._lock = threading.Lock()
+        #: Lookups that found several open requests and so gave no parent.
+        self.ambiguous_lookups = 0
+
+    def open(self, pid: int, tid: int, start_ns: int, context: SpanContext) -> Interval:
+        """A server span began on this thread; close the returned interval when it ends."""
+        interval = Interval(start_ns, context)
+        with self._lock:
+            t = self._threads.setdefault((pid, tid), _Thread())
+            self._prune(t, start_ns)
+            for other in t.open:
+                other.concurrent = interval.concurrent = True
+            t.open.append(interval)
+            i = bisect.bisect_right(t.starts, start_ns)
+            t.starts.insert(i, start_ns)
+            t.intervals.insert(i, interval)
+        return interval
+
+    def close(self, pid: int, tid: int, interval: Interval, end_ns: int) -> None:
+        with self._lock:
+            interval.end_ns = max(end_ns, interval.start_ns)
+            t = self._threads.get((pid, tid))
+            if t is not None and interval in t.open:
+                t.open.remove(interval)
+
+    def parent(self, pid: int, tid: int, ts_ns: int) -> SpanContext | None:
+        """The server span open on (pid, tid) at ``ts_ns``, if exactly one was."""
+        with self._lock:
+            t = self._threads.get((pid, tid))
+            if t is None:
+                return None
+            hits = [iv for iv in t.open if iv.contains(ts_ns)]
+            i = bisect.bisect_right(t.starts, ts_ns)
+            for iv in reversed(t.intervals[max(0, i - _SCAN) : i]):
+                if iv.end_ns is not None and iv.contains(ts_ns):
+                    hits.append(iv)
+            if len(hits) == 1:
+                return hits[0].context
+            if len(hits) > 1:
+                self.ambiguous_lookups += 1
+                for iv in hits:
+                    iv.concurrent = True
+            return None
+
+    def forget_process(self, pid: int) -> None:
+        with self._lock:
+            for key in [k for k in self._threads if k[0] == pid]:
+                del self._threads[key]
+
+    def _prune(self, t: _Thread, now_ns: int) -> None:
+        horizon = now_ns - self._retention
+        drop = 0
+        for iv in t.intervals:
+            if iv.end_ns is None or iv.end_ns >= horizon:
+                break
+            drop += 1
+        if drop:
+            del t.starts[:drop]
+            del t.intervals[:drop]

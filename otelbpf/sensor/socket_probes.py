@@ -1,0 +1,56 @@
+"""The sockets probe family: syscall tracepoints for HTTP/1.x, HTTP/2 and gRPC.
+
+The tracepoints in ``bpf/sockets.c`` attach themselves when the program
+loads (no library to find). What is configurable is compiled in: the ports
+(a generated ``port_wanted()``: comparisons, no map lookup on the hot path),
+the payload bytes copied per call, and the ring's size.
+"""
+
+from __future__ import annotations
+
+import os
+
+from otelbpf.events import SockFunc, sock_record_dtype
+from otelbpf.sensor.family import ProbeFamily, RingSpec
+
+RING = "sockdata"
+#: Kernel maps user space writes into (see bpf/sockets.c).
+STATE_MAP = "sock_state"
+LISTEN_MAP = "listen_ports"
+#: ``sock_state`` values.
+TRACK, IGNORE, PENDING = 1, 2, 3
+#: iovecs copied per readv/writev/sendmsg/recvmsg (gRPC writes a frame
+#: header and its payload as separate iovecs).
+MAX_IOV = 16
+#: Bounds of the payload copied per call: a power of two (the BPF code masks
+#: offsets with it) whose scratch record fits the 32 KiB per-CPU value limit.
+MIN_PAYLOAD, MAX_PAYLOAD = 64, 8192
+
+
+def port_filter_c(ports: list[int]) -> str:
+    """``port_wanted(port)``: true for every port when ``ports`` is empty."""
+    test = " || ".join(f"port == {int(p)}" for p in sorted(set(ports))) or "1"
+    return f"static __always_inline int port_wanted(u16 port)\n{{\n    return {test};\n}}\n"
+
+
+def socket_family(
+    ports: list[int], *, payload_bytes: int, ring_bytes: int, state_entries: int = 65536
+) -> ProbeFamily:
+    """The family for the configured ports (empty: every TCP port)."""
+    if payload_bytes & (payload_bytes - 1) or not MIN_PAYLOAD <= payload_bytes <= MAX_PAYLOAD:
+        raise ValueError(f"payload size must be a power of two in [{MIN_PAYLOAD}, {MAX_PAYLOAD}], got {payload_bytes}")
+    assert int(SockFunc.close) == 12  # SF_* in sockets.c
+    return ProbeFamily(
+        name="sockets",
+        c_file="sockets.c",
+        libraries=(),
+        generated_c=port_filter_c(ports),
+        cflags=(
+            f"-DSOCK_PAYLOAD={payload_bytes}",
+            f"-DSOCK_RING_PAGES={ring_bytes // 4096}",
+            f"-DSOCK_STATE_ENTRIES={state_entries}",
+            f"-DSOCK_MAX_IOV={MAX_IOV}",
+            f"-DAGENT_PID={os.getpid()}",
+        ),
+        rings=(RingSpec(RING, sock_record_dtype(payload_bytes), ring_bytes),),
+    )
