@@ -1,0 +1,1 @@
+"""Protocol parsers: bytes captured from sockets -> requests and responses (pure logic, no I/O)."""

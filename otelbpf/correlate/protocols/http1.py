@@ -1,0 +1,432 @@
+"""HTTP/1.x from captured socket bytes: request and response messages, paired.
+
+Input is what the sensor saw, one syscall at a time: the first bytes moved
+and how many more were moved but not captured (a *gap*). A gap inside a body
+is harmless (Content-Length and chunk sizes say how much to skip); a gap
+where framing lives (headers, a chunk-size line) loses the message boundary.
+Then the stream is *desynchronised*: nothing is guessed, the message is
+marked truncated, and parsing resumes only at a syscall whose bytes begin
+with an HTTP start line — which is also how a connection that began before
+the agent is joined.
+
+Covers: request line, headers, status line, Content-Length and chunked
+bodies (with trailers), bodiless responses (HEAD, 1xx, 204, 304), bodies
+delimited by close, keep-alive (any number of messages per connection) and
+pipelining (responses are paired with requests in order).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Header blocks larger than this are not HTTP we can follow.
+MAX_HEAD = 64 * 1024
+_REQUEST_LINE = re.compile(rb"([A-Z][A-Z-]{0,19}) (\S+) HTTP/(1\.[01])\r?\n")
+_STATUS_LINE = re.compile(rb"HTTP/(1\.[01]) ([1-9][0-9][0-9])(?: ([^\r\n]*))?\r?\n")
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_METHOD_PREFIX = re.compile(rb"[A-Z][A-Z-]{0,19}(?: [^ \r\n]*(?: H(?:T(?:T(?:P(?:/(?:1(?:\.[01]?)?)?)?)?)?)?)?)?\r?$")
+
+#: Opaque per-syscall stamp the caller passes with each chunk (time, thread).
+Stamp = Any
+
+
+def looks_like_request(data: bytes) -> bool:
+    """Does ``data`` begin with a complete HTTP/1.x request line?"""
+    return _REQUEST_LINE.match(data) is not None
+
+
+def looks_like_response(data: bytes) -> bool:
+    """Does ``data`` begin with a complete HTTP/1.x status line?"""
+    return _STATUS_LINE.match(data) is not None
+
+
+@dataclass
+class Head:
+    """A parsed start line and header block. Header names are lower-case."""
+
+    version: str
+    headers: list[tuple[str, str]]
+    method: str = ""       # requests
+    target: str = ""       # requests
+    status: int = 0        # responses
+    truncated: bool = False  # the header block was not captured whole
+
+    def get(self, name: str) -> str | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+
+@dataclass
+class Message:
+    head: Head
+    first: Stamp            # chunk that carried the first byte
+    last: Stamp | None = None  # chunk that carried the last byte
+    size: int = 0           # bytes on the wire, head included
+    body_size: int = 0
+    complete: bool = False
+    problem: str = ""       # why it is incomplete
+
+
+def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
+    lines = re.split(r"\r?\n", block.decode("latin-1"))
+    if is_request:
+        m = _REQUEST_LINE.match(block)
+        if not m:
+            return None
+        head = Head(version=m.group(3).decode(), headers=[], method=m.group(1).decode(), target=m.group(2).decode("latin-1"))
+    else:
+        m = _STATUS_LINE.match(block)
+        if not m:
+            return None
+        head = Head(version=m.group(1).decode(), headers=[], status=int(m.group(2)))
+    body_lines = lines[1:]
+    if truncated and body_lines:
+        body_lines = body_lines[:-1]  # the last line may be cut short
+    for line in body_lines:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if sep and name and name == name.strip():
+            head.headers.append((name.lower(), value.strip()))
+    head.truncated = truncated
+    return head
+
+
+@dataclass
+class _State:
+    mode: str = "start"   # start | head | length | chunk_size | chunk_data | chunk_crlf | trailers | close | desync
+    buf: bytearray = field(default_factory=bytearray)
+    remaining: int = 0
+
+
+class MessageStream:
+    """One direction of an HTTP/1.x connection: a sequence of messages.
+
+    ``feed`` returns the messages completed (or abandoned) by that chunk;
+    ``on_head`` is called as soon as a message's head is parsed, before its
+    body, so a request can open its span while the server works on it.
+    """
+
+    def __init__(
+        self,
+        is_request: bool,
+        *,
+        request_method: Callable[[], str | None] = lambda: None,
+        on_head: Callable[[Message], None] = lambda m: None,
+        synchronized: bool = True,
+    ) -> None:
+        self.is_request = is_request
+        self._request_method = request_method  # method of the request this response answers
+        self._on_head = on_head
+        self._s = _State(mode="start" if synchronized else "desync")
+        self._msg: Message | None = None
+        self._done: list[Message] = []
+        self._stamp: Stamp = None
+        self._prev: Stamp = None  # stamp of the previous chunk
+        #: Counts of what could not be followed, by reason.
+        self.problems: dict[str, int] = {}
+        self.upgraded = False
+
+    # -- input ---------------------------------------------------------------
+
+    def feed(self, data: bytes, missing: int, stamp: Stamp) -> list[Message]:
+        """``data``: bytes captured from one syscall; ``missing``: bytes moved after them but not captured."""
+        if self.upgraded:
+            return []
+        if self._s.mode == "desync":
+            if not self._starts_message(data):
+                self._prev = stamp
+                return self._take()
+            self._stamp = self._prev  # the abandoned message ended before this chunk
+            self._abandon("desync")
+            self._s = _State()
+        self._stamp = stamp
+        pos = 0
+        while pos < len(data) and self._s.mode != "desync" and not self.upgraded:
+            pos = self._step(data, pos)
+        if missing:
+            self._gap(missing)
+        self._prev = stamp
+        return self._take()
+
+    def feed_eof(self, stamp: Stamp, error: str = "") -> list[Message]:
+        """The peer closed (``error`` empty) or the connection failed."""
+        self._stamp = stamp
+        m = self._msg
+        if m is not None:
+            if self._s.mode == "close" and not error:
+                self._finish()
+            else:
+                self._abandon(error or "eof")
+        return self._take()
+
+    # -- state machine -----------------------------------------------------------
+
+    def _starts_message(self, data: bytes) -> bool:
+        return looks_like_request(data) if self.is_request else looks_like_response(data)
+
+    def _step(self, data: bytes, pos: int) -> int:
+        s = self._s
+        if s.mode == "start":
+            while pos < len(data) and data[pos] in b"\r\n":
+                pos += 1  # stray line ends between messages are allowed
+            if pos == len(data):
+                return pos
+            self._msg = Message(head=Head(version="", headers=[]), first=self._stamp)
+            s.mode = "head"
+        if s.mode == "head":
+            before = len(s.buf)
+            s.buf += data[pos:]
+            if not self._plausible_start(s.buf):
+                self._msg = None
+                self._desync("bad_start_line")
+                return len(data)
+            m = _HEAD_END.search(s.buf, max(0, before - 3))
+            if m is None:
+                if len(s.buf) > MAX_HEAD:
+                    self._desync("head_too_large")
+                    return len(data)
+                self._msg.size += len(data) - pos
+                return len(data)
+            used = m.end() - before
+            self._msg.size += used
+            self._head_done(bytes(s.buf[: m.end()]), truncated=False)
+            s.buf.clear()
+            return pos + used
+        if s.mode in ("length", "chunk_data", "close"):
+            n = len(data) - pos if s.mode == "close" else min(s.remaining, len(data) - pos)
+            self._body(n)
+            if s.mode != "close":
+                s.remaining -= n
+                if s.remaining == 0:
+                    if s.mode == "length":
+                        self._finish()
+                    else:
+                        s.mode = "chunk_crlf"
+                        s.remaining = 2
+            return pos + n
+        if s.mode == "chunk_crlf":
+            n = min(s.remaining, len(data) - pos)
+            self._msg.size += n
+            s.remaining -= n
+            if s.remaining == 0:
+                s.mode = "chunk_size"
+            return pos + n
+        if s.mode in ("chunk_size", "trailers"):
+            end = data.find(b"\n", pos)
+            if end < 0:
+                s.buf += data[pos:]
+                self._msg.size += len(data) - pos
+                if len(s.buf) > 4096:
+                    self._desync("bad_chunk")
+                return len(data)
+            s.buf += data[pos : end + 1]
+            self._msg.size += end + 1 - pos
+            line = bytes(s.buf).strip()
+            s.buf.clear()
+            if s.mode == "trailers":
+                if not line:
+                    self._finish()
+                return end + 1
+            try:
+                size = int(line.split(b";", 1)[0], 16)
+            except ValueError:
+                self._desync("bad_chunk")
+                return len(data)
+            if size == 0:
+                s.mode = "trailers"
+            else:
+                s.mode, s.remaining = "chunk_data", size
+            return end + 1
+        raise AssertionError(s.mode)
+
+    def _plausible_start(self, buf: bytearray) -> bool:
+        """Can ``buf`` still begin a start line? Decided on the first line as soon as it is whole."""
+        end = buf.find(b"\n")
+        if end < 0:
+            if self.is_request:
+                return len(buf) <= 8192 and _METHOD_PREFIX.match(buf) is not None
+            return bytes(buf[:5]) == b"HTTP/"[: len(buf)]
+        line = bytes(buf[: end + 1])
+        return (_REQUEST_LINE if self.is_request else _STATUS_LINE).fullmatch(line) is not None
+
+    def _head_done(self, block: bytes, truncated: bool) -> None:
+        head = _parse_head(block, self.is_request, truncated)
+        if head is None:
+            self._msg = None
+            self._desync("bad_start_line")
+            return
+        msg = self._msg
+        msg.head = head
+        if not self.is_request and 100 <= head.status < 200 and head.status != 101:
+            # An interim response (100 Continue): the final one follows.
+            self._msg = None
+            self._s.mode = "start"
+            return
+        self._on_head(msg)
+        if truncated:
+            self._desync("headers_truncated")
+            return
+        self._s.mode, self._s.remaining = self._body_mode(head)
+        if self._s.mode == "upgraded":
+            self.upgraded = True
+            self._finish()
+        elif self._s.mode == "done":
+            self._finish()
+
+    def _body_mode(self, head: Head) -> tuple[str, int]:
+        if not self.is_request:
+            if head.status == 101:
+                return "upgraded", 0
+            if head.status in (204, 304) or self._request_method() == "HEAD":
+                return "done", 0
+            if self._request_method() == "CONNECT" and 200 <= head.status < 300:
+                return "upgraded", 0
+        te = (head.get("transfer-encoding") or "").lower()
+        if "chunked" in te:
+            return "chunk_size", 0
+        cl = head.get("content-length")
+        if cl is not None:
+            try:
+                n = int(cl.split(",")[0])
+            except ValueError:
+                return "desync", 0
+            return ("length", n) if n > 0 else ("done", 0)
+        if self.is_request:
+            return "done", 0
+        return "close", 0
+
+    def _body(self, n: int) -> None:
+        self._msg.size += n
+        self._msg.body_size += n
+
+    def _gap(self, missing: int) -> None:
+        s = self._s
+        if s.mode in ("length", "chunk_data"):
+            n = min(missing, s.remaining)
+            self._body(n)
+            s.remaining -= n
+            missing -= n
+            if s.remaining == 0:
+                if s.mode == "length":
+                    self._finish()
+                else:
+                    s.mode, s.remaining = "chunk_crlf", 2
+            if missing:
+                self._desync("gap_in_framing")
+        elif s.mode == "close":
+            self._body(missing)
+        elif s.mode == "head":
+            # The head was not captured whole: keep what was, say so, and wait
+            # for the next message start.
+            self._msg.size += missing
+            self._head_done(bytes(s.buf), truncated=True)
+            s.buf.clear()
+            if self._s.mode != "desync":
+                self._desync("headers_truncated")
+        elif s.mode == "start":
+            self._desync("gap_in_framing")
+        elif s.mode != "desync":
+            self._desync("gap_in_framing")
+
+    def _desync(self, reason: str) -> None:
+        self.problems[reason] = self.problems.get(reason, 0) + 1
+        self._s = _State(mode="desync")
+        if self._msg is not None and self._msg.head.version:
+            self._msg.problem = reason
+        elif self._msg is not None:
+            self._msg = None
+
+    def _finish(self) -> None:
+        msg = self._msg
+        msg.last = self._stamp
+        msg.complete = True
+        self._done.append(msg)
+        self._msg = None
+        if self._s.mode != "desync" and not self.upgraded:
+            self._s = _State()
+
+    def _abandon(self, reason: str) -> None:
+        msg = self._msg
+        if msg is not None and msg.head.version:
+            msg.last = self._stamp
+            msg.problem = msg.problem or reason
+            self._done.append(msg)
+        self._msg = None
+
+    def _take(self) -> list[Message]:
+        done, self._done = self._done, []
+        return done
+
+
+@dataclass
+class Exchange:
+    """A request and the response that answered it (either may be missing)."""
+
+    request: Message | None
+    response: Message | None
+    error: str = ""
+
+
+class Http1Connection:
+    """Both directions of one connection, with responses paired to requests in order.
+
+    ``on_request(message)``: a request head was parsed (its span can open).
+    ``feed`` returns exchanges that are finished: answered, or given up on.
+    """
+
+    def __init__(self, *, on_request: Callable[[Message], None] = lambda m: None, synchronized: bool = True) -> None:
+        self._pending: deque[Message] = deque()  # requests whose head was seen, not yet answered
+        self._on_request = on_request
+        self.requests = MessageStream(True, on_head=self._request_head, synchronized=synchronized)
+        self.responses = MessageStream(False, request_method=self._answered_method, synchronized=synchronized)
+        self._out: list[Exchange] = []
+
+    def _request_head(self, msg: Message) -> None:
+        self._pending.append(msg)
+        self._on_request(msg)
+
+    def _answered_method(self) -> str | None:
+        return self._pending[0].head.method if self._pending else None
+
+    def feed(self, is_request_direction: bool, data: bytes, missing: int, stamp: Stamp) -> list[Exchange]:
+        stream = self.requests if is_request_direction else self.responses
+        for msg in stream.feed(data, missing, stamp):
+            if not is_request_direction:
+                self._answer(msg)
+        return self._take()
+
+    def _answer(self, response: Message) -> None:
+        if self._pending:
+            self._out.append(Exchange(self._pending.popleft(), response, response.problem))
+        else:
+            self._out.append(Exchange(None, response, "response_without_request"))
+
+    def close(self, stamp: Stamp, error: str = "") -> list[Exchange]:
+        """End of the connection: answer what can be answered, give up the rest."""
+        self.requests.feed_eof(stamp, error)
+        for msg in self.responses.feed_eof(stamp, error):
+            self._answer(msg)
+        while self._pending:
+            self._out.append(Exchange(self._pending.popleft(), None, error or "no_response"))
+        return self._take()
+
+    def _take(self) -> list[Exchange]:
+        out, self._out = self._out, []
+        return out
+
+    @property
+    def upgraded(self) -> bool:
+        return self.responses.upgraded
+
+    def problems(self) -> dict[str, int]:
+        merged = dict(self.requests.problems)
+        for k, v in self.responses.problems.items():
+            merged[k] = merged.get(k, 0) + v
+        return merged
