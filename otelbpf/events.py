@@ -49,6 +49,16 @@ class Kind(enum.IntEnum):
     CUDA_MALLOC = 12
     CUDA_FREE = 13
     CUDA_SYNC = 14
+    IBV_OPEN = 30           # ibverbs (bpf/ibverbs.c documents each kind's a0..a3)
+    IBV_CLOSE = 31
+    IBV_CREATE_QP = 32
+    IBV_MODIFY_QP = 33
+    IBV_QP_GID = 34
+    IBV_DESTROY_QP = 35
+    IBV_REG_MR = 36
+    IBV_DEREG_MR = 37
+    IBV_CREATE_CQ = 38
+    IBV_COMPLETION = 39     # an error or slow work completion
     SOCK_DATA = 40      # a read/write-like syscall on a tracked socket (sockdata ring)
     SOCK_CONNECT = 41   # connect() to an inet address (sockdata ring)
     SOCK_ACCEPT = 42    # accept()/accept4() returned a connection (sockdata ring)
@@ -61,6 +71,7 @@ class StrKind(enum.IntEnum):
 
     LIB_OPEN = 1
     CUDA_FUNC_NAME = 2
+    IBV_CONTEXT = 30  # ibv_open_device returned a context (a0); s: the device name
 
 
 #: ``EVF_INCOMPLETE``: the thread exited before the call returned.
@@ -76,6 +87,8 @@ class Stat(enum.IntEnum):
     LAUNCH_MAP_FULL = 3
     SOCK_LOST = 4
     SOCK_MAP_FULL = 5
+    IBV_MAP_FULL = 6
+    IBV_TRUNCATED = 7
 
 
 class CudaFunc(enum.IntEnum):
@@ -163,3 +176,21 @@ def sock_record_dtype(payload_bytes: int) -> np.dtype:
     )
     assert dtype.itemsize == SOCK_HEADER_BYTES + payload_bytes
     return dtype
+
+
+class IbvFunc(enum.IntEnum):
+    """Function ids carried in ``event.func`` by the ibverbs control-path kinds
+    (bpf/ibverbs.c); ``IBV_COMPLETION`` carries the completion's opcode slot instead."""
+
+    ibv_open_device = 1
+    ibv_close_device = 2
+    ibv_create_qp = 3
+    ibv_create_qp_ex = 4
+    ibv_modify_qp = 5
+    ibv_destroy_qp = 6
+    ibv_reg_mr = 7
+    ibv_reg_mr_iova = 8
+    ibv_reg_mr_iova2 = 9
+    ibv_reg_dmabuf_mr = 10
+    ibv_dereg_mr = 11
+    ibv_create_cq = 12

@@ -36,6 +36,16 @@ struct strevent {
 #define EV_CUDA_MALLOC 12
 #define EV_CUDA_FREE 13
 #define EV_CUDA_SYNC 14
+#define EV_IBV_OPEN 30          /* ibverbs: see bpf/ibverbs.c for each kind's arguments */
+#define EV_IBV_CLOSE 31
+#define EV_IBV_CREATE_QP 32
+#define EV_IBV_MODIFY_QP 33
+#define EV_IBV_QP_GID 34
+#define EV_IBV_DESTROY_QP 35
+#define EV_IBV_REG_MR 36
+#define EV_IBV_DEREG_MR 37
+#define EV_IBV_CREATE_CQ 38
+#define EV_IBV_COMPLETION 39
 #define EV_SOCK_DATA 40
 #define EV_SOCK_CONNECT 41
 #define EV_SOCK_ACCEPT 42
@@ -44,6 +54,7 @@ struct strevent {
 
 #define SEV_LIB_OPEN 1
 #define SEV_CUDA_FUNC_NAME 2
+#define SEV_IBV_CONTEXT 30     /* ibv_open_device returned: a0 context, s device name */
 
 #define EVF_INCOMPLETE 1   /* the thread exited before the call returned */
 
@@ -54,6 +65,8 @@ struct strevent {
 #define STAT_LAUNCH_MAP_FULL 3
 #define STAT_SOCK_LOST 4       /* sockdata ring full */
 #define STAT_SOCK_MAP_FULL 5   /* sock_state / sock_args full */
+#define STAT_IBV_MAP_FULL 6    /* an ibverbs per-QP, latency, error or pending-WR map full */
+#define STAT_IBV_TRUNCATED 7   /* WR chain, SGE list or polled batch longer than the probe reads */
 #define STAT_MAX 8
 
 BPF_RINGBUF_OUTPUT(events, EVENTS_RING_PAGES);
