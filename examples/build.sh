@@ -9,6 +9,8 @@
 #   build/examples/cuda_workload                the workload            (examples/cuda/workload.cpp)
 #   build/bench/launch_loop                     benchmark driver        (bench/launch_loop.c)
 #   build/bench/libnopfunc.so                   prologue variants       (examples/cuda/nopfunc.c)
+#   build/examples/fakenccl/libnccl.so.2        stand-in NCCL           (examples/nccl/fakenccl.c)
+#   build/examples/nccl_job                     multi-rank NCCL job     (examples/nccl/nccl_job.c)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -76,5 +78,23 @@ t=$out/bench/libnopfunc.so
 if stale "$t" "$src/nopfunc.c"; then
     mkdir -p "${t%/*}"
     gcc -O2 -g -fPIC -shared "${warn[@]}" "$src/nopfunc.c" -o "$t.$$"
+    publish "$t.$$" "$t"
+fi
+
+# The stand-in NCCL queues its completions on the stand-in runtime's streams, so it links
+# against that copy (found next to it through the RUNPATH).
+nccl=$root/examples/nccl
+t=$out/examples/fakenccl/libnccl.so.2
+if stale "$t" "$nccl"/{fakenccl.c,fakenccl.map} "$out/examples/fakecudart/libcudart.so.12"; then
+    mkdir -p "${t%/*}"
+    gcc "${lib[@]}" -Wl,-soname,libnccl.so.2 -Wl,--version-script="$nccl/fakenccl.map" "$nccl/fakenccl.c" \
+        -L"$out/examples/fakecudart" -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN/../fakecudart' -o "$t.$$"
+    publish "$t.$$" "$t"
+fi
+
+t=$out/examples/nccl_job
+if stale "$t" "$nccl/nccl_job.c"; then
+    mkdir -p "${t%/*}"
+    gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$nccl/nccl_job.c" -o "$t.$$" -ldl
     publish "$t.$$" "$t"
 fi

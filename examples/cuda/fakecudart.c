@@ -7,7 +7,10 @@
  *   - "device" memory is real host memory (devmem.c), so cudaMemcpy really copies;
  *   - each stream keeps a "busy until" time that every launch pushes out by
  *     FAKECUDA_KERNEL_US microseconds (default 50), and synchronising sleeps until then,
- *     so sync calls take as long as the queued "kernels" would.
+ *     so sync calls take as long as the queued "kernels" would;
+ *   - cudaLaunchHostFunc queues a host function on a stream: it runs on a worker thread once
+ *     the work queued before it is done, and the stream is busy until it returns, so another
+ *     stand-in (the fake NCCL) can make a stream wait for an event outside this library.
  * Nothing runs on a device; kernel arguments are accepted and ignored.
  */
 #define _GNU_SOURCE
@@ -51,6 +54,18 @@ enum { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice, Default };
 struct stream {
     cudaStream_t handle;
     uint64_t busy_until_ns; /* CLOCK_MONOTONIC time its queued work finishes */
+    unsigned held;          /* host functions queued and not yet returned */
+    uint64_t behind_ns;     /* work queued behind the last of them: starts when it returns */
+};
+
+/* A queued cudaLaunchHostFunc call. Host functions run one at a time, in launch order. */
+struct hostfn {
+    struct hostfn *next;
+    cudaStream_t stream;
+    void (*fn)(void *);
+    void *data;
+    uint64_t start_ns; /* run at this time; 0: when the previous one returns, plus delay_ns */
+    uint64_t delay_ns;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -58,6 +73,10 @@ static struct stream *streams;
 static size_t nstreams, capacity;
 static uint64_t kernel_ns = 50000;
 static __thread cudaError_t last_error;
+static struct hostfn *hostfn_head, **hostfn_tail = &hostfn_head;
+static int hostfn_worker_running;
+static pthread_cond_t hostfn_queued = PTHREAD_COND_INITIALIZER; /* worker: a host function arrived */
+static pthread_cond_t hostfn_done = PTHREAD_COND_INITIALIZER;   /* waiters: one returned */
 
 __attribute__((constructor)) static void read_settings(void)
 {
@@ -107,7 +126,7 @@ static struct stream *find_stream(cudaStream_t handle)
         streams = s;
         capacity = grown;
     }
-    streams[nstreams] = (struct stream){handle, 0};
+    streams[nstreams] = (struct stream){handle, 0, 0, 0};
     return &streams[nstreams++];
 }
 
@@ -117,10 +136,22 @@ static cudaError_t enqueue(cudaStream_t handle, unsigned kernels)
     uint64_t now = now_ns();
     pthread_mutex_lock(&lock);
     struct stream *s = find_stream(handle);
-    if (s)
+    if (s && s->held)
+        s->behind_ns += kernels * kernel_ns;
+    else if (s)
         s->busy_until_ns = (s->busy_until_ns > now ? s->busy_until_ns : now) + kernels * kernel_ns;
     pthread_mutex_unlock(&lock);
     return s ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+/* True while a host function queued on the stream (any stream if all is set) has not returned.
+ * Caller holds lock. */
+static int any_held(cudaStream_t handle, int all)
+{
+    for (size_t i = 0; i < nstreams; i++)
+        if ((all || streams[i].handle == handle) && streams[i].held)
+            return 1;
+    return 0;
 }
 
 /* Sleeps until one stream (all streams if all is set) has finished its queued work. */
@@ -128,12 +159,62 @@ static void drain(cudaStream_t handle, int all)
 {
     uint64_t until = 0;
     pthread_mutex_lock(&lock);
+    while (any_held(handle, all))
+        pthread_cond_wait(&hostfn_done, &lock);
     for (size_t i = 0; i < nstreams; i++)
         if ((all || streams[i].handle == handle) && streams[i].busy_until_ns > until)
             until = streams[i].busy_until_ns;
     pthread_mutex_unlock(&lock);
     if (until > now_ns())
         sleep_until(until);
+}
+
+/* Runs queued host functions in order; a stream is released, and the work queued behind its
+ * host functions starts, when the last of them returns. */
+static void *hostfn_worker(void *arg)
+{
+    (void)arg;
+    uint64_t previous_end = 0;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        while (!hostfn_head)
+            pthread_cond_wait(&hostfn_queued, &lock);
+        struct hostfn *h = hostfn_head;
+        hostfn_head = h->next;
+        if (!hostfn_head)
+            hostfn_tail = &hostfn_head;
+        pthread_mutex_unlock(&lock);
+        sleep_until(h->start_ns ? h->start_ns : previous_end + h->delay_ns);
+        h->fn(h->data);
+        pthread_mutex_lock(&lock);
+        previous_end = now_ns();
+        struct stream *s = find_stream(h->stream); /* exists: it was added at launch */
+        if (s && --s->held == 0) {
+            s->busy_until_ns = previous_end + s->behind_ns;
+            s->behind_ns = 0;
+        }
+        pthread_cond_broadcast(&hostfn_done);
+        pthread_mutex_unlock(&lock);
+        free(h);
+    }
+    return NULL;
+}
+
+/* A forked child has no worker thread and none of its parent's queued host functions. */
+static void hostfn_after_fork(void)
+{
+    hostfn_head = NULL;
+    hostfn_tail = &hostfn_head;
+    hostfn_worker_running = 0;
+    for (size_t i = 0; i < nstreams; i++) {
+        streams[i].held = 0;
+        streams[i].behind_ns = 0;
+    }
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, hostfn_after_fork);
 }
 
 static cudaError_t launch(const void *func, dim3 grid, dim3 block, cudaStream_t stream)
@@ -235,6 +316,52 @@ cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream)
 cudaError_t cudaDeviceSynchronize(void)
 {
     drain(NULL, 1);
+    return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, void (*fn)(void *), void *userData)
+{
+    if (!fn)
+        return fail(cudaErrorInvalidValue);
+    struct hostfn *h = calloc(1, sizeof *h);
+    if (!h)
+        return fail(cudaErrorMemoryAllocation);
+    h->stream = stream;
+    h->fn = fn;
+    h->data = userData;
+    uint64_t now = now_ns();
+    pthread_mutex_lock(&lock);
+    struct stream *s = find_stream(stream);
+    if (!s) {
+        pthread_mutex_unlock(&lock);
+        free(h);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    if (s->held) { /* after the previous host function, and the work queued since */
+        h->delay_ns = s->behind_ns;
+        s->behind_ns = 0;
+    } else {
+        h->start_ns = s->busy_until_ns > now ? s->busy_until_ns : now;
+    }
+    if (!hostfn_worker_running) {
+        pthread_t worker;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&worker, &attr, hostfn_worker, NULL);
+        pthread_attr_destroy(&attr);
+        if (rc) {
+            pthread_mutex_unlock(&lock);
+            free(h);
+            return fail(cudaErrorMemoryAllocation);
+        }
+        hostfn_worker_running = 1;
+    }
+    s->held++;
+    *hostfn_tail = h;
+    hostfn_tail = &h->next;
+    pthread_cond_signal(&hostfn_queued);
+    pthread_mutex_unlock(&lock);
     return cudaSuccess;
 }
 
