@@ -17,7 +17,7 @@ from opentelemetry.sdk.metrics.export import Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otelbpf.config import CudaReceiverConfig, ReceiverConfig
+from otelbpf.config import CudaReceiverConfig, HttpReceiverConfig, ReceiverConfig
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
@@ -100,9 +100,31 @@ def _cuda(name: str, cfg: CudaReceiverConfig, ctx: Context) -> Receiver:
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 
 
+def _http(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
+    from otelbpf.correlate.http import HttpCorrelator
+    from otelbpf.sensor.socket_probes import socket_family
+
+    family = socket_family(cfg.ports, payload_bytes=cfg.payload_size, ring_bytes=cfg.ring_buffer_size)
+    correlator = HttpCorrelator(
+        ctx.process_info,
+        ctx.clock,
+        ctx.emit_spans,
+        lambda metric, n, **attrs: ctx.health.add(metric, n, receiver=name, **attrs),
+        ctx.causality,
+        lambda m, items: ctx.maps.update(m, items),
+        ports=cfg.ports,
+        capture_headers=cfg.capture_headers,
+        redact_headers=cfg.redact_headers,
+        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
+        traces=ctx.traces,
+    )
+    return Receiver(name, family, correlator, [], 256 << 10)
+
+
 #: config model type -> builder
 BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
     CudaReceiverConfig: _cuda,
+    HttpReceiverConfig: _http,
 }
 
 

@@ -45,8 +45,11 @@ def make_span(
     error: str | None = None,
     parent: SpanContext | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
+    context: SpanContext | None = None,
 ) -> ReadableSpan:
-    ctx = new_context(parent.trace_id if parent else None)
+    """``context``: the span's own, when it was chosen before the span ended
+    (children may have been made with it as their parent already)."""
+    ctx = context or new_context(parent.trace_id if parent else None)
     status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET)
     return ReadableSpan(
         name=name,

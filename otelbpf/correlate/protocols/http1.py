@@ -71,6 +71,7 @@ class Message:
     body_size: int = 0
     complete: bool = False
     problem: str = ""       # why it is incomplete
+    tag: Any = None         # the consumer's own (the span opened for it)
 
 
 def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
@@ -372,6 +373,7 @@ class Exchange:
     request: Message | None
     response: Message | None
     error: str = ""
+    at: Stamp = None        # chunk (or connection end) that finished it
 
 
 class Http1Connection:
@@ -404,9 +406,9 @@ class Http1Connection:
 
     def _answer(self, response: Message) -> None:
         if self._pending:
-            self._out.append(Exchange(self._pending.popleft(), response, response.problem))
+            self._out.append(Exchange(self._pending.popleft(), response, response.problem, response.last))
         else:
-            self._out.append(Exchange(None, response, "response_without_request"))
+            self._out.append(Exchange(None, response, "response_without_request", response.last))
 
     def close(self, stamp: Stamp, error: str = "") -> list[Exchange]:
         """End of the connection: answer what can be answered, give up the rest."""
@@ -414,7 +416,7 @@ class Http1Connection:
         for msg in self.responses.feed_eof(stamp, error):
             self._answer(msg)
         while self._pending:
-            self._out.append(Exchange(self._pending.popleft(), None, error or "no_response"))
+            self._out.append(Exchange(self._pending.popleft(), None, error or "no_response", stamp))
         return self._take()
 
     def _take(self) -> list[Exchange]:

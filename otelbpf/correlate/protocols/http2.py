@@ -186,6 +186,7 @@ class Stream:
     complete: bool = False
     headers_lost: bool = False           # some header block of the stream could not be decoded
     problem: str = ""
+    tag: Any = None                      # the consumer's own (the span opened for it)
 
     def header(self, name: str, where: str = "request") -> str | None:
         headers = {"request": self.request_headers, "response": self.response_headers, "trailers": self.trailers}[where]

@@ -1,0 +1,545 @@
+"""Socket records -> HTTP/1.x, HTTP/2 and gRPC server and client spans, and RED metrics.
+
+Records from the ``sockdata`` ring are processed in the order things happened
+on the wire: bytes written count from the write's entry, bytes read from the
+read's return, so a client's request always precedes the server's reading of
+it even when the two syscalls finished on different CPUs in the other order.
+
+Per connection the protocol is inferred from its first client-to-server
+bytes (the HTTP/2 preface, an HTTP/1.x request line; TLS and anything else
+are counted, not parsed). When a request's head is parsed its span context is
+fixed at once, so that what happens while it is served can point to it:
+- a server span adopts the W3C ``traceparent`` it received, else the client
+  span at the other end of the same connection on this host (links.py), and
+  opens an interval on its thread (causality.py) that makes client spans and
+  CUDA spans of that thread its children;
+- a client span takes as parent the server span open on its thread.
+Spans are emitted when the exchange ends.
+
+Never exported: ``authorization``, ``proxy-authorization``, ``cookie``,
+``set-cookie`` and the configured ``redact_headers``; bodies; query strings.
+Only headers named in ``capture_headers`` become attributes.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from opentelemetry.sdk.metrics.export import Metric
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+from otelbpf.correlate import metrics as m
+from otelbpf.correlate.causality import Causality, Interval
+from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.cuda import SpanBudget
+from otelbpf.correlate.links import ClientRequest, PeerLinks
+from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.protocols.http1 import Exchange, Http1Connection, Message, looks_like_request, looks_like_response
+from otelbpf.correlate.protocols.http2 import H2Connection, Stream, looks_like_preface
+from otelbpf.correlate.sockets import Conn, Connections
+from otelbpf.correlate.spans import make_span, new_context, scope
+from otelbpf.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
+
+log = logging.getLogger(__name__)
+
+SCOPE = scope("otelbpf.http")
+#: Headers never exported, whatever the configuration says.
+ALWAYS_REDACTED = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+#: Problems of following the bytes, not of the exchange: marked on the span, not failed.
+PARSE_PROBLEMS = frozenset({"desync", "headers_truncated", "gap_in_framing", "bad_chunk", "head_too_large",
+                            "bad_start_line"})
+#: Chunks a server may send before the client's first bytes decide the protocol (HTTP/2 SETTINGS).
+_PENDING_CHUNKS = 16
+#: gRPC codes that are server errors (OpenTelemetry's rpc conventions); any non-OK code fails a client span.
+_GRPC_SERVER_ERRORS = frozenset({2, 4, 12, 13, 14, 15})
+_EGRESS = np.array(sorted(int(f) for f in SOCK_EGRESS), dtype=np.uint8)
+
+#: (entry ns, exit ns, thread id) of the syscall that carried a chunk.
+Stamp = tuple[int, int, int]
+
+
+@dataclass
+class _Open:
+    """A request whose span context is fixed, waiting for its exchange to end."""
+
+    context: SpanContext
+    parent: SpanContext | None
+    start_ns: int                     # monotonic
+    tid: int
+    interval: Interval | None = None  # server: the thread's causality interval
+    link: ClientRequest | None = None  # client: registered for the server at the other end
+    parent_from: str = ""             # traceparent | peer | thread
+
+
+@dataclass
+class _Proc:
+    resource: Resource
+    start_ns: int
+    durations: dict = field(default_factory=lambda: defaultdict(m.HistogramState))  # (metric, attrs) -> histogram
+
+
+def parse_traceparent(value: str | None) -> SpanContext | None:
+    """A W3C trace context ``traceparent`` header, or None if absent or invalid."""
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff" or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3][:2], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return SpanContext(trace_id=trace_id, span_id=span_id, is_remote=True, trace_flags=TraceFlags(flags & 1))
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx" if 100 <= status < 600 else "other"
+
+
+class HttpCorrelator:
+    scope = SCOPE
+
+    def __init__(
+        self,
+        process_info: ProcessInfo,
+        clock: MonotonicClock,
+        emit_spans: Callable[[list], None],
+        count: Callable[..., None],
+        causality: Causality,
+        update_map: Callable[[str, list[tuple[int, int]]], None],
+        *,
+        ports: list[int],
+        capture_headers: list[str] = (),
+        redact_headers: list[str] = (),
+        max_spans_per_second: int = 20_000,
+        traces: bool = True,
+    ) -> None:
+        self._info = process_info
+        self._clock = clock
+        self._emit = emit_spans
+        self._count = count  # (metric name, value, **attributes): the agent's own otelbpf.* counters
+        self._causality = causality
+        self._conns = Connections(ports, update_map)
+        self._links = PeerLinks()
+        redacted = ALWAYS_REDACTED | {h.lower() for h in redact_headers}
+        self._capture = [h.lower() for h in capture_headers if h.lower() not in redacted]
+        self._budget = SpanBudget(max_spans_per_second)
+        self._traces = traces
+        self._procs: dict[int, _Proc] = {}
+        self._lock = threading.Lock()
+        self._spans: list = []
+        self.spans_emitted = 0
+
+    # -- input ------------------------------------------------------------------
+
+    def on_strings(self, arr: np.ndarray) -> None:
+        pass
+
+    def on_events(self, arr: np.ndarray) -> None:
+        """Process exits end that process's connections."""
+        exits = arr[arr["kind"] == Kind.PROC_EXIT]
+        for pid in np.unique(exits["pid"]).tolist() if len(exits) else ():
+            with self._lock:
+                for conn in self._conns.forget_process(pid):
+                    self._end(conn, None, "process_exited")
+                self._causality.forget_process(pid)
+            self._flush_spans()
+
+    def on_ring(self, name: str, arr: np.ndarray) -> None:
+        kind = arr["kind"]
+        is_data = kind == Kind.SOCK_DATA
+        ingress = (is_data & ~np.isin(arr["func"], _EGRESS)) | (kind == Kind.SOCK_ACCEPT)
+        when = arr["ts_ns"] + np.where(ingress, arr["duration_ns"], 0)
+        order = np.argsort(when, kind="stable")
+        cols = {f: arr[f].tolist() for f in ("ts_ns", "duration_ns", "pid", "tid", "fd", "ret", "kind", "func", "cap",
+                                             "flags", "family", "port", "local_port")}
+        data, addrs = arr["data"], arr["addr"]
+        with self._lock:
+            for i in order.tolist():
+                try:
+                    self._record(i, cols, data, addrs)
+                except Exception:  # one bad record is counted; the batch goes on
+                    log.exception("http: record %d of a batch failed", i)
+                    self._count("otelbpf.http.problems", 1, reason="processing_error")
+            self._conns.flush()
+        self._flush_spans()
+
+    def _record(self, i: int, c: dict, data: np.ndarray, addrs: np.ndarray) -> None:
+        kind, pid, fd = c["kind"][i], c["pid"][i], c["fd"][i]
+        ts, dur, tid = c["ts_ns"][i], c["duration_ns"][i], c["tid"][i]
+        stamp = (ts, ts + dur, tid)
+        if kind == Kind.SOCK_DATA:
+            conn = self._conns.get(pid, fd)
+            if conn is None:
+                conn = self._conns.joined(pid, fd)
+                self._count("otelbpf.http.problems", 1, reason="joined_midstream")
+            ret, cap = c["ret"][i], c["cap"][i]
+            egress = c["func"][i] in SOCK_EGRESS
+            if ret <= 0:
+                if ret < 0 or not egress:
+                    self._peer_gone(conn, stamp, ret)
+                return
+            self._feed(conn, egress, data[i, :cap].tobytes(), ret - cap, stamp)
+        elif kind == Kind.SOCK_CONNECT:
+            self._replace(pid, fd, stamp)
+            self._conns.connected(pid, fd, c["family"][i], c["port"][i], addrs[i].tobytes())
+        elif kind == Kind.SOCK_ACCEPT:
+            self._replace(pid, fd, stamp)
+            known = not c["flags"][i] & SOCKF_LISTENER_UNKNOWN
+            self._conns.accepted(pid, fd, c["ret"][i], c["family"][i], c["port"][i], addrs[i].tobytes(),
+                                 c["local_port"][i], known)
+        elif kind == Kind.SOCK_UNKNOWN:
+            if self._conns.get(pid, fd) is None and self._conns.unknown(pid, fd) is not None:
+                self._count("otelbpf.http.problems", 1, reason="joined_midstream")
+        elif kind == Kind.SOCK_CLOSE:
+            conn = self._conns.closed(pid, fd)
+            if conn is not None:
+                self._end(conn, stamp, "")
+
+    def _replace(self, pid: int, fd: int, stamp: Stamp) -> None:
+        """A new connection on an fd number whose close was not seen."""
+        old = self._conns.closed(pid, fd)
+        if old is not None:
+            self._end(old, stamp, "")
+
+    def _peer_gone(self, conn: Conn, stamp: Stamp, ret: int) -> None:
+        if conn.ended:
+            return
+        error = "" if ret == 0 else _errno_name(-ret)
+        if error:
+            self._count("otelbpf.http.problems", 1, reason=error)
+        self._end(conn, stamp, error)
+        conn.ended = True
+
+    def _end(self, conn: Conn, stamp: Stamp | None, error: str) -> None:
+        """The connection is over: finish or abandon what is open on it."""
+        if conn.session is None or conn.ended:
+            return
+        at = stamp or conn.last_stamp
+        for result in conn.session.close(at, error):
+            self._finished(conn, result)
+        self._report_problems(conn)
+
+    # -- protocol ---------------------------------------------------------------
+
+    def _feed(self, conn: Conn, egress: bool, payload: bytes, missing: int, stamp: Stamp) -> None:
+        if conn.ended:
+            return
+        conn.last_stamp = stamp
+        if conn.protocol is None and not self._infer(conn, egress, payload, missing, stamp):
+            return
+        if conn.protocol not in ("http1", "http2"):
+            self._count("otelbpf.http.unparsed_bytes", len(payload) + missing, protocol=conn.protocol)
+            return
+        c2s = egress == (conn.role == "client")
+        for result in conn.session.feed(c2s, payload, missing, stamp):
+            self._finished(conn, result)
+        self._report_problems(conn)
+
+    def _infer(self, conn: Conn, egress: bool, payload: bytes, missing: int, stamp: Stamp) -> bool:
+        """Decide the connection's protocol; True when this chunk should now be parsed."""
+        if conn.role is None:  # joined, role unknown: the bytes say which side this is
+            if looks_like_request(payload):
+                conn.role = "client" if egress else "server"
+            elif looks_like_response(payload):
+                conn.role = "server" if egress else "client"
+            else:
+                self._count("otelbpf.http.unparsed_bytes", len(payload) + missing, protocol="joined_midstream")
+                return False
+        c2s = egress == (conn.role == "client")
+        if conn.midstream:
+            # Only HTTP/1.x can be joined: it restarts at every message. HTTP/2's
+            # frame boundaries and header table cannot be recovered mid-stream.
+            if (c2s and looks_like_request(payload)) or (not c2s and looks_like_response(payload)):
+                self._start(conn, "http1", synchronized=False)
+                return True
+            self._count("otelbpf.http.unparsed_bytes", len(payload) + missing, protocol="joined_midstream")
+            return False
+        if not c2s:
+            if len(conn.pending) < _PENDING_CHUNKS:
+                conn.pending.append((egress, payload, missing, stamp))
+            return False
+        if looks_like_preface(payload):
+            protocol = "http2"
+        elif looks_like_request(payload):
+            protocol = "http1"
+        elif payload[:2] == b"\x16\x03":
+            protocol = "tls"
+        else:
+            protocol = "unknown"
+        self._start(conn, protocol, synchronized=True)
+        pending, conn.pending = conn.pending, []
+        for args in pending:
+            self._feed(conn, *args)
+        return True
+
+    def _start(self, conn: Conn, protocol: str, *, synchronized: bool) -> None:
+        conn.protocol = protocol
+        self._count("otelbpf.http.connections", 1, protocol=protocol)
+        if protocol == "http1":
+            conn.session = Http1Connection(on_request=lambda msg: self._request_http1(conn, msg),
+                                           synchronized=synchronized)
+        elif protocol == "http2":
+            conn.session = H2Connection(on_request=lambda stream: self._request_http2(conn, stream))
+
+    def _report_problems(self, conn: Conn) -> None:
+        problems = conn.session.problems() if conn.protocol == "http1" else conn.session.problems
+        for reason, n in problems.items():
+            new = n - conn.reported.get(reason, 0)
+            if new:
+                self._count("otelbpf.http.problems", new, reason=reason)
+                conn.reported[reason] = n
+
+    # -- requests open ----------------------------------------------------------
+
+    def _request_http1(self, conn: Conn, msg: Message) -> None:
+        msg.tag = self._open(conn, msg.first, msg.head.get("traceparent"), 0)
+
+    def _request_http2(self, conn: Conn, stream: Stream) -> None:
+        stream.tag = self._open(conn, stream.first, stream.header("traceparent"), stream.id)
+
+    def _open(self, conn: Conn, first: Stamp, traceparent: str | None, stream_id: int) -> _Open:
+        enter, exit_, tid = first
+        if conn.role == "server":
+            start = exit_
+            parent, source = parse_traceparent(traceparent), "traceparent"
+            if parent is None and conn.local and conn.remote:
+                parent, source = self._links.find(conn.remote, conn.local, stream_id, start), "peer"
+            ctx = new_context(parent.trace_id if parent else None)
+            interval = self._causality.open(conn.pid, tid, start, ctx)
+            return _Open(ctx, parent, start, tid, interval=interval, parent_from=source if parent else "")
+        start = enter
+        parent = self._causality.parent(conn.pid, tid, start)
+        ctx = new_context(parent.trace_id if parent else None)
+        link = self._links.add(conn.local, conn.remote, stream_id, start, ctx) if conn.local and conn.remote else None
+        return _Open(ctx, parent, start, tid, link=link, parent_from="thread" if parent else "")
+
+    # -- exchanges done -----------------------------------------------------------
+
+    def _finished(self, conn: Conn, result: Exchange | Stream) -> None:
+        if isinstance(result, Exchange):
+            self._finished_http1(conn, result)
+        else:
+            self._finished_http2(conn, result)
+
+    def _finished_http1(self, conn: Conn, ex: Exchange) -> None:
+        req, resp = ex.request, ex.response
+        if req is None or req.tag is None:
+            return
+        head = req.head
+        path = head.target.split("?", 1)[0]
+        attrs: dict[str, object] = {
+            "http.request.method": head.method,
+            "url.path": path,
+            "network.protocol.name": "http",
+            "network.protocol.version": head.version,
+            "http.request.body.size": req.body_size,
+            "http.request.size": req.size,
+        }
+        self._host_attrs(conn, attrs, head.get("host"))
+        ua = head.get("user-agent")
+        if ua:
+            attrs["user_agent.original"] = ua
+        self._header_attrs(attrs, "request", head.headers)
+        if head.truncated:
+            attrs["otelbpf.http.headers_truncated"] = True
+        status = 0
+        if resp is not None:
+            status = resp.head.status
+            attrs["http.response.status_code"] = status
+            attrs["http.response.body.size"] = resp.body_size
+            attrs["http.response.size"] = resp.size
+            self._header_attrs(attrs, "response", resp.head.headers)
+        end = ex.at or (resp.last if resp else None) or req.last or req.first
+        self._emit_exchange(conn, req.tag, end, head.method, status, None, ex.error, None, attrs)
+
+    def _finished_http2(self, conn: Conn, s: Stream) -> None:
+        if s.tag is None:
+            return
+        attrs: dict[str, object] = {
+            "network.protocol.name": "http",
+            "network.protocol.version": "2",
+            "http.request.body.size": s.request_bytes,
+            "http.response.body.size": s.response_bytes,
+            "otelbpf.http2.stream_id": s.id,
+        }
+        method = s.header(":method") or ""
+        path = (s.header(":path") or "").split("?", 1)[0]
+        if method:
+            attrs["http.request.method"] = method
+        if path:
+            attrs["url.path"] = path
+        self._host_attrs(conn, attrs, s.header(":authority"))
+        ua = s.header("user-agent")
+        if ua:
+            attrs["user_agent.original"] = ua
+        self._header_attrs(attrs, "request", s.request_headers)
+        self._header_attrs(attrs, "response", s.response_headers)
+        status = 0
+        if s.header(":status", "response"):
+            status = int(s.header(":status", "response"))
+            attrs["http.response.status_code"] = status
+        if s.headers_lost:
+            attrs["otelbpf.http2.headers_lost"] = True
+        if s.reset_code is not None:
+            attrs["otelbpf.http2.rst_stream_code"] = s.reset_code
+        grpc = None
+        if (s.header("content-type") or "").startswith("application/grpc") and path.count("/") == 2:
+            service, rpc_method = path[1:].split("/")
+            grpc = s.grpc_status
+            attrs.update({"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc_method, "http.route": path})
+            if grpc is not None:
+                attrs["rpc.grpc.status_code"] = grpc
+        problem = "" if s.complete else s.problem
+        self._emit_exchange(conn, s.tag, s.last or s.first, method, status, grpc, problem, s.grpc_message, attrs)
+
+    @staticmethod
+    def _host_attrs(conn: Conn, attrs: dict, host: str | None) -> None:
+        """server.*, client.* and network.peer.* from the connection and the Host (:authority) header."""
+        name = host or ""
+        if name.startswith("["):
+            name = name[1 : name.find("]")] if "]" in name else ""
+        elif name.rpartition(":")[2].isdigit():
+            name = name.rpartition(":")[0]
+        if name:
+            attrs["server.address"] = name
+        if conn.role == "server":
+            if conn.local:
+                attrs["server.port"] = conn.local[1]
+            if conn.remote:
+                attrs["client.address"], attrs["client.port"] = conn.remote
+        elif conn.remote:
+            attrs.setdefault("server.address", conn.remote[0])
+            attrs["server.port"] = conn.remote[1]
+        if conn.remote:
+            attrs["network.peer.address"], attrs["network.peer.port"] = conn.remote
+
+    def _header_attrs(self, attrs: dict, where: str, headers: list[tuple[str, str]]) -> None:
+        for name in self._capture:
+            values = [v for k, v in headers if k == name]
+            if values:
+                attrs[f"http.{where}.header.{name}"] = values
+
+    def _emit_exchange(self, conn: Conn, opened: _Open, end: Stamp, method: str, status: int, grpc: int | None,
+                       problem: str, grpc_message: str | None, attrs: dict) -> None:
+        server = conn.role == "server"
+        start_ns = opened.start_ns
+        end_ns = max(end[1], start_ns)
+        if opened.interval is not None:
+            self._causality.close(conn.pid, opened.tid, opened.interval, end_ns)
+            if opened.interval.concurrent:
+                attrs["otelbpf.thread.concurrent_requests"] = True
+        if opened.link is not None:
+            self._links.end(opened.link, end_ns)
+        attrs["thread.id"] = opened.tid
+        attrs["process.pid"] = conn.pid
+        if opened.parent_from:
+            attrs["otelbpf.parent.source"] = opened.parent_from
+        message = ""
+        if problem in PARSE_PROBLEMS:
+            attrs["otelbpf.http.incomplete"] = problem  # what we could not follow, not a failure of the exchange
+        elif problem:
+            attrs["error.type"] = message = problem
+        if grpc is not None and (grpc in _GRPC_SERVER_ERRORS if server else grpc != 0):
+            attrs.setdefault("error.type", str(grpc))
+            message = message or grpc_message or f"gRPC status {grpc}"
+        elif grpc is None and status >= (500 if server else 400):
+            attrs.setdefault("error.type", str(status))
+            message = message or f"HTTP {status}"
+        self._record_metrics(conn, server, method, status, grpc, attrs, (end_ns - start_ns) / 1e9)
+        if not self._traces:
+            return
+        name = f"{attrs['rpc.service']}/{attrs['rpc.method']}" if "rpc.service" in attrs else (method or "HTTP")
+        wall_start = self._clock.to_wall(start_ns)
+        self._spans.append(make_span(
+            name,
+            resource=self._proc(conn.pid).resource,
+            scope=SCOPE,
+            start_ns=wall_start,
+            end_ns=wall_start + (end_ns - start_ns),
+            attributes=attrs,
+            error=message or None,
+            parent=opened.parent,
+            kind=SpanKind.SERVER if server else SpanKind.CLIENT,
+            context=opened.context,
+        ))
+
+    def _record_metrics(self, conn: Conn, server: bool, method: str, status: int, grpc: int | None, attrs: dict,
+                        seconds: float) -> None:
+        side = "server" if server else "client"
+        if grpc is not None or attrs.get("rpc.system") == "grpc":
+            labels = {"rpc.system": "grpc", "rpc.service": attrs["rpc.service"], "rpc.method": attrs["rpc.method"]}
+            if grpc is not None:
+                labels["rpc.grpc.status_code"] = grpc
+            metric = f"rpc.{side}.duration"
+        else:
+            labels = {"http.request.method": method or "_OTHER", "network.protocol.version": attrs["network.protocol.version"]}
+            if status:
+                labels["http.response.status_code"] = status
+            labels["http.response.status_class"] = status_class(status) if status else "none"
+            metric = f"http.{side}.request.duration"
+        if "error.type" in attrs:
+            labels["error.type"] = attrs["error.type"]
+        key = (metric, tuple(sorted(labels.items())))
+        self._proc(conn.pid).durations[key].add(np.array([seconds]))
+
+    def _proc(self, pid: int) -> _Proc:
+        p = self._procs.get(pid)
+        if p is None:
+            p = self._procs[pid] = _Proc(self._info.resource(pid), self._clock.now_wall())
+        return p
+
+    def _flush_spans(self) -> None:
+        with self._lock:
+            spans, self._spans = self._spans, []
+        if not spans:
+            return
+        allowed = self._budget.take(len(spans))
+        if allowed < len(spans):
+            self._count("otelbpf.spans.sampled_out", len(spans) - allowed, receiver="http")
+        if allowed:
+            self.spans_emitted += allowed
+            self._emit(spans[:allowed])
+
+    # -- metrics ----------------------------------------------------------------
+
+    def collect(self) -> list[tuple[Resource, list[Metric]]]:
+        now = self._clock.now_wall()
+        out = []
+        with self._lock:
+            for p in self._procs.values():
+                by_metric: dict[str, list] = defaultdict(list)
+                for (metric, labels), hist in sorted(p.durations.items(), key=lambda kv: kv[0]):
+                    by_metric[metric].append(hist.point(dict(labels), p.start_ns, now))
+                metrics = [
+                    m.histogram(name, "s", _DESCRIPTIONS[name], points) for name, points in sorted(by_metric.items())
+                ]
+                metrics = [x for x in metrics if x is not None]
+                if metrics:
+                    out.append((p.resource, metrics))
+        return out
+
+
+_DESCRIPTIONS = {
+    "http.server.request.duration": "Duration of HTTP server requests, request read to response written",
+    "http.client.request.duration": "Duration of HTTP client requests, request written to response read",
+    "rpc.server.duration": "Duration of gRPC calls served, request read to the end of the response stream",
+    "rpc.client.duration": "Duration of gRPC calls made, request written to the end of the response stream",
+}
+
+
+def _errno_name(code: int) -> str:
+    if code == errno.ECONNRESET:
+        return "connection_reset"
+    if code == errno.EPIPE:
+        return "broken_pipe"
+    return errno.errorcode.get(code, f"errno_{code}").lower()

@@ -1,0 +1,71 @@
+"""Same-host links: the client span at one end of a connection is the parent of
+the server span at the other end.
+
+Both ends of a loopback (or same-host) connection are traced; the client
+registers the span of each request it writes under the connection's
+addresses (its local, its remote) and, for HTTP/2, the stream id. The server
+looks itself up under the same addresses seen from its side (its remote, its
+local) at the time the request arrived, so the two processes' spans join one
+trace without any header being injected.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from opentelemetry.trace import SpanContext
+
+Address = tuple[str, int]
+Key = tuple[Address, Address, int]
+
+#: Finished client requests stay findable this long (event time): the server
+#: side of the same request may be processed a little later.
+RETENTION_NS = 30 * 10**9
+
+
+@dataclass
+class ClientRequest:
+    start_ns: int
+    context: SpanContext
+    end_ns: int | None = None
+
+
+class PeerLinks:
+    def __init__(self, retention_ns: int = RETENTION_NS) -> None:
+        self._retention = retention_ns
+        self._by_key: dict[Key, deque[ClientRequest]] = {}
+        self._lock = threading.Lock()
+        self._adds = 0
+
+    def add(self, local: Address, remote: Address, stream: int, start_ns: int, context: SpanContext) -> ClientRequest:
+        entry = ClientRequest(start_ns, context)
+        with self._lock:
+            q = self._by_key.setdefault((local, remote, stream), deque())
+            while q and q[0].end_ns is not None and q[0].end_ns < start_ns - self._retention:
+                q.popleft()
+            q.append(entry)
+            self._adds += 1
+            if self._adds % 1024 == 0:
+                self._sweep(start_ns - self._retention)
+        return entry
+
+    def _sweep(self, horizon: int) -> None:
+        """Drop connections whose requests all ended before ``horizon``."""
+        for key in [k for k, q in self._by_key.items() if all(e.end_ns is not None and e.end_ns < horizon for e in q)]:
+            del self._by_key[key]
+
+    def end(self, entry: ClientRequest, end_ns: int) -> None:
+        entry.end_ns = end_ns
+
+    def find(self, client: Address, server: Address, stream: int, ts_ns: int) -> SpanContext | None:
+        """The client request on this connection that was in flight at ``ts_ns``."""
+        with self._lock:
+            q = self._by_key.get((client, server, stream))
+            if not q:
+                return None
+            for entry in reversed(q):
+                if entry.start_ns <= ts_ns and (entry.end_ns is None or ts_ns <= entry.end_ns):
+                    return entry.context
+        return None
