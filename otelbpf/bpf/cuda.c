@@ -153,6 +153,13 @@ static __always_inline int on_entry(u8 kind, u8 func, u64 a0, u64 a1, u64 a2, u6
     return 0;
 }
 
+#ifdef CUDA_MEMORY_PROFILE
+/* In profile.c (profiling receiver): device memory by allocating stack. */
+static __always_inline void profile_cuda_alloc(struct pt_regs *ctx, u64 id, u8 func, u64 size, u64 addr);
+static __always_inline void profile_cuda_free(u64 id, u64 addr);
+static __always_inline void profile_cuda_finish(struct pt_regs *ctx);
+#endif
+
 /* Return half, shared by every paired call. */
 int uretprobe_cuda(struct pt_regs *ctx)
 {
@@ -170,6 +177,13 @@ int uretprobe_cuda(struct pt_regs *ctx)
         if (e.ret == 0)
             bpf_probe_read_user(&dptr, sizeof(dptr), (void *)e.a1);
         e.a1 = dptr;
+#ifdef CUDA_MEMORY_PROFILE
+        if (e.ret == 0)
+            profile_cuda_alloc(ctx, id, e.func, e.a0, dptr);
+    } else if (e.kind == EV_CUDA_FREE) {
+        if (e.ret == 0)
+            profile_cuda_free(id, e.a0);
+#endif
     } else if (e.kind == EV_CUDA_FUNC_NAME) {
         u64 handle = 0;
         if (e.ret != 0)
@@ -188,5 +202,8 @@ int uretprobe_cuda(struct pt_regs *ctx)
         return 0;
     }
     emit(&e);
+#ifdef CUDA_MEMORY_PROFILE
+    profile_cuda_finish(ctx);  /* last: it may tail-call the Python stack walker */
+#endif
     return 0;
 }

@@ -1,10 +1,14 @@
-"""Address -> function name, for kernel launch pointers.
+"""Address -> function name, for kernel launch pointers and profile stacks.
 
 ``cudaLaunchKernel``'s first argument is the address of the kernel's host
 stub, a function in the program or one of its libraries; its ELF symbol is
 the kernel's (mangled) name. Resolution: /proc/PID/maps -> file + offset ->
 symbol table (full .symtab when present, else .dynsym) -> C++ demangling.
 Unresolvable addresses become ``module+0xoffset``, never dropped.
+
+Symbol tables are cached by GNU build id (one table for a library however
+many paths, containers or inodes it has); ``frame()`` gives profiles the
+module, file offset and build id along with the name.
 """
 
 from __future__ import annotations
@@ -42,10 +46,36 @@ def demangle(name: str) -> str:
         return name
 
 
+@dataclass(frozen=True)
+class NativeFrame:
+    """One resolved address: ``function`` is None when no symbol covers it."""
+
+    function: str | None
+    module: str         # file basename; "[unknown]" for an address in no file
+    offset: int         # offset in the file (the address itself when in no file)
+    build_id: str       # hex, "" when the file has none or could not be read
+    mapping: Mapping | None
+
+    @property
+    def name(self) -> str:
+        return self.function if self.function is not None else f"{self.module}+{self.offset:#x}"
+
+
+def _build_id(elf: ELFFile) -> str:
+    for segment in elf.iter_segments():
+        if segment["p_type"] != "PT_NOTE":
+            continue
+        for note in segment.iter_notes():
+            if note["n_type"] == "NT_GNU_BUILD_ID":
+                return str(note["n_desc"])
+    return ""
+
+
 class _SymbolTable:
     """Sorted function symbols of one ELF file, and its load segments."""
 
     def __init__(self, path: str) -> None:
+        self.build_id = ""
         self.addrs: list[int] = []
         self.entries: list[tuple[int, str]] = []  # (size, name), parallel to addrs
         self.loads: list[tuple[int, int, int]] = []  # (p_offset, p_vaddr, p_filesz)
@@ -54,6 +84,7 @@ class _SymbolTable:
             self.loads = [
                 (s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"
             ]
+            self.build_id = _build_id(elf)
             syms: dict[int, tuple[int, str]] = {}
             for name in (".dynsym", ".symtab"):
                 sec = elf.get_section_by_name(name)
@@ -83,14 +114,35 @@ class _SymbolTable:
         return None
 
 
-@functools.lru_cache(maxsize=256)
+_BY_BUILD_ID: OrderedDict[tuple[str, int], _SymbolTable] = OrderedDict()
+_BY_BUILD_ID_MAX = 256
+_by_build_id_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1024)
 def _table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable | None:
-    del dev, ino, mtime  # cache key: a replaced file is read again
+    """The file's table: by inode first (a replaced file is read again), then by build id
+    and size, so a library seen under several paths or inodes is parsed once (the size
+    tells a stripped copy, which keeps the build id, from the original)."""
+    del dev, ino, mtime  # cache key
     try:
-        return _SymbolTable(path)
+        with open(path, "rb") as f:
+            key = (_build_id(ELFFile(f)), os.fstat(f.fileno()).st_size)
+        with _by_build_id_lock:
+            cached = _BY_BUILD_ID.get(key) if key[0] else None
+            if cached is not None:
+                _BY_BUILD_ID.move_to_end(key)
+                return cached
+        table = _SymbolTable(path)
     except Exception as exc:  # unreadable/corrupt ELF: fall back to module+offset
         log.debug("cannot read symbols of %s: %s", path, exc)
         return None
+    if key[0]:
+        with _by_build_id_lock:
+            _BY_BUILD_ID[key] = table
+            while len(_BY_BUILD_ID) > _BY_BUILD_ID_MAX:
+                _BY_BUILD_ID.popitem(last=False)
+    return table
 
 
 def _mapped_table(pid: int, m: Mapping, deleted: bool) -> _SymbolTable | None:
@@ -191,17 +243,20 @@ class Symbolizer:
         return None
 
     def _resolve(self, pid: int, addr: int) -> str:
+        return self.frame(pid, addr).name
+
+    def frame(self, pid: int, addr: int) -> NativeFrame:
+        """``addr`` in ``pid`` as function (demangled), module, file offset and build id.
+        Not cached per address: profiles resolve many, and the tables are cached."""
         m = self._find(pid, addr)
         if m is None:
-            return f"[unknown]+{addr:#x}"
+            return NativeFrame(None, "[unknown]", addr, "", None)
         file_offset = addr - m.start + m.offset
         path = m.path.removesuffix(" (deleted)")
         table = _mapped_table(pid, m, deleted=path != m.path)
         module = os.path.basename(path)
-        if table is not None:
-            vaddr = table.vaddr(file_offset)
-            if vaddr is not None:
-                sym = table.lookup(vaddr)
-                if sym is not None:
-                    return demangle(sym)
-        return f"{module}+{file_offset:#x}"
+        if table is None:
+            return NativeFrame(None, module, file_offset, "", m)
+        vaddr = table.vaddr(file_offset)
+        sym = table.lookup(vaddr) if vaddr is not None else None
+        return NativeFrame(demangle(sym) if sym is not None else None, module, file_offset, table.build_id, m)

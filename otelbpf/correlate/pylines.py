@@ -1,0 +1,94 @@
+"""Instruction offset -> source line, from a CPython code object's ``co_linetable``.
+
+The kernel copies each sampled code object's line table (bpf/profile.c); this decodes it
+the way ``PyCode_Addr2Line`` does:
+
+- 3.10 (PEP 626, ``Objects/lnotab_notes.txt``): (start delta, line delta) byte pairs; a
+  line delta of -128 means the range has no line.
+- 3.11+ (PEP 657 location table, ``Objects/locations.md``): entries that start with a byte
+  whose high bit is set; bits 3-6 are the code, bits 0-2 the length in code units minus
+  one. Codes 0-9 short form (same line), 10-12 one-line forms (line delta = code - 10),
+  13 no column (signed varint line delta), 14 long form (signed varint line delta and three
+  varints), 15 no location.
+"""
+
+from __future__ import annotations
+
+CODE_UNIT = 2  # bytes per instruction (_Py_CODEUNIT)
+
+
+def _varint(table: bytes, i: int) -> tuple[int, int]:
+    """Unsigned 6-bit-chunk varint as CPython writes it (low chunk first, bit 6 = more)."""
+    b = table[i]
+    value, shift = b & 63, 6
+    i += 1
+    while b & 64:
+        b = table[i]
+        value |= (b & 63) << shift
+        shift += 6
+        i += 1
+    return value, i
+
+
+def _svarint(table: bytes, i: int) -> tuple[int, int]:
+    value, i = _varint(table, i)
+    return (-(value >> 1) if value & 1 else value >> 1), i
+
+
+def line_ranges_311(table: bytes, firstlineno: int) -> list[tuple[int, int, int | None]]:
+    """(start byte, end byte, line or None) for a 3.11+ location table."""
+    out: list[tuple[int, int, int | None]] = []
+    line, addr, i = firstlineno, 0, 0
+    while i < len(table):
+        first = table[i]
+        i += 1
+        code, length = (first >> 3) & 15, ((first & 7) + 1) * CODE_UNIT
+        if code == 15:
+            current: int | None = None
+        elif code == 14:
+            delta, i = _svarint(table, i)
+            line += delta
+            current = line
+            for _ in range(3):  # end line delta, column + 1, end column + 1
+                _, i = _varint(table, i)
+        elif code == 13:
+            delta, i = _svarint(table, i)
+            line += delta
+            current = line
+        elif code >= 10:
+            line += code - 10
+            current = line
+            i += 2  # column, end column
+        else:
+            current = line
+            i += 1  # column bits
+        out.append((addr, addr + length, current))
+        addr += length
+    return out
+
+
+def line_ranges_310(table: bytes, firstlineno: int) -> list[tuple[int, int, int | None]]:
+    """(start byte, end byte, line or None) for a 3.10 line table."""
+    out: list[tuple[int, int, int | None]] = []
+    line, addr = firstlineno, 0
+    for i in range(0, len(table) - 1, 2):
+        sdelta, ldelta = table[i], table[i + 1]
+        ldelta = ldelta - 256 if ldelta > 127 else ldelta
+        if ldelta != -128:
+            line += ldelta
+        if sdelta:
+            out.append((addr, addr + sdelta, None if ldelta == -128 else line))
+        addr += sdelta
+    return out
+
+
+def line_for(table: bytes, firstlineno: int, offset: int, version: tuple[int, int]) -> int | None:
+    """The line of the instruction at byte ``offset``; None where the table says none, or
+    when ``table`` (possibly a truncated copy) does not reach the offset."""
+    if offset < 0:
+        return firstlineno  # not started yet: its def line
+    ranges = line_ranges_310(table, firstlineno) if version < (3, 11) else line_ranges_311(table, firstlineno)
+    for start, end, line in ranges:
+        if start <= offset < end:
+            return line
+    return None

@@ -1,0 +1,1 @@
+"""Generated protobuf package (see otelbpf/export/proto/__init__.py)."""
