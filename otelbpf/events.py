@@ -49,6 +49,9 @@ class Kind(enum.IntEnum):
     CUDA_MALLOC = 12
     CUDA_FREE = 13
     CUDA_SYNC = 14
+    NCCL_ENTER = 20         # an NCCL call began (bpf/nccl.c documents each kind's fields)
+    NCCL_RETURN = 21        # it returned
+    NCCL_COMM = 22          # a communicator became known: init returned, or its rank/size was read
     IBV_OPEN = 30           # ibverbs (bpf/ibverbs.c documents each kind's a0..a3)
     IBV_CLOSE = 31
     IBV_CREATE_QP = 32
@@ -122,6 +125,33 @@ MEMCPY_DIRECTION = {0: "H2H", 1: "H2D", 2: "D2H", 3: "D2D", 4: "default"}
 def unpack_dim(packed: int) -> tuple[int, int, int]:
     """Inverse of ``pack_dim`` in cuda.c: x | y << 32 | z << 48."""
     return packed & 0xFFFFFFFF, (packed >> 32) & 0xFFFF, (packed >> 48) & 0xFFFF
+
+
+class NcclFunc(enum.IntEnum):
+    """Function ids carried in ``event.func`` by the NCCL kinds (bpf/nccl.c)."""
+
+    ncclCommInitRank = 1
+    ncclCommInitAll = 2
+    ncclCommInitRankConfig = 3
+    ncclCommSplit = 4
+    ncclCommDestroy = 5
+    ncclCommAbort = 6
+    ncclAllReduce = 10
+    ncclAllGather = 11
+    ncclReduceScatter = 12
+    ncclBroadcast = 13
+    ncclReduce = 14
+    ncclSend = 15
+    ncclRecv = 16
+    ncclGroupStart = 20
+    ncclGroupEnd = 21
+    ncclCommCount = 30
+    ncclCommUserRank = 31
+
+
+#: NCCL ``event.flags`` bit: the call's communicator was created before the probes were
+#: attached, so ``a0`` holds its pointer instead of its id and no sequence number is counted.
+NCCL_FLAG_UNKNOWN_COMM = 2
 
 
 class SockFunc(enum.IntEnum):

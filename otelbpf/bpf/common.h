@@ -36,6 +36,9 @@ struct strevent {
 #define EV_CUDA_MALLOC 12
 #define EV_CUDA_FREE 13
 #define EV_CUDA_SYNC 14
+#define EV_NCCL_ENTER 20        /* NCCL: see bpf/nccl.c for each kind's arguments */
+#define EV_NCCL_RETURN 21
+#define EV_NCCL_COMM 22
 #define EV_IBV_OPEN 30          /* ibverbs: see bpf/ibverbs.c for each kind's arguments */
 #define EV_IBV_CLOSE 31
 #define EV_IBV_CREATE_QP 32
