@@ -11,6 +11,9 @@
 #   build/bench/libnopfunc.so                   prologue variants       (examples/cuda/nopfunc.c)
 #   build/examples/fakenccl/libnccl.so.2        stand-in NCCL           (examples/nccl/fakenccl.c)
 #   build/examples/nccl_job                     multi-rank NCCL job     (examples/nccl/nccl_job.c)
+#   build/examples/ibverbs/libfakeverbs-rdmav34.so  RDMA provider for the real libibverbs
+#                                                   (examples/ibverbs/fakeverbs.c; needs libibverbs-dev)
+#   build/examples/ibverbs_workload             NCCL-like ibverbs driver (examples/ibverbs/workload.c)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -97,4 +100,23 @@ if stale "$t" "$nccl/nccl_job.c"; then
     mkdir -p "${t%/*}"
     gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$nccl/nccl_job.c" -o "$t.$$" -ldl
     publish "$t.$$" "$t"
+fi
+
+# ibverbs: built against the real <infiniband/verbs.h> (libibverbs-dev, scripts/setup.sh installs it).
+ibv=$root/examples/ibverbs
+if [[ -e /usr/include/infiniband/verbs.h ]]; then
+    t=$out/examples/ibverbs/libfakeverbs-rdmav34.so
+    if stale "$t" "$ibv"/{fakeverbs.c,fakeverbs.map,verbs_private.h}; then
+        mkdir -p "${t%/*}"
+        gcc "${lib[@]}" -Wl,--version-script="$ibv/fakeverbs.map" "$ibv/fakeverbs.c" -o "$t.$$" -libverbs
+        publish "$t.$$" "$t"
+    fi
+    t=$out/examples/ibverbs_workload
+    if stale "$t" "$ibv/workload.c"; then
+        mkdir -p "${t%/*}"
+        gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$ibv/workload.c" -o "$t.$$" -ldl
+        publish "$t.$$" "$t"
+    fi
+else
+    echo "skipped the ibverbs examples: no /usr/include/infiniband/verbs.h (apt-get install libibverbs-dev, or run scripts/setup.sh)"
 fi

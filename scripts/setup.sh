@@ -3,7 +3,8 @@
 #
 # What it does, and why:
 #   1. apt packages: BCC (bpfcc-tools, python3-bpfcc, libbpfcc), a C toolchain for the example
-#      libraries (build-essential), python3-venv.  apt-get runs only when something is missing.
+#      libraries (build-essential), python3-venv, libibverbs (libibverbs1, ibverbs-providers,
+#      libibverbs-dev).  apt-get runs only when something is missing.
 #   2. kernel headers BCC compiles against: linux-headers-$(uname -r) when Debian has it; otherwise
 #      (custom kernels such as this 6.18 VM) linux-headers-<arch> and /lib/modules/$(uname -r)/{build,source}
 #      linked to the newest installed ones.  That is a fallback: struct layouts in those headers are
@@ -32,7 +33,9 @@ is_installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == 'install
 headers_present() { [[ -d "$MODDIR/build/include" ]]; }
 
 # --- 1 + 2: packages -------------------------------------------------------------------------
-wanted=(bpfcc-tools python3-bpfcc libbpfcc build-essential python3-venv)
+# libibverbs1 + ibverbs-providers + libibverbs-dev: the real RDMA verbs library the ibverbs probes
+# attach to, and the headers examples/ibverbs/ builds its provider stand-in against.
+wanted=(bpfcc-tools python3-bpfcc libbpfcc build-essential python3-venv libibverbs1 ibverbs-providers libibverbs-dev)
 missing=()
 for pkg in "${wanted[@]}"; do is_installed "$pkg" || missing+=("$pkg"); done
 

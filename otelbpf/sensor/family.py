@@ -8,18 +8,41 @@ Each family (CUDA now; NCCL, ibverbs later) is one of these plus a C file in
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
+
+from otelbpf.sensor.elf import SymbolSite
 
 
 @dataclass(frozen=True)
 class ProbeSpec:
-    """Attach ``entry`` (uprobe) and/or ``ret`` (uretprobe) to ``symbol``."""
+    """Attach ``entry`` (uprobe) and/or ``ret`` (uretprobe) to ``symbol``.
+
+    By default every version of the symbol is probed (elf.resolve returns one
+    site per address). ``newest_version_only`` keeps only the site exported
+    under the highest version: where a library's older versions are compat
+    wrappers taking older struct layouts (libibverbs' ``@IBVERBS_1.0``), the
+    newest is the default version callers link to.
+    """
 
     symbol: str
     entry: str | None
     ret: str | None = None
+    newest_version_only: bool = False
+
+    def select(self, sites: list[SymbolSite]) -> list[SymbolSite]:
+        if not self.newest_version_only or len(sites) < 2:
+            return sites
+        newest = max(sites, key=lambda s: _version_key(s.version))
+        return [newest]
+
+
+def _version_key(version: str | None) -> tuple[int, ...]:
+    """"IBVERBS_1.12" -> (1, 12): numeric, so 1.12 sorts above 1.8."""
+    return tuple(int(n) for n in re.findall(r"[0-9]+", version or ""))
 
 
 @dataclass(frozen=True)
@@ -52,6 +75,28 @@ class RingSpec:
     size_bytes: int
 
 
+class Attacher(Protocol):
+    """What the sensor offers a family that finds probe targets at run time."""
+
+    def attach_at(self, path: str, shown_path: str, vaddr: int, entry: str | None, ret: str | None) -> int:
+        """Probe the function at ``vaddr`` (an ELF address) of the file ``path``
+        with program ``entry`` and/or return program ``ret``; the number of
+        probes attached (0 when these already are)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RuntimeTargets:
+    """Probe targets only a running process can tell (ibverbs: the provider
+    functions in a live context's ops table). ``handle`` gets, on the sensor's
+    discovery thread, every string record of ``kinds`` (a numpy array) and the
+    sensor as ``Attacher``; processes the kernel paused for these records are
+    resumed after it returns."""
+
+    kinds: tuple[int, ...]
+    handle: Callable[[np.ndarray, Attacher], None]
+
+
 @dataclass(frozen=True)
 class ProbeFamily:
     name: str
@@ -61,6 +106,7 @@ class ProbeFamily:
     counting_maps: tuple[str, ...] = ()  # in-kernel aggregates read for metrics
     cflags: tuple[str, ...] = field(default_factory=tuple)
     rings: tuple[RingSpec, ...] = ()
+    runtime: RuntimeTargets | None = None
 
     def library_kind(self, basename: str) -> LibraryKind | None:
         return next((k for k in self.libraries if k.matches(basename)), None)

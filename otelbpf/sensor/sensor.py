@@ -73,6 +73,7 @@ class Sensor:
         self._bpf = None
         self._lock = threading.Lock()  # serialises BCC object use across threads
         self._attached: dict[tuple[int, int], LibraryFile] = {}
+        self._runtime_attached: set[tuple[int, int, int, str]] = set()  # (dev, inode, vaddr, program)
         self._work: queue.Queue[int | None] = queue.Queue()  # pids to rescan
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -222,6 +223,19 @@ class Sensor:
             finally:
                 if rec["paused"]:
                     self._resume(pid)
+        for fam in self.options.families:
+            if fam.runtime is None:
+                continue
+            mine = arr[np.isin(arr["kind"], fam.runtime.kinds)]
+            if not len(mine):
+                continue
+            try:
+                fam.runtime.handle(mine, self)
+            except Exception as exc:
+                self._fail(f"{fam.name}: {exc}")
+            finally:
+                for pid in np.unique(mine["pid"][mine["paused"] != 0]).tolist():
+                    self._resume(pid)
 
     def _resume(self, pid: int) -> None:
         try:
@@ -291,7 +305,7 @@ class Sensor:
         count = 0
         with self._lock:
             for spec in kind.probes:
-                for site in sites.get(spec.symbol, ()):
+                for site in spec.select(sites.get(spec.symbol, [])):
                     for fn, attach in ((spec.entry, self._bpf.attach_uprobe), (spec.ret, self._bpf.attach_uretprobe)):
                         if fn is None:
                             continue
@@ -303,6 +317,28 @@ class Sensor:
         self.attach_stats.libraries += 1
         self.attach_stats.probes += count
         log.info("attached %d probes to %s (%s)", count, lib.shown_path, lib.kind)
+
+    def attach_at(self, path: str, shown_path: str, vaddr: int, entry: str | None, ret: str | None) -> int:
+        """Probe a function found at run time (families' ``RuntimeTargets``),
+        once per file, address and program whichever process led to it."""
+        count = 0
+        st = os.stat(path)
+        with self._lock:
+            if self._bpf is None:
+                return 0
+            for fn, attach in ((entry, self._bpf.attach_uprobe), (ret, self._bpf.attach_uretprobe)):
+                key = (st.st_dev, st.st_ino, vaddr, fn)
+                if fn is None or key in self._runtime_attached:
+                    continue
+                try:
+                    attach(name=path, addr=vaddr, fn_name=fn)
+                except Exception as exc:
+                    self._fail(f"{shown_path}@{vaddr:#x} ({fn}): {exc}")
+                    continue
+                self._runtime_attached.add(key)
+                count += 1
+        self.attach_stats.probes += count
+        return count
 
     def _fail(self, message: str) -> None:
         self.attach_stats.failures += 1
@@ -319,12 +355,13 @@ class Sensor:
             table = self._bpf["stats"]
             return {s.name.lower(): int(sum(table[table.Key(int(s))])) for s in Stat}
 
-    def read_map(self, name: str) -> list[tuple[object, int]]:
-        """(key struct, value) pairs of a counting hash map."""
+    def read_map(self, name: str) -> list[tuple[object, object]]:
+        """(key struct, value) pairs of a counting hash map: an int for scalar
+        values, the (copied) struct for struct values."""
         with self._lock:
             if self._bpf is None:
                 return list(self._final.get(name, []))
-            return [(k, v.value) for k, v in self._bpf[name].items()]
+            return [(k, getattr(v, "value", v)) for k, v in self._bpf[name].items()]
 
     def update_map(self, name: str, items: list[tuple[int, int]]) -> None:
         """Write scalar (key, value) pairs into a hash map (families that let
