@@ -35,6 +35,7 @@ class Mapping:
     end: int
     offset: int
     path: str
+    executable: bool = True
 
 
 def demangle(name: str) -> str:
@@ -174,7 +175,7 @@ def read_maps(pid: int) -> list[Mapping]:
                 if len(parts) < 6 or not parts[5].startswith("/"):
                     continue
                 lo, hi = parts[0].split("-")
-                out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip("\n")))
+                out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip("\n"), "x" in parts[1]))
     except OSError:
         pass
     return out
@@ -227,11 +228,15 @@ class Symbolizer:
         return name
 
     def _find(self, pid: int, addr: int) -> Mapping | None:
+        """The code mapping holding ``addr``. Only executable mappings count: the addresses
+        resolved here are code, and a snapshot's data mappings go stale as they are unmapped
+        and their range reused by code (ld.so.cache, mapped while dlopen() runs, is gone
+        once the library it found is loaded, often in the same range)."""
         maps = self._maps.get(pid)
         for attempt in range(2):
             if maps:
                 for m in maps:
-                    if m.start <= addr < m.end:
+                    if m.executable and m.start <= addr < m.end:
                         return m
             if attempt == 0:  # new library since the snapshot: look again
                 fresh = read_maps(pid)
