@@ -82,6 +82,8 @@ from pydantic_core.core_schema import ErrorType
 
 Signal: TypeAlias = Literal["traces", "metrics"]
 SIGNALS: tuple[Signal, ...] = ("traces", "metrics")
+#: Every pipeline a config may define: the OTLP signals, and profiles (pprof: files, Pyroscope).
+PIPELINE_SIGNALS: tuple[str, ...] = (*SIGNALS, "profiles")
 
 OptionPath: TypeAlias = tuple[str | int, ...]  # keys and list indexes from the top of the config
 
@@ -303,8 +305,63 @@ class HttpReceiverConfig(_Section):
         return [h.lower() for h in value]
 
 
-ReceiverConfig: TypeAlias = CudaReceiverConfig | HttpReceiverConfig
-RECEIVER_TYPES: dict[str, type[BaseModel]] = {"cuda": CudaReceiverConfig, "http": HttpReceiverConfig}
+_DEFAULT_NCCL_SEARCH_PATHS = (
+    "/usr/lib/x86_64-linux-gnu/libnccl.so*",
+    "/usr/lib/aarch64-linux-gnu/libnccl.so*",
+    "/usr/lib64/libnccl.so*",
+    "/usr/local/cuda*/lib64/libnccl.so*",
+    "/opt/conda/lib/libnccl.so*",
+    "/opt/conda/envs/*/lib/libnccl.so*",
+    "/opt/conda/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so*",
+    "/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so*",
+    "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so*",
+)
+
+
+class NcclReceiverConfig(_Section):
+    """Uprobes on NCCL (``libnccl.so``): communicators, collectives, send/recv, groups; spans,
+    metrics and live straggler findings."""
+
+    search_paths: list[Annotated[str, AfterValidator(_absolute_glob)]] = list(_DEFAULT_NCCL_SEARCH_PATHS)
+    ring_buffer_size: Size = 1 << 20
+    straggler_threshold: PositiveDuration = 50_000_000
+    completion_timeout: PositiveDuration = 30_000_000_000
+    max_spans_per_second: int = Field(20_000, ge=0)
+
+    @field_validator("ring_buffer_size")
+    @classmethod
+    def _ring_size(cls, value: int) -> int:
+        if value < mmap.PAGESIZE or value & (value - 1):
+            raise ValueError(
+class ProfilingReceiverConfig(_Section):
+    """CPU samples (perf cpu-clock) and CUDA memory by stack, Python frames merged with native."""
+
+    sample_rate: int = Field(99, ge=1, le=1000)
+    interval: PositiveDuration = 10_000_000_000
+    python: bool = True
+    max_python_frames: int = 64
+    cuda_memory: bool = True
+    stack_map_entries: int = Field(16384, ge=1024, le=1 << 20)
+    sample_map_entries: int = Field(16384, ge=1024, le=1 << 20)
+    code_map_entries: int = Field(16384, ge=1024, le=1 << 20)
+    live_allocations: int = Field(262144, ge=1024, le=1 << 24)
+
+    @field_validator("max_python_frames")
+    @classmethod
+    def _frames(cls, value: int) -> int:
+        if value not in (16, 32, 64, 128):
+            raise ValueError(f"max_python_frames must be 16, 32, 64 or 128, got {value}")
+        return value
+
+
+                f"the BPF ring buffer size must be a power of two of at least the page size "
+                f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
+            )
+        return value
+
+
+ReceiverConfig: TypeAlias = CudaReceiverConfig | HttpReceiverConfig | NcclReceiverConfig
+RECEIVER_TYPES: dict[str, type[BaseModel]] = {"cuda": CudaReceiverConfig, "http": HttpReceiverConfig, "nccl": NcclReceiverConfig}
 
 
 # --- processors --------------------------------------------------------------------------
@@ -450,7 +507,51 @@ class FileExporterConfig(_Section):
     rotate_size: Size = 64 << 20
 
 
-ExporterConfig: TypeAlias = OtlpExporterConfig | OtlpHttpExporterConfig | FileExporterConfig
+class BasicAuthConfig(_Section):
+    username: str = Field(min_length=1)
+    password: str
+
+
+class RetryConfig(_Section):
+    """Exponential back-off between attempts; a profile is dropped (and counted) after
+    ``max_elapsed_time``."""
+
+    initial_interval: PositiveDuration = 1_000_000_000
+    max_interval: PositiveDuration = 30_000_000_000
+    max_elapsed_time: PositiveDuration = 300_000_000_000
+
+
+class PyroscopeExporterConfig(_Section):
+    """Profiles to Grafana Pyroscope: ``push`` (push.v1.PusherService/Push, Connect protocol)
+    or the legacy ``ingest`` endpoint (/ingest?format=pprof)."""
+
+    endpoint: str | None = None
+    protocol: Literal["push", "ingest"] = "push"
+    basic_auth: BasicAuthConfig | None = None
+    bearer_token: str | None = None
+    tenant_id: str | None = None
+    headers: dict[str, str] = {}
+    timeout: PositiveDuration = 10_000_000_000
+    max_queue_size: int = Field(256, ge=1)
+    retry: RetryConfig = RetryConfig()
+
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urllib.parse.urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{value!r} is not an http(s):// URL with a host (like http://localhost:4040)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> PyroscopeExporterConfig:
+        if self.basic_auth is not None and self.bearer_token is not None:
+            raise ValueError("basic_auth and bearer_token both set: a request carries one Authorization; keep one")
+        return self
+
+
+ExporterConfig: TypeAlias = OtlpExporterConfig | OtlpHttpExporterConfig | FileExporterConfig | PyroscopeExporterConfig
 EXPORTER_TYPES: dict[str, type[BaseModel]] = {
     "otlp": OtlpExporterConfig,
     "otlphttp": OtlpHttpExporterConfig,
@@ -493,6 +594,7 @@ class TargetsConfig(_Section):
     pids: list[Annotated[int, Field(gt=0)]] = []
 
     @field_validator("pids")
+    "pyroscope": PyroscopeExporterConfig,
     @classmethod
     def _pids(cls, value: list[int]) -> list[int]:
         return _unique(value, "pid")
@@ -559,6 +661,7 @@ _STANDARD_ERROR_TYPES = frozenset(get_args(ErrorType))  # pydantic's own; others
 
 def _carried(error: Mapping[str, Any], prefix: OptionPath) -> dict[str, Any]:
     """A nested validation error re-raised one level up, its location prefixed."""
+    profiles: PipelineConfig | None = None
     loc = (*prefix, *error["loc"])
     if error["type"] not in _STANDARD_ERROR_TYPES:
         return _error(error["type"], error["msg"], loc, error["input"])
@@ -647,8 +750,8 @@ class Config(_Section):
         return getattr(self.service.pipelines, signal)
 
     def pipeline_signals(self) -> list[Signal]:
-        """The signals that have a pipeline, in ``SIGNALS`` order."""
-        return [s for s in SIGNALS if self.pipeline(s) is not None]
+        """The signals that have a pipeline, in ``PIPELINE_SIGNALS`` order."""
+        return [s for s in PIPELINE_SIGNALS if self.pipeline(s) is not None]  # type: ignore[misc]
 
     def enabled_receivers(self) -> set[str]:
         """Receivers named by at least one pipeline: the probe families to load."""
@@ -674,6 +777,7 @@ class Config(_Section):
             if isinstance(processor, ResourceProcessorConfig):
                 merged.update(processor.attributes)
         return merged
+        errors.extend(_profile_pipeline_errors(config))
 
 
 def _reference_errors(data: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -683,10 +787,10 @@ def _reference_errors(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(pipelines, Mapping):
         return []  # reported as a missing or mistyped option
     errors = []
-    if not any(isinstance(pipelines.get(s), Mapping) for s in SIGNALS):
-        message = "no pipelines: define traces and/or metrics here"
+    if not any(isinstance(pipelines.get(s), Mapping) for s in PIPELINE_SIGNALS):
+        message = "no pipelines: define traces, metrics and/or profiles here"
         errors.append(_error("no_pipelines", message, ("service", "pipelines"), None))
-    for signal in SIGNALS:
+    for signal in PIPELINE_SIGNALS:
         pipeline = pipelines.get(signal)
         for kind in ("receivers", "processors", "exporters") if isinstance(pipeline, Mapping) else ():
             names = pipeline.get(kind)
@@ -742,7 +846,40 @@ receivers:
       - /usr/lib64/libcuda.so*
       - /usr/local/nvidia/lib64/libcuda.so*
     launch_sample_every: 0
+def _profile_pipeline_errors(config: Config) -> list[dict[str, Any]]:
+    """Profiles go only from profile receivers to file or pyroscope exporters; the other
+    pipelines take neither; CUDA memory profiles need the cuda receiver's probes."""
+    errors = []
+    for signal in config.pipeline_signals():
+        pipeline = config.pipeline(signal)
+        profiles = signal == "profiles"
+        for index, name in enumerate(pipeline.receivers):  # type: ignore[union-attr]
+            if isinstance(config.receivers.get(name), PROFILE_RECEIVERS) != profiles:
+                why = (f"receiver {name!r} produces no profiles" if profiles
+                       else f"receiver {name!r} produces profiles only: name it in service.pipelines.profiles")
+                errors.append(_error("wrong_signal", why, ("service", "pipelines", signal, "receivers", index), name))
+        for index, name in enumerate(pipeline.exporters):  # type: ignore[union-attr]
+            exporter = config.exporters.get(name)
+            if profiles and not isinstance(exporter, (FileExporterConfig, PyroscopeExporterConfig)):
+                why = f"exporter {name!r} cannot export profiles: use a file or pyroscope exporter"
+            elif not profiles and isinstance(exporter, PyroscopeExporterConfig):
+                why = f"exporter {name!r} (pyroscope) exports profiles only: name it in service.pipelines.profiles"
+            else:
+                continue
+            errors.append(_error("wrong_signal", why, ("service", "pipelines", signal, "exporters", index), name))
+    uses_cuda = any(isinstance(cfg, CudaReceiverConfig) for s in config.pipeline_signals()
+                    for _, cfg in config.pipeline_receivers(s))
+    for name, cfg in config.pipeline_receivers("profiles"):  # type: ignore[arg-type]
+        if isinstance(cfg, ProfilingReceiverConfig) and cfg.cuda_memory and not uses_cuda:
+            why = ("CUDA memory profiles need the cuda receiver's probes: add the cuda receiver to a pipeline, "
+                   "or set cuda_memory: false")
+            errors.append(_error("needs_cuda", why, ("receivers", name, "cuda_memory"), True))
+    return errors
+
+
     launch_errors: false
+    if isinstance(exporter, PyroscopeExporterConfig) and exporter.endpoint is None:
+        return "no endpoint: set endpoint here or PYROSCOPE_SERVER_ADDRESS"
     min_span_duration: 0us
     ring_buffer_size: 4MiB
     top_kernels: 20
@@ -753,6 +890,21 @@ receivers:
     ring_buffer_size: 16MiB
     capture_headers: []
     redact_headers: []
+    max_spans_per_second: 20000
+  nccl:
+    search_paths:
+      - /usr/lib/x86_64-linux-gnu/libnccl.so*
+      - /usr/lib/aarch64-linux-gnu/libnccl.so*
+      - /usr/lib64/libnccl.so*
+      - /usr/local/cuda*/lib64/libnccl.so*
+      - /opt/conda/lib/libnccl.so*
+      - /opt/conda/envs/*/lib/libnccl.so*
+      - /opt/conda/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so*
+      - /usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so*
+      - /usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so*
+    ring_buffer_size: 1MiB
+    straggler_threshold: 50ms
+    completion_timeout: 30s
     max_spans_per_second: 20000
 processors:
   batch:
@@ -777,6 +929,16 @@ service:
       receivers: [cuda]
       processors: [batch, resource]
       exporters: [file]
+  profiling:
+    sample_rate: 99
+    interval: 10s
+    python: true
+    max_python_frames: 64
+    cuda_memory: true
+    stack_map_entries: 16384
+    sample_map_entries: 16384
+    code_map_entries: 16384
+    live_allocations: 262144
   telemetry:
     metrics_interval: 10s
     drain_interval: 50ms
@@ -815,6 +977,10 @@ def load_config_text(text: str, *, source: str = "<string>", env: Mapping[str, s
 class _Findings:
     """What assembling the raw config found: problems at option paths (None: not in the file)
     and, per option path, the variable or ``${env:...}`` reference its value came from."""
+    profiles:
+      receivers: [profiling]
+      processors: [resource]
+      exporters: [file]
 
     issues: list[tuple[OptionPath | None, str]] = field(default_factory=list)
     origins: dict[OptionPath, str] = field(default_factory=dict)
@@ -865,6 +1031,10 @@ class _Loader(yaml.SafeLoader):
             if key in seen:
                 first = seen[key].line + 1
                 raise yaml.constructor.ConstructorError(
+    pyroscope = {k: v for k, v in env.items() if k.startswith("PYROSCOPE_") and v != ""}
+    if not from_file:
+        _route_profiles_to_pyroscope(data, pyroscope)
+    _fill_pyroscope(data, pyroscope, found)
                     None, None, f"duplicate key {key!r} (first written on line {first})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark
@@ -1107,6 +1277,45 @@ def _fill_exporters(data: dict[str, Any], variables: Mapping[str, str], found: _
             if key == ("tls", "insecure") and isinstance(body.get("endpoint"), str) and _scheme(body["endpoint"]):
                 continue  # the spec: INSECURE applies only to an endpoint without http(s)://
             _fill(body, key, value, ("exporters", name, *key), variable, found)
+def _route_profiles_to_pyroscope(data: dict[str, Any], variables: Mapping[str, str]) -> None:
+    """Without a file: PYROSCOPE_SERVER_ADDRESS (what Pyroscope's own SDKs read) sends the
+    profiles pipeline to a pyroscope exporter instead of files."""
+    profiles = _pipelines(data).get("profiles")
+    if "PYROSCOPE_SERVER_ADDRESS" not in variables or not isinstance(profiles, dict):
+        return
+    data["exporters"]["pyroscope"] = {}
+    profiles["exporters"] = ["pyroscope"]
+
+
+_PYROSCOPE_VARIABLES: tuple[tuple[str, Key], ...] = (
+    ("PYROSCOPE_SERVER_ADDRESS", ("endpoint",)),
+    ("PYROSCOPE_TENANT_ID", ("tenant_id",)),
+)
+
+
+def _fill_pyroscope(data: dict[str, Any], variables: Mapping[str, str], found: _Findings) -> None:
+    """PYROSCOPE_SERVER_ADDRESS, PYROSCOPE_BASIC_AUTH_USER / _PASSWORD and PYROSCOPE_TENANT_ID
+    fill what pyroscope exporters leave unset."""
+    exporters = data.get("exporters")
+    if not isinstance(exporters, dict):
+        return
+    for name, body in list(exporters.items()):
+        if not isinstance(name, str) or component_type(name) != "pyroscope":
+            continue
+        if body is None:
+            body = exporters[name] = {}
+        if not isinstance(body, dict):
+            continue
+        for variable, key in _PYROSCOPE_VARIABLES:
+            if variable in variables:
+                _fill(body, key, variables[variable], ("exporters", name, *key), variable, found)
+        user = variables.get("PYROSCOPE_BASIC_AUTH_USER")
+        if user and body.get("basic_auth") is None and body.get("bearer_token") is None:
+            password = variables.get("PYROSCOPE_BASIC_AUTH_PASSWORD", "")
+            _fill(body, ("basic_auth",), {"username": user, "password": password},
+                  ("exporters", name, "basic_auth"), "PYROSCOPE_BASIC_AUTH_USER", found)
+
+
 
 
 def _fill(body: dict[str, Any], key: Key, value: Any, path: OptionPath, variable: str, found: _Findings) -> None:

@@ -18,6 +18,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelbpf.config import CudaReceiverConfig, HttpReceiverConfig, ReceiverConfig
+from otelbpf.config import NcclReceiverConfig
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
@@ -121,10 +122,28 @@ def _http(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
     return Receiver(name, family, correlator, [], 256 << 10)
 
 
+def _nccl(name: str, cfg: NcclReceiverConfig, ctx: Context) -> Receiver:
+    from otelbpf.correlate.nccl import NcclCorrelator
+    from otelbpf.sensor.nccl_probes import nccl_family
+
+    correlator = NcclCorrelator(
+        ctx.process_info,
+        ctx.clock,
+        ctx.emit_spans,
+        straggler_threshold_ns=cfg.straggler_threshold,
+        completion_timeout_ns=cfg.completion_timeout,
+        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
+        on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+        parent_of=ctx.causality.parent,
+    )
+    return Receiver(name, nccl_family(), correlator, list(cfg.search_paths), cfg.ring_buffer_size)
+
+
 #: config model type -> builder
 BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
     CudaReceiverConfig: _cuda,
     HttpReceiverConfig: _http,
+    NcclReceiverConfig: _nccl,
 }
 
 

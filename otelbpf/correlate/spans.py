@@ -9,9 +9,10 @@ Tracer, which would stamp the agent's clock and the agent's resource.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
@@ -46,6 +47,7 @@ def make_span(
     parent: SpanContext | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
     context: SpanContext | None = None,
+    events: Sequence[Event] = (),
 ) -> ReadableSpan:
     """``context``: the span's own, when it was chosen before the span ended
     (children may have been made with it as their parent already)."""
@@ -62,4 +64,5 @@ def make_span(
         start_time=start_ns,
         end_time=end_ns,
         instrumentation_scope=scope,
+        events=tuple(events),
     )

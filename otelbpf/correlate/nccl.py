@@ -1,0 +1,642 @@
+"""NCCL events -> spans, per-process metrics and live straggler findings.
+
+Input: every drained ``EVENT_DTYPE`` batch. This correlator takes the NCCL kinds (bpf/nccl.c
+documents them), the CUDA synchronize records (an NCCL call only enqueues work: its
+completion is observed at the next synchronize on its stream) and process exits.
+
+A collective has four timestamps (docs/semantic-conventions.md, "NCCL", says what each
+means): *enter* (the host called it; span start), *enqueued* (it returned; inside a group,
+the outermost ``ncclGroupEnd`` returned, since NCCL launches the group's work there), *sync
+start* (the first synchronize on its stream, or of the device, that began after enqueued)
+and *completion observed* (that synchronize returned; span end). A collective whose
+completion is never observed ends at enqueued, marked so.
+
+Live stragglers: the local ranks of a communicator (those that initialised it on this host)
+are compared per (communicator id, sequence number); when all have entered, the last one is
+the straggler if it entered later than the median of the others by ``straggler_threshold``.
+The finding goes on its span (event ``nccl.straggler``) and into the ``nccl.straggler``
+metric, classified by analyze/lateness.py from each rank's phase before the collective:
+the time since its previous collective completed (``nccl.phase.duration``) and how much of
+it the host spent waiting on the GPU (``nccl.phase.gpu_wait``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from opentelemetry.sdk.metrics.export import Metric
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import SpanContext
+
+from otelbpf.analyze.lateness import UNKNOWN, classify, components
+from otelbpf.correlate import metrics as m
+from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.cuda import SpanBudget
+from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.spans import make_span, new_context, scope
+from otelbpf.events import FLAG_INCOMPLETE, NCCL_FLAG_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
+
+SCOPE = scope("otelbpf.nccl")
+
+#: ncclDataType_t -> (name, bytes per element)
+DATATYPES = {
+    0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
+    6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("float8e4m3", 1),
+    11: ("float8e5m2", 1),
+}
+#: ncclRedOp_t -> name; 5..0xfe are ops made by ncclRedOpCreatePreMulSum, 0xff is none.
+REDUCTIONS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
+NO_REDUCTION = 0xFF
+RESULTS = {
+    0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
+    4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress",
+}
+IN_PROGRESS = 7
+
+COLLECTIVES = {
+    NcclFunc.ncclAllReduce: "AllReduce", NcclFunc.ncclAllGather: "AllGather",
+    NcclFunc.ncclReduceScatter: "ReduceScatter", NcclFunc.ncclBroadcast: "Broadcast", NcclFunc.ncclReduce: "Reduce",
+}
+POINT_TO_POINT = {NcclFunc.ncclSend: "Send", NcclFunc.ncclRecv: "Recv"}
+OPS = {**COLLECTIVES, **POINT_TO_POINT}
+_ROOTED = (NcclFunc.ncclBroadcast, NcclFunc.ncclReduce)
+_REDUCING = (NcclFunc.ncclAllReduce, NcclFunc.ncclReduceScatter, NcclFunc.ncclReduce)
+_TIMES_NRANKS = (NcclFunc.ncclAllGather, NcclFunc.ncclReduceScatter)
+_INITS = (NcclFunc.ncclCommInitRank, NcclFunc.ncclCommInitRankConfig, NcclFunc.ncclCommInitAll, NcclFunc.ncclCommSplit)
+_ENDS = (NcclFunc.ncclCommDestroy, NcclFunc.ncclCommAbort)
+_GROUP_CALLS = (NcclFunc.ncclGroupStart, NcclFunc.ncclGroupEnd)
+_STREAM_SYNCS = (CudaFunc.cudaStreamSynchronize, CudaFunc.cudaStreamSynchronize_ptsz)
+_KINDS = (Kind.NCCL_ENTER, Kind.NCCL_RETURN, Kind.NCCL_COMM)
+
+#: Algorithm bandwidth, bytes per second: 1 MB/s to 1 TB/s.
+BANDWIDTH_BOUNDS = (
+    1e6, 1e7, 1e8, 2.5e8, 5e8, 1e9, 2.5e9, 5e9, 1e10, 2.5e10, 5e10, 1e11, 2.5e11, 5e11, 1e12,
+)
+
+OBSERVED = "observed"        # a synchronize on its stream returned after it was enqueued
+UNOBSERVED = "unobserved"    # no synchronize came within completion_timeout
+EXITED = "process_exited"    # the process ended first
+FAILED = "failed"            # the call (or its group) returned an error: nothing was enqueued
+
+
+def _rank(packed: int) -> tuple[int, int]:
+    """(rank, nranks) from ``rank | nranks << 32`` (0xffffffff: unknown, -1)."""
+    rank, nranks = packed & 0xFFFFFFFF, packed >> 32
+    return (-1 if rank == 0xFFFFFFFF else rank), (-1 if nranks == 0xFFFFFFFF else nranks)
+
+
+def comm_hex(comm_id: int) -> str:
+    return f"{comm_id:016x}"
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    """One NCCL call, from its entry until its span is built. Times are CLOCK_MONOTONIC ns."""
+
+    func: int
+    pid: int
+    tid: int
+    enter: int
+    comm: int = 0            # the communicator's id; its address when not known
+    known: bool = True       # the communicator's init was seen
+    seq: int = 0
+    rank: int = -1
+    nranks: int = -1
+    count: int = 0
+    dtype: int = 0
+    op: int = NO_REDUCTION
+    root: int = -1           # root (broadcast, reduce) or peer (send, recv)
+    stream: int = 0
+    parent: int = 0          # ncclCommSplit: the parent communicator's id
+    returned: int | None = None
+    ret: int = 0
+    enqueued: int | None = None
+    sync_start: int | None = None
+    sync_func: int = 0
+    completed: int | None = None
+    completion: str = ""
+    phase: int | None = None  # since the process's previous collective completed
+    gpu_wait: int = 0         # of that, time in synchronize calls
+    group: _Group | None = None
+    finding: dict | None = None
+    incomplete: bool = False
+    done: bool = False
+
+    @property
+    def end(self) -> int:
+        for t in (self.completed, self.enqueued, self.returned):
+            if t is not None:
+                return t
+        return self.enter
+
+    @property
+    def bytes(self) -> int:
+        """The message size nccl-tests reports (and divides by time for algorithm bandwidth):
+        all-gather and reduce-scatter count every rank's part, where the size is known."""
+        size = self.count * DATATYPES.get(self.dtype, ("", 1))[1]
+        if self.func in _TIMES_NRANKS and self.nranks > 0:
+            size *= self.nranks
+        return size
+
+
+@dataclass(slots=True, eq=False)
+class _Group:
+    """ncclGroupStart .. the outermost ncclGroupEnd on one thread, and the calls in between."""
+
+    pid: int
+    tid: int
+    start: int
+    members: list[_Call] = field(default_factory=list)
+    end: int | None = None   # the outermost ncclGroupEnd returned
+    ret: int = 0
+    exited: bool = False
+    emitted: bool = False
+
+
+@dataclass
+class _Process:
+    resource: Resource
+    start_ns: int
+    open: dict = field(default_factory=lambda: defaultdict(list))    # tid -> stack of open calls
+    depth: dict = field(default_factory=Counter)                      # tid -> group nesting
+    groups: dict = field(default_factory=dict)                        # tid -> open outermost group
+    pending: list = field(default_factory=list)                       # enqueued, completion not yet seen
+    comms: dict = field(default_factory=dict)                         # comm id -> rank
+    last_done: int | None = None   # the last collective's completion (or enqueue): the phase start
+    gpu_wait: int = 0              # synchronize time since last_done
+    calls: Counter = field(default_factory=Counter)                   # op -> collectives
+    bytes: Counter = field(default_factory=Counter)                   # op -> bytes
+    errors: Counter = field(default_factory=Counter)                  # (function, result) -> calls
+    wait: dict = field(default_factory=lambda: defaultdict(m.HistogramState))
+    bandwidth: dict = field(default_factory=lambda: defaultdict(lambda: m.HistogramState(BANDWIDTH_BOUNDS)))
+    stragglers: Counter = field(default_factory=Counter)              # (comm hex, class) -> findings
+    lateness: dict = field(default_factory=lambda: defaultdict(m.HistogramState))
+    anomalies: Counter = field(default_factory=Counter)               # reason -> calls
+    exited: bool = False
+
+
+class NcclCorrelator:
+    scope = SCOPE
+
+    def __init__(
+        self,
+        process_info: ProcessInfo,
+        clock: MonotonicClock,
+        emit_spans: Callable[[list[ReadableSpan]], None],
+        *,
+        straggler_threshold_ns: int = 50_000_000,
+        completion_timeout_ns: int = 30_000_000_000,
+        max_spans_per_second: int = 20_000,
+        on_sampled_out: Callable[[int], None] = lambda n: None,
+        parent_of: Callable[[int, int, int], SpanContext | None] = lambda pid, tid, ts: None,
+    ) -> None:
+        self._info = process_info
+        self._clock = clock
+        self._emit = emit_spans
+        self._threshold = straggler_threshold_ns
+        self._timeout = completion_timeout_ns
+        self._budget = SpanBudget(max_spans_per_second)
+        self._on_sampled_out = on_sampled_out
+        self._parent_of = parent_of
+        self._procs: dict[int, _Process] = {}
+        self._members: dict[int, set[tuple[int, int]]] = defaultdict(set)   # comm id -> local (pid, rank)
+        self._arrivals: dict[tuple[int, int], dict[tuple[int, int], _Call]] = {}  # (comm, seq) -> ...
+        self._ready: list[list[ReadableSpan]] = []   # built this batch: a span, or a group and its calls
+        self._now = 0
+        self._lock = threading.Lock()
+        self.spans_emitted = 0
+
+    # -- events -----------------------------------------------------------
+
+    def on_strings(self, arr: np.ndarray) -> None:
+        """NCCL sends no strings."""
+
+    def on_events(self, arr: np.ndarray) -> None:
+        kinds = arr["kind"]
+        mine = (kinds >= _KINDS[0]) & (kinds <= _KINDS[-1])
+        if not mine.any() and not self._procs:
+            return
+        # Synchronizes and exits matter only for processes that call NCCL (seen before or now).
+        pids = np.union1d(np.fromiter(self._procs, dtype=np.uint32, count=len(self._procs)), arr["pid"][mine])
+        related = ((kinds == Kind.CUDA_SYNC) | (kinds == Kind.PROC_EXIT)) & np.isin(arr["pid"], pids)
+        with self._lock:
+            for rec in arr[mine | related].tolist():
+                self._dispatch(rec)
+            self._expire()
+            ready, self._ready = self._ready, []
+        spans: list[ReadableSpan] = []
+        for unit in ready:
+            granted = self._budget.take(len(unit))
+            if granted < len(unit):
+                self._on_sampled_out(len(unit))
+                continue
+            spans.extend(unit)
+        if spans:
+            self.spans_emitted += len(spans)
+            self._emit(spans)
+
+    def _proc(self, pid: int) -> _Process:
+        p = self._procs.get(pid)
+        if p is None:
+            p = self._procs[pid] = _Process(self._info.resource(pid), self._clock.now_wall())
+        return p
+
+    def _dispatch(self, rec: tuple) -> None:
+        ts, dur, pid, tid, kind, func, flags, ret, a0, a1, a2, a3 = rec
+        self._now = max(self._now, ts)
+        if kind == Kind.NCCL_ENTER:
+            self._enter(ts, dur, pid, tid, func, flags, ret, a0, a1, a2, a3)
+        elif kind == Kind.NCCL_RETURN:
+            self._return(ts, pid, tid, func, ret)
+        elif kind == Kind.NCCL_COMM:
+            self._comm(pid, tid, func, a1, a2, a3)
+        elif kind == Kind.CUDA_SYNC:
+            if not flags & FLAG_INCOMPLETE and ret == 0:
+                self._sync(ts, dur, pid, func, a0)
+        elif kind == Kind.PROC_EXIT:
+            self._exit(ts, pid)
+
+    def _enter(self, ts, packed_rank, pid, tid, func, flags, ret, a0, a1, a2, a3) -> None:
+        p = self._proc(pid)
+        rank, nranks = _rank(packed_rank)
+        call = _Call(func, pid, tid, ts, comm=a0, known=not flags & NCCL_FLAG_UNKNOWN_COMM, rank=rank, nranks=nranks)
+        if func == NcclFunc.ncclGroupStart:
+            p.depth[tid] += 1
+            if p.depth[tid] == 1:
+                p.groups[tid] = _Group(pid, tid, ts)
+        elif func in OPS:
+            call.seq = a1 if call.known else 0
+            call.count, call.dtype, call.op = a2 & 0xFFFFFFFFFFFF, (a2 >> 48) & 0xFF, a2 >> 56
+            call.root, call.stream = ret, a3
+            if p.last_done is not None:
+                call.phase, call.gpu_wait = ts - p.last_done, p.gpu_wait
+            call.group = p.groups.get(tid)
+            if call.group is not None:
+                call.group.members.append(call)
+            if func in COLLECTIVES and call.known:
+                self._arrive(call)
+        elif func in _ENDS and call.known and a0 in p.comms:
+            self._leave(a0, (pid, p.comms.pop(a0)))
+        elif func == NcclFunc.ncclCommSplit:
+            call.parent = a3
+        p.open[tid].append(call)
+
+    def _return(self, ts: int, pid: int, tid: int, func: int, ret: int) -> None:
+        p = self._procs.get(pid)
+        stack = p.open.get(tid) if p else None
+        if not stack or all(c.func != func for c in stack):
+            if p is not None:
+                p.anomalies["return_without_entry"] += 1  # attached while the call was running
+            return
+        while stack[-1].func != func:  # calls above it lost their return record
+            lost = stack.pop()
+            p.anomalies["return_lost"] += 1
+            self._finish(p, lost, FAILED)
+        call = stack.pop()
+        call.returned, call.ret = ts, ret
+        if func == NcclFunc.ncclGroupStart:
+            return
+        if func == NcclFunc.ncclGroupEnd:
+            self._group_end(p, tid, ts, ret)
+            return
+        if func in OPS:
+            p.calls[OPS[func]] += 1
+            if ret not in (0, IN_PROGRESS):
+                self._finish(p, call, FAILED)
+            elif call.group is None:
+                self._enqueued(p, call, ts)
+            return
+        if func in _INITS and ret in (0, IN_PROGRESS):
+            p.last_done, p.gpu_wait = ts, 0  # init waits for every rank: the first phase starts here
+        self._finish(p, call, "")
+
+    def _group_end(self, p: _Process, tid: int, ts: int, ret: int) -> None:
+        if p.depth[tid] == 0:
+            return
+        p.depth[tid] -= 1
+        if p.depth[tid]:
+            return
+        group = p.groups.pop(tid)
+        group.end, group.ret = ts, ret
+        for call in group.members:
+            if call.done:
+                continue
+            if ret not in (0, IN_PROGRESS) or call.returned is None:
+                self._finish(p, call, FAILED)
+            else:
+                self._enqueued(p, call, ts)
+        self._group_done(group)
+
+    def _enqueued(self, p: _Process, call: _Call, ts: int) -> None:
+        call.enqueued = ts
+        p.pending.append(call)
+        p.last_done, p.gpu_wait = ts, 0
+        p.bytes[OPS[call.func]] += call.bytes
+
+    def _comm(self, pid: int, tid: int, func: int, comm_id: int, packed_rank: int, parent: int) -> None:
+        p = self._proc(pid)
+        rank, nranks = _rank(packed_rank)
+        stack = p.open.get(tid)
+        if func in _INITS and stack and stack[-1].func == func:
+            call = stack[-1]
+            call.comm, call.nranks = comm_id, nranks
+            if rank >= 0 or func != NcclFunc.ncclCommInitAll:
+                call.rank = rank
+        if func == NcclFunc.ncclCommInitAll:
+            for r in range(nranks):
+                self._join(pid, p, comm_id, r)
+        else:
+            self._join(pid, p, comm_id, rank)
+
+    def _join(self, pid: int, p: _Process, comm_id: int, rank: int) -> None:
+        old = p.comms.get(comm_id)
+        if old is not None and old != rank:
+            self._members[comm_id].discard((pid, old))  # a split's rank, learned after its init
+        p.comms[comm_id] = rank
+        self._members[comm_id].add((pid, rank))
+
+    def _leave(self, comm_id: int, member: tuple[int, int]) -> None:
+        members = self._members.get(comm_id)
+        if members is None:
+            return
+        members.discard(member)
+        if not members:
+            del self._members[comm_id]
+        for key in [k for k in self._arrivals if k[0] == comm_id]:
+            self._check_arrivals(key)
+
+    def _sync(self, ts: int, dur: int, pid: int, func: int, stream: int) -> None:
+        p = self._procs[pid]
+        device = func == CudaFunc.cudaDeviceSynchronize
+        observed = [c for c in p.pending if c.enqueued <= ts and (device or c.stream == stream)]
+        if not observed:
+            if func in _STREAM_SYNCS or device:
+                p.gpu_wait += dur
+            return
+        end = ts + dur
+        for call in observed:
+            call.sync_start, call.sync_func, call.completed = ts, func, end
+            p.pending.remove(call)
+            self._finish(p, call, OBSERVED)
+        p.last_done, p.gpu_wait = end, 0
+
+    def _exit(self, ts: int, pid: int) -> None:
+        p = self._procs[pid]
+        p.exited = True
+        for stack in p.open.values():
+            for call in stack:
+                call.incomplete = True
+                call.returned = ts
+                self._finish(p, call, EXITED if call.func in OPS else "")
+        p.open.clear()
+        for call in list(p.pending):
+            call.completed = None
+            self._finish(p, call, EXITED)
+        p.pending.clear()
+        for group in p.groups.values():
+            group.exited = True
+            group.end = ts
+            for call in group.members:
+                if not call.done:
+                    self._finish(p, call, EXITED)
+            self._group_done(group)
+        p.groups.clear()
+        for comm_id, rank in list(p.comms.items()):
+            self._leave(comm_id, (pid, rank))
+        p.comms.clear()
+
+    def _expire(self) -> None:
+        """Collectives nobody synchronized on within the timeout; stale straggler groups."""
+        horizon = self._now - self._timeout
+        for p in self._procs.values():
+            stale = [c for c in p.pending if c.enqueued < horizon]
+            for call in stale:
+                p.pending.remove(call)
+                self._finish(p, call, UNOBSERVED)
+        for key in [k for k, v in self._arrivals.items() if min(c.enter for c in v.values()) < horizon]:
+            del self._arrivals[key]
+
+    # -- live stragglers --------------------------------------------------
+
+    def _arrive(self, call: _Call) -> None:
+        members = self._members.get(call.comm)
+        if not members or len(members) < 2 or (call.pid, call.rank) not in members:
+            return
+        key = (call.comm, call.seq)
+        self._arrivals.setdefault(key, {})[(call.pid, call.rank)] = call
+        self._check_arrivals(key)
+
+    def _check_arrivals(self, key: tuple[int, int]) -> None:
+        arrived = self._arrivals.get(key)
+        members = self._members.get(key[0], set())
+        if arrived is None or not members.issubset(arrived):
+            return
+        del self._arrivals[key]
+        calls = sorted((arrived[k] for k in members), key=lambda c: c.enter)
+        if len(calls) < 2:
+            return
+        last, others = calls[-1], calls[:-1]
+        lateness = last.enter - statistics.median(c.enter for c in others)
+        if lateness < self._threshold:
+            return
+        finding: dict[str, object] = {
+            "nccl.straggler.lateness": lateness / 1e9,
+            "nccl.straggler.peers": len(others),
+        }
+        cls = UNKNOWN
+        if last.phase is not None and all(c.phase is not None for c in others):
+            n = len(others)
+            compute, host, communication = components(
+                last.enter, last.phase, last.gpu_wait,
+                sum(c.enter for c in others) / n, sum(c.phase for c in others) / n,
+                sum(c.gpu_wait for c in others) / n,
+            )
+            cls = classify(compute, host, communication)
+            finding.update({
+                "nccl.straggler.compute": compute / 1e9,
+                "nccl.straggler.host": host / 1e9,
+                "nccl.straggler.communication": communication / 1e9,
+            })
+        finding["nccl.straggler.class"] = cls
+        last.finding = finding
+        p = self._procs[last.pid]
+        p.stragglers[(comm_hex(last.comm), cls)] += 1
+        p.lateness[cls].add(np.array([lateness / 1e9]))
+
+    # -- spans --------------------------------------------------------------
+
+    def _finish(self, p: _Process, call: _Call, completion: str) -> None:
+        call.done = True
+        call.completion = completion
+        if call.func in OPS:
+            name = NcclFunc(call.func).name
+            if completion == FAILED and call.ret not in (0, IN_PROGRESS):
+                p.errors[(name, RESULTS.get(call.ret, str(call.ret)))] += 1
+            if call.incomplete:
+                p.anomalies["incomplete"] += 1
+            if completion == OBSERVED:
+                op = OPS[call.func]
+                p.wait[op].add(np.array([(call.completed - call.enqueued) / 1e9]))
+                elapsed = call.completed - call.enter
+                if elapsed > 0 and call.bytes:
+                    p.bandwidth[op].add(np.array([call.bytes * 1e9 / elapsed]))
+        elif call.ret not in (0, IN_PROGRESS):
+            p.errors[(NcclFunc(call.func).name, RESULTS.get(call.ret, str(call.ret)))] += 1
+        if call.group is not None:
+            self._group_done(call.group)
+        elif call.func not in _GROUP_CALLS:
+            parent = self._parent_of(call.pid, call.tid, call.enter)
+            self._ready.append([self._span(p, call, parent)])
+
+    def _group_done(self, group: _Group) -> None:
+        if group.emitted or group.end is None or not all(c.done for c in group.members):
+            return
+        group.emitted = True
+        p = self._procs[group.pid]
+        ctx = new_context()
+        parent = self._parent_of(group.pid, group.tid, group.start)
+        if parent is not None:
+            ctx = new_context(parent.trace_id)
+        children = [self._span(p, c, ctx) for c in group.members]
+        end = max([group.end, *(c.end for c in group.members)])
+        attrs = {"nccl.group.size": len(group.members), "thread.id": group.tid}
+        error = None
+        if group.exited:
+            attrs["otelbpf.incomplete"] = True
+            error = "the process exited inside the group"
+        else:
+            attrs["nccl.result"] = RESULTS.get(group.ret, str(group.ret))
+            if group.ret not in (0, IN_PROGRESS):
+                error = f"ncclGroupEnd returned {attrs['nccl.result']} ({group.ret})"
+        start = self._clock.to_wall(group.start)
+        span = make_span(
+            "ncclGroup", resource=p.resource, scope=SCOPE, start_ns=start, end_ns=self._clock.to_wall(end),
+            attributes=attrs, error=error, parent=parent, context=ctx,
+        )
+        self._ready.append([span, *children])
+
+    def _span(self, p: _Process, call: _Call, parent: SpanContext | None) -> ReadableSpan:
+        name = NcclFunc(call.func).name
+        attrs: dict[str, object] = {"thread.id": call.tid}
+        if call.known and call.comm:
+            attrs["nccl.comm.id"] = comm_hex(call.comm)
+        elif call.comm:
+            attrs["nccl.comm.address"] = f"{call.comm:#x}"  # created before the probes were attached
+        if call.rank >= 0:
+            attrs["nccl.rank"] = call.rank
+        if call.nranks >= 0:
+            attrs["nccl.nranks"] = call.nranks
+        if call.func in OPS:
+            attrs.update(self._op_attrs(call))
+        elif call.func == NcclFunc.ncclCommSplit and call.parent:
+            attrs["nccl.comm.parent_id"] = comm_hex(call.parent)
+        error = None
+        if call.incomplete:
+            attrs["otelbpf.incomplete"] = True
+            error = f"the process exited during {name}"
+        else:
+            attrs["nccl.result"] = RESULTS.get(call.ret, str(call.ret))
+            if call.ret not in (0, IN_PROGRESS):
+                error = f"{name} returned {attrs['nccl.result']} ({call.ret})"
+            elif call.completion == FAILED:
+                error = "the group this call was in failed"
+        events = []
+        if call.finding:
+            events.append(Event("nccl.straggler", call.finding, timestamp=self._clock.to_wall(call.enter)))
+        return make_span(
+            name, resource=p.resource, scope=SCOPE, start_ns=self._clock.to_wall(call.enter),
+            end_ns=self._clock.to_wall(call.end), attributes=attrs, error=error, parent=parent, events=events,
+        )
+
+    def _op_attrs(self, call: _Call) -> dict[str, object]:
+        attrs: dict[str, object] = {
+            "nccl.op": OPS[call.func],
+            "nccl.count": call.count,
+            "nccl.datatype": DATATYPES.get(call.dtype, (f"type{call.dtype}", 1))[0],
+            "nccl.bytes": call.bytes,
+            "cuda.stream": f"{call.stream:#x}",
+            "nccl.completion": call.completion,
+        }
+        if call.known:
+            attrs["nccl.seq"] = call.seq
+        if call.func in _REDUCING:
+            attrs["nccl.reduction"] = REDUCTIONS.get(call.op, "custom")
+        if call.func in _ROOTED:
+            attrs["nccl.root"] = call.root
+        elif call.func in POINT_TO_POINT:
+            attrs["nccl.peer"] = call.root
+        if call.returned is not None:
+            attrs["nccl.enqueue.duration"] = (call.returned - call.enter) / 1e9
+        if call.completion == OBSERVED:
+            attrs["nccl.wait.duration"] = (call.completed - call.enqueued) / 1e9
+            attrs["nccl.sync.function"] = CudaFunc(call.sync_func).name
+            attrs["nccl.sync.duration"] = (call.completed - call.sync_start) / 1e9
+        if call.phase is not None:
+            attrs["nccl.phase.duration"] = call.phase / 1e9
+            attrs["nccl.phase.gpu_wait"] = call.gpu_wait / 1e9
+        return attrs
+
+    # -- metrics ----------------------------------------------------------
+
+    def collect(self) -> list[tuple[Resource, list[Metric]]]:
+        """Cumulative metrics per process; forgets processes that exited."""
+        now = self._clock.now_wall()
+        out = []
+        with self._lock:
+            for pid, p in list(self._procs.items()):
+                metrics = [x for x in self._metrics(p, now) if x is not None]
+                if metrics:
+                    out.append((p.resource, metrics))
+                if p.exited:
+                    del self._procs[pid]
+        return out
+
+    def _metrics(self, p: _Process, now: int) -> list[Metric | None]:
+        start = p.start_ns
+        return [
+            m.cumulative_sum(
+                "nccl.collectives", "{call}", "NCCL collective and send/recv calls that returned, by operation",
+                [({"nccl.op": op}, n) for op, n in sorted(p.calls.items())], start, now,
+            ),
+            m.cumulative_sum(
+                "nccl.bytes", "By", "Bytes of NCCL operations enqueued (nccl-tests' message size), by operation",
+                [({"nccl.op": op}, n) for op, n in sorted(p.bytes.items())], start, now,
+            ),
+            m.cumulative_sum(
+                "nccl.errors", "{call}", "NCCL calls that returned an error",
+                [({"nccl.function": f, "nccl.result": r}, n) for (f, r), n in sorted(p.errors.items())], start, now,
+            ),
+            m.histogram(
+                "nccl.wait.duration", "s",
+                "From enqueue to observed completion (the synchronize that saw it returned), by operation",
+                [h.point({"nccl.op": op}, start, now) for op, h in sorted(p.wait.items())],
+            ),
+            m.histogram(
+                "nccl.algorithm.bandwidth", "By/s",
+                "Bytes / (observed completion - call entry): nccl-tests' algorithm bandwidth, from the host",
+                [h.point({"nccl.op": op}, start, now) for op, h in sorted(p.bandwidth.items())],
+            ),
+            m.cumulative_sum(
+                "nccl.straggler", "{collective}",
+                "Collectives this rank entered last, later than the other local ranks by the threshold",
+                [
+                    ({"nccl.comm.id": comm, "nccl.straggler.class": cls}, n)
+                    for (comm, cls), n in sorted(p.stragglers.items())
+                ],
+                start, now,
+            ),
+            m.histogram(
+                "nccl.straggler.lateness", "s", "How late this rank entered the collectives it straggled on",
+                [h.point({"nccl.straggler.class": cls}, start, now) for cls, h in sorted(p.lateness.items())],
+            ),
+            m.cumulative_sum(
+                "otelbpf.nccl.anomalies", "{call}", "NCCL calls the agent could not account fully",
+                [({"reason": r}, n) for r, n in sorted(p.anomalies.items())], start, now,
+            ),
+        ]
