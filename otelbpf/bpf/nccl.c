@@ -19,7 +19,8 @@
  *                   (ncclCommSplit);
  *     destroy, abort: a0 comm id; group start/end: no arguments.
  *   EV_NCCL_RETURN  func, ret: the call's result.
- *   EV_NCCL_COMM    a communicator is known: a0 pointer, a1 id, a2 rank | nranks << 32,
+ *   EV_NCCL_COMM    a communicator is known (an init call's come before its RETURN):
+ *                   a0 pointer, a1 id, a2 rank | nranks << 32,
  *                   a3 parent id; func: the init call, or ncclCommCount/ncclCommUserRank
  *                   when those revealed the size or rank of a split communicator.
  *                   ncclCommInitAll sends one record for all its communicators: a0 the
@@ -333,9 +334,11 @@ static __always_inline int nccl_init_return(struct pt_regs *ctx, u8 func)
     struct nccl_call call = *found;
     nccl_calls.delete(&id);
     s32 ret = PT_REGS_RC(ctx);
-    nccl_emit_return(id, func, ret);
-    if (ret != 0 && ret != NCCL_IN_PROGRESS)
+    if (ret != 0 && ret != NCCL_IN_PROGRESS) {
+        nccl_emit_return(id, func, ret);
         return 0;
+    }
+    /* The communicator records come first, so the call is complete when its return is read. */
     struct event e = {};
     nccl_begin(&e, id, EV_NCCL_COMM, func);
     e.ret = ret;
@@ -345,6 +348,7 @@ static __always_inline int nccl_init_return(struct pt_regs *ctx, u8 func)
         bpf_probe_read_user(&comm, sizeof(comm), (void *)call.out);
         if (comm)  /* ncclCommSplit with NCCL_SPLIT_NOCOLOR gives none */
             nccl_known(&e, tgid, comm, &info, call.parent);
+        nccl_emit_return(id, func, ret);
         return 0;
     }
     /* Every rank lives here: one record says ranks 0..n-1 of this id; the loop stays free of
@@ -367,6 +371,7 @@ static __always_inline int nccl_init_return(struct pt_regs *ctx, u8 func)
     e.a1 = info.id;
     e.a2 = nccl_pack_rank(-1, call.nranks);
     emit(&e);
+    nccl_emit_return(id, func, ret);
     return 0;
 }
 
