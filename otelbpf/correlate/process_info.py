@@ -51,7 +51,7 @@ class ProcessInfo:
         self._max = max_processes
         self._cache: OrderedDict[int, Resource] = OrderedDict()  # LRU: bounded on busy hosts
         self._taken: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns when read
-        self._comm: dict[int, str] = {}
+        self._comm: OrderedDict[int, str] = OrderedDict()  # LRU too: noted for every exec and exit seen
         self._lock = threading.Lock()
 
     def note_comm(self, pid: int, comm: str) -> None:
@@ -59,6 +59,9 @@ class ProcessInfo:
         if comm:
             with self._lock:
                 self._comm[pid] = comm
+                self._comm.move_to_end(pid)
+                while len(self._comm) > self._max:
+                    self._comm.popitem(last=False)
 
     def resource(self, pid: int) -> Resource:
         with self._lock:
