@@ -32,6 +32,7 @@ from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.export.factory import metric_exporter, span_exporter
 from otelbpf.export.health import Health
 from otelbpf.export.metrics_loop import MetricsLoop
+from otelbpf.export.profile_export import profile_exporter
 from otelbpf.export.span_queue import SpanQueue
 from otelbpf.threadname import name_os_thread
 from otelbpf.receivers import Context, MapAccess
@@ -78,8 +79,11 @@ class Agent:
                 timeout_s=to_seconds(batch.timeout),
             )
 
+        self.profile_exporters = [(n, profile_exporter(n, c, self.health)) for n, c in config.pipeline_exporters("profiles")]
         maps = MapAccess()
-        ctx = Context(self.process_info, self.symbolizer, self.clock, self.health, self._emit_spans, maps, traces)
+        ctx = Context(self.process_info, self.symbolizer, self.clock, self.health, self._emit_spans, maps, traces,
+                      export_profiles=self._export_profiles,
+                      profile_attributes=config.resource_attributes("profiles"))
         self.receivers = [receivers.build(name, cfg, ctx) for name, cfg in self._receiver_configs()]
         if not self.receivers:
             raise SensorError("no receiver in any pipeline: name one (e.g. `cuda`) under service.pipelines.*.receivers")
@@ -96,6 +100,7 @@ class Agent:
             deliver=self._deliver,
         )
         maps.read, maps.forget, maps.update = self.sensor.read_map, self.sensor.delete_keys, self.sensor.update_map
+        maps.with_bpf = self.sensor.with_bpf
         self.sensor.on_process = self._describe_process
         # Bounded in records, not batches: one drained batch can hold ~60k events.
         self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue()
@@ -114,7 +119,7 @@ class Agent:
 
     def _receiver_configs(self):
         seen = {}
-        for s in ("traces", "metrics"):
+        for s in ("traces", "metrics", "profiles"):
             for name, cfg in self.config.pipeline_receivers(s):
                 seen[name] = cfg
         return list(seen.items())
@@ -160,6 +165,10 @@ class Agent:
         """Snapshot a process's resource and memory map while it is alive."""
         self.process_info.resource(pid)
         self.symbolizer.remember(pid)
+
+    def _export_profiles(self, records: list) -> None:
+        for _name, exporter in self.profile_exporters:
+            exporter.export(records)
 
     def _emit_spans(self, spans: list) -> None:
         if self.spans is not None:
@@ -220,6 +229,8 @@ class Agent:
             self.metrics.stop()      # final export with totals
         if self.spans is not None:
             self.spans.close()
+        for _name, exporter in self.profile_exporters:
+            exporter.shutdown()      # after the sensor's stop made the last profiles
 
     def stats_line(self) -> str:
         kernel = self.sensor.kernel_stats()

@@ -230,79 +230,25 @@ def _absolute_glob(pattern: str) -> str:
     return pattern
 
 
-class CudaReceiverConfig(_Section):
-    """Uprobes on the CUDA runtime (``cudart``) and driver (``cuda``) libraries."""
+class ProfilingReceiverConfig(_Section):
+    """CPU samples (perf cpu-clock) and CUDA memory by stack, Python frames merged with native."""
 
-    libraries: list[Literal["cudart", "cuda"]] = ["cudart", "cuda"]
-    search_paths: list[Annotated[str, AfterValidator(_absolute_glob)]] = list(_DEFAULT_CUDA_SEARCH_PATHS)
-    launch_sample_every: int = Field(0, ge=0)
-    launch_errors: bool = False
-    min_span_duration: Duration = 0
-    ring_buffer_size: Size = 4 << 20
-    top_kernels: int = Field(20, ge=0, le=1000)
-    max_spans_per_second: int = Field(20_000, ge=0)
+    sample_rate: int = Field(99, ge=1, le=1000)
+    interval: PositiveDuration = 10_000_000_000
+    python: bool = True
+    max_python_frames: int = 64
+    cuda_memory: bool = True
+    stack_map_entries: int = Field(16384, ge=1024, le=1 << 20)
+    sample_map_entries: int = Field(16384, ge=1024, le=1 << 20)
+    code_map_entries: int = Field(16384, ge=1024, le=1 << 20)
+    live_allocations: int = Field(262144, ge=1024, le=1 << 24)
 
-    @field_validator("libraries")
+    @field_validator("max_python_frames")
     @classmethod
-    def _libraries(cls, value: list[str]) -> list[str]:
-        if not value:
-            raise ValueError("name at least one of cudart, cuda (to disable the receiver, drop it from the pipelines)")
-        return _unique(value, "library")
-
-    @field_validator("ring_buffer_size")
-    @classmethod
-    def _ring_size(cls, value: int) -> int:
-        if value < mmap.PAGESIZE or value & (value - 1):
-            raise ValueError(
-                f"the BPF ring buffer size must be a power of two of at least the page size "
-                f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
-            )
+    def _frames(cls, value: int) -> int:
+        if value not in (16, 32, 64, 128):
+            raise ValueError(f"max_python_frames must be 16, 32, 64 or 128, got {value}")
         return value
-
-
-def _power_of_two_ring(value: int) -> int:
-    if value < mmap.PAGESIZE or value & (value - 1):
-        raise ValueError(
-            f"the BPF ring buffer size must be a power of two of at least the page size "
-            f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
-        )
-    return value
-
-
-class HttpReceiverConfig(_Section):
-    """Syscall tracepoints on sockets: HTTP/1.x, HTTP/2 and gRPC spans and RED metrics."""
-
-    ports: list[Annotated[int, Field(ge=1, le=65535)]] = []
-    payload_size: Size = 4 << 10
-    ring_buffer_size: Size = 16 << 20
-    capture_headers: list[str] = []
-    redact_headers: list[str] = []
-    max_spans_per_second: int = Field(20_000, ge=0)
-
-    @field_validator("ports")
-    @classmethod
-    def _ports(cls, value: list[int]) -> list[int]:
-        return _unique(value, "port")
-
-    @field_validator("payload_size")
-    @classmethod
-    def _payload(cls, value: int) -> int:
-        if value & (value - 1) or not 64 <= value <= 8192:
-            raise ValueError(f"payload_size must be a power of two from 64B to 8KiB, got {format_size(value)}")
-        return value
-
-    @field_validator("ring_buffer_size")
-    @classmethod
-    def _ring_size(cls, value: int) -> int:
-        return _power_of_two_ring(value)
-
-    @field_validator("capture_headers", "redact_headers")
-    @classmethod
-    def _header_names(cls, value: list[str]) -> list[str]:
-        bad = [h for h in value if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", h)]
-        if bad:
-            raise ValueError(f"not HTTP header names: {', '.join(map(repr, bad))}")
-        return [h.lower() for h in value]
 
 
 _DEFAULT_NCCL_SEARCH_PATHS = (
@@ -333,35 +279,21 @@ class NcclReceiverConfig(_Section):
     def _ring_size(cls, value: int) -> int:
         if value < mmap.PAGESIZE or value & (value - 1):
             raise ValueError(
-class ProfilingReceiverConfig(_Section):
-    """CPU samples (perf cpu-clock) and CUDA memory by stack, Python frames merged with native."""
-
-    sample_rate: int = Field(99, ge=1, le=1000)
-    interval: PositiveDuration = 10_000_000_000
-    python: bool = True
-    max_python_frames: int = 64
-    cuda_memory: bool = True
-    stack_map_entries: int = Field(16384, ge=1024, le=1 << 20)
-    sample_map_entries: int = Field(16384, ge=1024, le=1 << 20)
-    code_map_entries: int = Field(16384, ge=1024, le=1 << 20)
-    live_allocations: int = Field(262144, ge=1024, le=1 << 24)
-
-    @field_validator("max_python_frames")
-    @classmethod
-    def _frames(cls, value: int) -> int:
-        if value not in (16, 32, 64, 128):
-            raise ValueError(f"max_python_frames must be 16, 32, 64 or 128, got {value}")
-        return value
-
-
                 f"the BPF ring buffer size must be a power of two of at least the page size "
                 f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
             )
         return value
 
 
-ReceiverConfig: TypeAlias = CudaReceiverConfig | HttpReceiverConfig | NcclReceiverConfig
-RECEIVER_TYPES: dict[str, type[BaseModel]] = {"cuda": CudaReceiverConfig, "http": HttpReceiverConfig, "nccl": NcclReceiverConfig}
+ReceiverConfig: TypeAlias = CudaReceiverConfig | HttpReceiverConfig | ProfilingReceiverConfig | NcclReceiverConfig
+RECEIVER_TYPES: dict[str, type[BaseModel]] = {
+    "cuda": CudaReceiverConfig,
+    "http": HttpReceiverConfig,
+    "profiling": ProfilingReceiverConfig,
+    "nccl": NcclReceiverConfig,
+}
+#: Receivers that feed the profiles pipeline (and only it).
+PROFILE_RECEIVERS: tuple[type[BaseModel], ...] = (ProfilingReceiverConfig,)
 
 
 # --- processors --------------------------------------------------------------------------
@@ -556,6 +488,7 @@ EXPORTER_TYPES: dict[str, type[BaseModel]] = {
     "otlp": OtlpExporterConfig,
     "otlphttp": OtlpHttpExporterConfig,
     "file": FileExporterConfig,
+    "pyroscope": PyroscopeExporterConfig,
 }
 
 
@@ -594,7 +527,6 @@ class TargetsConfig(_Section):
     pids: list[Annotated[int, Field(gt=0)]] = []
 
     @field_validator("pids")
-    "pyroscope": PyroscopeExporterConfig,
     @classmethod
     def _pids(cls, value: list[int]) -> list[int]:
         return _unique(value, "pid")
@@ -623,6 +555,7 @@ class PipelineConfig(_Section):
 class PipelinesConfig(_Section):
     traces: PipelineConfig | None = None
     metrics: PipelineConfig | None = None
+    profiles: PipelineConfig | None = None
 
 
 class TelemetryConfig(_Section):
@@ -661,7 +594,6 @@ _STANDARD_ERROR_TYPES = frozenset(get_args(ErrorType))  # pydantic's own; others
 
 def _carried(error: Mapping[str, Any], prefix: OptionPath) -> dict[str, Any]:
     """A nested validation error re-raised one level up, its location prefixed."""
-    profiles: PipelineConfig | None = None
     loc = (*prefix, *error["loc"])
     if error["type"] not in _STANDARD_ERROR_TYPES:
         return _error(error["type"], error["msg"], loc, error["input"])
@@ -739,6 +671,7 @@ class Config(_Section):
                 if missing:
                     message = f"{missing} (the {signal} pipeline uses this exporter)"
                     errors.append(_error("missing_endpoint", message, ("exporters", name, "endpoint"), None))
+        errors.extend(_profile_pipeline_errors(config))
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return config
@@ -777,7 +710,6 @@ class Config(_Section):
             if isinstance(processor, ResourceProcessorConfig):
                 merged.update(processor.attributes)
         return merged
-        errors.extend(_profile_pipeline_errors(config))
 
 
 def _reference_errors(data: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -808,7 +740,40 @@ def _reference_errors(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     return errors
 
 
+def _profile_pipeline_errors(config: Config) -> list[dict[str, Any]]:
+    """Profiles go only from profile receivers to file or pyroscope exporters; the other
+    pipelines take neither; CUDA memory profiles need the cuda receiver's probes."""
+    errors = []
+    for signal in config.pipeline_signals():
+        pipeline = config.pipeline(signal)
+        profiles = signal == "profiles"
+        for index, name in enumerate(pipeline.receivers):  # type: ignore[union-attr]
+            if isinstance(config.receivers.get(name), PROFILE_RECEIVERS) != profiles:
+                why = (f"receiver {name!r} produces no profiles" if profiles
+                       else f"receiver {name!r} produces profiles only: name it in service.pipelines.profiles")
+                errors.append(_error("wrong_signal", why, ("service", "pipelines", signal, "receivers", index), name))
+        for index, name in enumerate(pipeline.exporters):  # type: ignore[union-attr]
+            exporter = config.exporters.get(name)
+            if profiles and not isinstance(exporter, (FileExporterConfig, PyroscopeExporterConfig)):
+                why = f"exporter {name!r} cannot export profiles: use a file or pyroscope exporter"
+            elif not profiles and isinstance(exporter, PyroscopeExporterConfig):
+                why = f"exporter {name!r} (pyroscope) exports profiles only: name it in service.pipelines.profiles"
+            else:
+                continue
+            errors.append(_error("wrong_signal", why, ("service", "pipelines", signal, "exporters", index), name))
+    uses_cuda = any(isinstance(cfg, CudaReceiverConfig) for s in config.pipeline_signals()
+                    for _, cfg in config.pipeline_receivers(s))
+    for name, cfg in config.pipeline_receivers("profiles"):  # type: ignore[arg-type]
+        if isinstance(cfg, ProfilingReceiverConfig) and cfg.cuda_memory and not uses_cuda:
+            why = ("CUDA memory profiles need the cuda receiver's probes: add the cuda receiver to a pipeline, "
+                   "or set cuda_memory: false")
+            errors.append(_error("needs_cuda", why, ("receivers", name, "cuda_memory"), True))
+    return errors
+
+
 def _missing_endpoint(exporter: ExporterConfig | None, signal: Signal) -> str | None:
+    if isinstance(exporter, PyroscopeExporterConfig) and exporter.endpoint is None:
+        return "no endpoint: set endpoint here or PYROSCOPE_SERVER_ADDRESS"
     if isinstance(exporter, OtlpExporterConfig) and exporter.endpoint is None:
         return "no endpoint: set endpoint here or OTEL_EXPORTER_OTLP_ENDPOINT"
     if isinstance(exporter, OtlpHttpExporterConfig) and exporter.endpoint is None:
@@ -846,40 +811,7 @@ receivers:
       - /usr/lib64/libcuda.so*
       - /usr/local/nvidia/lib64/libcuda.so*
     launch_sample_every: 0
-def _profile_pipeline_errors(config: Config) -> list[dict[str, Any]]:
-    """Profiles go only from profile receivers to file or pyroscope exporters; the other
-    pipelines take neither; CUDA memory profiles need the cuda receiver's probes."""
-    errors = []
-    for signal in config.pipeline_signals():
-        pipeline = config.pipeline(signal)
-        profiles = signal == "profiles"
-        for index, name in enumerate(pipeline.receivers):  # type: ignore[union-attr]
-            if isinstance(config.receivers.get(name), PROFILE_RECEIVERS) != profiles:
-                why = (f"receiver {name!r} produces no profiles" if profiles
-                       else f"receiver {name!r} produces profiles only: name it in service.pipelines.profiles")
-                errors.append(_error("wrong_signal", why, ("service", "pipelines", signal, "receivers", index), name))
-        for index, name in enumerate(pipeline.exporters):  # type: ignore[union-attr]
-            exporter = config.exporters.get(name)
-            if profiles and not isinstance(exporter, (FileExporterConfig, PyroscopeExporterConfig)):
-                why = f"exporter {name!r} cannot export profiles: use a file or pyroscope exporter"
-            elif not profiles and isinstance(exporter, PyroscopeExporterConfig):
-                why = f"exporter {name!r} (pyroscope) exports profiles only: name it in service.pipelines.profiles"
-            else:
-                continue
-            errors.append(_error("wrong_signal", why, ("service", "pipelines", signal, "exporters", index), name))
-    uses_cuda = any(isinstance(cfg, CudaReceiverConfig) for s in config.pipeline_signals()
-                    for _, cfg in config.pipeline_receivers(s))
-    for name, cfg in config.pipeline_receivers("profiles"):  # type: ignore[arg-type]
-        if isinstance(cfg, ProfilingReceiverConfig) and cfg.cuda_memory and not uses_cuda:
-            why = ("CUDA memory profiles need the cuda receiver's probes: add the cuda receiver to a pipeline, "
-                   "or set cuda_memory: false")
-            errors.append(_error("needs_cuda", why, ("receivers", name, "cuda_memory"), True))
-    return errors
-
-
     launch_errors: false
-    if isinstance(exporter, PyroscopeExporterConfig) and exporter.endpoint is None:
-        return "no endpoint: set endpoint here or PYROSCOPE_SERVER_ADDRESS"
     min_span_duration: 0us
     ring_buffer_size: 4MiB
     top_kernels: 20
@@ -891,6 +823,16 @@ def _profile_pipeline_errors(config: Config) -> list[dict[str, Any]]:
     capture_headers: []
     redact_headers: []
     max_spans_per_second: 20000
+  profiling:
+    sample_rate: 99
+    interval: 10s
+    python: true
+    max_python_frames: 64
+    cuda_memory: true
+    stack_map_entries: 16384
+    sample_map_entries: 16384
+    code_map_entries: 16384
+    live_allocations: 262144
   nccl:
     search_paths:
       - /usr/lib/x86_64-linux-gnu/libnccl.so*
@@ -929,16 +871,10 @@ service:
       receivers: [cuda]
       processors: [batch, resource]
       exporters: [file]
-  profiling:
-    sample_rate: 99
-    interval: 10s
-    python: true
-    max_python_frames: 64
-    cuda_memory: true
-    stack_map_entries: 16384
-    sample_map_entries: 16384
-    code_map_entries: 16384
-    live_allocations: 262144
+    profiles:
+      receivers: [profiling]
+      processors: [resource]
+      exporters: [file]
   telemetry:
     metrics_interval: 10s
     drain_interval: 50ms
@@ -977,10 +913,6 @@ def load_config_text(text: str, *, source: str = "<string>", env: Mapping[str, s
 class _Findings:
     """What assembling the raw config found: problems at option paths (None: not in the file)
     and, per option path, the variable or ``${env:...}`` reference its value came from."""
-    profiles:
-      receivers: [profiling]
-      processors: [resource]
-      exporters: [file]
 
     issues: list[tuple[OptionPath | None, str]] = field(default_factory=list)
     origins: dict[OptionPath, str] = field(default_factory=dict)
@@ -993,6 +925,10 @@ def _build(text: str, source: str, env: Mapping[str, str], *, from_file: bool) -
     variables = {k: v for k, v in env.items() if k.startswith("OTEL_") and v != ""}
     if not from_file:
         _route_signals_to_otlp(data, variables, found)
+    pyroscope = {k: v for k, v in env.items() if k.startswith("PYROSCOPE_") and v != ""}
+    if not from_file:
+        _route_profiles_to_pyroscope(data, pyroscope)
+    _fill_pyroscope(data, pyroscope, found)
     _fill_exporters(data, variables, found)
     _fill_resource(data, variables, found)
     _fill_telemetry(data, variables, found, override=not from_file)
@@ -1031,10 +967,6 @@ class _Loader(yaml.SafeLoader):
             if key in seen:
                 first = seen[key].line + 1
                 raise yaml.constructor.ConstructorError(
-    pyroscope = {k: v for k, v in env.items() if k.startswith("PYROSCOPE_") and v != ""}
-    if not from_file:
-        _route_profiles_to_pyroscope(data, pyroscope)
-    _fill_pyroscope(data, pyroscope, found)
                     None, None, f"duplicate key {key!r} (first written on line {first})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark
@@ -1239,44 +1171,6 @@ def _route_signals_to_otlp(data: dict[str, Any], variables: Mapping[str, str], f
     data["exporters"] = {n: e for n, e in data["exporters"].items() if n in used}
 
 
-def _shared_settings(type_: str, signals: set[str], variables: Mapping[str, str]) -> dict[Key, Any]:
-    """An exporter's settings less its per-signal URLs (one otlphttp exporter holds both)."""
-    settings = _exporter_settings(type_, signals, variables)[0]
-    return {k: v for k, (_, v) in settings.items() if k not in (("traces_endpoint",), ("metrics_endpoint",))}
-
-
-def _pipelines(data: Mapping[str, Any]) -> dict[Any, Any]:
-    """The raw ``service.pipelines`` mapping, or {} where the file has none or a malformed one."""
-    service = data.get("service")
-    pipelines = service.get("pipelines") if isinstance(service, dict) else None
-    return pipelines if isinstance(pipelines, dict) else {}
-
-
-def _fill_exporters(data: dict[str, Any], variables: Mapping[str, str], found: _Findings) -> None:
-    """Give otlp/otlphttp exporters what OTEL_EXPORTER_OTLP_* say, where the file is silent."""
-    exporters = data.get("exporters")
-    if not isinstance(exporters, dict):
-        return
-    served: dict[str, set[str]] = {}
-    for signal, pipeline in _pipelines(data).items():
-        names = pipeline.get("exporters") if isinstance(pipeline, dict) else None
-        for name in names if isinstance(names, list) else ():
-            if isinstance(name, str):
-                served.setdefault(name, set()).add(str(signal))
-    for name, body in list(exporters.items()):
-        type_ = component_type(name) if isinstance(name, str) else None
-        if type_ not in ("otlp", "otlphttp"):
-            continue
-        if body is None:
-            body = exporters[name] = {}
-        if not isinstance(body, dict):
-            continue
-        settings, problems = _exporter_settings(type_, served.get(name, set()), variables)
-        found.issues.extend((None, p) for p in problems)
-        for key, (variable, value) in settings.items():
-            if key == ("tls", "insecure") and isinstance(body.get("endpoint"), str) and _scheme(body["endpoint"]):
-                continue  # the spec: INSECURE applies only to an endpoint without http(s)://
-            _fill(body, key, value, ("exporters", name, *key), variable, found)
 def _route_profiles_to_pyroscope(data: dict[str, Any], variables: Mapping[str, str]) -> None:
     """Without a file: PYROSCOPE_SERVER_ADDRESS (what Pyroscope's own SDKs read) sends the
     profiles pipeline to a pyroscope exporter instead of files."""
@@ -1316,6 +1210,44 @@ def _fill_pyroscope(data: dict[str, Any], variables: Mapping[str, str], found: _
                   ("exporters", name, "basic_auth"), "PYROSCOPE_BASIC_AUTH_USER", found)
 
 
+def _shared_settings(type_: str, signals: set[str], variables: Mapping[str, str]) -> dict[Key, Any]:
+    """An exporter's settings less its per-signal URLs (one otlphttp exporter holds both)."""
+    settings = _exporter_settings(type_, signals, variables)[0]
+    return {k: v for k, (_, v) in settings.items() if k not in (("traces_endpoint",), ("metrics_endpoint",))}
+
+
+def _pipelines(data: Mapping[str, Any]) -> dict[Any, Any]:
+    """The raw ``service.pipelines`` mapping, or {} where the file has none or a malformed one."""
+    service = data.get("service")
+    pipelines = service.get("pipelines") if isinstance(service, dict) else None
+    return pipelines if isinstance(pipelines, dict) else {}
+
+
+def _fill_exporters(data: dict[str, Any], variables: Mapping[str, str], found: _Findings) -> None:
+    """Give otlp/otlphttp exporters what OTEL_EXPORTER_OTLP_* say, where the file is silent."""
+    exporters = data.get("exporters")
+    if not isinstance(exporters, dict):
+        return
+    served: dict[str, set[str]] = {}
+    for signal, pipeline in _pipelines(data).items():
+        names = pipeline.get("exporters") if isinstance(pipeline, dict) else None
+        for name in names if isinstance(names, list) else ():
+            if isinstance(name, str):
+                served.setdefault(name, set()).add(str(signal))
+    for name, body in list(exporters.items()):
+        type_ = component_type(name) if isinstance(name, str) else None
+        if type_ not in ("otlp", "otlphttp"):
+            continue
+        if body is None:
+            body = exporters[name] = {}
+        if not isinstance(body, dict):
+            continue
+        settings, problems = _exporter_settings(type_, served.get(name, set()), variables)
+        found.issues.extend((None, p) for p in problems)
+        for key, (variable, value) in settings.items():
+            if key == ("tls", "insecure") and isinstance(body.get("endpoint"), str) and _scheme(body["endpoint"]):
+                continue  # the spec: INSECURE applies only to an endpoint without http(s)://
+            _fill(body, key, value, ("exporters", name, *key), variable, found)
 
 
 def _fill(body: dict[str, Any], key: Key, value: Any, path: OptionPath, variable: str, found: _Findings) -> None:

@@ -39,7 +39,7 @@ assert STREVENT_DTYPE.itemsize == 256
 
 class Kind(enum.IntEnum):
     """``EV_*`` in common.h. Ranges per family: 1-9 process life cycle,
-    10-19 CUDA, 20-29 NCCL, 30-39 ibverbs, 40-49 sockets; every correlator
+    10-19 CUDA, 20-29 NCCL, 30-39 ibverbs, 40-49 sockets, 50-59 profiling; every correlator
     receives every batch and handles its own range."""
 
     PROC_EXEC = 1

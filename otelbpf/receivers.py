@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from opentelemetry.sdk.metrics.export import Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otelbpf.config import CudaReceiverConfig, HttpReceiverConfig, ReceiverConfig
+from otelbpf.config import CudaReceiverConfig, HttpReceiverConfig, ProfilingReceiverConfig, ReceiverConfig
 from otelbpf.config import NcclReceiverConfig
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
@@ -35,6 +35,8 @@ class MapAccess:
         self.read: Callable[[str], list[tuple[object, int]]] = lambda name: []
         self.forget: Callable[[str, list[object]], None] = lambda name, keys: None
         self.update: Callable[[str, list[tuple[int, int]]], None] = lambda name, items: None
+        #: Run a function with the loaded BCC object, under the sensor's lock (None once unloaded).
+        self.with_bpf: Callable[[Callable[[Any], Any]], Any] = lambda fn: None
 
 
 @dataclass
@@ -51,6 +53,9 @@ class Context:
     #: Open server spans per thread: request receivers add them, every
     #: correlator may ask it for the parent of what a thread did (causality.py).
     causality: Causality = field(default_factory=Causality)
+    #: Profiles pipeline: where finished profiles go, and its resource attributes (labels).
+    export_profiles: Callable[[list], None] = lambda records: None
+    profile_attributes: dict = field(default_factory=dict)
 
 
 class Correlator(Protocol):
@@ -139,11 +144,32 @@ def _nccl(name: str, cfg: NcclReceiverConfig, ctx: Context) -> Receiver:
     return Receiver(name, nccl_family(), correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 
 
+def _profiling(name: str, cfg: ProfilingReceiverConfig, ctx: Context) -> Receiver:
+    from otelbpf.config import to_seconds
+    from otelbpf.correlate.profiles import Profiler
+    from otelbpf.sensor.profile_probes import profile_family
+
+    profiler = Profiler(
+        ctx.process_info, ctx.health, ctx.export_profiles,
+        sample_hz=cfg.sample_rate, interval_s=to_seconds(cfg.interval), cuda_memory=cfg.cuda_memory,
+        python=cfg.python, labels=ctx.profile_attributes,
+    )
+    profiler.run_locked = lambda fn: ctx.maps.with_bpf(fn)
+    family = profile_family(
+        python=cfg.python, cuda_memory=cfg.cuda_memory, max_python_frames=cfg.max_python_frames,
+        stack_entries=cfg.stack_map_entries, sample_entries=cfg.sample_map_entries,
+        code_entries=cfg.code_map_entries, live_entries=cfg.live_allocations,
+        on_load=profiler.on_load, on_unload=profiler.on_unload,
+    )
+    return Receiver(name, family, profiler, [], 1 << 20)
+
+
 #: config model type -> builder
 BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
     CudaReceiverConfig: _cuda,
     HttpReceiverConfig: _http,
     NcclReceiverConfig: _nccl,
+    ProfilingReceiverConfig: _profiling,
 }
 
 

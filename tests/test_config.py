@@ -75,8 +75,9 @@ def one_error(text: str, **env: str) -> str:
 def test_default_config_is_valid_and_writes_files():
     config = load_config(None, env={})
 
-    assert config.enabled_receivers() == {"cuda"}
-    assert config.pipeline_signals() == ["traces", "metrics"]
+    assert config.enabled_receivers() == {"cuda", "profiling"}
+    assert config.pipeline_signals() == ["traces", "metrics", "profiles"]
+    assert config.pipeline_exporters("profiles") == [("file", FileExporterConfig())]
     for signal in ("traces", "metrics"):
         assert config.pipeline_exporters(signal) == [("file", FileExporterConfig())]
         assert [name for name, _ in config.pipeline_processors(signal)] == ["batch", "resource"]
@@ -194,7 +195,7 @@ def test_unknown_exporter_type_lists_the_allowed_types():
     error = one_error(with_exporter("zipkin: {endpoint: x}"))
 
     assert error == (
-        "test.yaml:5:3: exporters.zipkin: unknown exporter type 'zipkin'; allowed types: file, otlp, otlphttp"
+        "test.yaml:5:3: exporters.zipkin: unknown exporter type 'zipkin'; allowed types: file, otlp, otlphttp, pyroscope"
     )
 
 
@@ -237,14 +238,14 @@ def test_pipeline_naming_an_undefined_component():
 
 def test_pipelines_must_exist_and_not_be_empty():
     assert one_error(MINIMAL.replace("    traces: {receivers: [cuda], exporters: [file]}\n", "    {}\n")).endswith(
-        "service.pipelines: no pipelines: define traces and/or metrics here"
+        "service.pipelines: no pipelines: define traces, metrics and/or profiles here"
     )
     assert one_error(MINIMAL.replace("receivers: [cuda]", "receivers: []")).endswith(
         "service.pipelines.traces.receivers: a pipeline needs at least one of its receivers"
     )
     assert errors_of(MINIMAL.replace("traces:", "logs:")) == [
-        "test.yaml:7:5: service.pipelines.logs: unknown option; allowed: traces, metrics",
-        "test.yaml:6:3: service.pipelines: no pipelines: define traces and/or metrics here",
+        "test.yaml:7:5: service.pipelines.logs: unknown option; allowed: traces, metrics, profiles",
+        "test.yaml:6:3: service.pipelines: no pipelines: define traces, metrics and/or profiles here",
     ]
 
 
@@ -416,10 +417,11 @@ def test_unsupported_provider_and_bad_names():
 def test_endpoint_variable_without_file_exports_over_grpc():
     config = load_config(None, env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"})
 
-    assert set(config.exporters) == {"otlp"}
+    assert set(config.exporters) == {"otlp", "file"}  # profiles still go to files: OTLP carries none
     for signal in ("traces", "metrics"):
         [(name, otlp)] = config.pipeline_exporters(signal)
         assert name == "otlp" and isinstance(otlp, OtlpExporterConfig)
+    assert [name for name, _ in config.pipeline_exporters("profiles")] == ["file"]
     assert otlp.target == "collector:4317"
     assert otlp.insecure is True  # http:// means plaintext, as in the SDKs
 

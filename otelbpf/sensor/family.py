@@ -107,6 +107,11 @@ class ProbeFamily:
     cflags: tuple[str, ...] = field(default_factory=tuple)
     rings: tuple[RingSpec, ...] = ()
     runtime: RuntimeTargets | None = None
+    #: Called with the loaded BCC object once every probe is attached (e.g. to
+    #: attach perf events), and before it is unloaded, after the last drain
+    #: (e.g. for a final read of the family's maps). Both under the sensor's lock.
+    on_load: Callable[[object], None] | None = None
+    on_unload: Callable[[object], None] | None = None
 
     def library_kind(self, basename: str) -> LibraryKind | None:
         return next((k for k in self.libraries if k.matches(basename)), None)

@@ -153,16 +153,21 @@ class PythonProcess:
     code_type: int       # &PyCode_Type (checked by the 3.13 walker), else 0
     offsets: Offsets
     interpreter: str     # the file holding _PyRuntime (python3.X or libpython3.X.so)
+    frame_pointers: bool  # its eval loop keeps %rbp as frame pointer (native stacks walk through it)
 
 
 _INTERPRETER = re.compile(r"^(?:lib)?python(\d)\.(\d+)")
+EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
+_ENDBR64 = bytes.fromhex("f30f1efa")
+_PUSH_RBP_MOV_RSP_RBP = bytes.fromhex("554889e5")
 
 
 @lru_cache(maxsize=64)
-def _elf_facts(path: str, dev: int, ino: int) -> tuple[dict[str, int], list[tuple[int, int, int]], int | None]:
-    """(symbol -> vaddr, PT_LOAD (p_offset, p_vaddr, p_filesz), Py_Version value) of an ELF file."""
+def _elf_facts(path: str, dev: int, ino: int) -> tuple[dict[str, int], list[tuple[int, int, int]], int | None, bool]:
+    """(symbol -> vaddr, PT_LOAD (p_offset, p_vaddr, p_filesz), Py_Version value, whether
+    _PyEval_EvalFrameDefault starts with a frame-pointer prologue) of an ELF file."""
     del dev, ino  # cache key
-    wanted = {"_PyRuntime", "PyCode_Type", "Py_Version"}
+    wanted = {"_PyRuntime", "PyCode_Type", "Py_Version", EVAL_FUNCTION}
     syms: dict[str, int] = {}
     with open(path, "rb") as f:
         elf = ELFFile(f)
@@ -173,14 +178,16 @@ def _elf_facts(path: str, dev: int, ino: int) -> tuple[dict[str, int], list[tupl
                 for sym in sec.iter_symbols():
                     if sym.name in wanted and sym["st_value"]:
                         syms.setdefault(sym.name, sym["st_value"])
-        version = None
-        if "Py_Version" in syms:
-            vaddr = syms["Py_Version"]
-            for off, base, size in loads:
-                if base <= vaddr < base + size:
+        def read(vaddr: int, size: int) -> bytes:
+            for off, base, filesz in loads:
+                if base <= vaddr < base + filesz:
                     f.seek(off + vaddr - base)
-                    version = struct.unpack("<I", f.read(4))[0]
-    return syms, loads, version
+                    return f.read(size)
+            return b""
+
+        version = struct.unpack("<I", read(syms["Py_Version"], 4))[0] if "Py_Version" in syms else None
+        prologue = read(syms[EVAL_FUNCTION], 8) if EVAL_FUNCTION in syms else b""
+    return syms, loads, version, prologue.removeprefix(_ENDBR64).startswith(_PUSH_RBP_MOV_RSP_RBP)
 
 
 def _load_bias(maps: list[Mapping], path: str, loads: list[tuple[int, int, int]]) -> int | None:
@@ -217,7 +224,7 @@ def inspect(pid: int) -> PythonProcess | None:
         local = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
         try:
             st = os.stat(local)
-            syms, loads, version_hex = _elf_facts(local, st.st_dev, st.st_ino)
+            syms, loads, version_hex, frame_pointers = _elf_facts(local, st.st_dev, st.st_ino)
         except (OSError, ValueError) as exc:
             raise PythonLayoutError(f"cannot read {path}: {exc}") from None
         if "_PyRuntime" not in syms:
@@ -240,7 +247,7 @@ def inspect(pid: int) -> PythonProcess | None:
                 raise PythonLayoutError(f"{path} exports no PyCode_Type")
         else:
             layout, offsets = TABLE[version]
-        return PythonProcess(pid, version, layout, runtime, code_type, offsets, path)
+        return PythonProcess(pid, version, layout, runtime, code_type, offsets, path, frame_pointers)
     return None
 
 

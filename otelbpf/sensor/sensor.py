@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from otelbpf.threadname import name_os_thread
 log = logging.getLogger(__name__)
 
 Deliver = Callable[[str, np.ndarray], None]
+T = TypeVar("T")
 
 
 class SensorError(Exception):
@@ -123,6 +125,13 @@ class Sensor:
         for lib in libraries.from_globs(self.options.search_globs, self.options.families):
             self._attach(lib)
         self._rescan()
+        for fam in self.options.families:
+            if fam.on_load is not None:
+                with self._lock:
+                    try:
+                        fam.on_load(self._bpf)
+                    except Exception as exc:
+                        raise SensorError(f"{fam.name}: {exc}") from exc
         self.attach_seconds = time.monotonic() - t0
         for target, name in ((self._drain_loop, "otelbpf-drain"), (self._discovery_loop, "otelbpf-discovery")):
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -150,6 +159,13 @@ class Sensor:
                 self._bpf.detach_tracepoint(tp)
         self.drain_once("strevents")
         self.drain_tick()
+        for fam in self.options.families:
+            if fam.on_unload is not None:
+                with self._lock:
+                    try:
+                        fam.on_unload(self._bpf)
+                    except Exception:  # one family's final read must not lose the others'
+                        log.exception("%s: final read failed", fam.name)
         final = {name: self.read_map(name) for name in self._counting_maps()}
         final_stats = self.kernel_stats()
         self._final, self._final_stats = final, final_stats
@@ -362,6 +378,13 @@ class Sensor:
             if self._bpf is None:
                 return list(self._final.get(name, []))
             return [(k, getattr(v, "value", v)) for k, v in self._bpf[name].items()]
+
+    def with_bpf(self, fn: Callable[[Any], T]) -> T | None:
+        """``fn(bpf)`` under the lock that serialises BCC use; None once unloaded."""
+        with self._lock:
+            if self._bpf is None:
+                return None
+            return fn(self._bpf)
 
     def update_map(self, name: str, items: list[tuple[int, int]]) -> None:
         """Write scalar (key, value) pairs into a hash map (families that let

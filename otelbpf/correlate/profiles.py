@@ -1,0 +1,534 @@
+"""The profiler: reads the kernel's profile maps every interval and turns them into one
+pprof per process and kind (CPU; CUDA memory), with merged Python + native stacks.
+
+Threads: the family's ``on_load`` (sensor start) attaches the perf event and starts the
+collection thread; ``on_events`` (the agent's processing thread) learns of new processes,
+execs and exits; ``on_unload`` (sensor stop, after the last drain) makes the final
+collection. Map reads happen under the sensor's lock (``run_locked``), symbolization and
+encoding outside it.
+
+Kernel maps are emptied as they are read: sample counts and allocation counts are
+lookup-and-deleted, stacks are copied into caches here and deleted there (the kernel
+stores a stack again when it sees it again). Bytes in use are read without deleting: they
+are a running balance.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from otelbpf.correlate import pylines
+from otelbpf.correlate.kallsyms import KernelSymbols
+from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.spans import scope
+from otelbpf.correlate.stacks import Frame, PythonFrame, kernel, merge, native
+from otelbpf.correlate.symbolizer import Symbolizer
+from otelbpf.events import CudaFunc, Kind, StrKind
+from otelbpf.export.health import Health
+from otelbpf.export.pprof import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, ProfileBuilder
+from otelbpf.export.profile_export import ProfileRecord
+from otelbpf.sensor import python_offsets
+from otelbpf.sensor.python_offsets import LAYOUT_NAMES, PythonLayoutError, PythonProcess
+
+log = logging.getLogger(__name__)
+
+SCOPE = scope("otelbpf.profiling")
+
+# bpf/profile.c
+PY_PENDING, PY_NATIVE, PY_PYTHON = 0, 1, 2
+PYF_ENTRY, PYF_SHIM = 1, 2
+STACKF_TRUNCATED = 1
+PROG_CAPTURE = 7
+_PSTATS = ("samples_map_full", "stack_map_full", "code_map_full", "process_map_full", "memory_map_full",
+           "live_map_full", "ring_full")
+
+RunLocked = Callable[[Callable[[Any], Any]], Any]
+Sink = Callable[[list[ProfileRecord]], None]
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    name: str
+    filename: str
+    firstlineno: int
+    table: bytes
+    table_size: int
+    table_addr: int
+
+
+@dataclass
+class _Proc:
+    python: PythonProcess | None = None
+    exited: bool = False
+    codes: set[int] = field(default_factory=set)  # code addresses whose info is cached
+
+
+@dataclass
+class _Raw:
+    """One read of the kernel maps."""
+
+    start_ns: int
+    end_ns: int
+    samples: list[tuple[int, int, int, int, int]]            # pid, user, kernel, py, count
+    allocs: list[tuple[int, int, int, int, int, int]]        # pid, func, user, py, bytes, count
+    inuse: list[tuple[int, int, int, int, int, int]]
+    stats: dict[str, int]
+
+
+def _decode_str(raw: bytes, kind: int) -> str:
+    codec = {0: "ascii", 1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}.get(kind, "latin-1")
+    return raw.decode(codec, errors="replace")
+
+
+def _field(leaf: Any, name: str, size: int) -> bytes:
+    """Raw bytes of a char-array field (ctypes would stop at the first NUL)."""
+    return ctypes.string_at(ctypes.addressof(leaf) + getattr(type(leaf), name).offset, size)
+
+
+def sanitize_label(key: str) -> str:
+    """Pyroscope label names are [a-zA-Z_][a-zA-Z0-9_]*: dots and the rest become '_'."""
+    out = "".join(c if c.isalnum() or c == "_" else "_" for c in key)
+    return out if out and not out[0].isdigit() else f"_{out}"
+
+
+class Profiler:
+    scope = SCOPE
+
+    def __init__(
+        self,
+        process_info: ProcessInfo,
+        health: Health,
+        sink: Sink,
+        *,
+        sample_hz: int,
+        interval_s: float,
+        cuda_memory: bool,
+        python: bool,
+        labels: dict[str, Any] | None = None,
+    ) -> None:
+        self._info = process_info
+        self._health = health
+        self._sink = sink
+        self.sample_hz = sample_hz
+        self.interval_s = interval_s
+        self.cuda_memory = cuda_memory
+        self.python = python
+        self._labels = {sanitize_label(k): str(v) for k, v in (labels or {}).items()}
+        self.run_locked: RunLocked = lambda fn: None
+        self._sym = Symbolizer()
+        self._ksyms: KernelSymbols | None = None
+        self._host = socket.gethostname()
+        self._lock = threading.Lock()
+        self._procs: dict[int, _Proc] = {}
+        self._stacks: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._py_stacks: dict[int, tuple[tuple[tuple[int, int, int], ...], int]] = {}
+        self._codes: dict[tuple[int, int], CodeInfo] = {}
+        self._used: dict[int, int] = {}  # stack hash -> round last used (cache eviction)
+        self._round = 0
+        self._loaded_layouts: set[int] = set()
+        self._last_ns = time.time_ns()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._collect_lock = threading.Lock()
+        self.frames_symbolized = 0
+        self.symbolize_seconds = 0.0
+
+    # -- family hooks (sensor thread, sensor lock held) ---------------------
+
+    def on_load(self, bpf: Any) -> None:
+        from bcc import BPF, PerfSWConfig, PerfType
+
+        bpf["cpu_progs"][ctypes.c_int(PROG_CAPTURE)] = ctypes.c_int(bpf.load_func("py_sample_capture", BPF.PERF_EVENT).fd)
+        if self.cuda_memory:
+            bpf["mem_progs"][ctypes.c_int(PROG_CAPTURE)] = ctypes.c_int(bpf.load_func("py_alloc_capture", BPF.KPROBE).fd)
+        try:
+            bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
+                                  fn_name="on_cpu_sample", sample_freq=self.sample_hz)
+        except Exception as exc:
+            raise RuntimeError(
+                f"cannot attach the cpu-clock perf event ({exc}): the kernel needs CONFIG_PERF_EVENTS, and the "
+                "agent CAP_PERFMON (or CAP_SYS_ADMIN) with kernel.perf_event_paranoid <= 2"
+            ) from exc
+        self._last_ns = time.time_ns()
+        self._thread = threading.Thread(target=self._run, name="otelbpf-profiles", daemon=True)
+        self._thread.start()
+
+    def on_unload(self, bpf: Any) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        self._process_pending_inspections(bpf)
+        with self._collect_lock:
+            raw = self._read(bpf)
+        self._emit(raw)
+
+    # -- correlator protocol (processing thread) ----------------------------
+
+    def on_events(self, arr: np.ndarray) -> None:
+        kinds = arr["kind"]
+        for pid in np.unique(arr["pid"][kinds == Kind.PROFILE_PROC]).tolist():
+            self._inspect(int(pid))
+        for pid in np.unique(arr["pid"][kinds == Kind.PROC_EXEC]).tolist():
+            self._forget_image(int(pid))
+        for pid in np.unique(arr["pid"][kinds == Kind.PROC_EXIT]).tolist():
+            with self._lock:
+                if pid in self._procs:
+                    self._procs[pid].exited = True
+
+    def on_strings(self, arr: np.ndarray) -> None:
+        """A process opening a probed library is certainly running its interpreter now."""
+        for pid in np.unique(arr["pid"][arr["kind"] == StrKind.LIB_OPEN]).tolist():
+            with self._lock:
+                known = pid in self._procs and self._procs[pid].python is not None
+            if not known:
+                self._inspect(int(pid))
+
+    def collect(self) -> list:
+        return []
+
+    # -- processes -----------------------------------------------------------
+
+    def _inspect(self, pid: int) -> None:
+        """Is ``pid`` Python? Tell the kernel (loading that version's walker on first use)."""
+        self._sym.remember(pid)
+        proc = None
+        if self.python:
+            try:
+                proc = python_offsets.inspect(pid)
+            except PythonLayoutError as exc:
+                log.info("pid %d: no Python stacks: %s", pid, exc)
+                self._health.add("otelbpf.profile.python_unsupported", 1)
+            except OSError as exc:  # it exited meanwhile
+                log.debug("pid %d: %s", pid, exc)
+        with self._lock:
+            self._procs.setdefault(pid, _Proc()).python = proc
+        self.run_locked(lambda bpf: self._tell_kernel(bpf, pid, proc))
+
+    def _tell_kernel(self, bpf: Any, pid: int, proc: PythonProcess | None) -> None:
+        from bcc import BPF
+
+        table = bpf["py_procs"]
+        leaf = table.Leaf()
+        if proc is None:
+            leaf.state = PY_NATIVE
+        else:
+            if proc.layout not in self._loaded_layouts:
+                name = LAYOUT_NAMES[proc.layout]
+                fn = bpf.load_func(f"py_sample_{name}", BPF.PERF_EVENT)
+                bpf["cpu_progs"][ctypes.c_int(proc.layout)] = ctypes.c_int(fn.fd)
+                if self.cuda_memory:
+                    fn = bpf.load_func(f"py_alloc_{name}", BPF.KPROBE)
+                    bpf["mem_progs"][ctypes.c_int(proc.layout)] = ctypes.c_int(fn.fd)
+                self._loaded_layouts.add(proc.layout)
+            python_offsets.fill_leaf(leaf, proc, PY_PYTHON)
+        table[table.Key(pid)] = leaf
+
+    def _process_pending_inspections(self, bpf: Any) -> None:
+        """At stop: processes the kernel announced but user space has not inspected yet
+        still get their maps snapshot, for symbolization."""
+        table = bpf["py_procs"]
+        for k, v in table.items():
+            if v.state == PY_PENDING and k.value not in self._procs:
+                self._sym.remember(k.value)
+
+    def _forget_image(self, pid: int) -> None:
+        """An exec: the pid runs another program, to be inspected anew."""
+        with self._lock:
+            old = self._procs.pop(pid, None)
+            if old is not None:
+                for code in old.codes:
+                    self._codes.pop((pid, code), None)
+        self._sym.forget(pid)
+
+        def drop(bpf: Any) -> None:
+            table = bpf["py_procs"]
+            try:
+                del table[table.Key(pid)]
+            except KeyError:
+                pass
+            if old is not None:
+                self._delete_codes(bpf, pid, old.codes)
+
+        self.run_locked(drop)
+
+    @staticmethod
+    def _delete_codes(bpf: Any, pid: int, codes: set[int]) -> None:
+        table = bpf["py_codes"]
+        for code in codes:
+            try:
+                del table[table.Key(pid=pid, code=code)]
+            except KeyError:
+                pass
+
+    # -- collection ----------------------------------------------------------
+
+    def _run(self) -> None:
+        from otelbpf.threadname import name_os_thread
+
+        name_os_thread("otelbpf-profiles")
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.collect_once()
+            except Exception:  # keep profiling whatever one round did
+                log.exception("profile collection failed")
+                self._health.add("otelbpf.profile.collection_errors", 1)
+
+    def collect_once(self) -> None:
+        with self._collect_lock:
+            raw = self.run_locked(self._read)
+        if raw is not None:
+            self._emit(raw)
+
+    def _read(self, bpf: Any) -> _Raw:
+        """Everything the kernel aggregated since the last read (sensor lock held)."""
+        end = time.time_ns()
+        samples = [(k.pid, k.user, k.kernel, k.py, getattr(v, "value", v))
+                   for k, v in bpf["cpu_samples"].items_lookup_and_delete_batch()]
+        allocs: list = []
+        inuse: list = []
+        if self.cuda_memory:
+            allocs = [(k.pid, k.func, k.user, k.py, v.bytes, v.count)
+                      for k, v in bpf["mem_alloc"].items_lookup_and_delete_batch()]
+            inuse = [(k.pid, k.func, k.user, k.py, v.bytes, v.count) for k, v in bpf["mem_inuse"].items()]
+        self._round += 1
+        natives = {h for s in samples for h in (s[1], s[2])} | {a[2] for a in allocs + inuse}
+        pys = {s[3] for s in samples} | {a[3] for a in allocs + inuse}
+        self._copy_stacks(bpf, natives - {0}, pys - {0})
+        self._copy_codes(bpf, [(s[0], s[3]) for s in samples] + [(a[0], a[3]) for a in allocs + inuse])
+        stats = bpf["profile_stats"]
+        counts = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
+        self._cleanup_exited(bpf, {s[0] for s in samples})
+        start, self._last_ns = self._last_ns, end
+        return _Raw(start, end, samples, allocs, inuse, counts)
+
+    def _copy_stacks(self, bpf: Any, natives: set[int], pys: set[int]) -> None:
+        for h in natives:
+            self._used[h] = self._round
+            if h in self._stacks:
+                continue
+            table = bpf["stacks"]
+            try:
+                leaf = table[table.Key(h)]
+            except KeyError:
+                self._health.add("otelbpf.profile.stacks_missing", 1)
+                continue
+            n = min(leaf.len, len(leaf.ip))
+            self._stacks[h] = (tuple(leaf.ip[:n]), leaf.flags)
+            del table[table.Key(h)]
+        for h in pys:
+            self._used[h] = self._round
+            if h in self._py_stacks:
+                continue
+            table = bpf["py_stacks"]
+            try:
+                leaf = table[table.Key(h)]
+            except KeyError:
+                self._health.add("otelbpf.profile.stacks_missing", 1)
+                continue
+            n = min(leaf.len, len(leaf.f))
+            self._py_stacks[h] = (tuple((f.code, f.offset, f.flags) for f in leaf.f[:n]), leaf.flags)
+            del table[table.Key(h)]
+        stale = [h for h, r in self._used.items() if r < self._round - 2]
+        for h in stale:
+            del self._used[h]
+            self._stacks.pop(h, None)
+            self._py_stacks.pop(h, None)
+
+    def _copy_codes(self, bpf: Any, refs: list[tuple[int, int]]) -> None:
+        table = bpf["py_codes"]
+        for pid, h in refs:
+            frames = self._py_stacks.get(h, ((), 0))[0]
+            for code, _offset, _flags in frames:
+                if not code or (pid, code) in self._codes:
+                    continue
+                try:
+                    leaf = table[table.Key(pid=pid, code=code)]
+                except KeyError:
+                    continue  # not captured yet: a later sample will
+                self._codes[(pid, code)] = CodeInfo(
+                    name=_decode_str(_field(leaf, "name", leaf.name_len), leaf.name_kind),
+                    filename=("…" if leaf.file_cut else "") + _decode_str(_field(leaf, "file", leaf.file_len), leaf.file_kind),
+                    firstlineno=leaf.firstlineno,
+                    table=_field(leaf, "table", leaf.table_len),
+                    table_size=leaf.table_size,
+                    table_addr=leaf.table_addr,
+                )
+                with self._lock:
+                    self._procs.setdefault(pid, _Proc()).codes.add(code)
+
+    def _cleanup_exited(self, bpf: Any, sampled: set[int]) -> None:
+        """Forget processes that exited before this read (their last samples are in it)."""
+        with self._lock:
+            gone = [pid for pid, p in self._procs.items() if p.exited and pid not in sampled]
+            procs = {pid: self._procs.pop(pid) for pid in gone}
+        if not gone:
+            return
+        table = bpf["py_procs"]
+        for pid, p in procs.items():
+            try:
+                del table[table.Key(pid)]
+            except KeyError:
+                pass
+            self._delete_codes(bpf, pid, p.codes)
+            for code in p.codes:
+                self._codes.pop((pid, code), None)
+            self._sym.forget(pid)
+        if self.cuda_memory:
+            pids = set(gone)
+            for name in ("mem_inuse", "mem_live"):
+                t = bpf[name]
+                for k in [k for k in t.keys() if (k.pid if name == "mem_inuse" else k.pid) in pids]:
+                    try:
+                        del t[k]
+                    except KeyError:
+                        pass
+
+    # -- symbolization -------------------------------------------------------
+
+    def _python_frames(self, pid: int, h: int, version: tuple[int, int]) -> tuple[list[PythonFrame], bool]:
+        frames, flags = self._py_stacks.get(h, ((), 0))
+        out: list[PythonFrame] = []
+        for code, offset, fflags in frames:
+            if fflags & PYF_SHIM:
+                if out:
+                    out[-1] = PythonFrame(out[-1].function, out[-1].filename, out[-1].line, out[-1].start_line, True)
+                continue
+            if not code:
+                continue
+            info = self._codes.get((pid, code))
+            if info is None:
+                out.append(PythonFrame(f"[python code {code:#x}]", "", 0, 0, bool(fflags & PYF_ENTRY)))
+                continue
+            line = pylines.line_for(self._line_table(pid, info, offset), info.firstlineno, offset, version)
+            out.append(PythonFrame(info.name, info.filename, line or 0, info.firstlineno, bool(fflags & PYF_ENTRY)))
+        return out, bool(flags & STACKF_TRUNCATED)
+
+    @staticmethod
+    def _line_table(pid: int, info: CodeInfo, offset: int) -> bytes:
+        """The copied line table, or the whole one from the live process when the copy is cut
+        short (large functions); the copy when the process is gone."""
+        if info.table_size <= len(info.table):
+            return info.table
+        try:
+            with open(f"/proc/{pid}/mem", "rb") as mem:
+                mem.seek(info.table_addr)
+                return mem.read(info.table_size)
+        except OSError:
+            return info.table
+
+    def _frames(self, pid: int, user: int, kern: int, py: int, proc: PythonProcess | None,
+                cache: dict) -> list[Frame]:
+        key = (pid, user, kern, py)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        t0 = time.perf_counter()
+        kframes: list[Frame] = []
+        if kern:
+            if self._ksyms is None:
+                self._ksyms = KernelSymbols()
+            kframes = [kernel(self._ksyms.lookup(ip), ip) for ip in self._stacks.get(kern, ((), 0))[0]]
+        ips, uflags = self._stacks.get(user, ((), 0))
+        uframes = [native(self._sym.frame(pid, ip if i == 0 else ip - 1), ip) for i, ip in enumerate(ips)]
+        pyframes, py_truncated = self._python_frames(pid, py, proc.version) if py and proc else ([], False)
+        out = kframes + merge(
+            uframes, pyframes,
+            interpreter=proc.interpreter.rsplit("/", 1)[-1] if proc else None,
+            interpreter_frame_pointers=proc.frame_pointers if proc else False,
+            native_truncated=bool(uflags & STACKF_TRUNCATED) or (not ips and not pyframes and not kframes),
+            python_truncated=py_truncated,
+        )
+        self.frames_symbolized += len(kframes) + len(uframes) + len(pyframes)
+        self.symbolize_seconds += time.perf_counter() - t0
+        cache[key] = out
+        return out
+
+    def _labels_for(self, pid: int) -> dict[str, str]:
+        attrs = self._info.resource(pid).attributes
+        labels = {
+            "service_name": str(attrs.get("service.name", f"pid-{pid}")),
+            "host_name": str(attrs.get("host.name", self._host)),
+            "process_pid": str(pid),
+        }
+        labels.update(self._labels)
+        if "service_name" in self._labels:
+            labels["service_name"] = self._labels["service_name"]
+        return labels
+
+    def _proc(self, pid: int) -> PythonProcess | None:
+        with self._lock:
+            p = self._procs.get(pid)
+            return p.python if p else None
+
+    # -- profiles ------------------------------------------------------------
+
+    def _emit(self, raw: _Raw) -> None:
+        for name, value in raw.stats.items():
+            self._health_gauge(name, value)
+        records: list[ProfileRecord] = []
+        duration = max(raw.end_ns - raw.start_ns, 1)
+        period = 1_000_000_000 // max(self.sample_hz, 1)
+        cache: dict = {}
+        by_pid: dict[int, list] = defaultdict(list)
+        for pid, user, kern, py, count in raw.samples:
+            by_pid[pid].append((user, kern, py, count))
+        for pid, rows in by_pid.items():
+            proc, labels = self._proc(pid), self._labels_for(pid)
+            b = ProfileBuilder(CPU_SAMPLE_TYPES, time_ns=raw.start_ns, duration_ns=duration,
+                               period_type=("cpu", "nanoseconds"), period=period, default_sample_type="cpu")
+            for user, kern, py, count in rows:
+                b.add(self._frames(pid, user, kern, py, proc, cache), (count, count * period), labels)
+            records.append(ProfileRecord("process_cpu", "cpu", labels, pid, raw.start_ns, raw.end_ns,
+                                         self.sample_hz, b.encode()))
+        records.extend(self._memory(raw, duration, cache))
+        self._health.add("otelbpf.profile.samples", sum(s[4] for s in raw.samples))
+        if records:
+            self._sink(records)
+
+    def _memory(self, raw: _Raw, duration: int, cache: dict) -> list[ProfileRecord]:
+        rows: dict[int, dict[tuple[int, int, int], list[int]]] = defaultdict(dict)
+        for pid, func, user, py, nbytes, count in raw.allocs:
+            rows[pid].setdefault((func, user, py), [0, 0, 0, 0])[0:2] = [count, nbytes]
+        for pid, func, user, py, nbytes, count in raw.inuse:
+            v = rows[pid].setdefault((func, user, py), [0, 0, 0, 0])
+            v[2], v[3] = max(_signed(count), 0), max(_signed(nbytes), 0)
+        out = []
+        for pid, stacks in rows.items():
+            stacks = {k: v for k, v in stacks.items() if any(v)}
+            if not stacks:
+                continue
+            proc, labels = self._proc(pid), {**self._labels_for(pid), "memory_device": "cuda"}
+            b = ProfileBuilder(MEMORY_SAMPLE_TYPES, time_ns=raw.start_ns, duration_ns=duration,
+                               default_sample_type="inuse_space")
+            for (func, user, py), values in stacks.items():
+                leaf = Frame(_func_name(func), "native")
+                b.add([leaf, *self._frames(pid, user, 0, py, proc, cache)], values, labels)
+            out.append(ProfileRecord("memory", "cuda_memory", labels, pid, raw.start_ns, raw.end_ns, 0, b.encode()))
+        return out
+
+    def _health_gauge(self, name: str, total: int) -> None:
+        """Kernel drop counters are cumulative per CPU: add what is new since last time."""
+        seen = self._health.get("otelbpf.profile.kernel_drops", reason=name)
+        if total > seen:
+            self._health.add("otelbpf.profile.kernel_drops", total - seen, reason=name)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _func_name(func: int) -> str:
+    try:
+        return CudaFunc(func).name
+    except ValueError:
+        return f"cuda function {func}"

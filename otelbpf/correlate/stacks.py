@@ -1,0 +1,117 @@
+"""One sample's stack as profiles show it: kernel frames, then native frames, with the
+interpreter's own frames replaced by the Python frames they were running.
+
+All lists here are leaf first, as the kernel records them.
+
+Merging (``merge``): walking the native stack from the leaf, frames of C extensions and
+libraries are kept as they are (below their Python caller). A frame of the interpreter's
+eval loop (``_PyEval_EvalFrameDefault``) is replaced by the next group of Python frames,
+a group being the frames one eval call ran (it ends at a frame marked as entered from
+C); other interpreter frames (call glue) are dropped. An interpreter built without frame
+pointers (the usual -O3 build) leaves its callers' native frames unreadable: the walk
+stops at the first interpreter frame and every remaining Python frame goes on top.
+A stack that could not be read to its root says so with a ``[truncated]`` frame; nothing
+is invented.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from otelbpf.correlate.symbolizer import NativeFrame
+
+#: Native functions a thread's stack ends in when it was read to its root.
+THREAD_ROOTS = frozenset({
+    "_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone", "clone3",
+    "__clone", "__clone3", "thread_start",
+})
+EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A frame as pprof gets it: a Location with one Line of one Function."""
+
+    function: str
+    kind: str = "native"       # native | kernel | python | marker
+    filename: str = ""         # Python source file
+    line: int = 0              # 0: unknown
+    start_line: int = 0        # the function's first line (Python: co_firstlineno)
+    module: str = ""           # mapped file basename; "[kernel.kallsyms]" for the kernel
+    path: str = ""             # mapped file path
+    build_id: str = ""
+    address: int = 0           # runtime address (native and kernel)
+    mapping: tuple[int, int, int] = (0, 0, 0)  # (start, end, file offset) of its mapping
+
+
+TRUNCATED = Frame("[truncated]", kind="marker")
+
+
+@dataclass(frozen=True)
+class PythonFrame:
+    function: str
+    filename: str
+    line: int
+    start_line: int
+    entry: bool                # first frame of one eval call (entered from C)
+
+    def frame(self) -> Frame:
+        return Frame(self.function, "python", self.filename, self.line, self.start_line)
+
+
+def native(frame: NativeFrame, address: int) -> Frame:
+    m = frame.mapping
+    return Frame(
+        frame.name, "native", module=frame.module, path=m.path.removesuffix(" (deleted)") if m else "",
+        build_id=frame.build_id, address=address, mapping=(m.start, m.end, m.offset) if m else (0, 0, 0),
+    )
+
+
+def kernel(name: str | None, address: int) -> Frame:
+    return Frame(name or f"[kernel.kallsyms]+{address:#x}", "kernel", module="[kernel.kallsyms]", address=address)
+
+
+def _groups(python: Sequence[PythonFrame]) -> list[list[Frame]]:
+    groups: list[list[Frame]] = [[]]
+    for f in python:
+        groups[-1].append(f.frame())
+        if f.entry:
+            groups.append([])
+    return [g for g in groups if g]
+
+
+def merge(
+    native_frames: Sequence[Frame],
+    python: Sequence[PythonFrame],
+    *,
+    interpreter: str | None,
+    interpreter_frame_pointers: bool,
+    native_truncated: bool,
+    python_truncated: bool,
+) -> list[Frame]:
+    """The user-space part of a stack (leaf first); see the module docstring.
+    ``interpreter`` is the basename of the file holding the interpreter, None for a
+    process that runs no Python."""
+    if not python:
+        out = list(native_frames)
+        if native_truncated or (out and out[-1].function not in THREAD_ROOTS):
+            out.append(TRUNCATED)
+        return out
+    groups = _groups(python)
+    out: list[Frame] = []
+    for i, f in enumerate(native_frames):
+        if f.module != interpreter:
+            out.append(f)
+            continue
+        if not interpreter_frame_pointers:
+            if i == 0 and f.function != EVAL_FUNCTION:
+                out.append(f)  # the interrupted interpreter function itself is exact
+            break
+        if f.function == EVAL_FUNCTION and groups:
+            out.extend(groups.pop(0))
+    for group in groups:
+        out.extend(group)
+    if python_truncated:
+        out.append(TRUNCATED)
+    return out

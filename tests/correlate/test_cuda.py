@@ -1,0 +1,408 @@
+"""CudaCorrelator on synthetic event arrays (the exact records the BPF side writes).
+
+The correlator's inputs are numpy arrays of EVENT_DTYPE and the kernel's counting maps;
+here both are built by hand so every count is known. ProcessInfo and Symbolizer are the
+real ones, pointed at real processes; kernel "host stubs" are real libc functions of this
+process, so launch spans carry names the symbolizer found in libc's symbol table.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric
+from opentelemetry.trace import StatusCode
+
+from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.cuda import CudaCorrelator, SpanBudget
+from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.symbolizer import Symbolizer
+from otelbpf.events import EVENT_DTYPE, FLAG_INCOMPLETE, STREVENT_DTYPE, CudaFunc, Kind, StrKind
+
+F = CudaFunc
+ME = os.getpid()
+LIBC = ctypes.CDLL(None)
+
+
+def fn_address(name: str) -> int:
+    return ctypes.cast(getattr(LIBC, name), ctypes.c_void_p).value
+
+
+def pack_dim(x: int, y: int = 1, z: int = 1) -> int:
+    return x | y << 32 | z << 48
+
+
+def comm_words(comm: str) -> tuple[int, int]:
+    raw = comm.encode().ljust(16, b"\0")
+    return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+
+
+class Events:
+    """Builds EVENT_DTYPE records the way cuda.c and discovery.c fill them."""
+
+    def __init__(self, pid: int = ME, tid: int | None = None) -> None:
+        self.pid, self.tid = pid, tid or pid
+        self.rows: list[tuple] = []
+        self.ts = time.monotonic_ns() - 10**9
+
+    def add(self, kind: Kind, func: int, *, ret: int = 0, dur: int = 1000, flags: int = 0,
+            a0: int = 0, a1: int = 0, a2: int = 0, a3: int = 0, pid: int | None = None) -> Events:
+        self.ts += 10_000
+        pid = self.pid if pid is None else pid
+        self.rows.append((self.ts, dur, pid, self.tid, int(kind), int(func), flags, ret, a0, a1, a2, a3))
+        return self
+
+    def malloc(self, size: int, address: int, ret: int = 0, **kw) -> Events:
+        return self.add(Kind.CUDA_MALLOC, F.cudaMalloc, a0=size, a1=address if ret == 0 else 0, ret=ret, **kw)
+
+    def free(self, address: int, ret: int = 0, **kw) -> Events:
+        return self.add(Kind.CUDA_FREE, F.cudaFree, a0=address, ret=ret, **kw)
+
+    def memcpy(self, size: int, direction: int, ret: int = 0, func: int = F.cudaMemcpy, stream: int = 0, **kw) -> Events:
+        return self.add(Kind.CUDA_MEMCPY, func, a0=size, a1=direction, a2=stream, ret=ret, **kw)
+
+    def sync(self, func: int = F.cudaStreamSynchronize, stream: int = 0, **kw) -> Events:
+        return self.add(Kind.CUDA_SYNC, func, a0=stream, **kw)
+
+    def launch(self, fn: int, func: int = F.cudaLaunchKernel, grid: int = pack_dim(1), block: int = pack_dim(1),
+               stream: int = 0, **kw) -> Events:
+        return self.add(Kind.CUDA_LAUNCH, func, a0=fn, a1=grid, a2=block, a3=stream, dur=0, **kw)
+
+    def exit(self, comm: str = "job", **kw) -> Events:
+        a0, a1 = comm_words(comm)
+        return self.add(Kind.PROC_EXIT, 0, a0=a0, a1=a1, dur=0, **kw)
+
+    def exec(self, comm: str = "job", **kw) -> Events:
+        a0, a1 = comm_words(comm)
+        return self.add(Kind.PROC_EXEC, 0, a0=a0, a1=a1, dur=0, **kw)
+
+    def array(self) -> np.ndarray:
+        arr = np.array(self.rows, dtype=EVENT_DTYPE)
+        self.rows = []
+        return arr
+
+
+@dataclass(frozen=True)
+class LaunchKey:
+    """Mirrors cuda.c's ``struct launch_key`` as BCC hands it over."""
+
+    pid: int
+    func: int
+    fn: int
+
+
+@dataclass(frozen=True)
+class ErrorKey:
+    pid: int
+    func: int
+    ret: int
+
+
+class Harness:
+    """A correlator with real ProcessInfo/Symbolizer and in-memory kernel maps."""
+
+    def __init__(self, **options) -> None:
+        self.maps: dict[str, dict[object, int]] = defaultdict(dict)
+        self.spans: list = []
+        self.forgotten: list[tuple[str, list]] = []
+        self.sampled_out: list[int] = []
+        self.info = ProcessInfo()
+        self.sym = Symbolizer()
+        self.correlator = CudaCorrelator(
+            self.info, self.sym, MonotonicClock(), self.spans.extend,
+            read_map=lambda name: list(self.maps[name].items()),
+            forget_keys=self._forget,
+            on_sampled_out=self.sampled_out.append,
+            **options,
+        )
+
+    def _forget(self, name: str, keys: list) -> None:
+        self.forgotten.append((name, list(keys)))
+        for k in keys:
+            self.maps[name].pop(k, None)
+
+    def collect(self) -> dict[int, dict[str, Metric]]:
+        """pid -> metric name -> metric, from one collect()."""
+        out = {}
+        for resource, metrics in self.correlator.collect():
+            pid = resource.attributes["process.pid"]
+            assert pid not in out, "one entry per process"
+            out[pid] = {m.name: m for m in metrics}
+        return out
+
+
+def points(metric: Metric) -> dict[tuple, float]:
+    """Sorted attribute items -> value (count for histograms)."""
+    out = {}
+    for dp in metric.data.data_points:
+        key = tuple(sorted(dp.attributes.items()))
+        out[key] = dp.count if isinstance(metric.data, Histogram) else dp.value
+    return out
+
+
+def value(metric: Metric) -> float:
+    [v] = points(metric).values()
+    return v
+
+
+@pytest.fixture
+def exited_pid() -> int:
+    """The pid of a process that has come and gone (its resource says so)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_memory_in_use_and_high_water() -> None:
+    h = Harness()
+    ev = Events()
+    ev.malloc(1000, 0xA000).malloc(500, 0xB000).free(0xA000)
+    ev.free(0xDEAD)  # allocated before the agent looked: untracked
+    ev.malloc(1 << 30, 0, ret=2)  # failed: not memory
+    ev.malloc(64, 0xC000, flags=FLAG_INCOMPLETE)  # never returned: not memory either
+    ev.free(0xB000, ret=1)  # a failed free leaves the buffer allocated
+    h.correlator.on_events(ev.array())
+    assert h.correlator.memory_snapshot() == {ME: (500, 1500)}
+    m = h.collect()[ME]
+    assert value(m["cuda.memory.in_use"]) == 500
+    assert value(m["cuda.memory.high_water"]) == 1500
+    assert isinstance(m["cuda.memory.in_use"].data, Gauge)
+    assert points(m["otelbpf.cuda.anomalies"]) == {(("reason", "incomplete"),): 1, (("reason", "untracked_free"),): 1}
+    assert points(m["cuda.api.calls"]) == {
+        (("cuda.api.function", "cudaMalloc"),): 3, (("cuda.api.function", "cudaFree"),): 3,
+    }
+    h.correlator.on_events(ev.free(0xB000).malloc(200, 0xD000).array())
+    m = h.collect()[ME]
+    assert (value(m["cuda.memory.in_use"]), value(m["cuda.memory.high_water"])) == (200, 1500)
+
+
+def test_errors_are_counted_by_function_and_code() -> None:
+    h = Harness()
+    ev = Events()
+    for _ in range(3):
+        ev.memcpy(100, 1, ret=35)
+    ev.malloc(8, 0, ret=2).malloc(8, 0, ret=35).sync(ret=35).sync(ret=0)
+    ev.add(Kind.CUDA_MALLOC, F.cuMemAlloc_v2, a0=8, ret=2)
+    h.correlator.on_events(ev.array())
+    h.maps["launch_errors"][ErrorKey(ME, int(F.cudaLaunchKernel), 98)] = 4
+    h.maps["launch_errors"][ErrorKey(ME, int(F.cudaMemcpy), 35)] = 2  # adds to the events' count
+    errors = points(h.collect()[ME]["cuda.api.errors"])
+
+    def key(function: str, code: int, name: str) -> tuple:
+        return tuple(sorted({"cuda.api.function": function, "cuda.error.code": code, "cuda.error.name": name}.items()))
+
+    assert errors == {
+        key("cudaMemcpy", 35, "cudaErrorInsufficientDriver"): 5,
+        key("cudaMalloc", 2, "cudaErrorMemoryAllocation"): 1,
+        key("cudaMalloc", 35, "cudaErrorInsufficientDriver"): 1,
+        key("cudaStreamSynchronize", 35, "cudaErrorInsufficientDriver"): 1,
+        key("cuMemAlloc_v2", 2, "CUDA_ERROR_OUT_OF_MEMORY"): 1,
+        key("cudaLaunchKernel", 98, "cudaErrorInvalidDeviceFunction"): 4,
+    }
+
+
+def test_memcpy_bytes_by_direction_count_only_successful_copies() -> None:
+    h = Harness()
+    ev = Events()
+    ev.memcpy(4096, 1).memcpy(4096, 1).memcpy(100, 1, ret=35)
+    ev.memcpy(2048, 2).memcpy(1024, 2, func=F.cudaMemcpyAsync, stream=0x5EED)
+    ev.memcpy(512, 3).memcpy(7, 9)  # D2D and an unknown kind
+    ev.memcpy(1 << 20, 1, flags=FLAG_INCOMPLETE)
+    h.correlator.on_events(ev.array())
+    assert points(h.collect()[ME]["cuda.memcpy.bytes"]) == {
+        (("cuda.memcpy.direction", "H2D"),): 8192,
+        (("cuda.memcpy.direction", "D2H"),): 3072,
+        (("cuda.memcpy.direction", "D2D"),): 512,
+        (("cuda.memcpy.direction", "kind9"),): 7,
+    }
+
+
+def test_sync_durations_become_a_histogram_per_function() -> None:
+    h = Harness()
+    ev = Events()
+    ev.sync(dur=2_000).sync(dur=3_000_000).sync(func=F.cudaDeviceSynchronize, dur=1_000)
+    h.correlator.on_events(ev.array())
+    hist = h.collect()[ME]["cuda.sync.duration"]
+    by_func = {dict(dp.attributes)["cuda.api.function"]: dp for dp in hist.data.data_points}
+    stream = by_func["cudaStreamSynchronize"]
+    assert (stream.count, stream.min, stream.max) == (2, 2e-6, 3e-3)
+    assert stream.sum == pytest.approx(3.002e-3)
+    assert sum(stream.bucket_counts) == 2
+    assert by_func["cudaDeviceSynchronize"].count == 1
+
+
+def test_spans_carry_the_call_and_errors_set_their_status() -> None:
+    h = Harness()
+    getppid = fn_address("getppid")
+    ev = Events(tid=ME + 1)
+    ev.memcpy(4096, 1, func=F.cudaMemcpyAsync, stream=0x5EED0001)
+    ev.malloc(1 << 40, 0, ret=2)
+    ev.launch(getppid, grid=pack_dim(4, 2, 1), block=pack_dim(256), stream=0x5EED0001)
+    ev.sync(func=F.cudaDeviceSynchronize, dur=5_000)
+    h.correlator.on_events(ev.array())
+    copy, malloc, launch, sync = h.spans
+    assert copy.name == "cudaMemcpyAsync"
+    assert dict(copy.attributes) == {
+        "cuda.api.function": "cudaMemcpyAsync", "thread.id": ME + 1, "cuda.memcpy.bytes": 4096,
+        "cuda.memcpy.direction": "H2D", "cuda.memcpy.async": True, "cuda.stream": "0x5eed0001",
+        "cuda.api.return_code": 0,
+    }
+    assert copy.status.status_code == StatusCode.UNSET
+    assert copy.end_time - copy.start_time == 1000
+    assert copy.resource.attributes["process.pid"] == ME
+    assert malloc.status.status_code == StatusCode.ERROR
+    assert malloc.status.description == "cudaErrorMemoryAllocation (2)"
+    assert malloc.attributes["cuda.error.name"] == "cudaErrorMemoryAllocation"
+    assert "cuda.memory.address" not in malloc.attributes
+    assert launch.attributes["cuda.kernel.name"] == "getppid"
+    assert launch.attributes["cuda.kernel.function_address"] == f"{getppid:#x}"
+    assert [launch.attributes[f"cuda.grid.{d}"] for d in "xyz"] == [4, 2, 1]
+    assert [launch.attributes[f"cuda.block.{d}"] for d in "xyz"] == [256, 1, 1]
+    assert "cuda.stream" not in sync.attributes
+    assert h.correlator.spans_emitted == 4
+
+
+def test_driver_launches_are_named_from_the_function_name_strings() -> None:
+    h = Harness()
+    names = np.zeros(2, dtype=STREVENT_DTYPE)
+    names["pid"], names["kind"] = ME, StrKind.CUDA_FUNC_NAME
+    names["a0"] = [0xF1, 0xF2]
+    names["s"] = [b"_Z10vector_addPfS_S_i", b"triton_poi_fused_add_mul_0"]
+    h.correlator.on_strings(names)
+    ev = Events()
+    ev.launch(0xF1, func=F.cuLaunchKernel).launch(0xF2, func=F.cuLaunchKernel).launch(0xF3, func=F.cuLaunchKernel)
+    h.correlator.on_events(ev.array())
+    assert [s.attributes["cuda.kernel.name"] for s in h.spans] == [
+        "vector_add(float*, float*, float*, int)", "triton_poi_fused_add_mul_0", "CUfunction 0xf3",
+    ]
+
+
+def test_incomplete_calls_become_error_spans_and_an_anomaly() -> None:
+    h = Harness()
+    ev = Events(tid=ME + 7)
+    ev.sync(stream=0x5EEDFFFF, dur=0, flags=FLAG_INCOMPLETE)
+    h.correlator.on_events(ev.array())
+    [span] = h.spans
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.status.description == f"thread {ME + 7} exited before cudaStreamSynchronize returned"
+    assert span.attributes["otelbpf.incomplete"] is True
+    assert "cuda.api.return_code" not in span.attributes
+    m = h.collect()[ME]
+    assert points(m["otelbpf.cuda.anomalies"]) == {(("reason", "incomplete"),): 1}
+    assert "cuda.api.calls" not in m  # it never completed
+
+
+def test_min_span_duration_drops_short_calls_but_not_launches_or_incomplete_ones() -> None:
+    h = Harness(min_span_ns=10_000)
+    ev = Events()
+    ev.sync(dur=9_999).sync(dur=10_000).memcpy(8, 1, dur=50)
+    ev.launch(fn_address("getpid"))
+    ev.sync(dur=0, flags=FLAG_INCOMPLETE)
+    h.correlator.on_events(ev.array())
+    assert [(s.name, s.end_time - s.start_time) for s in h.spans] == [
+        ("cudaStreamSynchronize", 10_000), ("cudaLaunchKernel", 0), ("cudaStreamSynchronize", 0),
+    ]
+    # Metrics still count every call.
+    assert points(h.collect()[ME]["cuda.api.calls"])[(("cuda.api.function", "cudaStreamSynchronize"),)] == 2
+
+
+def test_span_budget_caps_spans_and_reports_what_it_sampled_out() -> None:
+    h = Harness(max_spans_per_second=5)
+    ev = Events()
+    for i in range(12):
+        ev.memcpy(i + 1, 1)
+    h.correlator.on_events(ev.array())
+    assert [s.attributes["cuda.memcpy.bytes"] for s in h.spans] == [1, 2, 3, 4, 5]
+    assert h.sampled_out == [7]
+    # Sampling never touches the metrics.
+    assert points(h.collect()[ME]["cuda.memcpy.bytes"]) == {(("cuda.memcpy.direction", "H2D"),): 78}
+
+
+def test_span_budget_refills_at_its_rate() -> None:
+    budget = SpanBudget(100)
+    time.sleep(0.1)  # already full: a burst never exceeds one second's worth
+    assert budget.take(1000) == 100
+    assert budget.take(10) == 0
+    time.sleep(0.05)  # ~5 tokens
+    assert 4 <= budget.take(100) <= 10
+
+
+def test_launch_counts_and_a_bounded_top_n() -> None:
+    h = Harness(top_kernels=3)
+    names = ["getpid", "getppid", "getuid", "geteuid", "getgid"]
+    for count, name in enumerate(names, start=1):
+        h.maps["launches"][LaunchKey(ME, int(F.cudaLaunchKernel), fn_address(name))] = count * 10
+    h.maps["launches"][LaunchKey(ME, int(F.cudaLaunchKernel_ptsz), fn_address("getpid"))] = 5
+    h.maps["launches"][LaunchKey(ME, int(F.cudaGraphLaunch), 0x9999)] = 1000  # graphs are not kernels
+    m = h.collect()[ME]
+    assert points(m["cuda.kernel.launches"]) == {
+        (("cuda.api.function", "cudaLaunchKernel"),): 150,
+        (("cuda.api.function", "cudaLaunchKernel_ptsz"),): 5,
+        (("cuda.api.function", "cudaGraphLaunch"),): 1000,
+    }
+    top = points(m["cuda.kernel.launches.top"])
+    assert top == {
+        (("cuda.api.function", "cudaLaunchKernel"), ("cuda.kernel.name", "getgid")): 50,
+        (("cuda.api.function", "cudaLaunchKernel"), ("cuda.kernel.name", "geteuid")): 40,
+        (("cuda.api.function", "cudaLaunchKernel"), ("cuda.kernel.name", "getuid")): 30,
+    }
+
+
+def test_exited_processes_are_finalized_once_and_their_keys_forgotten(exited_pid: int) -> None:
+    h = Harness()
+    other = Events(pid=ME)
+    other.malloc(100, 0x100)
+    ev = Events(pid=exited_pid)
+    ev.malloc(4096, 0xA000).memcpy(4096, 1)
+    keys = [LaunchKey(exited_pid, int(F.cudaLaunchKernel), 0x1234), LaunchKey(exited_pid, int(F.cudaLaunchKernel), 0x5678)]
+    for k in keys:
+        h.maps["launches"][k] = 3
+    error_key = ErrorKey(exited_pid, int(F.cudaLaunchKernel), 98)
+    h.maps["launch_errors"][error_key] = 1
+    mine = LaunchKey(ME, int(F.cudaLaunchKernel), fn_address("getpid"))
+    h.maps["launches"][mine] = 1
+    h.correlator.on_events(np.concatenate([other.array(), ev.array()]))
+    h.correlator.on_events(Events(pid=exited_pid).exit("trainer").array())
+    first = h.collect()
+    assert set(first) == {ME, exited_pid}
+    assert points(first[exited_pid]["cuda.kernel.launches"]) == {(("cuda.api.function", "cudaLaunchKernel"),): 6}
+    assert value(first[exited_pid]["cuda.memory.in_use"]) == 4096
+    assert sorted(h.forgotten, key=lambda f: f[0]) == [("launch_errors", [error_key]), ("launches", keys)]
+    assert mine in h.maps["launches"]  # the live process keeps its keys
+    # The final read of the maps may still hold the dead process's keys: they stay dead.
+    for k in keys:
+        h.maps["launches"][k] = 3
+    second = h.collect()
+    assert set(second) == {ME}
+    assert h.correlator.memory_snapshot() == {ME: (100, 100)}
+    assert len(h.forgotten) == 2
+
+
+def test_a_reused_pid_starts_afresh_after_exec(exited_pid: int) -> None:
+    h = Harness()
+    h.correlator.on_events(Events(pid=exited_pid).malloc(4096, 0xA000).exit().array())
+    assert h.collect()[exited_pid]["cuda.memory.in_use"] is not None
+    key = LaunchKey(exited_pid, int(F.cudaLaunchKernel), 0x1234)
+    h.maps["launches"][key] = 2
+    assert exited_pid not in h.collect()
+    # A new program under the same pid: counted from zero.
+    h.correlator.on_events(Events(pid=exited_pid).exec("newjob").malloc(10, 0xB000).array())
+    m = h.collect()[exited_pid]
+    assert value(m["cuda.memory.in_use"]) == 10
+    assert points(m["cuda.kernel.launches"]) == {(("cuda.api.function", "cudaLaunchKernel"),): 2}
+
+
+def test_an_exited_process_is_named_by_its_comm(exited_pid: int) -> None:
+    h = Harness()
+    h.correlator.on_events(Events(pid=exited_pid).exit("trainer").array())
+    h.correlator.on_events(Events(pid=exited_pid).sync(dur=5).array())
+    [span] = h.spans
+    assert span.resource.attributes["service.name"] == "trainer"
+    assert span.resource.attributes["otelbpf.process.exited"] is True

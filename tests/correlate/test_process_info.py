@@ -1,0 +1,188 @@
+"""The OpenTelemetry resource of a watched process, read from /proc of real processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from harness.agent import wait_until
+from otelbpf import __version__
+from otelbpf.correlate.process_info import ProcessInfo, agent_resource
+
+SLEEP = shutil.which("sleep")
+
+
+def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(list(args), env=env)
+    wait_for_exec(proc.pid, args[0])
+    return proc
+
+
+def wait_for_exec(pid: int, program: str) -> None:
+    """Popen returns after fork: wait until /proc shows the new program. /proc/PID/exe
+    changes a moment before its arguments and environment are in place, so wait for both."""
+
+    def done() -> bool:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return os.readlink(f"/proc/{pid}/exe") == os.path.realpath(program) and f.read() != b""
+
+    assert wait_until(done)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen]:
+    proc = spawn(SLEEP, "30", env={
+        "PATH": "/usr/bin:/bin",
+        "OTEL_SERVICE_NAME": "checkout",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team=ml%2Cinfra,host.name=spoofed,process.pid=1,=x,bare",
+        "NOT_OTEL": "ignored",
+    })
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_resource_of_a_live_process(sleeper: subprocess.Popen) -> None:
+    attrs = dict(ProcessInfo().resource(sleeper.pid).attributes)
+    exe = os.path.realpath(SLEEP)
+    assert attrs == {
+        "host.name": socket.gethostname(),  # never the target's own claim
+        "process.pid": sleeper.pid,
+        "process.executable.path": exe,
+        "process.executable.name": os.path.basename(exe),
+        "process.command_line": f"{SLEEP} 30",
+        "process.command_args": (SLEEP, "30"),
+        "deployment.environment": "prod",
+        "team": "ml,infra",  # %-decoded
+        "service.name": "checkout",
+    }
+
+
+def test_service_name_from_the_target_resource_attributes() -> None:
+    proc = spawn(SLEEP, "30", env={"OTEL_RESOURCE_ATTRIBUTES": "service.name=trainer,k=v"})
+    try:
+        attrs = ProcessInfo().resource(proc.pid).attributes
+        assert (attrs["service.name"], attrs["k"]) == ("trainer", "v")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_service_name_falls_back_to_the_executable_name() -> None:
+    proc = spawn(SLEEP, "30", env={})
+    try:
+        assert ProcessInfo().resource(proc.pid).attributes["service.name"] == os.path.basename(os.path.realpath(SLEEP))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_configured_attributes_win(sleeper: subprocess.Popen) -> None:
+    info = ProcessInfo({"service.name": "fleet", "deployment.environment": "staging", "k8s.node.name": "n1"})
+    attrs = info.resource(sleeper.pid).attributes
+    assert attrs["service.name"] == "fleet"
+    assert attrs["deployment.environment"] == "staging"
+    assert attrs["k8s.node.name"] == "n1"
+    assert attrs["team"] == "ml,infra"
+
+
+def test_exited_process_is_named_by_its_comm_when_known() -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    info = ProcessInfo()
+    info.note_comm(proc.pid, "trainer")
+    info.note_comm(proc.pid, "")  # an empty name never replaces a known one
+    attrs = dict(info.resource(proc.pid).attributes)
+    assert attrs == {
+        "host.name": socket.gethostname(),
+        "process.pid": proc.pid,
+        "otelbpf.process.exited": True,
+        "process.executable.name": "trainer",
+        "service.name": "trainer",
+    }
+
+
+def test_exited_process_without_a_comm_is_named_by_pid() -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    attrs = ProcessInfo().resource(proc.pid).attributes
+    assert attrs["service.name"] == f"pid-{proc.pid}"
+    assert attrs["otelbpf.process.exited"] is True
+    assert "process.executable.name" not in attrs
+
+
+def never_a_pid(n: int) -> list[int]:
+    """Numbers above the kernel's pid_max: no process can have them."""
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid_max = int(f.read())
+    return list(range(pid_max + 1, pid_max + 1 + n))
+
+
+def test_comms_are_kept_for_the_most_recent_processes_only() -> None:
+    """Every exec and exit on the host notes a comm: the table is bounded like the cache."""
+    info = ProcessInfo(max_processes=3)
+    pids = never_a_pid(5)
+    for i, pid in enumerate(pids):
+        info.note_comm(pid, f"job{i}")
+    info.note_comm(pids[2], "job2")  # noted again: most recent now
+    names = [info.resource(pid).attributes["service.name"] for pid in pids]
+    assert names == [f"pid-{pids[0]}", f"pid-{pids[1]}", "job2", "job3", "job4"]
+
+
+def test_the_resource_cache_is_bounded() -> None:
+    info = ProcessInfo(max_processes=2)
+    a, b, c = never_a_pid(3)
+    first = info.resource(a)
+    info.resource(b)
+    assert info.resource(a) is first  # a used again: b is now the oldest
+    info.resource(c)
+    assert info.resource(a) is first
+    info.note_comm(b, "late")
+    assert info.resource(b).attributes["service.name"] == "late"  # b was evicted and read again
+
+
+def test_resource_is_read_once_and_outlives_the_process(sleeper: subprocess.Popen) -> None:
+    info = ProcessInfo()
+    first = info.resource(sleeper.pid)
+    sleeper.kill()
+    sleeper.wait()
+    assert info.resource(sleeper.pid) is first
+
+
+def test_forget_before_an_exec_rereads_only_older_resources(tmp_path) -> None:
+    go = tmp_path / "go"
+    proc = spawn("/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.01; done; exec {SLEEP} 30",
+                 env={"OTEL_SERVICE_NAME": "svc"})
+    try:
+        info = ProcessInfo()
+        before_read = time.monotonic_ns()
+        old = info.resource(proc.pid)
+        assert old.attributes["process.executable.name"] != "sleep"
+        go.touch()
+        wait_for_exec(proc.pid, SLEEP)
+        info.forget(proc.pid, before_ns=before_read)  # an exec older than what we read: keep it
+        assert info.resource(proc.pid) is old
+        info.forget(proc.pid, before_ns=time.monotonic_ns())  # the exec came after: read again
+        new = info.resource(proc.pid).attributes
+        assert new["process.executable.name"] == "sleep"
+        assert new["process.command_args"] == (SLEEP, "30")
+        assert new["service.name"] == "svc"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_agent_resource_keeps_its_own_service_name() -> None:
+    attrs = agent_resource({"service.name": "not-me", "deployment.environment": "prod"}).attributes
+    assert attrs["service.name"] == "otelbpf"
+    assert attrs["service.version"] == __version__
+    assert attrs["process.pid"] == os.getpid()
+    assert attrs["deployment.environment"] == "prod"

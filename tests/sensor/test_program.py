@@ -1,0 +1,187 @@
+"""The assembled BPF program, compiled and loaded by BCC as the agent does, then driven by
+real syscalls: library opens, forks, execs, exits, and a process stopped at its open."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.agent import FAKE_CUDART, wait_until
+from otelbpf.events import EVENT_DTYPE, STREVENT_DTYPE, Kind, StrKind
+from otelbpf.sensor import program
+from otelbpf.sensor.cuda_probes import cuda_family
+from otelbpf.sensor.ringbuf import RingBufferReader
+
+EVENTS_RING = 64 << 10
+STR_RING = 256 << 10
+FAMILY = cuda_family(["cudart", "cuda"], launch_errors=True)
+
+
+class Loaded:
+    """One build of the program, loaded, with readers on both rings."""
+
+    def __init__(self, **options: bool) -> None:
+        from bcc import BPF
+
+        text, cflags = program.build([FAMILY], events_ring_bytes=EVENTS_RING, str_ring_bytes=STR_RING, **options)
+        self.bpf = BPF(text=text.encode(), cflags=cflags)
+        self.events = RingBufferReader(self.bpf[b"events"].map_fd, EVENTS_RING, EVENT_DTYPE)
+        self.strings = RingBufferReader(self.bpf[b"strevents"].map_fd, STR_RING, STREVENT_DTYPE)
+
+    def watch(self, pid: int) -> None:
+        watched = self.bpf[b"watched"]
+        watched[watched.Key(pid)] = watched.Leaf(1)
+
+    def unwatch_all(self) -> None:
+        self.bpf[b"watched"].clear()
+
+    def opened(self) -> list[tuple[int, str, int]]:
+        """(pid, path, paused) of every library open reported since the last call."""
+        recs = self.strings.drain()
+        assert (recs["kind"] == StrKind.LIB_OPEN).all()
+        return [(int(r["pid"]), r["s"].split(b"\0", 1)[0].decode(), int(r["paused"])) for r in recs]
+
+    def close(self) -> None:
+        self.events.close()
+        self.strings.close()
+        self.bpf.cleanup()
+
+
+@pytest.fixture(scope="module")
+def filtered() -> Iterator[Loaded]:
+    loaded = Loaded(filter_pids=True)
+    try:
+        yield loaded
+    finally:
+        loaded.close()
+
+
+@pytest.fixture
+def watching_me(filtered: Loaded) -> Iterator[Loaded]:
+    filtered.unwatch_all()
+    filtered.events.drain()
+    filtered.strings.drain()
+    filtered.watch(os.getpid())
+    try:
+        yield filtered
+    finally:
+        filtered.unwatch_all()
+
+
+def try_open(path: Path | str, dir_fd: int | None = None) -> None:
+    try:
+        os.close(os.open(path, os.O_RDONLY, dir_fd=dir_fd))
+    except FileNotFoundError:
+        pass
+
+
+def comm(rec: np.void) -> str:
+    return np.array([rec["a0"], rec["a1"]], dtype="<u8").tobytes().split(b"\0", 1)[0].decode()
+
+
+def test_library_filter_is_byte_comparisons_one_per_distinct_prefix() -> None:
+    c = program.library_filter_c(["libcuda.so", "libcudart.so", "libcuda.so"])
+    assert c.count("return 1;") == 2
+    assert '"' not in c  # no string literals, so no .rodata
+    first = re.search(r"if \((.*)\)", c).group(1)
+    assert first == " && ".join(f"name[{i}] == {ord(ch)}" for i, ch in enumerate("libcuda.so"))
+
+
+@pytest.mark.bpf
+def test_every_generated_entry_point_passes_the_verifier(filtered: Loaded) -> None:
+    from bcc import BPF
+
+    programs = {p for kind in FAMILY.libraries for spec in kind.probes for p in (spec.entry, spec.ret) if p}
+    assert len(programs) > 20
+    for name in sorted(programs):
+        assert filtered.bpf.load_func(name.encode(), BPF.KPROBE).fd >= 0, name
+
+
+@pytest.mark.bpf
+def test_ring_sizes_come_from_the_build_options(filtered: Loaded) -> None:
+    assert filtered.bpf[b"events"].max_entries == EVENTS_RING
+    assert filtered.bpf[b"strevents"].max_entries == STR_RING
+
+
+@pytest.mark.bpf
+def test_only_successful_opens_of_wanted_libraries_are_reported(watching_me: Loaded, tmp_path: Path) -> None:
+    for name in ("libcudart.so.12", "libcuda.so.1", "libcublas.so.12", "xlibcudart.so.12", "libcudart_static.a"):
+        (tmp_path / name).write_bytes(b"")
+    watching_me.opened()  # creating them opened them too
+    try_open(tmp_path / "libcudart.so.12")
+    try_open(tmp_path / "libcudart.so.13")  # absent: the open fails
+    try_open(tmp_path / "libcublas.so.12")
+    try_open(tmp_path / "xlibcudart.so.12")  # the prefix must start a path component
+    try_open(tmp_path / "libcudart_static.a")
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try_open("libcuda.so.1", dir_fd=dir_fd)  # a relative name is tested from its start
+    finally:
+        os.close(dir_fd)
+    assert watching_me.opened() == [
+        (os.getpid(), str(tmp_path / "libcudart.so.12"), 0),
+        (os.getpid(), "libcuda.so.1", 0),
+    ]
+
+
+@pytest.mark.bpf
+def test_unwatched_processes_are_ignored(filtered: Loaded) -> None:
+    filtered.unwatch_all()
+    filtered.strings.drain()
+    filtered.events.drain()
+    try_open(FAKE_CUDART)
+    subprocess.run(["true"], check=True)
+    assert filtered.opened() == []
+    assert len(filtered.events.drain()) == 0
+
+
+@pytest.mark.bpf
+def test_children_of_watched_processes_are_followed_through_exec_and_exit(watching_me: Loaded) -> None:
+    child = subprocess.run(
+        ["/bin/sh", "-c", f"exec /usr/bin/head -c 0 {FAKE_CUDART}"], check=True
+    )
+    del child
+    events = watching_me.events.drain()
+    life = [(Kind(int(e["kind"])), comm(e)) for e in events]
+    # sh execs head in the same process: two execs, one exit, all of one pid.
+    assert life == [(Kind.PROC_EXEC, "sh"), (Kind.PROC_EXEC, "head"), (Kind.PROC_EXIT, "head")]
+    assert len(set(events["pid"].tolist())) == 1 and events["pid"][0] != os.getpid()
+    assert (np.diff(events["ts_ns"].astype(np.int64)) > 0).all()
+    [(pid, path, paused)] = watching_me.opened()
+    assert (pid, path, paused) == (int(events["pid"][0]), str(FAKE_CUDART), 0)
+
+
+@pytest.mark.bpf
+def test_pause_on_load_stops_the_process_at_its_open_until_resumed() -> None:
+    loaded = Loaded(filter_pids=True, pause_on_load=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.stdin.readline(); open({str(FAKE_CUDART)!r}).close(); print('done')"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        loaded.watch(child.pid)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+
+        def state() -> str:
+            with open(f"/proc/{child.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+
+        assert wait_until(lambda: state() == "T", timeout=10), f"child is {state()!r}, not stopped"
+        assert loaded.opened() == [(child.pid, str(FAKE_CUDART), 1)]
+        assert child.poll() is None
+        os.kill(child.pid, signal.SIGCONT)
+        out, _ = child.communicate(timeout=10)
+        assert (child.returncode, out) == (0, "done\n")
+    finally:
+        child.kill()
+        child.wait()
+        loaded.close()
