@@ -230,6 +230,81 @@ def _absolute_glob(pattern: str) -> str:
     return pattern
 
 
+class CudaReceiverConfig(_Section):
+    """Uprobes on the CUDA runtime (``cudart``) and driver (``cuda``) libraries."""
+
+    libraries: list[Literal["cudart", "cuda"]] = ["cudart", "cuda"]
+    search_paths: list[Annotated[str, AfterValidator(_absolute_glob)]] = list(_DEFAULT_CUDA_SEARCH_PATHS)
+    launch_sample_every: int = Field(0, ge=0)
+    launch_errors: bool = False
+    min_span_duration: Duration = 0
+    ring_buffer_size: Size = 4 << 20
+    top_kernels: int = Field(20, ge=0, le=1000)
+    max_spans_per_second: int = Field(20_000, ge=0)
+
+    @field_validator("libraries")
+    @classmethod
+    def _libraries(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("name at least one of cudart, cuda (to disable the receiver, drop it from the pipelines)")
+        return _unique(value, "library")
+
+    @field_validator("ring_buffer_size")
+    @classmethod
+    def _ring_size(cls, value: int) -> int:
+        if value < mmap.PAGESIZE or value & (value - 1):
+            raise ValueError(
+                f"the BPF ring buffer size must be a power of two of at least the page size "
+                f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
+            )
+        return value
+
+
+def _power_of_two_ring(value: int) -> int:
+    if value < mmap.PAGESIZE or value & (value - 1):
+        raise ValueError(
+            f"the BPF ring buffer size must be a power of two of at least the page size "
+            f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
+        )
+    return value
+
+
+class HttpReceiverConfig(_Section):
+    """Syscall tracepoints on sockets: HTTP/1.x, HTTP/2 and gRPC spans and RED metrics."""
+
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] = []
+    payload_size: Size = 4 << 10
+    ring_buffer_size: Size = 16 << 20
+    capture_headers: list[str] = []
+    redact_headers: list[str] = []
+    max_spans_per_second: int = Field(20_000, ge=0)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, value: list[int]) -> list[int]:
+        return _unique(value, "port")
+
+    @field_validator("payload_size")
+    @classmethod
+    def _payload(cls, value: int) -> int:
+        if value & (value - 1) or not 64 <= value <= 8192:
+            raise ValueError(f"payload_size must be a power of two from 64B to 8KiB, got {format_size(value)}")
+        return value
+
+    @field_validator("ring_buffer_size")
+    @classmethod
+    def _ring_size(cls, value: int) -> int:
+        return _power_of_two_ring(value)
+
+    @field_validator("capture_headers", "redact_headers")
+    @classmethod
+    def _header_names(cls, value: list[str]) -> list[str]:
+        bad = [h for h in value if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", h)]
+        if bad:
+            raise ValueError(f"not HTTP header names: {', '.join(map(repr, bad))}")
+        return [h.lower() for h in value]
+
+
 class ProfilingReceiverConfig(_Section):
     """CPU samples (perf cpu-clock) and CUDA memory by stack, Python frames merged with native."""
 
