@@ -67,6 +67,7 @@ class Kind(enum.IntEnum):
     SOCK_ACCEPT = 42    # accept()/accept4() returned a connection (sockdata ring)
     SOCK_CLOSE = 43     # close() of a tracked socket (sockdata ring)
     SOCK_UNKNOWN = 44   # first I/O on an fd the kernel has not classified (sockdata ring)
+    SOCK_LOCAL = 45     # a connect()ed socket's local address, once established (sockdata ring)
     PROFILE_PROC = 50   # first CPU sample or CUDA allocation of a process (bpf/profile.c): inspect it
 
 

@@ -14,6 +14,7 @@
  *   pipe) marks it PENDING and reports it once (EV_SOCK_UNKNOWN): user space
  *   reads /proc/PID/fd and writes TRACK or IGNORE back;
  * - close() forgets a traced fd.
+ * A connect()ed socket's local address comes from sock:inet_sock_set_state.
  * Every read/write-like call on a TRACK fd becomes one fixed-size record on
  * the `sockdata` ring: header plus the first SOCK_PAYLOAD bytes moved
  * (several iovecs for readv/writev/sendmsg/recvmsg). Control records
@@ -24,6 +25,8 @@
  * it in `listen_ports`; a listener bound before the agent is unknown there,
  * so its connections are traced provisionally (SOCKF_LISTENER_UNKNOWN) until
  * user space has looked the listener up and written its port back. */
+
+#define EV_SOCK_LOCAL 45   /* the local address of a connect()ed socket */
 
 #define SK_TRACK 1
 #define SK_IGNORE 2
@@ -86,7 +89,8 @@ struct sock_args {
     u64 vlen;   /* iovec count */
     s32 fd;
     u8  func;
-    u8  pad[3];
+    u8  pending; /* the fd was not classified yet at entry */
+    u8  pad[2];
     u16 family; /* connect/bind: from the sockaddr read at entry */
     u16 port;
     u8  addr[16];
@@ -182,7 +186,7 @@ static __always_inline int data_enter(u8 func, s32 fd, u64 buf, u64 vlen)
             sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
         return 0;
     }
-    if (*state != SK_TRACK)
+    if (*state == SK_IGNORE)
         return 0;
     struct sock_args a = {};
     a.ts = bpf_ktime_get_ns();
@@ -190,6 +194,9 @@ static __always_inline int data_enter(u8 func, s32 fd, u64 buf, u64 vlen)
     a.vlen = vlen;
     a.fd = fd;
     a.func = func;
+    /* A blocking read entered while user space is still deciding must be
+     * captured if the answer is TRACK by the time it returns. */
+    a.pending = *state == SK_PENDING;
     if (sock_args.update(&id, &a) != 0)
         count_stat(STAT_SOCK_MAP_FULL);
     return 0;
@@ -262,6 +269,12 @@ static __always_inline int data_exit(long ret)
         return 0;
     struct sock_args a = *p;
     sock_args.delete(&id);
+    if (a.pending) {
+        u64 key = fd_key(id >> 32, a.fd);
+        u8 *state = sock_state.lookup(&key);
+        if (!state || *state != SK_TRACK)
+            return 0;
+    }
     /* Would-block and interrupted calls move nothing and say nothing about
      * the connection; EOF (0) and errors (a reset) end it. */
     if (ret == -EAGAIN_ || ret == -EINTR_)
@@ -353,6 +366,51 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
     r->family = a.family;
     r->port = a.port;
     __builtin_memcpy(r->addr, a.addr, sizeof(r->addr));
+    sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+/* The local address of a connection this process connect()ed, which the
+ * syscall does not say: sock:inet_sock_set_state carries it (tracepoint
+ * arguments, laid out by the running kernel's format file). The move to
+ * SYN_SENT happens inside connect(), on the connecting thread, before the
+ * port is chosen: remember which fd the socket is; the move to ESTABLISHED
+ * (in any context) then reports the address. skaddr is only a key here. */
+BPF_TABLE("lru_hash", u64, u64, connecting, 16384);
+
+TRACEPOINT_PROBE(sock, inet_sock_set_state)
+{
+    if (args->protocol != 6 /* IPPROTO_TCP */)
+        return 0;
+    u64 sk = (u64)args->skaddr;
+    if (args->newstate == 2 /* TCP_SYN_SENT */) {
+        u64 id = bpf_get_current_pid_tgid();
+        struct sock_args *a = sock_args.lookup(&id);
+        if (!a || a->func != SF_CONNECT)
+            return 0;
+        u64 key = fd_key(id >> 32, a->fd);
+        connecting.update(&sk, &key);
+        return 0;
+    }
+    if (args->oldstate != 2)
+        return 0;
+    u64 *found = connecting.lookup(&sk);
+    if (!found)
+        return 0;
+    u64 key = *found;
+    connecting.delete(&sk);
+    if (args->newstate != 1 /* TCP_ESTABLISHED */)
+        return 0;
+    struct sock_rec *r = control_record(key & 0xffffffff00000000ULL, bpf_ktime_get_ns(), (s32)key, 0,
+                                        EV_SOCK_LOCAL, SF_CONNECT);
+    if (!r)
+        return 0;
+    r->family = args->family;
+    r->port = args->sport;
+    if (args->family == AF_INET_)
+        __builtin_memcpy(r->addr, args->saddr, 4);
+    else
+        __builtin_memcpy(r->addr, args->saddr_v6, 16);
     sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
     return 0;
 }

@@ -40,6 +40,7 @@ from otelbpf.correlate.causality import Causality, Interval
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.links import ClientRequest, PeerLinks
+from otelbpf.correlate.netaddr import address_from_raw
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.protocols.http1 import Exchange, Http1Connection, Message, looks_like_request, looks_like_response
 from otelbpf.correlate.protocols.http2 import H2Connection, Stream, looks_like_preface
@@ -180,8 +181,9 @@ class HttpCorrelator:
         if kind == Kind.SOCK_DATA:
             conn = self._conns.get(pid, fd)
             if conn is None:
+                if self._conns.rejected(pid, fd):
+                    return
                 conn = self._conns.joined(pid, fd)
-                self._count("otelbpf.http.problems", 1, reason="joined_midstream")
             ret, cap = c["ret"][i], c["cap"][i]
             egress = c["func"][i] in SOCK_EGRESS
             if ret <= 0:
@@ -197,9 +199,13 @@ class HttpCorrelator:
             known = not c["flags"][i] & SOCKF_LISTENER_UNKNOWN
             self._conns.accepted(pid, fd, c["ret"][i], c["family"][i], c["port"][i], addrs[i].tobytes(),
                                  c["local_port"][i], known)
+        elif kind == Kind.SOCK_LOCAL:
+            conn = self._conns.get(pid, fd)
+            if conn is not None and conn.role == "client":
+                conn.local = address_from_raw(c["family"][i], c["port"][i], addrs[i].tobytes()) or conn.local
         elif kind == Kind.SOCK_UNKNOWN:
-            if self._conns.get(pid, fd) is None and self._conns.unknown(pid, fd) is not None:
-                self._count("otelbpf.http.problems", 1, reason="joined_midstream")
+            if self._conns.get(pid, fd) is None:
+                self._conns.unknown(pid, fd)
         elif kind == Kind.SOCK_CLOSE:
             conn = self._conns.closed(pid, fd)
             if conn is not None:
@@ -234,6 +240,10 @@ class HttpCorrelator:
     def _feed(self, conn: Conn, egress: bool, payload: bytes, missing: int, stamp: Stamp) -> None:
         if conn.ended:
             return
+        if conn.midstream and conn.last_stamp == (0, 0, 0):
+            # Counted at its first bytes: an fd seen before its connect() may be taken for an old
+            # connection and then replaced by the new one before any data, which is no join.
+            self._count("otelbpf.http.problems", 1, reason="joined_midstream")
         conn.last_stamp = stamp
         if conn.protocol is None and not self._infer(conn, egress, payload, missing, stamp):
             return
@@ -313,14 +323,14 @@ class HttpCorrelator:
             start = exit_
             parent, source = parse_traceparent(traceparent), "traceparent"
             if parent is None and conn.local and conn.remote:
-                parent, source = self._links.find(conn.remote, conn.local, stream_id, start), "peer"
+                parent, source = self._links.find(conn.remote, conn.local[1], stream_id, start), "peer"
             ctx = new_context(parent.trace_id if parent else None)
             interval = self._causality.open(conn.pid, tid, start, ctx)
             return _Open(ctx, parent, start, tid, interval=interval, parent_from=source if parent else "")
         start = enter
         parent = self._causality.parent(conn.pid, tid, start)
         ctx = new_context(parent.trace_id if parent else None)
-        link = self._links.add(conn.local, conn.remote, stream_id, start, ctx) if conn.local and conn.remote else None
+        link = self._links.add(conn.local, conn.remote[1], stream_id, start, ctx) if conn.local and conn.remote else None
         return _Open(ctx, parent, start, tid, link=link, parent_from="thread" if parent else "")
 
     # -- exchanges done -----------------------------------------------------------

@@ -2,11 +2,14 @@
 the server span at the other end.
 
 Both ends of a loopback (or same-host) connection are traced; the client
-registers the span of each request it writes under the connection's
-addresses (its local, its remote) and, for HTTP/2, the stream id. The server
-looks itself up under the same addresses seen from its side (its remote, its
-local) at the time the request arrived, so the two processes' spans join one
-trace without any header being injected.
+registers the span of each request it writes under the connection's client
+address (its own ip:port), the server's port and, for HTTP/2, the stream id.
+The server looks itself up under the same key seen from its side (its peer's
+address, its own port) at the time the request arrived, so the two
+processes' spans join one trace without any header being injected. The
+server's IP is left out of the key: a listener bound to 0.0.0.0 does not
+know which of its addresses a client used, and a client address and port
+are unique per server port on a host anyway.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from opentelemetry.trace import SpanContext
 
 Address = tuple[str, int]
-Key = tuple[Address, Address, int]
+Key = tuple[Address, int, int]  # client address, server port, HTTP/2 stream (0 for HTTP/1)
 
 #: Finished client requests stay findable this long (event time): the server
 #: side of the same request may be processed a little later.
@@ -39,10 +42,10 @@ class PeerLinks:
         self._lock = threading.Lock()
         self._adds = 0
 
-    def add(self, local: Address, remote: Address, stream: int, start_ns: int, context: SpanContext) -> ClientRequest:
+    def add(self, client: Address, server_port: int, stream: int, start_ns: int, context: SpanContext) -> ClientRequest:
         entry = ClientRequest(start_ns, context)
         with self._lock:
-            q = self._by_key.setdefault((local, remote, stream), deque())
+            q = self._by_key.setdefault((client, server_port, stream), deque())
             while q and q[0].end_ns is not None and q[0].end_ns < start_ns - self._retention:
                 q.popleft()
             q.append(entry)
@@ -59,10 +62,10 @@ class PeerLinks:
     def end(self, entry: ClientRequest, end_ns: int) -> None:
         entry.end_ns = end_ns
 
-    def find(self, client: Address, server: Address, stream: int, ts_ns: int) -> SpanContext | None:
+    def find(self, client: Address, server_port: int, stream: int, ts_ns: int) -> SpanContext | None:
         """The client request on this connection that was in flight at ``ts_ns``."""
         with self._lock:
-            q = self._by_key.get((client, server, stream))
+            q = self._by_key.get((client, server_port, stream))
             if not q:
                 return None
             for entry in reversed(q):

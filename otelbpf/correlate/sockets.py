@@ -49,6 +49,8 @@ class Connections:
         self._update_map = update_map
         self._tables = TcpTables()
         self._conns: dict[tuple[int, int], Conn] = {}
+        #: fds traced provisionally and then rejected: records already in flight for them are dropped.
+        self._rejected: set[tuple[int, int]] = set()
         self._writes: dict[str, list[tuple[int, int]]] = {STATE_MAP: [], LISTEN_MAP: []}
 
     def wanted(self, *ports: int) -> bool:
@@ -57,12 +59,16 @@ class Connections:
     def get(self, pid: int, fd: int) -> Conn | None:
         return self._conns.get((pid, fd))
 
+    def rejected(self, pid: int, fd: int) -> bool:
+        return (pid, fd) in self._rejected
+
     def __len__(self) -> int:
         return len(self._conns)
 
     # -- records ---------------------------------------------------------------
 
     def connected(self, pid: int, fd: int, family: int, port: int, raw_addr: bytes) -> Conn:
+        self._rejected.discard((pid, fd))
         local, remote = self._addresses(pid, fd)
         conn = Conn(pid, fd, "client", local, remote or address_from_raw(family, port, raw_addr), midstream=False)
         self._conns[(pid, fd)] = conn
@@ -70,10 +76,12 @@ class Connections:
 
     def accepted(self, pid: int, fd: int, listen_fd: int, family: int, peer_port: int, raw_addr: bytes,
                  local_port: int, listener_known: bool) -> Conn | None:
+        self._rejected.discard((pid, fd))
         if not listener_known:
             local_port = self._learn_listener(pid, listen_fd)
             if local_port is not None and not self.wanted(local_port):
                 self._write(STATE_MAP, pid, fd, IGNORE)
+                self._rejected.add((pid, fd))
                 return None
         local, remote = self._addresses(pid, fd)
         if local is None and local_port:
@@ -106,6 +114,7 @@ class Connections:
         return self._conns.pop((pid, fd), None)
 
     def forget_process(self, pid: int) -> list[Conn]:
+        self._rejected = {k for k in self._rejected if k[0] != pid}
         gone = [k for k in self._conns if k[0] == pid]
         return [self._conns.pop(k) for k in gone]
 

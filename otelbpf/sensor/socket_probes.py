@@ -19,9 +19,9 @@ STATE_MAP = "sock_state"
 LISTEN_MAP = "listen_ports"
 #: ``sock_state`` values.
 TRACK, IGNORE, PENDING = 1, 2, 3
-#: iovecs copied per readv/writev/sendmsg/recvmsg (gRPC writes a frame
-#: header and its payload as separate iovecs).
-MAX_IOV = 16
+#: iovecs copied per readv/writev/sendmsg/recvmsg (gRPC gives every header of a
+#: HEADERS frame an iovec of its own: ~20 for one small request).
+MAX_IOV = 64
 #: Bounds of the payload copied per call: a power of two (the BPF code masks
 #: offsets with it) whose scratch record fits the 32 KiB per-CPU value limit.
 MIN_PAYLOAD, MAX_PAYLOAD = 64, 8192
