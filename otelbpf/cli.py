@@ -9,6 +9,25 @@ import os
 import sys
 
 
+def _duration(text: str) -> int:
+    from otelbpf.config import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share from 0 to 1 (like 0.3)")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="otelbpf", description="eBPF telemetry for AI workloads, as OpenTelemetry.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -25,6 +44,21 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="what this host can do, and which processes use CUDA/NCCL/ibverbs")
     summ = sub.add_parser("summary", help="summarize the OTLP-JSON files the file exporter wrote")
     summ.add_argument("directory", nargs="?", default="./otelbpf-out")
+    strag = sub.add_parser(
+        "stragglers",
+        help="name the NCCL ranks that hold the others back, and why, from every rank's exported spans",
+        description="Reads the NCCL spans of all ranks (the file exporter's directories, or OTLP-JSON files), "
+        "removes clock offsets between hosts, and ranks the ranks that enter collectives last: compute-slow, "
+        "host-slow or communication-slow.",
+    )
+    strag.add_argument("paths", nargs="+", metavar="DIR", help="a directory of OTLP-JSON trace files, or one file")
+    strag.add_argument("--threshold", type=_duration, default="10ms",
+                       help="a rank entering this much after the others' median is late (default 10ms)")
+    strag.add_argument("--min-share", type=_share, default=0.3,
+                       help="persistent: late in at least this share of its collectives (0..1, default 0.3)")
+    strag.add_argument("--json", action="store_true", help="print the report as JSON")
+    strag.add_argument("--no-clock-correction", action="store_true",
+                       help="compare timestamps as exported (hosts' clocks assumed in sync)")
     val = sub.add_parser("validate", help="check a config file and print the effective pipelines")
     val.add_argument("-c", "--config", required=False)
     return p
@@ -36,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         from otelbpf.doctor import run_doctor
 
         return run_doctor()
+    if args.cmd == "stragglers":
+        from otelbpf.analyze.stragglers import run as stragglers
+
+        return stragglers(args.paths, threshold_ns=args.threshold, min_share=args.min_share, as_json=args.json,
+                          correct_clocks=not args.no_clock_correction, out=sys.stdout, err=sys.stderr)
     if args.cmd == "summary":
         from otelbpf.analyze.summary import summarize
 

@@ -1,0 +1,231 @@
+"""Read NCCL collective spans back from OTLP-JSON, as columns.
+
+The straggler report reads every rank's spans, hundreds of thousands of them: msgspec
+decodes only the fields the report uses (the rest of each line is skipped in C), files are
+read in parallel processes, and the result is numpy columns, one row per collective span.
+
+Accepted input: the file exporter's ``traces*.jsonl`` (one ExportTraceServiceRequest per
+line, the Collector file exporter's format), any other ``*.jsonl`` of such lines, and
+``*.json`` files holding one request each (an OTLP-JSON export). Metrics and profile files
+in the same directories are skipped by name.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+
+#: Span names of the collectives (correlate/nccl.py names a span after its NCCL function).
+COLLECTIVE_SPANS = ("ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclReduce")
+_OP_INDEX = {name: i for i, name in enumerate(COLLECTIVE_SPANS)}
+#: status column: the call failed (span status error), or the process ended during it.
+OK, FAILED, EXITED = 0, 1, 2
+
+
+class ReadError(Exception):
+    """A file could not be read as OTLP-JSON; the message names it and the line."""
+
+
+class _Value(msgspec.Struct):
+    stringValue: str | None = None
+    intValue: str | int | None = None
+    doubleValue: float | None = None
+    boolValue: bool | None = None
+
+
+class _KeyValue(msgspec.Struct):
+    key: str
+    value: _Value = msgspec.field(default_factory=_Value)
+
+
+class _Status(msgspec.Struct):
+    code: int | str = 0
+
+
+class _Span(msgspec.Struct):
+    name: str = ""
+    startTimeUnixNano: str | int = 0
+    endTimeUnixNano: str | int = 0
+    attributes: list[_KeyValue] = []
+    status: _Status = msgspec.field(default_factory=_Status)
+
+
+class _ScopeSpans(msgspec.Struct):
+    spans: list[_Span] = []
+
+
+class _Resource(msgspec.Struct):
+    attributes: list[_KeyValue] = []
+
+
+class _ResourceSpans(msgspec.Struct):
+    resource: _Resource = msgspec.field(default_factory=_Resource)
+    scopeSpans: list[_ScopeSpans] = []
+
+
+class _Request(msgspec.Struct):
+    resourceSpans: list[_ResourceSpans] = []
+
+
+_COLUMNS = {
+    "host": np.int32, "pid": np.int64, "rank": np.int32, "nranks": np.int32, "comm": np.uint64, "seq": np.int64,
+    "op": np.int8, "start": np.int64, "end": np.int64, "enqueue": np.float64, "phase": np.float64,
+    "gpu_wait": np.float64, "observed": np.bool_, "status": np.int8,
+}
+
+
+@dataclass
+class Collectives:
+    """One row per collective span. Times: ``start``/``end`` wall-clock ns as exported (the
+    span's host clock); ``enqueue``, ``phase``, ``gpu_wait`` seconds (NaN: not known).
+    ``host`` indexes ``hosts``; ``services`` names each (host index, pid)."""
+
+    host: np.ndarray
+    pid: np.ndarray
+    rank: np.ndarray
+    nranks: np.ndarray
+    comm: np.ndarray
+    seq: np.ndarray
+    op: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    enqueue: np.ndarray
+    phase: np.ndarray
+    gpu_wait: np.ndarray
+    observed: np.ndarray
+    status: np.ndarray
+    hosts: list[str] = field(default_factory=list)
+    services: dict[tuple[int, int], str] = field(default_factory=dict)
+    files: int = 0
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+def otlp_files(paths: Sequence[str]) -> list[str]:
+    """The trace files under each path (a file is taken as given)."""
+    out: list[str] = []
+    for path in paths:
+        if os.path.isfile(path):
+            out.append(path)
+            continue
+        if not os.path.isdir(path):
+            raise ReadError(f"{path}: no such file or directory")
+        for name in sorted(glob.glob(os.path.join(path, "*.json*"))):
+            base = os.path.basename(name)
+            if base.endswith((".json", ".jsonl")) and not base.startswith(("metrics", "profiles")):
+                out.append(name)
+    return out
+
+
+def _attrs(items: list[_KeyValue]) -> dict[str, _Value]:
+    return {kv.key: kv.value for kv in items}
+
+
+def _int(v: _Value | None, default: int = -1) -> int:
+    if v is None or v.intValue is None:
+        return default
+    return int(v.intValue)
+
+
+def _float(v: _Value | None) -> float:
+    if v is None:
+        return float("nan")
+    if v.doubleValue is not None:
+        return v.doubleValue
+    return float(v.intValue) if v.intValue is not None else float("nan")
+
+
+def _requests(path: str):
+    decoder = msgspec.json.Decoder(_Request)
+    with open(path, "rb") as f:
+        if path.endswith(".json"):
+            try:
+                yield decoder.decode(f.read())
+            except msgspec.DecodeError as exc:
+                raise ReadError(f"{path}: not an OTLP-JSON trace request: {exc}") from None
+            return
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield decoder.decode(line)
+            except msgspec.DecodeError as exc:
+                raise ReadError(f"{path}:{n}: not an OTLP-JSON trace request: {exc}") from None
+
+
+def _read_one(path: str) -> tuple[dict[str, np.ndarray], list[str], dict[tuple[int, int], str]]:
+    cols: dict[str, list] = {name: [] for name in _COLUMNS}
+    hosts: dict[str, int] = {}
+    services: dict[tuple[int, int], str] = {}
+    for req in _requests(path):
+        for rs in req.resourceSpans:
+            res = _attrs(rs.resource.attributes)
+            host_value = res.get("host.name")
+            host = hosts.setdefault(host_value.stringValue if host_value and host_value.stringValue else "?", len(hosts))
+            pid = _int(res.get("process.pid"), 0)
+            service = res.get("service.name")
+            services[(host, pid)] = service.stringValue if service and service.stringValue else f"pid {pid}"
+            for ss in rs.scopeSpans:
+                for sp in ss.spans:
+                    op = _OP_INDEX.get(sp.name)
+                    if op is None:
+                        continue
+                    a = _attrs(sp.attributes)
+                    comm, seq = a.get("nccl.comm.id"), a.get("nccl.seq")
+                    if comm is None or seq is None or not comm.stringValue:
+                        continue  # a communicator created before the agent: not comparable
+                    status = OK
+                    if a.get("otelbpf.incomplete") is not None or (
+                        (a.get("nccl.completion") or _Value()).stringValue == "process_exited"
+                    ):
+                        status = EXITED
+                    elif sp.status.code in (2, "STATUS_CODE_ERROR"):
+                        status = FAILED
+                    completion = a.get("nccl.completion")
+                    cols["host"].append(host)
+                    cols["pid"].append(pid)
+                    cols["rank"].append(_int(a.get("nccl.rank")))
+                    cols["nranks"].append(_int(a.get("nccl.nranks")))
+                    cols["comm"].append(int(comm.stringValue, 16))
+                    cols["seq"].append(_int(seq))
+                    cols["op"].append(op)
+                    cols["start"].append(int(sp.startTimeUnixNano))
+                    cols["end"].append(int(sp.endTimeUnixNano))
+                    cols["enqueue"].append(_float(a.get("nccl.enqueue.duration")))
+                    cols["phase"].append(_float(a.get("nccl.phase.duration")))
+                    cols["gpu_wait"].append(_float(a.get("nccl.phase.gpu_wait")))
+                    cols["observed"].append(completion is not None and completion.stringValue == "observed")
+                    cols["status"].append(status)
+    arrays = {name: np.asarray(values, dtype=_COLUMNS[name]) for name, values in cols.items()}
+    return arrays, list(hosts), services
+
+
+def read(paths: Sequence[str], workers: int | None = None) -> Collectives:
+    """Every collective span in the OTLP-JSON under ``paths`` (files read in parallel)."""
+    files = otlp_files(paths)
+    if not files:
+        raise ReadError(f"no OTLP-JSON trace files (*.jsonl, *.json) in {', '.join(paths)}")
+    workers = min(len(files), workers or os.cpu_count() or 1)
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            parts = list(pool.map(_read_one, files))
+    else:
+        parts = [_read_one(f) for f in files]
+    hosts: dict[str, int] = {}
+    services: dict[tuple[int, int], str] = {}
+    merged: dict[str, list[np.ndarray]] = {name: [] for name in _COLUMNS}
+    for arrays, part_hosts, part_services in parts:
+        remap = np.array([hosts.setdefault(h, len(hosts)) for h in part_hosts] or [0], dtype=np.int32)
+        for name, values in arrays.items():
+            merged[name].append(remap[values] if name == "host" and len(values) else values)
+        for (h, pid), service in part_services.items():
+            services[(int(remap[h]), pid)] = service
+    columns = {name: np.concatenate(v) if v else np.array([], dtype=_COLUMNS[name]) for name, v in merged.items()}
+    return Collectives(**columns, hosts=list(hosts), services=services, files=len(files))
