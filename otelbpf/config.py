@@ -230,6 +230,34 @@ def _absolute_glob(pattern: str) -> str:
     return pattern
 
 
+_DEFAULT_IBVERBS_SEARCH_PATHS = (
+    "/usr/lib/x86_64-linux-gnu/libibverbs.so*",
+    "/usr/lib/aarch64-linux-gnu/libibverbs.so*",
+    "/usr/lib64/libibverbs.so*",
+    "/usr/lib/libibverbs.so*",
+    "/opt/conda/lib/libibverbs.so*",
+    "/opt/conda/envs/*/lib/libibverbs.so*",
+)
+
+
+class IbverbsReceiverConfig(_Section):
+    """Uprobes on libibverbs (queue pairs, memory regions) and on the RDMA provider's post and
+    poll functions found in each opened device context (the data path)."""
+
+    search_paths: list[Annotated[str, AfterValidator(_absolute_glob)]] = list(_DEFAULT_IBVERBS_SEARCH_PATHS)
+    data_path: bool = True
+    slow_completion: PositiveDuration = 1_000_000
+    max_queue_pairs: int = Field(16384, ge=64, le=1 << 20)
+    max_pending_work_requests: int = Field(65536, ge=1024, le=1 << 24)
+    ring_buffer_size: Size = 1 << 20
+    max_spans_per_second: int = Field(20_000, ge=0)
+
+    @field_validator("ring_buffer_size")
+    @classmethod
+    def _ring_size(cls, value: int) -> int:
+        return _power_of_two_ring(value)
+
+
 class CudaReceiverConfig(_Section):
     """Uprobes on the CUDA runtime (``cudart``) and driver (``cuda``) libraries."""
 
@@ -360,12 +388,15 @@ class NcclReceiverConfig(_Section):
         return value
 
 
-ReceiverConfig: TypeAlias = CudaReceiverConfig | HttpReceiverConfig | ProfilingReceiverConfig | NcclReceiverConfig
+ReceiverConfig: TypeAlias = (
+    CudaReceiverConfig | HttpReceiverConfig | ProfilingReceiverConfig | NcclReceiverConfig | IbverbsReceiverConfig
+)
 RECEIVER_TYPES: dict[str, type[BaseModel]] = {
     "cuda": CudaReceiverConfig,
     "http": HttpReceiverConfig,
     "profiling": ProfilingReceiverConfig,
     "nccl": NcclReceiverConfig,
+    "ibverbs": IbverbsReceiverConfig,
 }
 #: Receivers that feed the profiles pipeline (and only it).
 PROFILE_RECEIVERS: tuple[type[BaseModel], ...] = (ProfilingReceiverConfig,)
@@ -922,6 +953,20 @@ receivers:
     ring_buffer_size: 1MiB
     straggler_threshold: 50ms
     completion_timeout: 30s
+    max_spans_per_second: 20000
+  ibverbs:
+    search_paths:
+      - /usr/lib/x86_64-linux-gnu/libibverbs.so*
+      - /usr/lib/aarch64-linux-gnu/libibverbs.so*
+      - /usr/lib64/libibverbs.so*
+      - /usr/lib/libibverbs.so*
+      - /opt/conda/lib/libibverbs.so*
+      - /opt/conda/envs/*/lib/libibverbs.so*
+    data_path: true
+    slow_completion: 1ms
+    max_queue_pairs: 16384
+    max_pending_work_requests: 65536
+    ring_buffer_size: 1MiB
     max_spans_per_second: 20000
 processors:
   batch:

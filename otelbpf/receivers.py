@@ -19,6 +19,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelbpf.config import CudaReceiverConfig, HttpReceiverConfig, ProfilingReceiverConfig, ReceiverConfig
 from otelbpf.config import NcclReceiverConfig
+from otelbpf.config import IbverbsReceiverConfig
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
@@ -144,6 +145,7 @@ def _nccl(name: str, cfg: NcclReceiverConfig, ctx: Context) -> Receiver:
     return Receiver(name, nccl_family(), correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 
 
+#: config model type -> builder
 def _profiling(name: str, cfg: ProfilingReceiverConfig, ctx: Context) -> Receiver:
     from otelbpf.config import to_seconds
     from otelbpf.correlate.profiles import Profiler
@@ -164,12 +166,36 @@ def _profiling(name: str, cfg: ProfilingReceiverConfig, ctx: Context) -> Receive
     return Receiver(name, family, profiler, [], 1 << 20)
 
 
-#: config model type -> builder
+def _ibverbs(name: str, cfg: IbverbsReceiverConfig, ctx: Context) -> Receiver:
+    from otelbpf.correlate.ibverbs import IbverbsCorrelator
+    from otelbpf.sensor.ibverbs_probes import ibverbs_family
+
+    family = ibverbs_family(
+        slow_completion_ns=cfg.slow_completion,
+        qp_entries=cfg.max_queue_pairs,
+        pending_entries=cfg.max_pending_work_requests,
+        health=ctx.health,
+        data_path=cfg.data_path,
+    )
+    correlator = IbverbsCorrelator(
+        ctx.process_info,
+        ctx.clock,
+        ctx.emit_spans,
+        lambda m: ctx.maps.read(m),
+        lambda m, keys: ctx.maps.forget(m, keys),
+        traces=ctx.traces,
+        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
+        on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+    )
+    return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
+
+
 BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
     CudaReceiverConfig: _cuda,
     HttpReceiverConfig: _http,
-    NcclReceiverConfig: _nccl,
     ProfilingReceiverConfig: _profiling,
+    NcclReceiverConfig: _nccl,
+    IbverbsReceiverConfig: _ibverbs,
 }
 
 

@@ -473,10 +473,10 @@ static __always_inline void finish_modify(struct event *e)
     e->a2 = mask | ((u64)dlid << 32) | ((u64)ah_port << 48) | ((u64)port << 56);
 }
 
-/* ibv_open_device returned: tell user space the context, so it can find the
- * provider's data-path functions in its ops table (and, in command mode,
- * stop the process until they are probed, like discovery.c does at a
- * library open). */
+/* ibv_open_device returned: tell user space the context and device name, so
+ * it can find the provider's data-path functions in its ops table (and, in
+ * command mode with the data path on, stop the process until they are
+ * probed, like discovery.c does at a library open). */
 static __always_inline void report_context(struct event *e)
 {
     struct strevent *s = strevents.ringbuf_reserve(sizeof(struct strevent));
@@ -491,7 +491,7 @@ static __always_inline void report_context(struct event *e)
     s->a0 = e->a1;
     u64 dev = read_u64(e->a1 + IBV_CTX_DEVICE);
     bpf_probe_read_user_str(s->s, 64, (void *)(dev + IBV_DEVICE_NAME));
-#ifdef PAUSE_ON_LOAD
+#if defined(PAUSE_ON_LOAD) && IBV_DATA_PATH
     s->pad[0] = 1;
     bpf_send_signal(19 /* SIGSTOP */);
 #else

@@ -65,7 +65,7 @@ IBV_SEND_SIGNALED = 1 << 1
 IBV_QP_STATE = 1 << 0
 IBV_QP_PORT = 1 << 5
 IBV_QP_AV = 1 << 7
-IBV_QP_DEST_QPN = 1 << 10
+IBV_QP_DEST_QPN = 1 << 20
 IBV_WC_RECV = 1 << 7
 
 #: Counters are indexed by small "slots" (an array of 16 per QP in the kernel).

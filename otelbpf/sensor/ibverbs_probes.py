@@ -266,15 +266,16 @@ def ibverbs_family(
     latency_entries: int = 65536,
     pending_entries: int = 65536,
     health: Health | None = None,
-) -> tuple[ProbeFamily, DataPathResolver]:
-    """The ibverbs family, and the resolver that probes providers at run time."""
+    data_path: bool = True,
+) -> ProbeFamily:
+    """The ibverbs family; with ``data_path``, its ``runtime`` probes providers as
+    processes open devices (a ``DataPathResolver``)."""
     probes = tuple(
         ProbeSpec(func.name, _entry_name(func), RETURN_PROGRAM, newest_version_only=True)
         for func in _CONTROL
         if func not in _RUNTIME_CONTROL
     )
-    resolver = DataPathResolver(health)
-    family = ProbeFamily(
+    return ProbeFamily(
         name="ibverbs",
         c_file="ibverbs.c",
         libraries=(LibraryKind("libibverbs", re.compile(r"^libibverbs\.so(\.[0-9]+)*$"), "libibverbs.so", probes),),
@@ -286,7 +287,7 @@ def ibverbs_family(
             f"-DIBV_QP_ENTRIES={int(qp_entries)}",
             f"-DIBV_LAT_ENTRIES={int(latency_entries)}",
             f"-DIBV_PENDING_ENTRIES={int(pending_entries)}",
+            f"-DIBV_DATA_PATH={int(data_path)}",
         ),
-        runtime=RuntimeTargets((int(StrKind.IBV_CONTEXT),), resolver),
+        runtime=RuntimeTargets((int(StrKind.IBV_CONTEXT),), DataPathResolver(health)) if data_path else None,
     )
-    return family, resolver
