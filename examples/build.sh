@@ -120,3 +120,30 @@ if [[ -e /usr/include/infiniband/verbs.h ]]; then
 else
     echo "skipped the ibverbs examples: no /usr/include/infiniband/verbs.h (apt-get install libibverbs-dev, or run scripts/setup.sh)"
 fi
+
+# Profiling workloads (examples/profiling/): a CPython extension with a hot C function, and a
+# native program spinning in a library of its own; all with frame pointers, so their native
+# frames chain.
+prof=$root/examples/profiling
+py=$root/.venv/bin/python
+t=$out/examples/profiling/hotext.so
+if [[ -x $py ]] && stale "$t" "$prof/hotext.c"; then
+    mkdir -p "${t%/*}"
+    inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+    gcc -O2 -g -fPIC -shared -fno-omit-frame-pointer -I"$inc" "${warn[@]}" "$prof/hotext.c" -o "$t.$$"
+    publish "$t.$$" "$t"
+fi
+
+t=$out/examples/profiling/libspin.so
+if stale "$t" "$prof/libspin.c"; then
+    mkdir -p "${t%/*}"
+    gcc -O2 -g -fPIC -shared -fno-omit-frame-pointer "${warn[@]}" "$prof/libspin.c" -o "$t.$$"
+    publish "$t.$$" "$t"
+fi
+
+t=$out/examples/profiling/spinner
+if stale "$t" "$prof/spinner.c" "$out/examples/profiling/libspin.so"; then
+    gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$prof/spinner.c" -o "$t.$$" \
+        -L"$out/examples/profiling" -lspin -Wl,-rpath,'$ORIGIN'
+    publish "$t.$$" "$t"
+fi

@@ -439,7 +439,8 @@ class Profiler:
                 self._ksyms = KernelSymbols()
             kframes = [kernel(self._ksyms.lookup(ip), ip) for ip in self._stacks.get(kern, ((), 0))[0]]
         ips, uflags = self._stacks.get(user, ((), 0))
-        uframes = [native(self._sym.frame(pid, ip if i == 0 else ip - 1), ip) for i, ip in enumerate(ips)]
+        # A return address is just past its call: look up the byte before it (not for the leaf).
+        uframes = [native(self._sym.frame(pid, ip - 1 if i and ip else ip), ip) for i, ip in enumerate(ips)]
         pyframes, py_truncated = self._python_frames(pid, py, proc.version) if py and proc else ([], False)
         out = kframes + merge(
             uframes, pyframes,
