@@ -268,15 +268,18 @@ def test_after_exit_a_replaced_library_gives_module_and_offset(tmp_path: Path) -
 
 
 def test_snapshots_are_kept_for_the_most_recent_processes_only() -> None:
+    def text(pid: int) -> list:
+        return [m for m in read_maps(pid) if m.executable and m.path.endswith("/sleep")]
+
     procs = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
     try:
-        assert wait_until(lambda: all(os.readlink(f"/proc/{p.pid}/exe").endswith("/sleep") for p in procs))
+        # /proc/PID/exe names sleep a moment before exec has mapped it: wait for its code.
+        assert wait_until(lambda: all(text(p.pid) for p in procs))
         sym = Symbolizer(max_processes=2)
         code = {}
         for p in procs:
             sym.remember(p.pid)
-            [text] = [m for m in read_maps(p.pid) if m.executable and m.path.endswith("/sleep")]
-            code[p.pid] = text.start + 0x10
+            code[p.pid] = text(p.pid)[0].start + 0x10
         for p in procs:
             p.kill()
             p.wait()
