@@ -14,7 +14,8 @@ Reads the exported NCCL spans of every rank (collectives.py) and, all in numpy:
    persistent straggler when it straggled on at least ``min_share`` of its collectives (and
    on at least ``MIN_STRAGGLES``). Ranks are listed by the total delay they caused;
 5. **ranks that stopped**: a rank whose last collective of a communicator comes before the
-   others' last (its process died mid-collective, or it left).
+   others' last (it left, or died between collectives), or whose process exited during its
+   last one.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def _stopped(data: Collectives, rows: np.ndarray, part: np.ndarray, parts: np.nd
         mine = last[c[last] == comm_id]
         top = int(s[mine].max())
         for i in mine:
-            if s[i] >= top:
+            if s[i] >= top and st[i] != EXITED:
                 continue
             p = int(w[i])
             h, pid = int(parts[p] >> 32), int(parts[p] & 0xFFFFFFFF)

@@ -425,11 +425,13 @@ class NcclCorrelator:
     # -- live stragglers --------------------------------------------------
 
     def _arrive(self, call: _Call) -> None:
-        members = self._members.get(call.comm)
-        if not members or len(members) < 2 or (call.pid, call.rank) not in members:
+        """Record a local rank's entry; compare once every local member has entered. A rank
+        that left the communicator after entering this collective still counts in it."""
+        members = self._members.get(call.comm, set())
+        key, who = (call.comm, call.seq), (call.pid, call.rank)
+        if key not in self._arrivals and (len(members) < 2 or who not in members):
             return
-        key = (call.comm, call.seq)
-        self._arrivals.setdefault(key, {})[(call.pid, call.rank)] = call
+        self._arrivals.setdefault(key, {})[who] = call
         self._check_arrivals(key)
 
     def _check_arrivals(self, key: tuple[int, int]) -> None:
@@ -438,7 +440,7 @@ class NcclCorrelator:
         if arrived is None or not members.issubset(arrived):
             return
         del self._arrivals[key]
-        calls = sorted((arrived[k] for k in members), key=lambda c: c.enter)
+        calls = sorted(arrived.values(), key=lambda c: c.enter)
         if len(calls) < 2:
             return
         last, others = calls[-1], calls[:-1]

@@ -1,0 +1,332 @@
+"""End to end: the real agent, real eBPF, multi-process NCCL jobs, a real collector.
+
+Every test runs `otelbpf run -- nccl_job ...` (examples/nccl/: ranks are processes that meet
+in shared memory, so a collective really waits for the last rank) with the cuda and nccl
+receivers, exporting both to rotel (OTLP/gRPC) and to OTLP-JSON files, then checks what
+reached the collector against what the job says it did, and runs `otelbpf stragglers` on
+the files.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.agent import BUILD, REPO, AgentProcess
+from otelbpf.sensor.nccl_probes import comm_id, split_comm_id
+
+pytestmark = pytest.mark.bpf
+
+JOB = BUILD / "nccl_job"
+REAL_NCCL_PY = REPO / "examples" / "nccl" / "real_nccl.py"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    subprocess.run([str(REPO / "examples" / "build.sh")], check=True, capture_output=True, text=True)
+
+
+def write_config(tmp: Path, collector=None, threshold: str = "10ms") -> Path:
+    exporters: dict = {"file": {"directory": str(tmp / "out")}}
+    if collector is not None:
+        exporters["otlp"] = {"endpoint": collector.grpc_endpoint, "timeout": "2s"}
+    pipeline = {"receivers": ["cuda", "nccl"], "processors": ["batch"], "exporters": list(exporters)}
+    doc = {
+        "receivers": {"cuda": {"search_paths": []}, "nccl": {"search_paths": [], "straggler_threshold": threshold}},
+        "processors": {"batch": {"timeout": "100ms"}},
+        "exporters": exporters,
+        "service": {
+            "pipelines": {"traces": pipeline, "metrics": pipeline},
+            "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms", "log_level": "info"},
+        },
+    }
+    path = tmp / "otelbpf.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_job(tmp: Path, collector, *args: object, threshold: str = "10ms") -> dict:
+    """Run nccl_job under the agent (command mode); its JSON summary."""
+    cfg = write_config(tmp, collector, threshold)
+    with AgentProcess(["-c", str(cfg), "--", str(JOB), *map(str, args)]) as agent:
+        assert agent.wait(120) == 0, agent.output
+    line = next((l for l in agent.output.splitlines() if l.startswith('{"workload":"nccl_job"')), None)
+    assert line, agent.output
+    return json.loads(line)
+
+
+def stragglers(*paths: Path, extra: tuple[str, ...] = ()) -> dict:
+    out = subprocess.run([sys.executable, "-m", "otelbpf.cli", "stragglers", *map(str, paths), "--json", *extra],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def nccl_spans(collector, pid: int, name: str | None = None):
+    return [s for s in collector.spans(name) if s.scope_name == "otelbpf.nccl" and s.resource.get("process.pid") == pid]
+
+
+def by_rank(job: dict) -> dict[int, int]:
+    return {r["rank"]: r["pid"] for r in job["ranks"]}
+
+
+def findings(spans) -> list[dict]:
+    return [attrs for s in spans for name, attrs in s.events if name == "nccl.straggler"]
+
+
+def value(collector, name: str, **filters) -> float | None:
+    """The newest value (a histogram's count) of the one series matching; None before any."""
+    points = collector.latest_points(name, **filters)
+    assert len(points) <= 1, f"{name} {filters}: {points}"
+    if not points:
+        return None
+    return points[0].value if points[0].kind != "histogram" else points[0].count
+
+
+# ---- one slow rank: named, and classified, live and offline
+
+
+@pytest.mark.parametrize("kind, slow, expected", [("compute", 2, "compute-slow"), ("host", 1, "host-slow")])
+def test_a_slow_rank_is_named_with_its_class_live_and_offline(otlp_collector, tmp_path, kind, slow, expected):
+    iters = 12
+    job = run_job(tmp_path, otlp_collector, "--ranks", 4, "--iterations", iters, "--slow-rank", slow,
+                  "--slow-kind", kind, "--slow-ms", 40)
+    pids = by_rank(job)
+    c = otlp_collector
+    c.wait_for(lambda: all(len(nccl_spans(c, pid, "ncclAllReduce")) == iters for pid in pids.values()),
+               what=f"{iters} ncclAllReduce spans per rank")
+    world = comm_id(bytes.fromhex(job["unique_id"]))
+    waits = {}
+    for rank, pid in pids.items():
+        spans = sorted(nccl_spans(c, pid, "ncclAllReduce"), key=lambda s: s.attributes["nccl.seq"])
+        assert [s.attributes["nccl.seq"] for s in spans] == list(range(1, iters + 1))
+        for s in spans:
+            a = s.attributes
+            assert (a["nccl.comm.id"], a["nccl.rank"], a["nccl.nranks"]) == (f"{world:016x}", rank, 4)
+            assert (a["nccl.op"], a["nccl.count"], a["nccl.datatype"], a["nccl.bytes"]) == ("AllReduce", 1024, "float32", 4096)
+            assert (a["nccl.reduction"], a["cuda.stream"], a["nccl.completion"]) == ("sum", "0x6000", "observed")
+            assert a["nccl.sync.function"] == "cudaStreamSynchronize" and a["nccl.result"] == "ncclSuccess"
+            assert s.start_ns < s.end_ns and s.status_code != "STATUS_CODE_ERROR"
+        waits[rank] = statistics.median(s.attributes["nccl.wait.duration"] for s in spans)
+        found = findings(spans)
+        if rank == slow:
+            assert len(found) >= iters - 1, "late, past the threshold, in (nearly) every collective"
+            assert {f["nccl.straggler.class"] for f in found} == {expected}
+            assert all(f["nccl.straggler.lateness"] > 0.02 and f["nccl.straggler.peers"] == 3 for f in found)
+        else:
+            assert not found
+    assert waits[slow] < min(w for r, w in waits.items() if r != slow) / 3, "the others wait for the slow rank"
+
+    c.wait_for(lambda: c.latest_points("nccl.straggler", **{"process.pid": pids[slow]}), what="straggler metric")
+    for rank, pid in pids.items():
+        f = {"process.pid": pid, "nccl.op": "AllReduce"}
+        c.wait_for(lambda: value(c, "nccl.wait.duration", **f) == iters, what=f"rank {rank} final metrics")
+        assert value(c, "nccl.collectives", **f) == iters
+        assert value(c, "nccl.bytes", **f) == iters * 4096
+        assert value(c, "nccl.algorithm.bandwidth", **f) == iters
+    assert value(c, "nccl.straggler", **{"process.pid": pids[slow], "nccl.straggler.class": expected}) >= iters - 1
+
+    report = stragglers(tmp_path / "out")
+    assert [(r["rank"], r["cls"]) for r in report["stragglers"]] == [(slow, expected)]
+    top = report["stragglers"][0]
+    assert top["pid"] == pids[slow] and top["straggled"] >= iters - 1 and top["collectives"] == iters
+    assert report["ranks"][0]["rank"] == slow and not report["stopped"]
+
+
+def test_a_communication_slow_rank_is_named_offline(tmp_path):
+    """Its side of each collective completes late, so it enters the next one late, with a
+    normal compute phase: the previous collective's completion explains the lateness."""
+    job = run_job(tmp_path, None, "--ranks", 3, "--iterations", 12, "--slow-rank", 0, "--slow-kind", "comm",
+                  "--slow-ms", 40)
+    report = stragglers(tmp_path / "out")
+    assert [(r["rank"], r["cls"], r["pid"]) for r in report["stragglers"]] == \
+        [(0, "communication-slow", by_rank(job)[0])]
+
+
+# ---- what the spans say about groups, splits and every operation
+
+
+def test_groups_splits_and_every_operation(otlp_collector, tmp_path):
+    iters = 2
+    job = run_job(tmp_path, otlp_collector, "--ranks", 4, "--iterations", iters, "--group", "--split", "--ops",
+                  "allreduce,allgather,reducescatter,broadcast,reduce,sendrecv")
+    c = otlp_collector
+    world = comm_id(bytes.fromhex(job["unique_id"]))
+    c.wait_for(lambda: sum(len(nccl_spans(c, pid, "ncclCommDestroy")) for pid in by_rank(job).values()) == 8,
+               what="both destroys of every rank")
+    for rank, pid in by_rank(job).items():
+        spans = nccl_spans(c, pid)
+        names = defaultdict(list)
+        for s in spans:
+            names[s.name].append(s)
+        (init,) = names["ncclCommInitRank"]
+        assert (init.attributes["nccl.comm.id"], init.attributes["nccl.rank"]) == (f"{world:016x}", rank)
+        (split,) = names["ncclCommSplit"]
+        half = split_comm_id(world, 0, rank % 2)
+        assert split.attributes["nccl.comm.id"] == f"{half:016x}"
+        assert split.attributes["nccl.comm.parent_id"] == f"{world:016x}"
+        groups = names["ncclGroup"]
+        assert len(groups) == iters and all(g.attributes["nccl.group.size"] == 8 for g in groups)
+        children = defaultdict(list)
+        for s in spans:
+            if s.parent_span_id:
+                children[s.parent_span_id].append(s)
+        for g in groups:
+            kids = children[g.span_id]
+            assert sorted(k.name for k in kids) == sorted(
+                ["ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclReduce", "ncclSend",
+                 "ncclRecv", "ncclAllReduce"])
+            assert all(k.trace_id == g.trace_id and g.start_ns <= k.start_ns and k.end_ns <= g.end_ns for k in kids)
+            assert all(k.attributes["nccl.completion"] == "observed" for k in kids)
+        on_world = sorted(s.attributes["nccl.seq"] for s in spans
+                          if s.attributes.get("nccl.comm.id") == f"{world:016x}" and s.name not in ("ncclSend", "ncclRecv")
+                          and "nccl.seq" in s.attributes)
+        assert on_world == list(range(1, 5 * iters + 1))
+        halves = [s for s in names["ncclAllReduce"] if s.attributes["nccl.comm.id"] == f"{half:016x}"]
+        assert sorted(s.attributes["nccl.seq"] for s in halves) == [1, 2]
+        assert all((s.attributes["nccl.rank"], s.attributes["nccl.nranks"]) == (rank // 2, 2) for s in halves), \
+            "a split's rank and size, learned from ncclCommUserRank/ncclCommCount"
+        (send,) = {s.attributes["nccl.peer"] for s in names["ncclSend"]}
+        (recv,) = {s.attributes["nccl.peer"] for s in names["ncclRecv"]}
+        assert (send, recv) == ((rank + 1) % 4, (rank + 3) % 4)
+        assert sorted(s.attributes["nccl.seq"] for s in names["ncclSend"]) == [1, 2]
+        assert all(s.attributes["nccl.bytes"] == 4 * 4096 for s in names["ncclAllGather"] + names["ncclReduceScatter"])
+        assert {s.attributes["nccl.root"] for s in names["ncclBroadcast"] + names["ncclReduce"]} == {0}
+        assert "nccl.reduction" not in names["ncclBroadcast"][0].attributes
+        assert len(names["ncclCommDestroy"]) == 2
+
+
+# ---- the real libnccl, no GPU
+
+
+def test_real_libnccl_calls_become_spans_and_error_counts(otlp_collector, tmp_path):
+    cfg = write_config(tmp_path, otlp_collector)
+    with AgentProcess(["-c", str(cfg), "--", sys.executable, str(REAL_NCCL_PY)]) as agent:
+        assert agent.wait(120) == 0, agent.output
+    ran = json.loads(next(l for l in agent.output.splitlines() if l.startswith('{"lib"')))
+    c = otlp_collector
+    pid = ran["pid"]
+    c.wait_for(lambda: nccl_spans(c, pid, "ncclGroup"), what="the group span")
+    (init,) = nccl_spans(c, pid, "ncclCommInitRank")
+    assert init.attributes["nccl.comm.id"] == f"{comm_id(bytes.fromhex(ran['unique_id'])):016x}"
+    assert (init.attributes["nccl.rank"], init.attributes["nccl.nranks"]) == (2, 4)
+    assert init.attributes["nccl.result"] == "ncclUnhandledCudaError" and init.status_code == "STATUS_CODE_ERROR"
+    (allreduce,) = nccl_spans(c, pid, "ncclAllReduce")
+    a = allreduce.attributes
+    assert (a["nccl.result"], a["nccl.completion"], a["cuda.stream"]) == ("ncclInvalidArgument", "failed", "0xabc0")
+    assert (a["nccl.count"], a["nccl.datatype"], a["nccl.reduction"]) == (1024, "float32", "max")
+    assert "nccl.comm.id" not in a and "nccl.seq" not in a, "a NULL communicator has no id"
+    (group,) = nccl_spans(c, pid, "ncclGroup")
+    assert group.attributes["nccl.group.size"] == 0 and group.attributes["nccl.result"] == "ncclSuccess"
+    c.wait_for(lambda: c.latest_points("nccl.errors", **{"process.pid": pid, "nccl.function": "ncclBroadcast"}),
+               what="error counts")
+    for func in ("ncclAllReduce", "ncclBroadcast"):
+        assert value(c, "nccl.errors", **{"process.pid": pid, "nccl.function": func}) == 1
+
+
+# ---- bad input: a rank dies, a communicator goes away under its collectives, clocks disagree
+
+
+def test_a_rank_dying_inside_a_collective(otlp_collector, tmp_path):
+    job = run_job(tmp_path, otlp_collector, "--ranks", 4, "--iterations", 6, "--crash-rank", 2, "--crash-iter", 3)
+    pids = by_rank(job)
+    assert job["ranks"][2]["signal"] == 9
+    c = otlp_collector
+    c.wait_for(lambda: all(nccl_spans(c, pids[r], "ncclCommAbort") for r in (0, 1, 3)), what="the survivors' aborts")
+    dead = sorted(nccl_spans(c, pids[2], "ncclAllReduce"), key=lambda s: s.attributes["nccl.seq"])
+    assert [s.attributes["nccl.seq"] for s in dead] == [1, 2, 3, 4]
+    last = dead[-1].attributes
+    assert last["otelbpf.incomplete"] is True and last["nccl.completion"] == "process_exited"
+    assert dead[-1].status_code == "STATUS_CODE_ERROR"
+    for r in (0, 1, 3):
+        spans = nccl_spans(c, pids[r], "ncclAllReduce")
+        assert sorted(s.attributes["nccl.seq"] for s in spans) == [1, 2, 3, 4]
+        assert all(s.attributes["nccl.completion"] == "observed" for s in spans)
+    c.wait_for(lambda: c.latest_points("otelbpf.nccl.anomalies", **{"process.pid": pids[2]}), what="anomaly count")
+    assert value(c, "otelbpf.nccl.anomalies", **{"process.pid": pids[2], "reason": "incomplete"}) == 1
+    report = stragglers(tmp_path / "out")
+    assert [(s["rank"], s["last_seq"], s["how"]) for s in report["stopped"]] == \
+        [(2, 4, "its process exited during it")]
+
+
+@pytest.mark.parametrize("how", ["destroy", "abort"])
+def test_a_communicator_ended_while_its_collectives_are_in_flight(otlp_collector, tmp_path, how):
+    """Rank 1 ends the communicator right after enqueuing seq 3, which waits for slow rank 2:
+    destroy waits for it to complete, abort fails it at every rank."""
+    job = run_job(tmp_path, otlp_collector, "--ranks", 3, "--iterations", 5, "--end-rank", 1, "--end-iter", 2,
+                  "--end-how", how, "--slow-rank", 2, "--slow-kind", "compute", "--slow-ms", 60)
+    pids = by_rank(job)
+    c = otlp_collector
+    end_name = "ncclCommDestroy" if how == "destroy" else "ncclCommAbort"
+    c.wait_for(lambda: all(nccl_spans(c, pid, "ncclCommAbort") for pid in (pids[0], pids[2]))
+               and nccl_spans(c, pids[1], end_name), what="every rank's end")
+    ranks1 = sorted(nccl_spans(c, pids[1], "ncclAllReduce"), key=lambda s: s.attributes["nccl.seq"])
+    assert [s.attributes["nccl.seq"] for s in ranks1] == [1, 2, 3]
+    in_flight = ranks1[-1]
+    (end,) = nccl_spans(c, pids[1], end_name)
+    world = f"{comm_id(bytes.fromhex(job['unique_id'])):016x}"
+    assert (end.attributes["nccl.comm.id"], end.attributes["nccl.rank"]) == (world, 1)
+    assert end.attributes["nccl.result"] == "ncclSuccess"
+    assert in_flight.start_ns < end.start_ns and end.end_ns <= in_flight.end_ns, \
+        "ended after the collective was enqueued, before its completion was observed"
+    assert in_flight.attributes["nccl.completion"] == "observed"
+    late = {s.attributes["nccl.seq"] for s in nccl_spans(c, pids[2], "ncclAllReduce") if findings([s])}
+    if how == "destroy":
+        # seq 3 completed everywhere; the local ranks are now 0 and 2, and seq 4 is compared
+        # without waiting for rank 1 (rank 0 entered it before finding rank 1 gone).
+        assert late == {1, 2, 3, 4}
+    else:
+        # the abort failed seq 3 at rank 0, which stopped there: seq 4 has nobody to compare with.
+        assert late == {1, 2, 3}
+        assert sorted(s.attributes["nccl.seq"] for s in nccl_spans(c, pids[0], "ncclAllReduce")) == [1, 2, 3]
+    c.wait_for(lambda: c.latest_points("nccl.collectives", **{"process.pid": pids[1]}), what="metrics of rank 1")
+    assert not c.latest_points("otelbpf.nccl.anomalies", **{"process.pid": pids[1]})
+
+
+def test_skewed_clocks_are_measured_and_removed(tmp_path):
+    """One run, its spans split per rank as if each rank's agent ran on its own host with its
+    own clock: offsets injected, then measured back from the collectives."""
+    slow = 3
+    job = run_job(tmp_path, None, "--ranks", 4, "--iterations", 12, "--slow-rank", slow, "--slow-kind", "compute",
+                  "--slow-ms", 40)
+    rank_of = {r["pid"]: r["rank"] for r in job["ranks"]}
+    skew_ns = {0: 0, 1: 700_000_000, 2: -420_000_000, 3: -1_000_000_000}
+    dirs = {r: tmp_path / f"node{r}" for r in skew_ns}
+    for d in dirs.values():
+        d.mkdir()
+    for line in (tmp_path / "out" / "traces.jsonl").read_text().splitlines():
+        req = json.loads(line)
+        for rs in req["resourceSpans"]:
+            attrs = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
+            rank = rank_of.get(int(attrs["process.pid"]["intValue"]))
+            if rank is None:
+                continue
+            for a in rs["resource"]["attributes"]:
+                if a["key"] == "host.name":
+                    a["value"] = {"stringValue": f"node{rank}"}
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    for key in ("startTimeUnixNano", "endTimeUnixNano"):
+                        sp[key] = str(int(sp[key]) + skew_ns[rank])
+            with (dirs[rank] / "traces.jsonl").open("a") as f:
+                f.write(json.dumps({"resourceSpans": [rs]}) + "\n")
+
+    report = stragglers(*dirs.values())
+    assert [(r["rank"], r["cls"]) for r in report["stragglers"]] == [(slow, "compute-slow")]
+    offsets = {h["host"]: h for h in report["hosts"]}
+    assert offsets["node0"]["via"] == "reference"
+    for rank, skew in skew_ns.items():
+        h = offsets[f"node{rank}"]
+        assert abs(h["offset_ms"] - skew / 1e6) < 5, h
+        if rank:
+            assert h["consistent"] and h["low_ms"] <= skew / 1e6 <= h["high_ms"], h
+
+    raw = stragglers(*dirs.values(), extra=("--no-clock-correction",))
+    assert [r["rank"] for r in raw["stragglers"]] == [1], "uncorrected, the fast clock looks late"
