@@ -102,7 +102,8 @@ class Agent:
         maps.read, maps.forget, maps.update = self.sensor.read_map, self.sensor.delete_keys, self.sensor.update_map
         maps.with_bpf = self.sensor.with_bpf
         self.sensor.on_process = self._describe_process
-        # Bounded in records, not batches: one drained batch can hold ~60k events.
+        # Bounded in records, not batches: one drained batch can hold ~60k events. Records
+        # larger than an event (socket payloads) weigh as many events as they are long.
         self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue()
         self._queued = 0
         self._queued_max = processing_queue_records
@@ -129,11 +130,11 @@ class Agent:
     def _deliver(self, ring: str, arr: np.ndarray) -> None:
         """Called on the drain thread: enqueue only, never block."""
         with self._queued_lock:
-            if self._queued + len(arr) > self._queued_max:
+            if self._queued + _weight(arr) > self._queued_max:
                 full = True
             else:
                 full = False
-                self._queued += len(arr)
+                self._queued += _weight(arr)
         if full:
             self.health.add("otelbpf.events.dropped", len(arr), reason="processing_queue_full", ring=ring)
         else:
@@ -147,7 +148,7 @@ class Agent:
                 return
             ring, arr = item
             with self._queued_lock:
-                self._queued -= len(arr)
+                self._queued -= _weight(arr)
             for r in self.receivers:
                 try:
                     if ring == "events":
@@ -240,6 +241,11 @@ class Agent:
             f"dropped {self.health.get('otelbpf.events.dropped') + self.health.get('otelbpf.export.dropped')}, "
             f"export failures {self.health.get('otelbpf.export.failures')}"
         )
+
+
+def _weight(arr: np.ndarray) -> int:
+    """Queue weight of a batch, in 64-byte event records."""
+    return len(arr) * max(1, arr.dtype.itemsize // 64)
 
 
 def _rss_bytes() -> int:

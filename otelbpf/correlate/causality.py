@@ -58,11 +58,15 @@ class Causality:
         self._lock = threading.Lock()
         #: Lookups that found several open requests and so gave no parent.
         self.ambiguous_lookups = 0
+        self._opens = 0
 
     def open(self, pid: int, tid: int, start_ns: int, context: SpanContext) -> Interval:
         """A server span began on this thread; close the returned interval when it ends."""
         interval = Interval(start_ns, context)
         with self._lock:
+            self._opens += 1
+            if self._opens % 4096 == 0:
+                self._sweep(start_ns)
             t = self._threads.setdefault((pid, tid), _Thread())
             self._prune(t, start_ns)
             for other in t.open:
@@ -102,6 +106,13 @@ class Causality:
     def forget_process(self, pid: int) -> None:
         with self._lock:
             for key in [k for k in self._threads if k[0] == pid]:
+                del self._threads[key]
+
+    def _sweep(self, now_ns: int) -> None:
+        """Forget threads with nothing open and nothing recent (thread-per-connection servers make many)."""
+        for key, t in list(self._threads.items()):
+            self._prune(t, now_ns)
+            if not t.open and not t.intervals:
                 del self._threads[key]
 
     def _prune(self, t: _Thread, now_ns: int) -> None:

@@ -83,6 +83,7 @@ class _Open:
 class _Proc:
     resource: Resource
     start_ns: int
+    exited: bool = False  # forgotten after its next export
     durations: dict = field(default_factory=lambda: defaultdict(m.HistogramState))  # (metric, attrs) -> histogram
 
 
@@ -138,6 +139,8 @@ class HttpCorrelator:
         self._procs: dict[int, _Proc] = {}
         self._lock = threading.Lock()
         self._spans: list = []
+        self._durations: dict[tuple, list[float]] = defaultdict(list)  # (pid, metric, labels) -> seconds, this batch
+        self._sampled_out = 0
         self.spans_emitted = 0
 
     # -- input ------------------------------------------------------------------
@@ -153,6 +156,9 @@ class HttpCorrelator:
                 for conn in self._conns.forget_process(pid):
                     self._end(conn, None, "process_exited")
                 self._causality.forget_process(pid)
+                self._flush_durations()
+                if pid in self._procs:
+                    self._procs[pid].exited = True
             self._flush_spans()
 
     def on_ring(self, name: str, arr: np.ndarray) -> None:
@@ -172,6 +178,7 @@ class HttpCorrelator:
                     log.exception("http: record %d of a batch failed", i)
                     self._count("otelbpf.http.problems", 1, reason="processing_error")
             self._conns.flush()
+            self._flush_durations()
         self._flush_spans()
 
     def _record(self, i: int, c: dict, data: np.ndarray, addrs: np.ndarray) -> None:
@@ -187,7 +194,9 @@ class HttpCorrelator:
             ret, cap = c["ret"][i], c["cap"][i]
             egress = c["func"][i] in SOCK_EGRESS
             if ret <= 0:
-                if ret < 0 or not egress:
+                if ret < 0 or (not egress and conn.role != "server"):
+                    # A server reading EOF may still answer what it read (a half-closed client):
+                    # its own close() ends the connection.
                     self._peer_gone(conn, stamp, ret)
                 return
             self._feed(conn, egress, data[i, :cap].tobytes(), ret - cap, stamp)
@@ -468,6 +477,9 @@ class HttpCorrelator:
         self._record_metrics(conn, server, method, status, grpc, attrs, (end_ns - start_ns) / 1e9)
         if not self._traces:
             return
+        if not self._budget.take(1):  # decided before the span is built: building is most of its cost
+            self._sampled_out += 1
+            return
         name = f"{attrs['rpc.service']}/{attrs['rpc.method']}" if "rpc.service" in attrs else (method or "HTTP")
         wall_start = self._clock.to_wall(start_ns)
         self._spans.append(make_span(
@@ -499,8 +511,13 @@ class HttpCorrelator:
             metric = f"http.{side}.request.duration"
         if "error.type" in attrs:
             labels["error.type"] = attrs["error.type"]
-        key = (metric, tuple(sorted(labels.items())))
-        self._proc(conn.pid).durations[key].add(np.array([seconds]))
+        self._durations[(conn.pid, metric, tuple(sorted(labels.items())))].append(seconds)
+
+    def _flush_durations(self) -> None:
+        """Histograms take whole arrays: one numpy call per series and batch, not per request."""
+        for (pid, metric, labels), values in self._durations.items():
+            self._proc(pid).durations[(metric, labels)].add(np.asarray(values))
+        self._durations.clear()
 
     def _proc(self, pid: int) -> _Proc:
         p = self._procs.get(pid)
@@ -511,14 +528,12 @@ class HttpCorrelator:
     def _flush_spans(self) -> None:
         with self._lock:
             spans, self._spans = self._spans, []
-        if not spans:
-            return
-        allowed = self._budget.take(len(spans))
-        if allowed < len(spans):
-            self._count("otelbpf.spans.sampled_out", len(spans) - allowed, receiver="http")
-        if allowed:
-            self.spans_emitted += allowed
-            self._emit(spans[:allowed])
+            sampled_out, self._sampled_out = self._sampled_out, 0
+        if sampled_out:
+            self._count("otelbpf.spans.sampled_out", sampled_out)
+        if spans:
+            self.spans_emitted += len(spans)
+            self._emit(spans)
 
     # -- metrics ----------------------------------------------------------------
 
@@ -526,7 +541,9 @@ class HttpCorrelator:
         now = self._clock.now_wall()
         out = []
         with self._lock:
-            for p in self._procs.values():
+            for pid, p in list(self._procs.items()):
+                if p.exited:
+                    del self._procs[pid]  # this export carries its final counts
                 by_metric: dict[str, list] = defaultdict(list)
                 for (metric, labels), hist in sorted(p.durations.items(), key=lambda kv: kv[0]):
                     by_metric[metric].append(hist.point(dict(labels), p.start_ns, now))

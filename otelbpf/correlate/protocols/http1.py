@@ -75,7 +75,7 @@ class Message:
 
 
 def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
-    lines = re.split(r"\r?\n", block.decode("latin-1"))
+    lines = block.decode("latin-1").replace("\r\n", "\n").split("\n")
     if is_request:
         m = _REQUEST_LINE.match(block)
         if not m:
@@ -182,14 +182,21 @@ class MessageStream:
             self._msg = Message(head=Head(version="", headers=[]), first=self._stamp)
             s.mode = "head"
         if s.mode == "head":
+            if not s.buf:
+                # Common case: the whole head in this chunk; no copy into the buffer.
+                m = _HEAD_END.search(data, pos)
+                if m is not None:
+                    self._msg.size += m.end() - pos
+                    self._head_done(data[pos : m.end()], truncated=False)
+                    return m.end()
             before = len(s.buf)
             s.buf += data[pos:]
-            if not self._plausible_start(s.buf):
-                self._msg = None
-                self._desync("bad_start_line")
-                return len(data)
             m = _HEAD_END.search(s.buf, max(0, before - 3))
             if m is None:
+                if not self._plausible_start(s.buf):
+                    self._msg = None
+                    self._desync("bad_start_line")
+                    return len(data)
                 if len(s.buf) > MAX_HEAD:
                     self._desync("head_too_large")
                     return len(data)

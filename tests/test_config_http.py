@@ -1,0 +1,46 @@
+"""The http receiver's options: defaults as documented, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from otelbpf.config import ConfigError, HttpReceiverConfig, load_config, load_config_text
+
+PIPELINES = "service: {pipelines: {traces: {receivers: [http], exporters: [file]}}}\nexporters: {file: }\n"
+
+
+def test_documented_defaults():
+    from pathlib import Path
+
+    documented = load_config(Path(__file__).resolve().parents[1] / "config" / "otelbpf.yaml", env={})
+    assert documented.receivers["http"] == HttpReceiverConfig()
+    http = HttpReceiverConfig()
+    assert (http.ports, http.payload_size, http.ring_buffer_size) == ([], 4096, 16 << 20)
+    assert "http" not in documented.enabled_receivers()  # off unless a pipeline names it
+
+
+def test_options_read_and_header_names_are_lower_cased():
+    cfg = load_config_text(
+        "receivers: {http: {ports: [8080, 50051], payload_size: 1KiB, capture_headers: [X-Request-Id]}}\n" + PIPELINES,
+        env={},
+    )
+    http = cfg.receivers["http"]
+    assert (http.ports, http.payload_size, http.capture_headers) == ([8080, 50051], 1024, ["x-request-id"])
+    assert cfg.enabled_receivers() == {"http"}
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("payload_size: 3000", "payload_size must be a power of two from 64B to 8KiB"),
+        ("payload_size: 16KiB", "payload_size must be a power of two from 64B to 8KiB"),
+        ("ports: [80, 80]", "port listed more than once: 80"),
+        ("ports: [70000]", "receivers.http.ports[0]"),
+        ("ring_buffer_size: 1000", "power of two"),
+        ("capture_headers: ['bad header']", "not HTTP header names: 'bad header'"),
+    ],
+)
+def test_bad_values_name_the_option(option, message):
+    with pytest.raises(ConfigError) as err:
+        load_config_text(f"receivers: {{http: {{{option}}}}}\n" + PIPELINES, env={})
+    assert message in str(err.value)
