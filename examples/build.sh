@@ -9,6 +9,7 @@
 #   build/examples/cuda_workload                the workload            (examples/cuda/workload.cpp)
 #   build/bench/launch_loop                     benchmark driver        (bench/launch_loop.c)
 #   build/bench/libnopfunc.so                   prologue variants       (examples/cuda/nopfunc.c)
+#   build/bench/http_server                     HTTP/1.1 bench server   (bench/http_server.c)
 #   build/examples/fakenccl/libnccl.so.2        stand-in NCCL           (examples/nccl/fakenccl.c)
 #   build/examples/nccl_job                     multi-rank NCCL job     (examples/nccl/nccl_job.c)
 #   build/examples/ibverbs/libfakeverbs-rdmav34.so  RDMA provider for the real libibverbs
@@ -145,5 +146,12 @@ t=$out/examples/profiling/spinner
 if stale "$t" "$prof/spinner.c" "$out/examples/profiling/libspin.so"; then
     gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$prof/spinner.c" -o "$t.$$" \
         -L"$out/examples/profiling" -lspin -Wl,-rpath,'$ORIGIN'
+    publish "$t.$$" "$t"
+fi
+
+t=$out/bench/http_server
+if stale "$t" "$root/bench/http_server.c"; then
+    mkdir -p "${t%/*}"
+    gcc -O2 -g "${warn[@]}" "$root/bench/http_server.c" -o "$t.$$"
     publish "$t.$$" "$t"
 fi
