@@ -248,7 +248,6 @@ class IbverbsReceiverConfig(_Section):
     data_path: bool = True
     slow_completion: PositiveDuration = 1_000_000
     max_queue_pairs: int = Field(16384, ge=64, le=1 << 20)
-    max_pending_work_requests: int = Field(65536, ge=1024, le=1 << 24)
     ring_buffer_size: Size = 1 << 20
     max_spans_per_second: int = Field(20_000, ge=0)
 
@@ -965,7 +964,6 @@ receivers:
     data_path: true
     slow_completion: 1ms
     max_queue_pairs: 16384
-    max_pending_work_requests: 65536
     ring_buffer_size: 1MiB
     max_spans_per_second: 20000
 processors:

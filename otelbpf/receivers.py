@@ -173,7 +173,6 @@ def _ibverbs(name: str, cfg: IbverbsReceiverConfig, ctx: Context) -> Receiver:
     family = ibverbs_family(
         slow_completion_ns=cfg.slow_completion,
         qp_entries=cfg.max_queue_pairs,
-        pending_entries=cfg.max_pending_work_requests,
         health=ctx.health,
         data_path=cfg.data_path,
     )

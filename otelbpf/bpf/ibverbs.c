@@ -8,8 +8,11 @@
  * through the context's ops table into the provider (mlx5, rxe, ...), so the
  * probes below go on the provider functions user space finds in a live
  * context. They are the hot path (millions per second with small messages):
- * everything is counted here, per QP, in `ibv_qps`; only error and slow
- * completions become events.
+ * everything is counted here, per QP, in one `ibv_qps` value (one hash lookup
+ * per call), latency included: a reliable connection completes each queue's
+ * work requests in order, so a completion is matched to its post through a
+ * small ring of post times per queue, not a map keyed by wr_id. Only error
+ * and slow completions become events.
  *
  * Struct offsets (IBV_*) come from sensor/ibverbs_abi.py as -D flags.
  *
@@ -31,13 +34,17 @@
  *   EV_IBV_COMPLETION ts: post time (EVF_IBV_POSTED) or poll time; duration: post ->
  *                     completion; func: WC opcode slot; ret: status; a0 context,
  *                     a1 qpn | vendor_err << 32, a2 wr_id, a3 byte_len | posted bytes << 32
+ *
+ * The data path needs BPF task storage (kernel 5.11+).
  */
 
 #define EVF_IBV_POSTED 0x100   /* EV_IBV_COMPLETION: the post was seen, ts/duration are real */
-#define IBV_RECV_QUEUE (1u << 31)  /* in pending keys: a receive (QP numbers have 24 bits) */
 #define IBV_MAX_WR 16          /* work requests read per post call */
 #define IBV_MAX_SGE 8          /* scatter/gather entries summed per work request */
-#define IBV_MAX_WC 16         /* completions read per poll call */
+#define IBV_MAX_WC 16          /* completions read per poll call */
+#define IBV_RING 32            /* signaled posts remembered per queue (NCCL keeps <= 32 in flight) */
+#define IBV_SCAN 4             /* ring entries skipped at most to find a completion's post */
+#define IBV_LAT_BUCKETS 36     /* log2(ns) buckets: 1 ns .. 2^35 ns (34 s); the last also holds longer */
 #define IBV_NEST_NS 1000000    /* an ibv_* entry this soon after another on one thread is a tail call */
 
 struct ibv_qp_key {
@@ -46,64 +53,65 @@ struct ibv_qp_key {
     u64 ctx;
 };
 
+/* A signaled post waiting for its completion. */
+struct ibv_posted {
+    u64 ts;
+    u32 wr_id;    /* low 32 bits: enough to tell in-order neighbours apart */
+    u32 bytes;
+};
+
+/* One queue (send or receive) of a QP: its posts in flight and its latency histogram. */
+struct ibv_queue {
+    u64 posted;                   /* signaled posts seen (the ring's write sequence) */
+    u64 done;                     /* the sequence of the oldest one not completed */
+    struct ibv_posted ring[IBV_RING];
+    u64 lat_sum_ns;
+    u64 lat_count;
+    u64 lat_buckets[IBV_LAT_BUCKETS];
+};
+
 /* Everything counted per QP (read by correlate/ibverbs.py). */
 struct ibv_qp_stats {
     u64 posted[IBV_SLOTS];        /* work requests, by WR opcode slot (receives: IBV_WR_SLOT_RECV) */
     u64 posted_bytes[IBV_SLOTS];  /* sum of their SGE lengths */
     u64 done[IBV_SLOTS];          /* successful completions, by WC opcode slot */
     u64 done_bytes[IBV_SLOTS];    /* their byte_len */
-    u64 lat_sum_ns[IBV_SLOTS];    /* post -> completion, completions whose post was seen */
-    u64 lat_count[IBV_SLOTS];
-    u64 unmatched;                /* send completions whose post was not seen */
+    u64 unmatched;                /* completions whose post was not seen (or not remembered) */
     u64 sig_all;                  /* created with sq_sig_all: every send WR completes */
     u64 gen;                      /* this QP's incarnation: its create call's entry time, else first sight */
+    struct ibv_queue q[2];        /* 0: send queue, 1: receive queue */
 };
-/* Live QPs. A QP number can come back after a destroy: the old QP moves to
- * ibv_retired, with its incarnation in the key, until user space has read it. */
-BPF_HASH(ibv_qps, struct ibv_qp_key, struct ibv_qp_stats, IBV_QP_ENTRIES);
+/* Live QPs (allocated on first use). A QP number can come back after a
+ * destroy: the old QP moves to ibv_retired, with its incarnation in the key,
+ * until user space has read it. */
+BPF_F_TABLE("hash", struct ibv_qp_key, struct ibv_qp_stats, ibv_qps, IBV_QP_ENTRIES, BPF_F_NO_PREALLOC);
 struct ibv_gen_key {
     u32 pid;
     u32 qpn;
     u64 ctx;
     u64 gen;
 };
-BPF_HASH(ibv_retired, struct ibv_gen_key, struct ibv_qp_stats, 1024);
-BPF_PERCPU_ARRAY(ibv_scratch, struct ibv_qp_stats, 1);  /* builds a new QP's first value */
+BPF_F_TABLE("hash", struct ibv_gen_key, struct ibv_qp_stats, ibv_retired, 1024, BPF_F_NO_PREALLOC);
 BPF_ARRAY(ibv_zero, struct ibv_qp_stats, 1);             /* never written: all zeros */
 
-/* Error completions (by opcode and status) and the latency histogram (by
- * opcode and log2 bucket) of each QP incarnation. */
-struct ibv_sub_key {
+/* Error completions of each QP incarnation, by opcode and status. */
+struct ibv_err_key {
     u32 pid;
     u32 qpn;
     u64 ctx;
     u64 gen;
     u16 slot;
-    u16 sub;      /* ibv_errors: status; ibv_latency: log2(ns) bucket */
+    u16 status;
     u32 pad;
 };
-BPF_HASH(ibv_errors, struct ibv_sub_key, u64, 4096);
-BPF_HASH(ibv_latency, struct ibv_sub_key, u64, IBV_LAT_ENTRIES);
+BPF_HASH(ibv_errors, struct ibv_err_key, u64, 4096);
 
-/* Signaled work requests between post and completion. */
-struct ibv_pending_key {
-    u32 pid;
-    u32 qpn;      /* | IBV_RECV_QUEUE for receives */
-    u64 ctx;
-    u64 wr_id;
-};
-struct ibv_pending_val {
-    u64 ts;
-    u64 bytes;
-};
-BPF_TABLE("lru_hash", struct ibv_pending_key, struct ibv_pending_val, ibv_pending, IBV_PENDING_ENTRIES);
-
-/* poll_cq between entry and return, by thread. */
+/* poll_cq's arguments between entry and return, in the polling thread's own storage. */
 struct ibv_poll_args {
     u64 wc;
-    u64 ctx;
+    u64 cq;
 };
-BPF_TABLE("lru_hash", u64, struct ibv_poll_args, ibv_polls, 16384);
+BPF_TASK_STORAGE(ibv_polls, struct ibv_poll_args);
 
 static __always_inline u64 read_u64(u64 addr)
 {
@@ -150,16 +158,17 @@ static __always_inline struct ibv_qp_stats *new_qp(struct ibv_qp_key *k, u64 gen
         ibv_qps.delete(k);
     }
     int zero = 0;
-    struct ibv_qp_stats *init = ibv_scratch.lookup(&zero);
+    struct ibv_qp_stats *init = ibv_zero.lookup(&zero);
     if (!init)
         return 0;
-    __builtin_memset(init, 0, sizeof(*init));
-    init->gen = gen;
-    init->sig_all = sig_all;
-    ibv_qps.insert(k, init);  /* fails harmlessly when another CPU was first */
+    ibv_qps.insert(k, init);
     struct ibv_qp_stats *s = ibv_qps.lookup(k);
-    if (!s)
+    if (!s) {
         count_stat(STAT_IBV_MAP_FULL);
+        return 0;
+    }
+    s->gen = gen;
+    s->sig_all = sig_all;
     return s;
 }
 
@@ -199,23 +208,13 @@ static __always_inline void retire_qp(struct ibv_qp_key *k)
     ibv_qps.delete(k);
 }
 
-static __always_inline void count_error(struct ibv_sub_key *k)
+static __always_inline void count_error(struct ibv_err_key *k)
 {
     u64 one = 1;
     u64 *v = ibv_errors.lookup(k);
     if (v)
         __sync_fetch_and_add(v, 1);
     else if (ibv_errors.insert(k, &one) != 0 && !ibv_errors.lookup(k))
-        count_stat(STAT_IBV_MAP_FULL);
-}
-
-static __always_inline void count_latency(struct ibv_sub_key *k)
-{
-    u64 one = 1;
-    u64 *v = ibv_latency.lookup(k);
-    if (v)
-        __sync_fetch_and_add(v, 1);
-    else if (ibv_latency.insert(k, &one) != 0 && !ibv_latency.lookup(k))
         count_stat(STAT_IBV_MAP_FULL);
 }
 
@@ -250,6 +249,37 @@ struct ibv_wr_head {
     u32 pad;
 };
 
+/* Remember a signaled post; the oldest is forgotten when IBV_RING are in flight. */
+static __always_inline void ring_push(struct ibv_queue *q, u64 ts, u64 wr_id, u64 bytes)
+{
+    u64 seq = q->posted;
+    if (seq - q->done >= IBV_RING)
+        q->done = seq - IBV_RING + 1;
+    struct ibv_posted *e = &q->ring[seq & (IBV_RING - 1)];
+    e->ts = ts;
+    e->wr_id = wr_id;
+    e->bytes = bytes;
+    q->posted = seq + 1;
+}
+
+/* The post of a completion: the oldest in flight, or a few further when the
+ * completions of older ones were not seen (polled before the probes). */
+static __always_inline int ring_match(struct ibv_queue *q, u64 wr_id, struct ibv_posted *out)
+{
+    u64 seq = q->done;
+    for (int i = 0; i < IBV_SCAN; i++, seq++) {
+        if (seq >= q->posted)
+            return 0;
+        struct ibv_posted *e = &q->ring[seq & (IBV_RING - 1)];
+        if (e->wr_id == (u32)wr_id) {
+            *out = *e;
+            q->done = seq + 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static __always_inline int on_post(struct pt_regs *ctx, int recv)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -258,14 +288,16 @@ static __always_inline int on_post(struct pt_regs *ctx, int recv)
         return 0;
     u64 qp = PT_REGS_PARM1(ctx);
     u64 wr = PT_REGS_PARM2(ctx);
-    struct ibv_qp_key k = {.pid = tgid};
-    k.ctx = read_u64(qp + IBV_QP_CONTEXT);
-    k.qpn = read_u32(qp + IBV_QP_QP_NUM);
+    /* struct ibv_qp up to qp_num in one read: context at 0, qp_num at 52. */
+    u32 head[IBV_QP_QP_NUM / 4 + 1] = {};
+    bpf_probe_read_user(head, sizeof(head), (void *)qp);
+    struct ibv_qp_key k = {.pid = tgid, .qpn = head[IBV_QP_QP_NUM / 4]};
+    k.ctx = head[IBV_QP_CONTEXT / 4] | ((u64)head[IBV_QP_CONTEXT / 4 + 1] << 32);
     struct ibv_qp_stats *s = qp_stats(&k);
     if (!s)
         return 0;
-    u64 now = bpf_ktime_get_ns();
-    struct ibv_pending_key pk = {.pid = tgid, .qpn = k.qpn | (recv ? IBV_RECV_QUEUE : 0), .ctx = k.ctx};
+    u64 now = 0;  /* read once, at the first signaled request */
+    struct ibv_queue *q = &s->q[recv ? 1 : 0];
     for (int i = 0; i < IBV_MAX_WR; i++) {
         if (!wr)
             break;
@@ -277,9 +309,9 @@ static __always_inline int on_post(struct pt_regs *ctx, int recv)
         __sync_fetch_and_add(&s->posted[slot], 1);
         __sync_fetch_and_add(&s->posted_bytes[slot], bytes);
         if (recv || (h.send_flags & IBV_SEND_SIGNALED_BIT) || s->sig_all) {
-            pk.wr_id = h.wr_id;
-            struct ibv_pending_val v = {.ts = now, .bytes = bytes};
-            ibv_pending.update(&pk, &v);  /* LRU: the oldest unmatched make room */
+            if (!now)
+                now = bpf_ktime_get_ns();
+            ring_push(q, now, h.wr_id, bytes);
         }
         wr = h.next;
     }
@@ -293,12 +325,14 @@ int ibv_post_recv_entry(struct pt_regs *ctx) { return on_post(ctx, 1); }
 
 int ibv_poll_cq_entry(struct pt_regs *ctx)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    if (!is_watched(id >> 32))
+    if (!is_watched(bpf_get_current_pid_tgid() >> 32))
         return 0;
-    struct ibv_poll_args a = {.wc = PT_REGS_PARM3(ctx)};
-    a.ctx = read_u64(PT_REGS_PARM1(ctx) + IBV_CQ_CONTEXT);
-    ibv_polls.update(&id, &a);
+    struct ibv_poll_args *a = ibv_polls.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0,
+                                                         BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!a)
+        return 0;
+    a->wc = PT_REGS_PARM3(ctx);
+    a->cq = PT_REGS_PARM1(ctx);
     return 0;
 }
 
@@ -313,93 +347,83 @@ struct ibv_wc_head {
     u32 qp_num;
 };
 
-/* What every completion of one poll call shares. */
-struct ibv_poll_ctx {
-    u64 pid_tgid;
-    u64 ctx;
-    u64 now;
-};
-
-/* One completion: count it, match it to its post, report it if it failed or
- * was slow. */
-static __always_inline int on_completion(struct ibv_poll_ctx *c, u64 wc_addr)
+/* One completion: count it, match it to its post, report it if it failed or was slow. */
+static __always_inline void on_completion(u64 id, struct ibv_qp_key *k, struct ibv_qp_stats *s,
+                                          struct ibv_wc_head *w, u64 now)
 {
-    struct ibv_wc_head w = {};
-    if (bpf_probe_read_user(&w, sizeof(w), (void *)wc_addr))
-        return 0;
-    u32 tgid = c->pid_tgid >> 32;
-    struct ibv_qp_key k = {.pid = tgid, .qpn = w.qp_num, .ctx = c->ctx};
-    struct ibv_qp_stats *s = qp_stats(&k);
-    u32 slot = wc_slot(w.opcode) & (IBV_SLOTS - 1);
-    int is_recv = (w.opcode & IBV_WC_RECV_BIT) != 0;
-    struct ibv_pending_key pk = {.pid = tgid, .qpn = w.qp_num | (is_recv ? IBV_RECV_QUEUE : 0),
-                                 .ctx = c->ctx, .wr_id = w.wr_id};
-    struct ibv_pending_val posted = {};
-    struct ibv_pending_val *p = ibv_pending.lookup(&pk);
-    if (p) {
-        posted = *p;
-        ibv_pending.delete(&pk);
+    u32 slot = wc_slot(w->opcode) & (IBV_SLOTS - 1);
+    struct ibv_posted posted = {};
+    u64 lat = 0;
+    if (w->status == 0) {
+        __sync_fetch_and_add(&s->done[slot], 1);
+        __sync_fetch_and_add(&s->done_bytes[slot], w->byte_len);
     }
-    u64 lat = posted.ts ? c->now - posted.ts : 0;
-    struct ibv_sub_key sk = {.pid = tgid, .qpn = w.qp_num, .ctx = c->ctx, .slot = slot};
-    if (s) {
-        sk.gen = s->gen;
-        if (w.status == 0) {
-            __sync_fetch_and_add(&s->done[slot], 1);
-            __sync_fetch_and_add(&s->done_bytes[slot], w.byte_len);
-        }
-        if (posted.ts) {
-            __sync_fetch_and_add(&s->lat_sum_ns[slot], lat);
-            __sync_fetch_and_add(&s->lat_count[slot], 1);
-        } else if (!is_recv) {
-            __sync_fetch_and_add(&s->unmatched, 1);
-        }
+    struct ibv_queue *q = &s->q[(w->opcode & IBV_WC_RECV_BIT) ? 1 : 0];
+    if (ring_match(q, w->wr_id, &posted)) {
+        lat = now - posted.ts;
+        u32 b = bpf_log2l(lat);
+        if (b >= IBV_LAT_BUCKETS)
+            b = IBV_LAT_BUCKETS - 1;
+        /* Plain adds, like the ring: a queue has one poller in practice, and a race
+         * with a second would lose a latency sample, never a count. */
+        q->lat_buckets[b]++;
+        q->lat_sum_ns += lat;
+        q->lat_count++;
+    } else {
+        __sync_fetch_and_add(&s->unmatched, 1);
     }
-    if (posted.ts) {
-        sk.sub = bpf_log2l(lat);
-        count_latency(&sk);
+    if (w->status != 0) {
+        struct ibv_err_key ek = {.pid = k->pid, .qpn = k->qpn, .ctx = k->ctx, .gen = s->gen, .slot = slot,
+                                 .status = w->status};
+        count_error(&ek);
     }
-    if (w.status != 0) {
-        sk.sub = w.status;
-        count_error(&sk);
-    }
-    if (w.status != 0 || (posted.ts && lat >= IBV_SLOW_NS)) {
+    if (w->status != 0 || (posted.ts && lat >= IBV_SLOW_NS)) {
         struct event e = {};
-        new_event(&e, c->pid_tgid, EV_IBV_COMPLETION, slot);
+        new_event(&e, id, EV_IBV_COMPLETION, slot);
         if (posted.ts) {
             e.ts_ns = posted.ts;
             e.duration_ns = lat;
             e.flags = EVF_IBV_POSTED;
         }
-        e.ret = w.status;
-        e.a0 = c->ctx;
-        e.a1 = w.qp_num | ((u64)w.vendor_err << 32);
-        e.a2 = w.wr_id;
-        e.a3 = w.byte_len | (posted.bytes << 32);
+        e.ret = w->status;
+        e.a0 = k->ctx;
+        e.a1 = w->qp_num | ((u64)w->vendor_err << 32);
+        e.a2 = w->wr_id;
+        e.a3 = w->byte_len | ((u64)posted.bytes << 32);
         emit(&e);
     }
-    return 0;
 }
 
 int ibv_poll_cq_return(struct pt_regs *ctx)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    struct ibv_poll_args *ap = ibv_polls.lookup(&id);
-    if (!ap)
-        return 0;
-    struct ibv_poll_args a = *ap;
-    ibv_polls.delete(&id);
     s32 polled = PT_REGS_RC(ctx);
     if (polled <= 0)
+        return 0;  /* an empty poll, the common case, costs nothing more */
+    struct ibv_poll_args *ap = ibv_polls.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, 0);
+    if (!ap || !ap->wc)
         return 0;
+    struct ibv_poll_args a = *ap;
+    ap->wc = 0;
     if (polled > IBV_MAX_WC)
         count_stat(STAT_IBV_TRUNCATED);
     u32 n = polled;
-    struct ibv_poll_ctx c = {.pid_tgid = id, .ctx = a.ctx, .now = bpf_ktime_get_ns()};
+    u64 id = bpf_get_current_pid_tgid();
+    u64 now = bpf_ktime_get_ns();
+    struct ibv_qp_key k = {.pid = id >> 32, .ctx = read_u64(a.cq + IBV_CQ_CONTEXT)};
+    struct ibv_qp_stats *s = 0;
     for (u32 i = 0; i < IBV_MAX_WC; i++) {
         if (i >= n)
             break;
-        on_completion(&c, a.wc + i * IBV_SIZEOF_IBV_WC);
+        struct ibv_wc_head w = {};
+        if (bpf_probe_read_user(&w, sizeof(w), (void *)(a.wc + i * IBV_SIZEOF_IBV_WC)))
+            break;
+        if (!s || k.qpn != w.qp_num) {
+            k.qpn = w.qp_num;
+            s = qp_stats(&k);
+            if (!s)
+                continue;
+        }
+        on_completion(id, &k, s, &w, now);
     }
     return 0;
 }

@@ -4,9 +4,10 @@ Input: the control-path events of bpf/ibverbs.c (a QP's creation, state
 changes with the peer's QP number, LID and GID, destruction; memory
 registration; device open/close), its error/slow completion events, the
 SEV_IBV_CONTEXT strings (device names), and the kernel's per-QP counters
-(``ibv_qps`` live, ``ibv_retired`` destroyed, ``ibv_errors``,
-``ibv_latency``). A QP is identified by (pid, context, QP number,
-incarnation): QP numbers are per device and come back after a destroy.
+(``ibv_qps`` live, ``ibv_retired`` destroyed, ``ibv_errors``; latency
+histograms are inside the per-QP values). A QP is identified by (pid,
+context, QP number, incarnation): QP numbers are per device and come back
+after a destroy.
 
 Output: one span per control call, an ``rdma.qp`` span per QP lifetime (at
 its destroy, or when its process exits with it open), an ``rdma.completion``
@@ -50,10 +51,11 @@ SCOPE = scope("otelbpf.ibverbs")
 IBV_KINDS = (Kind.IBV_OPEN, Kind.IBV_COMPLETION)
 EVF_IBV_POSTED = 0x100  # bpf/ibverbs.c: the completion's post was seen
 
-#: Latency histogram bounds: powers of two from 256 ns to 2^36 ns (~69 s), in seconds;
-#: the kernel counts completions in log2(ns) buckets, which map onto these exactly.
-_LOG2_LOW, _LOG2_HIGH = 8, 36
-LATENCY_BOUNDS = tuple(2.0**b / 1e9 for b in range(_LOG2_LOW, _LOG2_HIGH + 1))
+#: Latency histogram bounds: 2^1 .. 2^35 ns, in seconds. The kernel counts completions in
+#: log2(ns) buckets 0..35 (the last also holding anything longer), and bucket b, [2^b, 2^(b+1))
+#: ns, is exactly the OTel bucket whose upper bound is 2^(b+1) ns: the counts map one to one.
+LATENCY_BOUNDS = tuple(2.0**b / 1e9 for b in range(1, 36))
+QUEUES = ("send", "receive")
 
 MapReader = Callable[[str], list[tuple[object, object]]]
 QpKey = tuple[int, int, int]  # pid, context, qpn
@@ -126,7 +128,8 @@ _METRICS = {
                          "Work completions polled, per QP, opcode and status (errors: status other than SUCCESS)"),
     "rdma.completion.bytes": ("sum", "By", "byte_len of successful work completions"),
     "rdma.completion.duration": ("histogram", "s",
-                                 "Post to completion of signaled work requests (receives: posted to data arrived)"),
+                                 "Post to completion of signaled work requests, per queue (receive: posted to "
+                                 "data arrived)"),
     "rdma.qp.state.changes": ("sum", "{transition}", "Successful ibv_modify_qp state transitions, by the state entered"),
     "rdma.memory.registered": ("gauge", "By", "Memory registered (ibv_reg_mr*) and not deregistered"),
     "rdma.memory.regions": ("gauge", "{region}", "Memory regions registered and not deregistered"),
@@ -464,13 +467,8 @@ class IbverbsCorrelator:
         errors: dict[tuple, Counter] = defaultdict(Counter)
         error_keys: dict[tuple, list] = defaultdict(list)
         for k, v in self._read_map("ibv_errors"):
-            errors[(k.pid, k.ctx, k.qpn, k.gen)][(k.slot, k.sub)] += v
+            errors[(k.pid, k.ctx, k.qpn, k.gen)][(k.slot, k.status)] += v
             error_keys[(k.pid, k.ctx, k.qpn, k.gen)].append(k)
-        buckets: dict[tuple, Counter] = defaultdict(Counter)
-        latency_keys: dict[tuple, list] = defaultdict(list)
-        for k, v in self._read_map("ibv_latency"):
-            buckets[(k.pid, k.ctx, k.qpn, k.gen)][(k.slot, k.sub)] += v
-            latency_keys[(k.pid, k.ctx, k.qpn, k.gen)].append(k)
         out = []
         with self._lock:
             self._finished = {pid: t for pid, t in self._finished.items() if t > now - 60 * 10**9}
@@ -494,14 +492,14 @@ class IbverbsCorrelator:
                 p = self._proc(pid)
                 series = _Series()
                 for qp, stats in counted.get(pid, []):
-                    self._add_qp(series, qp, stats, errors, buckets)
+                    self._add_qp(series, qp, stats, errors)
                 ended = _Series()
                 for qp, stats in final.get(pid, []):
-                    self._add_qp(ended, qp, stats, errors, buckets)
+                    self._add_qp(ended, qp, stats, errors)
                 counted_qps = {id(qp) for qp, _ in counted.get(pid, []) + final.get(pid, [])}
                 for qp in self._current.values():
                     if qp.pid == pid and id(qp) not in counted_qps and qp.transitions:
-                        self._add_qp(series, qp, None, errors, buckets)  # never counted in the kernel
+                        self._add_qp(series, qp, None, errors)  # never counted in the kernel
                 # A QP number used again with the same peer continues its series (cumulative,
                 # monotonic): what ended in earlier exports is carried into what is live now.
                 series.merge(p.carry, only_existing=True)
@@ -510,7 +508,7 @@ class IbverbsCorrelator:
                 metrics = self._process_metrics(p, series, now)
                 if metrics:
                     out.append((p.resource, metrics))
-            self._forget(done, live, error_keys, latency_keys, now)
+            self._forget(done, live, error_keys, now)
         return out
 
     def _incarnation(self, pid: int, ctx: int, qpn: int, gen: int, now: int) -> _Qp:
@@ -521,45 +519,42 @@ class IbverbsCorrelator:
             qp = self._current[(pid, ctx, qpn)] = _Qp(pid, ctx, qpn, gen, now)
         return qp
 
-    def _add_qp(self, series: _Series, qp: _Qp, s, errors, buckets) -> None:
+    def _add_qp(self, series: _Series, qp: _Qp, s, errors) -> None:
         base = qp.attributes(self.device_name(qp.pid, qp.ctx))
         start = qp.start_ns
         for state, n in qp.transitions.items():
             series.add("rdma.qp.state.changes", {**base, "rdma.qp.state": state}, n, start)
         if s is None:
             return
-        key = (qp.pid, qp.ctx, qp.qpn, qp.gen)
         for slot in range(abi.SLOTS):
             if s.posted[slot]:
                 attrs = {**base, "rdma.wr.opcode": abi.WR_NAMES.get(slot, "OTHER")}
                 series.add("rdma.wr.posted", attrs, s.posted[slot], start)
                 series.add("rdma.wr.bytes", attrs, s.posted_bytes[slot], start)
-            wc = {**base, "rdma.wc.opcode": abi.WC_NAMES.get(slot, "OTHER")}
             if s.done[slot]:
+                wc = {**base, "rdma.wc.opcode": abi.WC_NAMES.get(slot, "OTHER")}
                 series.add("rdma.completions", {**wc, "rdma.wc.status": "SUCCESS"}, s.done[slot], start)
                 series.add("rdma.completion.bytes", wc, s.done_bytes[slot], start)
-            if s.lat_count[slot]:
-                counts = np.zeros(len(LATENCY_BOUNDS) + 1, dtype=np.int64)
-                for (sl, log2), n in buckets.get(key, Counter()).items():
-                    if sl == slot:
-                        # [2^b, 2^(b+1)) ns lies in the bucket whose upper bound is 2^(b+1) ns.
-                        counts[min(max(log2 + 1 - _LOG2_LOW, 0), len(LATENCY_BOUNDS))] += n
-                series.add_histogram("rdma.completion.duration", wc, counts, s.lat_sum_ns[slot] / 1e9, start)
-        for (slot, status), n in errors.get(key, Counter()).items():
+        for (slot, status), n in errors.get((qp.pid, qp.ctx, qp.qpn, qp.gen), Counter()).items():
             attrs = {**base, "rdma.wc.opcode": abi.WC_NAMES.get(slot, "OTHER"),
                      "rdma.wc.status": abi.wc_status_name(status)}
             series.add("rdma.completions", attrs, n, start)
+        for name, q in zip(QUEUES, s.q):
+            if q.lat_count:
+                counts = np.frombuffer(bytes(q.lat_buckets), dtype="<u8").astype(np.int64)
+                series.add_histogram("rdma.completion.duration", {**base, "rdma.queue": name}, counts,
+                                     q.lat_sum_ns / 1e9, start)
         if s.unmatched:
             series.add("otelbpf.ibverbs.anomalies", {"reason": "completion_post_unseen"}, s.unmatched, start)
 
-    def _forget(self, done, live, error_keys, latency_keys, now: int) -> None:
+    def _forget(self, done, live, error_keys, now: int) -> None:
         """After export: destroyed QPs' final counters and everything of exited processes."""
         gone_keys = {key for key, _k in done}
         exited = {pid for pid, p in self._procs.items() if p.exited}
         self._forget_keys("ibv_retired", [k for _key, k in done])
         self._forget_keys("ibv_qps", [k for k, _s in live if k.pid in exited])
-        for name, keys in (("ibv_errors", error_keys), ("ibv_latency", latency_keys)):
-            self._forget_keys(name, [k for key, ks in keys.items() if key in gone_keys or key[0] in exited for k in ks])
+        self._forget_keys("ibv_errors", [k for key, ks in error_keys.items() if key in gone_keys or key[0] in exited
+                                         for k in ks])
         for key, qp in list(self._current.items()):
             if qp.end_ns is not None and (qp.gen is None or (*key, qp.gen) in gone_keys):
                 del self._current[key]
@@ -570,8 +565,6 @@ class IbverbsCorrelator:
             del self._procs[pid]
             self._finished[pid] = now
             self._info.forget(pid)
-        if exited:
-            self._forget_keys("ibv_pending", [k for k, _v in self._read_map("ibv_pending") if k.pid in exited])
 
     def _process_metrics(self, p: _Process, series: _Series, now: int) -> list[Metric]:
         for ctx, n in p.regions.items():

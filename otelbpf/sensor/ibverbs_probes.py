@@ -263,8 +263,6 @@ def ibverbs_family(
     *,
     slow_completion_ns: int,
     qp_entries: int = 16384,
-    latency_entries: int = 65536,
-    pending_entries: int = 65536,
     health: Health | None = None,
     data_path: bool = True,
 ) -> ProbeFamily:
@@ -280,13 +278,11 @@ def ibverbs_family(
         c_file="ibverbs.c",
         libraries=(LibraryKind("libibverbs", re.compile(r"^libibverbs\.so(\.[0-9]+)*$"), "libibverbs.so", probes),),
         generated_c=_generate(),
-        counting_maps=("ibv_qps", "ibv_retired", "ibv_errors", "ibv_latency"),
+        counting_maps=("ibv_qps", "ibv_retired", "ibv_errors"),
         cflags=(
             *abi.cflags(),
             f"-DIBV_SLOW_NS={int(slow_completion_ns)}",
             f"-DIBV_QP_ENTRIES={int(qp_entries)}",
-            f"-DIBV_LAT_ENTRIES={int(latency_entries)}",
-            f"-DIBV_PENDING_ENTRIES={int(pending_entries)}",
             f"-DIBV_DATA_PATH={int(data_path)}",
         ),
         runtime=RuntimeTargets((int(StrKind.IBV_CONTEXT),), DataPathResolver(health)) if data_path else None,
