@@ -12,6 +12,7 @@
 #   build/bench/http_server                     HTTP/1.1 bench server   (bench/http_server.c)
 #   build/examples/fakenccl/libnccl.so.2        stand-in NCCL           (examples/nccl/fakenccl.c)
 #   build/examples/nccl_job                     multi-rank NCCL job     (examples/nccl/nccl_job.c)
+#   build/bench/nccl_loop                       NCCL benchmark driver   (bench/nccl_loop.c)
 #   build/examples/ibverbs/libfakeverbs-rdmav34.so  RDMA provider for the real libibverbs
 #                                                   (examples/ibverbs/fakeverbs.c; needs libibverbs-dev)
 #   build/examples/ibverbs_workload             NCCL-like ibverbs driver (examples/ibverbs/workload.c)
@@ -100,6 +101,13 @@ t=$out/examples/nccl_job
 if stale "$t" "$nccl/nccl_job.c"; then
     mkdir -p "${t%/*}"
     gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$nccl/nccl_job.c" -o "$t.$$" -ldl
+    publish "$t.$$" "$t"
+fi
+
+t=$out/bench/nccl_loop
+if stale "$t" "$root/bench/nccl_loop.c"; then
+    mkdir -p "${t%/*}"
+    gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$root/bench/nccl_loop.c" -o "$t.$$" -ldl
     publish "$t.$$" "$t"
 fi
 

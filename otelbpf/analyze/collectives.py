@@ -32,23 +32,23 @@ class ReadError(Exception):
     """A file could not be read as OTLP-JSON; the message names it and the line."""
 
 
-class _Value(msgspec.Struct):
+class _Value(msgspec.Struct, gc=False):
     stringValue: str | None = None
     intValue: str | int | None = None
     doubleValue: float | None = None
     boolValue: bool | None = None
 
 
-class _KeyValue(msgspec.Struct):
+class _KeyValue(msgspec.Struct, gc=False):
     key: str
-    value: _Value = msgspec.field(default_factory=_Value)
+    value: msgspec.Raw = msgspec.Raw(b"{}")  # decoded only for the keys the report reads
 
 
-class _Status(msgspec.Struct):
+class _Status(msgspec.Struct, gc=False):
     code: int | str = 0
 
 
-class _Span(msgspec.Struct):
+class _Span(msgspec.Struct, gc=False):
     name: str = ""
     startTimeUnixNano: str | int = 0
     endTimeUnixNano: str | int = 0
@@ -56,28 +56,35 @@ class _Span(msgspec.Struct):
     status: _Status = msgspec.field(default_factory=_Status)
 
 
-class _ScopeSpans(msgspec.Struct):
+class _ScopeSpans(msgspec.Struct, gc=False):
     spans: list[_Span] = []
 
 
-class _Resource(msgspec.Struct):
+class _Resource(msgspec.Struct, gc=False):
     attributes: list[_KeyValue] = []
 
 
-class _ResourceSpans(msgspec.Struct):
+class _ResourceSpans(msgspec.Struct, gc=False):
     resource: _Resource = msgspec.field(default_factory=_Resource)
     scopeSpans: list[_ScopeSpans] = []
 
 
-class _Request(msgspec.Struct):
+class _Request(msgspec.Struct, gc=False):
     resourceSpans: list[_ResourceSpans] = []
 
 
-_COLUMNS = {
-    "host": np.int32, "pid": np.int64, "rank": np.int32, "nranks": np.int32, "comm": np.uint64, "seq": np.int64,
-    "op": np.int8, "start": np.int64, "end": np.int64, "enqueue": np.float64, "phase": np.float64,
-    "gpu_wait": np.float64, "observed": np.bool_, "status": np.int8,
-}
+#: Span attributes the report reads; the others are skipped undecoded.
+_SPAN_KEYS = frozenset({
+    "nccl.comm.id", "nccl.seq", "nccl.rank", "nccl.nranks", "nccl.enqueue.duration", "nccl.phase.duration",
+    "nccl.phase.gpu_wait", "nccl.completion", "otelbpf.incomplete",
+})
+_RESOURCE_KEYS = frozenset({"host.name", "process.pid", "service.name"})
+#: One row per collective span.
+_ROW = np.dtype([
+    ("host", np.int32), ("pid", np.int64), ("rank", np.int32), ("nranks", np.int32), ("comm", np.uint64),
+    ("seq", np.int64), ("op", np.int8), ("start", np.int64), ("end", np.int64), ("enqueue", np.float64),
+    ("phase", np.float64), ("gpu_wait", np.float64), ("observed", np.bool_), ("status", np.int8),
+])
 
 
 @dataclass
@@ -124,22 +131,24 @@ def otlp_files(paths: Sequence[str]) -> list[str]:
     return out
 
 
-def _attrs(items: list[_KeyValue]) -> dict[str, _Value]:
-    return {kv.key: kv.value for kv in items}
+_VALUE = msgspec.json.Decoder(_Value)
+_NAN = float("nan")
+
+
+def _attrs(items: list[_KeyValue], wanted: frozenset[str]) -> dict[str, _Value]:
+    return {kv.key: _VALUE.decode(kv.value) for kv in items if kv.key in wanted}
 
 
 def _int(v: _Value | None, default: int = -1) -> int:
-    if v is None or v.intValue is None:
-        return default
-    return int(v.intValue)
+    return default if v is None or v.intValue is None else int(v.intValue)
 
 
 def _float(v: _Value | None) -> float:
     if v is None:
-        return float("nan")
+        return _NAN
     if v.doubleValue is not None:
         return v.doubleValue
-    return float(v.intValue) if v.intValue is not None else float("nan")
+    return float(v.intValue) if v.intValue is not None else _NAN
 
 
 def _requests(path: str):
@@ -160,15 +169,15 @@ def _requests(path: str):
                 raise ReadError(f"{path}:{n}: not an OTLP-JSON trace request: {exc}") from None
 
 
-def _read_one(path: str) -> tuple[dict[str, np.ndarray], list[str], dict[tuple[int, int], str]]:
-    cols: dict[str, list] = {name: [] for name in _COLUMNS}
+def _read_one(path: str) -> tuple[np.ndarray, list[str], dict[tuple[int, int], str]]:
+    rows: list[tuple] = []
     hosts: dict[str, int] = {}
     services: dict[tuple[int, int], str] = {}
     for req in _requests(path):
         for rs in req.resourceSpans:
-            res = _attrs(rs.resource.attributes)
-            host_value = res.get("host.name")
-            host = hosts.setdefault(host_value.stringValue if host_value and host_value.stringValue else "?", len(hosts))
+            res = _attrs(rs.resource.attributes, _RESOURCE_KEYS)
+            name = res.get("host.name")
+            host = hosts.setdefault(name.stringValue if name and name.stringValue else "?", len(hosts))
             pid = _int(res.get("process.pid"), 0)
             service = res.get("service.name")
             services[(host, pid)] = service.stringValue if service and service.stringValue else f"pid {pid}"
@@ -177,34 +186,25 @@ def _read_one(path: str) -> tuple[dict[str, np.ndarray], list[str], dict[tuple[i
                     op = _OP_INDEX.get(sp.name)
                     if op is None:
                         continue
-                    a = _attrs(sp.attributes)
+                    a = _attrs(sp.attributes, _SPAN_KEYS)
                     comm, seq = a.get("nccl.comm.id"), a.get("nccl.seq")
                     if comm is None or seq is None or not comm.stringValue:
                         continue  # a communicator created before the agent: not comparable
-                    status = OK
-                    if a.get("otelbpf.incomplete") is not None or (
-                        (a.get("nccl.completion") or _Value()).stringValue == "process_exited"
-                    ):
+                    completion = a.get("nccl.completion")
+                    done = completion.stringValue if completion is not None else None
+                    if "otelbpf.incomplete" in a or done == "process_exited":
                         status = EXITED
                     elif sp.status.code in (2, "STATUS_CODE_ERROR"):
                         status = FAILED
-                    completion = a.get("nccl.completion")
-                    cols["host"].append(host)
-                    cols["pid"].append(pid)
-                    cols["rank"].append(_int(a.get("nccl.rank")))
-                    cols["nranks"].append(_int(a.get("nccl.nranks")))
-                    cols["comm"].append(int(comm.stringValue, 16))
-                    cols["seq"].append(_int(seq))
-                    cols["op"].append(op)
-                    cols["start"].append(int(sp.startTimeUnixNano))
-                    cols["end"].append(int(sp.endTimeUnixNano))
-                    cols["enqueue"].append(_float(a.get("nccl.enqueue.duration")))
-                    cols["phase"].append(_float(a.get("nccl.phase.duration")))
-                    cols["gpu_wait"].append(_float(a.get("nccl.phase.gpu_wait")))
-                    cols["observed"].append(completion is not None and completion.stringValue == "observed")
-                    cols["status"].append(status)
-    arrays = {name: np.asarray(values, dtype=_COLUMNS[name]) for name, values in cols.items()}
-    return arrays, list(hosts), services
+                    else:
+                        status = OK
+                    rows.append((
+                        host, pid, _int(a.get("nccl.rank")), _int(a.get("nccl.nranks")), int(comm.stringValue, 16),
+                        _int(seq), op, int(sp.startTimeUnixNano), int(sp.endTimeUnixNano),
+                        _float(a.get("nccl.enqueue.duration")), _float(a.get("nccl.phase.duration")),
+                        _float(a.get("nccl.phase.gpu_wait")), done == "observed", status,
+                    ))
+    return np.array(rows, dtype=_ROW), list(hosts), services
 
 
 def read(paths: Sequence[str], workers: int | None = None) -> Collectives:
@@ -220,12 +220,14 @@ def read(paths: Sequence[str], workers: int | None = None) -> Collectives:
         parts = [_read_one(f) for f in files]
     hosts: dict[str, int] = {}
     services: dict[tuple[int, int], str] = {}
-    merged: dict[str, list[np.ndarray]] = {name: [] for name in _COLUMNS}
-    for arrays, part_hosts, part_services in parts:
+    tables = []
+    for table, part_hosts, part_services in parts:
         remap = np.array([hosts.setdefault(h, len(hosts)) for h in part_hosts] or [0], dtype=np.int32)
-        for name, values in arrays.items():
-            merged[name].append(remap[values] if name == "host" and len(values) else values)
+        if len(table):
+            table["host"] = remap[table["host"]]
+        tables.append(table)
         for (h, pid), service in part_services.items():
             services[(int(remap[h]), pid)] = service
-    columns = {name: np.concatenate(v) if v else np.array([], dtype=_COLUMNS[name]) for name, v in merged.items()}
-    return Collectives(**columns, hosts=list(hosts), services=services, files=len(files))
+    rows = np.concatenate(tables) if tables else np.zeros(0, dtype=_ROW)
+    return Collectives(**{name: np.ascontiguousarray(rows[name]) for name in _ROW.names}, hosts=list(hosts),
+                       services=services, files=len(files))

@@ -73,6 +73,8 @@ _ENDS = (NcclFunc.ncclCommDestroy, NcclFunc.ncclCommAbort)
 _GROUP_CALLS = (NcclFunc.ncclGroupStart, NcclFunc.ncclGroupEnd)
 _STREAM_SYNCS = (CudaFunc.cudaStreamSynchronize, CudaFunc.cudaStreamSynchronize_ptsz)
 _KINDS = (Kind.NCCL_ENTER, Kind.NCCL_RETURN, Kind.NCCL_COMM)
+_NAMES = {int(f): f.name for f in NcclFunc}
+_SYNC_NAMES = {int(f): f.name for f in CudaFunc}
 
 #: Algorithm bandwidth, bytes per second: 1 MB/s to 1 TB/s.
 BANDWIDTH_BOUNDS = (
@@ -178,7 +180,14 @@ class _Process:
     stragglers: Counter = field(default_factory=Counter)              # (comm hex, class) -> findings
     lateness: dict = field(default_factory=lambda: defaultdict(m.HistogramState))
     anomalies: Counter = field(default_factory=Counter)               # reason -> calls
+    #: (histogram, attribute) -> values of this batch, added to the histograms at its end
+    samples: dict = field(default_factory=lambda: defaultdict(list))
     exited: bool = False
+
+    def flush_samples(self) -> None:
+        for (which, label), values in self.samples.items():
+            getattr(self, which)[label].add(np.asarray(values))
+        self.samples.clear()
 
 
 class NcclCorrelator:
@@ -229,6 +238,8 @@ class NcclCorrelator:
             for rec in arr[mine | related].tolist():
                 self._dispatch(rec)
             self._expire()
+            for p in self._procs.values():
+                p.flush_samples()
             ready, self._ready = self._ready, []
         spans: list[ReadableSpan] = []
         for unit in ready:
@@ -469,7 +480,7 @@ class NcclCorrelator:
         last.finding = finding
         p = self._procs[last.pid]
         p.stragglers[(comm_hex(last.comm), cls)] += 1
-        p.lateness[cls].add(np.array([lateness / 1e9]))
+        p.samples[("lateness", cls)].append(lateness / 1e9)
 
     # -- spans --------------------------------------------------------------
 
@@ -477,19 +488,19 @@ class NcclCorrelator:
         call.done = True
         call.completion = completion
         if call.func in OPS:
-            name = NcclFunc(call.func).name
+            name = _NAMES[call.func]
             if completion == FAILED and call.ret not in (0, IN_PROGRESS):
                 p.errors[(name, RESULTS.get(call.ret, str(call.ret)))] += 1
             if call.incomplete:
                 p.anomalies["incomplete"] += 1
             if completion == OBSERVED:
                 op = OPS[call.func]
-                p.wait[op].add(np.array([(call.completed - call.enqueued) / 1e9]))
+                p.samples[("wait", op)].append((call.completed - call.enqueued) / 1e9)
                 elapsed = call.completed - call.enter
                 if elapsed > 0 and call.bytes:
-                    p.bandwidth[op].add(np.array([call.bytes * 1e9 / elapsed]))
+                    p.samples[("bandwidth", op)].append(call.bytes * 1e9 / elapsed)
         elif call.ret not in (0, IN_PROGRESS):
-            p.errors[(NcclFunc(call.func).name, RESULTS.get(call.ret, str(call.ret)))] += 1
+            p.errors[(_NAMES[call.func], RESULTS.get(call.ret, str(call.ret)))] += 1
         if call.group is not None:
             self._group_done(call.group)
         elif call.func not in _GROUP_CALLS:
@@ -524,7 +535,7 @@ class NcclCorrelator:
         self._ready.append([span, *children])
 
     def _span(self, p: _Process, call: _Call, parent: SpanContext | None) -> ReadableSpan:
-        name = NcclFunc(call.func).name
+        name = _NAMES[call.func]
         attrs: dict[str, object] = {"thread.id": call.tid}
         if call.known and call.comm:
             attrs["nccl.comm.id"] = comm_hex(call.comm)
@@ -577,7 +588,7 @@ class NcclCorrelator:
             attrs["nccl.enqueue.duration"] = (call.returned - call.enter) / 1e9
         if call.completion == OBSERVED:
             attrs["nccl.wait.duration"] = (call.completed - call.enqueued) / 1e9
-            attrs["nccl.sync.function"] = CudaFunc(call.sync_func).name
+            attrs["nccl.sync.function"] = _SYNC_NAMES[call.sync_func]
             attrs["nccl.sync.duration"] = (call.completed - call.sync_start) / 1e9
         if call.phase is not None:
             attrs["nccl.phase.duration"] = call.phase / 1e9
