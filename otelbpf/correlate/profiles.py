@@ -139,7 +139,8 @@ class Profiler:
         self._last_ns = time.time_ns()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._collect_lock = threading.Lock()
+        self._collect_lock = threading.Lock()  # one read or emit at a time; taken after the sensor's lock
+        self._reading_stopped = False
         self.frames_symbolized = 0
         self.symbolize_seconds = 0.0
 
@@ -164,13 +165,13 @@ class Profiler:
         self._thread.start()
 
     def on_unload(self, bpf: Any) -> None:
+        """The final read. The collection thread is not joined: it may be waiting for the
+        sensor's lock, held here; once it gets it, it finds reading stopped."""
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=30)
         self._process_pending_inspections(bpf)
         with self._collect_lock:
-            raw = self._read(bpf)
-        self._emit(raw)
+            self._reading_stopped = True
+            self._emit(self._read(bpf))
 
     # -- correlator protocol (processing thread) ----------------------------
 
@@ -284,10 +285,15 @@ class Profiler:
                 self._health.add("otelbpf.profile.collection_errors", 1)
 
     def collect_once(self) -> None:
-        with self._collect_lock:
-            raw = self.run_locked(self._read)
+        raw = self.run_locked(self._read_unless_stopped)
         if raw is not None:
-            self._emit(raw)
+            with self._collect_lock:
+                self._emit(raw)
+
+    def _read_unless_stopped(self, bpf: Any) -> _Raw | None:
+        """Lock order: the sensor's lock (held by the caller), then the collection lock."""
+        with self._collect_lock:
+            return None if self._reading_stopped else self._read(bpf)
 
     def _read(self, bpf: Any) -> _Raw:
         """Everything the kernel aggregated since the last read (sensor lock held)."""

@@ -81,6 +81,16 @@ def _groups(python: Sequence[PythonFrame]) -> list[list[Frame]]:
     return [g for g in groups if g]
 
 
+def _plausible(frames: Sequence[Frame]) -> tuple[list[Frame], bool]:
+    """The frames up to the first return address in no mapped file (the frame-pointer
+    walk went through code without frame pointers and read stack data as a frame), and
+    whether any were cut."""
+    for i, f in enumerate(frames):
+        if i and f.module == "[unknown]":
+            return list(frames[:i]), True
+    return list(frames), False
+
+
 def merge(
     native_frames: Sequence[Frame],
     python: Sequence[PythonFrame],
@@ -93,13 +103,14 @@ def merge(
     """The user-space part of a stack (leaf first); see the module docstring.
     ``interpreter`` is the basename of the file holding the interpreter, None for a
     process that runs no Python."""
+    native_frames, lost = _plausible(native_frames)
     if not python:
         out = list(native_frames)
-        if native_truncated or (out and out[-1].function not in THREAD_ROOTS):
+        if lost or native_truncated or (out and out[-1].function not in THREAD_ROOTS):
             out.append(TRUNCATED)
         return out
     groups = _groups(python)
-    out: list[Frame] = []
+    out = []
     for i, f in enumerate(native_frames):
         if f.module != interpreter:
             out.append(f)
@@ -110,6 +121,8 @@ def merge(
             break
         if f.function == EVAL_FUNCTION and groups:
             out.extend(groups.pop(0))
+    if lost:
+        out.append(TRUNCATED)  # native frames between here and the Python caller are unknown
     for group in groups:
         out.extend(group)
     if python_truncated:

@@ -149,14 +149,14 @@ def _table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable | None:
 def _mapped_table(pid: int, m: Mapping, deleted: bool) -> _SymbolTable | None:
     """The symbols of the file mapped at ``m``, or None when it cannot be read.
 
-    A file deleted since it was mapped (an upgrade renames a new file over the old)
-    is read through /proc/PID/map_files, which opens the mapped inode itself, and
-    never by its path: whatever is there now has other code at the same offsets.
+    While the process lives, /proc/PID/map_files opens the mapped inode itself: right
+    even for a file deleted or replaced since (an upgrade renames a new file over the
+    old) after the maps were read. A file the maps said was deleted is never read by
+    its path: whatever is there now has other code at the same offsets.
     """
-    if deleted:
-        candidates = [f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"]
-    else:
-        candidates = [f"/proc/{pid}/root{m.path}", m.path]  # the process's mount namespace first
+    candidates = [f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"]
+    if not deleted:
+        candidates += [f"/proc/{pid}/root{m.path}", m.path]  # the process's mount namespace first
     for local in candidates:
         try:
             st = os.stat(local)
