@@ -263,6 +263,35 @@ def caller_pid(c, server_pid: int) -> int:
     return next(iter(pids - {server_pid}), -1)
 
 
+def test_concurrent_requests_on_one_asyncio_thread_are_marked_and_not_linked(otlp_collector, tmp_path):
+    front_port, back_port = free_ports(2)
+    c = otlp_collector
+    with app("backend", str(back_port)) as backend, app("asyncio", str(front_port), str(back_port)) as front, \
+            agent_running(tmp_path, c, [front_port, back_port]):
+        def call() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", front_port)
+            conn.request("GET", "/slow")
+            assert conn.getresponse().read() == b"async"
+            conn.close()
+
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        served = c.wait_for(lambda: len(spans(c, pid=front.pid, kind="server")) == 2 and
+                            spans(c, pid=front.pid, kind="server"), what="2 asyncio server spans")
+        downstream = c.wait_for(lambda: len(spans(c, pid=front.pid, kind="client")) == 2 and
+                                spans(c, pid=front.pid, kind="client"), what="2 downstream client spans")
+        assert len({s.attributes["thread.id"] for s in served}) == 1  # one event-loop thread served both
+        assert all(s.attributes["otelbpf.thread.concurrent_requests"] for s in served)
+        # Either request could have caused either call: neither is linked, rather than one wrongly.
+        assert all(d.parent_span_id == "" for d in downstream)
+        leaves = c.wait_for(lambda: len(spans(c, pid=backend.pid, kind="server")) == 2 and
+                            spans(c, pid=backend.pid, kind="server"), what="backend spans")
+        assert sorted(s.parent_span_id for s in leaves) == sorted(d.span_id for d in downstream)
+
+
 def test_incoming_traceparent_is_adopted(otlp_collector, tmp_path):
     (port,) = free_ports(1)
     c = otlp_collector

@@ -7,11 +7,16 @@
     Same server; ``GET /predict`` calls the backend's ``/work`` over HTTP and then a
     probed CUDA function (``cudaMalloc``/``cudaMemcpy``/``cudaFree`` through ctypes from
     the library at CUDART), on the handler's own thread, then answers 200.
+``python -m harness.http_apps asyncio PORT BACKEND_PORT``
+    An asyncio server (one thread serves every connection): each request waits 300 ms, then
+    calls the backend's ``/work`` and answers 200. Concurrent requests are open on the same
+    thread at once, which thread-based causality must notice.
 Each prints ``ready`` once listening.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import http.client
 import sys
@@ -64,8 +69,34 @@ class Frontend(Backend):
         self._reply(200, b"prediction")
 
 
+async def _asyncio_server(port: int, backend_port: int) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readuntil(b"\r\n\r\n"):
+            await asyncio.sleep(0.3)
+            down_r, down_w = await asyncio.open_connection("127.0.0.1", backend_port)
+            down_w.write(b"GET /work HTTP/1.1\r\nHost: backend\r\nConnection: close\r\n\r\n")
+            await down_w.drain()
+            await down_r.read()
+            down_w.close()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nasync")
+            await writer.drain()
+
+    async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handle(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(guarded, "127.0.0.1", port)
+    print("ready", flush=True)
+    await server.serve_forever()
+
+
 def main(argv: list[str]) -> None:
     role, port = argv[0], int(argv[1])
+    if role == "asyncio":
+        asyncio.run(_asyncio_server(port, int(argv[2])))
+        return
     handler: type[Backend] = Backend
     if role == "frontend":
         Frontend.backend_port = int(argv[2])
