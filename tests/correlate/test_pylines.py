@@ -1,0 +1,49 @@
+"""Line tables decoded here against each installed interpreter's own ``co_lines()``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from otelbpf.correlate.pylines import line_for
+
+PYENV = Path.home() / ".pyenv" / "versions"
+
+DUMP = """
+import json, types, argparse, json.decoder, inspect
+def walk(co):
+    yield co
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from walk(c)
+out = []
+for m in (argparse, json.decoder, inspect):
+    for co in walk(compile(open(m.__file__).read(), m.__file__, "exec")):
+        out.append([co.co_linetable.hex(), co.co_firstlineno, [list(x) for x in co.co_lines()]])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
+def test_every_instruction_gets_the_interpreters_line(version):
+    found = sorted(PYENV.glob(f"{version}.*/bin/python{version}"))
+    if not found:
+        pytest.skip(f"CPython {version} is not installed here")
+    data = json.loads(subprocess.run([str(found[-1]), "-c", DUMP], check=True, capture_output=True, text=True).stdout)
+    ver = tuple(int(x) for x in version.split("."))
+    checked = 0
+    for table, first, lines in data:
+        raw = bytes.fromhex(table)
+        for start, end, line in lines:
+            for offset in range(start, end, 2):
+                assert line_for(raw, first, offset, ver) == line
+                checked += 1
+    assert checked > 10_000
+
+
+def test_an_instruction_not_started_has_the_def_line_and_a_short_table_none():
+    assert line_for(b"", 7, -2, (3, 11)) == 7
+    assert line_for(b"", 7, 40, (3, 11)) is None
