@@ -84,7 +84,6 @@ class TcpTables:
     def __init__(self) -> None:
         self._tables: dict[str, dict[int, TcpSocket]] = {}
         self._read_at: dict[str, float] = {}
-        self.reads = 0
 
     def lookup(self, pid: int, inode: int) -> TcpSocket | None:
         try:
@@ -113,7 +112,6 @@ class TcpTables:
                     table.update(parse_tcp_table(f.read(), family))
             except OSError:
                 continue
-        self.reads += 1
         self._tables[netns] = table
         self._read_at[netns] = time.monotonic()
         return table
