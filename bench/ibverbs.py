@@ -17,10 +17,16 @@ so every case sees the same machine state:
                 completions are only known when it returns);
   agent         `otelbpf run -- CMD` with the ibverbs receiver (pid filter, data path found in the
                 context's ops table);
-  agent-host    the agent started first in host mode (no pid filter), the workload run beside it.
+  agent-host    the agent started first in host mode (no pid filter), the workload run beside it
+                (waiting 3 s after opening the device: host mode does not pause it while the
+                provider is probed);
+  programs      the agent's sensor in this process, with the kernel's BPF statistics on
+                (kernel.bpf_stats_enabled, for this case only): the time each of the agent's
+                data-path programs itself runs per call, apart from the trap every uprobe pays.
 Each case's value is the median over reps of the median over rounds (the first round, which
-pays for attaching and page faults, is dropped). The agent cases also check that the agent
-counted every post: rdma.wr.posted from its OTLP-JSON output equals rounds x N.
+pays for attaching and page faults, is dropped); ratios are taken within each rep (same machine
+state) and their median reported. The agent cases also check that the agent counted every post:
+rdma.wr.posted from its OTLP-JSON output equals rounds x N.
 
 The provider is a private copy in a temporary directory (uprobes belong to inodes: probes that
 other programs on this machine put on the original do not touch the copy). Results: a table on
@@ -74,8 +80,8 @@ def probe_site(lib: Path, symbol: str) -> int:
         return vaddr + 4 if f.read(4) == ENDBR64 else vaddr
 
 
-def workload_cmd(ops: int, rounds: int) -> list[str]:
-    return [str(FAKEDEV), str(WORKLOAD), "--bench", str(ops), "--rounds", str(rounds)]
+def workload_cmd(ops: int, rounds: int, settle_ms: int = 0) -> list[str]:
+    return [str(FAKEDEV), str(WORKLOAD), "--bench", str(ops), "--rounds", str(rounds), "--settle-ms", str(settle_ms)]
 
 
 def parse_bench(stdout: str) -> dict:
@@ -90,8 +96,8 @@ def medians(report: dict) -> dict[str, float]:
     return {m: statistics.median(r[m] for r in rounds) for m in MEASURES}
 
 
-def run_workload(env: dict, ops: int, rounds: int) -> dict:
-    out = subprocess.run(workload_cmd(ops, rounds), capture_output=True, text=True, env=env, timeout=300)
+def run_workload(env: dict, ops: int, rounds: int, settle_ms: int = 0) -> dict:
+    out = subprocess.run(workload_cmd(ops, rounds, settle_ms), capture_output=True, text=True, env=env, timeout=300)
     if out.returncode != 0:
         raise BenchError(f"workload failed ({out.returncode}): {out.stderr[-2000:]}")
     return parse_bench(out.stdout)
@@ -176,12 +182,50 @@ def with_agent_host(env: dict, ops: int, rounds: int, work: Path, name: str) -> 
             if not line or time.monotonic() > deadline:
                 raise BenchError(f"the host-mode agent did not start:\n{seen}")
             seen += line
-        report = run_workload(env, ops, rounds)
+        # Host mode does not pause the program at ibv_open_device: give the agent time to probe
+        # the provider before the timed loop starts.
+        report = run_workload(env, ops, rounds, settle_ms=3000)
     finally:
         agent.send_signal(signal.SIGINT)
         agent.communicate(timeout=60)
     report["agent_posted"] = posted_total(work / f"out-{name}", report["pid"])
     return report
+
+
+def with_program_stats(env: dict, ops: int, rounds: int) -> dict:
+    """The agent's sensor in-process, pid-filtered and pausing at ibv_open_device like `otelbpf
+    run -- CMD`, with the kernel timing every BPF program run."""
+    sys.path.insert(0, str(ROOT))
+    from otelbpf.agent import spawn_gated
+    from otelbpf.sensor.ibverbs_probes import ibverbs_family
+    from otelbpf.sensor.sensor import Sensor, SensorOptions
+
+    stats_knob = Path("/proc/sys/kernel/bpf_stats_enabled")
+    proc, gate = spawn_gated(["sh", "-c", 'exec "$@" >/dev/null', "sh", "env",
+                              f"FAKEVERBS_PROVIDER={env['FAKEVERBS_PROVIDER']}", "FAKEVERBS_DELAY_NS=0",
+                              *workload_cmd(ops, rounds)])
+    sensor = Sensor(SensorOptions(families=[ibverbs_family(slow_completion_ns=10**6)], pids=[proc.pid],
+                                  pause_on_load=True, search_globs=["/usr/lib/x86_64-linux-gnu/libibverbs.so*"]),
+                    lambda ring, arr: None)
+    sensor.start()
+    before = stats_knob.read_text().strip()
+    stats_knob.write_text("1")
+    try:
+        os.write(gate, b"go")
+        os.close(gate)
+        proc.wait(timeout=300)
+        per_program = {}
+        for name, fn in sensor.with_bpf(lambda bpf: list(bpf.funcs.items())) or []:
+            info = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
+                        if ":\t" in line)
+            runs = int(info.get("run_cnt", "0"))
+            if runs:
+                name = name.decode() if isinstance(name, bytes) else name
+                per_program[name] = {"runs": runs, "avg_ns": int(info["run_time_ns"]) / runs}
+    finally:
+        stats_knob.write_text(before)
+        sensor.stop()
+    return {"programs": per_program}
 
 
 def machine() -> dict:
@@ -200,7 +244,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke check; not numbers to report")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    ops, rounds, reps = (20_000, 4, 1) if args.quick else (100_000, 6, 3)
+    ops, rounds, reps = (20_000, 4, 1) if args.quick else (100_000, 6, 5)
     if os.geteuid() != 0:
         raise BenchError("needs root (uprobes, and fakedev.sh mounts a private /dev)")
     subprocess.run([str(ROOT / "examples/build.sh")], check=True, capture_output=True)
@@ -222,6 +266,7 @@ def main() -> int:
             "agent": lambda i: with_agent_command(env, ops, rounds, work, f"agent{i}"),
             "agent-host": lambda i: with_agent_host(env, ops, rounds, work, f"host{i}"),
         }
+        programs = []
         for i in range(reps):
             for name, case in cases.items():
                 report = case(i)
@@ -229,23 +274,35 @@ def main() -> int:
                 results.setdefault(name, []).append(report)
                 print(f"rep {i} {name:11s} " + "  ".join(f"{m} {v:8.1f}" for m, v in report["medians"].items()),
                       flush=True)
+            programs.append(with_program_stats(env, ops, rounds)["programs"])
+            print(f"rep {i} programs    " + "  ".join(f"{n} {p['avg_ns']:.0f}ns x{p['runs']}" for n, p in
+                                                  programs[-1].items() if n.startswith("ibv_po")), flush=True)
 
     summary = {name: {m: statistics.median(r["medians"][m] for r in reps_) for m in MEASURES}
                for name, reps_ in results.items()}
     base = summary["none"]
     added = {name: {m: v[m] - base[m] for m in MEASURES} for name, v in summary.items() if name != "none"}
+    def added_in(rep: int, name: str, m: str) -> float:
+        return results[name][rep]["medians"][m] - results["none"][rep]["medians"][m]
+
+    def ratio(name: str, m: str, baseline: str) -> float:
+        return statistics.median(added_in(i, name, m) / added_in(i, baseline, m) for i in range(reps))
+
     ratios = {
         name: {
-            "post_vs_empty": added[name]["post_ns"] / added["empty"]["post_ns"],
-            "poll_vs_empty": added[name]["poll_ns"] / added["empty"]["poll_ns"],
-            "poll_vs_empty+ret": added[name]["poll_ns"] / added["empty+ret"]["poll_ns"],
-            "poll_empty_vs_empty+ret": added[name]["poll_empty_ns"] / added["empty+ret"]["poll_empty_ns"],
+            "post_vs_empty": ratio(name, "post_ns", "empty"),
+            "poll_vs_empty": ratio(name, "poll_ns", "empty"),
+            "poll_vs_empty+ret": ratio(name, "poll_ns", "empty+ret"),
+            "poll_empty_vs_empty+ret": ratio(name, "poll_empty_ns", "empty+ret"),
         }
         for name in ("agent", "agent-host")
     }
+    program_ns = {prog: statistics.median(p[prog]["avg_ns"] for p in programs if prog in p)
+                  for prog in ("ibv_post_send_entry", "ibv_poll_cq_entry", "ibv_poll_cq_return")}
     counted = {name: [(r["agent_posted"], ops * rounds) for r in results[name]] for name in ("agent", "agent-host")}
     doc = {"machine": machine(), "plan": {"ops": ops, "rounds": rounds, "reps": reps}, "summary_ns": summary,
-           "added_ns": added, "ratios": ratios, "agent_counted_posts": counted, "raw": results}
+           "added_ns": added, "ratios_median_of_reps": ratios, "program_avg_ns": program_ns,
+           "programs_raw": programs, "agent_counted_posts": counted, "raw": results}
 
     print(f"\nns per call (median), {ops} calls x {rounds} rounds x {reps} reps; added = minus 'none'")
     print(f"{'case':12s} {'post':>8s} {'+post':>7s} {'poll(1)':>8s} {'+poll':>7s} {'poll(0)':>8s} {'+poll0':>7s}")
@@ -255,6 +312,9 @@ def main() -> int:
               f"{v['poll_empty_ns']:8.1f} {a['poll_empty_ns']:7.1f}")
     for name, r in ratios.items():
         print(f"{name}: " + ", ".join(f"{k} {v:.2f}x" for k, v in r.items()))
+    print("BPF program run time per call (kernel statistics): "
+          + ", ".join(f"{k} {v:.0f} ns" for k, v in program_ns.items())
+          + " (ibv_poll_cq_return: averaged over polls with one completion and empty polls alike)")
     for name, pairs in counted.items():
         print(f"{name}: rdma.wr.posted {[p for p, _ in pairs]} (expected {pairs[0][1]} each)")
     out = args.out or RESULTS / f"ibverbs-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}.json"

@@ -19,7 +19,8 @@
  * MRs still open). --reload then unloads libibverbs and its provider and runs
  * the phases again on a fresh dlopen (see unload_all()).
  * --bench N instead times N posts, N polls that each find one completion,
- * and N polls of an empty CQ, --rounds times.
+ * and N polls of an empty CQ, --rounds times. --settle-ms M waits M ms after
+ * opening the device (time for an agent in host mode to probe the provider).
  *
  * The last line of stdout is JSON with what the program did and saw: per QP,
  * work requests posted (count, bytes by opcode) and completions polled
@@ -533,13 +534,13 @@ static void report(struct device *d, int reloads, int exit_open)
 static void usage(void)
 {
     fprintf(stderr, "usage: ibverbs_workload [--iterations N] [--phases transfer,errors] [--qp-ex] [--exit-open]\n"
-                    "                        [--reload] | --bench N [--rounds R]\n");
+                    "                        [--reload] [--settle-ms M] | --bench N [--rounds R] [--settle-ms M]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    int iterations = 10, use_ex = 0, exit_open = 0, reload = 0, bench_ops = 0, rounds = 5;
+    int iterations = 10, use_ex = 0, exit_open = 0, reload = 0, bench_ops = 0, rounds = 5, settle_ms = 0;
     int do_transfer = 1, do_errors = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iterations") && i + 1 < argc) {
@@ -558,6 +559,8 @@ int main(int argc, char **argv)
             bench_ops = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) {
             rounds = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--settle-ms") && i + 1 < argc) {
+            settle_ms = atoi(argv[++i]);
         } else {
             usage();
         }
@@ -566,6 +569,8 @@ int main(int argc, char **argv)
     struct device d = {0};
     load_verbs(&d.v);
     open_device(&d);
+    if (settle_ms > 0)
+        usleep((useconds_t)settle_ms * 1000);
     if (bench_ops > 0) {
         bench(&d, bench_ops, rounds);
         return 0;

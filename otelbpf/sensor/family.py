@@ -81,7 +81,7 @@ class Attacher(Protocol):
     def attach_at(self, path: str, shown_path: str, vaddr: int, entry: str | None, ret: str | None) -> int:
         """Probe the function at ``vaddr`` (an ELF address) of the file ``path``
         with program ``entry`` and/or return program ``ret``; the number of
-        probes attached (0 when these already are)."""
+        probes attached (0 when these already are). Raises when one fails."""
         ...
 
 

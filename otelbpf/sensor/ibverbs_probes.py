@@ -165,8 +165,8 @@ def context_functions(pid: int, ctx: int) -> dict[str, int]:
     return {k: v for k, v in out.items() if v}
 
 
-def _mapping_of(pid: int, addr: int) -> tuple[str, int]:
-    """(path, file offset) of the executable file mapping holding ``addr``."""
+def _mapping_of(pid: int, addr: int) -> tuple[str, str, int]:
+    """(path, map_files name, file offset) of the executable file mapping holding ``addr``."""
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             parts = line.split(None, 5)
@@ -174,7 +174,8 @@ def _mapping_of(pid: int, addr: int) -> tuple[str, int]:
             if start <= addr < end:
                 if len(parts) < 6 or not parts[5].startswith("/") or "x" not in parts[1]:
                     raise ResolveError("not_file_backed", f"{addr:#x} is not in an executable file mapping: {line.strip()}")
-                return parts[5].rstrip("\n").removesuffix(" (deleted)"), addr - start + int(parts[2], 16)
+                shown = parts[5].rstrip("\n").removesuffix(" (deleted)")
+                return shown, parts[0], addr - start + int(parts[2], 16)
     raise ResolveError("unmapped", f"{addr:#x} is not mapped in pid {pid}")
 
 
@@ -196,10 +197,12 @@ def _elf_facts(path: str, key: tuple[int, int]) -> tuple[list[tuple[int, int, in
 
 def site_of(pid: int, function: str, addr: int) -> Target:
     """Where to probe the function at ``addr`` in ``pid``."""
-    shown, offset = _mapping_of(pid, addr)
-    path = f"/proc/{pid}/root{shown}"
+    shown, mapping, offset = _mapping_of(pid, addr)
+    # The mapped file itself, even if it was replaced or deleted on disk since, and seen
+    # through the process's mount namespace: uprobes belong to that inode.
+    path = f"/proc/{pid}/map_files/{mapping}"
     if not os.path.exists(path):
-        path = shown
+        path = f"/proc/{pid}/root{shown}"
     try:
         loads, funcs = _elf_facts(path, file_key(path))
     except Exception as exc:
@@ -240,7 +243,10 @@ class DataPathResolver:
         targets = [site_of(pid, fn, addr) for fn, addr in context_functions(pid, ctx).items()]
         for t in targets:
             entry, ret = DATA_PATH_PROGRAMS[t.function]
-            attached = attacher.attach_at(t.path, t.shown_path, t.vaddr, entry, ret)
+            try:
+                attached = attacher.attach_at(t.path, t.shown_path, t.vaddr, entry, ret)
+            except Exception as exc:  # the sensor counted it; the process may have exited meanwhile
+                raise ResolveError("attach_failed", f"{t.function} at {t.shown_path}+{t.offset:#x}: {exc}") from exc
             with self._lock:
                 new = (t.shown_path, t.function) not in self.covered
                 self.covered[(t.shown_path, t.function)] = t

@@ -336,24 +336,27 @@ class Sensor:
 
     def attach_at(self, path: str, shown_path: str, vaddr: int, entry: str | None, ret: str | None) -> int:
         """Probe a function found at run time (families' ``RuntimeTargets``),
-        once per file, address and program whichever process led to it."""
+        once per file, address and program whichever process led to it.
+        Returns how many probes were added; raises when one could not be."""
         count = 0
         st = os.stat(path)
         with self._lock:
             if self._bpf is None:
                 return 0
-            for fn, attach in ((entry, self._bpf.attach_uprobe), (ret, self._bpf.attach_uretprobe)):
-                key = (st.st_dev, st.st_ino, vaddr, fn)
-                if fn is None or key in self._runtime_attached:
-                    continue
-                try:
-                    attach(name=path, addr=vaddr, fn_name=fn)
-                except Exception as exc:
-                    self._fail(f"{shown_path}@{vaddr:#x} ({fn}): {exc}")
-                    continue
-                self._runtime_attached.add(key)
-                count += 1
-        self.attach_stats.probes += count
+            try:
+                for fn, attach in ((entry, self._bpf.attach_uprobe), (ret, self._bpf.attach_uretprobe)):
+                    key = (st.st_dev, st.st_ino, vaddr, fn)
+                    if fn is None or key in self._runtime_attached:
+                        continue
+                    try:
+                        attach(name=path, addr=vaddr, fn_name=fn)
+                    except Exception as exc:
+                        self._fail(f"{shown_path}@{vaddr:#x} ({fn}): {exc}")
+                        raise
+                    self._runtime_attached.add(key)
+                    count += 1
+            finally:
+                self.attach_stats.probes += count
         return count
 
     def _fail(self, message: str) -> None:
