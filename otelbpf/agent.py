@@ -226,10 +226,10 @@ class Agent:
         self.sensor.stop()           # detach, final drain
         self._work.put(None)
         self._processor.join(timeout=30)
-        if self.metrics is not None:
-            self.metrics.stop()      # final export with totals
         if self.spans is not None:
-            self.spans.close()
+            self.spans.close()       # flush; what cannot go is counted before...
+        if self.metrics is not None:
+            self.metrics.stop()      # ...the final metrics export carries all totals
         for _name, exporter in self.profile_exporters:
             exporter.shutdown()      # after the sensor's stop made the last profiles
 

@@ -30,7 +30,7 @@ from harness.agent import (
     otlp_grpc,
     otlp_http,
     real_cudart,
-    run_workload,
+    run_attached,
     start_workload,
 )
 
@@ -141,10 +141,14 @@ def test_host_mode_sees_later_processes_unusual_paths_and_attributes_per_process
     with AgentProcess(["-c", str(cfg)]) as agent:
         agent.wait_ready()
         # Both start after the agent; one uses a library the agent has never seen on disk.
-        a = start_workload("--delay-after-dlopen-ms", "300", "--iterations", "2", "--h2d-bytes", "1000",
+        gate = tmp_path / "go"
+        a = start_workload("--wait-for-file", str(gate), "--iterations", "2", "--h2d-bytes", "1000",
                            "--d2h-bytes", "0", "--alloc-bytes", "1000")
-        b = start_workload("--delay-after-dlopen-ms", "300", "--iterations", "5", "--h2d-bytes", "3000",
+        b = start_workload("--wait-for-file", str(gate), "--iterations", "5", "--h2d-bytes", "3000",
                            "--d2h-bytes", "0", "--alloc-bytes", "3000", lib=odd / "libcudart.so.12")
+        agent.wait_attached(FAKE_CUDART)
+        agent.wait_attached(odd / "libcudart.so.12")
+        gate.touch()  # both run at once from here
         wa, wb = finish(a), finish(b)
         c = otlp_collector
         for w, per in ((wa, 1000), (wb, 3000)):
@@ -210,7 +214,7 @@ def test_process_exiting_mid_call_is_reported_and_agent_keeps_running(otlp_colle
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
     with AgentProcess(["-c", str(cfg)]) as agent:
         agent.wait_ready()
-        w = run_workload("--delay-after-dlopen-ms", "300", "--async", "--iterations", "4", "--exit-midway")
+        w = run_attached(agent, "--async", "--iterations", "4", "--exit-midway")
         c = otlp_collector
         pid = w["pid"]
         sync = c.wait_for(
@@ -221,7 +225,7 @@ def test_process_exiting_mid_call_is_reported_and_agent_keeps_running(otlp_colle
         c.wait_for(lambda: c.latest_points("otelbpf.cuda.anomalies", **{"process.pid": pid}, reason="incomplete"),
                    what="incomplete counted")
         # Still working afterwards.
-        w2 = run_workload("--delay-after-dlopen-ms", "300", "--iterations", "1")
+        w2 = run_attached(agent, "--iterations", "1")
         c.wait_for(lambda: _spans(c, w2["pid"], "cudaMalloc"), what="spans of the next process")
         assert agent.proc.poll() is None
         assert agent.stop() == 0
@@ -250,7 +254,7 @@ def test_signal_detaches_every_probe(otlp_collector, tmp_path, sig):
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
     with AgentProcess(["-c", str(cfg)]) as agent:
         agent.wait_ready()
-        w = run_workload("--delay-after-dlopen-ms", "300", "--iterations", "1")
+        w = run_attached(agent, "--iterations", "1")
         otlp_collector.wait_for(lambda: _spans(otlp_collector, w["pid"]), what="some spans")
         assert agent.stop(sig) == 0
     assert Path("/sys/kernel/tracing/uprobe_events").read_text().strip() == ""
@@ -265,26 +269,37 @@ def test_exporter_down_at_start_and_mid_run_bounded_counted_and_recovers(otlp_co
     cfg = config(otlp_grpc(c, timeout="1s"), tmp=tmp_path)
     cfg.write_text(cfg.read_text().replace("timeout: 100ms", "timeout: 100ms\n    send_batch_size: 20\n    max_queue_size: 40"))
 
+    def total(name: str, **filters) -> float:
+        return sum(p.value for p in c.latest_points(name, **filters))
+
+    def fresh(name: str, since_ns: int):
+        """The agent's newest point of ``name`` taken after ``since_ns``, if any."""
+        pts = [p for p in c.latest_points(name, **{"service.name": "otelbpf"}) if p.time_ns > since_ns]
+        return pts[0] if pts else None
+
     def outage_then_recovery(iterations: int) -> None:
-        run_workload("--delay-after-dlopen-ms", "300", "--iterations", str(iterations), "--launches-per-iter", "0")
+        run_attached(agent, "--iterations", str(iterations), "--launches-per-iter", "0")
         time.sleep(2.5)  # longer than the exporter's timeout: exports fail, not just retry
         c.start()
+        back = time.time_ns()
         # The backlog (at most the queue) drains first; then new spans flow again.
-        c.wait_for(lambda: c.latest_points("otelbpf.spans.queued") and
-                   c.latest_points("otelbpf.spans.queued")[0].value == 0, timeout=20, what="queue drained")
-        w = run_workload("--delay-after-dlopen-ms", "300", "--iterations", "1")
+        c.wait_for(lambda: (p := fresh("otelbpf.spans.queued", back)) is not None and p.value == 0,
+                   timeout=20, what="the queue drained after the collector came back")
+        w = run_attached(agent, "--iterations", "1")
         c.wait_for(lambda: _spans(c, w["pid"], "cudaMalloc"), timeout=20, what="spans after recovery")
 
     with AgentProcess(["-c", str(cfg)]) as agent:
         agent.wait_ready()
-        outage_then_recovery(150)          # down from the start
-        dropped = sum(p.value for p in c.latest_points("otelbpf.export.dropped"))
-        assert dropped >= 150 * 4 - 40 - 2 * 20  # far more spans than the queue (+ a batch in flight) holds
+        outage_then_recovery(150)          # down from the start: 600 spans into a queue of 40
+        c.wait_for(lambda: total("otelbpf.export.dropped") >= 150 * 4 - 40 - 2 * 20, timeout=20,
+                   what="drops counted for what the queue could not hold")
+        dropped, failures = total("otelbpf.export.dropped"), total("otelbpf.export.failures", signal="traces")
         c.stop()
         outage_then_recovery(20)           # down again mid-run
-        c.wait_for(lambda: sum(p.value for p in c.latest_points("otelbpf.export.failures", signal="traces")) > 0,
-                   timeout=20, what="failed span exports counted")
-        assert sum(p.value for p in c.latest_points("otelbpf.export.dropped")) > dropped
+        c.wait_for(lambda: total("otelbpf.export.failures", signal="traces") > failures, timeout=20,
+                   what="failed span exports of the second outage counted")
+        c.wait_for(lambda: total("otelbpf.export.dropped") > dropped, timeout=20,
+                   what="drops of the second outage counted")
         rss = c.latest_points("process.memory.usage", **{"service.name": "otelbpf"})[0].value
         assert rss < 400 << 20
         assert agent.proc.poll() is None

@@ -115,6 +115,9 @@ class CudaCorrelator:
         #: pid -> wall time its last metrics were exported after it exited; its
         #: map keys may still be read once more (final snapshot) and are ignored.
         self._finished: dict[int, int] = {}
+        #: pid -> wall time its exit was seen, for every process (one that only
+        #: launched kernels has no state until a collect reads the launch map).
+        self._exited: dict[int, int] = {}
         self._lock = threading.Lock()
         self.spans_emitted = 0
 
@@ -125,6 +128,8 @@ class CudaCorrelator:
         if p is None:
             self._sym.remember(pid)
             p = self._procs[pid] = _Process(self._info.resource(pid), self._clock.now_wall())
+            # Late events of a process already gone: export them once, then forget it again.
+            p.exited = pid in self._exited or pid in self._finished
         return p
 
     def on_strings(self, arr: np.ndarray) -> None:
@@ -159,6 +164,9 @@ class CudaCorrelator:
             if len(life):
                 if (life["kind"] == Kind.PROC_EXEC).any():
                     self._finished.pop(int(pid), None)  # a new program under a reused pid
+                    self._exited.pop(int(pid), None)
+                if (life["kind"] == Kind.PROC_EXIT).any():
+                    self._exited[int(pid)] = self._clock.now_wall()
                 last = life[-1]
                 raw = np.array([last["a0"], last["a1"]], dtype="<u8").tobytes()
                 comm = raw.split(b"\0", 1)[0].decode(errors="replace")
@@ -170,7 +178,7 @@ class CudaCorrelator:
                     self._info.resource(int(pid))
             calls = mine[(kinds >= Kind.CUDA_MEMCPY) & (kinds <= Kind.CUDA_SYNC)]
             if not len(calls) and not (kinds == Kind.CUDA_LAUNCH).any():
-                if (kinds == Kind.PROC_EXIT).any() and int(pid) in self._procs:
+                if int(pid) in self._exited and int(pid) in self._procs:
                     self._procs[int(pid)].exited = True
                 continue
             p = self._proc(int(pid))
@@ -192,7 +200,7 @@ class CudaCorrelator:
                 p.sync[CudaFunc(f).name].add(syncs["duration_ns"][syncs["func"] == f] / 1e9)
             for rec in complete[(complete["kind"] == Kind.CUDA_MALLOC) | (complete["kind"] == Kind.CUDA_FREE)].tolist():
                 self._track_memory(p, rec)
-            if (kinds == Kind.PROC_EXIT).any():
+            if int(pid) in self._exited:
                 p.exited = True
 
     @staticmethod
@@ -307,14 +315,17 @@ class CudaCorrelator:
         with self._lock:
             horizon = now - 60 * 10**9
             self._finished = {pid: t for pid, t in self._finished.items() if t > horizon}
+            self._exited = {pid: t for pid, t in self._exited.items() if t > horizon or pid in self._procs}
             for pid in (set(launches) | set(launch_errors)) - set(self._finished):
                 self._proc(pid)
             for pid, p in list(self._procs.items()):
+                p.exited = p.exited or pid in self._exited
                 metrics = self._process_metrics(pid, p, launches.get(pid, []), launch_errors.get(pid, Counter()), now)
                 if metrics:
                     out.append((p.resource, metrics))
                 if p.exited:
                     del self._procs[pid]
+                    self._exited.pop(pid, None)
                     self._finished[pid] = now
                     self._forget_keys("launches", map_keys.get(pid, []))
                     self._forget_keys("launch_errors", error_keys.get(pid, []))

@@ -74,7 +74,7 @@ def span_exporter(cfg: ExporterConfig) -> SpanExporter:
 
         return HttpSpanExporter(**_http_kwargs(cfg, "traces"))
     if isinstance(cfg, FileExporterConfig):
-        return FileSpanExporter(cfg.directory, max(1, cfg.rotate_size >> 20))
+        return FileSpanExporter(cfg.directory, cfg.rotate_size)
     raise TypeError(f"no span exporter for {type(cfg).__name__}")
 
 
@@ -88,5 +88,5 @@ def metric_exporter(cfg: ExporterConfig) -> MetricExporter:
 
         return HttpMetricExporter(**_http_kwargs(cfg, "metrics"))
     if isinstance(cfg, FileExporterConfig):
-        return FileMetricExporter(cfg.directory, max(1, cfg.rotate_size >> 20))
+        return FileMetricExporter(cfg.directory, cfg.rotate_size)
     raise TypeError(f"no metric exporter for {type(cfg).__name__}")

@@ -88,8 +88,9 @@ class _JsonLines:
 
 
 class FileSpanExporter(SpanExporter):
-    def __init__(self, directory: str, rotate_mb: int = 64) -> None:
-        self._out = _JsonLines(directory, "traces", rotate_mb << 20)
+    def __init__(self, directory: str, rotate_bytes: int = 64 << 20) -> None:
+        """``rotate_bytes``: start a new file past this size (0: never)."""
+        self._out = _JsonLines(directory, "traces", rotate_bytes)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
@@ -103,9 +104,10 @@ class FileSpanExporter(SpanExporter):
 
 
 class FileMetricExporter(MetricExporter):
-    def __init__(self, directory: str, rotate_mb: int = 64) -> None:
+    def __init__(self, directory: str, rotate_bytes: int = 64 << 20) -> None:
+        """``rotate_bytes``: start a new file past this size (0: never)."""
         super().__init__()
-        self._out = _JsonLines(directory, "metrics", rotate_mb << 20)
+        self._out = _JsonLines(directory, "metrics", rotate_bytes)
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
         try:

@@ -56,8 +56,8 @@ def agent_metrics(now: int) -> list:
     ]
 
 
-def export_metrics(directory: Path, *entries: tuple[Resource, object, list], rotate_mb: int = 64) -> None:
-    exporter = FileMetricExporter(str(directory), rotate_mb=rotate_mb)
+def export_metrics(directory: Path, *entries: tuple[Resource, object, list], rotate_bytes: int = 64 << 20) -> None:
+    exporter = FileMetricExporter(str(directory), rotate_bytes=rotate_bytes)
     exporter.export(MetricsData([ResourceMetrics(res, [ScopeMetrics(sc, ms, "")], "") for res, sc, ms in entries]))
     exporter.shutdown()
 
@@ -122,7 +122,7 @@ def test_rotated_files_are_read_too(tmp_path: Path) -> None:
     # ~0.6 MiB per request into 1 MiB files: the first two requests end up in a rotated file.
     for i in range(3):
         export_metrics(tmp_path, (JOB, CUDA, job_metrics(T0 + i * 10**9, launches=10 + i)),
-                       (AGENT, OWN, [m.gauge("padding", "1", "x" * 600_000, [({}, 0)], T0)]), rotate_mb=1)
+                       (AGENT, OWN, [m.gauge("padding", "1", "x" * 600_000, [({}, 0)], T0)]), rotate_bytes=1 << 20)
     assert len(list(tmp_path.glob("metrics-*.jsonl"))) == 1
     rc, text = run(tmp_path)
     assert rc == 0

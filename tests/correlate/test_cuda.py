@@ -406,3 +406,28 @@ def test_an_exited_process_is_named_by_its_comm(exited_pid: int) -> None:
     [span] = h.spans
     assert span.resource.attributes["service.name"] == "trainer"
     assert span.resource.attributes["otelbpf.process.exited"] is True
+
+
+def test_a_process_that_only_launched_kernels_is_finalized_after_its_exit(exited_pid: int) -> None:
+    """No per-event records (launches are only counted in the kernel), then an exit:
+    exported once from the launch map, then forgotten with its keys."""
+    h = Harness()
+    key = LaunchKey(exited_pid, int(F.cudaLaunchKernel), 0x1234)
+    h.maps["launches"][key] = 7
+    h.correlator.on_events(Events(pid=exited_pid).exit("launcher").array())
+    first = h.collect()
+    assert points(first[exited_pid]["cuda.kernel.launches"]) == {(("cuda.api.function", "cudaLaunchKernel"),): 7}
+    assert ("launches", [key]) in h.forgotten
+    assert exited_pid not in h.collect()
+
+
+def test_late_events_of_a_finalized_process_are_exported_once_not_forever(exited_pid: int) -> None:
+    h = Harness()
+    h.correlator.on_events(Events(pid=exited_pid).malloc(4096, 0xA000).exit().array())
+    assert exited_pid in h.collect()
+    # Another thread's call cut short by the exit arrives after the process was finalized.
+    late = Events(pid=exited_pid, tid=exited_pid + 1).sync(flags=FLAG_INCOMPLETE)
+    h.correlator.on_events(late.array())
+    again = h.collect()
+    assert points(again[exited_pid]["otelbpf.cuda.anomalies"]) == {(("reason", "incomplete"),): 1}
+    assert exited_pid not in h.collect()

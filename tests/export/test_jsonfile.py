@@ -168,7 +168,7 @@ def test_concurrent_exports_never_interleave_lines(tmp_path: Path) -> None:
 def test_rotation_keeps_every_line(tmp_path: Path) -> None:
     """1 MiB files; each request is ~0.6 MiB, so every second one rotates: several rotations
     fall in the same second and must not overwrite one another."""
-    exporter = FileSpanExporter(str(tmp_path), rotate_mb=1)
+    exporter = FileSpanExporter(str(tmp_path), rotate_bytes=1 << 20)
     for i in range(7):
         assert exporter.export(spans(2, blob=f"{i}" * 600_000)) == SpanExportResult.SUCCESS
     exporter.shutdown()
@@ -219,3 +219,11 @@ def test_a_write_that_fails_part_way_leaves_only_whole_lines(tmp_path: Path) -> 
     data = (tmp_path / "traces.jsonl").read_bytes()
     assert data.endswith(b"\n") and len(data) < 20_000
     assert len(lines(tmp_path / "traces.jsonl")) == written
+
+
+def test_rotate_bytes_zero_never_rotates(tmp_path):
+    exporter = FileSpanExporter(str(tmp_path), rotate_bytes=0)
+    for _ in range(50):
+        exporter._out.write("x" * 100_000)
+    exporter.shutdown()
+    assert [p.name for p in tmp_path.iterdir()] == ["traces.jsonl"]

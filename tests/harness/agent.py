@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -91,6 +92,15 @@ class AgentProcess:
         if not self._ready.wait(timeout) or self.proc.poll() is not None and "otelbpf running" not in self.output:
             raise AssertionError(f"agent did not start:\n{self.output}")
 
+    def wait_attached(self, library: Path, timeout: float = 30) -> None:
+        """Until the agent has logged its probes on ``library`` (once per file)."""
+        needle = f"probes to {library} ("
+        deadline = time.monotonic() + timeout
+        while needle not in self.output:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"agent never attached to {library}:\n{self.output}")
+            time.sleep(0.02)
+
     def stop(self, sig: int = signal.SIGINT, timeout: float = 30) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -124,6 +134,20 @@ def run_workload(*args: str, lib: Path = FAKE_CUDART, env: dict | None = None, t
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_attached(agent: AgentProcess, *args: str, lib: Path = FAKE_CUDART, timeout: float = 60) -> dict:
+    """Run cuda_workload under a host-mode agent: it loads ``lib``, waits until the
+    agent has attached to that file, and only then makes its CUDA calls."""
+    gate = Path(tempfile.mkdtemp(prefix="otelbpf-gate-")) / "go"
+    proc = start_workload("--wait-for-file", str(gate), *args, lib=lib)
+    try:
+        agent.wait_attached(lib)
+        gate.touch()
+        return finish(proc, timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def start_workload(*args: str, lib: Path = FAKE_CUDART) -> subprocess.Popen:
