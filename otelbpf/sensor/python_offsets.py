@@ -24,7 +24,6 @@ import os
 import re
 import struct
 from dataclasses import dataclass, fields
-from functools import lru_cache
 
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
@@ -162,19 +161,31 @@ _ENDBR64 = bytes.fromhex("f30f1efa")
 _PUSH_RBP_MOV_RSP_RBP = bytes.fromhex("554889e5")
 
 
-@lru_cache(maxsize=64)
-def _elf_facts(path: str, dev: int, ino: int) -> tuple[dict[str, int], list[tuple[int, int, int]], int | None, bool]:
+_Facts = tuple[dict[str, int], list[tuple[int, int, int]], int | None, bool]
+_FACTS: dict[tuple[int, int, int], _Facts] = {}  # (dev, inode, mtime) -> facts: one parse per file
+
+
+def _elf_facts(path: str, dev: int, ino: int, mtime: int) -> _Facts:
     """(symbol -> vaddr, PT_LOAD (p_offset, p_vaddr, p_filesz), Py_Version value, whether
-    _PyEval_EvalFrameDefault starts with a frame-pointer prologue) of an ELF file."""
-    del dev, ino  # cache key
+    _PyEval_EvalFrameDefault starts with a frame-pointer prologue) of an ELF file, cached by
+    inode (every process reaches it by its own /proc/PID/map_files path)."""
+    key = (dev, ino, mtime)
+    if key not in _FACTS:
+        if len(_FACTS) >= 64:
+            _FACTS.pop(next(iter(_FACTS)))
+        _FACTS[key] = _read_elf_facts(path)
+    return _FACTS[key]
+
+
+def _read_elf_facts(path: str) -> _Facts:
     wanted = {"_PyRuntime", "PyCode_Type", "Py_Version", EVAL_FUNCTION}
     syms: dict[str, int] = {}
     with open(path, "rb") as f:
         elf = ELFFile(f)
         loads = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-        for name in (".dynsym", ".symtab"):
+        for name in (".dynsym", ".symtab"):  # all are exported: .symtab (large) only if .dynsym lacks them
             sec = elf.get_section_by_name(name)
-            if isinstance(sec, SymbolTableSection):
+            if isinstance(sec, SymbolTableSection) and not wanted <= syms.keys():
                 for sym in sec.iter_symbols():
                     if sym.name in wanted and sym["st_value"]:
                         syms.setdefault(sym.name, sym["st_value"])
@@ -224,7 +235,7 @@ def inspect(pid: int) -> PythonProcess | None:
         local = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
         try:
             st = os.stat(local)
-            syms, loads, version_hex, frame_pointers = _elf_facts(local, st.st_dev, st.st_ino)
+            syms, loads, version_hex, frame_pointers = _elf_facts(local, st.st_dev, st.st_ino, int(st.st_mtime))
         except (OSError, ValueError) as exc:
             raise PythonLayoutError(f"cannot read {path}: {exc}") from None
         if "_PyRuntime" not in syms:

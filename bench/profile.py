@@ -1,0 +1,262 @@
+"""Benchmark the profiler, side by side in one run.
+
+    sudo .venv/bin/python bench/profile.py [--runs N] [--work N] [--out FILE]
+
+Measures, in one invocation (every number shares the same machine state):
+
+1. A CPU-bound Python workload (a fixed amount of bytecode, no I/O) timed without the agent
+   and with the agent profiling the whole host at 99 Hz (the default), runs interleaved
+   off/on/off/on so drift in the machine's load hits both alike; medians and slowdown.
+2. The agent's CPU time and RSS over the profiled runs (/proc/PID/stat, /proc/PID/status).
+3. Symbolization rate: native frames of a live Python process resolved per second
+   (Symbolizer.frame, tables warm) and Python line lookups per second (pylines).
+4. Cost of one CUDA allocation (cudaMalloc + cudaFree through the stand-in libcudart, from a
+   Python loop, as PyTorch's allocator calls them): no agent; the cuda receiver alone (uprobes,
+   events); the cuda receiver with profiling's cuda_memory (user stack + Python stack walk at
+   each allocation, in-kernel accounting).
+
+Results: a table on stdout and bench/results/profile-<date>.json; docs/BENCHMARKS.md
+("Profiling") holds the numbers and how to read them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE_CUDART = REPO / "build" / "examples" / "fakecudart" / "libcudart.so.12"
+
+WORKLOAD = """
+import sys, time
+def work(n):
+    total = 0
+    for i in range(n):
+        total += (i * i) % 7
+    return total
+t0 = time.perf_counter()
+work(int(sys.argv[1]))
+print(time.perf_counter() - t0)
+"""
+
+ALLOC_LOOP = """
+import ctypes, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+lib.cudaFree.argtypes = [ctypes.c_void_p]
+n = int(sys.argv[2])
+p = ctypes.c_void_p()
+def alloc_free():
+    lib.cudaMalloc(ctypes.byref(p), 4096)
+    lib.cudaFree(p)
+for _ in range(1000):  # warm up; the agent inspects the process meanwhile
+    alloc_free()
+time.sleep(1.0)
+t0 = time.perf_counter()
+for _ in range(n):
+    alloc_free()
+print((time.perf_counter() - t0) / n * 1e9)
+"""
+
+
+def config(tmp: Path, *, cuda: bool, profiling: bool, cuda_memory: bool = False) -> Path:
+    receivers: dict = {}
+    pipelines: dict = {}
+    exporters = {"file": {"directory": str(tmp / "out")}}
+    if profiling:
+        receivers["profiling"] = {"interval": "5s", "cuda_memory": cuda_memory}
+        pipelines["profiles"] = {"receivers": ["profiling"], "exporters": ["file"]}
+    if cuda:
+        receivers["cuda"] = {"search_paths": []}
+        pipelines["metrics"] = {"receivers": ["cuda"], "exporters": ["file"]}
+    doc = {"receivers": receivers, "exporters": exporters,
+           "service": {"pipelines": pipelines, "telemetry": {"log_level": "warning"}}}
+    path = tmp / f"cfg-{int(cuda)}{int(profiling)}{int(cuda_memory)}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+class Agent:
+    def __init__(self, cfg: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"agent exited: {self.proc.stdout.read()}")
+            if any("probes on" in line for line in self._lines()):
+                return
+        raise SystemExit("agent did not start")
+
+    def _lines(self):
+        # log_level warning hides "otelbpf running": wait for the agent's threads instead
+        time.sleep(0.5)
+        threads = os.listdir(f"/proc/{self.proc.pid}/task")
+        names = {Path(f"/proc/{self.proc.pid}/task/{t}/comm").read_text().strip() for t in threads}
+        return ["probes on"] if "otelbpf-drain" in names else []
+
+    def settle(self, idle_share: float = 0.05, limit_s: float = 60.0) -> None:
+        """Wait until the agent's start-up work is done (inspecting every process on the
+        host, loading walkers): a 1-second window in which it used under ``idle_share``."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            c0 = self.cpu_seconds()
+            time.sleep(1.0)
+            if self.cpu_seconds() - c0 < idle_share:
+                return
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(60)
+
+
+def run_workload(script: Path, work: int) -> float:
+    out = subprocess.run([sys.executable, str(script), str(work)], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def cpu_overhead(tmp: Path, runs: int, work: int) -> dict:
+    script = tmp / "work.py"
+    script.write_text(WORKLOAD)
+    run_workload(script, work // 10)  # warm the page cache
+    off: list[float] = []
+    on: list[float] = []
+    agent_cpu = 0.0
+    rss = 0
+    for i in range(runs):
+        off.append(run_workload(script, work))
+        agent = Agent(config(tmp, cuda=False, profiling=True))
+        try:
+            agent.settle()  # start-up work is not steady state
+            c0 = agent.cpu_seconds()
+            on.append(run_workload(script, work))
+            agent_cpu += agent.cpu_seconds() - c0
+            rss = max(rss, agent.rss_bytes())
+        finally:
+            agent.stop()
+        print(f"  run {i + 1}/{runs}: off {off[-1]:.3f}s on {on[-1]:.3f}s", flush=True)
+    m_off, m_on = statistics.median(off), statistics.median(on)
+    return {
+        "runs": runs, "work": work, "off_s": off, "on_s": on, "median_off_s": m_off, "median_on_s": m_on,
+        "slowdown": m_on / m_off - 1, "agent_cpu_s_per_run": agent_cpu / runs,
+        "agent_cpu_share_of_one_core": agent_cpu / sum(on), "agent_rss_bytes": rss,
+    }
+
+
+def symbolization_rate() -> dict:
+    from otelbpf.correlate import pylines
+    from otelbpf.correlate.symbolizer import Symbolizer, read_maps
+
+    pid = os.getpid()
+    text = [m for m in read_maps(pid) if m.executable and "libpython" in m.path]
+    rng = random.Random(1)
+    addrs = [rng.randrange(m.start, m.end) for m in text for _ in range(2000)]
+    sym = Symbolizer()
+    sym.remember(pid)
+    t0 = time.perf_counter()
+    first = [sym.frame(pid, a) for a in addrs[:1]]  # cold: reads the symbol table
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    frames = [sym.frame(pid, a) for a in addrs]
+    warm = time.perf_counter() - t0
+    code = symbolization_rate.__code__
+    table, first_line = code.co_linetable, code.co_firstlineno
+    t0 = time.perf_counter()
+    n = 20_000
+    for i in range(n):
+        pylines.line_for(table, first_line, (i * 2) % 100, sys.version_info[:2])
+    lines = time.perf_counter() - t0
+    return {
+        "first_frame_s": cold, "native_frames_per_s": len(addrs) / warm,
+        "resolved_share": sum(1 for f in frames if f.function) / len(frames),
+        "python_lines_per_s": n / lines, "first": first[0].name,
+    }
+
+
+def alloc_cost(tmp: Path, calls: int) -> dict:
+    script = tmp / "alloc.py"
+    script.write_text(ALLOC_LOOP)
+
+    def loop() -> float:
+        out = subprocess.run([sys.executable, str(script), str(FAKE_CUDART), str(calls)], capture_output=True,
+                             text=True, check=True)
+        return float(out.stdout.strip())
+
+    results: dict[str, list[float]] = {"no_agent": [], "cuda": [], "cuda_and_memory_profile": []}
+    for _ in range(3):
+        results["no_agent"].append(loop())
+        for name, cfg in (("cuda", config(tmp, cuda=True, profiling=False)),
+                          ("cuda_and_memory_profile", config(tmp, cuda=True, profiling=True, cuda_memory=True))):
+            agent = Agent(cfg)
+            try:
+                agent.settle()
+                results[name].append(loop())
+            finally:
+                agent.stop()
+    med = {k: statistics.median(v) for k, v in results.items()}
+    return {
+        "calls": calls, "ns_per_alloc_free": results, "median_ns": med,
+        "probes_ns": med["cuda"] - med["no_agent"],
+        "stack_capture_and_accounting_ns": med["cuda_and_memory_profile"] - med["cuda"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--work", type=int, default=30_000_000)
+    parser.add_argument("--alloc-calls", type=int, default=20_000)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: the agent loads eBPF")
+    subprocess.run(["bash", str(REPO / "examples" / "build.sh")], check=True, capture_output=True)
+    result: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(), "kernel": os.uname().release,
+                    "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        print("1. CPU-bound Python, without and with the profiler at 99 Hz (whole host)", flush=True)
+        result["cpu"] = cpu_overhead(tmp, args.runs, args.work)
+        print("2. symbolization", flush=True)
+        result["symbolization"] = symbolization_rate()
+        print("3. cudaMalloc + cudaFree from Python", flush=True)
+        result["alloc"] = alloc_cost(tmp, args.alloc_calls)
+    c, s, a = result["cpu"], result["symbolization"], result["alloc"]
+    print(f"""
+CPU workload      median off {c['median_off_s']:.3f}s  on {c['median_on_s']:.3f}s  slowdown {c['slowdown']:+.2%}
+agent             {c['agent_cpu_s_per_run']:.3f}s CPU per run ({c['agent_cpu_share_of_one_core']:.2%} of one core), RSS {c['agent_rss_bytes'] / 2**20:.0f} MiB
+symbolization     {s['native_frames_per_s']:,.0f} native frames/s (warm), {s['python_lines_per_s']:,.0f} Python lines/s, first frame {s['first_frame_s'] * 1000:.0f} ms
+alloc+free        no agent {a['median_ns']['no_agent']:,.0f} ns, cuda receiver {a['median_ns']['cuda']:,.0f} ns, + memory profile {a['median_ns']['cuda_and_memory_profile']:,.0f} ns
+                  probes +{a['probes_ns']:,.0f} ns, stacks + accounting +{a['stack_capture_and_accounting_ns']:,.0f} ns per allocation""")
+    out = args.out or REPO / "bench" / "results" / f"profile-{dt.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
