@@ -98,7 +98,6 @@ class _Qp:
     transitions: Counter = field(default_factory=Counter)  # new state -> count
     end_ns: int | None = None
     end_reason: str | None = None
-    final: object | None = None     # the ibv_retired counters, once read
 
     def attributes(self, device: str | None) -> dict[str, object]:
         attrs: dict[str, object] = {"rdma.qp.num": self.qpn}
@@ -340,11 +339,14 @@ class IbverbsCorrelator:
     def _created(self, pid: int, ctx: int, packed: int, ts: int) -> _Qp:
         qpn = packed & 0xFFFFFF
         key = (pid, ctx, qpn)
-        old = self._current.get(key)
-        if old is not None and old.end_ns is None and old.gen is not None:
-            old.end_ns, old.end_reason = self._clock.to_wall(ts), "replaced"  # destroyed unseen
-            self._retired[(pid, ctx, qpn, old.gen)] = old
-        qp = self._current[key] = _Qp(pid, ctx, qpn, ts, self._clock.to_wall(ts), created=True)
+        qp = self._current.get(key)
+        if qp is None or qp.gen != ts:  # else: its counters were read before this event
+            if qp is not None and qp.end_ns is None and qp.gen is not None:
+                qp.end_ns, qp.end_reason = self._clock.to_wall(ts), "replaced"  # destroyed unseen
+                self._retired[(pid, ctx, qpn, qp.gen)] = qp
+            qp = self._current[key] = _Qp(pid, ctx, qpn, ts, self._clock.to_wall(ts))
+        qp.created = True
+        qp.start_ns = self._clock.to_wall(ts)
         qp.qp_type = abi.QP_TYPES.get((packed >> 32) & 0xFF, f"type{(packed >> 32) & 0xFF}")
         return qp
 
@@ -485,7 +487,6 @@ class IbverbsCorrelator:
                     qp = self._current.get((k.pid, k.ctx, k.qpn))
                     if qp is None or qp.gen not in (None, k.gen):
                         qp = _Qp(k.pid, k.ctx, k.qpn, k.gen, now, end_reason="destroyed")
-                qp.final = stats
                 final[k.pid].append((qp, stats))
                 done.append(((k.pid, k.ctx, k.qpn, k.gen), k))
             for pid in set(counted) | set(final) | {pid for pid, p in self._procs.items() if p.mrs or p.anomalies}:
@@ -512,10 +513,14 @@ class IbverbsCorrelator:
         return out
 
     def _incarnation(self, pid: int, ctx: int, qpn: int, gen: int, now: int) -> _Qp:
+        """The record of the live counters' QP: the current one, or a new incarnation whose
+        create event is still on its way (the older one then waits for its retired counters)."""
         qp = self._current.get((pid, ctx, qpn))
         if qp is not None and qp.gen is None:
             qp.gen = gen  # a QP made before the agent: its counters name its incarnation
         if qp is None or qp.gen != gen:
+            if qp is not None:
+                self._retired[(pid, ctx, qpn, qp.gen)] = qp
             qp = self._current[(pid, ctx, qpn)] = _Qp(pid, ctx, qpn, gen, now)
         return qp
 

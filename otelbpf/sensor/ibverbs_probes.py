@@ -30,12 +30,12 @@ in ``otelbpf.ibverbs.datapath.unresolved`` {reason}.
 from __future__ import annotations
 
 import bisect
-import functools
 import logging
 import os
 import re
 import struct
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,10 +179,19 @@ def _mapping_of(pid: int, addr: int) -> tuple[str, str, int]:
     raise ResolveError("unmapped", f"{addr:#x} is not mapped in pid {pid}")
 
 
-@functools.lru_cache(maxsize=64)
-def _elf_facts(path: str, key: tuple[int, int]) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, str]]]:
-    """(PT_LOAD segments as (offset, filesz, vaddr), functions as sorted (start, size, name))."""
-    del key  # cache key only: a replaced file gets a new entry
+ElfFacts = tuple[list[tuple[int, int, int]], list[tuple[int, int, str]]]
+_facts: OrderedDict[tuple[int, int], ElfFacts] = OrderedDict()
+_facts_lock = threading.Lock()
+
+
+def _elf_facts(path: str) -> ElfFacts:
+    """(PT_LOAD segments as (offset, filesz, vaddr), functions as sorted (start, size, name)),
+    cached by inode: every process reaches the same provider file by its own path."""
+    key = file_key(path)
+    with _facts_lock:
+        if key in _facts:
+            _facts.move_to_end(key)
+            return _facts[key]
     with open(path, "rb") as f:
         elf = ELFFile(f)
         loads = [(s["p_offset"], s["p_filesz"], s["p_vaddr"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
@@ -192,7 +201,12 @@ def _elf_facts(path: str, key: tuple[int, int]) -> tuple[list[tuple[int, int, in
             for sym in table.iter_symbols() if table is not None else ():
                 if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym.name:
                     funcs.setdefault(sym["st_value"], (sym["st_size"], sym.name))
-    return loads, sorted((addr, size, name) for addr, (size, name) in funcs.items())
+    facts = (loads, sorted((addr, size, name) for addr, (size, name) in funcs.items()))
+    with _facts_lock:
+        _facts[key] = facts
+        while len(_facts) > 64:
+            _facts.popitem(last=False)
+    return facts
 
 
 def site_of(pid: int, function: str, addr: int) -> Target:
@@ -204,7 +218,7 @@ def site_of(pid: int, function: str, addr: int) -> Target:
     if not os.path.exists(path):
         path = f"/proc/{pid}/root{shown}"
     try:
-        loads, funcs = _elf_facts(path, file_key(path))
+        loads, funcs = _elf_facts(path)
     except Exception as exc:
         raise ResolveError("unreadable_file", f"{shown}: cannot read ELF: {exc}") from exc
     vaddr = next((v + offset - o for o, size, v in loads if o <= offset < o + size), None)
