@@ -128,6 +128,22 @@ class Agent:
                 return int(line.split()[1]) * 1024
         return 0
 
+    def bpf_run_stats(self, prog_type: int) -> tuple[int, int]:
+        """(run_time_ns, run_cnt) summed over the agent's BPF programs of ``prog_type``
+        (7: perf_event, 2: kprobe/uprobe), from /proc/PID/fdinfo; needs
+        kernel.bpf_stats_enabled=1. A tail call's time counts in the program that made it."""
+        total_ns = total_cnt = 0
+        for fd in os.listdir(f"/proc/{self.proc.pid}/fd"):
+            try:
+                info = dict(line.split(":\t", 1) for line in
+                            Path(f"/proc/{self.proc.pid}/fdinfo/{fd}").read_text().splitlines() if ":\t" in line)
+            except OSError:
+                continue
+            if info.get("prog_type", "").strip() == str(prog_type):
+                total_ns += int(info.get("run_time_ns", "0"))
+                total_cnt += int(info.get("run_cnt", "0"))
+        return total_ns, total_cnt
+
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(60)
@@ -146,13 +162,18 @@ def cpu_overhead(tmp: Path, runs: int, work: int) -> dict:
     on: list[float] = []
     agent_cpu = 0.0
     rss = 0
+    sample_ns = samples = 0
     for i in range(runs):
         off.append(run_workload(script, work))
         agent = Agent(config(tmp, cuda=False, profiling=True))
         try:
             agent.settle()  # start-up work is not steady state
             c0 = agent.cpu_seconds()
+            ns0, cnt0 = agent.bpf_run_stats(7)
             on.append(run_workload(script, work))
+            ns1, cnt1 = agent.bpf_run_stats(7)
+            sample_ns += ns1 - ns0
+            samples += cnt1 - cnt0
             agent_cpu += agent.cpu_seconds() - c0
             rss = max(rss, agent.rss_bytes())
         finally:
@@ -163,6 +184,8 @@ def cpu_overhead(tmp: Path, runs: int, work: int) -> dict:
         "runs": runs, "work": work, "off_s": off, "on_s": on, "median_off_s": m_off, "median_on_s": m_on,
         "slowdown": m_on / m_off - 1, "agent_cpu_s_per_run": agent_cpu / runs,
         "agent_cpu_share_of_one_core": agent_cpu / sum(on), "agent_rss_bytes": rss,
+        "bpf_samples": samples, "bpf_ns_per_sample": sample_ns / max(samples, 1),
+        "bpf_share_of_a_cpu_at_99hz": sample_ns / max(samples, 1) * 99 / 1e9,
     }
 
 
@@ -206,6 +229,7 @@ def alloc_cost(tmp: Path, calls: int) -> dict:
         return float(out.stdout.strip())
 
     results: dict[str, list[float]] = {"no_agent": [], "cuda": [], "cuda_and_memory_profile": []}
+    uprobe_ns: dict[str, list[float]] = {"cuda": [], "cuda_and_memory_profile": []}
     for _ in range(3):
         results["no_agent"].append(loop())
         for name, cfg in (("cuda", config(tmp, cuda=True, profiling=False)),
@@ -213,7 +237,10 @@ def alloc_cost(tmp: Path, calls: int) -> dict:
             agent = Agent(cfg)
             try:
                 agent.settle()
+                ns0, cnt0 = agent.bpf_run_stats(2)
                 results[name].append(loop())
+                ns1, cnt1 = agent.bpf_run_stats(2)
+                uprobe_ns[name].append((ns1 - ns0) / max(cnt1 - cnt0, 1))
             finally:
                 agent.stop()
     med = {k: statistics.median(v) for k, v in results.items()}
@@ -221,6 +248,7 @@ def alloc_cost(tmp: Path, calls: int) -> dict:
         "calls": calls, "ns_per_alloc_free": results, "median_ns": med,
         "probes_ns": med["cuda"] - med["no_agent"],
         "stack_capture_and_accounting_ns": med["cuda_and_memory_profile"] - med["cuda"],
+        "bpf_ns_per_probe_run": {k: statistics.median(v) for k, v in uprobe_ns.items()},
     }
 
 
@@ -234,6 +262,9 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("run as root: the agent loads eBPF")
     subprocess.run(["bash", str(REPO / "examples" / "build.sh")], check=True, capture_output=True)
+    stats = Path("/proc/sys/kernel/bpf_stats_enabled")
+    stats_before = stats.read_text().strip()
+    stats.write_text("1")  # per-program run time, for the in-kernel cost per sample and per probe
     result: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(), "kernel": os.uname().release,
                     "cpus": os.cpu_count(), "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory() as d:
@@ -244,13 +275,16 @@ def main() -> int:
         result["symbolization"] = symbolization_rate()
         print("3. cudaMalloc + cudaFree from Python", flush=True)
         result["alloc"] = alloc_cost(tmp, args.alloc_calls)
+    stats.write_text(stats_before)
     c, s, a = result["cpu"], result["symbolization"], result["alloc"]
     print(f"""
 CPU workload      median off {c['median_off_s']:.3f}s  on {c['median_on_s']:.3f}s  slowdown {c['slowdown']:+.2%}
+in the kernel     {c['bpf_ns_per_sample']:,.0f} ns per CPU sample (walker included), {c['bpf_share_of_a_cpu_at_99hz']:.3%} of a busy CPU at 99 Hz
 agent             {c['agent_cpu_s_per_run']:.3f}s CPU per run ({c['agent_cpu_share_of_one_core']:.2%} of one core), RSS {c['agent_rss_bytes'] / 2**20:.0f} MiB
 symbolization     {s['native_frames_per_s']:,.0f} native frames/s (warm), {s['python_lines_per_s']:,.0f} Python lines/s, first frame {s['first_frame_s'] * 1000:.0f} ms
 alloc+free        no agent {a['median_ns']['no_agent']:,.0f} ns, cuda receiver {a['median_ns']['cuda']:,.0f} ns, + memory profile {a['median_ns']['cuda_and_memory_profile']:,.0f} ns
-                  probes +{a['probes_ns']:,.0f} ns, stacks + accounting +{a['stack_capture_and_accounting_ns']:,.0f} ns per allocation""")
+                  probes +{a['probes_ns']:,.0f} ns, stacks + accounting +{a['stack_capture_and_accounting_ns']:,.0f} ns per allocation
+                  BPF time per uprobe run: {a['bpf_ns_per_probe_run']}""")
     out = args.out or REPO / "bench" / "results" / f"profile-{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

@@ -83,6 +83,7 @@ class _Raw:
     allocs: list[tuple[int, int, int, int, int, int]]        # pid, func, user, py, bytes, count
     inuse: list[tuple[int, int, int, int, int, int]]
     stats: dict[str, int]
+    gone: dict[int, _Proc]  # processes that exited before this read: forgotten once it is emitted
 
 
 def _decode_str(raw: bytes, kind: int) -> str:
@@ -313,9 +314,9 @@ class Profiler:
         self._copy_codes(bpf, [(s[0], s[3]) for s in samples] + [(a[0], a[3]) for a in allocs + inuse])
         stats = bpf["profile_stats"]
         counts = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
-        self._cleanup_exited(bpf, {s[0] for s in samples})
+        gone = self._cleanup_exited(bpf, {s[0] for s in samples})
         start, self._last_ns = self._last_ns, end
-        return _Raw(start, end, samples, allocs, inuse, counts)
+        return _Raw(start, end, samples, allocs, inuse, counts, gone)
 
     def _copy_stacks(self, bpf: Any, natives: set[int], pys: set[int]) -> None:
         for h in natives:
@@ -372,13 +373,14 @@ class Profiler:
                 with self._lock:
                     self._procs.setdefault(pid, _Proc()).codes.add(code)
 
-    def _cleanup_exited(self, bpf: Any, sampled: set[int]) -> None:
-        """Forget processes that exited before this read (their last samples are in it)."""
+    def _cleanup_exited(self, bpf: Any, sampled: set[int]) -> dict[int, _Proc]:
+        """Drop from the kernel what is kept for processes that exited before this read
+        (their last samples are in it); what user space knows of them goes after the emit."""
         with self._lock:
-            gone = [pid for pid, p in self._procs.items() if p.exited and pid not in sampled]
-            procs = {pid: self._procs.pop(pid) for pid in gone}
+            procs = {pid: p for pid, p in self._procs.items() if p.exited and pid not in sampled}
+        gone = list(procs)
         if not gone:
-            return
+            return procs
         table = bpf["py_procs"]
         for pid, p in procs.items():
             try:
@@ -386,9 +388,6 @@ class Profiler:
             except KeyError:
                 pass
             self._delete_codes(bpf, pid, p.codes)
-            for code in p.codes:
-                self._codes.pop((pid, code), None)
-            self._sym.forget(pid)
         if self.cuda_memory:
             pids = set(gone)
             for name in ("mem_inuse", "mem_live"):
@@ -398,6 +397,16 @@ class Profiler:
                         del t[k]
                     except KeyError:
                         pass
+        return procs
+
+    def _forget(self, procs: dict[int, _Proc]) -> None:
+        with self._lock:
+            for pid in procs:
+                self._procs.pop(pid, None)
+        for pid, p in procs.items():
+            for code in p.codes:
+                self._codes.pop((pid, code), None)
+            self._sym.forget(pid)
 
     # -- symbolization -------------------------------------------------------
 
@@ -499,6 +508,9 @@ class Profiler:
                                          self.sample_hz, b.encode()))
         records.extend(self._memory(raw, duration, cache))
         self._health.add("otelbpf.profile.samples", sum(s[4] for s in raw.samples))
+        self._forget(raw.gone)
+        for pid in by_pid.keys() - raw.gone.keys():
+            self._sym.remember(pid)  # libraries loaded since: named even if the process exits before the next read
         if records:
             self._sink(records)
 
@@ -507,6 +519,8 @@ class Profiler:
         for pid, func, user, py, nbytes, count in raw.allocs:
             rows[pid].setdefault((func, user, py), [0, 0, 0, 0])[0:2] = [count, nbytes]
         for pid, func, user, py, nbytes, count in raw.inuse:
+            if pid in raw.gone:
+                continue  # an exited process holds no device memory
             v = rows[pid].setdefault((func, user, py), [0, 0, 0, 0])
             v[2], v[3] = max(_signed(count), 0), max(_signed(nbytes), 0)
         out = []
