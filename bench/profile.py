@@ -146,7 +146,7 @@ class Agent:
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(60)
+        self.proc.wait(300)
 
 
 def run_workload(script: Path, work: int) -> float:

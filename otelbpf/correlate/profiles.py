@@ -314,7 +314,7 @@ class Profiler:
         self._copy_codes(bpf, [(s[0], s[3]) for s in samples] + [(a[0], a[3]) for a in allocs + inuse])
         stats = bpf["profile_stats"]
         counts = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
-        gone = self._cleanup_exited(bpf, {s[0] for s in samples})
+        gone = self._cleanup_exited(bpf, {s[0] for s in samples}, {a[0] for a in inuse})
         start, self._last_ns = self._last_ns, end
         return _Raw(start, end, samples, allocs, inuse, counts, gone)
 
@@ -373,7 +373,7 @@ class Profiler:
                 with self._lock:
                     self._procs.setdefault(pid, _Proc()).codes.add(code)
 
-    def _cleanup_exited(self, bpf: Any, sampled: set[int]) -> dict[int, _Proc]:
+    def _cleanup_exited(self, bpf: Any, sampled: set[int], held_memory: set[int]) -> dict[int, _Proc]:
         """Drop from the kernel what is kept for processes that exited before this read
         (their last samples are in it); what user space knows of them goes after the emit."""
         with self._lock:
@@ -388,11 +388,11 @@ class Profiler:
             except KeyError:
                 pass
             self._delete_codes(bpf, pid, p.codes)
-        if self.cuda_memory:
-            pids = set(gone)
+        pids = set(gone) & held_memory
+        if pids:  # iterating the live-allocation map is costly: only for processes that allocated
             for name in ("mem_inuse", "mem_live"):
                 t = bpf[name]
-                for k in [k for k in t.keys() if (k.pid if name == "mem_inuse" else k.pid) in pids]:
+                for k in [k for k in t.keys() if k.pid in pids]:
                     try:
                         del t[k]
                     except KeyError:
