@@ -170,7 +170,10 @@ class HttpCorrelator:
         cols = {f: arr[f].tolist() for f in ("ts_ns", "duration_ns", "pid", "tid", "fd", "ret", "kind", "func", "cap",
                                              "flags", "family", "port", "local_port")}
         data, addrs = arr["data"], arr["addr"]
+        unknown = kind == Kind.SOCK_UNKNOWN
         with self._lock:
+            if unknown.any():
+                self._conns.prepare(list(zip(arr["pid"][unknown].tolist(), arr["fd"][unknown].tolist())))
             for i in order.tolist():
                 try:
                     self._record(i, cols, data, addrs)

@@ -95,6 +95,26 @@ class TcpTables:
             table = self._read(pid, netns)
         return table.get(inode) if table is not None else None
 
+    def get(self, pid: int, inode: int) -> TcpSocket | None:
+        """Like ``lookup``, from the table as last read (see ``refresh``)."""
+        try:
+            netns = os.readlink(f"/proc/{pid}/ns/net")
+        except OSError:
+            return None
+        return self._tables.get(netns, {}).get(inode)
+
+    def refresh(self, pids: set[int]) -> None:
+        """Read the table of each network namespace these processes are in, once."""
+        seen: set[str] = set()
+        for pid in pids:
+            try:
+                netns = os.readlink(f"/proc/{pid}/ns/net")
+            except OSError:
+                continue
+            if netns not in seen:
+                seen.add(netns)
+                self._read(pid, netns)
+
     def listening_ports(self, pid: int) -> set[int]:
         """Ports with a listening socket in the namespace of ``pid`` (as last read)."""
         try:

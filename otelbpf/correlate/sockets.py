@@ -51,6 +51,7 @@ class Connections:
         self._conns: dict[tuple[int, int], Conn] = {}
         #: fds traced provisionally and then rejected: records already in flight for them are dropped.
         self._rejected: set[tuple[int, int]] = set()
+        self._prepared: dict[tuple[int, int], int | None] = {}  # this batch's unclassified fds -> inode
         self._writes: dict[str, list[tuple[int, int]]] = {STATE_MAP: [], LISTEN_MAP: []}
 
     def wanted(self, *ports: int) -> bool:
@@ -68,9 +69,12 @@ class Connections:
     # -- records ---------------------------------------------------------------
 
     def connected(self, pid: int, fd: int, family: int, port: int, raw_addr: bytes) -> Conn:
+        """The remote address is connect()'s argument; the local one follows (EV_SOCK_LOCAL)."""
         self._rejected.discard((pid, fd))
-        local, remote = self._addresses(pid, fd)
-        conn = Conn(pid, fd, "client", local, remote or address_from_raw(family, port, raw_addr), midstream=False)
+        remote = address_from_raw(family, port, raw_addr)
+        if remote is None:
+            remote = self._addresses(pid, fd)[1]
+        conn = Conn(pid, fd, "client", None, remote, midstream=False)
         self._conns[(pid, fd)] = conn
         return conn
 
@@ -83,17 +87,33 @@ class Connections:
                 self._write(STATE_MAP, pid, fd, IGNORE)
                 self._rejected.add((pid, fd))
                 return None
-        local, remote = self._addresses(pid, fd)
-        if local is None and local_port:
-            local = ("", local_port)
-        conn = Conn(pid, fd, "server", local, remote or address_from_raw(family, peer_port, raw_addr), midstream=False)
+        # The peer is accept()'s argument and the local port the listener's; /proc only when
+        # the caller passed no address buffer or the listener's port is unknown.
+        remote = address_from_raw(family, peer_port, raw_addr)
+        local: Address | None = ("", local_port) if local_port else None
+        if remote is None or local is None:
+            found_local, found_remote = self._addresses(pid, fd)
+            remote, local = remote or found_remote, local or found_local
+        conn = Conn(pid, fd, "server", local, remote, midstream=False)
         self._conns[(pid, fd)] = conn
         return conn
 
+    def prepare(self, unknown: list[tuple[int, int]]) -> None:
+        """Look a batch's unclassified fds up together: every fd first, then each network
+        namespace's socket table once, read after them, so that a socket already in an fd is
+        in the table consulted for it (a table read earlier could miss it and mark a TCP
+        socket ignored)."""
+        self._prepared = {key: fd_inode(*key) for key in unknown}
+        self._tables.refresh({pid for (pid, _), inode in self._prepared.items() if inode is not None})
+
     def unknown(self, pid: int, fd: int) -> Conn | None:
         """First I/O on an fd the kernel had not classified: trace it or not."""
-        inode = fd_inode(pid, fd)
-        sock = self._tables.lookup(pid, inode) if inode is not None else None
+        if (pid, fd) in self._prepared:
+            inode = self._prepared.pop((pid, fd))
+            sock = self._tables.get(pid, inode) if inode is not None else None
+        else:
+            inode = fd_inode(pid, fd)
+            sock = self._tables.lookup(pid, inode) if inode is not None else None
         if sock is None or sock.state == TCP_LISTEN or not self.wanted(sock.local[1], sock.remote[1]):
             self._write(STATE_MAP, pid, fd, IGNORE)
             return None
