@@ -10,7 +10,9 @@
    in three cases: ``a`` no probe (a private copy under a name the agent does not match);
    ``b`` the NCCL probes only (a Sensor in this process whose drained events are dropped:
    uprobe + uretprobe + BPF + two ring-buffer records per call, and draining); ``c`` the agent
-   (``otelbpf run`` with the nccl receiver, spans to the file exporter). ``a`` is measured in
+   (``otelbpf run`` with the nccl receiver, spans to the file exporter). Both watch only this
+   process and its children (``--pid``: the in-kernel pid filter), so other programs on the
+   machine that map NCCL stay out of the numbers. ``a`` is measured in
    rounds interleaved with ``b``, then with ``c`` (a b a b ..., a c a c ...), so each
    difference compares numbers taken under the same load. Each value is the median of
    ``rounds`` rounds, each the median of ``runs`` nccl_loop runs of ``calls`` calls.
@@ -161,7 +163,8 @@ def probes_only(targets: list[Target], plan: Plan) -> tuple[dict, dict]:
 
     received = {"events": 0}
     sensor = Sensor(
-        SensorOptions(families=[nccl_family()], search_globs=[str(t.probed) for t in targets], drain_interval_s=0.05),
+        SensorOptions(families=[nccl_family()], pids=[os.getpid()], search_globs=[str(t.probed) for t in targets],
+                      drain_interval_s=0.02),
         lambda ring, arr: received.__setitem__("events", received["events"] + len(arr)) if ring == "events" else None,
     )
     sensor.start()
@@ -182,7 +185,8 @@ def agent_case(targets: list[Target], plan: Plan, work: Path) -> tuple[dict, str
         "exporters": {"file": {"directory": str(work / "agent-out")}},
         "service": {"pipelines": {"traces": pipeline, "metrics": pipeline}},
     }))
-    agent = subprocess.Popen([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)], cwd=ROOT,
+    agent = subprocess.Popen([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--pid", str(os.getpid())],
+                             cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = []
@@ -298,10 +302,20 @@ def build_dataset(plan: Plan, work: Path) -> tuple[list[Path], dict]:
                   "bytes": size}
 
 
-def time_report(dirs: list[Path], plan: Plan) -> dict:
-    from otelbpf.analyze.collectives import read
-    from otelbpf.analyze.stragglers import analyze
+#: Reading vs analysis, timed in a fresh process (as the command runs): prints [read_s, analyze_s].
+_SPLIT = """
+import json, sys, time
+from otelbpf.analyze.collectives import read
+from otelbpf.analyze.stragglers import analyze
+t0 = time.perf_counter()
+data = read(sys.argv[1:])
+t1 = time.perf_counter()
+analyze(data, threshold_ns=1_000_000, min_share=0.3)
+print(json.dumps([t1 - t0, time.perf_counter() - t1]))
+"""
 
+
+def time_report(dirs: list[Path], plan: Plan) -> dict:
     walls, report = [], None
     for _ in range(plan.report_runs):
         t0 = time.perf_counter()
@@ -312,12 +326,11 @@ def time_report(dirs: list[Path], plan: Plan) -> dict:
         if out.returncode != 0:
             raise BenchError(f"otelbpf stragglers failed: {out.stderr}")
         report = json.loads(out.stdout)
-    t0 = time.perf_counter()
-    data = read([str(d) for d in dirs])
-    t_read = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    analyze(data, threshold_ns=1_000_000, min_share=0.3)
-    t_analyze = time.perf_counter() - t0
+    split = subprocess.run([sys.executable, "-c", _SPLIT, *map(str, dirs)], capture_output=True, text=True, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if split.returncode != 0:
+        raise BenchError(f"timing read and analysis failed: {split.stderr}")
+    t_read, t_analyze = json.loads(split.stdout)
     top = report["stragglers"][0] if report["stragglers"] else {}
     offset = next(h for h in report["hosts"] if h["host"] == "node1")
     if (top.get("rank"), top.get("cls")) != (5, "compute-slow") or abs(offset["offset_ms"] - 123.456) > 1:

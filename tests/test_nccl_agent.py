@@ -138,6 +138,9 @@ def test_a_slow_rank_is_named_with_its_class_live_and_offline(otlp_collector, tm
     top = report["stragglers"][0]
     assert top["pid"] == pids[slow] and top["straggled"] >= iters - 1 and top["collectives"] == iters
     assert report["ranks"][0]["rank"] == slow and not report["stopped"]
+    text = subprocess.run([sys.executable, "-m", "otelbpf.cli", "stragglers", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=REPO, timeout=120).stdout
+    assert f"1. rank {slow} (" in text and f"{expected}, last in" in text
 
 
 def test_a_communication_slow_rank_is_named_offline(tmp_path):
