@@ -275,6 +275,10 @@ def test_pyroscope_server_address_alone_sends_the_cpu_profile(tmp_path):
         assert p.sample_types == [("samples", "count"), ("cpu", "nanoseconds")]
         names = {p.profile.string_table[fn.name] for p in got for fn in p.profile.function}
         assert {"hot_a", "hot_b"} <= names
+        for i, p in enumerate(receiver.profiles):  # every profile sent, read by go tool pprof too
+            path = tmp_path / f"sent-{i}.pb.gz"
+            path.write_bytes(p.raw)
+            assert pprof.read(path).sample_types
     finally:
         receiver.close()
 
@@ -293,5 +297,9 @@ def test_pyroscope_5xx_and_429_are_retried(tmp_path):
         assert statuses[:3] == [503, 503, 429] and 200 in statuses
         assert not receiver.errors
         assert all(p.api == "ingest" and p.query["spyName"] == "otelbpf" for p in receiver.profiles)
+        for i, p in enumerate(receiver.profiles):
+            path = tmp_path / f"sent-{i}.pb.gz"
+            path.write_bytes(p.raw)
+            assert pprof.read(path).samples
     finally:
         receiver.close()
