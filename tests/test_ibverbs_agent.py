@@ -90,8 +90,12 @@ def expected_completions(report: dict) -> Counter:
 def wait_for_qp_metrics(collector, report: dict) -> None:
     pid = report["pid"]
     want = sum(n for qp in report["qps"] for n, _ in qp["posted"].values())
-    collector.wait_for(lambda: value(collector, "rdma.wr.posted", pid) == want,
-                       what=f"rdma.wr.posted summing to {want}")
+    try:
+        collector.wait_for(lambda: value(collector, "rdma.wr.posted", pid) == want,
+                           what=f"rdma.wr.posted summing to {want}")
+    except AssertionError:
+        got = [(p.attributes, p.value, p.resource) for p in points(collector, "rdma.wr.posted", pid)]
+        raise AssertionError(f"rdma.wr.posted: want {want}, the workload reported {report}, got {got}") from None
 
 
 def test_transfer_and_errors_are_counted_exactly_per_queue_pair(otlp_collector, tmp_path):
