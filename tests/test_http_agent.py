@@ -63,8 +63,8 @@ def agent_running(tmp: Path, collector, ports: list[int], **options):
         agent.wait_ready()
         yield agent
         assert agent.proc.poll() is None, agent.output
-        # Detaching is slow on this kernel under load (~0.2 s per tracepoint, ~0.3 s per uprobe):
-        # ~30 socket tracepoints, plus every CUDA library other tests left mapped in host mode.
+        # Detaching is slow on this kernel under load (each waits out a grace period): in host
+        # mode with CUDA, every library other tests left mapped adds its uprobes.
         assert agent.stop(timeout=120) == 0, agent.output
 
 
