@@ -130,6 +130,13 @@ else
     echo "skipped the ibverbs examples: no /usr/include/infiniband/verbs.h (apt-get install libibverbs-dev, or run scripts/setup.sh)"
 fi
 
+t=$out/bench/http_server
+if stale "$t" "$root/bench/http_server.c"; then
+    mkdir -p "${t%/*}"
+    gcc -O2 -g "${warn[@]}" "$root/bench/http_server.c" -o "$t.$$"
+    publish "$t.$$" "$t"
+fi
+
 # Profiling workloads (examples/profiling/): a CPython extension with a hot C function, and a
 # native program spinning in a library of its own; all with frame pointers, so their native
 # frames chain.
@@ -154,12 +161,5 @@ t=$out/examples/profiling/spinner
 if stale "$t" "$prof/spinner.c" "$out/examples/profiling/libspin.so"; then
     gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$prof/spinner.c" -o "$t.$$" \
         -L"$out/examples/profiling" -lspin -Wl,-rpath,'$ORIGIN'
-    publish "$t.$$" "$t"
-fi
-
-t=$out/bench/http_server
-if stale "$t" "$root/bench/http_server.c"; then
-    mkdir -p "${t%/*}"
-    gcc -O2 -g "${warn[@]}" "$root/bench/http_server.c" -o "$t.$$"
     publish "$t.$$" "$t"
 fi
