@@ -120,24 +120,33 @@ _BY_BUILD_ID_MAX = 256
 _by_build_id_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=1024)
 def _table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable | None:
-    """The file's table: by inode first (a replaced file is read again), then by build id
-    and size, so a library seen under several paths or inodes is parsed once (the size
-    tells a stripped copy, which keeps the build id, from the original)."""
-    del dev, ino, mtime  # cache key
+    """The file's table, or None when it cannot be read now.
+
+    Failures are not cached: a read through /proc/PID/map_files fails once the
+    process is gone, and must not hide the symbols from the next lookup."""
     try:
-        with open(path, "rb") as f:
-            key = (_build_id(ELFFile(f)), os.fstat(f.fileno()).st_size)
-        with _by_build_id_lock:
-            cached = _BY_BUILD_ID.get(key) if key[0] else None
-            if cached is not None:
-                _BY_BUILD_ID.move_to_end(key)
-                return cached
-        table = _SymbolTable(path)
+        return _load_table(path, dev, ino, mtime)
     except Exception as exc:  # unreadable/corrupt ELF: fall back to module+offset
         log.debug("cannot read symbols of %s: %s", path, exc)
         return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _load_table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable:
+    """The file's table: by inode first (a replaced file is read again), then by build id
+    and size, so a library seen under several paths or inodes is parsed once (the size
+    tells a stripped copy, which keeps the build id, from the original). Raises on
+    failure (lru_cache keeps no exceptions)."""
+    del dev, ino, mtime  # cache key
+    with open(path, "rb") as f:
+        key = (_build_id(ELFFile(f)), os.fstat(f.fileno()).st_size)
+    with _by_build_id_lock:
+        cached = _BY_BUILD_ID.get(key) if key[0] else None
+        if cached is not None:
+            _BY_BUILD_ID.move_to_end(key)
+            return cached
+    table = _SymbolTable(path)
     if key[0]:
         with _by_build_id_lock:
             _BY_BUILD_ID[key] = table
@@ -162,7 +171,9 @@ def _mapped_table(pid: int, m: Mapping, deleted: bool) -> _SymbolTable | None:
             st = os.stat(local)
         except OSError:
             continue
-        return _table(local, st.st_dev, st.st_ino, int(st.st_mtime))
+        table = _table(local, st.st_dev, st.st_ino, int(st.st_mtime))
+        if table is not None:
+            return table  # else: gone between stat and open, or unreadable; try the next
     return None
 
 
