@@ -88,7 +88,7 @@ class AgentProcess:
     def output(self) -> str:
         return "".join(self.lines)
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 90) -> None:
         if not self._ready.wait(timeout) or self.proc.poll() is not None and "otelbpf running" not in self.output:
             raise AssertionError(f"agent did not start:\n{self.output}")
 
@@ -101,7 +101,7 @@ class AgentProcess:
                 raise AssertionError(f"agent never attached to {library}:\n{self.output}")
             time.sleep(0.02)
 
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 30) -> int:
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 90) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
