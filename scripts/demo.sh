@@ -14,3 +14,5 @@ echo "demo: what otelbpf recorded (otelbpf summary otelbpf-out):"
 echo
 .venv/bin/otelbpf summary otelbpf-out
 echo "demo: raw OTLP-JSON lines are in otelbpf-out/ (traces.jsonl, metrics.jsonl)"
+echo "demo: pprof profiles (CPU, CUDA memory by stack) are in otelbpf-out/profiles/:"
+echo "      go tool pprof -top otelbpf-out/profiles/cuda_workload-*-cuda_memory-*.pb.gz"
