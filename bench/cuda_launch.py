@@ -98,8 +98,9 @@ def machine() -> dict:
     model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
     flags = re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M)
     mem = re.search(r"^MemTotal:\s*(\d+)", Path("/proc/meminfo").read_text(), re.M)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "otelbpf"], capture_output=True, text=True).stdout
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "otelbpf"], capture_output=True, text=True).stdout
     import bcc
 
     return {
@@ -112,6 +113,7 @@ def machine() -> dict:
         "bcc": getattr(bcc, "__version__", "unknown"),
         "git_commit": commit,
         "agent_code_modified": bool(dirty.strip()),
+        "nice": os.nice(0),  # inherited by every process the benchmark starts
     }
 
 
@@ -120,6 +122,12 @@ def cpu_times() -> dict[str, int]:
     f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     total = sum(f[:8])
     return {"total": total, "busy": total - f[3] - f[4], "steal": f[7]}
+
+
+def machine_pct(before: dict[str, int], after: dict[str, int], key: str = "busy") -> float:
+    """CPU ``key`` (busy or steal) between two cpu_times(), in % of one core (2 cores: up to 200)."""
+    share = (after[key] - before[key]) / max(1, after["total"] - before["total"])
+    return round(100 * share * (os.cpu_count() or 1), 1)
 
 
 def thread_ticks(pid: int) -> dict[int, tuple[str, int]]:
@@ -136,7 +144,9 @@ def thread_ticks(pid: int) -> dict[int, tuple[str, int]]:
     return out
 
 
-def cpu_by_thread(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], seconds: float) -> dict[str, float]:
+def cpu_by_thread(
+    before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], seconds: float
+) -> dict[str, float]:
     """% of one core per thread name over a window (threads sharing a name are summed)."""
     pct: dict[str, float] = {}
     for tid, (comm, ticks) in after.items():
@@ -172,7 +182,9 @@ def real_cudart() -> Path:
         candidate = Path(location) / "lib" / "libcudart.so.12"
         if candidate.exists():
             return candidate
-    raise BenchError("the nvidia-cuda-runtime-cu12 wheel is not installed in this Python: pip install nvidia-cuda-runtime-cu12")
+    raise BenchError(
+        "the nvidia-cuda-runtime-cu12 wheel is not installed in this Python: pip install nvidia-cuda-runtime-cu12"
+    )
 
 
 def first_bytes(path: Path, offset: int, n: int = 8) -> str:
@@ -270,7 +282,8 @@ class Agent:
         cuda.update(self.cuda, search_paths=[str(p) for p in self.libs])
         cfg["exporters"]["file"]["directory"] = str(self.outdir)
         cfg["service"]["telemetry"].update(self.telemetry_cfg)
-        self.effective = {**{k: v for k, v in cuda.items() if k != "search_paths"}, **cfg["service"]["telemetry"]}
+        self.effective = {**{k: v for k, v in cuda.items() if k != "search_paths"}, **cfg["service"]["telemetry"],
+                          "pipelines": {sig: p["receivers"] for sig, p in cfg["service"]["pipelines"].items()}}
         path = self.workdir / self.name / "otelbpf.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -284,7 +297,9 @@ class Agent:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         running = threading.Event()
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=self.workdir, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=self.workdir, env=env
+        )
 
         def read() -> None:
             for line in self.proc.stderr:
@@ -481,8 +496,9 @@ def per_call(libs: Libraries, plan: Plan, workdir: Path, agents: list[Agent], lo
                 else:
                     samples.take(case, lib, libs.path("agent", lib))
         for shown in ("a", "b", case) if case == "b0" else (case,):
-            log(f"  {shown:>6}. {CASES[shown][0]:<38} " + "  ".join(
-                f"{lib} {samples.median(shown, lib):8.1f} ns" for lib in ("fake", "real") if (shown, lib) in samples.rounds))
+            libs_seen = [lib for lib in ("fake", "real") if (shown, lib) in samples.rounds]
+            cells = [f"{lib} {samples.median(shown, lib):8.1f} ns" for lib in libs_seen]
+            log(f"  {shown:>6}. {CASES[shown][0]:<38} " + "  ".join(cells))
 
     with empty_uprobes(empty) as detach:
         rounds("b0")
@@ -499,8 +515,8 @@ def per_call(libs: Libraries, plan: Plan, workdir: Path, agents: list[Agent], lo
                 if case == "c-host":
                     idle = idle_window(agent, plan.idle_s)
                 rounds(case)
-            paired[case] = {
-                lib: {ref: statistics.median(samples.rounds[(ref, lib)][start.get((ref, lib), 0):]) for ref in ("a", "b")}
+            paired[case] = {  # the a and b rounds taken while this agent ran
+                lib: {r: statistics.median(samples.rounds[(r, lib)][start.get((r, lib), 0) :]) for r in ("a", "b")}
                 for lib in ("fake", "real")
             }
             paired[case]["agent"] = agent.describe()
@@ -513,8 +529,12 @@ def per_call(libs: Libraries, plan: Plan, workdir: Path, agents: list[Agent], lo
         row: dict = {"key": case, "config": config, "probe": probe}
         for lib in ("fake", "real"):
             if (case, lib) in samples.rounds:
-                row[lib] = {"median_ns": round(samples.median(case, lib), 2), "round_medians_ns": samples.rounds[(case, lib)],
-                            "runs_ns": samples.runs[(case, lib)], **({"same_window": paired[case][lib]} if case in paired else {})}
+                row[lib] = {
+                    "median_ns": round(samples.median(case, lib), 2),
+                    "round_medians_ns": samples.rounds[(case, lib)],
+                    "runs_ns": samples.runs[(case, lib)],
+                    **({"same_window": paired[case][lib]} if case in paired else {}),
+                }
         if case in paired:
             row["agent"], row["agent_telemetry"] = paired[case]["agent"], paired[case]["agent_telemetry"]
         seen = foreign.values() if case in ("a", "b") else [foreign.get(case, [])]
@@ -530,8 +550,8 @@ def idle_window(agent: Agent, seconds: float) -> dict:
     before, m0, t0 = thread_ticks(pid), cpu_times(), time.monotonic()
     time.sleep(seconds)
     after, m1, secs = thread_ticks(pid), cpu_times(), time.monotonic() - t0
-    return {"seconds": round(secs, 1), "cpu_pct_of_core": cpu_by_thread(before, after, secs), "memory_kib": memory_kib(pid),
-            "machine_busy_pct_of_core": round(100 * (m1["busy"] - m0["busy"]) / max(1, m1["total"] - m0["total"]) * (os.cpu_count() or 1), 1)}
+    return {"seconds": round(secs, 1), "cpu_pct_of_core": cpu_by_thread(before, after, secs),
+            "memory_kib": memory_kib(pid), "machine_busy_pct_of_core": machine_pct(m0, m1)}
 
 
 def throughput_run(agent: Agent, libs: list[Path], rate: float, seconds: float, agents: list[Agent], log) -> dict:
@@ -547,7 +567,6 @@ def throughput_run(agent: Agent, libs: list[Path], rate: float, seconds: float, 
         mem = memory_kib(pid)
     tel = agent.telemetry([r["pid"] for r in loops])
     cpu = cpu_by_thread(before, after, secs)
-    machine_busy = 100 * (m1["busy"] - m0["busy"]) / max(1, m1["total"] - m0["total"]) * (os.cpu_count() or 1)
     loops_cpu = sum(r["cpu_s"] for r in loops) / secs * 100
     calls = sum(r["calls"] for r in loops)
     h = tel["health"]
@@ -568,15 +587,16 @@ def throughput_run(agent: Agent, libs: list[Path], rate: float, seconds: float, 
         "export_dropped": h["otelbpf.export.dropped"],
         "agent_cpu_pct_of_core": cpu,
         "launch_loop_cpu_pct_of_core": round(loops_cpu, 1),
-        "other_cpu_pct_of_core": round(machine_busy - cpu["total"] - loops_cpu, 1),
-        "steal_pct": round(100 * (m1["steal"] - m0["steal"]) / max(1, m1["total"] - m0["total"]) * (os.cpu_count() or 1), 1),
+        "other_cpu_pct_of_core": round(machine_pct(m0, m1) - cpu["total"] - loops_cpu, 1),
+        "steal_pct_of_core": machine_pct(m0, m1, "steal"),
         "agent_memory_kib": mem,
         "other_bpf_processes": others,
     }
     lost = sum(result["events_lost_kernel"].values())
     e = agent.effective
-    log(f"  ring {e['ring_buffer_size']:>5} drain {e['drain_interval']:>4} spans/s {e['max_spans_per_second']:>5} x{len(libs)}: {result['achieved_rate']:>9,}/s, "
-        f"received {result['events_received']:,}, lost {lost:,}, drain {cpu.get('otelbpf-drain', 0):.1f}%, "
+    log(f"  ring {e['ring_buffer_size']:>5} drain {e['drain_interval']:>4} spans/s {e['max_spans_per_second']:>5} "
+        f"x{len(libs)}: {result['achieved_rate']:>9,}/s, received {result['events_received']:,}, lost {lost:,}, "
+        f"drain {cpu.get('otelbpf-drain', 0):.1f}%, "
         f"agent {cpu['total']:.1f}%")
     return result
 
@@ -648,22 +668,28 @@ def print_report(res: dict) -> None:
             cells += f"{r[k]['median_ns']:9.1f}{r[k]['median_ns'] - base[k]:8.1f}" if k in r else f"{'-':>9}{'-':>8}"
         print(f"{r['key'] + '. ' + r['config']:<46}{cells}")
     for k, v in res["ratios"].items():
-        print(f"({k.split()[0]})/(b) on {k.split()[1]}, same window: ns/call {v['ns_per_call']:.2f}x, added ns {v['added_ns']:.2f}x "
+        case, lib = k.split()
+        print(f"({case})/(b) on {lib}, same window: ns/call {v['ns_per_call']:.2f}x, added ns {v['added_ns']:.2f}x "
               f"(target <= 1.5x: {'met' if v['ns_per_call'] <= 1.5 else 'NOT met'})")
-    print(f"\nSustained events: launch_sample_every 1, launch_loop --rate {plan['rate']:,} --seconds {plan['rate_s']:g}")
+    print(f"\nSustained events: launch_sample_every 1, launch_loop --rate {plan['rate']:,} "
+          f"--seconds {plan['rate_s']:g}")
     print(f"{'ring':>6}{'drain':>6}{'spans/s':>8}{'procs':>6}{'rate/s':>11}{'received':>11}{'lost':>10}{'drain%':>7}"
-          f"{'proc%':>7}{'spans%':>7}{'agent%':>7}{'other%':>7}{'lag ms':>7}{'RSS pk':>8}{'sampled out':>12}{'launches=calls':>15}")
+          f"{'proc%':>7}{'spans%':>7}{'agent%':>7}{'other%':>7}{'lag ms':>7}{'RSS pk':>8}{'sampled out':>12}"
+          f"{'launches=calls':>15}")
     for t in res["throughput"]:
         c, a = t["agent_cpu_pct_of_core"], t["agent"]
-        print(f"{a['ring_buffer_size']:>6}{a['drain_interval']:>6}{a['max_spans_per_second']:>8}{len(t['launch_loops']):>6}"
+        print(f"{a['ring_buffer_size']:>6}{a['drain_interval']:>6}{a['max_spans_per_second']:>8}"
+              f"{len(t['launch_loops']):>6}"
               f"{t['achieved_rate']:>11,}{t['events_received']:>11,}{sum(t['events_lost_kernel'].values()):>10,}"
               f"{c.get('otelbpf-drain', 0):>7.1f}{c.get('otelbpf-process', 0):>7.1f}{c.get('otelbpf-spans', 0):>7.1f}"
               f"{c['total']:>7.1f}{t['other_cpu_pct_of_core']:>7.1f}"
-              f"{max(r['max_lag_ns'] for r in t['launch_loops']) / 1e6:>7.0f}{t['agent_memory_kib']['VmHWM'] / 1024:>7.0f}M"
+              f"{max(r['max_lag_ns'] for r in t['launch_loops']) / 1e6:>7.0f}"
+              f"{t['agent_memory_kib']['VmHWM'] / 1024:>7.0f}M"
               f"{t['spans_sampled_out']:>12,}{str(t['launches_metric_equals_calls']):>15}")
     s = res["startup"]
-    print(f"\nStart-up (median of {s['agents']} agent starts): 'otelbpf running' after {s['seconds_to_running_median']:.2f}s; "
-          f"BCC compile {s['compile_s_median']:.2f}s, attach {s['attach_s_median']:.3f}s; "
+    print(f"\nStart-up (median of {s['agents']} agent starts): 'otelbpf running' after "
+          f"{s['seconds_to_running_median']:.2f}s; BCC compile {s['compile_s_median']:.2f}s, "
+          f"attach {s['attach_s_median']:.3f}s; "
           f"stop (SIGINT to exit) {s['stop_s_median']:.1f}s")
     i = res["idle"]
     print(f"Idle agent (host mode) over {i['seconds']}s: {i['cpu_pct_of_core']['total']:.1f}% of a core, "
@@ -692,8 +718,10 @@ def summarize(res: dict, agents: list[Agent]) -> None:
         for lib in ("fake", "real"):
             agent, ref = row[lib]["median_ns"], row[lib]["same_window"]
             res["ratios"][f"{row['key']} {lib}"] = {
-                "ns_per_call": round(agent / ref["b"], 2), "added_ns": round((agent - ref["a"]) / (ref["b"] - ref["a"]), 2),
-                "agent_ns": agent, "empty_uprobe_ns": ref["b"], "no_probe_ns": ref["a"]}
+                "ns_per_call": round(agent / ref["b"], 2),
+                "added_ns": round((agent - ref["a"]) / (ref["b"] - ref["a"]), 2),
+                "agent_ns": agent, "empty_uprobe_ns": ref["b"], "no_probe_ns": ref["a"],
+            }
     started = [a for a in agents if a.seconds_to_running and a.startup]
     compile_s = [round(a.startup["phase=compile"], 3) for a in started]
     attach_s = [round(a.startup["phase=attach"], 3) for a in started]
@@ -717,8 +745,8 @@ def preflight() -> None:
     if os.geteuid() != 0:
         raise BenchError("needs root to load BPF programs: sudo .venv/bin/python bench/cuda_launch.py")
     if not UPROBE_EVENTS.parent.joinpath("events").exists():
-        raise BenchError("tracefs is not mounted at /sys/kernel/tracing (BCC needs it to detach): sudo scripts/setup.sh, "
-                         "or mount -t tracefs nodev /sys/kernel/tracing")
+        raise BenchError("tracefs is not mounted at /sys/kernel/tracing (BCC needs it to detach): "
+                         "sudo scripts/setup.sh, or mount -t tracefs nodev /sys/kernel/tracing")
     if importlib.util.find_spec("bcc") is None:
         raise BenchError("BCC's Python module is not importable from this Python: run scripts/setup.sh")
     build = subprocess.run([str(ROOT / "examples/build.sh")], capture_output=True, text=True)
@@ -747,11 +775,9 @@ def main(argv: list[str] | None = None) -> int:
         res["machine"] = machine()
         m0 = cpu_times()
         time.sleep(1.0)
-        m1 = cpu_times()
-        res["machine"]["busy_pct_before_start"] = round(100 * (m1["busy"] - m0["busy"]) / max(1, m1["total"] - m0["total"]), 1)
-        if res["machine"]["busy_pct_before_start"] > 10:
-            log(f"warning: the machine is {res['machine']['busy_pct_before_start']}% busy before the benchmark starts; "
-                "numbers will be noisy")
+        busy = res["machine"]["busy_pct_of_core_before_start"] = machine_pct(m0, cpu_times())
+        if busy > 10:
+            log(f"warning: before the benchmark starts, other programs use {busy}% of a core; numbers will be noisy")
         libs = Libraries.copy_into(workdir)
         res["sites"] = libs.sites
         log(f"workdir {workdir}\nper-call cost ({plan.rounds} rounds of {plan.runs} x {plan.calls:,} calls per case):")
@@ -768,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     res["cleanup"] = check_uprobe_events()
     res["elapsed_s"] = round(time.monotonic() - started, 1)
-    out = args.out or RESULTS / f"cuda_launch-{dt.datetime.now():%Y%m%d-%H%M%S}{'-quick' if args.quick else ''}.json"
+    out = args.out or RESULTS / f"cuda_launch-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
     print_report(res)
