@@ -224,6 +224,6 @@ def test_a_write_that_fails_part_way_leaves_only_whole_lines(tmp_path: Path) -> 
 def test_rotate_bytes_zero_never_rotates(tmp_path):
     exporter = FileSpanExporter(str(tmp_path), rotate_bytes=0)
     for _ in range(50):
-        exporter._out.write("x" * 100_000)
+        exporter._out.write(b"x" * 100_000)
     exporter.shutdown()
     assert [p.name for p in tmp_path.iterdir()] == ["traces.jsonl"]

@@ -1,0 +1,142 @@
+"""CPU cost of the agent's HTTP pipeline per traced syscall, without the kernel.
+
+    .venv/bin/python bench/http_pipeline.py [--requests 20000] [--conns 32] [--payload 4096]
+                                            [--profile] [--out FILE]
+
+Builds the records the sockets probes would put on the ``sockdata`` ring for an HTTP/1.1
+keep-alive server (accept, then a read of a request and a write of a response per request,
+then close, on ``--conns`` connections interleaved like wrk's) and feeds them, in ring-sized
+batches, to the real ``HttpCorrelator``; then writes the spans it built with the file exporter.
+Reports CPU microseconds per record for each stage (``time.process_time``): this is the number
+that decides how many requests/s the agent follows before its ring fills (one core / cost).
+``--profile`` prints the top of a cProfile of the correlator stage.
+
+No BPF is involved: this isolates the Python half measured end to end by bench/http.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[0] = str(ROOT)  # not bench/: its profile.py would shadow the stdlib module cProfile imports
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import json  # noqa: E402
+import pstats  # noqa: E402
+import socket  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from otelbpf.correlate.causality import Causality  # noqa: E402
+from otelbpf.correlate.clock import MonotonicClock  # noqa: E402
+from otelbpf.correlate.http import HttpCorrelator  # noqa: E402
+from otelbpf.correlate.process_info import ProcessInfo  # noqa: E402
+from otelbpf.events import Kind, SockFunc, sock_record_dtype  # noqa: E402
+from otelbpf.export.jsonfile import FileSpanExporter  # noqa: E402
+
+REQUEST = (b"GET /v1/models/llama:predict HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: wrk\r\n"
+           b"Accept: */*\r\n\r\n")
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\nContent-Type: text/plain\r\n\r\nHello, World!"
+PORT, PEER = 8080, 40000
+
+
+def records(requests: int, conns: int, payload: int) -> np.ndarray:
+    """accept x conns (fd: the new connection, ret: the listener), (read, write) x requests round-robin over the connections, close x conns."""
+    dtype = sock_record_dtype(payload)
+    n = 2 * conns + 2 * requests
+    arr = np.zeros(n, dtype=dtype)
+    pid, tid, t = 4242, 4242, 1_000_000_000
+    i = 0
+    for c in range(conns):
+        r = arr[i]
+        r["ts_ns"], r["duration_ns"], r["pid"], r["tid"], r["fd"], r["ret"] = t, 500, pid, tid, 100 + c, 3
+        r["kind"], r["func"], r["family"], r["port"], r["local_port"] = Kind.SOCK_ACCEPT, SockFunc.accept4, 2, PEER + c, PORT
+        r["addr"] = socket.inet_aton("127.0.0.1") + bytes(12)
+        t, i = t + 1000, i + 1
+    req = np.frombuffer(REQUEST, dtype=np.uint8)
+    resp = np.frombuffer(RESPONSE, dtype=np.uint8)
+    for k in range(requests):
+        fd = 100 + k % conns
+        for func, data in ((SockFunc.read, req), (SockFunc.write, resp)):
+            r = arr[i]
+            r["ts_ns"], r["duration_ns"], r["pid"], r["tid"], r["fd"] = t, 800, pid, tid, fd
+            r["ret"] = r["cap"] = len(data)
+            r["kind"], r["func"] = Kind.SOCK_DATA, func
+            r["data"][: len(data)] = data
+            t, i = t + 2000, i + 1
+    for c in range(conns):
+        r = arr[i]
+        r["ts_ns"], r["duration_ns"], r["pid"], r["tid"], r["fd"] = t, 300, pid, tid, 100 + c
+        r["kind"], r["func"] = Kind.SOCK_CLOSE, SockFunc.close
+        t, i = t + 1000, i + 1
+    return arr
+
+
+def run(arr: np.ndarray, batch: int, profile: bool) -> dict:
+    spans: list = []
+    counts: dict = {}
+
+    def count(metric: str, n: int, **attrs) -> None:
+        key = (metric, tuple(sorted(attrs.items())))
+        counts[key] = counts.get(key, 0) + n
+
+    corr = HttpCorrelator(ProcessInfo(), MonotonicClock(), spans.extend, count, Causality(), lambda m, items: None,
+                          ports=[PORT], max_spans_per_second=10**9)
+    prof = cProfile.Profile() if profile else None
+    t0 = time.process_time()
+    if prof:
+        prof.enable()
+    for s in range(0, len(arr), batch):
+        corr.on_ring("sockdata", arr[s : s + batch])
+    if prof:
+        prof.disable()
+    t1 = time.process_time()
+    corr.collect()
+    with tempfile.TemporaryDirectory() as d:
+        exporter = FileSpanExporter(d)
+        t2 = time.process_time()
+        for s in range(0, len(spans), 512):
+            exporter.export(spans[s : s + 512])
+        t3 = time.process_time()
+        exporter.shutdown()
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    problems = {k: v for k, v in counts.items() if "problems" in k[0]}
+    return {
+        "records": len(arr), "spans": len(spans), "problems": {str(k): v for k, v in problems.items()},
+        "correlate_us_per_record": round(1e6 * (t1 - t0) / len(arr), 2),
+        "export_us_per_span": round(1e6 * (t3 - t2) / max(1, len(spans)), 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--conns", type=int, default=32)
+    ap.add_argument("--payload", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=2048, help="records per on_ring call (one drain)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs; the fastest is reported (noise only adds)")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    arr = records(args.requests, args.conns, args.payload)
+    runs = [run(arr, args.batch, args.profile) for _ in range(1 if args.profile else args.repeats)]
+    res = dict(runs[0])
+    for key in ("correlate_us_per_record", "export_us_per_span"):
+        res[key] = min(r[key] for r in runs)
+        res[key.replace("_us_", "_us_all_runs_")] = [r[key] for r in runs]
+    per_request = 2 * res["correlate_us_per_record"] + res["export_us_per_span"]
+    res["us_per_request"] = round(per_request, 2)
+    res["requests_per_core_second"] = int(1e6 / per_request)
+    print(json.dumps(res, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "result": res}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

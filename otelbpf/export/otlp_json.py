@@ -1,0 +1,196 @@
+"""Spans straight to OTLP/JSON, without building protobuf messages first.
+
+The SDK's route (``encode_spans`` → protobuf → ``MessageToDict`` → hex ids →
+``json.dumps``) costs ~100 µs of CPU per span, which capped the default file
+exporter near 10k spans/s per core: below what one busy inference server's
+requests or a sampled launch stream produce. Here a span becomes plain dicts
+and lists and ``msgspec`` writes the JSON: the same document (checked
+field for field against the SDK's route in tests/export/test_otlp_json.py),
+an order of magnitude cheaper.
+
+The encoding follows the protobuf JSON mapping the Collector's file exporter
+uses: lowerCamelCase names, 64-bit integers as strings, enums as integers,
+hex trace and span ids, fields at their default value left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Mapping, Sequence
+
+import msgspec
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind
+
+#: OTLP's SpanKind numbers (SPAN_KIND_INTERNAL = 1 ...).
+_KIND = {
+    SpanKind.INTERNAL: 1,
+    SpanKind.SERVER: 2,
+    SpanKind.CLIENT: 3,
+    SpanKind.PRODUCER: 4,
+    SpanKind.CONSUMER: 5,
+}
+#: SpanFlags: the context's is_remote is known / is true.
+_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
+
+_encoder = msgspec.json.Encoder()
+
+
+def _float(value: float) -> dict:
+    if math.isfinite(value):
+        return {"doubleValue": value}
+    return {"doubleValue": "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+
+
+def _sequence(value: Sequence) -> dict:
+    return {"arrayValue": {"values": [_any(v) for v in value]} if value else {}}
+
+
+#: Encoders by exact type: one dict lookup for the common cases (isinstance chains cost
+#: more than the rest of a span's encoding). Subclasses fall through to ``_any``'s checks.
+_BY_TYPE = {
+    str: lambda v: {"stringValue": v},
+    bool: lambda v: {"boolValue": v},
+    int: lambda v: {"intValue": str(v)},
+    float: _float,
+    tuple: _sequence,
+    list: _sequence,
+}
+
+
+def _any(value: object) -> dict:
+    """An ``AnyValue``."""
+    enc = _BY_TYPE.get(type(value))
+    if enc is not None:
+        return enc(value)
+    if isinstance(value, bool):  # before int: bool is an int
+        return {"boolValue": bool(value)}
+    if isinstance(value, str):
+        return {"stringValue": str(value)}
+    if isinstance(value, int):
+        return {"intValue": str(int(value))}
+    if isinstance(value, float):
+        return _float(float(value))
+    if isinstance(value, bytes):
+        return {"bytesValue": base64.b64encode(value).decode()}
+    if isinstance(value, Mapping):
+        return {"kvlistValue": {"values": _attributes(value)} if value else {}}
+    if isinstance(value, Sequence):
+        return _sequence(value)
+    raise TypeError(f"attribute value of type {type(value).__name__} has no OTLP encoding")
+
+
+def _attributes(attrs: Mapping | None) -> list[dict]:
+    if not attrs:
+        return []
+    by_type = _BY_TYPE
+    return [{"key": k, "value": (by_type.get(type(v)) or _any)(v)} for k, v in attrs.items()]
+
+
+def _flags(context: SpanContext | None) -> int:
+    return _HAS_IS_REMOTE | _IS_REMOTE if context is not None and context.is_remote else _HAS_IS_REMOTE
+
+
+def _span(span: ReadableSpan) -> dict:
+    ctx = span.context
+    out: dict = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+    if ctx.trace_state:
+        out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
+    if span.parent is not None:
+        out["parentSpanId"] = f"{span.parent.span_id:016x}"
+    out["flags"] = _flags(span.parent)
+    if span.name:
+        out["name"] = span.name
+    out["kind"] = _KIND[span.kind]
+    if span.start_time:
+        out["startTimeUnixNano"] = str(span.start_time)
+    if span.end_time:
+        out["endTimeUnixNano"] = str(span.end_time)
+    if span.attributes:
+        out["attributes"] = _attributes(span.attributes)
+    if span.dropped_attributes:
+        out["droppedAttributesCount"] = span.dropped_attributes
+    if span.events:
+        out["events"] = [_event(e) for e in span.events]
+    if span.dropped_events:
+        out["droppedEventsCount"] = span.dropped_events
+    if span.links:
+        out["links"] = [_link(link) for link in span.links]
+    if span.dropped_links:
+        out["droppedLinksCount"] = span.dropped_links
+    status: dict = {}
+    if span.status.status_code.value:
+        status["code"] = span.status.status_code.value
+    if span.status.description:
+        status["message"] = span.status.description
+    out["status"] = status
+    return out
+
+
+def _event(event) -> dict:
+    out: dict = {}
+    if event.timestamp:
+        out["timeUnixNano"] = str(event.timestamp)
+    if event.name:
+        out["name"] = event.name
+    if event.attributes:
+        out["attributes"] = _attributes(event.attributes)
+    if event.dropped_attributes:
+        out["droppedAttributesCount"] = event.dropped_attributes
+    return out
+
+
+def _link(link) -> dict:
+    out: dict = {"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}"}
+    if link.attributes:
+        out["attributes"] = _attributes(link.attributes)
+    if link.dropped_attributes:
+        out["droppedAttributesCount"] = link.dropped_attributes
+    out["flags"] = _flags(link.context)
+    return out
+
+
+def _scope(scope) -> dict:
+    out: dict = {}
+    if scope.name:
+        out["name"] = scope.name
+    if scope.version:
+        out["version"] = scope.version
+    if scope.attributes:
+        out["attributes"] = _attributes(scope.attributes)
+    return out
+
+
+def encode_spans_json(spans: Sequence[ReadableSpan]) -> bytes:
+    """One ``ExportTraceServiceRequest`` in OTLP/JSON.
+
+    Spans are grouped by resource and scope *object*: the agent keeps one Resource per
+    process and one scope per receiver, and hashing a Resource (the SDK groups by value)
+    serialises its attributes every time.
+    """
+    groups: dict[int, tuple] = {}
+    for span in spans:
+        res = span.resource
+        entry = groups.get(id(res))
+        if entry is None:
+            entry = groups[id(res)] = (res, {})
+        scope = span.instrumentation_scope
+        by_scope = entry[1].get(id(scope))
+        if by_scope is None:
+            by_scope = entry[1][id(scope)] = (scope, [])
+        by_scope[1].append(_span(span))
+    resource_spans = []
+    for res, scopes in groups.values():
+        scope_spans = []
+        for scope, encoded in scopes.values():
+            item: dict = {"scope": _scope(scope) if scope is not None else {}, "spans": encoded}
+            if scope is not None and scope.schema_url:
+                item["schemaUrl"] = scope.schema_url
+            scope_spans.append(item)
+        item = {"resource": {"attributes": _attributes(res.attributes)} if res.attributes else {},
+                "scopeSpans": scope_spans}
+        if res.schema_url:
+            item["schemaUrl"] = res.schema_url
+        resource_spans.append(item)
+    return _encoder.encode({"resourceSpans": resource_spans} if resource_spans else {})
