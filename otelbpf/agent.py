@@ -244,7 +244,9 @@ class Agent:
 
 
 def _weight(arr: np.ndarray) -> int:
-    """Queue weight of a batch, in 64-byte event records."""
+    """Queue weight of a batch, in 64-byte event records (payloads held as bytes included)."""
+    if arr.dtype.names and arr.dtype.names[-1] == "data" and arr.dtype["data"] == np.dtype(object):
+        return len(arr) + sum(map(len, arr["data"].tolist())) // 64
     return len(arr) * max(1, arr.dtype.itemsize // 64)
 
 

@@ -184,28 +184,35 @@ SOCKF_VECTOR_TRUNCATED = 2  # more iovecs than the probe copies: the payload sto
 SOCK_HEADER_BYTES = 64
 
 
+_SOCK_HEADER_FIELDS = [
+    ("ts_ns", "<u8"),       # syscall entry (CLOCK_MONOTONIC)
+    ("duration_ns", "<u8"),  # entry -> exit
+    ("pid", "<u4"),
+    ("tid", "<u4"),
+    ("fd", "<i4"),
+    ("ret", "<i4"),          # bytes moved, new fd (accept), or -errno
+    ("kind", "u1"),
+    ("func", "u1"),
+    ("cap", "<u2"),          # payload bytes captured (<= ret)
+    ("flags", "<u4"),
+    ("family", "<u2"),       # connect/accept: AF_INET or AF_INET6
+    ("port", "<u2"),         # connect: remote port; accept: peer port
+    ("local_port", "<u2"),   # accept: the listener's port when known
+    ("pad", "V2"),
+    ("addr", "V16"),         # connect: remote address; accept: peer address (network order)
+]
+
+#: Socket records as the sensor delivers them from the ``sockdata`` ring, where each is
+#: ``struct sock_rec``'s header followed by the ``cap`` bytes captured: the header's
+#: fields, and ``data``, the captured bytes (``bytes``, exactly ``cap`` long).
+SOCK_RECORD_DTYPE = np.dtype(_SOCK_HEADER_FIELDS + [("data", object)])
+
+
 def sock_record_dtype(payload_bytes: int) -> np.dtype:
-    """``struct sock_rec`` with a payload of ``payload_bytes`` (records on the ``sockdata`` ring)."""
-    dtype = np.dtype(
-        [
-            ("ts_ns", "<u8"),       # syscall entry (CLOCK_MONOTONIC)
-            ("duration_ns", "<u8"),  # entry -> exit
-            ("pid", "<u4"),
-            ("tid", "<u4"),
-            ("fd", "<i4"),
-            ("ret", "<i4"),          # bytes moved, new fd (accept), or -errno
-            ("kind", "u1"),
-            ("func", "u1"),
-            ("cap", "<u2"),          # payload bytes captured (<= ret)
-            ("flags", "<u4"),
-            ("family", "<u2"),       # connect/accept: AF_INET or AF_INET6
-            ("port", "<u2"),         # connect: remote port; accept: peer port
-            ("local_port", "<u2"),   # accept: the listener's port when known
-            ("pad", "V2"),
-            ("addr", "V16"),         # connect: remote address; accept: peer address (network order)
-            ("data", "u1", (payload_bytes,)),
-        ]
-    )
+    """``struct sock_rec`` laid out whole, with a payload area of ``payload_bytes``: the same
+    header, for building records by hand (benchmarks, tests) in the fixed-size form
+    ``HttpCorrelator`` also takes."""
+    dtype = np.dtype(_SOCK_HEADER_FIELDS + [("data", "u1", (payload_bytes,))])
     assert dtype.itemsize == SOCK_HEADER_BYTES + payload_bytes
     return dtype
 

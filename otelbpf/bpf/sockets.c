@@ -15,11 +15,14 @@
  *   reads /proc/PID/fd and writes TRACK or IGNORE back;
  * - close() forgets a traced fd.
  * A connect()ed socket's local address comes from sock:inet_sock_set_state.
- * Every read/write-like call on a TRACK fd becomes one fixed-size record on
- * the `sockdata` ring: header plus the first SOCK_PAYLOAD bytes moved
- * (several iovecs for readv/writev/sendmsg/recvmsg). Control records
- * (connect, accept, close, unknown fd) share the ring so that user space
- * sees one ordered stream per connection.
+ * Every read/write-like call on a TRACK fd becomes one record on the
+ * `sockdata` ring: a 64-byte header plus the bytes captured, at most the
+ * first SOCK_PAYLOAD bytes moved (several iovecs for readv/writev/sendmsg/
+ * recvmsg). Records are as long as what they carry, not SOCK_PAYLOAD: a
+ * 100-byte request takes 168 bytes of ring, so bursts of small messages fit
+ * by the tens of thousands. Control records (connect, accept, close,
+ * unknown fd) are headers alone and share the ring so that user space sees
+ * one ordered stream per connection.
  *
  * The local port of an accepted connection is its listener's: bind() records
  * it in `listen_ports`; a listener bound before the agent is unknown there,
@@ -55,7 +58,7 @@
 #define EAGAIN_ 11
 #define EINTR_ 4
 
-/* Mirrored by sock_record_dtype() in otelbpf/events.py (64-byte header). */
+/* Mirrored by SOCK_RECORD_DTYPE in otelbpf/events.py (a 64-byte header, then the payload). */
 struct sock_rec {
     u64 ts_ns;        /* syscall entry */
     u64 duration_ns;  /* entry -> exit */
@@ -75,9 +78,12 @@ struct sock_rec {
     u8  data[SOCK_PAYLOAD];
 };
 
-/* Vector calls copy several iovecs at data-dependent offsets; the verifier
- * accepts that only with room for a whole payload past any offset, so they
- * are assembled here and copied to the ring in one piece. */
+#define SOCK_HEADER_BYTES 64   /* offsetof(struct sock_rec, data) */
+
+/* Records are assembled here and copied to the ring at their captured length
+ * (bpf_ringbuf_reserve only takes a constant size). Vector calls copy
+ * several iovecs at data-dependent offsets; the verifier accepts that only
+ * with room for a whole payload past any offset: hence the spill. */
 struct sock_scratch {
     struct sock_rec rec;
     u8 spill[SOCK_PAYLOAD];
@@ -140,10 +146,11 @@ static __always_inline void fill_header(struct sock_rec *r, u64 id, u64 ts, s32 
     __builtin_memset(r->addr, 0, sizeof(r->addr));
 }
 
-/* A record without payload (connect, accept, close, unknown fd). */
+/* A record without payload (connect, accept, close, unknown fd): the header
+ * alone; nothing past it is written. */
 static __always_inline struct sock_rec *control_record(u64 id, u64 ts, s32 fd, s32 ret, u8 kind, u8 func)
 {
-    struct sock_rec *r = sockdata.ringbuf_reserve(sizeof(struct sock_rec));
+    struct sock_rec *r = sockdata.ringbuf_reserve(SOCK_HEADER_BYTES);
     if (!r) {
         count_stat(STAT_SOCK_LOST);
         return 0;
@@ -214,20 +221,27 @@ static __always_inline u64 clamp_payload(s64 len, u64 limit)
     return n;
 }
 
-/* One buffer: copy straight into the reserved record. */
+/* Send the assembled record, header plus ``n`` bytes of payload. */
+static __always_inline void emit_scratch(struct sock_scratch *s, u64 n)
+{
+    n = clamp_payload(n, SOCK_PAYLOAD);
+    s->rec.cap = n;
+    if (sockdata.ringbuf_output(&s->rec, SOCK_HEADER_BYTES + n, BPF_RB_NO_WAKEUP) != 0)
+        count_stat(STAT_SOCK_LOST);
+}
+
+/* One buffer. */
 static __always_inline void emit_buffer(u64 id, struct sock_args *a, s32 ret)
 {
-    struct sock_rec *r = sockdata.ringbuf_reserve(sizeof(struct sock_rec));
-    if (!r) {
-        count_stat(STAT_SOCK_LOST);
+    u32 zero = 0;
+    struct sock_scratch *s = sock_scratch.lookup(&zero);
+    if (!s)
         return;
-    }
-    fill_header(r, id, a->ts, a->fd, ret, EV_SOCK_DATA, a->func);
+    fill_header(&s->rec, id, a->ts, a->fd, ret, EV_SOCK_DATA, a->func);
     u64 n = clamp_payload(ret, SOCK_PAYLOAD);
-    if (n && bpf_probe_read_user(r->data, n, (void *)a->buf) != 0)
+    if (n && bpf_probe_read_user(s->rec.data, n, (void *)a->buf) != 0)
         n = 0;
-    r->cap = n;
-    sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    emit_scratch(s, n);
 }
 
 /* Several iovecs: bytes are laid out across them in order, up to ret. */
@@ -256,9 +270,7 @@ static __always_inline void emit_vector(u64 id, struct sock_args *a, s32 ret, u6
     }
     if (off < want && i == SOCK_MAX_IOV)
         s->rec.flags |= SOCKF_VECTOR_TRUNCATED;
-    s->rec.cap = off;
-    if (sockdata.ringbuf_output(&s->rec, sizeof(struct sock_rec), BPF_RB_NO_WAKEUP) != 0)
-        count_stat(STAT_SOCK_LOST);
+    emit_scratch(s, off);
 }
 
 static __always_inline int data_exit(long ret)

@@ -140,6 +140,7 @@ class HttpCorrelator:
         self._lock = threading.Lock()
         self._spans: list = []
         self._durations: dict[tuple, list[float]] = defaultdict(list)  # (pid, metric, labels) -> seconds, this batch
+        self._series: dict[tuple, tuple] = {}  # labels in insertion order -> sorted (the series key)
         self._sampled_out = 0
         self.spans_emitted = 0
 
@@ -170,6 +171,8 @@ class HttpCorrelator:
         cols = {f: arr[f].tolist() for f in ("ts_ns", "duration_ns", "pid", "tid", "fd", "ret", "kind", "func", "cap",
                                              "flags", "family", "port", "local_port")}
         data, addrs = arr["data"], arr["addr"]
+        if data.dtype == np.dtype(object):  # the sensor's records: each payload is its captured bytes
+            data = data.tolist()
         unknown = kind == Kind.SOCK_UNKNOWN
         with self._lock:
             if unknown.any():
@@ -202,7 +205,8 @@ class HttpCorrelator:
                     # its own close() ends the connection.
                     self._peer_gone(conn, stamp, ret)
                 return
-            self._feed(conn, egress, data[i, :cap].tobytes(), ret - cap, stamp)
+            payload = data[i] if isinstance(data, list) else data[i, :cap].tobytes()
+            self._feed(conn, egress, payload, ret - cap, stamp)
         elif kind == Kind.SOCK_CONNECT:
             self._replace(pid, fd, stamp)
             self._conns.connected(pid, fd, c["family"][i], c["port"][i], addrs[i].tobytes())
@@ -514,7 +518,13 @@ class HttpCorrelator:
             metric = f"http.{side}.request.duration"
         if "error.type" in attrs:
             labels["error.type"] = attrs["error.type"]
-        self._durations[(conn.pid, metric, tuple(sorted(labels.items())))].append(seconds)
+        key = tuple(labels.items())
+        series = self._series.get(key)
+        if series is None:  # one sort per distinct label set, not per request
+            series = self._series[key] = tuple(sorted(key))
+            if len(self._series) > 100_000:
+                self._series.clear()
+        self._durations[(conn.pid, metric, series)].append(seconds)
 
     def _flush_durations(self) -> None:
         """Histograms take whole arrays: one numpy call per series and batch, not per request."""

@@ -73,6 +73,9 @@ class RingSpec:
     name: str
     dtype: np.dtype
     size_bytes: int
+    #: Records of any length (a header plus a payload): ``dtype`` ends with an object
+    #: field ``data`` for the payload (sensor/ringbuf.py VariableRingReader).
+    variable: bool = False
 
 
 class Attacher(Protocol):

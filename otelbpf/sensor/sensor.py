@@ -33,7 +33,7 @@ from otelbpf.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
 from otelbpf.sensor import elf, libraries, program
 from otelbpf.sensor.family import ProbeFamily
 from otelbpf.sensor.libraries import LibraryFile
-from otelbpf.sensor.ringbuf import RingBufferReader
+from otelbpf.sensor.ringbuf import RingBufferReader, VariableRingReader
 from otelbpf.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,8 @@ class Sensor:
             "strevents": RingBufferReader(self._bpf["strevents"].map_fd, 256 * 1024, STREVENT_DTYPE),
         }
         for ring in self._family_rings():
-            self._readers[ring.name] = RingBufferReader(self._bpf[ring.name].map_fd, ring.size_bytes, ring.dtype)
+            reader = VariableRingReader if ring.variable else RingBufferReader
+            self._readers[ring.name] = reader(self._bpf[ring.name].map_fd, ring.size_bytes, ring.dtype)
         t0 = time.monotonic()
         for lib in libraries.from_globs(self.options.search_globs, self.options.families):
             self._attach(lib)

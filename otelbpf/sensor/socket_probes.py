@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from otelbpf.events import SockFunc, sock_record_dtype
+from otelbpf.events import SOCK_RECORD_DTYPE, SockFunc
 from otelbpf.sensor.family import ProbeFamily, RingSpec
 
 RING = "sockdata"
@@ -52,5 +52,5 @@ def socket_family(
             f"-DSOCK_MAX_IOV={MAX_IOV}",
             f"-DAGENT_PID={os.getpid()}",
         ),
-        rings=(RingSpec(RING, sock_record_dtype(payload_bytes), ring_bytes),),
+        rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True),),
     )

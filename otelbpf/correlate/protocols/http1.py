@@ -28,6 +28,9 @@ MAX_HEAD = 64 * 1024
 _REQUEST_LINE = re.compile(rb"([A-Z][A-Z-]{0,19}) (\S+) HTTP/(1\.[01])\r?\n")
 _STATUS_LINE = re.compile(rb"HTTP/(1\.[01]) ([1-9][0-9][0-9])(?: ([^\r\n]*))?\r?\n")
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
+#: One header line (RFC 9110 token, colon, value without surrounding blanks), found in C by
+#: one findall per head rather than a Python loop over lines.
+_HEADER_LINE = re.compile(r"^([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*(.*?)[ \t]*\r?$", re.M)
 _METHOD_PREFIX = re.compile(rb"[A-Z][A-Z-]{0,19}(?: [^ \r\n]*(?: H(?:T(?:T(?:P(?:/(?:1(?:\.[01]?)?)?)?)?)?)?)?)?\r?$")
 
 #: Opaque per-syscall stamp the caller passes with each chunk (time, thread).
@@ -44,7 +47,7 @@ def looks_like_response(data: bytes) -> bool:
     return _STATUS_LINE.match(data) is not None
 
 
-@dataclass
+@dataclass(slots=True)
 class Head:
     """A parsed start line and header block. Header names are lower-case."""
 
@@ -54,15 +57,17 @@ class Head:
     target: str = ""       # requests
     status: int = 0        # responses
     truncated: bool = False  # the header block was not captured whole
+    _first: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     def get(self, name: str) -> str | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
+        """The first value of header ``name`` (several lookups per message: indexed once)."""
+        first = self._first
+        if first is None:
+            first = self._first = dict(reversed(self.headers))
+        return first.get(name)
 
 
-@dataclass
+@dataclass(slots=True)
 class Message:
     head: Head
     first: Stamp            # chunk that carried the first byte
@@ -75,7 +80,6 @@ class Message:
 
 
 def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
-    lines = block.decode("latin-1").replace("\r\n", "\n").split("\n")
     if is_request:
         m = _REQUEST_LINE.match(block)
         if not m:
@@ -86,15 +90,10 @@ def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
         if not m:
             return None
         head = Head(version=m.group(1).decode(), headers=[], status=int(m.group(2)))
-    body_lines = lines[1:]
-    if truncated and body_lines:
-        body_lines = body_lines[:-1]  # the last line may be cut short
-    for line in body_lines:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if sep and name and name == name.strip():
-            head.headers.append((name.lower(), value.strip()))
+    text = block[m.end():].decode("latin-1")
+    if truncated:
+        text = text[: text.rfind("\n") + 1]  # the last line may be cut short
+    head.headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(text)]
     head.truncated = truncated
     return head
 
@@ -373,7 +372,7 @@ class MessageStream:
         return done
 
 
-@dataclass
+@dataclass(slots=True)
 class Exchange:
     """A request and the response that answered it (either may be missing)."""
 
@@ -435,6 +434,8 @@ class Http1Connection:
         return self.responses.upgraded
 
     def problems(self) -> dict[str, int]:
+        if not self.requests.problems and not self.responses.problems:
+            return {}  # the usual case, asked after every chunk
         merged = dict(self.requests.problems)
         for k, v in self.responses.problems.items():
             merged[k] = merged.get(k, 0) + v
