@@ -1,7 +1,7 @@
 """CPU cost of the agent's HTTP/2 + gRPC pipeline per traced syscall, without the kernel.
 
-    .venv/bin/python bench/http2_pipeline.py [--calls 500] [--conns 8] [--message 64] [--payload 4096]
-                                             [--repeats 5] [--profile] [--out FILE]
+    .venv/bin/python bench/http2_pipeline.py [--calls 500] [--conns 8] [--message 64] [--traceparent]
+                                             [--payload 4096] [--repeats 5] [--profile] [--out FILE]
 
 The bytes are real: a grpcio client makes ``--calls`` unary calls (``--message`` bytes each) to the
 harness's grpcio server (tests/harness/grpc_demo.py) over one channel, through the recording relay
@@ -58,15 +58,18 @@ LOCALHOST = socket.inet_aton("127.0.0.1") + bytes(12)
 Chunk = tuple[bool, bytes]
 
 
-def capture(calls: int, message: int) -> list[Chunk]:
-    """One grpcio channel's bytes, both directions, for ``calls`` unary calls."""
+def capture(calls: int, message: int, traceparent: bool) -> list[Chunk]:
+    """One grpcio channel's bytes, both directions, for ``calls`` unary calls (each with its own
+    ``traceparent`` metadata if asked, as an instrumented client sends: a header block that is new
+    every call)."""
     server, port = grpc_demo.serve()
     recorder = TcpRecorder(("127.0.0.1", port))
     try:
         with grpc.insecure_channel(f"127.0.0.1:{recorder.port}") as channel:
             unary = grpc_demo.unary(channel)
             for i in range(calls):
-                unary(b"%08d" % i + b"x" * max(0, message - 8))
+                metadata = (("traceparent", f"00-{i + 1:032x}-{i + 1:016x}-01"),) if traceparent else None
+                unary(b"%08d" % i + b"x" * max(0, message - 8), metadata=metadata)
         deadline = time.monotonic() + 5
         while len(recorder.stream(0)) < 2 * calls and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -174,13 +177,14 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=500, help="unary calls captured on the one channel")
     ap.add_argument("--conns", type=int, default=8, help="copies of the captured connection replayed")
     ap.add_argument("--message", type=int, default=64, help="request (and echoed response) message bytes")
+    ap.add_argument("--traceparent", action="store_true", help="each call sends its own traceparent")
     ap.add_argument("--payload", type=int, default=4096, help="payload bytes a record captures")
     ap.add_argument("--batch", type=int, default=2048, help="records per on_ring call (one drain)")
     ap.add_argument("--repeats", type=int, default=5, help="runs; the fastest is reported (noise only adds)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    chunks = capture(args.calls, args.message)
+    chunks = capture(args.calls, args.message, args.traceparent)
     arr = records(chunks, args.conns, args.payload)
     data_records = 2 * len(chunks) * args.conns
     calls = args.calls * args.conns

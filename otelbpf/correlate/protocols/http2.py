@@ -19,6 +19,7 @@ What cannot be decoded is marked, never guessed:
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,14 +38,24 @@ FLAG_PADDED = 0x8
 FLAG_PRIORITY = 0x20
 SETTINGS_HEADER_TABLE_SIZE = 1
 SETTINGS_MAX_FRAME_SIZE = 5
-#: Frame types whose length the protocol fixes.
-_FIXED_LENGTH = {PRIORITY: 5, RST_STREAM: 4, PING: 8, WINDOW_UPDATE: 4}
-#: Frame types whose payload the parser keeps (DATA payloads are only counted).
-_KEPT = frozenset({HEADERS, CONTINUATION, PUSH_PROMISE, RST_STREAM, SETTINGS})
 #: Largest frame payload HTTP/2 allows (SETTINGS_MAX_FRAME_SIZE's maximum).
 MAX_FRAME = (1 << 24) - 1
+#: A frame header: length (24 bits, as 8 + 16), type, flags, reserved bit + stream id.
+_FRAME_HEADER = struct.Struct(">BHBBI")
+_SETTING = struct.Struct(">HI")
+#: Per defined frame type (indexed by type), what the protocol requires of its header:
+#: 1 on a stream, 0 on the connection (stream 0), None either; and its fixed length, or None.
+_ON_STREAM = (1, 1, 1, 1, 0, 1, 0, 0, None, 1)
+_FIXED_LENGTH = (None, None, 5, 4, None, None, 8, None, 4, None)
+#: Frame types whose payload the parser keeps (DATA payloads are only counted).
+_KEPT = frozenset({HEADERS, CONTINUATION, PUSH_PROMISE, RST_STREAM, SETTINGS})
+#: Decoded header block segments remembered per direction (see ``_Direction.decode``).
+_CACHED_BLOCKS = 64
+#: HPACK indexed header fields whose index fits their first byte (1..126).
+_INDEXED_RUN = re.compile(rb"[\x80-\xfe]*")
 
 Stamp = Any
+Headers = list[tuple[str, str]]
 
 
 def looks_like_preface(data: bytes) -> bool:
@@ -53,7 +64,7 @@ def looks_like_preface(data: bytes) -> bool:
     return n >= 4 and data[:n] == PREFACE[:n]
 
 
-@dataclass
+@dataclass(slots=True)
 class Frame:
     type: int
     flags: int
@@ -66,17 +77,22 @@ class Frame:
 
 
 class FrameReader:
-    """Frames of one direction, across syscall boundaries and gaps."""
+    """Frames of one direction, across syscall boundaries and gaps.
+
+    Whole frames inside one chunk (the common case: a sender writes whole
+    frames, a reader gets what was written) are cut straight out of it; only
+    a frame split across chunks goes through the carry-over buffers.
+    """
 
     def __init__(self, expect_preface: bool) -> None:
         self._preface_left = len(PREFACE) if expect_preface else 0
         self._first = True  # each endpoint's first frame is SETTINGS
         #: SETTINGS_MAX_FRAME_SIZE the receiving side advertised (16384 until it says otherwise).
         self.max_length = 16384
-        self._hdr = bytearray()
-        self._frame: Frame | None = None
-        self._left = 0
-        self._buf = bytearray()
+        self._hdr = bytearray()           # a frame header split across chunks
+        self._frame: Frame | None = None  # a frame whose payload continues in the next chunk
+        self._left = 0                    # its payload bytes still to come
+        self._buf = bytearray()           # its payload so far (kept types)
         #: Why this direction can no longer be read ("" while it can).
         self.broken = ""
 
@@ -87,64 +103,94 @@ class FrameReader:
 
     def feed(self, data: bytes, missing: int, stamp: Stamp) -> list[Frame]:
         out: list[Frame] = []
-        pos = 0
-        while pos < len(data) and not self.broken:
-            if self._preface_left:
-                n = min(self._preface_left, len(data) - pos)
-                offset = len(PREFACE) - self._preface_left
-                if data[pos : pos + n] != PREFACE[offset : offset + n]:
-                    self.broken = "bad_preface"
-                    break
-                self._preface_left -= n
-                pos += n
-                continue
-            if self._frame is None:
-                n = min(9 - len(self._hdr), len(data) - pos)
-                self._hdr += data[pos : pos + n]
-                pos += n
-                if len(self._hdr) < 9:
-                    break
-                self._start_frame(stamp)
-                if self.broken:
-                    break
-                if self._left == 0:
-                    out.append(self._end_frame(stamp))
-                continue
-            n = min(self._left, len(data) - pos)
-            if self._frame.type in _KEPT:
-                self._buf += data[pos : pos + n]
-            self._left -= n
-            pos += n
-            if self._left == 0:
-                out.append(self._end_frame(stamp))
+        pos, end = 0, len(data)
+        if self._preface_left:
+            pos = self._preface(data)
+        while pos < end and not self.broken:
+            if self._frame is not None:
+                pos = self._continue(data, pos, stamp, out)
+            elif self._hdr or end - pos < 9:
+                pos = self._split_header(data, pos, stamp, out)
+            else:
+                pos = self._whole_frames(data, pos, stamp, out)
         if missing and not self.broken:
             self._gap(missing, stamp, out)
         return out
 
-    def _start_frame(self, stamp: Stamp) -> None:
-        length = int.from_bytes(self._hdr[:3], "big")
-        ftype, flags = self._hdr[3], self._hdr[4]
-        stream_id = struct.unpack(">I", bytes(self._hdr[5:9]))[0] & 0x7FFFFFFF
-        self._hdr.clear()
-        # Frames HTTP/2 defines must sit on the right kind of stream; bytes
-        # that break that are not HTTP/2 (or were misframed).
-        on_stream = ftype in (DATA, HEADERS, PRIORITY, RST_STREAM, PUSH_PROMISE, CONTINUATION)
-        on_conn = ftype in (SETTINGS, PING, GOAWAY)
-        fixed = _FIXED_LENGTH.get(ftype)
-        if (
-            (on_stream and stream_id == 0)
-            or (on_conn and stream_id != 0)
-            or length > self.max_length
-            or (fixed is not None and length != fixed)
-            or (ftype == SETTINGS and length % 6)
-            or (self._first and (ftype != SETTINGS or flags & 0x1))
-        ):
+    def _whole_frames(self, data: bytes, pos: int, stamp: Stamp, out: list[Frame]) -> int:
+        """Frames that lie whole in ``data`` from ``pos``, cut straight out of it; where they end
+        (a frame that runs past the chunk is begun, to be continued)."""
+        end = len(data)
+        start, append = self._start, out.append
+        while end - pos >= 9:
+            frame = start(data, pos, stamp)
+            pos += 9
+            if frame is None:
+                break
+            length = frame.length
+            if length > end - pos:
+                self._frame, self._left, self._buf = frame, length, bytearray()
+                break
+            if frame.type in _KEPT:
+                frame.payload = bytes(data[pos : pos + length])
+            append(frame)
+            pos += length
+        return pos
+
+    def _preface(self, data: bytes) -> int:
+        """Check the client preface (or the part of it in this chunk); where frames begin."""
+        n = min(self._preface_left, len(data))
+        offset = len(PREFACE) - self._preface_left
+        if data[:n] != PREFACE[offset : offset + n]:
+            self.broken = "bad_preface"
+        self._preface_left -= n
+        return n
+
+    def _start(self, header: bytes | bytearray, at: int, stamp: Stamp) -> Frame | None:
+        """The frame whose 9-byte header is at ``header[at:]``, or None (and broken) if no valid HTTP/2 frame starts there."""
+        hi, lo, ftype, flags, stream_id = _FRAME_HEADER.unpack_from(header, at)
+        length = hi << 16 | lo
+        stream_id &= 0x7FFFFFFF
+        # Frames HTTP/2 defines must sit on the right kind of stream and have the right size;
+        # bytes that break that are not HTTP/2 (or were misframed).
+        if length > self.max_length:
             self.broken = "invalid_frame"
-            return
-        self._first = False
-        self._frame = Frame(ftype, flags, stream_id, length, stamp)
-        self._left = length
-        self._buf = bytearray()
+            return None
+        if ftype < 10:
+            on_stream, fixed = _ON_STREAM[ftype], _FIXED_LENGTH[ftype]
+            if ((on_stream is not None and on_stream != bool(stream_id)) or (fixed is not None and length != fixed)
+                    or (ftype == SETTINGS and length % 6)):
+                self.broken = "invalid_frame"
+                return None
+        if self._first:
+            if ftype != SETTINGS or flags & 0x1:
+                self.broken = "invalid_frame"
+                return None
+            self._first = False
+        return Frame(ftype, flags, stream_id, length, stamp, b"", False, stamp)
+
+    def _split_header(self, data: bytes, pos: int, stamp: Stamp, out: list[Frame]) -> int:
+        """Gather a frame header that runs across chunks; start its frame once whole."""
+        n = min(9 - len(self._hdr), len(data) - pos)
+        self._hdr += data[pos : pos + n]
+        if len(self._hdr) == 9:
+            frame = self._start(self._hdr, 0, stamp)
+            self._hdr.clear()
+            if frame is not None:
+                self._frame, self._left, self._buf = frame, frame.length, bytearray()
+                if not frame.length:
+                    out.append(self._end_frame(stamp))
+        return pos + n
+
+    def _continue(self, data: bytes, pos: int, stamp: Stamp, out: list[Frame]) -> int:
+        """More of the payload of a frame begun in an earlier chunk."""
+        n = min(self._left, len(data) - pos)
+        if self._frame.type in _KEPT:
+            self._buf += data[pos : pos + n]
+        self._left -= n
+        if self._left == 0:
+            out.append(self._end_frame(stamp))
+        return pos + n
 
     def _end_frame(self, stamp: Stamp) -> Frame:
         frame = self._frame
@@ -168,7 +214,11 @@ class FrameReader:
             self.broken = "gap_in_framing"
 
 
-@dataclass
+#: ``Stream.header``'s ``where``: the field it reads.
+_HEADER_LISTS = {"request": "request_headers", "response": "response_headers", "trailers": "trailers"}
+
+
+@dataclass(slots=True)
 class Stream:
     """One request/response exchange on an HTTP/2 connection."""
 
@@ -189,8 +239,7 @@ class Stream:
     tag: Any = None                      # the consumer's own (the span opened for it)
 
     def header(self, name: str, where: str = "request") -> str | None:
-        headers = {"request": self.request_headers, "response": self.response_headers, "trailers": self.trailers}[where]
-        for k, v in headers:
+        for k, v in getattr(self, _HEADER_LISTS[where]):
             if k == name:
                 return v
         return None
@@ -217,11 +266,65 @@ class Stream:
 
 
 class _Direction:
+    """One direction's frames and HPACK decoding state."""
+
     def __init__(self, client_to_server: bool) -> None:
         self.reader = FrameReader(expect_preface=client_to_server)
         self.decoder = Decoder()
         self.hpack_lost = ""   # why this direction's table is unknown
         self.block: list[Frame] = []  # header block being assembled (HEADERS/PUSH_PROMISE + CONTINUATIONs)
+        #: Header block segments decoded since the dynamic table last changed, by their bytes.
+        self._decoded: dict[bytes, Headers] = {}
+        self._table_seen = (self.decoder.header_table.maxsize, 0, None)  # see _table_changed
+
+    def decode(self, block: bytes) -> Headers:
+        """The block's headers. Its leading run of one-byte indexed fields (the pseudo-headers and
+        headers a client repeats every call, which leave the table as it is) is decoded apart from
+        the rest (say a ``traceparent`` literal, new every call), so that the run is remembered on
+        its own; a table size update after such a run is not split off (the decoder must see it
+        out of place, and fail)."""
+        split = _INDEXED_RUN.match(block).end()
+        if 0 < split < len(block) and block[split] & 0xE0 != 0x20:
+            return self._decode_segment(block[:split]) + self._decode_segment(block[split:])
+        return self._decode_segment(block)
+
+    def _decode_segment(self, segment: bytes) -> Headers:
+        """Headers of whole representations, through the HPACK decoder unless these very bytes were
+        decoded against the same table before.
+
+        The decoder's output depends only on the bytes and the table, and bytes that leave the
+        table as it was (indexed fields, literals not indexed) decode alike the next time; so they
+        are remembered until the table (or the size it may have) changes. Bytes that change the
+        table are never skipped.
+        """
+        headers = self._decoded.get(segment)
+        if headers is not None:
+            return list(headers)
+        headers = [(str(k), str(v)) for k, v in self.decoder.decode(segment, raw=False)]
+        if self._table_changed():
+            self._decoded.clear()
+        else:
+            if len(self._decoded) >= _CACHED_BLOCKS:
+                self._decoded.clear()
+            self._decoded[segment] = headers
+        return list(headers)
+
+    def allow_table_size(self, size: int) -> None:
+        """SETTINGS_HEADER_TABLE_SIZE from the receiving side: the decoder checks the table against it."""
+        self.decoder.max_allowed_table_size = size
+        self._decoded.clear()  # a block remembered may now fail that check
+
+    def _table_changed(self) -> bool:
+        """Has the dynamic table changed since the last call? Every change moves its size limit,
+        its length or its newest entry: the decoder inserts a new tuple object each time, equal in
+        value to the one before or not, so the entry is compared by identity (and kept alive here,
+        so that its identity is not reused)."""
+        table = self.decoder.header_table
+        entries = table.dynamic_entries
+        seen = (table.maxsize, len(entries), entries[0] if entries else None)
+        size, length, newest = self._table_seen
+        self._table_seen = seen
+        return seen[0] != size or seen[1] != length or seen[2] is not newest
 
 
 class H2Connection:
@@ -269,58 +372,70 @@ class H2Connection:
     # -- frames ------------------------------------------------------------
 
     def _frame(self, c2s: bool, d: _Direction, f: Frame) -> None:
-        if d.block and f.type != CONTINUATION:
+        ftype = f.type
+        if d.block and ftype != CONTINUATION:
             self._problem("interrupted_header_block")
             self._lose_hpack(d, "interrupted_header_block")
             d.block = []
-        if f.type in (HEADERS, PUSH_PROMISE, CONTINUATION):
-            if f.type == CONTINUATION and not d.block:
+        if ftype == DATA:
+            self._data(c2s, f)
+        elif ftype == HEADERS or ftype == PUSH_PROMISE or ftype == CONTINUATION:
+            if ftype == CONTINUATION and not d.block:
                 self._lose_hpack(d, "orphan_continuation")
                 return
-            d.block.append(f)
-            if f.flags & FLAG_END_HEADERS:
-                self._header_block(c2s, d)
-            return
-        if f.type == DATA:
-            stream = self._streams.get(f.stream_id)
-            if stream is None:
-                return
-            if c2s:
-                stream.request_bytes += f.length
+            if not f.flags & FLAG_END_HEADERS:
+                d.block.append(f)
+            elif d.block:
+                frames, d.block = d.block + [f], []
+                self._header_block(c2s, d, frames)
             else:
-                stream.response_first = stream.response_first or f.stamp
-                stream.response_bytes += f.length
-            if f.flags & FLAG_END_STREAM:
-                self._end_stream(c2s, stream, f.end_stamp)
-        elif f.type == RST_STREAM:
+                self._header_block(c2s, d, [f])
+        elif ftype == RST_STREAM:
             stream = self._streams.get(f.stream_id)
             if stream is not None:
                 stream.reset_code = int.from_bytes(f.payload[:4], "big") if len(f.payload) >= 4 else None
                 stream.problem = "reset"
                 stream.last = f.end_stamp
                 self._finish(stream)
-        elif f.type == SETTINGS and not f.flags & 0x1 and not f.lost:
-            for i in range(0, len(f.payload) - 5, 6):
-                ident, value = struct.unpack(">HI", f.payload[i : i + 6])
-                if ident == SETTINGS_HEADER_TABLE_SIZE:
-                    # The sender's decoder accepts a table this large: it bounds the other direction's encoder.
-                    self._dirs[not c2s].decoder.max_allowed_table_size = value
-                elif ident == SETTINGS_MAX_FRAME_SIZE and 16384 <= value <= MAX_FRAME:
-                    self._dirs[not c2s].reader.max_length = value
+        elif ftype == SETTINGS and not f.flags & 0x1 and not f.lost:
+            self._settings(c2s, f.payload)
 
-    def _header_block(self, c2s: bool, d: _Direction) -> None:
-        frames, d.block = d.block, []
+    def _data(self, c2s: bool, f: Frame) -> None:
+        stream = self._streams.get(f.stream_id)
+        if stream is None:
+            return
+        if c2s:
+            stream.request_bytes += f.length
+        else:
+            stream.response_first = stream.response_first or f.stamp
+            stream.response_bytes += f.length
+        if f.flags & FLAG_END_STREAM:
+            self._end_stream(c2s, stream, f.end_stamp)
+
+    def _settings(self, c2s: bool, payload: bytes) -> None:
+        """What the sender's SETTINGS say about the other direction: its table size and frame size limits."""
+        other = self._dirs[not c2s]
+        for ident, value in _SETTING.iter_unpack(payload):
+            if ident == SETTINGS_HEADER_TABLE_SIZE:
+                # The sender's decoder accepts a table this large: it bounds the other direction's encoder.
+                other.allow_table_size(value)
+            elif ident == SETTINGS_MAX_FRAME_SIZE and 16384 <= value <= MAX_FRAME:
+                other.reader.max_length = value
+
+    def _header_block(self, c2s: bool, d: _Direction, frames: list[Frame]) -> None:
+        """A whole header block: HEADERS or PUSH_PROMISE, then any CONTINUATIONs."""
         first = frames[0]
-        block = bytearray()
-        lost = any(f.lost for f in frames)
-        for i, f in enumerate(frames):
-            block += _fragment(f) if i == 0 else f.payload
+        if len(frames) == 1:
+            block, lost = _fragment(first), first.lost
+        else:
+            block = b"".join([_fragment(first)] + [f.payload for f in frames[1:]])
+            lost = any(f.lost for f in frames)
         if lost:
             self._lose_hpack(d, "header_block_not_captured")
-        headers: list[tuple[str, str]] | None = None
+        headers: Headers | None = None
         if not d.hpack_lost:
             try:
-                headers = [(str(k), str(v)) for k, v in d.decoder.decode(bytes(block), raw=False)]
+                headers = d.decode(block)
             except (HPACKError, UnicodeDecodeError, ValueError, IndexError) as exc:
                 self._lose_hpack(d, f"hpack_error:{type(exc).__name__}")
         if first.type == PUSH_PROMISE:

@@ -170,3 +170,104 @@ def test_a_gap_inside_data_is_skipped_and_a_gap_over_a_frame_header_breaks_the_d
     # A gap that runs past the end of a frame hides the next frame header.
     conn.feed(False, b"\x00\x00\x04\x00\x00\x00\x00\x00\x01ab", 2 + 50, 3)
     assert conn.broken == "gap_in_framing"
+
+
+def test_frames_split_anywhere_across_chunks_parse_as_whole_ones():
+    client, server, c0, s0 = _client_server()
+    traffic = [(True, c0), (False, s0)]
+    for sid in (1, 3, 5):
+        c2s, s2c = _request(client, server, sid, f"/split{sid}", body=b"x" * 100)
+        traffic += [(True, c2s), (False, s2c)]
+
+    def replay(step: int) -> list:
+        conn, done = H2Connection(), []
+        for c2s, data in traffic:
+            for i in range(0, len(data), step):
+                done += conn.feed(c2s, data[i : i + step], 0, 0)
+        assert conn.problems == {}
+        return [(s.id, s.request_headers, s.response_headers, s.response_bytes, s.complete) for s in done]
+
+    whole = replay(1 << 20)
+    assert [s[0] for s in whole] == [1, 3, 5] and all(s[-1] for s in whole)
+    assert replay(1) == replay(7) == whole
+
+
+def _headers_frame(stream_id: int, block: bytes) -> bytes:
+    return len(block).to_bytes(3, "big") + bytes([1, 0x5]) + stream_id.to_bytes(4, "big") + block
+
+
+def _count_decodes(conn: H2Connection, c2s: bool) -> list:
+    """Calls of that direction's HPACK decoder (the ``hpack`` library's), recorded."""
+    decoder = conn._dirs[c2s].decoder
+    calls, decode = [], decoder.decode
+    decoder.decode = lambda data, raw=False: calls.append(bytes(data)) or decode(data, raw=raw)
+    return calls
+
+
+GET = b"\x82\x86\x84"  # :method GET, :scheme http, :path / (static table)
+EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def test_repeated_header_blocks_skip_the_decoder_only_while_the_table_is_unchanged():
+    conn = H2Connection()
+    calls = _count_decodes(conn, True)
+    conn.feed(True, PREFACE + EMPTY_SETTINGS, 0, 0)
+    newest = b"\xbe"  # index 62: the newest entry of the dynamic table
+    blocks = [GET + b"\x40\x03x-a\x011", GET + newest, GET + newest, GET + b"\x40\x03x-b\x012", GET + newest, GET + newest]
+    for i, block in enumerate(blocks):
+        conn.feed(True, _headers_frame(2 * i + 1, block), 0, i)
+    streams = conn.close(99)
+    assert conn.problems == {}
+    assert [s.header("x-a") or s.header("x-b") for s in streams] == ["1", "1", "1", "2", "2", "2"]
+    assert all(s.header(":method") == "GET" and s.header(":path") == "/" for s in streams)
+    # Every table change (a literal indexed) forgets what was decoded before it: each repeated block
+    # goes through the decoder once after each change, and is skipped after that.
+    assert calls == [GET, b"\x40\x03x-a\x011", GET + newest, GET, b"\x40\x03x-b\x012", GET + newest]
+
+
+def test_a_new_literal_each_call_leaves_the_indexed_run_before_it_remembered():
+    conn = H2Connection()
+    calls = _count_decodes(conn, True)
+    conn.feed(True, PREFACE + EMPTY_SETTINGS, 0, 0)
+    for i in range(3):
+        value = b"00-%032x-%016x-01" % (i + 1, i + 1)
+        literal = b"\x00\x0btraceparent" + bytes([len(value)]) + value  # literal, not indexed
+        conn.feed(True, _headers_frame(2 * i + 1, GET + literal), 0, i)
+    streams = conn.close(99)
+    assert [s.request_headers[-1] for s in streams] == [("traceparent", f"00-{i:032x}-{i:016x}-01") for i in (1, 2, 3)]
+    assert [s.request_headers[:3] for s in streams] == [[(":method", "GET"), (":scheme", "http"), (":path", "/")]] * 3
+    assert calls[0] == GET and GET not in calls[1:] and len(calls) == 4
+
+
+def test_hpack_rules_still_apply_to_blocks_remembered():
+    # A table size update after the first field is an error, even after an indexed run seen before.
+    conn = H2Connection()
+    conn.feed(True, PREFACE + EMPTY_SETTINGS, 0, 0)
+    conn.feed(True, _headers_frame(1, GET), 0, 1)
+    conn.feed(True, _headers_frame(3, GET + b"\x20"), 0, 2)
+    assert conn.problems == {"hpack_error": 1}
+    # A block decoded before is decoded again once the receiver has lowered the table size the
+    # encoder may use, and fails the check the encoder did not honour.
+    conn = H2Connection()
+    conn.feed(True, PREFACE + EMPTY_SETTINGS, 0, 0)
+    conn.feed(True, _headers_frame(1, GET), 0, 1)
+    conn.feed(False, b"\x00\x00\x06\x04\x00\x00\x00\x00\x00" + b"\x00\x01\x00\x00\x00\x00", 0, 2)  # HEADER_TABLE_SIZE 0
+    conn.feed(True, _headers_frame(3, GET), 0, 3)
+    assert conn.problems == {"hpack_error": 1}
+    assert [s.headers_lost for s in conn.close(4)] == [False, True]
+
+
+def test_a_full_table_that_changes_but_keeps_its_length_and_newest_value_is_noticed():
+    conn = H2Connection()
+    conn.feed(True, PREFACE + EMPTY_SETTINGS, 0, 0)
+    x_a, x_b = b"\x40\x03x-a\x011", b"\x40\x03x-b\x012"  # literals indexed: 36 bytes in the table each
+    second_newest = b"\xbf"  # index 63
+    blocks = [b"\x3f\x45" + x_b + x_a,  # table size 100: [x-a, x-b], full
+              GET + second_newest, GET + second_newest,
+              GET + x_a,  # [x-a, x-a]: x-b evicted; same length, newest equal to the one before
+              GET + second_newest]
+    for i, block in enumerate(blocks):
+        conn.feed(True, _headers_frame(2 * i + 1, block), 0, i)
+    streams = conn.close(99)
+    assert conn.problems == {}
+    assert [s.request_headers[-1] for s in streams[1:]] == [("x-b", "2"), ("x-b", "2"), ("x-a", "1"), ("x-a", "1")]
