@@ -17,14 +17,15 @@ import bisect
 import functools
 import logging
 import os
+import struct
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import cxxfilt
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -62,41 +63,104 @@ class NativeFrame:
         return self.function if self.function is not None else f"{self.module}+{self.offset:#x}"
 
 
-def _build_id(elf: ELFFile) -> str:
-    for segment in elf.iter_segments():
-        if segment["p_type"] != "PT_NOTE":
+_SHT_SYMTAB, _SHT_DYNSYM = 2, 11
+_PT_LOAD, _PT_NOTE = 1, 4
+_STT_FUNC = 2
+_NT_GNU_BUILD_ID = 3
+
+
+@dataclass(frozen=True)
+class _ElfLayout:
+    """Struct formats of one ELF class and byte order (what pyelftools' construct did
+    field by field, here with ``struct`` for headers and numpy for symbol arrays)."""
+
+    header: str     # e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize, e_shnum
+    header_at: int
+    phdr: str       # p_type, p_offset, p_vaddr, p_filesz
+    shdr: str       # sh_type, sh_offset, sh_size, sh_link
+    sym: np.dtype
+
+
+def _layout(ident: bytes) -> _ElfLayout:
+    if ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+        raise ValueError("not an ELF file")
+    e = "<" if ident[5] == 1 else ">"
+    if ident[4] == 2:
+        sym = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"), ("shndx", e + "u2"),
+                        ("value", e + "u8"), ("size", e + "u8")])
+        return _ElfLayout(e + "QQ6xHHHH", 0x20, e + "I4xQQ8xQ", e + "4xI8x8xQQI", sym)
+    sym = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"), ("info", "u1"),
+                    ("other", "u1"), ("shndx", e + "u2")])
+    return _ElfLayout(e + "II6xHHHH", 0x1C, e + "III4xI", e + "4xI4x4xIII", sym)
+
+
+def _read_at(f: BinaryIO, offset: int, size: int) -> bytes:
+    f.seek(offset)
+    data = f.read(size)
+    if len(data) != size:
+        raise ValueError("truncated ELF file")
+    return data
+
+
+def _headers(f: BinaryIO) -> tuple[_ElfLayout, list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The file's layout, program headers and section headers (only the fields used here)."""
+    lay = _layout(_read_at(f, 0, 16))
+    hsize = struct.calcsize(lay.header)
+    phoff, shoff, phentsize, phnum, shentsize, shnum = struct.unpack(lay.header, _read_at(f, lay.header_at, hsize))
+    phdrs = [struct.unpack_from(lay.phdr, _read_at(f, phoff + i * phentsize, struct.calcsize(lay.phdr)))
+             for i in range(phnum)]
+    shdrs = [struct.unpack_from(lay.shdr, _read_at(f, shoff + i * shentsize, struct.calcsize(lay.shdr)))
+             for i in range(shnum if shoff else 0)]
+    return lay, phdrs, shdrs
+
+
+def _build_id(f: BinaryIO, lay: _ElfLayout, phdrs: list[tuple[int, ...]]) -> str:
+    """The GNU build id from the PT_NOTE segments, hex; "" when there is none."""
+    e = lay.header[0]
+    for p_type, p_offset, _vaddr, p_filesz in phdrs:
+        if p_type != _PT_NOTE:
             continue
-        for note in segment.iter_notes():
-            if note["n_type"] == "NT_GNU_BUILD_ID":
-                return str(note["n_desc"])
+        notes, i = _read_at(f, p_offset, p_filesz), 0
+        while i + 12 <= len(notes):
+            namesz, descsz, n_type = struct.unpack_from(e + "III", notes, i)
+            name_at = i + 12
+            desc_at = name_at + (namesz + 3) // 4 * 4
+            if n_type == _NT_GNU_BUILD_ID and notes[name_at:name_at + namesz].rstrip(b"\0") == b"GNU":
+                return notes[desc_at:desc_at + descsz].hex()
+            i = desc_at + (descsz + 3) // 4 * 4
     return ""
 
 
 class _SymbolTable:
-    """Sorted function symbols of one ELF file, and its load segments."""
+    """Sorted function symbols of one ELF file, and its load segments.
+
+    Read with numpy, not pyelftools: parsing a symbol at a time through construct took
+    ~0.5 s for libpython, on the profiler's thread, for every new binary on the host.
+    Names stay in the file's string tables until a lookup asks for one."""
 
     def __init__(self, path: str) -> None:
-        self.build_id = ""
-        self.addrs: list[int] = []
-        self.entries: list[tuple[int, str]] = []  # (size, name), parallel to addrs
-        self.loads: list[tuple[int, int, int]] = []  # (p_offset, p_vaddr, p_filesz)
         with open(path, "rb") as f:
-            elf = ELFFile(f)
-            self.loads = [
-                (s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"
-            ]
-            self.build_id = _build_id(elf)
-            syms: dict[int, tuple[int, str]] = {}
-            for name in (".dynsym", ".symtab"):
-                sec = elf.get_section_by_name(name)
-                if not isinstance(sec, SymbolTableSection):
+            lay, phdrs, shdrs = _headers(f)
+            self.loads = [(off, vaddr, size) for p_type, off, vaddr, size in phdrs if p_type == _PT_LOAD]
+            self.build_id = _build_id(f, lay, phdrs)
+            values, sizes, names, strtab = [], [], [], b""
+            for wanted in (_SHT_DYNSYM, _SHT_SYMTAB):  # .dynsym's name wins at a shared address
+                sec = next((h for h in shdrs if h[0] == wanted), None)
+                if sec is None or not 0 <= sec[3] < len(shdrs):
                     continue
-                for sym in sec.iter_symbols():
-                    if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym.name:
-                        syms.setdefault(sym["st_value"], (sym["st_size"], sym.name))
-        for addr in sorted(syms):
-            self.addrs.append(addr)
-            self.entries.append(syms[addr])
+                syms = np.frombuffer(_read_at(f, sec[1], sec[2] - sec[2] % lay.sym.itemsize), dtype=lay.sym)
+                keep = syms[((syms["info"] & 0xF) == _STT_FUNC) & (syms["value"] != 0) & (syms["name"] != 0)]
+                _type, str_off, str_size, _link = shdrs[sec[3]]
+                values.append(keep["value"].astype(np.uint64))
+                sizes.append(keep["size"].astype(np.uint64))
+                names.append(keep["name"].astype(np.uint64) + len(strtab))
+                strtab += _read_at(f, str_off, str_size)
+        self._strtab = strtab
+        if values:
+            self.addrs, first = np.unique(np.concatenate(values), return_index=True)  # first: setdefault order
+            self._sizes, self._names = np.concatenate(sizes)[first], np.concatenate(names)[first]
+        else:
+            self.addrs = self._sizes = self._names = np.zeros(0, dtype=np.uint64)
 
     def vaddr(self, file_offset: int) -> int | None:
         for off, vaddr, size in self.loads:
@@ -104,14 +168,20 @@ class _SymbolTable:
                 return file_offset - off + vaddr
         return None
 
+    def _name(self, i: int) -> str | None:
+        start = int(self._names[i])
+        end = self._strtab.find(b"\0", start)
+        if end <= start:  # empty, or unterminated (pyelftools: no name)
+            return None
+        return self._strtab[start:end].decode("utf-8", errors="replace")
+
     def lookup(self, vaddr: int) -> str | None:
-        i = bisect.bisect_right(self.addrs, vaddr) - 1
+        i = int(np.searchsorted(self.addrs, np.uint64(vaddr), side="right")) - 1
         if i < 0:
             return None
-        size, name = self.entries[i]
-        start = self.addrs[i]
+        start, size = int(self.addrs[i]), int(self._sizes[i])
         if vaddr == start or vaddr < start + max(size, 1):
-            return name
+            return self._name(i)
         return None
 
 
@@ -140,7 +210,8 @@ def _load_table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable:
     failure (lru_cache keeps no exceptions)."""
     del dev, ino, mtime  # cache key
     with open(path, "rb") as f:
-        key = (_build_id(ELFFile(f)), os.fstat(f.fileno()).st_size)
+        lay, phdrs, _ = _headers(f)
+        key = (_build_id(f, lay, phdrs), os.fstat(f.fileno()).st_size)
     with _by_build_id_lock:
         cached = _BY_BUILD_ID.get(key) if key[0] else None
         if cached is not None:
@@ -192,13 +263,28 @@ def read_maps(pid: int) -> list[Mapping]:
     return out
 
 
+class _Snapshot:
+    """One read of a process's maps: its code mappings sorted by address (a lookup is a
+    bisection, not a scan of hundreds of mappings), and the symbol tables found for them
+    so far. A new snapshot starts with none: a range may now map another file."""
+
+    def __init__(self, maps: list[Mapping], taken_ns: int) -> None:
+        self.code = sorted((m for m in maps if m.executable), key=lambda m: m.start)
+        self.starts = [m.start for m in self.code]
+        self.taken_ns = taken_ns  # CLOCK_MONOTONIC
+        self.tables: dict[Mapping, _SymbolTable] = {}
+
+    def find(self, addr: int) -> Mapping | None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        return self.code[i] if i >= 0 and addr < self.code[i].end else None
+
+
 class Symbolizer:
     """Per-process address resolution with caches for maps and results."""
 
     def __init__(self, max_processes: int = 4096) -> None:
         self._max = max_processes
-        self._maps: OrderedDict[int, list[Mapping]] = OrderedDict()  # LRU: bounded on busy hosts
-        self._taken: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns of the snapshot
+        self._maps: OrderedDict[int, _Snapshot] = OrderedDict()  # LRU: bounded on busy hosts
         self._names: dict[tuple[int, int], str] = {}
         self._lock = threading.Lock()
 
@@ -207,23 +293,24 @@ class Symbolizer:
         taken = time.monotonic_ns()
         maps = read_maps(pid)
         if maps:
-            with self._lock:
-                self._maps[pid] = maps
-                self._maps.move_to_end(pid)
-                self._taken[pid] = taken
-                while len(self._maps) > self._max:
-                    old, _ = self._maps.popitem(last=False)
-                    self._taken.pop(old, None)
+            self._store(pid, _Snapshot(maps, taken))
+
+    def _store(self, pid: int, snap: _Snapshot) -> None:
+        with self._lock:
+            self._maps[pid] = snap
+            self._maps.move_to_end(pid)
+            while len(self._maps) > self._max:
+                self._maps.popitem(last=False)
 
     def forget(self, pid: int, before_ns: int | None = None) -> None:
         """Drop what is known of ``pid`` (only if learnt before ``before_ns``,
         a CLOCK_MONOTONIC time such as an exec event's: a snapshot taken after
         the exec already describes the new program)."""
         with self._lock:
-            if before_ns is not None and self._taken.get(pid, 0) >= before_ns:
+            snap = self._maps.get(pid)
+            if before_ns is not None and snap is not None and snap.taken_ns >= before_ns:
                 return
             self._maps.pop(pid, None)
-            self._taken.pop(pid, None)
             for key in [k for k in self._names if k[0] == pid]:
                 del self._names[key]
 
@@ -238,38 +325,45 @@ class Symbolizer:
             self._names[key] = name
         return name
 
-    def _find(self, pid: int, addr: int) -> Mapping | None:
-        """The code mapping holding ``addr``. Only executable mappings count: the addresses
-        resolved here are code, and a snapshot's data mappings go stale as they are unmapped
-        and their range reused by code (ld.so.cache, mapped while dlopen() runs, is gone
-        once the library it found is loaded, often in the same range)."""
-        maps = self._maps.get(pid)
-        for attempt in range(2):
-            if maps:
-                for m in maps:
-                    if m.executable and m.start <= addr < m.end:
-                        return m
-            if attempt == 0:  # new library since the snapshot: look again
-                fresh = read_maps(pid)
-                if not fresh:
-                    return None
-                with self._lock:
-                    self._maps[pid] = maps = fresh
-                    self._taken[pid] = time.monotonic_ns()
-        return None
+    def _find(self, pid: int, addr: int, fresh_after_ns: int | None) -> tuple[Mapping | None, _Snapshot | None]:
+        """The code mapping holding ``addr``, and the snapshot it is in. Only executable
+        mappings count: the addresses resolved here are code, and a snapshot's data mappings
+        go stale as they are unmapped and their range reused by code (ld.so.cache, mapped
+        while dlopen() runs, is gone once the library it found is loaded, often in the same
+        range). An address in none is looked up again in a fresh read of the maps (a library
+        loaded since the snapshot), unless the snapshot was taken after ``fresh_after_ns``
+        (CLOCK_MONOTONIC): then it already had every library the address could be in."""
+        with self._lock:
+            snap = self._maps.get(pid)
+        m = snap.find(addr) if snap is not None else None
+        if m is not None or (snap is not None and fresh_after_ns is not None and snap.taken_ns >= fresh_after_ns):
+            return m, snap
+        taken = time.monotonic_ns()
+        fresh = read_maps(pid)
+        if not fresh:
+            return None, snap
+        snap = _Snapshot(fresh, taken)
+        self._store(pid, snap)
+        return snap.find(addr), snap
 
     def _resolve(self, pid: int, addr: int) -> str:
         return self.frame(pid, addr).name
 
-    def frame(self, pid: int, addr: int) -> NativeFrame:
+    def frame(self, pid: int, addr: int, fresh_after_ns: int | None = None) -> NativeFrame:
         """``addr`` in ``pid`` as function (demangled), module, file offset and build id.
-        Not cached per address: profiles resolve many, and the tables are cached."""
-        m = self._find(pid, addr)
-        if m is None:
+        Not cached per address: profiles resolve many, and the tables are cached.
+        ``fresh_after_ns``: see ``_find`` (profiles pass the time their samples were read,
+        so addresses in no file cost one read of the maps per process, not one each)."""
+        m, snap = self._find(pid, addr, fresh_after_ns)
+        if m is None or snap is None:
             return NativeFrame(None, "[unknown]", addr, "", None)
         file_offset = addr - m.start + m.offset
         path = m.path.removesuffix(" (deleted)")
-        table = _mapped_table(pid, m, deleted=path != m.path)
+        table = snap.tables.get(m)
+        if table is None:
+            table = _mapped_table(pid, m, deleted=path != m.path)
+            if table is not None:  # failures are not kept: see _table
+                snap.tables[m] = table
         module = os.path.basename(path)
         if table is None:
             return NativeFrame(None, module, file_offset, "", m)
