@@ -14,6 +14,8 @@ the way ``PyCode_Addr2Line`` does:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 CODE_UNIT = 2  # bytes per instruction (_Py_CODEUNIT)
 
 
@@ -35,41 +37,42 @@ def _svarint(table: bytes, i: int) -> tuple[int, int]:
     return (-(value >> 1) if value & 1 else value >> 1), i
 
 
-def line_ranges_311(table: bytes, firstlineno: int) -> list[tuple[int, int, int | None]]:
-    """(start byte, end byte, line or None) for a 3.11+ location table."""
-    out: list[tuple[int, int, int | None]] = []
+def line_ranges_311(table: bytes, firstlineno: int) -> Iterator[tuple[int, int, int | None]]:
+    """(start byte, end byte, line or None) for a 3.11+ location table, in order. A copy
+    cut inside an entry ends before it."""
     line, addr, i = firstlineno, 0, 0
-    while i < len(table):
-        first = table[i]
-        i += 1
-        code, length = (first >> 3) & 15, ((first & 7) + 1) * CODE_UNIT
-        if code == 15:
-            current: int | None = None
-        elif code == 14:
-            delta, i = _svarint(table, i)
-            line += delta
-            current = line
-            for _ in range(3):  # end line delta, column + 1, end column + 1
-                _, i = _varint(table, i)
-        elif code == 13:
-            delta, i = _svarint(table, i)
-            line += delta
-            current = line
-        elif code >= 10:
-            line += code - 10
-            current = line
-            i += 2  # column, end column
-        else:
-            current = line
-            i += 1  # column bits
-        out.append((addr, addr + length, current))
-        addr += length
-    return out
+    try:
+        while i < len(table):
+            first = table[i]
+            i += 1
+            code, length = (first >> 3) & 15, ((first & 7) + 1) * CODE_UNIT
+            if code == 15:
+                current: int | None = None
+            elif code == 14:
+                delta, i = _svarint(table, i)
+                for _ in range(3):  # end line delta, column + 1, end column + 1
+                    _, i = _varint(table, i)
+                line += delta
+                current = line
+            elif code == 13:
+                delta, i = _svarint(table, i)
+                line += delta
+                current = line
+            elif code >= 10:
+                line += code - 10
+                current = line
+                i += 2  # column, end column
+            else:
+                current = line
+                i += 1  # column bits
+            yield addr, addr + length, current
+            addr += length
+    except IndexError:  # a varint runs past the copy's end
+        return
 
 
-def line_ranges_310(table: bytes, firstlineno: int) -> list[tuple[int, int, int | None]]:
-    """(start byte, end byte, line or None) for a 3.10 line table."""
-    out: list[tuple[int, int, int | None]] = []
+def line_ranges_310(table: bytes, firstlineno: int) -> Iterator[tuple[int, int, int | None]]:
+    """(start byte, end byte, line or None) for a 3.10 line table, in order."""
     line, addr = firstlineno, 0
     for i in range(0, len(table) - 1, 2):
         sdelta, ldelta = table[i], table[i + 1]
@@ -77,14 +80,14 @@ def line_ranges_310(table: bytes, firstlineno: int) -> list[tuple[int, int, int 
         if ldelta != -128:
             line += ldelta
         if sdelta:
-            out.append((addr, addr + sdelta, None if ldelta == -128 else line))
+            yield addr, addr + sdelta, None if ldelta == -128 else line
         addr += sdelta
-    return out
 
 
 def line_for(table: bytes, firstlineno: int, offset: int, version: tuple[int, int]) -> int | None:
     """The line of the instruction at byte ``offset``; None where the table says none, or
-    when ``table`` (possibly a truncated copy) does not reach the offset."""
+    when ``table`` (possibly a truncated copy) does not reach the offset. Decoding stops
+    at the offset's entry."""
     if offset < 0:
         return firstlineno  # not started yet: its def line
     ranges = line_ranges_310(table, firstlineno) if version < (3, 11) else line_ranges_311(table, firstlineno)

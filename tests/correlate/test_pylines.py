@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,18 @@ def test_every_instruction_gets_the_interpreters_line(version):
 def test_an_instruction_not_started_has_the_def_line_and_a_short_table_none():
     assert line_for(b"", 7, -2, (3, 11)) == 7
     assert line_for(b"", 7, 40, (3, 11)) is None
+
+
+def test_a_copy_cut_inside_an_entry_keeps_the_lines_before_it():
+    """The kernel copies the first 1 KiB of a line table; once the process is gone that copy
+    is all there is, and it may end inside a varint. (It used to raise, losing the round.)"""
+    def f(x):
+        y = x + 1
+        z = y * 2
+        return z
+
+    code = f.__code__
+    cut = code.co_linetable + bytes([0x80 | (14 << 3), 0xC1])  # long form; its varint says "more", then the end
+    for start, _end, line in code.co_lines():
+        assert line_for(cut, code.co_firstlineno, start, sys.version_info[:2]) == line
+    assert line_for(cut, code.co_firstlineno, len(code.co_code) + 4, sys.version_info[:2]) is None
