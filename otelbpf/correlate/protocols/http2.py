@@ -6,6 +6,13 @@ header block — HEADERS, CONTINUATION and PUSH_PROMISE — in order, because
 each block may change the table the next one refers to), and streams from
 their request HEADERS to the END_STREAM the server sends (or a RST_STREAM).
 
+Cost: ``hpack``'s pure-Python decoder takes ~2 µs per header, ~19 µs for a
+gRPC request's 8 indexed fields on a slow VM, three blocks per call at
+each traced end; a client repeats the same bytes call after call. So the bytes of a
+block that leave the table unchanged are decoded once per table state and
+remembered (``_Direction.decode``); bytes that change it always go through
+the decoder. Frames are cut straight out of each chunk.
+
 What cannot be decoded is marked, never guessed:
 - a gap (bytes moved but not captured) inside a DATA payload is skipped; a
   gap over a frame header loses frame boundaries for the rest of that
