@@ -150,7 +150,7 @@ def probes_only(port: int, pid: int) -> Iterator[dict]:
 
     sys.path.insert(0, str(ROOT))
     from otelbpf.sensor import program
-    from otelbpf.sensor.ringbuf import RingBufferReader
+    from otelbpf.sensor.ringbuf import VariableRingReader
     from otelbpf.sensor.socket_probes import socket_family
 
     fam = socket_family([port], payload_bytes=4096, ring_bytes=16 << 20)
@@ -158,7 +158,7 @@ def probes_only(port: int, pid: int) -> Iterator[dict]:
     bpf = BPF(text=text, cflags=list(cflags))
     watched = bpf["watched"]
     watched[watched.Key(pid)] = watched.Leaf(1)
-    reader = RingBufferReader(bpf["sockdata"].map_fd, 16 << 20, fam.rings[0].dtype)
+    reader = VariableRingReader(bpf["sockdata"].map_fd, 16 << 20, fam.rings[0].dtype)
     stop = threading.Event()
     stats = {"records": 0}
 
