@@ -22,7 +22,9 @@ Measures, on this machine and in one invocation:
 
 Added time per traced syscall is derived from (1): (1/rate_with - 1/rate_without) / 2, the
 server making two traced syscalls per request; the server thread is the bottleneck, so this
-is the probes' cost on it (plus any CPU the agent takes from it on this 2-core machine).
+is the probes' cost on it (plus any CPU the agent takes from it on this 2-core machine). The
+probes-only case also has the kernel time every socket program's runs (kernel.bpf_stats_enabled
+for that case), divided by the traced syscalls: the probes' own cost, whatever the load.
 Results: a table on stdout and bench/results/http-<date>.json. Findings: docs/BENCHMARKS.md.
 """
 
@@ -167,16 +169,33 @@ def probes_only(port: int, pid: int) -> Iterator[dict]:
             stats["records"] += len(reader.drain())
 
     t = threading.Thread(target=drain)
+    knob = Path("/proc/sys/kernel/bpf_stats_enabled")
+    knob_before = knob.read_text().strip()
+    knob.write_text("1")  # the kernel times every run of every BPF program
     t.start()
     try:
         yield stats
     finally:
         stop.set()
         t.join()
+        stats["bpf_programs"] = _program_stats(bpf)
+        knob.write_text(knob_before)
         table = bpf["stats"]
         stats["lost_in_kernel"] = int(sum(table[table.Key(4)]))
         reader.close()
         bpf.cleanup()
+
+
+def _program_stats(bpf) -> dict:
+    """run_cnt and run_time_ns of each loaded program that ran (kernel.bpf_stats_enabled)."""
+    out = {}
+    for name, fn in bpf.funcs.items():
+        info = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
+                    if ":\t" in line)
+        if int(info.get("run_cnt", "0")):
+            out[name.decode() if isinstance(name, bytes) else name] = {
+                "runs": int(info["run_cnt"]), "run_time_ns": int(info["run_time_ns"])}
+    return out
 
 
 @contextmanager
@@ -279,6 +298,10 @@ def report(r: dict) -> None:
     print(f"  throughput change {100 * (rp / rb - 1):+.1f}%, added per traced syscall {(1 / rp - 1 / rb) / 2 * 1e9:.0f} ns")
     for st, run in zip(po["stats"], po["with"]):
         print(f"    requests {run['requests']}, records {st['records']}, lost in kernel {st['lost_in_kernel']}")
+        progs = st.get("bpf_programs", {})
+        total = sum(p["run_time_ns"] for p in progs.values())
+        print(f"    BPF run time (bpf_stats): {total / max(1, 2 * run['requests']):.0f} ns per traced syscall "
+              f"(all socket programs, entry and exit, over 2 syscalls per request)")
     one = r["latency_one_connection"]
     print("One connection, one request at a time (wrk -t1 -c1)")
     for side in ("without", "with"):

@@ -25,6 +25,9 @@ from opentelemetry.trace import SpanContext
 #: Closed intervals are kept this long (in event time) for late lookups:
 #: another ring's events may be processed a little after the request ended.
 RETENTION_NS = 30 * 10**9
+#: ... and at most this many per thread (the most recent): a thread serving 20k requests/s
+#: would otherwise hold 600k intervals. Lookups further back find no parent.
+MAX_PER_THREAD = 1 << 16
 #: A lookup inspects at most this many closed intervals before the time asked.
 _SCAN = 64
 
@@ -47,6 +50,7 @@ class _Thread:
         self.starts: list[int] = []
         self.intervals: list[Interval] = []
         self.open: list[Interval] = []
+        self.prune_at = 0  # event time of the next prune: removing from a list's front moves all of it
 
 
 class Causality:
@@ -116,12 +120,18 @@ class Causality:
                 del self._threads[key]
 
     def _prune(self, t: _Thread, now_ns: int) -> None:
+        """Drop intervals that ended before the retention window, a few times per window (each
+        prune costs the list's length, so pruning at every open would cost that per request),
+        and the oldest beyond MAX_PER_THREAD."""
+        if now_ns < t.prune_at and len(t.intervals) <= MAX_PER_THREAD + MAX_PER_THREAD // 4:
+            return
+        t.prune_at = now_ns + self._retention // 4
         horizon = now_ns - self._retention
-        drop = 0
-        for iv in t.intervals:
-            if iv.end_ns is None or iv.end_ns >= horizon:
-                break
-            drop += 1
-        if drop:
-            del t.starts[:drop]
-            del t.intervals[:drop]
+        old = bisect.bisect_left(t.starts, horizon)  # started before the window: ended too, mostly
+        keep = [iv for iv in t.intervals[:old] if iv.end_ns is None or iv.end_ns >= horizon]
+        t.intervals[:old] = keep
+        t.starts[:old] = [iv.start_ns for iv in keep]
+        extra = len(t.intervals) - MAX_PER_THREAD
+        if extra > 0:
+            del t.starts[:extra]
+            del t.intervals[:extra]

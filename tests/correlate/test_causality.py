@@ -40,3 +40,25 @@ def test_closed_intervals_expire_and_processes_are_forgotten():
     assert c.parent(1, 10, 150) is None
     c.forget_process(1)
     assert c.parent(1, 10, 5001) is None
+
+
+def test_a_busy_thread_keeps_a_bounded_window(monkeypatch):
+    """Pruning runs a few times per retention window, not per request, and a thread keeps at
+    most MAX_PER_THREAD (+25% before a prune) closed intervals, the most recent ones; a request
+    still open is found whatever its age."""
+    import otelbpf.correlate.causality as causality
+
+    monkeypatch.setattr(causality, "MAX_PER_THREAD", 100)
+    c = Causality(retention_ns=10_000)
+    slow = c.open(1, 10, 0, new_context())      # a long request, open throughout
+    contexts = []
+    for i in range(1, 2001):                    # then 2,000 short ones, back to back
+        contexts.append(new_context())
+        c.close(1, 10, c.open(1, 10, i * 11, contexts[-1]), i * 11 + 10)
+    t = c._threads[(1, 10)]
+    assert 100 <= len(t.intervals) <= 125
+    assert t.starts == sorted(t.starts) == [iv.start_ns for iv in t.intervals]
+    assert c.parent(1, 10, 2000 * 11 + 5) is None  # the slow request is open then too: ambiguous
+    c.close(1, 10, slow, 30_000)
+    assert c.parent(1, 10, 2000 * 11 + 5) == contexts[-1]  # recent intervals are still found
+    assert c.parent(1, 10, 16) is None             # beyond the per-thread cap: no parent
