@@ -6,7 +6,7 @@ import os
 import socket
 
 from otelbpf.correlate.http import parse_traceparent
-from otelbpf.correlate.links import PeerLinks
+from otelbpf.correlate.links import MAX_PER_CONNECTION, PeerLinks
 from otelbpf.correlate.netaddr import TCP_LISTEN, TcpTables, address_from_raw, fd_inode
 from otelbpf.correlate.spans import new_context
 
@@ -57,3 +57,16 @@ def test_traceparent_parsing_accepts_only_valid_headers():
     for bad in (None, "", "00-0000-00f067aa0ba902b7-01", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
                 "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-xyz"):
         assert parse_traceparent(bad) is None
+
+
+def test_a_busy_connection_keeps_only_its_recent_requests():
+    """One keep-alive connection's many requests: memory stays bounded, the newest are found."""
+    links = PeerLinks()
+    ctxs = []
+    for i in range(MAX_PER_CONNECTION + 500):
+        ctxs.append(new_context())
+        links.end(links.add(("10.0.0.1", 40000), 8080, 0, i * 10, ctxs[-1]), i * 10 + 5)
+    last = MAX_PER_CONNECTION + 499
+    assert links.find(("10.0.0.1", 40000), 8080, 0, last * 10 + 1) == ctxs[-1]
+    assert links.find(("10.0.0.1", 40000), 8080, 0, 1) is None  # dropped: beyond the cap
+    assert len(links._by_key[(("10.0.0.1", 40000), 8080, 0)]) == MAX_PER_CONNECTION
