@@ -79,6 +79,7 @@ class _Raw:
 
     start_ns: int
     end_ns: int
+    read_mono_ns: int  # CLOCK_MONOTONIC before the read: maps read since hold every sampled library
     samples: list[tuple[int, int, int, int, int]]            # pid, user, kernel, py, count
     allocs: list[tuple[int, int, int, int, int, int]]        # pid, func, user, py, bytes, count
     inuse: list[tuple[int, int, int, int, int, int]]
@@ -134,7 +135,12 @@ class Profiler:
         self._stacks: dict[int, tuple[tuple[int, ...], int]] = {}
         self._py_stacks: dict[int, tuple[tuple[tuple[int, int, int], ...], int]] = {}
         self._codes: dict[tuple[int, int], CodeInfo] = {}
+        self._lines: dict[tuple[int, int], pylines.LineIndex] = {}  # decoded line tables, as _codes
         self._used: dict[int, int] = {}  # stack hash -> round last used (cache eviction)
+        # (pid, user, kernel, Python stack hash) -> (frames, round last used): a stack seen
+        # again is not symbolized again; dropped as the stacks above are, and with its process.
+        self._resolved: dict[tuple[int, int, int, int], tuple[list[Frame], int]] = {}
+        self._reimaged: set[int] = set()  # exec'd since the last emit: their stacks resolve anew
         self._round = 0
         self._loaded_layouts: set[int] = set()
         self._last_ns = time.time_ns()
@@ -246,10 +252,12 @@ class Profiler:
     def _forget_image(self, pid: int) -> None:
         """An exec: the pid runs another program, to be inspected anew."""
         with self._lock:
+            self._reimaged.add(pid)
             old = self._procs.pop(pid, None)
             if old is not None:
                 for code in old.codes:
                     self._codes.pop((pid, code), None)
+                    self._lines.pop((pid, code), None)
         self._sym.forget(pid)
 
         def drop(bpf: Any) -> None:
@@ -298,7 +306,7 @@ class Profiler:
 
     def _read(self, bpf: Any) -> _Raw:
         """Everything the kernel aggregated since the last read (sensor lock held)."""
-        end = time.time_ns()
+        end, mono = time.time_ns(), time.monotonic_ns()
         samples = [(k.pid, k.user, k.kernel, k.py, getattr(v, "value", v))
                    for k, v in bpf["cpu_samples"].items_lookup_and_delete_batch()]
         allocs: list = []
@@ -316,7 +324,7 @@ class Profiler:
         counts = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
         gone = self._cleanup_exited(bpf, {s[0] for s in samples}, {a[0] for a in inuse})
         start, self._last_ns = self._last_ns, end
-        return _Raw(start, end, samples, allocs, inuse, counts, gone)
+        return _Raw(start, end, mono, samples, allocs, inuse, counts, gone)
 
     def _copy_stacks(self, bpf: Any, natives: set[int], pys: set[int]) -> None:
         for h in natives:
@@ -406,13 +414,24 @@ class Profiler:
         for pid, p in procs.items():
             for code in p.codes:
                 self._codes.pop((pid, code), None)
+                self._lines.pop((pid, code), None)
             self._sym.forget(pid)
+        self._prune_resolved(set(procs))
+
+    def _prune_resolved(self, pids: set[int]) -> None:
+        """Resolved stacks go when unused for two rounds (as their hashes do), and with
+        their process (an exit, or an exec: the same addresses are another program's)."""
+        oldest = self._round - 2
+        self._resolved = {k: v for k, v in self._resolved.items() if v[1] >= oldest and k[0] not in pids}
 
     # -- symbolization -------------------------------------------------------
 
-    def _python_frames(self, pid: int, h: int, version: tuple[int, int]) -> tuple[list[PythonFrame], bool]:
+    def _python_frames(self, pid: int, h: int, version: tuple[int, int]) -> tuple[list[PythonFrame], bool, bool]:
+        """The stack's frames, whether it was truncated, and whether every code object
+        was named (one not captured yet will be, by a later sample)."""
         frames, flags = self._py_stacks.get(h, ((), 0))
         out: list[PythonFrame] = []
+        named = True
         for code, offset, fflags in frames:
             if fflags & PYF_SHIM:
                 if out:
@@ -423,13 +442,20 @@ class Profiler:
             info = self._codes.get((pid, code))
             if info is None:
                 out.append(PythonFrame(f"[python code {code:#x}]", "", 0, 0, bool(fflags & PYF_ENTRY)))
+                named = False
                 continue
-            line = pylines.line_for(self._line_table(pid, info, offset), info.firstlineno, offset, version)
+            line = self._line_index(pid, code, info, version).line(offset)
             out.append(PythonFrame(info.name, info.filename, line or 0, info.firstlineno, bool(fflags & PYF_ENTRY)))
-        return out, bool(flags & STACKF_TRUNCATED)
+        return out, bool(flags & STACKF_TRUNCATED), named
+
+    def _line_index(self, pid: int, code: int, info: CodeInfo, version: tuple[int, int]) -> pylines.LineIndex:
+        index = self._lines.get((pid, code))
+        if index is None:
+            index = self._lines[(pid, code)] = pylines.LineIndex(self._line_table(pid, info), info.firstlineno, version)
+        return index
 
     @staticmethod
-    def _line_table(pid: int, info: CodeInfo, offset: int) -> bytes:
+    def _line_table(pid: int, info: CodeInfo) -> bytes:
         """The copied line table, or the whole one from the live process when the copy is cut
         short (large functions); the copy when the process is gone."""
         if info.table_size <= len(info.table):
@@ -442,11 +468,15 @@ class Profiler:
             return info.table
 
     def _frames(self, pid: int, user: int, kern: int, py: int, proc: PythonProcess | None,
-                cache: dict) -> list[Frame]:
+                fresh_after_ns: int) -> list[Frame]:
+        """The sample's merged stack, resolved once while it keeps being sampled: a stack
+        whose Python frames are not all named yet (code objects not captured, the process
+        not inspected yet) is resolved again next time."""
         key = (pid, user, kern, py)
-        hit = cache.get(key)
+        hit = self._resolved.get(key)
         if hit is not None:
-            return hit
+            self._resolved[key] = (hit[0], self._round)
+            return hit[0]
         t0 = time.perf_counter()
         kframes: list[Frame] = []
         if kern:
@@ -455,8 +485,9 @@ class Profiler:
             kframes = [kernel(self._ksyms.lookup(ip), ip) for ip in self._stacks.get(kern, ((), 0))[0]]
         ips, uflags = self._stacks.get(user, ((), 0))
         # A return address is just past its call: look up the byte before it (not for the leaf).
-        uframes = [native(self._sym.frame(pid, ip - 1 if i and ip else ip), ip) for i, ip in enumerate(ips)]
-        pyframes, py_truncated = self._python_frames(pid, py, proc.version) if py and proc else ([], False)
+        uframes = [native(self._sym.frame(pid, ip - 1 if i and ip else ip, fresh_after_ns), ip)
+                   for i, ip in enumerate(ips)]
+        pyframes, py_truncated, named = self._python_frames(pid, py, proc.version) if py and proc else ([], False, not py)
         out = kframes + merge(
             uframes, pyframes,
             interpreter=proc.interpreter.rsplit("/", 1)[-1] if proc else None,
@@ -466,7 +497,8 @@ class Profiler:
         )
         self.frames_symbolized += len(kframes) + len(uframes) + len(pyframes)
         self.symbolize_seconds += time.perf_counter() - t0
-        cache[key] = out
+        if named:
+            self._resolved[key] = (out, self._round)
         return out
 
     def _labels_for(self, pid: int) -> dict[str, str]:
@@ -494,7 +526,9 @@ class Profiler:
         records: list[ProfileRecord] = []
         duration = max(raw.end_ns - raw.start_ns, 1)
         period = 1_000_000_000 // max(self.sample_hz, 1)
-        cache: dict = {}
+        with self._lock:
+            reimaged, self._reimaged = self._reimaged, set()
+        self._prune_resolved(reimaged)
         by_pid: dict[int, list] = defaultdict(list)
         for pid, user, kern, py, count in raw.samples:
             by_pid[pid].append((user, kern, py, count))
@@ -503,10 +537,10 @@ class Profiler:
             b = ProfileBuilder(CPU_SAMPLE_TYPES, time_ns=raw.start_ns, duration_ns=duration,
                                period_type=("cpu", "nanoseconds"), period=period, default_sample_type="cpu")
             for user, kern, py, count in rows:
-                b.add(self._frames(pid, user, kern, py, proc, cache), (count, count * period), labels)
+                b.add(self._frames(pid, user, kern, py, proc, raw.read_mono_ns), (count, count * period), labels)
             records.append(ProfileRecord("process_cpu", "cpu", labels, pid, raw.start_ns, raw.end_ns,
                                          self.sample_hz, b.encode()))
-        records.extend(self._memory(raw, duration, cache))
+        records.extend(self._memory(raw, duration))
         self._health.add("otelbpf.profile.samples", sum(s[4] for s in raw.samples))
         self._forget(raw.gone)
         for pid in by_pid.keys() - raw.gone.keys():
@@ -514,7 +548,7 @@ class Profiler:
         if records:
             self._sink(records)
 
-    def _memory(self, raw: _Raw, duration: int, cache: dict) -> list[ProfileRecord]:
+    def _memory(self, raw: _Raw, duration: int) -> list[ProfileRecord]:
         rows: dict[int, dict[tuple[int, int, int], list[int]]] = defaultdict(dict)
         for pid, func, user, py, nbytes, count in raw.allocs:
             rows[pid].setdefault((func, user, py), [0, 0, 0, 0])[0:2] = [count, nbytes]
@@ -533,7 +567,7 @@ class Profiler:
                                default_sample_type="inuse_space")
             for (func, user, py), values in stacks.items():
                 leaf = Frame(_func_name(func), "native")
-                b.add([leaf, *self._frames(pid, user, 0, py, proc, cache)], values, labels)
+                b.add([leaf, *self._frames(pid, user, 0, py, proc, raw.read_mono_ns)], values, labels)
             out.append(ProfileRecord("memory", "cuda_memory", labels, pid, raw.start_ns, raw.end_ns, 0, b.encode()))
         return out
 

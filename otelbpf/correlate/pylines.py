@@ -14,9 +14,11 @@ the way ``PyCode_Addr2Line`` does:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 
 CODE_UNIT = 2  # bytes per instruction (_Py_CODEUNIT)
+_INT_MAX = 2**31 - 1  # line numbers are C ints
 
 
 def _varint(table: bytes, i: int) -> tuple[int, int]:
@@ -84,14 +86,32 @@ def line_ranges_310(table: bytes, firstlineno: int) -> Iterator[tuple[int, int, 
         addr += sdelta
 
 
+class LineIndex:
+    """A code object's line table decoded once, looked up by bisection: profiles ask for
+    many offsets of the same functions every interval. Decoding stops at a line no C
+    ``int`` holds: bytes that are not this code's table (a code object freed and its
+    memory reused before a long table was read) name no line beyond that point."""
+
+    def __init__(self, table: bytes, firstlineno: int, version: tuple[int, int]) -> None:
+        self.firstlineno = firstlineno
+        self._ends: list[int] = []
+        self._lines: list[int | None] = []
+        ranges = line_ranges_310(table, firstlineno) if version < (3, 11) else line_ranges_311(table, firstlineno)
+        for _start, end, line in ranges:  # contiguous from offset 0
+            if line is not None and not 0 <= line <= _INT_MAX:
+                break
+            self._ends.append(end)
+            self._lines.append(line)
+
+    def line(self, offset: int) -> int | None:
+        """The line of the instruction at byte ``offset``; None where the table says none,
+        or when it (possibly a truncated copy) does not reach the offset."""
+        if offset < 0:
+            return self.firstlineno  # not started yet: its def line
+        i = bisect.bisect_right(self._ends, offset)
+        return self._lines[i] if i < len(self._ends) else None
+
+
 def line_for(table: bytes, firstlineno: int, offset: int, version: tuple[int, int]) -> int | None:
-    """The line of the instruction at byte ``offset``; None where the table says none, or
-    when ``table`` (possibly a truncated copy) does not reach the offset. Decoding stops
-    at the offset's entry."""
-    if offset < 0:
-        return firstlineno  # not started yet: its def line
-    ranges = line_ranges_310(table, firstlineno) if version < (3, 11) else line_ranges_311(table, firstlineno)
-    for start, end, line in ranges:
-        if start <= offset < end:
-            return line
-    return None
+    """The line of the instruction at byte ``offset`` (see ``LineIndex.line``)."""
+    return LineIndex(table, firstlineno, version).line(offset)

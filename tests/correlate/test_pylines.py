@@ -63,3 +63,20 @@ def test_a_copy_cut_inside_an_entry_keeps_the_lines_before_it():
     for start, _end, line in code.co_lines():
         assert line_for(cut, code.co_firstlineno, start, sys.version_info[:2]) == line
     assert line_for(cut, code.co_firstlineno, len(code.co_code) + 4, sys.version_info[:2]) is None
+
+
+def test_a_line_no_c_int_holds_ends_the_table():
+    """Bytes that are not this code's table (its memory reused before it was read) must not
+    give lines pprof cannot encode: the ranges before the impossible line stand."""
+    def f(x):
+        return x + 1
+
+    code = f.__code__
+    garbage = bytes([0x80 | (13 << 3)]) + bytes([0x7F] * 8) + bytes([0x3F])  # one varint, ~2**59 lines on
+    bad = code.co_linetable + garbage + code.co_linetable
+    ver = sys.version_info[:2]
+    for start, _end, line in code.co_lines():
+        assert line_for(bad, code.co_firstlineno, start, ver) == line
+    after = sum(end - start for start, end, _ in code.co_lines())
+    assert line_for(bad, code.co_firstlineno, after, ver) is None
+    assert line_for(bad, code.co_firstlineno, after + 4, ver) is None
