@@ -303,3 +303,25 @@ def test_pyroscope_5xx_and_429_are_retried(tmp_path):
             assert pprof.read(path).samples
     finally:
         receiver.close()
+
+
+def test_drain_takes_every_entry_once_and_leaves_the_map_empty():
+    """The profiler reads its maps with batched lookup-and-delete, a chunk per syscall: every
+    entry comes back once, with its key and value, across more chunks than one, and the map
+    is empty after (stacks left in the kernel's map filled it up over long runs)."""
+    from bcc import BPF
+
+    from otelbpf.correlate.profiles import drain
+
+    bpf = BPF(text=b"struct v { u64 a; u32 b; u32 c; }; BPF_HASH(h, u64, struct v, 4096);")
+    try:
+        table = bpf[b"h"]
+        for i in range(1, 3001):
+            table[table.Key(i)] = table.Leaf(i * 3, i, 7)
+        keys, values = drain(table, chunk=256)
+        assert sorted(keys.tolist()) == list(range(1, 3001))
+        assert (values["a"] == keys * 3).all() and (values["b"] == keys).all() and (values["c"] == 7).all()
+        assert not list(table.keys())
+        assert len(drain(table)[0]) == 0
+    finally:
+        bpf.cleanup()

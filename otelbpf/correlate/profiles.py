@@ -16,7 +16,9 @@ are a running balance.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
+import os
 import socket
 import threading
 import time
@@ -95,6 +97,36 @@ def _decode_str(raw: bytes, kind: int) -> str:
 def _field(leaf: Any, name: str, size: int) -> bytes:
     """Raw bytes of a char-array field (ctypes would stop at the first NUL)."""
     return ctypes.string_at(ctypes.addressof(leaf) + getattr(type(leaf), name).offset, size)
+
+
+def drain(table: Any, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Every (key, value) of a BPF hash map, looked up and deleted in one pass, as numpy
+    arrays of the map's own layouts. BCC's items_lookup_and_delete_batch allocates and
+    zeroes buffers for the map's whole capacity on each call (17 MiB for a stack map) and
+    hands back one ctypes object per entry; this reads ``chunk`` entries per syscall."""
+    from bcc.libbcc import lib
+
+    key_type, value_type = np.dtype(table.Key), np.dtype(table.Leaf)
+    keys, values = [], []
+    cursor, after, count = ctypes.c_uint32(0), ctypes.c_uint32(0), ctypes.c_uint32(0)
+    started = False
+    while True:
+        kbuf, vbuf = np.empty(chunk, key_type), np.empty(chunk, value_type)
+        count.value = chunk
+        res = lib.bpf_lookup_and_delete_batch(table.map_fd, ctypes.byref(cursor) if started else None,
+                                              ctypes.byref(after), kbuf.ctypes.data, vbuf.ctypes.data,
+                                              ctypes.byref(count))
+        err = ctypes.get_errno() if res else 0
+        if err == errno.ENOSPC:  # one hash bucket holds more than a chunk
+            chunk *= 2
+            continue
+        if err not in (0, errno.ENOENT):
+            raise OSError(err, f"BPF_MAP_LOOKUP_AND_DELETE_BATCH: {os.strerror(err)}")
+        keys.append(kbuf[:count.value])
+        values.append(vbuf[:count.value])
+        if err == errno.ENOENT:  # the end of the map
+            return np.concatenate(keys), np.concatenate(values)
+        cursor.value, started = after.value, True
 
 
 def sanitize_label(key: str) -> str:
@@ -307,13 +339,15 @@ class Profiler:
     def _read(self, bpf: Any) -> _Raw:
         """Everything the kernel aggregated since the last read (sensor lock held)."""
         end, mono = time.time_ns(), time.monotonic_ns()
-        samples = [(k.pid, k.user, k.kernel, k.py, getattr(v, "value", v))
-                   for k, v in bpf["cpu_samples"].items_lookup_and_delete_batch()]
+        keys, counts = drain(bpf["cpu_samples"])
+        samples = list(zip(keys["pid"].tolist(), keys["user"].tolist(), keys["kernel"].tolist(), keys["py"].tolist(),
+                           counts.tolist()))
         allocs: list = []
         inuse: list = []
         if self.cuda_memory:
-            allocs = [(k.pid, k.func, k.user, k.py, v.bytes, v.count)
-                      for k, v in bpf["mem_alloc"].items_lookup_and_delete_batch()]
+            keys, values = drain(bpf["mem_alloc"])
+            allocs = list(zip(keys["pid"].tolist(), keys["func"].tolist(), keys["user"].tolist(), keys["py"].tolist(),
+                              values["bytes"].tolist(), values["count"].tolist()))
             inuse = [(k.pid, k.func, k.user, k.py, v.bytes, v.count) for k, v in bpf["mem_inuse"].items()]
         self._round += 1
         natives = {h for s in samples for h in (s[1], s[2])} | {a[2] for a in allocs + inuse}
@@ -321,38 +355,33 @@ class Profiler:
         self._copy_stacks(bpf, natives - {0}, pys - {0})
         self._copy_codes(bpf, [(s[0], s[3]) for s in samples] + [(a[0], a[3]) for a in allocs + inuse])
         stats = bpf["profile_stats"]
-        counts = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
+        drops = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
         gone = self._cleanup_exited(bpf, {s[0] for s in samples}, {a[0] for a in inuse})
         start, self._last_ns = self._last_ns, end
-        return _Raw(start, end, mono, samples, allocs, inuse, counts, gone)
+        return _Raw(start, end, mono, samples, allocs, inuse, drops, gone)
 
     def _copy_stacks(self, bpf: Any, natives: set[int], pys: set[int]) -> None:
-        for h in natives:
+        """Take every stack the kernel stored since the last read, the map emptied (it stores
+        a stack again when it sees it again: a stack that stayed cached here was never
+        deleted there, and the map filled up with stacks long out of use). ``natives`` and
+        ``pys``: the hashes this read's samples refer to, kept two more rounds."""
+        keys, leaves = drain(bpf["stacks"])
+        for h, n, flags, ips in zip(keys.tolist(), leaves["len"].tolist(), leaves["flags"].tolist(), leaves["ip"]):
             self._used[h] = self._round
-            if h in self._stacks:
-                continue
-            table = bpf["stacks"]
-            try:
-                leaf = table[table.Key(h)]
-            except KeyError:
-                self._health.add("otelbpf.profile.stacks_missing", 1)
-                continue
-            n = min(leaf.len, len(leaf.ip))
-            self._stacks[h] = (tuple(leaf.ip[:n]), leaf.flags)
-            del table[table.Key(h)]
-        for h in pys:
+            if h not in self._stacks:
+                self._stacks[h] = (tuple(ips[:n].tolist()), flags)
+        keys, leaves = drain(bpf["py_stacks"])
+        frames = leaves["f"]
+        for i, (h, n, flags) in enumerate(zip(keys.tolist(), leaves["len"].tolist(), leaves["flags"].tolist())):
             self._used[h] = self._round
-            if h in self._py_stacks:
-                continue
-            table = bpf["py_stacks"]
-            try:
-                leaf = table[table.Key(h)]
-            except KeyError:
-                self._health.add("otelbpf.profile.stacks_missing", 1)
-                continue
-            n = min(leaf.len, len(leaf.f))
-            self._py_stacks[h] = (tuple((f.code, f.offset, f.flags) for f in leaf.f[:n]), leaf.flags)
-            del table[table.Key(h)]
+            if h not in self._py_stacks:
+                f = frames[i, :n]
+                self._py_stacks[h] = (tuple(zip(f["code"].tolist(), f["offset"].tolist(), f["flags"].tolist())), flags)
+        for h in natives | pys:
+            self._used[h] = self._round
+        missing = len(natives - self._stacks.keys()) + len(pys - self._py_stacks.keys())
+        if missing:
+            self._health.add("otelbpf.profile.stacks_missing", missing)
         stale = [h for h, r in self._used.items() if r < self._round - 2]
         for h in stale:
             del self._used[h]
