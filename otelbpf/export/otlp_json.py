@@ -81,11 +81,32 @@ def _any(value: object) -> dict:
     raise TypeError(f"attribute value of type {type(value).__name__} has no OTLP encoding")
 
 
+#: Encoded key-value pairs of scalar attributes, reused: most of a span's attributes repeat
+#: from span to span (addresses, ports, method, protocol, pid, thread). Bounded: when full it
+#: starts over. Entries are only read once made, so sharing them between documents is safe.
+_KV_CACHE: dict[tuple, dict] = {}
+_KV_CACHE_MAX = 1 << 14
+_SCALARS = frozenset({str, bool, int})
+
+
 def _attributes(attrs: Mapping | None) -> list[dict]:
     if not attrs:
         return []
-    by_type = _BY_TYPE
-    return [{"key": k, "value": (by_type.get(type(v)) or _any)(v)} for k, v in attrs.items()]
+    cache, scalars, by_type = _KV_CACHE, _SCALARS, _BY_TYPE
+    out = []
+    for k, v in attrs.items():
+        t = type(v)
+        if t in scalars:
+            key = (k, t, v)
+            kv = cache.get(key)
+            if kv is None:
+                if len(cache) >= _KV_CACHE_MAX:
+                    cache.clear()
+                kv = cache[key] = {"key": k, "value": by_type[t](v)}
+            out.append(kv)
+        else:
+            out.append({"key": k, "value": (by_type.get(t) or _any)(v)})
+    return out
 
 
 def _flags(context: SpanContext | None) -> int:

@@ -68,3 +68,19 @@ def test_unencodable_attribute_is_a_clear_error() -> None:
     span = make_span("x", resource=A, scope=S1, start_ns=T0, end_ns=T0, attributes={"obj": object()})
     with pytest.raises(TypeError, match="attribute value of type object"):
         encode_spans_json([span])
+
+
+def test_reused_attribute_encodings_never_leak_between_spans(monkeypatch):
+    """Encoded scalar attributes are cached and shared; with a tiny cache that keeps starting
+    over, and with values that differ only in type (True vs 1), every document is still right."""
+    import otelbpf.export.otlp_json as otlp_json
+
+    monkeypatch.setattr(otlp_json, "_KV_CACHE", {})
+    monkeypatch.setattr(otlp_json, "_KV_CACHE_MAX", 4)
+    spans = assorted() + [
+        make_span("t", resource=A, scope=S1, start_ns=T0, end_ns=T0, attributes={"v": True, "w": 1}),
+        make_span("t", resource=A, scope=S1, start_ns=T0, end_ns=T0, attributes={"v": 1, "w": True}),
+    ]
+    for _ in range(2):
+        assert json.loads(encode_spans_json(spans)) == json.loads(to_otlp_json(encode_spans(spans)))
+    assert len(otlp_json._KV_CACHE) <= 4
