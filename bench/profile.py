@@ -4,6 +4,9 @@
 
 Measures, in one invocation (every number shares the same machine state):
 
+0. The agent's own CPU on the host as it is (profiling every process, CUDA memory on), in
+   steady state: after start-up and the first collection (which loads kernel symbols);
+   in total and on the profile collection thread.
 1. A CPU-bound Python workload (a fixed amount of bytecode, no I/O) timed without the agent
    and with the agent profiling the whole host at 99 Hz (the default), runs interleaved
    off/on/off/on so drift in the machine's load hits both alike; medians and slowdown.
@@ -122,6 +125,16 @@ class Agent:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def thread_cpu_seconds(self, name: str) -> float:
+        """CPU time of the agent's threads called ``name`` (as /proc shows it: 15 bytes)."""
+        total = 0
+        for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
+            stat = Path(f"/proc/{self.proc.pid}/task/{tid}/stat").read_text()
+            if stat[stat.index("(") + 1:stat.rindex(")")] == name:
+                fields = stat.rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
     def rss_bytes(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -147,6 +160,21 @@ class Agent:
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(300)
+
+
+def idle_agent(tmp: Path, seconds: float) -> dict:
+    agent = Agent(config(tmp, cuda=True, profiling=True, cuda_memory=True))
+    try:
+        agent.settle()
+        time.sleep(6.0)  # past the first collection (interval 5s): kernel symbols are loaded once
+        c0, p0, t0 = agent.cpu_seconds(), agent.thread_cpu_seconds("otelbpf-profile"), time.monotonic()
+        time.sleep(seconds)
+        c1, p1, t1 = agent.cpu_seconds(), agent.thread_cpu_seconds("otelbpf-profile"), time.monotonic()
+        rss = agent.rss_bytes()
+    finally:
+        agent.stop()
+    return {"seconds": t1 - t0, "agent_share_of_one_core": (c1 - c0) / (t1 - t0),
+            "profile_thread_share_of_one_core": (p1 - p0) / (t1 - t0), "agent_rss_bytes": rss}
 
 
 def run_workload(script: Path, work: int) -> float:
@@ -257,6 +285,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--work", type=int, default=30_000_000)
     parser.add_argument("--alloc-calls", type=int, default=20_000)
+    parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -269,6 +298,8 @@ def main() -> int:
                     "cpus": os.cpu_count(), "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        print("0. the agent alone, steady state", flush=True)
+        result["idle"] = idle_agent(tmp, args.idle_seconds)
         print("1. CPU-bound Python, without and with the profiler at 99 Hz (whole host)", flush=True)
         result["cpu"] = cpu_overhead(tmp, args.runs, args.work)
         print("2. symbolization", flush=True)
@@ -276,8 +307,9 @@ def main() -> int:
         print("3. cudaMalloc + cudaFree from Python", flush=True)
         result["alloc"] = alloc_cost(tmp, args.alloc_calls)
     stats.write_text(stats_before)
-    c, s, a = result["cpu"], result["symbolization"], result["alloc"]
+    i, c, s, a = result["idle"], result["cpu"], result["symbolization"], result["alloc"]
     print(f"""
+agent, idle host  {i['agent_share_of_one_core']:.2%} of one core ({i['profile_thread_share_of_one_core']:.2%} collecting profiles), RSS {i['agent_rss_bytes'] / 2**20:.0f} MiB
 CPU workload      median off {c['median_off_s']:.3f}s  on {c['median_on_s']:.3f}s  slowdown {c['slowdown']:+.2%}
 in the kernel     {c['bpf_ns_per_sample']:,.0f} ns per CPU sample (walker included), {c['bpf_share_of_a_cpu_at_99hz']:.3%} of a busy CPU at 99 Hz
 agent             {c['agent_cpu_s_per_run']:.3f}s CPU per run ({c['agent_cpu_share_of_one_core']:.2%} of one core), RSS {c['agent_rss_bytes'] / 2**20:.0f} MiB

@@ -516,7 +516,8 @@ class Profiler:
         # A return address is just past its call: look up the byte before it (not for the leaf).
         uframes = [native(self._sym.frame(pid, ip - 1 if i and ip else ip, fresh_after_ns), ip)
                    for i, ip in enumerate(ips)]
-        pyframes, py_truncated, named = self._python_frames(pid, py, proc.version) if py and proc else ([], False, not py)
+        pyframes, py_truncated, named = (self._python_frames(pid, py, proc.version) if py and proc
+                                         else ([], False, not py))
         out = kframes + merge(
             uframes, pyframes,
             interpreter=proc.interpreter.rsplit("/", 1)[-1] if proc else None,
