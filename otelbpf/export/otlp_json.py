@@ -183,12 +183,12 @@ def _scope(scope) -> dict:
     return out
 
 
-def encode_spans_json(spans: Sequence[ReadableSpan]) -> bytes:
-    """One ``ExportTraceServiceRequest`` in OTLP/JSON.
+def group_spans(spans: Sequence[ReadableSpan]) -> list[tuple[object, list[tuple[object, list[ReadableSpan]]]]]:
+    """Spans by resource, then by scope, in first-seen order.
 
-    Spans are grouped by resource and scope *object*: the agent keeps one Resource per
-    process and one scope per receiver, and hashing a Resource (the SDK groups by value)
-    serialises its attributes every time.
+    Grouped by *object*: the agent keeps one Resource per process and one scope per
+    receiver, and hashing a Resource (the SDK groups by value) serialises its attributes
+    every time.
     """
     groups: dict[int, tuple] = {}
     for span in spans:
@@ -200,12 +200,17 @@ def encode_spans_json(spans: Sequence[ReadableSpan]) -> bytes:
         by_scope = entry[1].get(id(scope))
         if by_scope is None:
             by_scope = entry[1][id(scope)] = (scope, [])
-        by_scope[1].append(_span(span))
+        by_scope[1].append(span)
+    return [(res, list(scopes.values())) for res, scopes in groups.values()]
+
+
+def encode_spans_json(spans: Sequence[ReadableSpan]) -> bytes:
+    """One ``ExportTraceServiceRequest`` in OTLP/JSON."""
     resource_spans = []
-    for res, scopes in groups.values():
+    for res, scopes in group_spans(spans):
         scope_spans = []
-        for scope, encoded in scopes.values():
-            item: dict = {"scope": _scope(scope) if scope is not None else {}, "spans": encoded}
+        for scope, members in scopes:
+            item: dict = {"scope": _scope(scope) if scope is not None else {}, "spans": [_span(s) for s in members]}
             if scope is not None and scope.schema_url:
                 item["schemaUrl"] = scope.schema_url
             scope_spans.append(item)
