@@ -265,7 +265,7 @@ class CudaReceiverConfig(_Section):
     launch_sample_every: int = Field(0, ge=0)
     launch_errors: bool = False
     min_span_duration: Duration = 0
-    ring_buffer_size: Size = 4 << 20
+    ring_buffer_size: Size = 16 << 20
     top_kernels: int = Field(20, ge=0, le=1000)
     max_spans_per_second: int = Field(20_000, ge=0)
 
@@ -918,7 +918,7 @@ receivers:
     launch_sample_every: 0
     launch_errors: false
     min_span_duration: 0us
-    ring_buffer_size: 4MiB
+    ring_buffer_size: 16MiB
     top_kernels: 20
     max_spans_per_second: 20000
   http:

@@ -119,7 +119,7 @@ def test_default_values_read_as_documented():
     cuda = load_config(None, env={}).receivers["cuda"]
 
     assert cuda.libraries == ["cudart", "cuda"]
-    assert cuda.ring_buffer_size == 4 * 1024 * 1024
+    assert cuda.ring_buffer_size == 16 * 1024 * 1024
     assert cuda.min_span_duration == 0
     assert "/usr/local/cuda*/lib64/libcudart.so*" in cuda.search_paths
 
