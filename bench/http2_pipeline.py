@@ -27,15 +27,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)  # not bench/: its profile.py would shadow the stdlib module cProfile imports
+sys.path[0] = str(ROOT)  # not bench/ first: its profile.py would shadow the stdlib module cProfile imports
+sys.path.append(str(ROOT / "bench"))  # pipeline_common, after the stdlib
 sys.path.append(str(ROOT / "tests"))
 
 import argparse  # noqa: E402
-import cProfile  # noqa: E402
 import json  # noqa: E402
-import pstats  # noqa: E402
 import socket  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import grpc  # noqa: E402
@@ -43,13 +41,9 @@ import numpy as np  # noqa: E402
 
 from harness import grpc_demo  # noqa: E402
 from harness.tcp_recorder import TcpRecorder  # noqa: E402
-from otelbpf.correlate.causality import Causality  # noqa: E402
-from otelbpf.correlate.clock import MonotonicClock  # noqa: E402
-from otelbpf.correlate.http import HttpCorrelator  # noqa: E402
-from otelbpf.correlate.process_info import ProcessInfo  # noqa: E402
 from otelbpf.correlate.protocols.http2 import H2Connection  # noqa: E402
 from otelbpf.events import Kind, SockFunc, sock_record_dtype  # noqa: E402
-from otelbpf.export.jsonfile import FileSpanExporter  # noqa: E402
+from pipeline_common import feed_and_export  # noqa: E402
 
 PORT, PEER = 50051, 40000
 CLIENT_PID, SERVER_PID = 4242, 5353
@@ -126,38 +120,10 @@ def records(chunks: list[Chunk], conns: int, payload: int) -> np.ndarray:
 
 
 def run_correlator(arr: np.ndarray, batch: int, profile: bool) -> dict:
-    spans: list = []
-    counts: dict = {}
-
-    def count(metric: str, n: int, **attrs) -> None:
-        key = (metric, tuple(sorted(attrs.items())))
-        counts[key] = counts.get(key, 0) + n
-
-    corr = HttpCorrelator(ProcessInfo(), MonotonicClock(), spans.extend, count, Causality(), lambda m, items: None,
-                          ports=[PORT], max_spans_per_second=10**9)
-    prof = cProfile.Profile() if profile else None
-    t0 = time.process_time()
-    if prof:
-        prof.enable()
-    for s in range(0, len(arr), batch):
-        corr.on_ring("sockdata", arr[s : s + batch])
-    if prof:
-        prof.disable()
-    t1 = time.process_time()
-    corr.collect()
-    with tempfile.TemporaryDirectory() as d:
-        exporter = FileSpanExporter(d)
-        t2 = time.process_time()
-        for s in range(0, len(spans), 512):
-            exporter.export(spans[s : s + 512])
-        t3 = time.process_time()
-        exporter.shutdown()
-    if prof:
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
-    problems = {str(k): v for k, v in counts.items() if "problems" in k[0]}
-    grpc_spans = sum(1 for s in spans if s.attributes.get("rpc.system") == "grpc")
-    return {"spans": len(spans), "grpc_spans": grpc_spans, "problems": problems,
-            "correlate_us": 1e6 * (t1 - t0), "export_us": 1e6 * (t3 - t2)}
+    done = feed_and_export(arr, PORT, batch, profile, top=30)
+    grpc_spans = sum(1 for s in done.spans if s.attributes.get("rpc.system") == "grpc")
+    return {"spans": len(done.spans), "grpc_spans": grpc_spans, "problems": done.problems(),
+            "correlate_us": 1e6 * done.correlate_s, "export_us": 1e6 * done.export_s}
 
 
 def run_parser(chunks: list[Chunk], conns: int) -> dict:

@@ -21,26 +21,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)  # not bench/: its profile.py would shadow the stdlib module cProfile imports
+sys.path[0] = str(ROOT)  # not bench/ first: its profile.py would shadow the stdlib module cProfile imports
+sys.path.append(str(ROOT / "bench"))  # pipeline_common, after the stdlib
 
 import argparse  # noqa: E402
-import cProfile  # noqa: E402
 import json  # noqa: E402
-import pstats  # noqa: E402
 import socket  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
 
-from otelbpf.correlate.causality import Causality  # noqa: E402
-from otelbpf.correlate.clock import MonotonicClock  # noqa: E402
-from otelbpf.correlate.http import HttpCorrelator  # noqa: E402
-from otelbpf.correlate.process_info import ProcessInfo  # noqa: E402
 from otelbpf.events import Kind, SockFunc, sock_record_dtype  # noqa: E402
-from otelbpf.export.jsonfile import FileSpanExporter  # noqa: E402
 from otelbpf.export.otlp_proto import encode_spans_proto  # noqa: E402
+from pipeline_common import feed_and_export  # noqa: E402
 
 REQUEST = (b"GET /v1/models/llama:predict HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: wrk\r\n"
            b"Accept: */*\r\n\r\n")
@@ -81,49 +75,22 @@ def records(requests: int, conns: int, payload: int) -> np.ndarray:
 
 
 def run(arr: np.ndarray, batch: int, profile: bool) -> dict:
-    spans: list = []
-    counts: dict = {}
-
-    def count(metric: str, n: int, **attrs) -> None:
-        key = (metric, tuple(sorted(attrs.items())))
-        counts[key] = counts.get(key, 0) + n
-
-    corr = HttpCorrelator(ProcessInfo(), MonotonicClock(), spans.extend, count, Causality(), lambda m, items: None,
-                          ports=[PORT], max_spans_per_second=10**9)
-    prof = cProfile.Profile() if profile else None
-    t0 = time.process_time()
-    if prof:
-        prof.enable()
-    for s in range(0, len(arr), batch):
-        corr.on_ring("sockdata", arr[s : s + batch])
-    if prof:
-        prof.disable()
-    t1 = time.process_time()
-    corr.collect()
-    with tempfile.TemporaryDirectory() as d:
-        exporter = FileSpanExporter(d)
-        t2 = time.process_time()
-        for s in range(0, len(spans), 512):
-            exporter.export(spans[s : s + 512])
-        t3 = time.process_time()
-        exporter.shutdown()
+    done = feed_and_export(arr, PORT, batch, profile)
+    spans = done.spans
     # What the otlp exporters would spend encoding the same spans (no network): ours, the SDK's.
-    t4 = time.process_time()
+    t0 = time.process_time()
     for s in range(0, len(spans), 512):
         encode_spans_proto(spans[s : s + 512]).SerializeToString()
-    t5 = time.process_time()
+    t1 = time.process_time()
     for s in range(0, len(spans), 512):
         encode_spans(spans[s : s + 512]).SerializeToString()
-    t6 = time.process_time()
-    if prof:
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    problems = {k: v for k, v in counts.items() if "problems" in k[0]}
+    t2 = time.process_time()
     return {
-        "records": len(arr), "spans": len(spans), "problems": {str(k): v for k, v in problems.items()},
-        "correlate_us_per_record": round(1e6 * (t1 - t0) / len(arr), 2),
-        "export_us_per_span": round(1e6 * (t3 - t2) / max(1, len(spans)), 2),
-        "otlp_proto_us_per_span": round(1e6 * (t5 - t4) / max(1, len(spans)), 2),
-        "sdk_encode_spans_us_per_span": round(1e6 * (t6 - t5) / max(1, len(spans)), 2),
+        "records": len(arr), "spans": len(spans), "problems": done.problems(),
+        "correlate_us_per_record": round(1e6 * done.correlate_s / len(arr), 2),
+        "export_us_per_span": round(1e6 * done.export_s / max(1, len(spans)), 2),
+        "otlp_proto_us_per_span": round(1e6 * (t1 - t0) / max(1, len(spans)), 2),
+        "sdk_encode_spans_us_per_span": round(1e6 * (t2 - t1) / max(1, len(spans)), 2),
     }
 
 

@@ -3,7 +3,7 @@
 gRPC (``otlp``) and HTTP/protobuf (``otlphttp``) use the official
 opentelemetry-exporter-otlp packages (their retry with back-off included);
 ``file`` is the local OTLP-JSON default. gRPC span requests are built by
-``otlp_proto.encode_spans_proto`` (half the SDK encoder's CPU, the same message).
+``otlp_proto.encode_spans_proto`` (a third of the SDK encoder's CPU, the same message).
 """
 
 from __future__ import annotations
