@@ -1,0 +1,99 @@
+"""The sockets family's program, loaded by BCC at the smallest and largest payload sizes, fed by
+real TCP syscalls of a child process (the agent's own pid is never traced, and the loader is
+the agent here): every record carries exactly the bytes its syscall moved, up to the payload
+size, in a record as long as what it carries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from otelbpf.events import Kind, SockFunc
+from otelbpf.sensor import program
+from otelbpf.sensor.ringbuf import VariableRingReader
+from otelbpf.sensor.socket_probes import socket_family
+
+pytestmark = pytest.mark.bpf
+
+RING = 1 << 20
+#: Waits for a line on stdin (its pid is watched by then), then talks TCP to itself and prints
+#: what each syscall moved: [fd, SockFunc, hex] in order.
+EXCHANGE = r"""
+import json, socket, sys
+MESSAGE = bytes(range(256)) * 40  # 10,240 bytes: longer than the largest payload
+SENDTO, RECVFROM, SENDMSG = 5, 6, 7
+sys.stdin.readline()
+moved = []
+with socket.create_server(("127.0.0.1", 0)) as server:
+    client = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    with client, conn:
+        for size in (1, 100, len(MESSAGE)):
+            client.sendall(MESSAGE[:size])  # send() is sendto(2)
+            moved.append((client.fileno(), SENDTO, MESSAGE[:size].hex()))
+            got = b""
+            while len(got) < size:
+                chunk = conn.recv(size - len(got))  # recvfrom(2)
+                moved.append((conn.fileno(), RECVFROM, chunk.hex()))
+                got += chunk
+        parts = [b"GET / HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n", MESSAGE[:300]]
+        sent = conn.sendmsg(parts)  # several iovecs
+        moved.append((conn.fileno(), SENDMSG, b"".join(parts)[:sent].hex()))
+        moved.append((client.fileno(), RECVFROM, client.recv(sent).hex()))
+print(json.dumps(moved))
+"""
+
+
+class Loaded:
+    def __init__(self, payload: int) -> None:
+        from bcc import BPF
+
+        self.family = socket_family([], payload_bytes=payload, ring_bytes=RING)
+        text, cflags = program.build([self.family], filter_pids=True, events_ring_bytes=64 << 10)
+        self.bpf = BPF(text=text.encode(), cflags=list(cflags))  # loads every tracepoint: the verifier's say
+        self.ring = VariableRingReader(self.bpf[b"sockdata"].map_fd, RING, self.family.rings[0].dtype)
+
+    def watch(self, pid: int) -> None:
+        watched = self.bpf[b"watched"]
+        watched[watched.Key(pid)] = watched.Leaf(1)
+
+    def close(self) -> None:
+        self.ring.close()
+        self.bpf.cleanup()
+
+
+@pytest.fixture(params=[64, 8192], ids=["payload64", "payload8192"])
+def loaded(request: pytest.FixtureRequest) -> Iterator[tuple[int, Loaded]]:
+    prog = Loaded(request.param)
+    try:
+        yield request.param, prog
+    finally:
+        prog.close()
+
+
+def test_records_carry_exactly_the_bytes_each_syscall_moved(loaded: tuple[int, Loaded]) -> None:
+    payload, prog = loaded
+    child = subprocess.Popen([sys.executable, "-c", EXCHANGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    prog.watch(child.pid)
+    out, _ = child.communicate("go\n", timeout=60)
+    assert child.returncode == 0
+    moved = [(fd, func, bytes.fromhex(h)) for fd, func, h in json.loads(out)]
+    recs = prog.ring.drain()
+    mine = recs[recs["pid"] == child.pid]
+    fds = sorted({fd for fd, _, _ in moved})
+    data = mine[(mine["kind"] == Kind.SOCK_DATA) & np.isin(mine["fd"], fds)]
+    got = [(int(r["fd"]), int(r["func"]), int(r["ret"]), int(r["cap"]), r["data"]) for r in data]
+    assert [(fd, func) for fd, func, _ in moved] == [(fd, func) for fd, func, *_ in got]
+    assert {func for _, func, _ in moved} == {SockFunc.sendto, SockFunc.recvfrom, SockFunc.sendmsg}
+    for (_, _, bytes_moved), (_, _, ret, cap, captured) in zip(moved, got):
+        assert ret == len(bytes_moved)
+        assert cap == min(ret, payload) == len(captured)
+        assert captured == bytes_moved[:cap]
+    kinds = {int(k) for k in mine["kind"][np.isin(mine["fd"], fds)]}
+    assert {Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT} <= kinds
