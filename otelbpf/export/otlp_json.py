@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind
 
 #: OTLP's SpanKind numbers (SPAN_KIND_INTERNAL = 1 ...).
-_KIND = {
+SPAN_KIND = {
     SpanKind.INTERNAL: 1,
     SpanKind.SERVER: 2,
     SpanKind.CLIENT: 3,
@@ -109,7 +109,7 @@ def _attributes(attrs: Mapping | None) -> list[dict]:
     return out
 
 
-def _flags(context: SpanContext | None) -> int:
+def span_flags(context: SpanContext | None) -> int:
     return _HAS_IS_REMOTE | _IS_REMOTE if context is not None and context.is_remote else _HAS_IS_REMOTE
 
 
@@ -120,10 +120,10 @@ def _span(span: ReadableSpan) -> dict:
         out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
     if span.parent is not None:
         out["parentSpanId"] = f"{span.parent.span_id:016x}"
-    out["flags"] = _flags(span.parent)
+    out["flags"] = span_flags(span.parent)
     if span.name:
         out["name"] = span.name
-    out["kind"] = _KIND[span.kind]
+    out["kind"] = SPAN_KIND[span.kind]
     if span.start_time:
         out["startTimeUnixNano"] = str(span.start_time)
     if span.end_time:
@@ -168,7 +168,7 @@ def _link(link) -> dict:
         out["attributes"] = _attributes(link.attributes)
     if link.dropped_attributes:
         out["droppedAttributesCount"] = link.dropped_attributes
-    out["flags"] = _flags(link.context)
+    out["flags"] = span_flags(link.context)
     return out
 
 

@@ -15,7 +15,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otelbpf.export.otlp_json import _KIND, _flags, group_spans
+from otelbpf.export.otlp_json import SPAN_KIND, group_spans, span_flags
 
 #: Encoded key-value pairs of scalar attributes, reused (as in otlp_json.py): the protobuf
 #: constructor copies them, so sharing between requests is safe. Bounded: starts over when full.
@@ -71,9 +71,9 @@ def _span(span: ReadableSpan) -> dict:
     out: dict = {
         "trace_id": ctx.trace_id.to_bytes(16, "big"),
         "span_id": ctx.span_id.to_bytes(8, "big"),
-        "flags": _flags(span.parent),
+        "flags": span_flags(span.parent),
         "name": span.name,
-        "kind": _KIND[span.kind],
+        "kind": SPAN_KIND[span.kind],
         "start_time_unix_nano": span.start_time or 0,
         "end_time_unix_nano": span.end_time or 0,
         "attributes": _attributes(span.attributes),
@@ -94,7 +94,7 @@ def _span(span: ReadableSpan) -> dict:
                          "span_id": link.context.span_id.to_bytes(8, "big"),
                          "attributes": _attributes(link.attributes),
                          "dropped_attributes_count": link.dropped_attributes,
-                         "flags": _flags(link.context)} for link in span.links]
+                         "flags": span_flags(link.context)} for link in span.links]
     return out
 
 
