@@ -180,6 +180,19 @@ PositiveDuration = Annotated[int, BeforeValidator(parse_duration), Field(gt=0)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 
 
+def _power_of_two_ring(value: int) -> int:
+    if value < mmap.PAGESIZE or value & (value - 1):
+        raise ValueError(
+            f"the BPF ring buffer size must be a power of two of at least the page size "
+            f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
+        )
+    return value
+
+
+#: A BPF ring buffer's size: what the kernel accepts.
+RingSize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_power_of_two_ring)]
+
+
 def _scalar_attribute(value: object) -> object:
     if isinstance(value, (str, bool, int, float)):
         return value
@@ -248,13 +261,8 @@ class IbverbsReceiverConfig(_Section):
     data_path: bool = True
     slow_completion: PositiveDuration = 1_000_000
     max_queue_pairs: int = Field(16384, ge=64, le=1 << 20)
-    ring_buffer_size: Size = 1 << 20
+    ring_buffer_size: RingSize = 1 << 20
     max_spans_per_second: int = Field(20_000, ge=0)
-
-    @field_validator("ring_buffer_size")
-    @classmethod
-    def _ring_size(cls, value: int) -> int:
-        return _power_of_two_ring(value)
 
 
 class CudaReceiverConfig(_Section):
@@ -265,7 +273,7 @@ class CudaReceiverConfig(_Section):
     launch_sample_every: int = Field(0, ge=0)
     launch_errors: bool = False
     min_span_duration: Duration = 0
-    ring_buffer_size: Size = 16 << 20
+    ring_buffer_size: RingSize = 16 << 20
     top_kernels: int = Field(20, ge=0, le=1000)
     max_spans_per_second: int = Field(20_000, ge=0)
 
@@ -276,32 +284,13 @@ class CudaReceiverConfig(_Section):
             raise ValueError("name at least one of cudart, cuda (to disable the receiver, drop it from the pipelines)")
         return _unique(value, "library")
 
-    @field_validator("ring_buffer_size")
-    @classmethod
-    def _ring_size(cls, value: int) -> int:
-        if value < mmap.PAGESIZE or value & (value - 1):
-            raise ValueError(
-                f"the BPF ring buffer size must be a power of two of at least the page size "
-                f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
-            )
-        return value
-
-
-def _power_of_two_ring(value: int) -> int:
-    if value < mmap.PAGESIZE or value & (value - 1):
-        raise ValueError(
-            f"the BPF ring buffer size must be a power of two of at least the page size "
-            f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
-        )
-    return value
-
 
 class HttpReceiverConfig(_Section):
     """Syscall tracepoints on sockets: HTTP/1.x, HTTP/2 and gRPC spans and RED metrics."""
 
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = []
     payload_size: Size = 4 << 10
-    ring_buffer_size: Size = 16 << 20
+    ring_buffer_size: RingSize = 16 << 20
     capture_headers: list[str] = []
     redact_headers: list[str] = []
     max_spans_per_second: int = Field(20_000, ge=0)
@@ -317,11 +306,6 @@ class HttpReceiverConfig(_Section):
         if value & (value - 1) or not 64 <= value <= 8192:
             raise ValueError(f"payload_size must be a power of two from 64B to 8KiB, got {format_size(value)}")
         return value
-
-    @field_validator("ring_buffer_size")
-    @classmethod
-    def _ring_size(cls, value: int) -> int:
-        return _power_of_two_ring(value)
 
     @field_validator("capture_headers", "redact_headers")
     @classmethod
@@ -371,20 +355,10 @@ class NcclReceiverConfig(_Section):
     metrics and live straggler findings."""
 
     search_paths: list[Annotated[str, AfterValidator(_absolute_glob)]] = list(_DEFAULT_NCCL_SEARCH_PATHS)
-    ring_buffer_size: Size = 1 << 20
+    ring_buffer_size: RingSize = 1 << 20
     straggler_threshold: PositiveDuration = 50_000_000
     completion_timeout: PositiveDuration = 30_000_000_000
     max_spans_per_second: int = Field(20_000, ge=0)
-
-    @field_validator("ring_buffer_size")
-    @classmethod
-    def _ring_size(cls, value: int) -> int:
-        if value < mmap.PAGESIZE or value & (value - 1):
-            raise ValueError(
-                f"the BPF ring buffer size must be a power of two of at least the page size "
-                f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
-            )
-        return value
 
 
 ReceiverConfig: TypeAlias = (
