@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 from harness import grpc_demo  # noqa: E402
 from harness.tcp_recorder import TcpRecorder  # noqa: E402
 from otelbpf.correlate.protocols.http2 import H2Connection  # noqa: E402
-from otelbpf.events import Kind, SockFunc, sock_record_dtype  # noqa: E402
+from otelbpf.events import SOCK_RECORD_DTYPE, Kind, SockFunc  # noqa: E402
 from pipeline_common import feed_and_export  # noqa: E402
 
 PORT, PEER = 50051, 40000
@@ -75,10 +75,11 @@ def capture(calls: int, message: int, traceparent: bool) -> list[Chunk]:
 
 
 class _Records:
-    """Fills a ``sock_record_dtype`` array in ring order."""
+    """Fills an array of records as the sensor delivers them (``SOCK_RECORD_DTYPE``), in ring order."""
 
     def __init__(self, n: int, payload: int) -> None:
-        self.arr = np.zeros(n, dtype=sock_record_dtype(payload))
+        self.arr = np.zeros(n, dtype=SOCK_RECORD_DTYPE)
+        self.arr["data"] = [b""] * n
         self.payload = payload
         self.i = 0
         self.t = 1_000_000_000
@@ -92,9 +93,8 @@ class _Records:
 
     def data(self, func: SockFunc, pid: int, fd: int, data: bytes) -> None:
         r = self.add(Kind.SOCK_DATA, func, pid, fd, ret=len(data))
-        cap = min(len(data), self.payload)
-        r["cap"] = cap
-        r["data"][:cap] = np.frombuffer(data, dtype=np.uint8, count=cap)
+        r["cap"] = min(len(data), self.payload)
+        self.arr["data"][self.i - 1] = data[: self.payload]
 
 
 def records(chunks: list[Chunk], conns: int, payload: int) -> np.ndarray:

@@ -32,7 +32,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
 
-from otelbpf.events import Kind, SockFunc, sock_record_dtype  # noqa: E402
+from otelbpf.events import SOCK_RECORD_DTYPE, Kind, SockFunc  # noqa: E402
 from otelbpf.export.otlp_proto import encode_spans_proto  # noqa: E402
 from pipeline_common import feed_and_export  # noqa: E402
 
@@ -43,10 +43,12 @@ PORT, PEER = 8080, 40000
 
 
 def records(requests: int, conns: int, payload: int) -> np.ndarray:
-    """accept x conns (fd: the new connection, ret: the listener), (read, write) x requests round-robin over the connections, close x conns."""
-    dtype = sock_record_dtype(payload)
+    """accept x conns (fd: the new connection, ret: the listener), (read, write) x requests
+    round-robin over the connections, close x conns: as the sensor delivers them, each payload
+    its first ``payload`` bytes."""
     n = 2 * conns + 2 * requests
-    arr = np.zeros(n, dtype=dtype)
+    arr = np.zeros(n, dtype=SOCK_RECORD_DTYPE)
+    arr["data"] = [b""] * n
     pid, tid, t = 4242, 4242, 1_000_000_000
     i = 0
     for c in range(conns):
@@ -55,16 +57,14 @@ def records(requests: int, conns: int, payload: int) -> np.ndarray:
         r["kind"], r["func"], r["family"], r["port"], r["local_port"] = Kind.SOCK_ACCEPT, SockFunc.accept4, 2, PEER + c, PORT
         r["addr"] = socket.inet_aton("127.0.0.1") + bytes(12)
         t, i = t + 1000, i + 1
-    req = np.frombuffer(REQUEST, dtype=np.uint8)
-    resp = np.frombuffer(RESPONSE, dtype=np.uint8)
     for k in range(requests):
         fd = 100 + k % conns
-        for func, data in ((SockFunc.read, req), (SockFunc.write, resp)):
+        for func, data in ((SockFunc.read, REQUEST), (SockFunc.write, RESPONSE)):
             r = arr[i]
             r["ts_ns"], r["duration_ns"], r["pid"], r["tid"], r["fd"] = t, 800, pid, tid, fd
-            r["ret"] = r["cap"] = len(data)
+            r["ret"], r["cap"] = len(data), min(len(data), payload)
             r["kind"], r["func"] = Kind.SOCK_DATA, func
-            r["data"][: len(data)] = data
+            arr["data"][i] = data[:payload]
             t, i = t + 2000, i + 1
     for c in range(conns):
         r = arr[i]

@@ -183,7 +183,6 @@ SOCKF_VECTOR_TRUNCATED = 2  # more iovecs than the probe copies: the payload sto
 #: Size of ``struct sock_rec`` without its payload.
 SOCK_HEADER_BYTES = 64
 
-
 _SOCK_HEADER_FIELDS = [
     ("ts_ns", "<u8"),       # syscall entry (CLOCK_MONOTONIC)
     ("duration_ns", "<u8"),  # entry -> exit
@@ -206,15 +205,7 @@ _SOCK_HEADER_FIELDS = [
 #: ``struct sock_rec``'s header followed by the ``cap`` bytes captured: the header's
 #: fields, and ``data``, the captured bytes (``bytes``, exactly ``cap`` long).
 SOCK_RECORD_DTYPE = np.dtype(_SOCK_HEADER_FIELDS + [("data", object)])
-
-
-def sock_record_dtype(payload_bytes: int) -> np.dtype:
-    """``struct sock_rec`` laid out whole, with a payload area of ``payload_bytes``: the same
-    header, for building records by hand (benchmarks, tests) in the fixed-size form
-    ``HttpCorrelator`` also takes."""
-    dtype = np.dtype(_SOCK_HEADER_FIELDS + [("data", "u1", (payload_bytes,))])
-    assert dtype.itemsize == SOCK_HEADER_BYTES + payload_bytes
-    return dtype
+assert SOCK_RECORD_DTYPE.fields["data"][1] == SOCK_HEADER_BYTES  # the header is bpf/sockets.c's
 
 
 class IbvFunc(enum.IntEnum):

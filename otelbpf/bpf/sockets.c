@@ -78,7 +78,8 @@ struct sock_rec {
     u8  data[SOCK_PAYLOAD];
 };
 
-#define SOCK_HEADER_BYTES 64   /* offsetof(struct sock_rec, data) */
+#define SOCK_HEADER_BYTES 64
+_Static_assert(__builtin_offsetof(struct sock_rec, data) == SOCK_HEADER_BYTES, "sock_rec header size");
 
 /* Records are assembled here and copied to the ring at their captured length
  * (bpf_ringbuf_reserve only takes a constant size). Vector calls copy

@@ -170,9 +170,7 @@ class HttpCorrelator:
         order = np.argsort(when, kind="stable")
         cols = {f: arr[f].tolist() for f in ("ts_ns", "duration_ns", "pid", "tid", "fd", "ret", "kind", "func", "cap",
                                              "flags", "family", "port", "local_port")}
-        data, addrs = arr["data"], arr["addr"]
-        if data.dtype == np.dtype(object):  # the sensor's records: each payload is its captured bytes
-            data = data.tolist()
+        data, addrs = arr["data"].tolist(), arr["addr"]  # each payload: the bytes captured
         unknown = kind == Kind.SOCK_UNKNOWN
         with self._lock:
             if unknown.any():
@@ -187,7 +185,7 @@ class HttpCorrelator:
             self._flush_durations()
         self._flush_spans()
 
-    def _record(self, i: int, c: dict, data: np.ndarray, addrs: np.ndarray) -> None:
+    def _record(self, i: int, c: dict, data: list[bytes], addrs: np.ndarray) -> None:
         kind, pid, fd = c["kind"][i], c["pid"][i], c["fd"][i]
         ts, dur, tid = c["ts_ns"][i], c["duration_ns"][i], c["tid"][i]
         stamp = (ts, ts + dur, tid)
@@ -205,8 +203,7 @@ class HttpCorrelator:
                     # its own close() ends the connection.
                     self._peer_gone(conn, stamp, ret)
                 return
-            payload = data[i] if isinstance(data, list) else data[i, :cap].tobytes()
-            self._feed(conn, egress, payload, ret - cap, stamp)
+            self._feed(conn, egress, data[i], ret - cap, stamp)
         elif kind == Kind.SOCK_CONNECT:
             self._replace(pid, fd, stamp)
             self._conns.connected(pid, fd, c["family"][i], c["port"][i], addrs[i].tobytes())

@@ -24,12 +24,35 @@ _DISCARD = 1 << 30
 _HEADER = 8
 
 
-class RingBufferReader:
+class _MappedRing:
+    """A BPF ring buffer's pages mapped here: positions and the (doubly mapped) data area."""
+
+    def __init__(self, map_fd: int, size_bytes: int) -> None:
+        if size_bytes & (size_bytes - 1):
+            raise ValueError(f"ring buffer size {size_bytes} is not a power of two")
+        self._mask = size_bytes - 1
+        page = mmap.PAGESIZE
+        self._cons = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        self._prod = mmap.mmap(map_fd, page + 2 * size_bytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        self._cons_pos = np.frombuffer(self._cons, dtype="<u8", count=1)
+        self._prod_pos = np.frombuffer(self._prod, dtype="<u8", count=1)
+        self._page = page
+        self.discarded = 0
+
+    def pending_bytes(self) -> int:
+        return int(self._prod_pos[0]) - int(self._cons_pos[0])
+
+    def _unmap(self) -> None:
+        del self._cons_pos, self._prod_pos
+        self._cons.close()
+        self._prod.close()
+
+
+class RingBufferReader(_MappedRing):
     """Consumer side of one BPF ring buffer whose records all have ``dtype``."""
 
     def __init__(self, map_fd: int, size_bytes: int, dtype: np.dtype) -> None:
-        if size_bytes & (size_bytes - 1):
-            raise ValueError(f"ring buffer size {size_bytes} is not a power of two")
+        super().__init__(map_fd, size_bytes)
         self.dtype = np.dtype(dtype)
         self._stride = (_HEADER + self.dtype.itemsize + 7) & ~7
         # Header + payload + padding, read as one structured record.
@@ -41,18 +64,7 @@ class RingBufferReader:
                 "itemsize": self._stride,
             }
         )
-        self._mask = size_bytes - 1
-        page = mmap.PAGESIZE
-        self._size = size_bytes
-        self._cons = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        self._prod = mmap.mmap(map_fd, page + 2 * size_bytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
-        self._cons_pos = np.frombuffer(self._cons, dtype="<u8", count=1)
-        self._prod_pos = np.frombuffer(self._prod, dtype="<u8", count=1)
-        self._data = np.frombuffer(self._prod, dtype=np.uint8, offset=page)
-        self.discarded = 0
-
-    def pending_bytes(self) -> int:
-        return int(self._prod_pos[0]) - int(self._cons_pos[0])
+        self._data = np.frombuffer(self._prod, dtype=np.uint8, offset=self._page)
 
     def drain(self, max_records: int | None = None) -> np.ndarray:
         """Copy out every committed record, release their space, return them.
@@ -85,12 +97,11 @@ class RingBufferReader:
         return out
 
     def close(self) -> None:
-        del self._cons_pos, self._prod_pos, self._data
-        self._cons.close()
-        self._prod.close()
+        del self._data
+        self._unmap()
 
 
-class VariableRingReader:
+class VariableRingReader(_MappedRing):
     """Consumer side of a ring whose records are a fixed header plus a payload of any length.
 
     ``dtype`` is what ``drain`` returns: the header's fields, then ``data``, an object field
@@ -100,8 +111,6 @@ class VariableRingReader:
     """
 
     def __init__(self, map_fd: int, size_bytes: int, dtype: np.dtype) -> None:
-        if size_bytes & (size_bytes - 1):
-            raise ValueError(f"ring buffer size {size_bytes} is not a power of two")
         self.dtype = np.dtype(dtype)
         if self.dtype.names[-1] != "data" or self.dtype["data"] != np.dtype(object):
             raise ValueError("a variable-length ring's dtype ends with an object field 'data'")
@@ -110,17 +119,8 @@ class VariableRingReader:
                                  "offsets": [self.dtype.fields[n][1] for n in names],
                                  "itemsize": self.dtype.fields["data"][1]})
         self._hsize = self._header.itemsize
-        self._mask = size_bytes - 1
-        page = mmap.PAGESIZE
-        self._cons = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        self._prod = mmap.mmap(map_fd, page + 2 * size_bytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
-        self._cons_pos = np.frombuffer(self._cons, dtype="<u8", count=1)
-        self._prod_pos = np.frombuffer(self._prod, dtype="<u8", count=1)
-        self._data = memoryview(self._prod)[page:]
-        self.discarded = 0
-
-    def pending_bytes(self) -> int:
-        return int(self._prod_pos[0]) - int(self._cons_pos[0])
+        super().__init__(map_fd, size_bytes)
+        self._data = memoryview(self._prod)[self._page:]
 
     def drain(self, max_records: int | None = None) -> np.ndarray:
         """Copy out every committed record, release their space, return them (see RingBufferReader)."""
@@ -150,11 +150,9 @@ class VariableRingReader:
         if payloads:
             fields = self._header.names
             out[list(fields)] = np.frombuffer(bytes(headers), dtype=self._header)
-            out["data"] = np.array(payloads + [None], dtype=object)[:-1]  # never split into bytes
+            out["data"] = payloads
         return out
 
     def close(self) -> None:
-        del self._cons_pos, self._prod_pos
         self._data.release()
-        self._cons.close()
-        self._prod.close()
+        self._unmap()
