@@ -187,6 +187,9 @@ class Agent:
         out.append(m.cumulative_sum(
             "otelbpf.events.received", "{event}", "Records drained from the BPF ring buffers",
             [({"ring": r}, n) for r, n in self.sensor.records_received.items()], start, now))
+        out.append(m.cumulative_sum(
+            "otelbpf.events.skipped", "{event}", "Ring records skipped: discarded by their producer, or malformed",
+            [({"ring": r}, n) for r, n in self.sensor.records_skipped().items()], start, now))
         kernel = self.sensor.kernel_stats()
         out.append(m.cumulative_sum(
             "otelbpf.events.lost", "{event}", "Events lost in the kernel (ring buffer or map full)",

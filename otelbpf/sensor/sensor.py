@@ -80,7 +80,8 @@ class Sensor:
         self._work: queue.Queue[int | None] = queue.Queue()  # pids to rescan
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._readers: dict[str, RingBufferReader] = {}
+        self._readers: dict[str, RingBufferReader | VariableRingReader] = {}
+        self._skipped: dict[str, int] = {}
         self.attach_stats = AttachStats()
         self.compile_seconds = 0.0
         self.attach_seconds = 0.0
@@ -173,6 +174,7 @@ class Sensor:
         final = {name: self.read_map(name) for name in self._counting_maps()}
         final_stats = self.kernel_stats()
         self._final, self._final_stats = final, final_stats
+        self._skipped = self.records_skipped()  # kept for the final export
         for r in self._readers.values():
             r.close()
         self._readers.clear()
@@ -197,6 +199,12 @@ class Sensor:
         self._work.put(pid)
 
     # -- draining ---------------------------------------------------------
+
+    def records_skipped(self) -> dict[str, int]:
+        """Records each ring's reader skipped: discarded by their producer, or malformed."""
+        if not self._readers:
+            return dict(self._skipped)
+        return {name: reader.discarded for name, reader in self._readers.items()}
 
     def drain_once(self, ring: str = "events") -> int:
         arr = self._readers[ring].drain()
