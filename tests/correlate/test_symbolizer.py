@@ -335,7 +335,9 @@ def test_symbol_tables_read_as_pyelftools_reads_them(library: str) -> None:
     from otelbpf.correlate.symbolizer import _SymbolTable
 
     candidates = {
-        "libpython": glob.glob(os.path.join(sysconfig.get_config_var("LIBDIR") or "/nonexistent", "libpython3*.so*")),
+        # a shared libpython, or the interpreter itself where it is linked in (Debian's)
+        "libpython": glob.glob(os.path.join(sysconfig.get_config_var("LIBDIR") or "/nonexistent", "libpython3*.so*"))
+        or [os.path.realpath(sys.executable)],
         "libcudart": glob.glob(str(REPO / "build/examples/fakecudart/libcudart.so*")),
     }.get(library) or glob.glob(f"/usr/lib/x86_64-linux-gnu/{library}") + glob.glob(f"/lib/x86_64-linux-gnu/{library}")
     if not candidates:
