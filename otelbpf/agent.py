@@ -101,10 +101,11 @@ class Agent:
         )
         maps.read, maps.forget, maps.update = self.sensor.read_map, self.sensor.delete_keys, self.sensor.update_map
         maps.with_bpf = self.sensor.with_bpf
+        ctx.sync = self.sync
         self.sensor.on_process = self._describe_process
         # Bounded in records, not batches: one drained batch can hold ~60k events. Records
         # larger than an event (socket payloads) weigh as many events as they are long.
-        self._work: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue()
+        self._work: queue.Queue[tuple[str, np.ndarray] | threading.Event | None] = queue.Queue()
         self._queued = 0
         self._queued_max = processing_queue_records
         self._queued_lock = threading.Lock()
@@ -146,6 +147,9 @@ class Agent:
             item = self._work.get()
             if item is None:
                 return
+            if isinstance(item, threading.Event):  # a sync() marker: all before it is processed
+                item.set()
+                continue
             ring, arr = item
             with self._queued_lock:
                 self._queued -= _weight(arr)
@@ -161,6 +165,27 @@ class Agent:
                     log.exception("%s: processing a batch of %d %s failed", r.name, len(arr), ring)
                     self.health.add("otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring,
                                     receiver=r.name)
+
+    def sync(self, timeout_s: float = 5.0) -> bool:
+        """Process every event the probes emitted before this call.
+
+        A counting map read at export time can run ahead of the ring events that
+        describe what it counts (an RDMA QP's posts are counted in the kernel, its
+        peer arrives with ibv_modify_qp on the events ring). A correlator reads its
+        maps, then calls this, so what it counted is described before it is
+        exported. Bounded: a backlog longer than ``timeout_s`` is counted and
+        left to the next export. A no-op once the agent is stopping (the stop
+        path drains and processes everything itself).
+        """
+        if not self._processor.is_alive() or self.sensor.stopping:
+            return True
+        self.sensor.drain_tick()
+        done = threading.Event()
+        self._work.put(done)
+        if done.wait(timeout_s):
+            return True
+        self.health.add("otelbpf.metrics.sync_timeouts")
+        return False
 
     def _describe_process(self, pid: int) -> None:
         """Snapshot a process's resource and memory map while it is alive."""

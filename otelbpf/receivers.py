@@ -54,6 +54,9 @@ class Context:
     #: Open server spans per thread: request receivers add them, every
     #: correlator may ask it for the parent of what a thread did (causality.py).
     causality: Causality = field(default_factory=Causality)
+    #: Process every event emitted so far (Agent.sync); called by a correlator
+    #: after reading counting maps and before describing what they counted.
+    sync: Callable[[], object] = lambda: None
     #: Profiles pipeline: where finished profiles go, and its resource attributes (labels).
     export_profiles: Callable[[list], None] = lambda records: None
     profile_attributes: dict = field(default_factory=dict)
@@ -185,6 +188,7 @@ def _ibverbs(name: str, cfg: IbverbsReceiverConfig, ctx: Context) -> Receiver:
         traces=ctx.traces,
         max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
         on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+        sync=lambda: ctx.sync(),
     )
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 

@@ -220,8 +220,10 @@ class IbverbsCorrelator:
         traces: bool = True,
         max_spans_per_second: int = 20_000,
         on_sampled_out: Callable[[int], None] = lambda n: None,
+        sync: Callable[[], object] = lambda: None,
     ) -> None:
         self._info = process_info
+        self._sync = sync
         self._clock = clock
         self._emit = emit_spans
         self._read_map = read_map
@@ -471,6 +473,10 @@ class IbverbsCorrelator:
         for k, v in self._read_map("ibv_errors"):
             errors[(k.pid, k.ctx, k.qpn, k.gen)][(k.slot, k.status)] += v
             error_keys[(k.pid, k.ctx, k.qpn, k.gen)].append(k)
+        # The counters just read may run ahead of the events naming their QP's peer and
+        # state (ibv_modify_qp): process every event emitted before the read, or a QP's
+        # posts would go out once without its peer attributes, a series of its own.
+        self._sync()
         out = []
         with self._lock:
             self._finished = {pid: t for pid, t in self._finished.items() if t > now - 60 * 10**9}

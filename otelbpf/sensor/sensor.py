@@ -75,6 +75,9 @@ class Sensor:
         self._deliver = deliver
         self._bpf = None
         self._lock = threading.Lock()  # serialises BCC object use across threads
+        # Serialises ring draining: the drain thread's timer and a metrics export's
+        # sync() (see Agent.sync) may both drain, and a ring reader is single-consumer.
+        self._drain_lock = threading.Lock()
         self._attached: dict[tuple[int, int], LibraryFile] = {}
         self._runtime_attached: set[tuple[int, int, int, str]] = set()  # (dev, inode, vaddr, program)
         self._work: queue.Queue[int | None] = queue.Queue()  # pids to rescan
@@ -175,9 +178,10 @@ class Sensor:
         final_stats = self.kernel_stats()
         self._final, self._final_stats = final, final_stats
         self._skipped = self.records_skipped()  # kept for the final export
-        for r in self._readers.values():
-            r.close()
-        self._readers.clear()
+        with self._drain_lock:
+            for r in self._readers.values():
+                r.close()
+            self._readers.clear()
         with self._lock:
             self._bpf.cleanup()
             self._bpf = None
@@ -198,6 +202,11 @@ class Sensor:
             watched[watched.Key(pid)] = watched.Leaf(1)
         self._work.put(pid)
 
+    @property
+    def stopping(self) -> bool:
+        """stop() has begun: probes are going or gone, the final drain is its own."""
+        return self._stop.is_set()
+
     # -- draining ---------------------------------------------------------
 
     def records_skipped(self) -> dict[str, int]:
@@ -216,15 +225,20 @@ class Sensor:
         return len(arr)
 
     def drain_tick(self) -> int:
-        """One timer tick: ``events`` drained first and delivered last (see the module doc)."""
-        events = self._readers["events"].drain()
-        n = len(events)
-        for ring in self._family_rings():
-            n += self.drain_once(ring.name)
-        if len(events):
-            self.records_received["events"] += len(events)
-            self._deliver("events", events)
-        return n
+        """One timer tick: ``events`` drained first and delivered last (see the module doc).
+
+        Returns 0 once the sensor is stopped and its rings are closed."""
+        with self._drain_lock:
+            if "events" not in self._readers:
+                return 0
+            events = self._readers["events"].drain()
+            n = len(events)
+            for ring in self._family_rings():
+                n += self.drain_once(ring.name)
+            if len(events):
+                self.records_received["events"] += len(events)
+                self._deliver("events", events)
+            return n
 
     def _drain_loop(self) -> None:
         name_os_thread("otelbpf-drain")

@@ -5,6 +5,7 @@ the whole path are tested against real probes in tests/test_ibverbs_agent.py."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -105,3 +106,54 @@ def test_process_exit_ends_open_queue_pairs_and_error_completions_become_spans()
     assert completion.end_time - completion.start_time == 40_000
     assert lifetime.name == "rdma.qp" and lifetime.attributes["rdma.qp.end_reason"] == "process_exited"
     assert lifetime.status.status_code.name == "ERROR"
+
+
+def _counters(gen: int, sends: int):
+    """A live QP's kernel counters as ``read_map("ibv_qps")`` yields them (fields _add_qp reads)."""
+    zeros = [0] * abi.SLOTS
+    posted = list(zeros)
+    posted[0] = sends
+    queue = SimpleNamespace(lat_count=0)
+    return SimpleNamespace(gen=gen, posted=posted, posted_bytes=list(posted), done=zeros, done_bytes=zeros,
+                           q=[queue, queue], unmatched=0)
+
+
+def _posted_points(c: IbverbsCorrelator) -> list:
+    return [p for _res, metrics in c.collect() for metric in metrics if metric.name == "rdma.wr.posted"
+            for p in metric.data.data_points]
+
+
+def test_counters_read_before_their_qp_events_are_described_after_sync():
+    """A metrics export reads the kernel's counters, then syncs (processes every event emitted
+    before the read) and only then names the series: a QP whose posts were counted while its
+    ibv_modify_qp event still sat in the ring keeps one series, with its peer attributes."""
+    ctx, qpn, gen = 0x5500, 0x1A4, 1_000  # gen: the create event's timestamp
+    gid = bytes(10) + b"\xff\xff" + bytes([192, 168, 7, 9])
+    pending = [
+        _event(Kind.IBV_CREATE_QP, IbvFunc.ibv_create_qp, a=(ctx, 0x77, qpn | 2 << 32, 64 | 64 << 32)),
+        _event(Kind.IBV_QP_GID, IbvFunc.ibv_modify_qp,
+               a=(ctx, qpn, int.from_bytes(gid[:8], "little"), int.from_bytes(gid[8:], "little"))),
+        _event(Kind.IBV_MODIFY_QP, IbvFunc.ibv_modify_qp,
+               a=(ctx, qpn | 2 << 24 | 1 << 28 | 1 << 29 | 1 << 30 | 1 << 31 | 0x1A5 << 32,
+                  abi.IBV_QP_STATE | abi.IBV_QP_AV | abi.IBV_QP_DEST_QPN, 0x77)),
+    ]
+    key = SimpleNamespace(pid=os.getpid(), ctx=ctx, qpn=qpn, gen=gen)
+    maps = {"ibv_qps": [(key, _counters(gen, 5))]}
+
+    def correlator(sync) -> IbverbsCorrelator:
+        return IbverbsCorrelator(ProcessInfo(), MonotonicClock(), [].extend, lambda name: maps.get(name, []),
+                                 lambda name, keys: None, sync=sync)
+
+    def process_pending() -> None:  # what Agent.sync does: the processing thread catches up
+        while pending:
+            c.on_events(pending.pop(0))
+
+    c = correlator(process_pending)
+    (point,) = _posted_points(c)
+    assert point.value == 5 and point.attributes["network.peer.address"] == "192.168.7.9"
+    assert point.attributes["rdma.qp.remote.num"] == 0x1A5
+    # Without the sync the same read goes out without the peer: the race this guards against.
+    pending[:] = []
+    bare = correlator(lambda: None)
+    (point,) = _posted_points(bare)
+    assert "network.peer.address" not in point.attributes
