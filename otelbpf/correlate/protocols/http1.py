@@ -27,11 +27,16 @@ from typing import Any
 MAX_HEAD = 64 * 1024
 _REQUEST_LINE = re.compile(rb"([A-Z][A-Z-]{0,19}) (\S+) HTTP/(1\.[01])\r?\n")
 _STATUS_LINE = re.compile(rb"HTTP/(1\.[01]) ([1-9][0-9][0-9])(?: ([^\r\n]*))?\r?\n")
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
-#: One header line (RFC 9110 token, colon, value without surrounding blanks), found in C by
-#: one findall per head rather than a Python loop over lines.
-_HEADER_LINE = re.compile(r"^([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*(.*?)[ \t]*\r?$", re.M)
+#: The blank line ending a head (its end; a leading CR would not move it). Starting with a literal
+#: LF lets the regex engine skip to each LF instead of trying a match at every byte.
+_HEAD_END = re.compile(rb"\n\r?\n")
+#: One header line (RFC 9110 token, colon, value without leading blanks), found in C by one
+#: findall per head rather than a Python loop over lines. The value's line end (CR) and trailing
+#: blanks are cut in Python (_parse_head): a lazy value in the regex costs it a try per byte.
+_HEADER_LINE = re.compile(r"^([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*(.*)$", re.M)
 _METHOD_PREFIX = re.compile(rb"[A-Z][A-Z-]{0,19}(?: [^ \r\n]*(?: H(?:T(?:T(?:P(?:/(?:1(?:\.[01]?)?)?)?)?)?)?)?)?\r?$")
+
+_LINE_ENDS = b"\r\n"
 
 #: Opaque per-syscall stamp the caller passes with each chunk (time, thread).
 Stamp = Any
@@ -67,6 +72,10 @@ class Head:
         return first.get(name)
 
 
+#: The head of a message whose head is not parsed yet (its version is empty); replaced, never changed.
+_NO_HEAD = Head("", [])
+
+
 @dataclass(slots=True)
 class Message:
     head: Head
@@ -84,17 +93,19 @@ def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
         m = _REQUEST_LINE.match(block)
         if not m:
             return None
-        head = Head(version=m.group(3).decode(), headers=[], method=m.group(1).decode(), target=m.group(2).decode("latin-1"))
+        method, target, version = m.groups()
+        head = Head(version.decode(), [], method.decode(), target.decode("latin-1"))
     else:
         m = _STATUS_LINE.match(block)
         if not m:
             return None
-        head = Head(version=m.group(1).decode(), headers=[], status=int(m.group(2)))
+        head = Head(m.group(1).decode(), [], status=int(m.group(2)))
     text = block[m.end():].decode("latin-1")
     if truncated:
         text = text[: text.rfind("\n") + 1]  # the last line may be cut short
-    head.headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(text)]
-    head.truncated = truncated
+        head.truncated = True
+    head.headers = [(name.lower(), (value[:-1] if value[-1:] == "\r" else value).rstrip(" \t"))
+                    for name, value in _HEADER_LINE.findall(text)]
     return head
 
 
@@ -173,21 +184,22 @@ class MessageStream:
 
     def _step(self, data: bytes, pos: int) -> int:
         s = self._s
-        if s.mode == "start":
-            while pos < len(data) and data[pos] in b"\r\n":
-                pos += 1  # stray line ends between messages are allowed
-            if pos == len(data):
-                return pos
-            self._msg = Message(head=Head(version="", headers=[]), first=self._stamp)
-            s.mode = "head"
-        if s.mode == "head":
-            if not s.buf:
-                # Common case: the whole head in this chunk; no copy into the buffer.
-                m = _HEAD_END.search(data, pos)
-                if m is not None:
-                    self._msg.size += m.end() - pos
-                    self._head_done(data[pos : m.end()], truncated=False)
-                    return m.end()
+        mode = s.mode
+        if mode == "start":
+            if data[pos] in _LINE_ENDS:
+                pos = len(data) - len(data[pos:].lstrip(b"\r\n"))  # stray line ends between messages are allowed
+                if pos == len(data):
+                    return pos
+            # Common case: the whole head in this chunk; no copy into the buffer.
+            m = _HEAD_END.search(data, pos)
+            if m is not None:
+                end = m.end()
+                self._msg = Message(_NO_HEAD, self._stamp, size=end - pos)
+                self._head_done(data[pos:end], truncated=False)
+                return end
+            self._msg = Message(_NO_HEAD, self._stamp)
+            s.mode = mode = "head"
+        if mode == "head":
             before = len(s.buf)
             s.buf += data[pos:]
             m = _HEAD_END.search(s.buf, max(0, before - 3))
@@ -206,26 +218,28 @@ class MessageStream:
             self._head_done(bytes(s.buf[: m.end()]), truncated=False)
             s.buf.clear()
             return pos + used
-        if s.mode in ("length", "chunk_data", "close"):
-            n = len(data) - pos if s.mode == "close" else min(s.remaining, len(data) - pos)
-            self._body(n)
-            if s.mode != "close":
+        if mode in ("length", "chunk_data", "close"):
+            n = len(data) - pos if mode == "close" else min(s.remaining, len(data) - pos)
+            msg = self._msg
+            msg.size += n
+            msg.body_size += n
+            if mode != "close":
                 s.remaining -= n
                 if s.remaining == 0:
-                    if s.mode == "length":
+                    if mode == "length":
                         self._finish()
                     else:
                         s.mode = "chunk_crlf"
                         s.remaining = 2
             return pos + n
-        if s.mode == "chunk_crlf":
+        if mode == "chunk_crlf":
             n = min(s.remaining, len(data) - pos)
             self._msg.size += n
             s.remaining -= n
             if s.remaining == 0:
                 s.mode = "chunk_size"
             return pos + n
-        if s.mode in ("chunk_size", "trailers"):
+        if mode in ("chunk_size", "trailers"):
             end = data.find(b"\n", pos)
             if end < 0:
                 s.buf += data[pos:]
@@ -237,7 +251,7 @@ class MessageStream:
             self._msg.size += end + 1 - pos
             line = bytes(s.buf).strip()
             s.buf.clear()
-            if s.mode == "trailers":
+            if mode == "trailers":
                 if not line:
                     self._finish()
                 return end + 1
@@ -251,7 +265,7 @@ class MessageStream:
             else:
                 s.mode, s.remaining = "chunk_data", size
             return end + 1
-        raise AssertionError(s.mode)
+        raise AssertionError(mode)
 
     def _plausible_start(self, buf: bytearray) -> bool:
         """Can ``buf`` still begin a start line? Decided on the first line as soon as it is whole."""
@@ -291,12 +305,13 @@ class MessageStream:
         if not self.is_request:
             if head.status == 101:
                 return "upgraded", 0
-            if head.status in (204, 304) or self._request_method() == "HEAD":
+            method = self._request_method()
+            if head.status in (204, 304) or method == "HEAD":
                 return "done", 0
-            if self._request_method() == "CONNECT" and 200 <= head.status < 300:
+            if method == "CONNECT" and 200 <= head.status < 300:
                 return "upgraded", 0
-        te = (head.get("transfer-encoding") or "").lower()
-        if "chunked" in te:
+        te = head.get("transfer-encoding")
+        if te and "chunked" in te.lower():
             return "chunk_size", 0
         cl = head.get("content-length")
         if cl is not None:
@@ -356,8 +371,9 @@ class MessageStream:
         msg.complete = True
         self._done.append(msg)
         self._msg = None
-        if self._s.mode != "desync" and not self.upgraded:
-            self._s = _State()
+        s = self._s
+        if s.mode != "desync" and not self.upgraded:
+            s.mode, s.remaining = "start", 0  # its buffer is empty between messages
 
     def _abandon(self, reason: str) -> None:
         msg = self._msg
