@@ -6,11 +6,16 @@ side by side in one run.
 Measures, on this machine and in one invocation:
 
 1. HTTP/1.1 keep-alive throughput: ``wrk -t2 -c32`` against build/bench/http_server (one
-   thread, epoll, a read() and a write() per request), alternately without and with the agent
-   (``otelbpf run --pid SERVER`` with the http receiver on the server's port, spans and metrics
-   to files), ``--repeats`` times each; median requests/s, and wrk's p50/p99 latency. Then the
-   same with only the socket probes loaded (in this process, ring drained and discarded): the
-   kernel-side cost without the agent's parsing competing for the 2 cores.
+   thread, epoll, a read() and a write() per request), for each ``--work-us`` level (CPU the
+   server spends per request: 0 is the bare server, larger values stand in for handlers that
+   do something). In every repeat, back to back: without anything loaded; with **empty**
+   programs on the same syscall tracepoints (the floor: what hooking these syscalls costs
+   at all, whatever the programs do); with only the socket probes (loaded in this process,
+   ring drained and discarded, kernel time per program from ``kernel.bpf_stats_enabled``);
+   with the real agent (``otelbpf run --pid SERVER``, http receiver on the server's port,
+   spans and metrics to files). Medians of requests/s, wrk's p50/p99, and the server's own
+   CPU time per request (``/proc/PID/schedstat``): BPF programs run in the server's context,
+   so their cost is in it, while the agent's parsing (another process) is not.
 2. Unloaded latency: ``wrk -t1 -c1`` (one request at a time), without and with the agent:
    p50/p99, the closest wrk gets to "time added per request".
 3. A paced load of about 20k requests/s (wrk's per-request ``delay()`` of 1 ms on
@@ -22,10 +27,9 @@ Measures, on this machine and in one invocation:
    agent (host mode, the server's port: both ends traced).
 
 Added time per traced syscall is derived from (1): (1/rate_with - 1/rate_without) / 2, the
-server making two traced syscalls per request; the server thread is the bottleneck, so this
-is the probes' cost on it (plus any CPU the agent takes from it on this 2-core machine). The
-probes-only case also has the kernel time every socket program's runs (kernel.bpf_stats_enabled
-for that case), divided by the traced syscalls: the probes' own cost, whatever the load.
+server making two traced syscalls per request. On a machine whose cores are all busy (wrk,
+the server and the agent share 2 here) the throughput change mixes three costs; the floor,
+the probes-only case and the server's CPU per request separate them.
 Results: a table on stdout and bench/results/http-<date>.json. Findings: docs/BENCHMARKS.md.
 """
 
@@ -187,6 +191,21 @@ def probes_only(port: int, pid: int) -> Iterator[dict]:
         bpf.cleanup()
 
 
+@contextmanager
+def empty_tracepoints() -> Iterator[None]:
+    """Empty programs on every tracepoint the socket probes use: the cost of hooking at all."""
+    from bcc import BPF
+
+    text = (ROOT / "otelbpf/bpf/sockets.c").read_text()
+    points = re.findall(r"^TRACEPOINT_PROBE\((\w+),\s*(\w+)\)", text, re.M)
+    assert points, "no TRACEPOINT_PROBE in sockets.c"
+    bpf = BPF(text="\n".join(f"TRACEPOINT_PROBE({c}, {e}) {{ return 0; }}" for c, e in points))
+    try:
+        yield
+    finally:
+        bpf.cleanup()
+
+
 def _program_stats(bpf) -> dict:
     """run_cnt and run_time_ns of each loaded program that ran (kernel.bpf_stats_enabled)."""
     out = {}
@@ -210,6 +229,40 @@ def process(cmd: list[str], **kw) -> Iterator[subprocess.Popen]:
         proc.wait()
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU time the process's main thread has run (the bench server has one thread)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+def measured(port: int, seconds: float, pid: int) -> dict:
+    """wrk -t2 -c32 plus the server's CPU time per request over the run."""
+    before = cpu_ns(pid)
+    r = wrk(port, seconds, 2, 32)
+    r["server_cpu_us_per_request"] = (cpu_ns(pid) - before) / 1e3 / max(1, r["requests"])
+    return r
+
+
+VARIANTS = ("without", "empty_tracepoints", "probes_only", "agent")
+
+
+def throughput(work: Path, seconds: float, repeats: int, work_us: int) -> dict:
+    """Case (1) for one server weight: the four variants back to back in every repeat."""
+    port = free_port()
+    out: dict = {v: [] for v in VARIANTS} | {"agent_stats": [], "probe_stats": [], "work_us": work_us}
+    with process([str(SERVER), str(port), str(work_us)]) as server:
+        for _ in range(repeats):
+            out["without"].append(measured(port, seconds, server.pid))
+            with empty_tracepoints():
+                out["empty_tracepoints"].append(measured(port, seconds, server.pid))
+            with probes_only(port, server.pid) as stats:
+                out["probes_only"].append(measured(port, seconds, server.pid))
+            out["probe_stats"].append(stats)
+            with agent(work, [port], [server.pid]) as stats:
+                out["agent"].append(measured(port, seconds, server.pid))
+            out["agent_stats"].append(stats)
+    return out
+
+
 def grpc_calls(port: int, seconds: float) -> dict:
     code = GRPC_CLIENT.format(tests=str(ROOT / "tests"))
     out = subprocess.run([sys.executable, "-c", code, str(port), str(seconds)], capture_output=True, text=True,
@@ -222,6 +275,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--paced-connections", type=int, default=24, help="connections of the paced case (1 ms apart each)")
+    ap.add_argument("--work-us", default="0,20,100",
+                    help="comma-separated CPU microseconds the server spends per request, one throughput case each")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -231,21 +286,9 @@ def main() -> int:
         sys.exit("wrk is not installed: apt-get install wrk")
     work = Path(tempfile.mkdtemp(prefix="otelbpf-bench-http-"))
     results: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "seconds": args.seconds}
+    results["throughput"] = [throughput(work, args.seconds, args.repeats, int(w)) for w in args.work_us.split(",")]
     port = free_port()
     with process([str(SERVER), str(port)]) as server:
-        base, traced, traced_stats = [], [], []
-        for _ in range(args.repeats):
-            base.append(wrk(port, args.seconds, 2, 32))
-            with agent(work, [port], [server.pid]) as stats:
-                traced.append(wrk(port, args.seconds, 2, 32))
-            traced_stats.append(stats)
-        results["throughput"] = {"without": base, "with": traced, "agent": traced_stats}
-        probes, probe_stats = [], []
-        for _ in range(args.repeats):
-            with probes_only(port, server.pid) as stats:
-                probes.append(wrk(port, args.seconds, 2, 32))
-            probe_stats.append(stats)
-        results["probes_only"] = {"with": probes, "stats": probe_stats}
         one_base = wrk(port, args.seconds, 1, 1)
         with agent(work, [port], [server.pid]) as stats:
             one_traced = wrk(port, args.seconds, 1, 1)
@@ -286,25 +329,24 @@ def _agent_line(s: dict) -> str:
 
 
 def report(r: dict) -> None:
-    t = r["throughput"]
-    rb, rw = _median(t["without"], "requests_per_s"), _median(t["with"], "requests_per_s")
-    print(f"HTTP/1.1 keep-alive, wrk -t2 -c32, {r['seconds']:g}s x {len(t['without'])} (median)")
-    print(f"  without agent  {rb:10.0f} req/s   p50 {_median(t['without'], 'p50_us'):8.0f} us   p99 {_median(t['without'], 'p99_us'):8.0f} us")
-    print(f"  with agent     {rw:10.0f} req/s   p50 {_median(t['with'], 'p50_us'):8.0f} us   p99 {_median(t['with'], 'p99_us'):8.0f} us")
-    print(f"  throughput change {100 * (rw / rb - 1):+.1f}%, added per traced syscall {(1 / rw - 1 / rb) / 2 * 1e9:.0f} ns")
-    for s, run in zip(t["agent"], t["with"]):
-        print(f"    agent: requests {run['requests']}, {_agent_line(s)}")
-    po = r["probes_only"]
-    rp = _median(po["with"], "requests_per_s")
-    print("Probes only (BPF loaded, ring drained and discarded, no parsing)")
-    print(f"  with probes    {rp:10.0f} req/s   p50 {_median(po['with'], 'p50_us'):8.0f} us   p99 {_median(po['with'], 'p99_us'):8.0f} us")
-    print(f"  throughput change {100 * (rp / rb - 1):+.1f}%, added per traced syscall {(1 / rp - 1 / rb) / 2 * 1e9:.0f} ns")
-    for st, run in zip(po["stats"], po["with"]):
-        print(f"    requests {run['requests']}, records {st['records']}, lost in kernel {st['lost_in_kernel']}")
-        progs = st.get("bpf_programs", {})
-        total = sum(p["run_time_ns"] for p in progs.values())
-        print(f"    BPF run time (bpf_stats): {total / max(1, 2 * run['requests']):.0f} ns per traced syscall "
-              f"(all socket programs, entry and exit, over 2 syscalls per request)")
+    for t in r["throughput"]:
+        print(f"HTTP/1.1 keep-alive, wrk -t2 -c32, server work {t['work_us']} us/request, "
+              f"{r['seconds']:g}s x {len(t['without'])} (median)")
+        rb = _median(t["without"], "requests_per_s")
+        cb = _median(t["without"], "server_cpu_us_per_request")
+        for v in VARIANTS:
+            rv, cv = _median(t[v], "requests_per_s"), _median(t[v], "server_cpu_us_per_request")
+            print(f"  {v:18} {rv:9.0f} req/s {100 * (rv / rb - 1):+6.1f}%   p50 {_median(t[v], 'p50_us'):6.0f} us   "
+                  f"p99 {_median(t[v], 'p99_us'):6.0f} us   server CPU {cv:6.2f} us/req {100 * (cv / cb - 1):+6.1f}% "
+                  f"({(cv - cb) * 1e3 / 2:+5.0f} ns/syscall)"
+                  f"   runs {[round(x['requests_per_s']) for x in t[v]]}")
+        for st, run in zip(t["probe_stats"], t["probes_only"]):
+            total = sum(p["run_time_ns"] for p in st.get("bpf_programs", {}).values())
+            print(f"    probes only: records {st['records']}, lost in kernel {st['lost_in_kernel']}, BPF run time "
+                  f"(bpf_stats) {total / max(1, run['requests']):.0f} ns per request, all socket programs "
+                  "(the server's read and write, entry and exit, and wrk's calls the pid filter drops)")
+        for st, run in zip(t["agent_stats"], t["agent"]):
+            print(f"    agent: requests {run['requests']}, {_agent_line(st)}")
     one = r["latency_one_connection"]
     print("One connection, one request at a time (wrk -t1 -c1)")
     for side in ("without", "with"):

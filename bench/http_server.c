@@ -2,7 +2,11 @@
  * 200 response to every request (read(), then write(): two syscalls per request, the
  * pair the agent's socket probes cost on a server).
  *
- *   http_server PORT */
+ *   http_server PORT [WORK_US]
+ *
+ * WORK_US (default 0) spins about that many microseconds of CPU per request before
+ * answering: a stand-in for a handler that does something, so the probes' fixed
+ * cost per syscall can be read against requests of different weights. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
@@ -11,10 +15,42 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char RESPONSE[] =
     "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n\r\nhello, world\n";
+
+static long work_ns;
+static unsigned long spins_per_request;
+static volatile unsigned long sink;
+
+static long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* A fixed count of loop iterations, calibrated once at start: CPU work, with no
+ * syscall in it (a traced host takes a slower path on every syscall). */
+static void handle(void)
+{
+    for (unsigned long i = 0; i < spins_per_request; i++)
+        sink += i;
+}
+
+static void calibrate(void)
+{
+    if (!work_ns)
+        return;
+    unsigned long n = 20000000;
+    long t0 = now_ns();
+    for (unsigned long i = 0; i < n; i++)
+        sink += i;
+    long took = now_ns() - t0;
+    spins_per_request = (unsigned long)((double)n * work_ns / (took > 0 ? took : 1));
+}
 
 struct conn {
     int fd;
@@ -36,6 +72,7 @@ static void serve(struct conn *c)
         c->used += (size_t)n;
         char *start = c->buf, *end;
         while ((end = memmem(start, c->buf + c->used - start, "\r\n\r\n", 4)) != NULL) {
+            handle();
             if (write(c->fd, RESPONSE, sizeof(RESPONSE) - 1) < 0) {
                 close(c->fd);
                 free(c);
@@ -52,10 +89,13 @@ static void serve(struct conn *c)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s PORT\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s PORT [WORK_US]\n", argv[0]);
         return 2;
     }
+    if (argc == 3)
+        work_ns = atol(argv[2]) * 1000L;
+    calibrate();
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     int one = 1;
     setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
