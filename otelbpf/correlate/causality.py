@@ -32,9 +32,10 @@ MAX_PER_THREAD = 1 << 16
 _SCAN = 64
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class Interval:
-    """One server span on one thread: request-in .. response-out (None while open)."""
+    """One server span on one thread: request-in .. response-out (None while open).
+    Compared and hashed by identity: it is one request."""
 
     start_ns: int
     context: SpanContext
@@ -49,7 +50,8 @@ class _Thread:
     def __init__(self) -> None:
         self.starts: list[int] = []
         self.intervals: list[Interval] = []
-        self.open: list[Interval] = []
+        #: Open intervals in the order they opened (a dict: closing one is not a scan of the others).
+        self.open: dict[Interval, None] = {}
         self.prune_at = 0  # event time of the next prune: removing from a list's front moves all of it
 
 
@@ -71,11 +73,15 @@ class Causality:
             self._opens += 1
             if self._opens % 4096 == 0:
                 self._sweep(start_ns)
-            t = self._threads.setdefault((pid, tid), _Thread())
+            t = self._threads.get((pid, tid))
+            if t is None:
+                t = self._threads[(pid, tid)] = _Thread()
             self._prune(t, start_ns)
-            for other in t.open:
-                other.concurrent = interval.concurrent = True
-            t.open.append(interval)
+            if t.open:
+                # Once two are open every open interval is marked: only a lone one can be unmarked
+                # (the first), so an event loop's many open requests are not all visited per request.
+                next(iter(t.open)).concurrent = interval.concurrent = True
+            t.open[interval] = None
             i = bisect.bisect_right(t.starts, start_ns)
             t.starts.insert(i, start_ns)
             t.intervals.insert(i, interval)
@@ -85,8 +91,8 @@ class Causality:
         with self._lock:
             interval.end_ns = max(end_ns, interval.start_ns)
             t = self._threads.get((pid, tid))
-            if t is not None and interval in t.open:
-                t.open.remove(interval)
+            if t is not None:
+                t.open.pop(interval, None)
 
     def parent(self, pid: int, tid: int, ts_ns: int) -> SpanContext | None:
         """The server span open on (pid, tid) at ``ts_ns``, if exactly one was."""

@@ -61,12 +61,19 @@ _PENDING_CHUNKS = 16
 #: gRPC codes that are server errors (OpenTelemetry's rpc conventions); any non-OK code fails a client span.
 _GRPC_SERVER_ERRORS = frozenset({2, 4, 12, 13, 14, 15})
 _EGRESS = np.array(sorted(int(f) for f in SOCK_EGRESS), dtype=np.uint8)
+_EGRESS_FUNCS = frozenset(_EGRESS.tolist())
+#: Record kinds as plain ints: compared once or more per record.
+_DATA, _CONNECT, _ACCEPT, _LOCAL, _UNKNOWN, _CLOSE = (int(k) for k in (
+    Kind.SOCK_DATA, Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT, Kind.SOCK_LOCAL, Kind.SOCK_UNKNOWN, Kind.SOCK_CLOSE))
+#: The record fields _record reads, in the order of its row tuples (the payload follows).
+_FIELDS = ("ts_ns", "duration_ns", "pid", "tid", "fd", "ret", "kind", "func", "cap", "flags", "family", "port",
+           "local_port")
 
 #: (entry ns, exit ns, thread id) of the syscall that carried a chunk.
 Stamp = tuple[int, int, int]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Open:
     """A request whose span context is fixed, waiting for its exchange to end."""
 
@@ -168,16 +175,16 @@ class HttpCorrelator:
         ingress = (is_data & ~np.isin(arr["func"], _EGRESS)) | (kind == Kind.SOCK_ACCEPT)
         when = arr["ts_ns"] + np.where(ingress, arr["duration_ns"], 0)
         order = np.argsort(when, kind="stable")
-        cols = {f: arr[f].tolist() for f in ("ts_ns", "duration_ns", "pid", "tid", "fd", "ret", "kind", "func", "cap",
-                                             "flags", "family", "port", "local_port")}
-        data, addrs = arr["data"].tolist(), arr["addr"]  # each payload: the bytes captured
+        # One tuple per record, built in C: a record's fields are then unpacked at once, not looked up one by one.
+        rows = list(zip(*(arr[f].tolist() for f in _FIELDS), arr["data"].tolist()))  # payload: the bytes captured
+        addrs = arr["addr"]
         unknown = kind == Kind.SOCK_UNKNOWN
         with self._lock:
             if unknown.any():
                 self._conns.prepare(list(zip(arr["pid"][unknown].tolist(), arr["fd"][unknown].tolist())))
             for i in order.tolist():
                 try:
-                    self._record(i, cols, data, addrs)
+                    self._record(rows[i], addrs, i)
                 except Exception:  # one bad record is counted; the batch goes on
                     log.exception("http: record %d of a batch failed", i)
                     self._count("otelbpf.http.problems", 1, reason="processing_error")
@@ -185,41 +192,39 @@ class HttpCorrelator:
             self._flush_durations()
         self._flush_spans()
 
-    def _record(self, i: int, c: dict, data: list[bytes], addrs: np.ndarray) -> None:
-        kind, pid, fd = c["kind"][i], c["pid"][i], c["fd"][i]
-        ts, dur, tid = c["ts_ns"][i], c["duration_ns"][i], c["tid"][i]
+    def _record(self, row: tuple, addrs: np.ndarray, i: int) -> None:
+        """``row``: the record's _FIELDS and payload; ``addrs[i]``: its address, read only by control records."""
+        ts, dur, pid, tid, fd, ret, kind, func, cap, flags, family, port, local_port, payload = row
         stamp = (ts, ts + dur, tid)
-        if kind == Kind.SOCK_DATA:
+        if kind == _DATA:
             conn = self._conns.get(pid, fd)
             if conn is None:
                 if self._conns.rejected(pid, fd):
                     return
                 conn = self._conns.joined(pid, fd)
-            ret, cap = c["ret"][i], c["cap"][i]
-            egress = c["func"][i] in SOCK_EGRESS
+            egress = func in _EGRESS_FUNCS
             if ret <= 0:
                 if ret < 0 or (not egress and conn.role != "server"):
                     # A server reading EOF may still answer what it read (a half-closed client):
                     # its own close() ends the connection.
                     self._peer_gone(conn, stamp, ret)
                 return
-            self._feed(conn, egress, data[i], ret - cap, stamp)
-        elif kind == Kind.SOCK_CONNECT:
+            self._feed(conn, egress, payload, ret - cap, stamp)
+        elif kind == _CONNECT:
             self._replace(pid, fd, stamp)
-            self._conns.connected(pid, fd, c["family"][i], c["port"][i], addrs[i].tobytes())
-        elif kind == Kind.SOCK_ACCEPT:
+            self._conns.connected(pid, fd, family, port, addrs[i].tobytes())
+        elif kind == _ACCEPT:
             self._replace(pid, fd, stamp)
-            known = not c["flags"][i] & SOCKF_LISTENER_UNKNOWN
-            self._conns.accepted(pid, fd, c["ret"][i], c["family"][i], c["port"][i], addrs[i].tobytes(),
-                                 c["local_port"][i], known)
-        elif kind == Kind.SOCK_LOCAL:
+            known = not flags & SOCKF_LISTENER_UNKNOWN
+            self._conns.accepted(pid, fd, ret, family, port, addrs[i].tobytes(), local_port, known)
+        elif kind == _LOCAL:
             conn = self._conns.get(pid, fd)
             if conn is not None and conn.role == "client":
-                conn.local = address_from_raw(c["family"][i], c["port"][i], addrs[i].tobytes()) or conn.local
-        elif kind == Kind.SOCK_UNKNOWN:
+                conn.local = address_from_raw(family, port, addrs[i].tobytes()) or conn.local
+        elif kind == _UNKNOWN:
             if self._conns.get(pid, fd) is None:
                 self._conns.unknown(pid, fd)
-        elif kind == Kind.SOCK_CLOSE:
+        elif kind == _CLOSE:
             conn = self._conns.closed(pid, fd)
             if conn is not None:
                 self._end(conn, stamp, "")
@@ -316,6 +321,8 @@ class HttpCorrelator:
 
     def _report_problems(self, conn: Conn) -> None:
         problems = conn.session.problems() if conn.protocol == "http1" else conn.session.problems
+        if not problems:  # the usual case, asked after every chunk
+            return
         for reason, n in problems.items():
             new = n - conn.reported.get(reason, 0)
             if new:
@@ -334,7 +341,7 @@ class HttpCorrelator:
         enter, exit_, tid = first
         if conn.role == "server":
             start = exit_
-            parent, source = parse_traceparent(traceparent), "traceparent"
+            parent, source = parse_traceparent(traceparent) if traceparent else None, "traceparent"
             if parent is None and conn.local and conn.remote:
                 parent, source = self._links.find(conn.remote, conn.local[1], stream_id, start), "peer"
             ctx = new_context(parent.trace_id if parent else None)
@@ -372,7 +379,8 @@ class HttpCorrelator:
         ua = head.get("user-agent")
         if ua:
             attrs["user_agent.original"] = ua
-        self._header_attrs(attrs, "request", head.headers)
+        if self._capture:
+            self._header_attrs(attrs, "request", head.headers)
         if head.truncated:
             attrs["otelbpf.http.headers_truncated"] = True
         status = 0
@@ -381,7 +389,8 @@ class HttpCorrelator:
             attrs["http.response.status_code"] = status
             attrs["http.response.body.size"] = resp.body_size
             attrs["http.response.size"] = resp.size
-            self._header_attrs(attrs, "response", resp.head.headers)
+            if self._capture:
+                self._header_attrs(attrs, "response", resp.head.headers)
         end = ex.at or (resp.last if resp else None) or req.last or req.first
         self._emit_exchange(conn, req.tag, end, head.method, status, None, ex.error, None, attrs)
 
@@ -425,9 +434,18 @@ class HttpCorrelator:
         problem = "" if s.complete else s.problem
         self._emit_exchange(conn, s.tag, s.last or s.first, method, status, grpc, problem, s.grpc_message, attrs)
 
+    def _host_attrs(self, conn: Conn, attrs: dict, host: str | None) -> None:
+        """server.*, client.* and network.peer.* from the connection and the Host (:authority) header:
+        the same for every request of a connection but for a change of Host, so derived once."""
+        source = (host, conn.role, conn.local, conn.remote)
+        cached = conn.ends_attrs
+        if cached is None or cached[0] != source:
+            cached = conn.ends_attrs = (source, self._ends_attrs(conn, host))
+        attrs.update(cached[1])
+
     @staticmethod
-    def _host_attrs(conn: Conn, attrs: dict, host: str | None) -> None:
-        """server.*, client.* and network.peer.* from the connection and the Host (:authority) header."""
+    def _ends_attrs(conn: Conn, host: str | None) -> dict:
+        attrs: dict[str, object] = {}
         name = host or ""
         if name.startswith("["):
             name = name[1 : name.find("]")] if "]" in name else ""
@@ -445,6 +463,7 @@ class HttpCorrelator:
             attrs["server.port"] = conn.remote[1]
         if conn.remote:
             attrs["network.peer.address"], attrs["network.peer.port"] = conn.remote
+        return attrs
 
     def _header_attrs(self, attrs: dict, where: str, headers: list[tuple[str, str]]) -> None:
         for name in self._capture:

@@ -31,7 +31,7 @@ RETENTION_NS = 30 * 10**9
 MAX_PER_CONNECTION = 4096
 
 
-@dataclass
+@dataclass(slots=True)
 class ClientRequest:
     start_ns: int
     context: SpanContext

@@ -41,6 +41,9 @@ class Conn:
     ended: bool = False           # EOF or an error was seen
     last_stamp: tuple = (0, 0, 0)  # of the last chunk parsed
     reported: dict = field(default_factory=dict)  # parser problems already counted, by reason
+    #: The span attributes naming both ends, and what they were derived from (Host header, role, addresses):
+    #: derived once per connection rather than per request (see HttpCorrelator._host_attrs).
+    ends_attrs: tuple | None = None
 
 
 class Connections:

@@ -20,6 +20,9 @@ from opentelemetry.trace.status import Status, StatusCode
 from otelbpf import __version__
 
 _rand = random.Random()
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+#: Status is immutable: spans without an error share one.
+_UNSET = Status(StatusCode.UNSET)
 
 
 def scope(name: str) -> InstrumentationScope:
@@ -27,12 +30,8 @@ def scope(name: str) -> InstrumentationScope:
 
 
 def new_context(trace_id: int | None = None) -> SpanContext:
-    return SpanContext(
-        trace_id=trace_id or _rand.getrandbits(128) or 1,
-        span_id=_rand.getrandbits(64) or 1,
-        is_remote=False,
-        trace_flags=TraceFlags(TraceFlags.SAMPLED),
-    )
+    bits = _rand.getrandbits
+    return SpanContext(trace_id or bits(128) or 1, bits(64) or 1, False, _SAMPLED)
 
 
 def make_span(
@@ -52,7 +51,7 @@ def make_span(
     """``context``: the span's own, when it was chosen before the span ended
     (children may have been made with it as their parent already)."""
     ctx = context or new_context(parent.trace_id if parent else None)
-    status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET)
+    status = Status(StatusCode.ERROR, error) if error else _UNSET
     return ReadableSpan(
         name=name,
         context=ctx,
