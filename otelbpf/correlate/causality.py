@@ -89,7 +89,7 @@ class Causality:
 
     def close(self, pid: int, tid: int, interval: Interval, end_ns: int) -> None:
         with self._lock:
-            interval.end_ns = max(end_ns, interval.start_ns)
+            interval.end_ns = end_ns if end_ns > interval.start_ns else interval.start_ns
             t = self._threads.get((pid, tid))
             if t is not None:
                 t.open.pop(interval, None)

@@ -110,8 +110,16 @@ def parse_traceparent(value: str | None) -> SpanContext | None:
     return SpanContext(trace_id=trace_id, span_id=span_id, is_remote=True, trace_flags=TraceFlags(flags & 1))
 
 
+def _first_values(headers: list[tuple[str, str]]) -> dict[str, str]:
+    """Each header's first value, by name."""
+    return dict(reversed(headers))
+
+
+_STATUS_CLASSES = {status: f"{status // 100}xx" for status in range(100, 600)}
+
+
 def status_class(status: int) -> str:
-    return f"{status // 100}xx" if 100 <= status < 600 else "other"
+    return _STATUS_CLASSES.get(status, "other")
 
 
 class HttpCorrelator:
@@ -332,7 +340,7 @@ class HttpCorrelator:
     # -- requests open ----------------------------------------------------------
 
     def _request_http1(self, conn: Conn, msg: Message) -> None:
-        msg.tag = self._open(conn, msg.first, msg.head.get("traceparent"), 0)
+        msg.tag = self._open(conn, msg.first, msg.head.first.get("traceparent"), 0)
 
     def _request_http2(self, conn: Conn, stream: Stream) -> None:
         stream.tag = self._open(conn, stream.first, stream.header("traceparent"), stream.id)
@@ -375,8 +383,8 @@ class HttpCorrelator:
             "http.request.body.size": req.body_size,
             "http.request.size": req.size,
         }
-        self._host_attrs(conn, attrs, head.get("host"))
-        ua = head.get("user-agent")
+        self._host_attrs(conn, attrs, head.first.get("host"))
+        ua = head.first.get("user-agent")
         if ua:
             attrs["user_agent.original"] = ua
         if self._capture:
@@ -404,28 +412,31 @@ class HttpCorrelator:
             "http.response.body.size": s.response_bytes,
             "otelbpf.http2.stream_id": s.id,
         }
-        method = s.header(":method") or ""
-        path = (s.header(":path") or "").split("?", 1)[0]
+        request = _first_values(s.request_headers)  # several lookups each: one scan, not one per name
+        response = _first_values(s.response_headers)
+        method = request.get(":method") or ""
+        path = (request.get(":path") or "").split("?", 1)[0]
         if method:
             attrs["http.request.method"] = method
         if path:
             attrs["url.path"] = path
-        self._host_attrs(conn, attrs, s.header(":authority"))
-        ua = s.header("user-agent")
+        self._host_attrs(conn, attrs, request.get(":authority"))
+        ua = request.get("user-agent")
         if ua:
             attrs["user_agent.original"] = ua
-        self._header_attrs(attrs, "request", s.request_headers)
-        self._header_attrs(attrs, "response", s.response_headers)
+        if self._capture:
+            self._header_attrs(attrs, "request", s.request_headers)
+            self._header_attrs(attrs, "response", s.response_headers)
         status = 0
-        if s.header(":status", "response"):
-            status = int(s.header(":status", "response"))
+        if response.get(":status"):
+            status = int(response[":status"])
             attrs["http.response.status_code"] = status
         if s.headers_lost:
             attrs["otelbpf.http2.headers_lost"] = True
         if s.reset_code is not None:
             attrs["otelbpf.http2.rst_stream_code"] = s.reset_code
         grpc = None
-        if (s.header("content-type") or "").startswith("application/grpc") and path.count("/") == 2:
+        if (request.get("content-type") or "").startswith("application/grpc") and path.count("/") == 2:
             service, rpc_method = path[1:].split("/")
             grpc = s.grpc_status
             attrs.update({"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc_method, "http.route": path})
@@ -475,7 +486,7 @@ class HttpCorrelator:
                        problem: str, grpc_message: str | None, attrs: dict) -> None:
         server = conn.role == "server"
         start_ns = opened.start_ns
-        end_ns = max(end[1], start_ns)
+        end_ns = end[1] if end[1] > start_ns else start_ns
         if opened.interval is not None:
             self._causality.close(conn.pid, opened.tid, opened.interval, end_ns)
             if opened.interval.concurrent:
@@ -520,21 +531,22 @@ class HttpCorrelator:
 
     def _record_metrics(self, conn: Conn, server: bool, method: str, status: int, grpc: int | None, attrs: dict,
                         seconds: float) -> None:
-        side = "server" if server else "client"
+        # The labels as (name, value) pairs in the order they are named here: the series' cache key.
         if grpc is not None or attrs.get("rpc.system") == "grpc":
-            labels = {"rpc.system": "grpc", "rpc.service": attrs["rpc.service"], "rpc.method": attrs["rpc.method"]}
+            key = ("rpc.system", "grpc"), ("rpc.service", attrs["rpc.service"]), ("rpc.method", attrs["rpc.method"])
             if grpc is not None:
-                labels["rpc.grpc.status_code"] = grpc
-            metric = f"rpc.{side}.duration"
+                key += (("rpc.grpc.status_code", grpc),)
+            metric = "rpc.server.duration" if server else "rpc.client.duration"
         else:
-            labels = {"http.request.method": method or "_OTHER", "network.protocol.version": attrs["network.protocol.version"]}
+            key = (("http.request.method", method or "_OTHER"),
+                   ("network.protocol.version", attrs["network.protocol.version"]))
             if status:
-                labels["http.response.status_code"] = status
-            labels["http.response.status_class"] = status_class(status) if status else "none"
-            metric = f"http.{side}.request.duration"
+                key += (("http.response.status_code", status), ("http.response.status_class", status_class(status)))
+            else:
+                key += (("http.response.status_class", "none"),)
+            metric = "http.server.request.duration" if server else "http.client.request.duration"
         if "error.type" in attrs:
-            labels["error.type"] = attrs["error.type"]
-        key = tuple(labels.items())
+            key += (("error.type", attrs["error.type"]),)
         series = self._series.get(key)
         if series is None:  # one sort per distinct label set, not per request
             series = self._series[key] = tuple(sorted(key))

@@ -27,6 +27,9 @@ from typing import Any
 MAX_HEAD = 64 * 1024
 _REQUEST_LINE = re.compile(rb"([A-Z][A-Z-]{0,19}) (\S+) HTTP/(1\.[01])\r?\n")
 _STATUS_LINE = re.compile(rb"HTTP/(1\.[01]) ([1-9][0-9][0-9])(?: ([^\r\n]*))?\r?\n")
+#: The same on a head decoded as latin-1 (byte for character; ASCII classes, as bytes patterns have).
+_REQUEST_LINE_TEXT = re.compile(_REQUEST_LINE.pattern.decode(), re.ASCII)
+_STATUS_LINE_TEXT = re.compile(_STATUS_LINE.pattern.decode(), re.ASCII)
 #: The blank line ending a head (its end; a leading CR would not move it). Starting with a literal
 #: LF lets the regex engine skip to each LF instead of trying a match at every byte.
 _HEAD_END = re.compile(rb"\n\r?\n")
@@ -58,22 +61,20 @@ class Head:
 
     version: str
     headers: list[tuple[str, str]]
+    #: Each header's first value, by name: several are looked up per message (framing, Host, traceparent).
+    first: dict[str, str] = field(repr=False, compare=False)
     method: str = ""       # requests
     target: str = ""       # requests
     status: int = 0        # responses
     truncated: bool = False  # the header block was not captured whole
-    _first: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     def get(self, name: str) -> str | None:
-        """The first value of header ``name`` (several lookups per message: indexed once)."""
-        first = self._first
-        if first is None:
-            first = self._first = dict(reversed(self.headers))
-        return first.get(name)
+        """The first value of header ``name``."""
+        return self.first.get(name)
 
 
 #: The head of a message whose head is not parsed yet (its version is empty); replaced, never changed.
-_NO_HEAD = Head("", [])
+_NO_HEAD = Head("", [], {})
 
 
 @dataclass(slots=True)
@@ -89,24 +90,20 @@ class Message:
 
 
 def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
-    if is_request:
-        m = _REQUEST_LINE.match(block)
-        if not m:
-            return None
-        method, target, version = m.groups()
-        head = Head(version.decode(), [], method.decode(), target.decode("latin-1"))
-    else:
-        m = _STATUS_LINE.match(block)
-        if not m:
-            return None
-        head = Head(m.group(1).decode(), [], status=int(m.group(2)))
-    text = block[m.end():].decode("latin-1")
+    text = block.decode("latin-1")  # once: the start line is matched on the text too
+    m = (_REQUEST_LINE_TEXT if is_request else _STATUS_LINE_TEXT).match(text)
+    if not m:
+        return None
+    rest = text[m.end():]
     if truncated:
-        text = text[: text.rfind("\n") + 1]  # the last line may be cut short
-        head.truncated = True
-    head.headers = [(name.lower(), (value[:-1] if value[-1:] == "\r" else value).rstrip(" \t"))
-                    for name, value in _HEADER_LINE.findall(text)]
-    return head
+        rest = rest[: rest.rfind("\n") + 1]  # the last line may be cut short
+    headers = [(name.lower(), (value[:-1] if value[-1:] == "\r" else value).rstrip(" \t"))
+               for name, value in _HEADER_LINE.findall(rest)]
+    first = dict(reversed(headers))
+    if is_request:
+        method, target, version = m.groups()
+        return Head(version, headers, first, method, target, truncated=truncated)
+    return Head(m.group(1), headers, first, status=int(m.group(2)), truncated=truncated)
 
 
 @dataclass
@@ -219,7 +216,9 @@ class MessageStream:
             s.buf.clear()
             return pos + used
         if mode in ("length", "chunk_data", "close"):
-            n = len(data) - pos if mode == "close" else min(s.remaining, len(data) - pos)
+            n = len(data) - pos
+            if mode != "close" and s.remaining < n:
+                n = s.remaining
             msg = self._msg
             msg.size += n
             msg.body_size += n
@@ -310,10 +309,11 @@ class MessageStream:
                 return "done", 0
             if method == "CONNECT" and 200 <= head.status < 300:
                 return "upgraded", 0
-        te = head.get("transfer-encoding")
+        first = head.first
+        te = first.get("transfer-encoding")
         if te and "chunked" in te.lower():
             return "chunk_size", 0
-        cl = head.get("content-length")
+        cl = first.get("content-length")
         if cl is not None:
             try:
                 n = int(cl.split(",")[0])
