@@ -279,7 +279,8 @@ class HttpCorrelator:
         c2s = egress == (conn.role == "client")
         for result in conn.session.feed(c2s, payload, missing, stamp):
             self._finished(conn, result)
-        self._report_problems(conn)
+        if conn.session.problems:  # the usual case has none
+            self._report_problems(conn)
 
     def _infer(self, conn: Conn, egress: bool, payload: bytes, missing: int, stamp: Stamp) -> bool:
         """Decide the connection's protocol; True when this chunk should now be parsed."""
@@ -328,10 +329,7 @@ class HttpCorrelator:
             conn.session = H2Connection(on_request=lambda stream: self._request_http2(conn, stream))
 
     def _report_problems(self, conn: Conn) -> None:
-        problems = conn.session.problems() if conn.protocol == "http1" else conn.session.problems
-        if not problems:  # the usual case, asked after every chunk
-            return
-        for reason, n in problems.items():
+        for reason, n in conn.session.problems.items():
             new = n - conn.reported.get(reason, 0)
             if new:
                 self._count("otelbpf.http.problems", new, reason=reason)

@@ -128,6 +128,7 @@ class MessageStream:
         request_method: Callable[[], str | None] = lambda: None,
         on_head: Callable[[Message], None] = lambda m: None,
         synchronized: bool = True,
+        problems: dict[str, int] | None = None,
     ) -> None:
         self.is_request = is_request
         self._request_method = request_method  # method of the request this response answers
@@ -137,8 +138,8 @@ class MessageStream:
         self._done: list[Message] = []
         self._stamp: Stamp = None
         self._prev: Stamp = None  # stamp of the previous chunk
-        #: Counts of what could not be followed, by reason.
-        self.problems: dict[str, int] = {}
+        #: Counts of what could not be followed, by reason (``problems``: shared with the other direction).
+        self.problems: dict[str, int] = {} if problems is None else problems
         self.upgraded = False
 
     # -- input ---------------------------------------------------------------
@@ -408,8 +409,12 @@ class Http1Connection:
     def __init__(self, *, on_request: Callable[[Message], None] = lambda m: None, synchronized: bool = True) -> None:
         self._pending: deque[Message] = deque()  # requests whose head was seen, not yet answered
         self._on_request = on_request
-        self.requests = MessageStream(True, on_head=self._request_head, synchronized=synchronized)
-        self.responses = MessageStream(False, request_method=self._answered_method, synchronized=synchronized)
+        #: Counts of what could not be followed in either direction, by reason (read after every chunk).
+        self.problems: dict[str, int] = {}
+        self.requests = MessageStream(True, on_head=self._request_head, synchronized=synchronized,
+                                      problems=self.problems)
+        self.responses = MessageStream(False, request_method=self._answered_method, synchronized=synchronized,
+                                       problems=self.problems)
         self._out: list[Exchange] = []
 
     def _request_head(self, msg: Message) -> None:
@@ -448,11 +453,3 @@ class Http1Connection:
     @property
     def upgraded(self) -> bool:
         return self.responses.upgraded
-
-    def problems(self) -> dict[str, int]:
-        if not self.requests.problems and not self.responses.problems:
-            return {}  # the usual case, asked after every chunk
-        merged = dict(self.requests.problems)
-        for k, v in self.responses.problems.items():
-            merged[k] = merged.get(k, 0) + v
-        return merged

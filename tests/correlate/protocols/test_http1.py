@@ -103,7 +103,7 @@ def test_keep_alive_requests_of_every_framing_are_paired_in_order(recorded):
     assert sizes == {"/a": (0, 11), "/upload": (3000, 0), "/h": (0, 0), "/chunked": (0, 5310), "/missing": (0, 11),
                      "/big": (0, 7000)}
     assert exchanges[0].request.head.get("authorization") == "Bearer secret"
-    assert conn.problems() == {}
+    assert conn.problems == {}
 
 
 def test_bodies_larger_than_the_capture_are_skipped_by_length(recorded):
@@ -129,7 +129,7 @@ def test_a_chunked_body_cut_by_the_capture_is_marked_and_the_next_response_is_fo
     first, second = exchanges
     assert first.response.head.status == 200 and not first.response.complete and first.error
     assert second.response.complete and second.response.body_size == 11
-    assert conn.problems()
+    assert conn.problems
 
 
 def test_pipelined_requests_in_one_write_are_answered_in_order():
@@ -174,7 +174,7 @@ def test_random_bytes_are_never_taken_for_http():
         out += conn.feed(i % 2 == 0, os.urandom(700), 0, i)
     out += conn.close(99)
     assert all(e.request is None and e.response is None for e in out) or out == []
-    assert conn.problems()
+    assert conn.problems
     assert not looks_like_request(b"\x16\x03\x01\x02\x00") and not looks_like_response(b"SSH-2.0-OpenSSH\r\n")
 
 
