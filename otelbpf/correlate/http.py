@@ -62,6 +62,8 @@ _PENDING_CHUNKS = 16
 _GRPC_SERVER_ERRORS = frozenset({2, 4, 12, 13, 14, 15})
 _EGRESS = np.array(sorted(int(f) for f in SOCK_EGRESS), dtype=np.uint8)
 _EGRESS_FUNCS = frozenset(_EGRESS.tolist())
+#: Enum members read once: each read through the class costs a descriptor call, per span.
+_SERVER, _CLIENT = SpanKind.SERVER, SpanKind.CLIENT
 #: Record kinds as plain ints: compared once or more per record.
 _DATA, _CONNECT, _ACCEPT, _LOCAL, _UNKNOWN, _CLOSE = (int(k) for k in (
     Kind.SOCK_DATA, Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT, Kind.SOCK_LOCAL, Kind.SOCK_UNKNOWN, Kind.SOCK_CLOSE))
@@ -523,7 +525,7 @@ class HttpCorrelator:
             attributes=attrs,
             error=message or None,
             parent=opened.parent,
-            kind=SpanKind.SERVER if server else SpanKind.CLIENT,
+            kind=_SERVER if server else _CLIENT,
             context=opened.context,
         ))
 

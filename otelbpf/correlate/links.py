@@ -14,6 +14,7 @@ are unique per server port on a host anyway.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ MAX_PER_CONNECTION = 4096
 class ClientRequest:
     start_ns: int
     context: SpanContext
+    key: Key
     end_ns: int | None = None
 
 
@@ -42,15 +44,18 @@ class PeerLinks:
     def __init__(self, retention_ns: int = RETENTION_NS) -> None:
         self._retention = retention_ns
         self._by_key: dict[Key, deque[ClientRequest]] = {}
+        #: (end, key) of each request ended: the keys a sweep must look at, soonest ended first.
+        self._ended: list[tuple[int, Key]] = []
         self._lock = threading.Lock()
         self._adds = 0
 
     def add(self, client: Address, server_port: int, stream: int, start_ns: int, context: SpanContext) -> ClientRequest:
-        entry = ClientRequest(start_ns, context)
+        key = (client, server_port, stream)
+        entry = ClientRequest(start_ns, context, key)
         with self._lock:
-            q = self._by_key.get((client, server_port, stream))
+            q = self._by_key.get(key)
             if q is None:
-                q = self._by_key[(client, server_port, stream)] = deque(maxlen=MAX_PER_CONNECTION)
+                q = self._by_key[key] = deque(maxlen=MAX_PER_CONNECTION)
             while q and q[0].end_ns is not None and q[0].end_ns < start_ns - self._retention:
                 q.popleft()
             q.append(entry)
@@ -60,12 +65,22 @@ class PeerLinks:
         return entry
 
     def _sweep(self, horizon: int) -> None:
-        """Drop connections whose requests all ended before ``horizon``."""
-        for key in [k for k, q in self._by_key.items() if all(e.end_ns is not None and e.end_ns < horizon for e in q)]:
-            del self._by_key[key]
+        """Drop connections whose requests all ended before ``horizon``. Only keys with a request
+        that ended before it can qualify, so only those are looked at (HTTP/2 has a key per stream:
+        scanning every key held over the retention window would cost that many per sweep)."""
+        ended, by_key = self._ended, self._by_key
+        candidates = set()
+        while ended and ended[0][0] < horizon:
+            candidates.add(heapq.heappop(ended)[1])
+        for key in candidates:
+            q = by_key.get(key)
+            if q is not None and all(e.end_ns is not None and e.end_ns < horizon for e in q):
+                del by_key[key]
 
     def end(self, entry: ClientRequest, end_ns: int) -> None:
-        entry.end_ns = end_ns
+        with self._lock:
+            entry.end_ns = end_ns
+            heapq.heappush(self._ended, (end_ns, entry.key))
 
     def find(self, client: Address, server_port: int, stream: int, ts_ns: int) -> SpanContext | None:
         """The client request on this connection that was in flight at ``ts_ns``."""

@@ -70,3 +70,24 @@ def test_a_busy_connection_keeps_only_its_recent_requests():
     assert links.find(("10.0.0.1", 40000), 8080, 0, last * 10 + 1) == ctxs[-1]
     assert links.find(("10.0.0.1", 40000), 8080, 0, 1) is None  # dropped: beyond the cap
     assert len(links._by_key[(("10.0.0.1", 40000), 8080, 0)]) == MAX_PER_CONNECTION
+
+
+def test_a_sweep_forgets_only_keys_whose_requests_all_ended_before_the_window():
+    """HTTP/2 registers a key per stream: ended ones go at the next sweep (every 1024 adds), the rest stay."""
+    links = PeerLinks(retention_ns=1000)
+    still_open = links.add(("10.0.0.1", 1), 8080, 1, 0, new_context())
+    recent = links.add(("10.0.0.1", 2), 8080, 1, 0, new_context())
+    links.end(recent, 10**6)  # ended inside the window of the sweep below
+    half_done = [links.add(("10.0.0.1", 3), 8080, 1, t, new_context()) for t in (0, 1)]
+    links.end(half_done[0], 5)
+    for stream in range(1, 1020):
+        links.end(links.add(("10.0.0.1", 4), 8080, stream, stream, new_context()), stream + 1)
+    assert len(links._by_key) == 1022
+    links.add(("10.0.0.1", 5), 8080, 1, 10**6, new_context())  # the 1024th add: horizon 10**6 - 1000
+    assert set(links._by_key) == {(("10.0.0.1", p), 8080, 1) for p in (1, 2, 3, 5)}
+    links.end(still_open, 7)
+    links.end(half_done[1], 9)
+    for stream in range(2, 1026):
+        links.add(("10.0.0.1", 5), 8080, stream, 2 * 10**6, new_context())  # next sweep: horizon 2 * 10**6 - 1000
+    assert not {(("10.0.0.1", p), 8080, 1) for p in (1, 2, 3)} & set(links._by_key)
+    assert links.find(("10.0.0.1", 5), 8080, 2, 2 * 10**6) is not None
