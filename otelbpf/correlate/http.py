@@ -61,6 +61,7 @@ _PENDING_CHUNKS = 16
 #: gRPC codes that are server errors (OpenTelemetry's rpc conventions); any non-OK code fails a client span.
 _GRPC_SERVER_ERRORS = frozenset({2, 4, 12, 13, 14, 15})
 _EGRESS = np.array(sorted(int(f) for f in SOCK_EGRESS), dtype=np.uint8)
+#: The same as plain ints, for the membership test per data record.
 _EGRESS_FUNCS = frozenset(_EGRESS.tolist())
 #: Enum members read once: each read through the class costs a descriptor call, per span.
 _SERVER, _CLIENT = SpanKind.SERVER, SpanKind.CLIENT

@@ -39,6 +39,7 @@ _HEAD_END = re.compile(rb"\n\r?\n")
 _HEADER_LINE = re.compile(r"^([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*(.*)$", re.M)
 _METHOD_PREFIX = re.compile(rb"[A-Z][A-Z-]{0,19}(?: [^ \r\n]*(?: H(?:T(?:T(?:P(?:/(?:1(?:\.[01]?)?)?)?)?)?)?)?)?\r?$")
 
+#: Stray line ends are allowed between messages.
 _LINE_ENDS = b"\r\n"
 
 #: Opaque per-syscall stamp the caller passes with each chunk (time, thread).
