@@ -129,6 +129,24 @@ static __always_inline struct sock_args *thread_args(int create)
                                       create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 }
 
+/* A call entered on this thread: its arguments, kept for its exit (0, counted, when the
+ * storage cannot be had). */
+static __always_inline struct sock_args *begin_call(u8 func, s32 fd, u64 buf, u64 aux)
+{
+    struct sock_args *a = thread_args(1);
+    if (!a) {
+        count_stat(STAT_SOCK_MAP_FULL);
+        return 0;
+    }
+    a->ts = bpf_ktime_get_ns();
+    a->buf = buf;
+    a->vlen = aux;
+    a->fd = fd;
+    a->func = func;
+    a->pending = 0;
+    return a;
+}
+
 static __always_inline u64 fd_key(u32 tgid, s32 fd)
 {
     return ((u64)tgid << 32) | (u32)fd;
@@ -208,16 +226,9 @@ static __always_inline int data_enter(u8 func, s32 fd, u64 buf, u64 vlen)
     }
     if (*state == SK_IGNORE)
         return 0;
-    struct sock_args *a = thread_args(1);
-    if (!a) {
-        count_stat(STAT_SOCK_MAP_FULL);
+    struct sock_args *a = begin_call(func, fd, buf, vlen);
+    if (!a)
         return 0;
-    }
-    a->ts = bpf_ktime_get_ns();
-    a->buf = buf;
-    a->vlen = vlen;
-    a->fd = fd;
-    a->func = func;
     /* A blocking read entered while user space is still deciding must be
      * captured if the answer is TRACK by the time it returns. */
     a->pending = *state == SK_PENDING;
@@ -344,16 +355,9 @@ static __always_inline int remember_call(u8 func, s32 fd, u64 uaddr, u64 aux, in
     u64 id = bpf_get_current_pid_tgid();
     if (sock_ignored_pid(id >> 32))
         return 0;
-    struct sock_args *a = thread_args(1);
-    if (!a) {
-        count_stat(STAT_SOCK_MAP_FULL);
+    struct sock_args *a = begin_call(func, fd, uaddr, aux);
+    if (!a)
         return 0;
-    }
-    a->ts = bpf_ktime_get_ns();
-    a->buf = uaddr;
-    a->vlen = aux;
-    a->fd = fd;
-    a->func = func;
     a->family = 0;
     a->port = 0;
     __builtin_memset(a->addr, 0, sizeof(a->addr));

@@ -341,6 +341,8 @@ def test_symbol_tables_read_as_pyelftools_reads_them(library: str) -> None:
         "libcudart": glob.glob(str(REPO / "build/examples/fakecudart/libcudart.so*")),
     }.get(library) or glob.glob(f"/usr/lib/x86_64-linux-gnu/{library}") + glob.glob(f"/lib/x86_64-linux-gnu/{library}")
     if not candidates:
+        if os.environ.get("CI") == "true":  # CI installs and builds all four: a miss there is a setup bug
+            pytest.fail(f"no {library} on this machine")
         pytest.skip(f"no {library} on this machine")
     path = os.path.realpath(candidates[0])
     expected, loads, build_id = _pyelftools_functions(path)
