@@ -94,6 +94,18 @@ def cuda_family(
                 tuple(s for f, s in specs.items() if f not in _DRIVER),
             )
         )
+        # nvcc links the runtime statically by default: the same functions, as local
+        # .symtab symbols of the executable (sensor/libraries.py finds such executables).
+        kinds.append(
+            LibraryKind(
+                "cudart_static",
+                re.compile(r"(?!)"),  # never by name
+                "",
+                tuple(s for f, s in specs.items() if f not in _DRIVER),
+                content_symbol="cudaLaunchKernel",
+                symtab=True,
+            )
+        )
     if "cuda" in libraries:
         kinds.append(
             LibraryKind(

@@ -51,8 +51,15 @@ class LibraryKind:
 
     name: str              # e.g. "cudart"
     file_pattern: re.Pattern[str]  # matched against the basename
-    open_prefix: str       # basename prefix the in-kernel openat filter looks for
+    open_prefix: str       # basename prefix the in-kernel openat filter looks for ("" : none)
     probes: tuple[ProbeSpec, ...]
+    #: Files of any name that define this symbol in their ``.symtab`` (local symbols
+    #: included) are of this kind too: a runtime linked statically into an executable
+    #: (nvcc's default ``-cudart static``), found among executables, not by file name.
+    content_symbol: str | None = None
+    #: Resolve probe symbols from ``.symtab`` as well as ``.dynsym``: a static runtime's
+    #: functions are local symbols of the executable.
+    symtab: bool = False
 
     def matches(self, basename: str) -> bool:
         return bool(self.file_pattern.match(basename))

@@ -44,7 +44,7 @@ def build(
 ) -> tuple[str, list[str]]:
     """Return (C text, cflags) for BCC."""
     page = 4096
-    prefixes = [k.open_prefix for f in families for k in f.libraries]
+    prefixes = [k.open_prefix for f in families for k in f.libraries if k.open_prefix]
     parts = [_bpf_source("common.h"), library_filter_c(prefixes), _bpf_source("discovery.c")]
     cflags = [
         f"-DEVENTS_RING_PAGES={events_ring_bytes // page}",
