@@ -7,7 +7,7 @@ with its default. Components are named ``type`` or ``type/name`` (``otlp/tempo``
 take no ``/name`` because one probe family is loaded once.
 
 Values: durations are ``"250ms"``, ``"1.5s"``, ``"1m30s"`` (units ns, us, ms, s, m, h) or a
-plain number of seconds, and are stored as int nanoseconds (``parse_duration``,
+plain number of seconds, at most 24h, and are stored as int nanoseconds (``parse_duration``,
 ``to_seconds``); sizes are ``"64KiB"``, ``"4MiB"``, ``"1GiB"`` or a plain number of bytes,
 stored as int bytes (``parse_size``). String values may use ``${env:VAR}``,
 ``${env:VAR:-default}``, ``${VAR}`` and ``${VAR:-default}`` (the default applies when VAR is
@@ -57,6 +57,7 @@ allowed values or keys, and the environment variable a bad value came from.
 from __future__ import annotations
 
 import difflib
+import math
 import mmap
 import os
 import re
@@ -116,22 +117,34 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 
 
+#: The longest duration any option takes. Timers are ``threading.Event.wait`` calls, which
+#: raise OverflowError past ``threading.TIMEOUT_MAX``; an hour-long interval is already an
+#: agent that exports nothing for an hour.
+MAX_DURATION_NS = 24 * _DURATION_UNITS_NS["h"]
+
+
 def parse_duration(value: object) -> int:
-    """A duration in int nanoseconds from ``"250ms"``, ``"1m30s"`` or a number of seconds."""
+    """A duration in int nanoseconds from ``"250ms"``, ``"1m30s"`` or a number of seconds,
+    at most ``MAX_DURATION_NS`` (24h)."""
     hint = "write a number of seconds or a number with a unit: ns, us, ms, s, m, h (e.g. 250ms, 1.5s, 1m30s)"
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"invalid duration {value!r}: {hint}")
     if isinstance(value, (int, float)):
         if value < 0:
             raise ValueError(f"invalid duration {value!r}: must not be negative")
-        return round(value * 1_000_000_000)
-    text = value.strip()
-    if _NUMBER.fullmatch(text):
-        return round(float(text) * 1_000_000_000)
-    parts = list(_DURATION_PART.finditer(text))
-    if not text or "".join(p.group(0) for p in parts) != text:
-        raise ValueError(f"invalid duration {value!r}: {hint}")
-    return round(sum(float(p.group(1)) * _DURATION_UNITS_NS[p.group(2)] for p in parts))
+        seconds = float(value)
+    else:
+        text = value.strip()
+        parts = list(_DURATION_PART.finditer(text))
+        if _NUMBER.fullmatch(text):
+            seconds = float(text)
+        elif not text or "".join(p.group(0) for p in parts) != text:
+            raise ValueError(f"invalid duration {value!r}: {hint}")
+        else:
+            seconds = sum(float(p.group(1)) * _DURATION_UNITS_NS[p.group(2)] for p in parts) / 1e9
+    if not math.isfinite(seconds) or seconds * 1e9 > MAX_DURATION_NS:
+        raise ValueError(f"duration {value!r} is too long: at most {format_duration(MAX_DURATION_NS)}")
+    return round(seconds * 1_000_000_000)
 
 
 def format_duration(ns: int) -> str:
@@ -180,11 +193,17 @@ PositiveDuration = Annotated[int, BeforeValidator(parse_duration), Field(gt=0)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 
 
+#: The largest BPF ring buffer accepted. The kernel takes a power of two up to 2 GiB
+#: (``max_entries`` is a u32), all of it kernel memory that is never swapped, plus the
+#: same again mapped twice into the agent; a quarter of that is already generous.
+MAX_RING_BYTES = 1 << 30
+
+
 def _power_of_two_ring(value: int) -> int:
-    if value < mmap.PAGESIZE or value & (value - 1):
+    if value < mmap.PAGESIZE or value & (value - 1) or value > MAX_RING_BYTES:
         raise ValueError(
-            f"the BPF ring buffer size must be a power of two of at least the page size "
-            f"({format_size(mmap.PAGESIZE)}), got {format_size(value)}"
+            f"the BPF ring buffer size must be a power of two from the page size "
+            f"({format_size(mmap.PAGESIZE)}) to {format_size(MAX_RING_BYTES)}, got {format_size(value)}"
         )
     return value
 
@@ -200,6 +219,47 @@ def _scalar_attribute(value: object) -> object:
 
 
 AttributeValue = Annotated[str | bool | int | float, BeforeValidator(_scalar_attribute)]
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def _header_value(value: str) -> str:
+    """What both transports send: gRPC refuses any control or non-ASCII byte in metadata
+    (every export then fails with "Invalid metadata"), and CR/LF would split an HTTP header."""
+    if not _HEADER_VALUE.fullmatch(value):
+        bad = next(c for c in value if not _HEADER_VALUE.fullmatch(c))
+        raise ValueError(f"{bad!r} is not allowed in a header value: printable ASCII only (no CR, LF, NUL, tab)")
+    return value
+
+
+def _header_name(name: str) -> str:
+    if not _HEADER_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a header name (letters, digits and !#$%&'*+.^_`|~-)")
+    return name
+
+
+def _lowercase_names(value: dict[str, str]) -> dict[str, str]:
+    """Header names stored lowercased: gRPC refuses upper case, HTTP ignores it."""
+    out: dict[str, str] = {}
+    for name, text in value.items():
+        if name.lower() in out:
+            raise ValueError(f"header {name!r} is written twice (names are case-insensitive)")
+        out[name.lower()] = text
+    return out
+
+
+HeaderValue = Annotated[str, AfterValidator(_header_value)]
+Headers = Annotated[dict[Annotated[str, AfterValidator(_header_name)], HeaderValue], AfterValidator(_lowercase_names)]
+
+
+def _no_nul(value: str) -> str:
+    if "\0" in value:
+        raise ValueError("a path must not contain a NUL character")
+    return value
+
+
+FilePath = Annotated[str, AfterValidator(_no_nul)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -262,7 +322,7 @@ class IbverbsReceiverConfig(_Section):
     slow_completion: PositiveDuration = 1_000_000
     max_queue_pairs: int = Field(16384, ge=64, le=1 << 20)
     ring_buffer_size: RingSize = 1 << 20
-    max_spans_per_second: int = Field(20_000, ge=0)
+    max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
 
 
 class CudaReceiverConfig(_Section):
@@ -270,12 +330,12 @@ class CudaReceiverConfig(_Section):
 
     libraries: list[Literal["cudart", "cuda"]] = ["cudart", "cuda"]
     search_paths: list[Annotated[str, AfterValidator(_absolute_glob)]] = list(_DEFAULT_CUDA_SEARCH_PATHS)
-    launch_sample_every: int = Field(0, ge=0)
+    launch_sample_every: int = Field(0, ge=0, le=1 << 30)
     launch_errors: bool = False
     min_span_duration: Duration = 0
     ring_buffer_size: RingSize = 16 << 20
     top_kernels: int = Field(20, ge=0, le=1000)
-    max_spans_per_second: int = Field(20_000, ge=0)
+    max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
 
     @field_validator("libraries")
     @classmethod
@@ -293,7 +353,7 @@ class HttpReceiverConfig(_Section):
     ring_buffer_size: RingSize = 16 << 20
     capture_headers: list[str] = []
     redact_headers: list[str] = []
-    max_spans_per_second: int = Field(20_000, ge=0)
+    max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
 
     @field_validator("ports")
     @classmethod
@@ -358,7 +418,7 @@ class NcclReceiverConfig(_Section):
     ring_buffer_size: RingSize = 1 << 20
     straggler_threshold: PositiveDuration = 50_000_000
     completion_timeout: PositiveDuration = 30_000_000_000
-    max_spans_per_second: int = Field(20_000, ge=0)
+    max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
 
 
 ReceiverConfig: TypeAlias = (
@@ -382,8 +442,8 @@ class BatchProcessorConfig(_Section):
     """Groups telemetry before export, like the Collector's batch processor."""
 
     timeout: PositiveDuration = 1_000_000_000
-    send_batch_size: int = Field(512, ge=1)
-    max_queue_size: int = Field(8192, ge=1)
+    send_batch_size: int = Field(512, ge=1, le=1 << 16)
+    max_queue_size: int = Field(8192, ge=1, le=1 << 22)
 
     @model_validator(mode="after")
     def _queue_holds_a_batch(self) -> BatchProcessorConfig:
@@ -417,9 +477,9 @@ PROCESSOR_TYPES: dict[str, type[BaseModel]] = {"batch": BatchProcessorConfig, "r
 class HttpTLSConfig(_Section):
     """TLS for the HTTP exporter; the endpoint's scheme (http/https) decides whether TLS is used."""
 
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
+    ca_file: FilePath | None = None
+    cert_file: FilePath | None = None
+    key_file: FilePath | None = None
 
     @model_validator(mode="after")
     def _client_pair(self) -> HttpTLSConfig:
@@ -442,7 +502,7 @@ class OtlpExporterConfig(_Section):
     """OTLP over gRPC. ``endpoint`` is ``host:port`` or ``http(s)://host[:port]``."""
 
     endpoint: str | None = None
-    headers: dict[str, str] = {}
+    headers: Headers = {}
     tls: TLSConfig = TLSConfig()
     timeout: PositiveDuration = 10_000_000_000
     compression: Compression = "gzip"
@@ -487,7 +547,7 @@ class OtlpHttpExporterConfig(_Section):
     endpoint: str | None = None
     traces_endpoint: str | None = None
     metrics_endpoint: str | None = None
-    headers: dict[str, str] = {}
+    headers: Headers = {}
     tls: HttpTLSConfig = HttpTLSConfig()
     timeout: PositiveDuration = 10_000_000_000
     compression: Compression = "gzip"
@@ -511,16 +571,42 @@ class OtlpHttpExporterConfig(_Section):
         return self.endpoint.rstrip("/") + f"/v1/{signal}"
 
 
-class FileExporterConfig(_Section):
-    """OTLP-JSON lines (the Collector file exporter's format), one file per signal."""
+def _mode(value: object) -> int:
+    """A permission mode, written as in chmod: ``"0600"`` (or the YAML int 0o600 / 384)."""
+    if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3}", value.strip()):
+        value = int(value.strip(), 8)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
+        raise ValueError(f"invalid mode {value!r}: write it as in chmod, in quotes (e.g. \"0600\")")
+    return value
 
-    directory: str = Field("./otelbpf-out", min_length=1)
+
+Mode = Annotated[int, BeforeValidator(_mode)]
+
+
+class FileExporterConfig(_Section):
+    """OTLP-JSON lines (the Collector file exporter's format), one file per signal, and pprof
+    files under ``profiles/``. The agent runs as root and what it writes names paths, hosts and
+    peers: the directory is created ``dir_mode`` and files ``file_mode`` (owner only by
+    default), and nothing is written through a symbolic link (``export/safe_files.py``)."""
+
+    directory: FilePath = Field("./otelbpf-out", min_length=1)
     rotate_size: Size = 64 << 20
+    file_mode: Mode = 0o600
+    dir_mode: Mode = 0o700
+
+    @model_validator(mode="after")
+    def _owner_can_use(self) -> FileExporterConfig:
+        if self.file_mode & 0o600 != 0o600 or self.dir_mode & 0o700 != 0o700:
+            raise ValueError(
+                f"file_mode {self.file_mode:04o} / dir_mode {self.dir_mode:04o}: the owner (the agent) needs "
+                "read and write on files and rwx on the directory"
+            )
+        return self
 
 
 class BasicAuthConfig(_Section):
-    username: str = Field(min_length=1)
-    password: str
+    username: HeaderValue = Field(min_length=1)
+    password: HeaderValue
 
 
 class RetryConfig(_Section):
@@ -539,11 +625,11 @@ class PyroscopeExporterConfig(_Section):
     endpoint: str | None = None
     protocol: Literal["push", "ingest"] = "push"
     basic_auth: BasicAuthConfig | None = None
-    bearer_token: str | None = None
-    tenant_id: str | None = None
-    headers: dict[str, str] = {}
+    bearer_token: HeaderValue | None = None
+    tenant_id: HeaderValue | None = None
+    headers: Headers = {}
     timeout: PositiveDuration = 10_000_000_000
-    max_queue_size: int = Field(256, ge=1)
+    max_queue_size: int = Field(256, ge=1, le=1 << 16)
     retry: RetryConfig = RetryConfig()
 
     @field_validator("endpoint")
@@ -603,7 +689,7 @@ def _grpc_target(endpoint: str) -> str:
 class TargetsConfig(_Section):
     """Which processes are watched: all, or only ``pids`` and their descendants."""
 
-    pids: list[Annotated[int, Field(gt=0)]] = []
+    pids: list[Annotated[int, Field(gt=0, le=1 << 22)]] = []  # PID_MAX_LIMIT
 
     @field_validator("pids")
     @classmethod
@@ -951,6 +1037,8 @@ exporters:
   file:
     directory: ./otelbpf-out
     rotate_size: 64MiB
+    file_mode: "0600"
+    dir_mode: "0700"
 targets:
   pids: []
 service:
@@ -986,8 +1074,9 @@ def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os
         return _build(DEFAULT_CONFIG_YAML, DEFAULT_SOURCE, env, from_file=False)
     source = os.fspath(path)
     try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
+        with open(source, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # never more: it may be /dev/zero or 60 MB
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         example = "see config/otelbpf.yaml for a documented example"
         raise ConfigError(source, [f"{source}: no such file; {example}"]) from None
@@ -1065,9 +1154,59 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], yaml.Node]:
-    loader = _Loader(text)
+#: Limits checked before a document is built, so that no config can exhaust the host: a
+#: real config is a few KiB, ~8 levels deep and a few hundred nodes. ``MAX_CONFIG_NODES``
+#: counts nodes as aliases expand them (an alias bomb's 10 levels of 10 aliases are 10^10).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 32
+MAX_CONFIG_NODES = 100_000
+
+
+def _check_shape(text: str, source: str) -> None:
+    """Size, nesting depth and alias-expanded node count, on the event stream (which PyYAML
+    produces with a loop and bounded memory; building the document recurses and expands
+    aliases). Raises ConfigError at the first limit passed."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(source, [f"{source}: larger than {format_size(MAX_CONFIG_BYTES)}: not a config file"])
+    anchors: dict[str, int] = {}
+    open_nodes: list[list[Any]] = [[None, 0]]  # [anchor, nodes so far] per open collection
+    loader = yaml.SafeLoader(text[:MAX_CONFIG_BYTES])
     try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, yaml.CollectionStartEvent):
+                open_nodes.append([event.anchor, 1])
+                if len(open_nodes) - 1 > MAX_CONFIG_DEPTH:
+                    _shape_error(source, event, f"nested more than {MAX_CONFIG_DEPTH} levels deep")
+                continue
+            if isinstance(event, yaml.CollectionEndEvent):
+                anchor, count = open_nodes.pop()
+            elif isinstance(event, yaml.ScalarEvent):
+                anchor, count = event.anchor, 1
+            elif isinstance(event, yaml.AliasEvent):
+                anchor, count = None, anchors.get(event.anchor, 1)
+            else:
+                continue
+            if anchor is not None:
+                anchors[anchor] = count
+            open_nodes[-1][1] += count
+            if open_nodes[-1][1] > MAX_CONFIG_NODES:
+                _shape_error(source, event, f"more than {MAX_CONFIG_NODES} values once YAML aliases (*name) "
+                             "are expanded: an alias bomb, or a config that is not one")
+    finally:
+        loader.dispose()
+
+
+def _shape_error(source: str, event: yaml.Event, what: str) -> None:
+    mark = event.start_mark
+    raise ConfigError(source, [f"{source}:{mark.line + 1}:{mark.column + 1}: {what}"])
+
+
+def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], yaml.Node]:
+    loader = None
+    try:
+        _check_shape(text, source)
+        loader = _Loader(text)
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
     except yaml.MarkedYAMLError as exc:
@@ -1077,7 +1216,8 @@ def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], yaml.Node]:
     except yaml.YAMLError as exc:
         raise ConfigError(source, [f"{source}: invalid YAML: {exc}"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if root is None:
         raise ConfigError(source, [f"{source}: the file is empty; see config/otelbpf.yaml for a documented example"])
     if not isinstance(data, dict):

@@ -267,7 +267,7 @@ def test_batch_queue_must_hold_a_batch():
 def test_ring_buffer_size_must_be_a_power_of_two():
     assert load(with_cuda("ring_buffer_size: 64KiB")).receivers["cuda"].ring_buffer_size == 65536
     error = one_error(with_cuda("ring_buffer_size: 3MiB"))
-    assert "must be a power of two of at least the page size" in error and "got 3MiB" in error
+    assert "must be a power of two from the page size (4KiB) to 1GiB" in error and "got 3MiB" in error
 
 
 def test_search_paths_must_be_absolute():
