@@ -52,23 +52,30 @@ class MetricsLoop:
     def _run(self) -> None:
         name_os_thread("otelbpf-metrics")
         while not self._stop.wait(self._interval):
-            self.export_once()
+            try:
+                self.export_once()
+            except Exception:  # a failed round must not end the loop: the agent would export nothing
+                log.exception("metrics export failed; trying again in %.1fs", self._interval)
+                self._health.add("otelbpf.metrics.export_errors")
+
+    @property
+    def failed(self) -> bool:
+        """The timer thread ended before stop(): no metric leaves any more (the agent exits)."""
+        return self._thread.ident is not None and not self._thread.is_alive() and not self._stop.is_set()
 
     def collect(self) -> MetricsData:
         grouped: dict[tuple, ResourceMetrics] = {}
         for source in self._sources:
             try:
-                triples = source()
+                for resource, scope, metrics in source():
+                    key = tuple(sorted((k, str(v)) for k, v in resource.attributes.items()))
+                    rm = grouped.get(key)
+                    if rm is None:
+                        rm = grouped[key] = ResourceMetrics(resource=resource, scope_metrics=[], schema_url="")
+                    rm.scope_metrics.append(ScopeMetrics(scope=scope, metrics=metrics, schema_url=""))
             except Exception:  # one broken source must not hide the others
                 log.exception("metric source failed")
                 self._health.add("otelbpf.metrics.source_errors")
-                continue
-            for resource, scope, metrics in triples:
-                key = tuple(sorted((k, str(v)) for k, v in resource.attributes.items()))
-                rm = grouped.get(key)
-                if rm is None:
-                    rm = grouped[key] = ResourceMetrics(resource=resource, scope_metrics=[], schema_url="")
-                rm.scope_metrics.append(ScopeMetrics(scope=scope, metrics=metrics, schema_url=""))
         return MetricsData(resource_metrics=list(grouped.values()))
 
     def export_once(self) -> None:
