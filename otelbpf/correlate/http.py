@@ -17,15 +17,26 @@ fixed at once, so that what happens while it is served can point to it:
 Spans are emitted when the exchange ends.
 
 Never exported: ``authorization``, ``proxy-authorization``, ``cookie``,
-``set-cookie`` and the configured ``redact_headers``; bodies; query strings.
-Only headers named in ``capture_headers`` become attributes.
+``set-cookie`` and the configured ``redact_headers``; bodies; query strings;
+userinfo in a target or Host and path parameter values (redact.py). Only
+headers named in ``capture_headers`` become attributes.
+
+Hostile traffic: every value taken from the bytes is checked before use
+(``:status`` three digits, ``grpc-status`` 0-16, a gRPC ``:path`` exactly
+``/service/method``); what fails is left out of the span and counted, and one
+exchange that still fails is counted and skipped without losing the others of
+its batch or connection. Metric series are bounded: methods outside the
+standard set are ``_OTHER``, and a process's distinct gRPC routes beyond
+``max_routes`` share one ``_OTHER`` series (``otelbpf.http.routes_folded``).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import re
 import threading
+import traceback
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +55,8 @@ from otelbpf.correlate.netaddr import address_from_raw
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.protocols.http1 import Exchange, Http1Connection, Message, looks_like_request, looks_like_response
 from otelbpf.correlate.protocols.http2 import H2Connection, Stream, looks_like_preface
+from otelbpf.correlate.protocols.limits import DEFAULT, Held, Limits
+from otelbpf.correlate.redact import quiet_payload_loggers, split_target, strip_userinfo
 from otelbpf.correlate.sockets import Conn, Connections
 from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
@@ -55,7 +68,16 @@ SCOPE = scope("otelbpf.http")
 ALWAYS_REDACTED = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 #: Problems of following the bytes, not of the exchange: marked on the span, not failed.
 PARSE_PROBLEMS = frozenset({"desync", "headers_truncated", "gap_in_framing", "bad_chunk", "head_too_large",
-                            "bad_start_line"})
+                            "bad_start_line", "bad_chunk_size", "bad_content_length", "bad_request_target",
+                            "stream_limit", "process_limit"})
+#: Methods that name their own metric series (OpenTelemetry's list); any other is ``_OTHER``.
+KNOWN_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE", "QUERY"})
+#: Distinct gRPC routes (service, method) with a series of their own, per process; the rest share ``_OTHER``.
+MAX_ROUTES = 256
+OTHER = "_OTHER"
+_STATUS = re.compile(r"[1-9][0-9][0-9]")
+_GRPC_STATUS = re.compile(r"[0-9]{1,2}")
+_GRPC_PATH = re.compile(r"/([^/]+)/([^/]+)")
 #: Chunks a server may send before the client's first bytes decide the protocol (HTTP/2 SETTINGS).
 _PENDING_CHUNKS = 16
 #: gRPC codes that are server errors (OpenTelemetry's rpc conventions); any non-OK code fails a client span.
@@ -95,6 +117,7 @@ class _Proc:
     start_ns: int
     exited: bool = False  # forgotten after its next export
     durations: dict = field(default_factory=lambda: defaultdict(m.HistogramState))  # (metric, attrs) -> histogram
+    routes: set = field(default_factory=set)  # gRPC (service, method) pairs with their own series
 
 
 def parse_traceparent(value: str | None) -> SpanContext | None:
@@ -142,7 +165,12 @@ class HttpCorrelator:
         redact_headers: list[str] = (),
         max_spans_per_second: int = 20_000,
         traces: bool = True,
+        limits: Limits = DEFAULT,
+        max_routes: int = MAX_ROUTES,
     ) -> None:
+        """``limits``: what one connection and one process may hold (protocols/limits.py);
+        ``max_routes``: gRPC routes with their own metric series per process."""
+        quiet_payload_loggers()
         self._info = process_info
         self._clock = clock
         self._emit = emit_spans
@@ -155,6 +183,9 @@ class HttpCorrelator:
         self._budget = SpanBudget(max_spans_per_second)
         self._traces = traces
         self._procs: dict[int, _Proc] = {}
+        self._limits = limits
+        self._max_routes = max_routes
+        self._held: dict[int, Held] = {}  # by pid: pending requests and open streams of its connections
         self._lock = threading.Lock()
         self._spans: list = []
         self._durations: dict[tuple, list[float]] = defaultdict(list)  # (pid, metric, labels) -> seconds, this batch
@@ -173,7 +204,8 @@ class HttpCorrelator:
         for pid in np.unique(exits["pid"]).tolist() if len(exits) else ():
             with self._lock:
                 for conn in self._conns.forget_process(pid):
-                    self._end(conn, None, "process_exited")
+                    self._guarded(self._end, conn, None, "process_exited")
+                self._held.pop(pid, None)
                 self._causality.forget_process(pid)
                 self._flush_durations()
                 if pid in self._procs:
@@ -194,14 +226,20 @@ class HttpCorrelator:
             if unknown.any():
                 self._conns.prepare(list(zip(arr["pid"][unknown].tolist(), arr["fd"][unknown].tolist())))
             for i in order.tolist():
-                try:
-                    self._record(rows[i], addrs, i)
-                except Exception:  # one bad record is counted; the batch goes on
-                    log.exception("http: record %d of a batch failed", i)
-                    self._count("otelbpf.http.problems", 1, reason="processing_error")
+                self._guarded(self._record, rows[i], addrs, i)
             self._conns.flush()
             self._flush_durations()
         self._flush_spans()
+
+    def _guarded(self, fn: Callable, *args) -> None:
+        """``fn(*args)``; an exception is counted and logged by type and place only (its message may
+        quote the traffic), and the caller goes on with the rest of its batch or connection."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            log.error("http: %s failed: %s at %s:%d", fn.__name__, type(exc).__name__, where.filename, where.lineno)
+            self._count("otelbpf.http.problems", 1, reason="processing_error")
 
     def _record(self, row: tuple, addrs: np.ndarray, i: int) -> None:
         """``row``: the record's _FIELDS and payload; ``addrs[i]``: its address, read only by control records."""
@@ -261,7 +299,7 @@ class HttpCorrelator:
             return
         at = stamp or conn.last_stamp
         for result in conn.session.close(at, error):
-            self._finished(conn, result)
+            self._guarded(self._finished, conn, result)
         self._report_problems(conn)
 
     # -- protocol ---------------------------------------------------------------
@@ -281,7 +319,7 @@ class HttpCorrelator:
             return
         c2s = egress == (conn.role == "client")
         for result in conn.session.feed(c2s, payload, missing, stamp):
-            self._finished(conn, result)
+            self._guarded(self._finished, conn, result)
         if conn.session.problems:  # the usual case has none
             self._report_problems(conn)
 
@@ -325,11 +363,15 @@ class HttpCorrelator:
     def _start(self, conn: Conn, protocol: str, *, synchronized: bool) -> None:
         conn.protocol = protocol
         self._count("otelbpf.http.connections", 1, protocol=protocol)
+        held = self._held.get(conn.pid)
+        if held is None and protocol in ("http1", "http2"):
+            held = self._held[conn.pid] = Held(self._limits.held_per_process)
         if protocol == "http1":
             conn.session = Http1Connection(on_request=lambda msg: self._request_http1(conn, msg),
-                                           synchronized=synchronized)
+                                           synchronized=synchronized, limits=self._limits, held=held)
         elif protocol == "http2":
-            conn.session = H2Connection(on_request=lambda stream: self._request_http2(conn, stream))
+            conn.session = H2Connection(on_request=lambda stream: self._request_http2(conn, stream),
+                                        limits=self._limits, held=held)
 
     def _report_problems(self, conn: Conn) -> None:
         for reason, n in conn.session.problems.items():
@@ -375,19 +417,19 @@ class HttpCorrelator:
         if req is None or req.tag is None:
             return
         head = req.head
-        path = head.target.split("?", 1)[0]
+        path, authority = split_target(head.target)
         attrs: dict[str, object] = {
             "http.request.method": head.method,
-            "url.path": path,
+            "url.path": self._clip(path),
             "network.protocol.name": "http",
             "network.protocol.version": head.version,
             "http.request.body.size": req.body_size,
             "http.request.size": req.size,
         }
-        self._host_attrs(conn, attrs, head.first.get("host"))
+        self._host_attrs(conn, attrs, authority or head.first.get("host"))
         ua = head.first.get("user-agent")
         if ua:
-            attrs["user_agent.original"] = ua
+            attrs["user_agent.original"] = self._clip(ua)
         if self._capture:
             self._header_attrs(attrs, "request", head.headers)
         if head.truncated:
@@ -415,36 +457,66 @@ class HttpCorrelator:
         }
         request = _first_values(s.request_headers)  # several lookups each: one scan, not one per name
         response = _first_values(s.response_headers)
-        method = request.get(":method") or ""
-        path = (request.get(":path") or "").split("?", 1)[0]
+        method = self._clip(request.get(":method") or "")
+        path, authority = split_target(request.get(":path") or "")
         if method:
             attrs["http.request.method"] = method
         if path:
-            attrs["url.path"] = path
-        self._host_attrs(conn, attrs, request.get(":authority"))
+            attrs["url.path"] = self._clip(path)
+        self._host_attrs(conn, attrs, authority or request.get(":authority"))
         ua = request.get("user-agent")
         if ua:
-            attrs["user_agent.original"] = ua
+            attrs["user_agent.original"] = self._clip(ua)
         if self._capture:
             self._header_attrs(attrs, "request", s.request_headers)
             self._header_attrs(attrs, "response", s.response_headers)
         status = 0
         if response.get(":status"):
-            status = int(response[":status"])
-            attrs["http.response.status_code"] = status
+            if _STATUS.fullmatch(response[":status"]):
+                status = int(response[":status"])
+                attrs["http.response.status_code"] = status
+            else:
+                self._problem("bad_status")
         if s.headers_lost:
             attrs["otelbpf.http2.headers_lost"] = True
         if s.reset_code is not None:
             attrs["otelbpf.http2.rst_stream_code"] = s.reset_code
         grpc = None
-        if (request.get("content-type") or "").startswith("application/grpc") and path.count("/") == 2:
-            service, rpc_method = path[1:].split("/")
-            grpc = s.grpc_status
-            attrs.update({"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc_method, "http.route": path})
-            if grpc is not None:
-                attrs["rpc.grpc.status_code"] = grpc
+        if (request.get("content-type") or "").startswith("application/grpc"):
+            route = _GRPC_PATH.fullmatch(path)
+            if route is None:
+                self._problem("bad_grpc_path")
+            else:
+                grpc = self._grpc_status(s)
+                attrs.update({"rpc.system": "grpc", "rpc.service": self._clip(route.group(1)),
+                              "rpc.method": self._clip(route.group(2)), "http.route": attrs["url.path"]})
+                if grpc is not None:
+                    attrs["rpc.grpc.status_code"] = grpc
         problem = "" if s.complete else s.problem
-        self._emit_exchange(conn, s.tag, s.last or s.first, method, status, grpc, problem, s.grpc_message, attrs)
+        message = s.grpc_message
+        self._emit_exchange(conn, s.tag, s.last or s.first, method, status, grpc, problem,
+                            self._clip(message) if message else message, attrs)
+
+    def _grpc_status(self, s: Stream) -> int | None:
+        """grpc-status if it is one of gRPC's codes (0-16); None, counted, if it is something else."""
+        for where in ("trailers", "response"):
+            value = s.header("grpc-status", where)
+            if value is not None:
+                if _GRPC_STATUS.fullmatch(value) and int(value) <= 16:
+                    return int(value)
+                self._problem("bad_grpc_status")
+                return None
+        return None
+
+    def _problem(self, reason: str) -> None:
+        self._count("otelbpf.http.problems", 1, reason=reason)
+
+    def _clip(self, value: str) -> str:
+        """A string attribute of at most ``limits.attribute_chars`` characters (clipping counted)."""
+        if len(value) <= self._limits.attribute_chars:
+            return value
+        self._problem("value_truncated")
+        return value[: self._limits.attribute_chars]
 
     def _host_attrs(self, conn: Conn, attrs: dict, host: str | None) -> None:
         """server.*, client.* and network.peer.* from the connection and the Host (:authority) header:
@@ -458,7 +530,7 @@ class HttpCorrelator:
     @staticmethod
     def _ends_attrs(conn: Conn, host: str | None) -> dict:
         attrs: dict[str, object] = {}
-        name = host or ""
+        name = strip_userinfo(host or "")[:DEFAULT.attribute_chars]
         if name.startswith("["):
             name = name[1 : name.find("]")] if "]" in name else ""
         elif name.rpartition(":")[2].isdigit():
@@ -479,7 +551,7 @@ class HttpCorrelator:
 
     def _header_attrs(self, attrs: dict, where: str, headers: list[tuple[str, str]]) -> None:
         for name in self._capture:
-            values = [v for k, v in headers if k == name]
+            values = [self._clip(v) for k, v in headers if k == name]
             if values:
                 attrs[f"http.{where}.header.{name}"] = values
 
@@ -534,12 +606,13 @@ class HttpCorrelator:
                         seconds: float) -> None:
         # The labels as (name, value) pairs in the order they are named here: the series' cache key.
         if grpc is not None or attrs.get("rpc.system") == "grpc":
-            key = ("rpc.system", "grpc"), ("rpc.service", attrs["rpc.service"]), ("rpc.method", attrs["rpc.method"])
+            service, rpc_method = self._route(conn.pid, attrs["rpc.service"], attrs["rpc.method"])
+            key = ("rpc.system", "grpc"), ("rpc.service", service), ("rpc.method", rpc_method)
             if grpc is not None:
                 key += (("rpc.grpc.status_code", grpc),)
             metric = "rpc.server.duration" if server else "rpc.client.duration"
         else:
-            key = (("http.request.method", method or "_OTHER"),
+            key = (("http.request.method", method if method in KNOWN_METHODS else OTHER),
                    ("network.protocol.version", attrs["network.protocol.version"]))
             if status:
                 key += (("http.response.status_code", status), ("http.response.status_class", status_class(status)))
@@ -554,6 +627,18 @@ class HttpCorrelator:
             if len(self._series) > 100_000:
                 self._series.clear()
         self._durations[(conn.pid, metric, series)].append(seconds)
+
+    def _route(self, pid: int, service: str, method: str) -> tuple[str, str]:
+        """The route's own labels while the process has fewer than ``max_routes``, else ``_OTHER``."""
+        routes = self._proc(pid).routes
+        route = (service, method)
+        if route in routes:
+            return route
+        if len(routes) < self._max_routes:
+            routes.add(route)
+            return route
+        self._count("otelbpf.http.routes_folded", 1)
+        return OTHER, OTHER
 
     def _flush_durations(self) -> None:
         """Histograms take whole arrays: one numpy call per series and batch, not per request."""

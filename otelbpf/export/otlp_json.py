@@ -11,12 +11,18 @@ an order of magnitude cheaper.
 The encoding follows the protobuf JSON mapping the Collector's file exporter
 uses: lowerCamelCase names, 64-bit integers as strings, enums as integers,
 hex trace and span ids, fields at their default value left out.
+
+An integer OTLP cannot hold (outside int64) never fails the batch it is in
+(up to 512 spans of every process): it is clamped to int64's bounds and
+counted in ``CONVERSIONS``. A value of a type with no encoding at all is a
+bug of the code that made the span, and stays a TypeError.
 """
 
 from __future__ import annotations
 
 import base64
 import math
+import threading
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -35,6 +41,38 @@ SPAN_KIND = {
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 
 _encoder = msgspec.json.Encoder()
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class Conversions:
+    """Values the encoders changed to make them encodable, by kind; read (and reset) by the agent."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def add(self, kind: str) -> None:
+        with self._lock:
+            self._counts[kind] = self._counts.get(kind, 0) + 1
+
+    def take(self) -> dict[str, int]:
+        """Counts since the last call."""
+        with self._lock:
+            counts, self._counts = self._counts, {}
+        return counts
+
+
+#: Shared by both encoders (otlp_proto.py imports it).
+CONVERSIONS = Conversions()
+
+
+def clamp_int(value: int) -> int:
+    """``value`` within int64 (counted when it was not)."""
+    if INT64_MIN <= value <= INT64_MAX:
+        return value
+    CONVERSIONS.add("int_out_of_range")
+    return INT64_MAX if value > 0 else INT64_MIN
+
 
 
 def _float(value: float) -> dict:
@@ -52,7 +90,7 @@ def _sequence(value: Sequence) -> dict:
 _BY_TYPE = {
     str: lambda v: {"stringValue": v},
     bool: lambda v: {"boolValue": v},
-    int: lambda v: {"intValue": str(v)},
+    int: lambda v: {"intValue": str(clamp_int(v))},
     float: _float,
     tuple: _sequence,
     list: _sequence,
@@ -69,7 +107,7 @@ def _any(value: object) -> dict:
     if isinstance(value, str):
         return {"stringValue": str(value)}
     if isinstance(value, int):
-        return {"intValue": str(int(value))}
+        return {"intValue": str(clamp_int(int(value)))}
     if isinstance(value, float):
         return _float(float(value))
     if isinstance(value, bytes):

@@ -5,6 +5,8 @@ call at a time (~50 µs per HTTP span here). Handing the protobuf constructor on
 dict per resource lets the C implementation (upb) build the messages: a third of the CPU,
 the same message (tests/export/test_otlp_proto.py compares them with ``==``; 15 against 49 µs per HTTP span in bench/http_pipeline.py). Used by the
 ``otlp`` (gRPC) exporter; the ``otlphttp`` exporter encodes inside the SDK's ``export``.
+Values protobuf cannot hold are clamped or converted as in otlp_json.py (counted), so that
+one span never fails a whole request.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otelbpf.export.otlp_json import SPAN_KIND, group_spans, span_flags
+from otelbpf.export.otlp_json import SPAN_KIND, clamp_int, group_spans, span_flags
 
 #: Encoded key-value pairs of scalar attributes, reused (as in otlp_json.py): the protobuf
 #: constructor copies them, so sharing between requests is safe. Bounded: starts over when full.
@@ -26,7 +28,10 @@ _SCALAR = {str: "string_value", bool: "bool_value", int: "int_value", float: "do
 
 def _any(value: object) -> dict:
     """An ``AnyValue``."""
-    field = _SCALAR.get(type(value))
+    t = type(value)
+    if t is int:
+        return {"int_value": clamp_int(value)}
+    field = _SCALAR.get(t)
     if field is not None:
         return {field: value}
     if isinstance(value, bool):
@@ -34,7 +39,7 @@ def _any(value: object) -> dict:
     if isinstance(value, str):
         return {"string_value": str(value)}
     if isinstance(value, int):
-        return {"int_value": int(value)}
+        return {"int_value": clamp_int(int(value))}
     if isinstance(value, float):
         return {"double_value": float(value)}
     if isinstance(value, bytes):
@@ -59,7 +64,7 @@ def _attributes(attrs: Mapping | None) -> list[dict]:
             if kv is None:
                 if len(cache) >= _KV_CACHE_MAX:
                     cache.clear()
-                kv = cache[key] = {"key": k, "value": {scalar[t]: v}}
+                kv = cache[key] = {"key": k, "value": {scalar[t]: clamp_int(v) if t is int else v}}
             out.append(kv)
         else:
             out.append({"key": k, "value": _any(v)})

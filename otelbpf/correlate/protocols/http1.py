@@ -13,6 +13,15 @@ Covers: request line, headers, status line, Content-Length and chunked
 bodies (with trailers), bodiless responses (HEAD, 1xx, 204, 304), bodies
 delimited by close, keep-alive (any number of messages per connection) and
 pipelining (responses are paired with requests in order).
+
+Hostile input: framing numbers follow the RFC 9112 grammar exactly (a chunk
+size is hex digits only, at most 15; a Content-Length decimal digits only, at
+most 15, repeated values equal; a status three digits; a request target one
+of the four forms) and anything else desynchronises the stream with its
+reason counted: ``int()`` would accept signs, underscores, blanks and
+thousands of digits, and a negative size moved the parse position backwards
+forever. What a connection holds is capped (limits.py): requests pipelined
+beyond the cap are not followed (their responses are counted, not paired).
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from otelbpf.correlate.protocols.limits import DEFAULT, Held, Limits
 
 #: Header blocks larger than this are not HTTP we can follow.
 MAX_HEAD = 64 * 1024
@@ -37,6 +48,16 @@ _HEAD_END = re.compile(rb"\n\r?\n")
 #: findall per head rather than a Python loop over lines. The value's line end (CR) and trailing
 #: blanks are cut in Python (_parse_head): a lazy value in the regex costs it a try per byte.
 _HEADER_LINE = re.compile(r"^([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*(.*)$", re.M)
+#: A chunk-size line (RFC 9112 7.1): hex digits, then optional extensions; line end removed.
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?")
+#: A Content-Length value (RFC 9110 8.6): digits, or a list of the same digits repeated.
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,15}(?:[ \t]*,[ \t]*[0-9]{1,15})*")
+#: Request targets (RFC 9112 3.2): origin-form, absolute-form, then authority-form (CONNECT)
+#: and asterisk-form (OPTIONS), visible characters only (bytes above 0x7f let through: many
+#: clients send raw UTF-8), at most MAX_TARGET.
+MAX_TARGET = 16 * 1024
+_TARGET = re.compile(r"(?:/|[A-Za-z][A-Za-z0-9+.-]*://)[!-~\x80-\xff]*")
+_AUTHORITY = re.compile(r"[!-~]+:[0-9]{1,5}")
 _METHOD_PREFIX = re.compile(rb"[A-Z][A-Z-]{0,19}(?: [^ \r\n]*(?: H(?:T(?:T(?:P(?:/(?:1(?:\.[01]?)?)?)?)?)?)?)?)?\r?$")
 
 #: Stray line ends are allowed between messages.
@@ -235,6 +256,9 @@ class MessageStream:
             return pos + n
         if mode == "chunk_crlf":
             n = min(s.remaining, len(data) - pos)
+            if data[pos : pos + n] != b"\r\n"[2 - s.remaining : 2 - s.remaining + n]:
+                self._desync("bad_chunk")
+                return len(data)
             self._msg.size += n
             s.remaining -= n
             if s.remaining == 0:
@@ -250,17 +274,17 @@ class MessageStream:
                 return len(data)
             s.buf += data[pos : end + 1]
             self._msg.size += end + 1 - pos
-            line = bytes(s.buf).strip()
+            line = bytes(s.buf).rstrip(b"\r\n")
             s.buf.clear()
             if mode == "trailers":
                 if not line:
                     self._finish()
                 return end + 1
-            try:
-                size = int(line.split(b";", 1)[0], 16)
-            except ValueError:
-                self._desync("bad_chunk")
+            m = _CHUNK_SIZE.fullmatch(line)
+            if m is None:
+                self._desync("bad_chunk_size")
                 return len(data)
+            size = int(m.group(1), 16)
             if size == 0:
                 s.mode = "trailers"
             else:
@@ -284,6 +308,10 @@ class MessageStream:
             self._msg = None
             self._desync("bad_start_line")
             return
+        if self.is_request and not _valid_target(head.method, head.target):
+            self._msg = None
+            self._desync("bad_request_target")
+            return
         msg = self._msg
         msg.head = head
         if not self.is_request and 100 <= head.status < 200 and head.status != 101:
@@ -295,8 +323,12 @@ class MessageStream:
         if truncated:
             self._desync("headers_truncated")
             return
-        self._s.mode, self._s.remaining = self._body_mode(head)
-        if self._s.mode == "upgraded":
+        mode, remaining = self._body_mode(head)
+        if mode == "desync":
+            self._desync("bad_content_length")
+            return
+        self._s.mode, self._s.remaining = mode, remaining
+        if mode == "upgraded":
             self.upgraded = True
             self._finish()
         elif self._s.mode == "done":
@@ -315,11 +347,9 @@ class MessageStream:
         te = first.get("transfer-encoding")
         if te and "chunked" in te.lower():
             return "chunk_size", 0
-        cl = first.get("content-length")
-        if cl is not None:
-            try:
-                n = int(cl.split(",")[0])
-            except ValueError:
+        if "content-length" in first:
+            n = _content_length([v for k, v in head.headers if k == "content-length"])
+            if n is None:
                 return "desync", 0
             return ("length", n) if n > 0 else ("done", 0)
         if self.is_request:
@@ -390,6 +420,36 @@ class MessageStream:
         return done
 
 
+def _valid_target(method: str, target: str) -> bool:
+    """Is ``target`` a request target RFC 9112 allows for ``method``?"""
+    if len(target) > MAX_TARGET:
+        return False
+    if _TARGET.fullmatch(target):
+        return True
+    if method == "CONNECT":
+        return _AUTHORITY.fullmatch(target) is not None
+    return target == "*" and method == "OPTIONS"
+
+
+def _content_length(values: list[str]) -> int | None:
+    """The body length that Content-Length fields say, or None if they are not valid or disagree."""
+    lengths = set()
+    for value in values:
+        if not _CONTENT_LENGTH.fullmatch(value):
+            return None
+        lengths.update(int(v) for v in value.split(","))
+    return lengths.pop() if len(lengths) == 1 else None
+
+
+class _Skipped:
+    """A run of pipelined requests not followed (over the cap): their responses are counted, not paired."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 1
+
+
 @dataclass(slots=True)
 class Exchange:
     """A request and the response that answered it (either may be missing)."""
@@ -407,8 +467,14 @@ class Http1Connection:
     ``feed`` returns exchanges that are finished: answered, or given up on.
     """
 
-    def __init__(self, *, on_request: Callable[[Message], None] = lambda m: None, synchronized: bool = True) -> None:
-        self._pending: deque[Message] = deque()  # requests whose head was seen, not yet answered
+    def __init__(self, *, on_request: Callable[[Message], None] = lambda m: None, synchronized: bool = True,
+                 limits: Limits = DEFAULT, held: Held | None = None) -> None:
+        #: Requests whose head was seen, not yet answered, in order; runs not followed stand in as _Skipped.
+        self._pending: deque[Message | _Skipped] = deque()
+        self._held_here = 0        # Messages in _pending
+        self._held_bytes = 0       # bytes of their heads
+        self._limits = limits
+        self._held = held if held is not None else Held(limits.held_per_process)
         self._on_request = on_request
         #: Counts of what could not be followed in either direction, by reason (read after every chunk).
         self.problems: dict[str, int] = {}
@@ -419,11 +485,44 @@ class Http1Connection:
         self._out: list[Exchange] = []
 
     def _request_head(self, msg: Message) -> None:
+        limits = self._limits
+        reason = ""
+        if self._held_here >= limits.pending_requests:
+            reason = "pending_limit"
+        elif self._held_bytes + msg.size > limits.pending_head_bytes:
+            reason = "pending_bytes_limit"
+        elif not self._held.take():
+            reason = "process_limit"
+        if reason:
+            self.problems[reason] = self.problems.get(reason, 0) + 1
+            last = self._pending[-1] if self._pending else None
+            if isinstance(last, _Skipped):
+                last.n += 1
+            else:
+                self._pending.append(_Skipped())
+            return
         self._pending.append(msg)
+        self._held_here += 1
+        self._held_bytes += msg.size
         self._on_request(msg)
 
     def _answered_method(self) -> str | None:
-        return self._pending[0].head.method if self._pending else None
+        first = self._pending[0] if self._pending else None
+        return first.head.method if isinstance(first, Message) else None
+
+    def _pop_pending(self) -> Message | None:
+        """The oldest request not answered (None for one not followed)."""
+        first = self._pending[0]
+        if isinstance(first, _Skipped):
+            first.n -= 1
+            if not first.n:
+                self._pending.popleft()
+            return None
+        self._pending.popleft()
+        self._held_here -= 1
+        self._held_bytes -= first.size
+        self._held.give()
+        return first
 
     def feed(self, is_request_direction: bool, data: bytes, missing: int, stamp: Stamp) -> list[Exchange]:
         stream = self.requests if is_request_direction else self.responses
@@ -434,7 +533,9 @@ class Http1Connection:
 
     def _answer(self, response: Message) -> None:
         if self._pending:
-            self._out.append(Exchange(self._pending.popleft(), response, response.problem, response.last))
+            request = self._pop_pending()
+            if request is not None:
+                self._out.append(Exchange(request, response, response.problem, response.last))
         else:
             self._out.append(Exchange(None, response, "response_without_request", response.last))
 
@@ -444,7 +545,10 @@ class Http1Connection:
         for msg in self.responses.feed_eof(stamp, error):
             self._answer(msg)
         while self._pending:
-            self._out.append(Exchange(self._pending.popleft(), None, error or "no_response", stamp))
+            if isinstance(self._pending[0], _Skipped):
+                self._pending.popleft()  # a whole run at once: it may stand for many
+            else:
+                self._out.append(Exchange(self._pop_pending(), None, error or "no_response", stamp))
         return self._take()
 
     def _take(self) -> list[Exchange]:

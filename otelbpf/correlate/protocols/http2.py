@@ -22,6 +22,14 @@ What cannot be decoded is marked, never guessed:
   decode into wrong names, so none are decoded; streams are still timed and
   marked ``headers_lost``;
 - a connection joined after its preface is not decoded at all.
+
+What a connection holds is capped (limits.py), whatever the peer says: open
+streams (beyond the cap the oldest is given up, ``stream_limit``), the bytes
+of a header block being assembled (a CONTINUATION flood loses the block and
+the direction's table, ``header_block_too_large``), the payload kept of one
+frame, and the HPACK table (the smaller of the peer's
+SETTINGS_HEADER_TABLE_SIZE and our cap: a larger table update fails to
+decode and is counted).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from urllib.parse import unquote
 
 from hpack import Decoder
 from hpack.exceptions import HPACKError
+
+from otelbpf.correlate.protocols.limits import DEFAULT, Held, Limits
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -58,6 +68,8 @@ _FIXED_LENGTH = (None, None, 5, 4, None, None, 8, None, 4, None)
 _KEPT = frozenset({HEADERS, CONTINUATION, PUSH_PROMISE, RST_STREAM, SETTINGS})
 #: Decoded header block segments remembered per direction (see ``_Direction.decode``).
 _CACHED_BLOCKS = 64
+#: ... of at most this many bytes each.
+_CACHED_SEGMENT = 1024
 #: HPACK indexed header fields whose index fits their first byte (1..126).
 _INDEXED_RUN = re.compile(rb"[\x80-\xfe]*")
 
@@ -91,8 +103,10 @@ class FrameReader:
     a frame split across chunks goes through the carry-over buffers.
     """
 
-    def __init__(self, expect_preface: bool) -> None:
+    def __init__(self, expect_preface: bool, keep_limit: int = DEFAULT.header_block) -> None:
         self._preface_left = len(PREFACE) if expect_preface else 0
+        #: Kept frames longer than this keep no payload (marked lost): a peer may announce 16 MiB frames.
+        self._keep_limit = keep_limit
         self._first = True  # each endpoint's first frame is SETTINGS
         #: SETTINGS_MAX_FRAME_SIZE the receiving side advertised (16384 until it says otherwise).
         self.max_length = 16384
@@ -139,7 +153,10 @@ class FrameReader:
                 self._frame, self._left, self._buf = frame, length, bytearray()
                 break
             if frame.type in _KEPT:
-                frame.payload = bytes(data[pos : pos + length])
+                if length <= self._keep_limit:
+                    frame.payload = bytes(data[pos : pos + length])
+                else:
+                    frame.lost = True
             append(frame)
             pos += length
         return pos
@@ -193,7 +210,10 @@ class FrameReader:
         """More of the payload of a frame begun in an earlier chunk."""
         n = min(self._left, len(data) - pos)
         if self._frame.type in _KEPT:
-            self._buf += data[pos : pos + n]
+            if self._frame.length <= self._keep_limit:
+                self._buf += data[pos : pos + n]
+            else:
+                self._frame.lost = True
         self._left -= n
         if self._left == 0:
             out.append(self._end_frame(stamp))
@@ -275,11 +295,14 @@ class Stream:
 class _Direction:
     """One direction's frames and HPACK decoding state."""
 
-    def __init__(self, client_to_server: bool) -> None:
-        self.reader = FrameReader(expect_preface=client_to_server)
+    def __init__(self, client_to_server: bool, limits: Limits = DEFAULT) -> None:
+        self.reader = FrameReader(expect_preface=client_to_server, keep_limit=limits.header_block)
         self.decoder = Decoder()
+        self.decoder.max_header_list_size = limits.header_block
+        self._table_cap = limits.hpack_table
         self.hpack_lost = ""   # why this direction's table is unknown
         self.block: list[Frame] = []  # header block being assembled (HEADERS/PUSH_PROMISE + CONTINUATIONs)
+        self.block_bytes = 0   # its length on the wire so far
         #: Header block segments decoded since the dynamic table last changed, by their bytes.
         self._decoded: dict[bytes, Headers] = {}
         self._table_seen = (self.decoder.header_table.maxsize, 0, None)  # see _table_changed
@@ -310,15 +333,16 @@ class _Direction:
         headers = [(str(k), str(v)) for k, v in self.decoder.decode(segment, raw=False)]
         if self._table_changed():
             self._decoded.clear()
-        else:
+        elif len(segment) <= _CACHED_SEGMENT:  # what clients repeat is short; a long one would pin memory
             if len(self._decoded) >= _CACHED_BLOCKS:
                 self._decoded.clear()
             self._decoded[segment] = headers
         return list(headers)
 
     def allow_table_size(self, size: int) -> None:
-        """SETTINGS_HEADER_TABLE_SIZE from the receiving side: the decoder checks the table against it."""
-        self.decoder.max_allowed_table_size = size
+        """SETTINGS_HEADER_TABLE_SIZE from the receiving side: the decoder checks the table against it,
+        or against our own cap if that is smaller (a peer may allow 4 GiB)."""
+        self.decoder.max_allowed_table_size = min(size, self._table_cap)
         self._decoded.clear()  # a block remembered may now fail that check
 
     def _table_changed(self) -> bool:
@@ -341,8 +365,12 @@ class H2Connection:
     ``feed`` returns streams that finished.
     """
 
-    def __init__(self, *, on_request: Callable[[Stream], None] = lambda s: None) -> None:
-        self._dirs = {True: _Direction(True), False: _Direction(False)}
+    def __init__(self, *, on_request: Callable[[Stream], None] = lambda s: None, limits: Limits = DEFAULT,
+                 held: Held | None = None) -> None:
+        self._dirs = {True: _Direction(True, limits), False: _Direction(False, limits)}
+        self._limits = limits
+        self._held = held if held is not None else Held(limits.held_per_process)
+        #: Open streams, oldest first (the order evictions follow).
         self._streams: dict[int, Stream] = {}
         self._on_request = on_request
         self._out: list[Stream] = []
@@ -389,6 +417,19 @@ class H2Connection:
         elif ftype == HEADERS or ftype == PUSH_PROMISE or ftype == CONTINUATION:
             if ftype == CONTINUATION and not d.block:
                 self._lose_hpack(d, "orphan_continuation")
+                return
+            d.block_bytes = f.length if ftype != CONTINUATION else d.block_bytes + f.length
+            if d.block_bytes > self._limits.header_block:
+                # A CONTINUATION flood: only the block's first frame is kept, to time its stream.
+                if not d.block:
+                    d.block.append(f)
+                del d.block[1:]
+                if f.flags & FLAG_END_HEADERS:
+                    self._problem("header_block_too_large")
+                    d.hpack_lost = d.hpack_lost or "header_block_too_large"
+                    first, d.block = d.block[0], []
+                    if first.type == HEADERS:
+                        self._headers(c2s, first, None, f.end_stamp)
                 return
             if not f.flags & FLAG_END_HEADERS:
                 d.block.append(f)
@@ -453,7 +494,9 @@ class H2Connection:
         stream = self._streams.get(f.stream_id)
         if c2s:
             if stream is None:
-                stream = self._streams[f.stream_id] = Stream(f.stream_id, first=f.stamp)
+                stream = self._open_stream(f)
+                if stream is None:
+                    return
                 stream.request_headers = headers or []
                 stream.headers_lost = headers is None
                 self._on_request(stream)
@@ -472,6 +515,26 @@ class H2Connection:
         if stream is not None and f.flags & FLAG_END_STREAM:
             self._end_stream(c2s, stream, end)
 
+    def _open_stream(self, f: Frame) -> Stream | None:
+        """A new stream, within the caps: beyond this connection's, its oldest stream is given up;
+        beyond the process's, the oldest here if there is one, else the new stream is not followed."""
+        if len(self._streams) >= self._limits.open_streams:
+            self._evict("stream_limit", f.stamp)
+        if not self._held.take():
+            if not self._streams:
+                self._problem("process_limit")
+                return None
+            self._evict("process_limit", f.stamp)
+            self._held.take()
+        stream = self._streams[f.stream_id] = Stream(f.stream_id, first=f.stamp)
+        return stream
+
+    def _evict(self, reason: str, stamp: Stamp) -> None:
+        self._problem(reason)
+        oldest = self._streams[next(iter(self._streams))]
+        oldest.problem, oldest.last = reason, stamp
+        self._finish(oldest)
+
     def _end_stream(self, c2s: bool, stream: Stream, stamp: Stamp) -> None:
         if c2s:
             stream.request_ended = stamp
@@ -481,7 +544,8 @@ class H2Connection:
         self._finish(stream)
 
     def _finish(self, stream: Stream) -> None:
-        self._streams.pop(stream.id, None)
+        if self._streams.pop(stream.id, None) is not None:
+            self._held.give()
         self._out.append(stream)
 
     def _lose_hpack(self, d: _Direction, reason: str) -> None:
