@@ -49,6 +49,11 @@ class Kind(enum.IntEnum):
     CUDA_MALLOC = 12
     CUDA_FREE = 13
     CUDA_SYNC = 14
+    CUDA_CALL = 15          # other paired CUDA calls: events, stream waits, VMM handles
+    CUDA_HOST_ALLOC = 16    # page-locked host memory allocated or registered: a0 bytes, a1 address
+    CUDA_HOST_FREE = 17     # ... freed or unregistered: a0 address
+    CUDA_KERNEL_NAME = 18   # __cudaRegisterFunction: a0 host stub, a1 address of its device name
+    CUDA_KERNEL_ALIAS = 19  # a0 kernel handle, a1 what it stands for (host stub, CUkernel)
     NCCL_ENTER = 20         # an NCCL call began (bpf/nccl.c documents each kind's fields)
     NCCL_RETURN = 21        # it returned
     NCCL_COMM = 22          # a communicator became known: init returned, or its rank/size was read
@@ -69,6 +74,7 @@ class Kind(enum.IntEnum):
     SOCK_UNKNOWN = 44   # first I/O on an fd the kernel has not classified (sockdata ring)
     SOCK_LOCAL = 45     # a connect()ed socket's local address, once established (sockdata ring)
     PROFILE_PROC = 50   # first CPU sample or CUDA allocation of a process (bpf/profile.c): inspect it
+    CUDA_LAUNCH_SITE = 60  # first launch of (process, API, handle): a0 handle, a1 return address
 
 
 class StrKind(enum.IntEnum):
@@ -81,6 +87,8 @@ class StrKind(enum.IntEnum):
 
 #: ``EVF_INCOMPLETE``: the thread exited before the call returned.
 FLAG_INCOMPLETE = 1
+#: ``EVF_DRIVER``: a CUDA driver API call (libcuda), not the runtime's.
+FLAG_DRIVER = 4
 
 
 class Stat(enum.IntEnum):
@@ -96,28 +104,110 @@ class Stat(enum.IntEnum):
     IBV_TRUNCATED = 7
 
 
-class CudaFunc(enum.IntEnum):
-    """Function ids carried in ``event.func`` for the CUDA family."""
+class _CudaFuncBase(enum.IntEnum):
+    """Function ids carried in ``event.func`` for the CUDA family: the runtime's
+    below 20 and from 30 to 63, the driver's from 20 to 29 and from 64 up
+    (``is_driver``). Ids never change meaning: profiles and maps store them.
+    A member's name is the symbol probed."""
 
-    cudaLaunchKernel = 1
-    cudaLaunchKernel_ptsz = 2
-    cudaLaunchKernelExC = 3
-    cudaLaunchKernelExC_ptsz = 4
-    cudaGraphLaunch = 5
-    cudaGraphLaunch_ptsz = 6
-    cudaMalloc = 7
-    cudaFree = 8
-    cudaMemcpy = 9
-    cudaMemcpyAsync = 10
-    cudaMemcpyAsync_ptsz = 11
-    cudaStreamSynchronize = 12
-    cudaStreamSynchronize_ptsz = 13
-    cudaDeviceSynchronize = 14
-    cuLaunchKernel = 20
-    cuLaunchKernelEx = 21
-    cuMemAlloc_v2 = 22
-    cuMemFree_v2 = 23
-    cuModuleGetFunction = 24
+    @property
+    def is_driver(self) -> bool:
+        return 20 <= self < 30 or self >= 64
+
+
+# The functional form: names such as ``__cudaRegisterFunction`` would be mangled
+# inside a class body.
+CudaFunc = _CudaFuncBase(
+    "CudaFunc",
+    [
+        ("cudaLaunchKernel", 1),
+        ("cudaLaunchKernel_ptsz", 2),
+        ("cudaLaunchKernelExC", 3),
+        ("cudaLaunchKernelExC_ptsz", 4),
+        ("cudaGraphLaunch", 5),
+        ("cudaGraphLaunch_ptsz", 6),
+        ("cudaMalloc", 7),
+        ("cudaFree", 8),
+        ("cudaMemcpy", 9),
+        ("cudaMemcpyAsync", 10),
+        ("cudaMemcpyAsync_ptsz", 11),
+        ("cudaStreamSynchronize", 12),
+        ("cudaStreamSynchronize_ptsz", 13),
+        ("cudaDeviceSynchronize", 14),
+        ("cuLaunchKernel", 20),
+        ("cuLaunchKernelEx", 21),
+        ("cuMemAlloc_v2", 22),
+        ("cuMemFree_v2", 23),
+        ("cuModuleGetFunction", 24),
+        ("cudaMallocAsync", 30),
+        ("cudaFreeAsync", 31),
+        ("cudaMallocAsync_ptsz", 32),
+        ("cudaFreeAsync_ptsz", 33),
+        ("cudaEventSynchronize", 34),
+        ("cudaEventQuery", 35),
+        ("cudaEventRecord", 36),
+        ("cudaEventRecord_ptsz", 37),
+        ("cudaStreamWaitEvent", 38),
+        ("cudaStreamWaitEvent_ptsz", 39),
+        ("cudaHostRegister", 40),
+        ("cudaHostUnregister", 41),
+        ("cudaMallocHost", 42),
+        ("cudaHostAlloc", 43),
+        ("cudaFreeHost", 44),
+        ("cudaMemcpy2D", 45),
+        ("cudaMemcpy2DAsync", 46),
+        ("cudaMemcpy2DAsync_ptsz", 47),
+        ("__cudaRegisterFunction", 48),
+        ("__cudaGetKernel", 49),
+        ("cudaGetKernel", 50),
+        ("cuLaunchKernel_ptsz", 64),
+        ("cuLaunchKernelEx_ptsz", 65),
+        ("cuGraphLaunch", 66),
+        ("cuGraphLaunch_ptsz", 67),
+        ("cuLibraryGetKernel", 68),
+        ("cuKernelGetFunction", 69),
+        ("cuMemAllocAsync", 70),
+        ("cuMemFreeAsync", 71),
+        ("cuMemAllocAsync_ptsz", 72),
+        ("cuMemFreeAsync_ptsz", 73),
+        ("cuMemCreate", 74),
+        ("cuMemRelease", 75),
+        ("cuMemMap", 76),
+        ("cuMemUnmap", 77),
+        ("cuMemcpy", 78),
+        ("cuMemcpyAsync", 79),
+        ("cuMemcpyHtoD_v2", 80),
+        ("cuMemcpyDtoH_v2", 81),
+        ("cuMemcpyDtoD_v2", 82),
+        ("cuMemcpyHtoDAsync_v2", 83),
+        ("cuMemcpyDtoHAsync_v2", 84),
+        ("cuMemcpyDtoDAsync_v2", 85),
+        ("cuMemcpy2D_v2", 86),
+        ("cuMemcpy2DAsync_v2", 87),
+        ("cuMemcpy3D_v2", 88),
+        ("cuMemcpy3DAsync_v2", 89),
+        ("cuStreamSynchronize", 90),
+        ("cuCtxSynchronize", 91),
+        ("cuEventSynchronize", 92),
+        ("cuEventQuery", 93),
+        ("cuEventRecord", 94),
+        ("cuStreamWaitEvent", 95),
+        ("cuMemHostRegister_v2", 96),
+        ("cuMemHostUnregister", 97),
+        ("cuMemAllocHost_v2", 98),
+        ("cuMemHostAlloc", 99),
+        ("cuMemFreeHost", 100),
+        ("cuStreamSynchronize_ptsz", 101),
+        ("cuEventRecord_ptsz", 102),
+        ("cuStreamWaitEvent_ptsz", 103),
+        ("cuMemcpyAsync_ptsz", 104),
+        ("cuMemcpyHtoDAsync_v2_ptsz", 105),
+        ("cuMemcpyDtoHAsync_v2_ptsz", 106),
+        ("cuMemcpyDtoDAsync_v2_ptsz", 107),
+        ("cuMemcpy2DAsync_v2_ptsz", 108),
+        ("cuMemcpy3DAsync_v2_ptsz", 109),
+    ],
+)
 
 
 #: ``cudaMemcpyKind`` values -> the direction names used in attributes/metrics.

@@ -36,6 +36,12 @@ struct strevent {
 #define EV_CUDA_MALLOC 12
 #define EV_CUDA_FREE 13
 #define EV_CUDA_SYNC 14
+#define EV_CUDA_CALL 15         /* other paired calls: events, stream waits, VMM handles */
+#define EV_CUDA_HOST_ALLOC 16   /* page-locked host memory: a0 bytes, a1 address */
+#define EV_CUDA_HOST_FREE 17    /* a0 address */
+#define EV_CUDA_KERNEL_NAME 18  /* a0 host stub (registration), a1 pointer to its device name */
+#define EV_CUDA_KERNEL_ALIAS 19 /* a0 handle, a1 what it stands for (host stub, CUkernel) */
+#define EV_CUDA_LAUNCH_SITE 60  /* first launch of (process, API, handle): a0 handle, a1 return address */
 #define EV_NCCL_ENTER 20        /* NCCL: see bpf/nccl.c for each kind's arguments */
 #define EV_NCCL_RETURN 21
 #define EV_NCCL_COMM 22
@@ -60,6 +66,8 @@ struct strevent {
 #define SEV_IBV_CONTEXT 30     /* ibv_open_device returned: a0 context, s device name */
 
 #define EVF_INCOMPLETE 1   /* the thread exited before the call returned */
+#define EVF_DRIVER 4       /* CUDA: a driver API call (libcuda) */
+#define EVF_OUT_PTR 8      /* CUDA, internal: a1 is an out-pointer, read at return */
 
 /* stats[] slots: every drop in the kernel is counted here. */
 #define STAT_EVENTS_LOST 0

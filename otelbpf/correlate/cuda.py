@@ -8,6 +8,7 @@ in-kernel launch/error counting maps. Output: finished spans handed to
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import threading
@@ -25,19 +26,33 @@ from opentelemetry.trace import SpanContext
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda_errors import error_name
+from otelbpf.correlate.kernel_names import KernelNames
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.events import FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
+from otelbpf.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
 
 log = logging.getLogger(__name__)
 
 SCOPE = scope("otelbpf.cuda")
-_DRIVER_LAUNCH = (CudaFunc.cuLaunchKernel, CudaFunc.cuLaunchKernelEx)
-_ASYNC = (CudaFunc.cudaMemcpyAsync, CudaFunc.cudaMemcpyAsync_ptsz)
-_GRAPH = (CudaFunc.cudaGraphLaunch, CudaFunc.cudaGraphLaunch_ptsz)
-#: Event kinds this correlator owns (events.py reserves 10-19 for CUDA).
-CUDA_KINDS = (Kind.CUDA_LAUNCH, Kind.CUDA_SYNC)
+_GRAPH = frozenset(
+    {CudaFunc.cudaGraphLaunch, CudaFunc.cudaGraphLaunch_ptsz, CudaFunc.cuGraphLaunch, CudaFunc.cuGraphLaunch_ptsz}
+)
+#: Paired calls (one event per completed call): counted, spans when long enough.
+PAIRED_KINDS = np.array(
+    [Kind.CUDA_MEMCPY, Kind.CUDA_MALLOC, Kind.CUDA_FREE, Kind.CUDA_SYNC, Kind.CUDA_CALL,
+     Kind.CUDA_HOST_ALLOC, Kind.CUDA_HOST_FREE],
+    dtype=np.uint8,
+)
+#: What a launch handle means comes from these (kernel_names.py).
+_FACT_KINDS = np.array([Kind.CUDA_KERNEL_NAME, Kind.CUDA_KERNEL_ALIAS, Kind.CUDA_LAUNCH_SITE], dtype=np.uint8)
+#: Event kinds this correlator owns (events.py: 10-19 and 60).
+CUDA_KINDS = (Kind.CUDA_LAUNCH, Kind.CUDA_KERNEL_ALIAS)
+#: Return codes that are answers, not errors: cudaErrorNotReady / CUDA_ERROR_NOT_READY
+#: from an event query is "still running".
+_NOT_READY = 600
+_QUERIES = frozenset({CudaFunc.cudaEventQuery, CudaFunc.cuEventQuery})
+_HOST_SIDED = {1: "H2D", 2: "D2H"}
 
 #: Reads a kernel counting map: list of (key struct, count).
 MapReader = Callable[[str], list[tuple[object, int]]]
@@ -75,8 +90,21 @@ class _Process:
     high_water: int = 0
     untracked_frees: int = 0
     incomplete: int = 0
-    driver_names: dict = field(default_factory=dict)          # CUfunction handle -> name
+    kernels: KernelNames = field(default_factory=KernelNames)
+    pinned: dict = field(default_factory=dict)                # page-locked host address -> bytes
+    pinned_starts: list = field(default_factory=list)         # sorted keys of pinned
+    pinned_copy_bytes: Counter = field(default_factory=Counter)  # (direction, pinned|pageable) -> bytes
     exited: bool = False
+
+    def host_memory(self, addr: int) -> str:
+        """'pinned' when ``addr`` lies in page-locked memory the process allocated or
+        registered while watched, else 'pageable'."""
+        i = bisect.bisect_right(self.pinned_starts, addr) - 1
+        if i >= 0:
+            start = self.pinned_starts[i]
+            if addr < start + self.pinned[start]:
+                return "pinned"
+        return "pageable"
 
 
 class CudaCorrelator:
@@ -119,6 +147,10 @@ class CudaCorrelator:
         #: launched kernels has no state until a collect reads the launch map).
         self._exited: dict[int, int] = {}
         self._lock = threading.Lock()
+        #: (pid, ts) of a free in the batch being handled -> the bytes it released
+        self._freed: dict[tuple[int, int], int] = {}
+        #: (pid, ts) of a host<->device copy in the batch being handled -> pinned | pageable
+        self._copy_memory: dict[tuple[int, int], str] = {}
         self.spans_emitted = 0
 
     # -- events -----------------------------------------------------------
@@ -137,11 +169,14 @@ class CudaCorrelator:
         with self._lock:
             for rec in names:
                 name = rec["s"].split(b"\0", 1)[0].decode(errors="replace")
-                self._proc(int(rec["pid"])).driver_names[int(rec["a0"])] = name
+                kernels = self._proc(int(rec["pid"])).kernels
+                kernels.driver[int(rec["a0"])] = name
+                kernels.learn()
 
     def on_events(self, arr: np.ndarray) -> None:
         spans: list[ReadableSpan] = []
         with self._lock:
+            self._freed, self._copy_memory = {}, {}
             self._aggregate(arr)
             wanted = arr[self._span_worthy(arr)]
             allowed = self._budget.take(len(wanted))
@@ -176,25 +211,30 @@ class CudaCorrelator:
                     self._info.forget(int(pid), before_ns=int(execs.max()))
                     self._sym.forget(int(pid), before_ns=int(execs.max()))
                     self._info.resource(int(pid))
-            calls = mine[(kinds >= Kind.CUDA_MEMCPY) & (kinds <= Kind.CUDA_SYNC)]
-            if not len(calls) and not (kinds == Kind.CUDA_LAUNCH).any():
+            facts = mine[np.isin(kinds, _FACT_KINDS)]
+            calls = mine[np.isin(kinds, PAIRED_KINDS)]
+            if not len(calls) and not len(facts) and not (kinds == Kind.CUDA_LAUNCH).any():
                 if int(pid) in self._exited and int(pid) in self._procs:
                     self._procs[int(pid)].exited = True
                 continue
             p = self._proc(int(pid))
+            if len(facts):
+                self._learn(p, facts)
             complete = calls[(calls["flags"] & FLAG_INCOMPLETE) == 0]
             p.incomplete += len(calls) - len(complete)
             funcs, counts = np.unique(complete["func"], return_counts=True)
             for f, c in zip(funcs.tolist(), counts.tolist()):
                 p.calls[CudaFunc(f).name] += c
-            failed = complete[complete["ret"] != 0]
+            failed = complete[(complete["ret"] != 0)]
             if len(failed):
+                failed = failed[~((failed["ret"] == _NOT_READY) & np.isin(failed["func"], list(_QUERIES)))]
                 pairs, counts = np.unique(failed[["func", "ret"]], return_counts=True)
                 for (f, code), c in zip(pairs.tolist(), counts.tolist()):
                     p.errors[(CudaFunc(f).name, code)] += c
             copies = complete[(complete["kind"] == Kind.CUDA_MEMCPY) & (complete["ret"] == 0)]
             for kind in np.unique(copies["a1"]).tolist():
                 p.memcpy_bytes[MEMCPY_DIRECTION.get(kind, f"kind{kind}")] += int(copies["a0"][copies["a1"] == kind].sum())
+            self._classify_copies(p, complete)
             syncs = complete[complete["kind"] == Kind.CUDA_SYNC]
             for f in np.unique(syncs["func"]).tolist():
                 p.sync[CudaFunc(f).name].add(syncs["duration_ns"][syncs["func"] == f] / 1e9)
@@ -204,8 +244,21 @@ class CudaCorrelator:
                 p.exited = True
 
     @staticmethod
-    def _track_memory(p: _Process, rec: tuple) -> None:
-        _ts, _dur, _pid, _tid, kind, _func, _flags, ret, a0, a1, _a2, _a3 = rec
+    def _learn(p: _Process, facts: np.ndarray) -> None:
+        """Registrations, handle aliases and launch sites: what names kernels."""
+        k = p.kernels
+        for kind, func, a0, a1 in zip(facts["kind"].tolist(), facts["func"].tolist(), facts["a0"].tolist(),
+                                      facts["a1"].tolist()):
+            if kind == Kind.CUDA_KERNEL_NAME:
+                k.registered[a0] = a1
+            elif kind == Kind.CUDA_KERNEL_ALIAS:
+                k.aliases[a0] = a1
+            else:
+                k.sites[(func, a0)] = a1
+        k.learn()
+
+    def _track_memory(self, p: _Process, rec: tuple) -> None:
+        ts, _dur, pid, _tid, kind, _func, _flags, ret, a0, a1, _a2, _a3 = rec
         if ret != 0:
             return
         if kind == Kind.CUDA_MALLOC and a1:
@@ -218,34 +271,87 @@ class CudaCorrelator:
                 p.untracked_frees += 1  # allocated before the agent started
             else:
                 p.in_use -= size
+                self._freed[(pid, ts)] = size
+
+    def _classify_copies(self, p: _Process, complete: np.ndarray) -> None:
+        """Host<->device copies as pinned or pageable, against the page-locked memory
+        the process held at the time of each copy (allocations, registrations and frees
+        replayed in time order)."""
+        kind, a1 = complete["kind"], complete["a1"]
+        host = (kind == Kind.CUDA_HOST_ALLOC) | (kind == Kind.CUDA_HOST_FREE)
+        sided = (kind == Kind.CUDA_MEMCPY) & np.isin(a1, [1, 2]) & (complete["a3"] != 0)
+        relevant = complete[(host | sided) & (complete["ret"] == 0)]
+        if not len(relevant):
+            return
+        relevant = relevant[np.argsort(relevant["ts_ns"], kind="stable")]
+        for ts, pid, k, a0, a1, a3 in zip(*(relevant[f].tolist() for f in ("ts_ns", "pid", "kind", "a0", "a1", "a3"))):
+            if k == Kind.CUDA_HOST_ALLOC:
+                if a1 and a1 not in p.pinned:
+                    bisect.insort(p.pinned_starts, a1)
+                if a1:
+                    p.pinned[a1] = a0
+            elif k == Kind.CUDA_HOST_FREE:
+                if p.pinned.pop(a0, None) is not None:
+                    del p.pinned_starts[bisect.bisect_left(p.pinned_starts, a0)]
+            else:
+                memory = p.host_memory(a3)
+                self._copy_memory[(pid, ts)] = memory
+                p.pinned_copy_bytes[(_HOST_SIDED[a1], memory)] += a0
 
     def _span_worthy(self, arr: np.ndarray) -> np.ndarray:
         """Mask of events that become spans (before the budget)."""
         kind = arr["kind"]
-        cuda = (kind >= CUDA_KINDS[0]) & (kind <= CUDA_KINDS[1])
+        paired = np.isin(kind, PAIRED_KINDS)
         long_enough = (arr["duration_ns"] >= self._min_span_ns) | ((arr["flags"] & FLAG_INCOMPLETE) != 0)
-        return cuda & ((kind == Kind.CUDA_LAUNCH) | long_enough)
+        return (kind == Kind.CUDA_LAUNCH) | (paired & long_enough)
 
     def _span(self, rec: tuple) -> ReadableSpan | None:
         ts, dur, pid, tid, kind, func, flags, ret, a0, a1, a2, a3 = rec
         incomplete = bool(flags & FLAG_INCOMPLETE)
-        fname = CudaFunc(func).name
-        attrs: dict[str, object] = {"cuda.api.function": fname, "thread.id": tid}
+        cfunc = CudaFunc(func)
+        fname = cfunc.name
+        attrs: dict[str, object] = {
+            "cuda.api.function": fname,
+            "cuda.api.layer": "driver" if flags & FLAG_DRIVER else "runtime",
+            "thread.id": tid,
+        }
         if kind == Kind.CUDA_MEMCPY:
             attrs["cuda.memcpy.bytes"] = a0
             attrs["cuda.memcpy.direction"] = MEMCPY_DIRECTION.get(a1, f"kind{a1}")
-            attrs["cuda.memcpy.async"] = func in _ASYNC
-            if func in _ASYNC:
+            attrs["cuda.memcpy.async"] = "Async" in fname
+            if "Async" in fname:
                 attrs["cuda.stream"] = f"{a2:#x}"
+            memory = self._copy_memory.get((pid, ts))
+            if memory is not None:
+                attrs["cuda.memcpy.host_memory"] = memory
         elif kind == Kind.CUDA_MALLOC:
             attrs["cuda.memory.bytes"] = a0
             if ret == 0 and not incomplete:
                 attrs["cuda.memory.address"] = f"{a1:#x}"
         elif kind == Kind.CUDA_FREE:
             attrs["cuda.memory.address"] = f"{a0:#x}"
+            size = self._freed.get((pid, ts)) or a1  # cuMemUnmap says its size
+            if size:
+                attrs["cuda.memory.bytes"] = size
+        elif kind in (Kind.CUDA_HOST_ALLOC, Kind.CUDA_HOST_FREE):
+            attrs["cuda.host_memory.address"] = f"{(a1 if kind == Kind.CUDA_HOST_ALLOC else a0):#x}"
+            if kind == Kind.CUDA_HOST_ALLOC:
+                attrs["cuda.host_memory.bytes"] = a0
         elif kind == Kind.CUDA_SYNC:
-            if func != CudaFunc.cudaDeviceSynchronize:
+            if a1:
+                attrs["cuda.event"] = f"{a0:#x}"
+            elif func not in (CudaFunc.cudaDeviceSynchronize, CudaFunc.cuCtxSynchronize):
                 attrs["cuda.stream"] = f"{a0:#x}"
+        elif kind == Kind.CUDA_CALL:
+            if "Event" in fname:
+                attrs["cuda.event"] = f"{a0:#x}"
+                if a2 or "Query" not in fname:
+                    attrs["cuda.stream"] = f"{a2:#x}"
+            elif cfunc == CudaFunc.cuMemCreate:
+                attrs["cuda.memory.bytes"] = a0
+                attrs["cuda.memory.handle"] = f"{a1:#x}"
+            elif cfunc == CudaFunc.cuMemRelease:
+                attrs["cuda.memory.handle"] = f"{a1:#x}"
         elif kind == Kind.CUDA_LAUNCH:
             attrs.update(self._launch_attrs(pid, func, a0, a1, a2, a3))
         error = None
@@ -254,7 +360,7 @@ class CudaCorrelator:
             error = f"thread {tid} exited before {fname} returned"
         elif kind != Kind.CUDA_LAUNCH:
             attrs["cuda.api.return_code"] = ret
-            if ret != 0:
+            if ret != 0 and not (ret == _NOT_READY and cfunc in _QUERIES):
                 attrs["cuda.error.name"] = error_name(fname, ret)
                 error = f"{attrs['cuda.error.name']} ({ret})"
         start = self._clock.to_wall(ts)
@@ -274,7 +380,7 @@ class CudaCorrelator:
         if func in _GRAPH:
             attrs["cuda.graph.exec"] = f"{fn:#x}"
             return attrs
-        attrs["cuda.kernel.name"] = self._kernel_name(pid, func, fn)
+        attrs["cuda.kernel.name"], attrs["cuda.kernel.name_source"] = self._kernel_name(pid, func, fn)
         attrs["cuda.kernel.function_address"] = f"{fn:#x}"
         for label, packed in (("grid", grid), ("block", block)):
             x, y, z = unpack_dim(packed)
@@ -283,18 +389,9 @@ class CudaCorrelator:
             attrs["otelbpf.sample_every"] = self._sample_every
         return attrs
 
-    def _kernel_name(self, pid: int, func: int, fn: int) -> str:
-        if func in _DRIVER_LAUNCH:
-            p = self._procs.get(pid)
-            name = p.driver_names.get(fn) if p else None
-            return self._sym_demangle(name) if name else f"CUfunction {fn:#x}"
-        return self._sym.resolve(pid, fn)
-
-    @staticmethod
-    def _sym_demangle(name: str) -> str:
-        from otelbpf.correlate.symbolizer import demangle
-
-        return demangle(name)
+    def _kernel_name(self, pid: int, func: int, fn: int) -> tuple[str, str]:
+        """(name, how it was found): see kernel_names.py."""
+        return self._proc(pid).kernels.resolve(self._sym, pid, func, fn)
 
     # -- metrics ----------------------------------------------------------
 
@@ -345,6 +442,11 @@ class CudaCorrelator:
                 per_kernel[(fname, fn)] += count
         top = heapq.nlargest(self._top, per_kernel.items(), key=lambda kv: kv[1])
         errors = p.errors + launch_errors
+        # How each kernel launched here got its name (a self metric: the share left
+        # unresolved is what an operator checks first).
+        sources: Counter = Counter()
+        for (f, fn), c in per_kernel.items():
+            sources[self._kernel_name(pid, CudaFunc[f], fn)[1]] += c
         built = [
             m.cumulative_sum(
                 "cuda.kernel.launches", "{launch}", "Kernel (and graph) launches, counted in the kernel",
@@ -354,7 +456,7 @@ class CudaCorrelator:
                 "cuda.kernel.launches.top", "{launch}",
                 f"Launches so far of the {self._top} most launched kernels of the process (a bounded top-N)",
                 [
-                    ({"cuda.api.function": f, "cuda.kernel.name": self._kernel_name(pid, CudaFunc[f], fn)}, c)
+                    ({"cuda.api.function": f, "cuda.kernel.name": self._kernel_name(pid, CudaFunc[f], fn)[0]}, c)
                     for (f, fn), c in top
                 ],
                 now,
@@ -374,6 +476,22 @@ class CudaCorrelator:
             m.cumulative_sum(
                 "cuda.memcpy.bytes", "By", "Bytes copied by successful cudaMemcpy* calls, by direction",
                 [({"cuda.memcpy.direction": d}, b) for d, b in sorted(p.memcpy_bytes.items())], p.start_ns, now,
+            ),
+            m.cumulative_sum(
+                "cuda.memcpy.host_bytes", "By",
+                "Bytes of successful host<->device copies, by whether the host memory was page-locked (pinned) "
+                "or pageable (staged through a bounce buffer: slower, and synchronous for async copies)",
+                [
+                    ({"cuda.memcpy.direction": d, "cuda.memcpy.host_memory": h}, b)
+                    for (d, h), b in sorted(p.pinned_copy_bytes.items())
+                ],
+                p.start_ns, now,
+            ),
+            m.cumulative_sum(
+                "otelbpf.cuda.kernel_launches.named", "{launch}",
+                "Launches by how their kernel's name was found (registration, driver, symbol, device_stub, "
+                "launch_site, unresolved)",
+                [({"otelbpf.name_source": src}, c) for src, c in sorted(sources.items())], p.start_ns, now,
             ),
             m.histogram(
                 "cuda.sync.duration", "s", "Time the host thread waited in a synchronize call",

@@ -263,6 +263,48 @@ def read_maps(pid: int) -> list[Mapping]:
     return out
 
 
+def _read_process(pid: int, addr: int, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes at ``addr``, stopping at the first NUL, from /proc/PID/mem."""
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        out = b""
+        while len(out) < limit:
+            chunk = os.pread(fd, min(4096 - (addr + len(out)) % 4096, limit - len(out)), addr + len(out))
+            if not chunk:
+                break
+            out += chunk
+            if b"\0" in chunk:
+                break
+        return out or None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_mapped_file(pid: int, snap: "_Snapshot", addr: int, limit: int) -> bytes | None:
+    i = bisect.bisect_right(snap.file_starts, addr) - 1
+    if i < 0 or addr >= snap.files[i].end:
+        return None
+    m = snap.files[i]
+    path = m.path.removesuffix(" (deleted)")
+    if path != m.path:
+        return None  # whatever is at that path now is another file
+    for local in (f"/proc/{pid}/root{path}", path):
+        try:
+            with open(local, "rb") as f:
+                f.seek(addr - m.start + m.offset)
+                data = f.read(limit)
+        except OSError:
+            continue
+        end = data.find(b"\0")
+        return data[:end] if end >= 0 else data
+    return None
+
+
 class _Snapshot:
     """One read of a process's maps: its code mappings sorted by address (a lookup is a
     bisection, not a scan of hundreds of mappings), and the symbol tables found for them
@@ -271,6 +313,10 @@ class _Snapshot:
     def __init__(self, maps: list[Mapping], taken_ns: int) -> None:
         self.code = sorted((m for m in maps if m.executable), key=lambda m: m.start)
         self.starts = [m.start for m in self.code]
+        #: every file mapping, for reading constant data (strings in .rodata) from the file
+        #: once the process is gone
+        self.files = sorted(maps, key=lambda m: m.start)
+        self.file_starts = [m.start for m in self.files]
         self.taken_ns = taken_ns  # CLOCK_MONOTONIC
         self.tables: dict[Mapping, _SymbolTable] = {}
 
@@ -348,6 +394,20 @@ class Symbolizer:
 
     def _resolve(self, pid: int, addr: int) -> str:
         return self.frame(pid, addr).name
+
+    def read_string(self, pid: int, addr: int, limit: int = 16384) -> str | None:
+        """The NUL-terminated string at ``addr`` in ``pid`` (kernel names registered by
+        CUDA's static constructors): from the live process, else from the file its maps
+        snapshot says was mapped there (constant data reads the same from the file once
+        the process is gone). None when neither can be read."""
+        raw = _read_process(pid, addr, limit)
+        if raw is None:
+            with self._lock:
+                snap = self._maps.get(pid)
+            raw = _read_mapped_file(pid, snap, addr, limit) if snap is not None else None
+        if not raw:
+            return None
+        return raw.split(b"\0", 1)[0].decode("utf-8", errors="replace") or None
 
     def frame(self, pid: int, addr: int, fresh_after_ns: int | None = None) -> NativeFrame:
         """``addr`` in ``pid`` as function (demangled), module, file offset and build id.

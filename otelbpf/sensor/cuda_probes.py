@@ -13,7 +13,7 @@ import re
 from otelbpf.events import CudaFunc, Kind
 from otelbpf.sensor.family import LibraryKind, ProbeFamily, ProbeSpec
 
-# symbol -> (launch variant, C expression of the host function / handle)
+# symbol -> (launch variant, C expression of the kernel handle)
 _LAUNCHES = {
     CudaFunc.cudaLaunchKernel: ("LAUNCH_RUNTIME", "PT_REGS_PARM1(ctx)"),
     CudaFunc.cudaLaunchKernel_ptsz: ("LAUNCH_RUNTIME", "PT_REGS_PARM1(ctx)"),
@@ -22,32 +22,114 @@ _LAUNCHES = {
     CudaFunc.cudaGraphLaunch: ("LAUNCH_GRAPH", "PT_REGS_PARM1(ctx)"),
     CudaFunc.cudaGraphLaunch_ptsz: ("LAUNCH_GRAPH", "PT_REGS_PARM1(ctx)"),
     CudaFunc.cuLaunchKernel: ("LAUNCH_DRIVER", "PT_REGS_PARM1(ctx)"),
+    CudaFunc.cuLaunchKernel_ptsz: ("LAUNCH_DRIVER", "PT_REGS_PARM1(ctx)"),
     CudaFunc.cuLaunchKernelEx: ("LAUNCH_DRIVER_EX", "PT_REGS_PARM2(ctx)"),
+    CudaFunc.cuLaunchKernelEx_ptsz: ("LAUNCH_DRIVER_EX", "PT_REGS_PARM2(ctx)"),
+    CudaFunc.cuGraphLaunch: ("LAUNCH_GRAPH", "PT_REGS_PARM1(ctx)"),
+    CudaFunc.cuGraphLaunch_ptsz: ("LAUNCH_GRAPH", "PT_REGS_PARM1(ctx)"),
 }
 
-# symbol -> (event kind, a0, a1, a2) as C expressions, stored at entry and
-# completed by the shared return probe.
-_P1, _P2, _P3, _P4, _P5 = (f"PT_REGS_PARM{i}(ctx)" for i in range(1, 6))
-_PAIRED = {
-    CudaFunc.cudaMalloc: ("EV_CUDA_MALLOC", _P2, _P1, "0"),          # size, out-pointer
-    CudaFunc.cudaFree: ("EV_CUDA_FREE", _P1, "0", "0"),              # device pointer
-    CudaFunc.cudaMemcpy: ("EV_CUDA_MEMCPY", _P3, _P4, "0"),          # bytes, kind, stream
-    CudaFunc.cudaMemcpyAsync: ("EV_CUDA_MEMCPY", _P3, _P4, _P5),
-    CudaFunc.cudaMemcpyAsync_ptsz: ("EV_CUDA_MEMCPY", _P3, _P4, _P5),
-    CudaFunc.cudaStreamSynchronize: ("EV_CUDA_SYNC", _P1, "0", "0"),  # stream
-    CudaFunc.cudaStreamSynchronize_ptsz: ("EV_CUDA_SYNC", _P1, "0", "0"),
-    CudaFunc.cudaDeviceSynchronize: ("EV_CUDA_SYNC", "0", "0", "0"),
-    CudaFunc.cuMemAlloc_v2: ("EV_CUDA_MALLOC", _P2, _P1, "0"),
-    CudaFunc.cuMemFree_v2: ("EV_CUDA_FREE", _P1, "0", "0"),
-    CudaFunc.cuModuleGetFunction: ("EV_CUDA_FUNC_NAME", _P1, _P3, "0"),  # CUfunction*, name
+_P1, _P2, _P3, _P4, _P5, _P6 = (f"PT_REGS_PARM{i}(ctx)" for i in range(1, 7))
+_S7, _S8 = "stack_arg(ctx, 7)", "stack_arg(ctx, 8)"
+
+
+def _host_side(kind: str, dst: str, src: str) -> str:
+    """The host pointer of a runtime copy (pinned or pageable is told from it)."""
+    return f"host_side({kind}, {dst}, {src})"
+
+
+_OUT = "EVF_OUT_PTR"
+# symbol -> (event kind, flags, a0, a1, a2, a3) as C expressions, stored at entry and
+# completed by the return probe. events.py and docs/semantic-conventions.md say what
+# each kind's a0..a3 mean; EVF_OUT_PTR: a1 is an out-pointer read at return.
+_PAIRED: dict[CudaFunc, tuple[str, str, str, str, str, str]] = {
+    CudaFunc.cudaMalloc: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, "0", "0"),            # size, &ptr
+    CudaFunc.cudaMallocAsync: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),       # size, &ptr, stream
+    CudaFunc.cudaMallocAsync_ptsz: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),
+    CudaFunc.cudaFree: ("EV_CUDA_FREE", "0", _P1, "0", "0", "0"),                 # ptr
+    CudaFunc.cudaFreeAsync: ("EV_CUDA_FREE", "0", _P1, "0", _P2, "0"),            # ptr, -, stream
+    CudaFunc.cudaFreeAsync_ptsz: ("EV_CUDA_FREE", "0", _P1, "0", _P2, "0"),
+    CudaFunc.cudaMemcpy: ("EV_CUDA_MEMCPY", "0", _P3, _P4, "0", _host_side(_P4, _P1, _P2)),  # bytes, kind, stream, host
+    CudaFunc.cudaMemcpyAsync: ("EV_CUDA_MEMCPY", "0", _P3, _P4, _P5, _host_side(_P4, _P1, _P2)),
+    CudaFunc.cudaMemcpyAsync_ptsz: ("EV_CUDA_MEMCPY", "0", _P3, _P4, _P5, _host_side(_P4, _P1, _P2)),
+    CudaFunc.cudaMemcpy2D: ("EV_CUDA_MEMCPY", "0", f"{_P5} * {_P6}", _S7, "0", _host_side(_S7, _P1, _P3)),
+    CudaFunc.cudaMemcpy2DAsync: ("EV_CUDA_MEMCPY", "0", f"{_P5} * {_P6}", _S7, _S8, _host_side(_S7, _P1, _P3)),
+    CudaFunc.cudaMemcpy2DAsync_ptsz: ("EV_CUDA_MEMCPY", "0", f"{_P5} * {_P6}", _S7, _S8, _host_side(_S7, _P1, _P3)),
+    CudaFunc.cudaStreamSynchronize: ("EV_CUDA_SYNC", "0", _P1, "0", "0", "0"),   # stream (or event), is-event
+    CudaFunc.cudaStreamSynchronize_ptsz: ("EV_CUDA_SYNC", "0", _P1, "0", "0", "0"),
+    CudaFunc.cudaDeviceSynchronize: ("EV_CUDA_SYNC", "0", "0", "0", "0", "0"),
+    CudaFunc.cudaEventSynchronize: ("EV_CUDA_SYNC", "0", _P1, "1", "0", "0"),
+    CudaFunc.cudaEventQuery: ("EV_CUDA_CALL", "0", _P1, "0", "0", "0"),          # event, -, stream
+    CudaFunc.cudaEventRecord: ("EV_CUDA_CALL", "0", _P1, "0", _P2, "0"),
+    CudaFunc.cudaEventRecord_ptsz: ("EV_CUDA_CALL", "0", _P1, "0", _P2, "0"),
+    CudaFunc.cudaStreamWaitEvent: ("EV_CUDA_CALL", "0", _P2, "0", _P1, "0"),
+    CudaFunc.cudaStreamWaitEvent_ptsz: ("EV_CUDA_CALL", "0", _P2, "0", _P1, "0"),
+    CudaFunc.cudaHostRegister: ("EV_CUDA_HOST_ALLOC", "0", _P2, _P1, "0", "0"),  # bytes, ptr
+    CudaFunc.cudaMallocHost: ("EV_CUDA_HOST_ALLOC", _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cudaHostAlloc: ("EV_CUDA_HOST_ALLOC", _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cudaHostUnregister: ("EV_CUDA_HOST_FREE", "0", _P1, "0", "0", "0"),
+    CudaFunc.cudaFreeHost: ("EV_CUDA_HOST_FREE", "0", _P1, "0", "0", "0"),
+    CudaFunc.__cudaGetKernel: ("EV_CUDA_GET_HANDLE", _OUT, "0", _P1, _P2, "0"),  # -, &handle, host stub
+    CudaFunc.cudaGetKernel: ("EV_CUDA_GET_HANDLE", _OUT, "0", _P1, _P2, "0"),
+    # the driver's
+    CudaFunc.cuMemAlloc_v2: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cuMemAllocAsync: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),
+    CudaFunc.cuMemAllocAsync_ptsz: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),
+    CudaFunc.cuMemMap: ("EV_CUDA_MALLOC", "0", _P2, _P1, _P4, "0"),              # size, ptr, allocation handle
+    CudaFunc.cuMemFree_v2: ("EV_CUDA_FREE", "0", _P1, "0", "0", "0"),
+    CudaFunc.cuMemFreeAsync: ("EV_CUDA_FREE", "0", _P1, "0", _P2, "0"),
+    CudaFunc.cuMemFreeAsync_ptsz: ("EV_CUDA_FREE", "0", _P1, "0", _P2, "0"),
+    CudaFunc.cuMemUnmap: ("EV_CUDA_FREE", "0", _P1, _P2, "0", "0"),              # ptr, size
+    CudaFunc.cuMemCreate: ("EV_CUDA_CALL", _OUT, _P2, _P1, "0", "0"),            # size, handle
+    CudaFunc.cuMemRelease: ("EV_CUDA_CALL", "0", "0", _P1, "0", "0"),            # -, handle
+    CudaFunc.cuMemcpy: ("EV_CUDA_MEMCPY", "0", _P3, "4", "0", "0"),
+    CudaFunc.cuMemcpyAsync: ("EV_CUDA_MEMCPY", "0", _P3, "4", _P4, "0"),
+    CudaFunc.cuMemcpyAsync_ptsz: ("EV_CUDA_MEMCPY", "0", _P3, "4", _P4, "0"),
+    CudaFunc.cuMemcpyHtoD_v2: ("EV_CUDA_MEMCPY", "0", _P3, "1", "0", _P2),
+    CudaFunc.cuMemcpyDtoH_v2: ("EV_CUDA_MEMCPY", "0", _P3, "2", "0", _P1),
+    CudaFunc.cuMemcpyDtoD_v2: ("EV_CUDA_MEMCPY", "0", _P3, "3", "0", "0"),
+    CudaFunc.cuMemcpyHtoDAsync_v2: ("EV_CUDA_MEMCPY", "0", _P3, "1", _P4, _P2),
+    CudaFunc.cuMemcpyHtoDAsync_v2_ptsz: ("EV_CUDA_MEMCPY", "0", _P3, "1", _P4, _P2),
+    CudaFunc.cuMemcpyDtoHAsync_v2: ("EV_CUDA_MEMCPY", "0", _P3, "2", _P4, _P1),
+    CudaFunc.cuMemcpyDtoHAsync_v2_ptsz: ("EV_CUDA_MEMCPY", "0", _P3, "2", _P4, _P1),
+    CudaFunc.cuMemcpyDtoDAsync_v2: ("EV_CUDA_MEMCPY", "0", _P3, "3", _P4, "0"),
+    CudaFunc.cuMemcpyDtoDAsync_v2_ptsz: ("EV_CUDA_MEMCPY", "0", _P3, "3", _P4, "0"),
+    CudaFunc.cuStreamSynchronize: ("EV_CUDA_SYNC", "0", _P1, "0", "0", "0"),
+    CudaFunc.cuStreamSynchronize_ptsz: ("EV_CUDA_SYNC", "0", _P1, "0", "0", "0"),
+    CudaFunc.cuCtxSynchronize: ("EV_CUDA_SYNC", "0", "0", "0", "0", "0"),
+    CudaFunc.cuEventSynchronize: ("EV_CUDA_SYNC", "0", _P1, "1", "0", "0"),
+    CudaFunc.cuEventQuery: ("EV_CUDA_CALL", "0", _P1, "0", "0", "0"),
+    CudaFunc.cuEventRecord: ("EV_CUDA_CALL", "0", _P1, "0", _P2, "0"),
+    CudaFunc.cuEventRecord_ptsz: ("EV_CUDA_CALL", "0", _P1, "0", _P2, "0"),
+    CudaFunc.cuStreamWaitEvent: ("EV_CUDA_CALL", "0", _P2, "0", _P1, "0"),
+    CudaFunc.cuStreamWaitEvent_ptsz: ("EV_CUDA_CALL", "0", _P2, "0", _P1, "0"),
+    CudaFunc.cuMemHostRegister_v2: ("EV_CUDA_HOST_ALLOC", "0", _P2, _P1, "0", "0"),
+    CudaFunc.cuMemAllocHost_v2: ("EV_CUDA_HOST_ALLOC", _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cuMemHostAlloc: ("EV_CUDA_HOST_ALLOC", _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cuMemHostUnregister: ("EV_CUDA_HOST_FREE", "0", _P1, "0", "0", "0"),
+    CudaFunc.cuMemFreeHost: ("EV_CUDA_HOST_FREE", "0", _P1, "0", "0", "0"),
+    CudaFunc.cuModuleGetFunction: ("EV_CUDA_FUNC_NAME", _OUT, "0", _P1, _P3, "0"),  # -, &handle, name
+    CudaFunc.cuLibraryGetKernel: ("EV_CUDA_FUNC_NAME", _OUT, "0", _P1, _P3, "0"),
+    CudaFunc.cuKernelGetFunction: ("EV_CUDA_GET_HANDLE", _OUT, "0", _P1, _P2, "0"),  # -, &CUfunction, CUkernel
 }
 
-_DRIVER = {
-    CudaFunc.cuLaunchKernel, CudaFunc.cuLaunchKernelEx, CudaFunc.cuMemAlloc_v2,
-    CudaFunc.cuMemFree_v2, CudaFunc.cuModuleGetFunction,
+# cuMemcpy2D/3D: bytes and direction come from the descriptor (on_memcpy_desc).
+_DESCRIBED_COPIES = {
+    CudaFunc.cuMemcpy2D_v2: (2, "0"),
+    CudaFunc.cuMemcpy2DAsync_v2: (2, _P2),
+    CudaFunc.cuMemcpy2DAsync_v2_ptsz: (2, _P2),
+    CudaFunc.cuMemcpy3D_v2: (3, "0"),
+    CudaFunc.cuMemcpy3DAsync_v2: (3, _P2),
+    CudaFunc.cuMemcpy3DAsync_v2_ptsz: (3, _P2),
+}
+
+# Entry-only facts: (event kind, a0, a1).
+_FACTS = {
+    CudaFunc.__cudaRegisterFunction: ("EV_CUDA_KERNEL_NAME", _P2, _P4),  # host stub, device name
 }
 
 RETURN_PROGRAM = "uretprobe_cuda"
+DRIVER_RETURN_PROGRAM = "uretprobe_cuda_driver"
 
 
 def _entry_name(func: CudaFunc) -> str:
@@ -57,22 +139,27 @@ def _entry_name(func: CudaFunc) -> str:
 def _generate(launch_errors: bool) -> tuple[str, dict[CudaFunc, ProbeSpec]]:
     lines = ["/* generated by otelbpf/sensor/cuda_probes.py */"]
     specs: dict[CudaFunc, ProbeSpec] = {}
+
+    def entry(func: CudaFunc, body: str, ret: str | None) -> None:
+        lines.append(f"int {_entry_name(func)}(struct pt_regs *ctx) {{ return {body}; }}")
+        specs[func] = ProbeSpec(func.name, _entry_name(func), ret)
+
     for func, (variant, fn) in _LAUNCHES.items():
-        lines.append(
-            f"int {_entry_name(func)}(struct pt_regs *ctx) "
-            f"{{ return on_launch(ctx, {int(func)}, {variant}, {fn}); }}"
-        )
         ret = None
         if launch_errors:
             ret = f"uretprobe_launch_{func.name}"
             lines.append(f"int {ret}(struct pt_regs *ctx) {{ return on_launch_return(ctx, {int(func)}); }}")
-        specs[func] = ProbeSpec(func.name, _entry_name(func), ret)
-    for func, (kind, a0, a1, a2) in _PAIRED.items():
-        lines.append(
-            f"int {_entry_name(func)}(struct pt_regs *ctx) "
-            f"{{ return on_entry({kind}, {int(func)}, {a0}, {a1}, {a2}, 0); }}"
-        )
-        specs[func] = ProbeSpec(func.name, _entry_name(func), RETURN_PROGRAM)
+        body = "on_driver_launch" if func.is_driver else "on_launch"
+        entry(func, f"{body}(ctx, {int(func)}, {variant}, {fn})", ret)
+    for func, (kind, flags, a0, a1, a2, a3) in _PAIRED.items():
+        if func.is_driver:
+            flags = f"EVF_DRIVER | {flags}"
+        ret = DRIVER_RETURN_PROGRAM if func.is_driver else RETURN_PROGRAM
+        entry(func, f"on_entry({kind}, {int(func)}, {flags}, {a0}, {a1}, {a2}, {a3})", ret)
+    for func, (dims, stream) in _DESCRIBED_COPIES.items():
+        entry(func, f"on_memcpy_desc(ctx, {int(func)}, {dims}, {stream})", DRIVER_RETURN_PROGRAM)
+    for func, (kind, a0, a1) in _FACTS.items():
+        entry(func, f"on_fact({kind}, {int(func)}, {a0}, {a1})", None)
     return "\n".join(lines) + "\n", specs
 
 
@@ -91,7 +178,7 @@ def cuda_family(
                 "cudart",
                 re.compile(r"^libcudart\.so(\.[0-9]+)*$"),
                 "libcudart.so",
-                tuple(s for f, s in specs.items() if f not in _DRIVER),
+                tuple(s for f, s in specs.items() if not f.is_driver),
             )
         )
         # nvcc links the runtime statically by default: the same functions, as local
@@ -101,7 +188,7 @@ def cuda_family(
                 "cudart_static",
                 re.compile(r"(?!)"),  # never by name
                 "",
-                tuple(s for f, s in specs.items() if f not in _DRIVER),
+                tuple(s for f, s in specs.items() if not f.is_driver),
                 content_symbol="cudaLaunchKernel",
                 symtab=True,
             )
@@ -112,7 +199,7 @@ def cuda_family(
                 "cuda",
                 re.compile(r"^libcuda\.so(\.[0-9]+)*$"),
                 "libcuda.so",
-                tuple(s for f, s in specs.items() if f in _DRIVER),
+                tuple(s for f, s in specs.items() if f.is_driver),
             )
         )
     assert int(Kind.CUDA_LAUNCH) == 10  # EV_CUDA_* values are shared with common.h

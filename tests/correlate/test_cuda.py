@@ -250,7 +250,8 @@ def test_spans_carry_the_call_and_errors_set_their_status() -> None:
     copy, malloc, launch, sync = h.spans
     assert copy.name == "cudaMemcpyAsync"
     assert dict(copy.attributes) == {
-        "cuda.api.function": "cudaMemcpyAsync", "thread.id": ME + 1, "cuda.memcpy.bytes": 4096,
+        "cuda.api.function": "cudaMemcpyAsync", "cuda.api.layer": "runtime", "thread.id": ME + 1,
+        "cuda.memcpy.bytes": 4096,
         "cuda.memcpy.direction": "H2D", "cuda.memcpy.async": True, "cuda.stream": "0x5eed0001",
         "cuda.api.return_code": 0,
     }
@@ -262,6 +263,7 @@ def test_spans_carry_the_call_and_errors_set_their_status() -> None:
     assert malloc.attributes["cuda.error.name"] == "cudaErrorMemoryAllocation"
     assert "cuda.memory.address" not in malloc.attributes
     assert launch.attributes["cuda.kernel.name"] == "getppid"
+    assert launch.attributes["cuda.kernel.name_source"] == "symbol"
     assert launch.attributes["cuda.kernel.function_address"] == f"{getppid:#x}"
     assert [launch.attributes[f"cuda.grid.{d}"] for d in "xyz"] == [4, 2, 1]
     assert [launch.attributes[f"cuda.block.{d}"] for d in "xyz"] == [256, 1, 1]
@@ -279,8 +281,9 @@ def test_driver_launches_are_named_from_the_function_name_strings() -> None:
     ev = Events()
     ev.launch(0xF1, func=F.cuLaunchKernel).launch(0xF2, func=F.cuLaunchKernel).launch(0xF3, func=F.cuLaunchKernel)
     h.correlator.on_events(ev.array())
-    assert [s.attributes["cuda.kernel.name"] for s in h.spans] == [
-        "vector_add(float*, float*, float*, int)", "triton_poi_fused_add_mul_0", "CUfunction 0xf3",
+    assert [(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"]) for s in h.spans] == [
+        ("vector_add(float*, float*, float*, int)", "driver"), ("triton_poi_fused_add_mul_0", "driver"),
+        ("[unresolved kernel 0xf3]", "unresolved"),
     ]
 
 
@@ -431,3 +434,117 @@ def test_late_events_of_a_finalized_process_are_exported_once_not_forever(exited
     again = h.collect()
     assert points(again[exited_pid]["otelbpf.cuda.anomalies"]) == {(("reason", "incomplete"),): 1}
     assert exited_pid not in h.collect()
+
+
+# -- CUDA 13: handles, registration, launch sites ------------------------------------
+
+NAMES = ctypes.create_string_buffer(b"_ZN2ns5scaleIfEEvPT_S1_\0_Z5plainPf\0")
+
+
+def test_registered_device_names_name_the_kernels_behind_cuda13_handles() -> None:
+    """nvcc 13: registration says host stub -> device name; __cudaGetKernel says handle ->
+    host stub; launches pass the handle. The name is read from this process's memory."""
+    h = Harness()
+    base = ctypes.addressof(NAMES)
+    stub_scale, stub_plain, handle = 0x401000, 0x402000, 0x5555_0000_1230  # a heap handle in no file
+    ev = Events()
+    ev.add(Kind.CUDA_KERNEL_NAME, F["__cudaRegisterFunction"], a0=stub_scale, a1=base, dur=0)
+    ev.add(Kind.CUDA_KERNEL_NAME, F["__cudaRegisterFunction"], a0=stub_plain, a1=base + NAMES.raw.index(b"_Z5"),
+           dur=0)
+    ev.add(Kind.CUDA_KERNEL_ALIAS, F["__cudaGetKernel"], a0=handle, a1=stub_scale)
+    ev.launch(handle).launch(stub_plain)
+    h.correlator.on_events(ev.array())
+    named = [(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"]) for s in h.spans]
+    assert named == [("void ns::scale<float>(float*, float)", "registration"), ("plain(float*)", "registration")]
+
+
+def test_a_late_attach_names_a_handle_from_its_launch_site_in_a_device_stub(tmp_path) -> None:
+    """Registration and __cudaGetKernel happened before the attach: the first launch's
+    return address lies in nvcc's __device_stub__<mangled>, resolved from the ELF symbols
+    of a real program built here."""
+    src = tmp_path / "stub.c"
+    src.write_text(
+        "void _Z24__device_stub__Z5plainPfPf(float *p) { (void)p; }\n"
+        "int main(void) { return 0; }\n"
+    )
+    exe = tmp_path / "stub"
+    subprocess.run(["gcc", "-O0", "-o", str(exe), str(src)], check=True)
+    subprocess.run(["gcc", "-O0", "-shared", "-fPIC", "-o", str(exe) + ".so", str(src)], check=True)
+    lib = ctypes.CDLL(str(exe) + ".so")
+    stub = ctypes.cast(lib._Z24__device_stub__Z5plainPfPf, ctypes.c_void_p).value
+    h = Harness()
+    handle = 0x5555_0000_4560
+    ev = Events()
+    ev.add(Kind.CUDA_LAUNCH_SITE, F.cudaLaunchKernel, a0=handle, a1=stub + 4, dur=0)
+    ev.launch(handle)
+    h.correlator.on_events(ev.array())
+    [span] = h.spans
+    assert span.attributes["cuda.kernel.name"] == "plain(float*)"
+    assert span.attributes["cuda.kernel.name_source"] == "device_stub"
+
+
+def test_an_unnamed_handle_falls_back_to_its_launch_site_object_and_offset() -> None:
+    h = Harness()
+    handle = 0x5555_0000_7890
+    getppid = fn_address("getppid")
+    ev = Events()
+    ev.add(Kind.CUDA_LAUNCH_SITE, F.cuLaunchKernel, a0=handle, a1=getppid + 1, dur=0)
+    ev.launch(handle, func=F.cuLaunchKernel)
+    h.correlator.on_events(ev.array())
+    [span] = h.spans
+    name = span.attributes["cuda.kernel.name"]
+    assert name.startswith("[launched at libc.so.6+0x") and "build id" in name, name
+    assert span.attributes["cuda.kernel.name_source"] == "launch_site"
+    h.maps["launches"][LaunchKey(ME, int(F.cuLaunchKernel), handle)] = 7
+    m = h.collect()[ME]
+    assert points(m["otelbpf.cuda.kernel_launches.named"]) == {(("otelbpf.name_source", "launch_site"),): 7}
+
+
+def test_frees_carry_the_size_of_what_they_freed_and_unmaps_their_own() -> None:
+    h = Harness()
+    ev = Events()
+    ev.malloc(4096, 0x7000_0000)
+    ev.add(Kind.CUDA_FREE, F.cuMemFree_v2, a0=0x7000_0000, flags=4)
+    ev.add(Kind.CUDA_MALLOC, F.cuMemMap, a0=1 << 21, a1=0x7100_0000, flags=4)
+    ev.add(Kind.CUDA_FREE, F.cuMemUnmap, a0=0x7100_0000, a1=1 << 21, flags=4)
+    h.correlator.on_events(ev.array())
+    free, unmap = h.spans[1], h.spans[3]
+    assert (free.attributes["cuda.memory.address"], free.attributes["cuda.memory.bytes"]) == ("0x70000000", 4096)
+    assert free.attributes["cuda.api.layer"] == "driver"
+    assert unmap.attributes["cuda.memory.bytes"] == 1 << 21
+    assert h.correlator.memory_snapshot()[ME] == (0, 1 << 21)
+
+
+def test_copies_from_pinned_memory_are_told_from_pageable_ones() -> None:
+    h = Harness()
+    ev = Events()
+    ev.add(Kind.CUDA_HOST_ALLOC, F.cudaHostAlloc, a0=1 << 20, a1=0x10_0000)
+    ev.add(Kind.CUDA_MEMCPY, F.cudaMemcpy, a0=4096, a1=1, a3=0x10_0000 + 512)   # H2D from pinned
+    ev.add(Kind.CUDA_MEMCPY, F.cudaMemcpy, a0=100, a1=2, a3=0x30_0000)          # D2H to pageable
+    ev.add(Kind.CUDA_HOST_FREE, F.cudaFreeHost, a0=0x10_0000)
+    ev.add(Kind.CUDA_MEMCPY, F.cudaMemcpy, a0=8, a1=1, a3=0x10_0000)            # freed: pageable now
+    h.correlator.on_events(ev.array())
+    kinds = [s.attributes.get("cuda.memcpy.host_memory") for s in h.spans if s.name == "cudaMemcpy"]
+    assert kinds == ["pinned", "pageable", "pageable"]
+    m = h.collect()[ME]
+    assert points(m["cuda.memcpy.host_bytes"]) == {
+        (("cuda.memcpy.direction", "D2H"), ("cuda.memcpy.host_memory", "pageable")): 100,
+        (("cuda.memcpy.direction", "H2D"), ("cuda.memcpy.host_memory", "pageable")): 8,
+        (("cuda.memcpy.direction", "H2D"), ("cuda.memcpy.host_memory", "pinned")): 4096,
+    }
+
+
+def test_an_event_query_that_is_not_ready_is_an_answer_not_an_error() -> None:
+    h = Harness()
+    ev = Events()
+    ev.add(Kind.CUDA_CALL, F.cudaEventQuery, a0=0xE1, ret=600)
+    ev.add(Kind.CUDA_CALL, F.cudaEventQuery, a0=0xE1, ret=0)
+    ev.add(Kind.CUDA_SYNC, F.cudaEventSynchronize, a0=0xE1, a1=1)
+    h.correlator.on_events(ev.array())
+    assert [s.status.status_code for s in h.spans] == [StatusCode.UNSET] * 3
+    assert h.spans[2].attributes["cuda.event"] == "0xe1"
+    m = h.collect()[ME]
+    assert points(m["cuda.api.calls"]) == {
+        (("cuda.api.function", "cudaEventQuery"),): 2, (("cuda.api.function", "cudaEventSynchronize"),): 1,
+    }
+    assert "cuda.api.errors" not in m
