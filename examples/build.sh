@@ -4,7 +4,8 @@
 # than one of its sources (or this script). Each is written under a temporary name and then
 # renamed, so a test running beside a rebuild never loads half a file.
 #
-#   build/examples/fakecudart/libcudart.so.12   stand-in CUDA runtime   (examples/cuda/fakecudart.c)
+#   build/examples/fakecudart/libcudart.so.12   stand-in CUDA 12 runtime (examples/cuda/fakecudart.c)
+#   build/examples/fakecudart13/libcudart.so.13 stand-in CUDA 13 runtime (the same, -DFAKECUDART_CUDA13)
 #   build/examples/fakecuda/libcuda.so.1        stand-in CUDA driver    (examples/cuda/fakecuda.c)
 #   build/examples/cuda_workload                the workload            (examples/cuda/workload.cpp)
 #   build/bench/launch_loop                     benchmark driver        (bench/launch_loop.c)
@@ -45,19 +46,32 @@ warn=(-Wall -Wextra -Werror)
 lib=(-O2 -g -fPIC -shared -pthread -fcf-protection=full -fno-omit-frame-pointer -fno-shrink-wrap
      -fno-optimize-sibling-calls "${warn[@]}")
 
+# The runtime stand-ins call the driver stand-in: they dlopen it by soname, else next to them
+# (../fakecuda/), else at the path it is built to here (FAKECUDA_DRIVER_BUILT).
+driver_built=$out/examples/fakecuda/libcuda.so.1
+rt_deps=("$src"/{fakecudart.c,cudadrv.h,ptrmap.h})
 t=$out/examples/fakecudart/libcudart.so.12
-if stale "$t" "$src"/{fakecudart.c,fakecudart.map,devmem.c,devmem.h}; then
+if stale "$t" "${rt_deps[@]}" "$src/fakecudart.map"; then
     mkdir -p "${t%/*}"
-    gcc "${lib[@]}" -Wl,-soname,libcudart.so.12 -Wl,--version-script="$src/fakecudart.map" \
-        "$src/fakecudart.c" "$src/devmem.c" -o "$t.$$"
+    gcc "${lib[@]}" -DFAKECUDA_DRIVER_BUILT="\"$driver_built\"" -Wl,-soname,libcudart.so.12 \
+        -Wl,--version-script="$src/fakecudart.map" "$src/fakecudart.c" -o "$t.$$" -ldl
     publish "$t.$$" "$t"
 fi
 
-t=$out/examples/fakecuda/libcuda.so.1
-if stale "$t" "$src"/{fakecuda.c,fakecuda.map,devmem.c,devmem.h}; then
+# The same source in CUDA 13 mode: kernel handles from __cudaGetKernel, the __cudaLaunchKernel thunks.
+t=$out/examples/fakecudart13/libcudart.so.13
+if stale "$t" "${rt_deps[@]}" "$src/fakecudart13.map"; then
+    mkdir -p "${t%/*}"
+    gcc "${lib[@]}" -DFAKECUDART_CUDA13 -DFAKECUDA_DRIVER_BUILT="\"$driver_built\"" -Wl,-soname,libcudart.so.13 \
+        -Wl,--version-script="$src/fakecudart13.map" "$src/fakecudart.c" -o "$t.$$" -ldl
+    publish "$t.$$" "$t"
+fi
+
+t=$driver_built
+if stale "$t" "$src"/{fakecuda.c,fakecuda.map,cudadrv.h,ptrmap.h,devmem.c,devmem.h,streams.c,streams.h}; then
     mkdir -p "${t%/*}"
     gcc "${lib[@]}" -Wl,-soname,libcuda.so.1 -Wl,--version-script="$src/fakecuda.map" \
-        "$src/fakecuda.c" "$src/devmem.c" -o "$t.$$"
+        "$src/fakecuda.c" "$src/devmem.c" "$src/streams.c" -o "$t.$$" -ldl
     publish "$t.$$" "$t"
 fi
 

@@ -1,31 +1,42 @@
 /*
- * Stand-in for NVIDIA's CUDA runtime (libcudart.so.12) on machines without a GPU.
+ * Stand-in for NVIDIA's CUDA runtime on machines without a GPU: libcudart.so.12, or with
+ * -DFAKECUDART_CUDA13 libcudart.so.13.
  *
- * Exports the runtime calls the agent probes, with CUDA's exact C signatures, so the same
- * uprobes read the same arguments as on the real library. Unlike the real library without a
- * driver (which fails every call with 35), calls here succeed and behave plausibly:
- *   - "device" memory is real host memory (devmem.c), so cudaMemcpy really copies;
- *   - each stream keeps a "busy until" time that every launch pushes out by
- *     FAKECUDA_KERNEL_US microseconds (default 50), and synchronising sleeps until then,
- *     so sync calls take as long as the queued "kernels" would;
- *   - cudaLaunchHostFunc queues a host function on a stream: it runs on a worker thread once
- *     the work queued before it is done, and the stream is busy until it returns, so another
- *     stand-in (the fake NCCL) can make a stream wait for an event outside this library.
- * Nothing runs on a device; kernel arguments are accepted and ignored.
+ * Exports the runtime calls the agent probes and those nvcc's generated code needs, with CUDA's
+ * exact C signatures. Like the real runtime it is a layer over the driver API: every call that
+ * does work calls the driver stand-in (libcuda.so.1, fakecuda.c) on the same thread, and without
+ * a driver every such call returns 35 (cudaErrorInsufficientDriver). The driver holds the state
+ * (memory, stream time, events); this layer keeps what a runtime keeps:
+ *   - the kernels registered by nvcc's static constructors (__cudaRegisterFatBinary,
+ *     __cudaRegisterFunction: host function -> mangled device name) and the driver handle of
+ *     each; the <<<>>> launch configuration pushed and popped per thread;
+ *   - CUDA 13 (FAKECUDART_CUDA13): kernel handles. __cudaGetKernel / cudaGetKernel hand out the
+ *     driver's CUkernel (cuLibraryLoadData + cuLibraryGetKernel, one heap pointer per host
+ *     function), cudaLaunchKernel takes that handle or a registered host function, anything
+ *     else is 98; __cudaLaunchKernel is a thunk that jumps into cudaLaunchKernel.
+ *   - CUDA 12: launches take host functions; one that was never registered (the C++ workload's
+ *     stubs, libc's abs) is accepted and named after its symbol. The driver handle is a
+ *     CUfunction from cuModuleGetFunction.
+ * The driver is found (once, at the first call) at $FAKECUDA_DRIVER if that is set, else by its
+ * soname libcuda.so.1 if the library found is the stand-in (it exports fakecuda_calls; a real
+ * driver is left alone), else at ../fakecuda/libcuda.so.1 next to this library, else where the
+ * build put it (FAKECUDA_DRIVER_BUILT).
  */
 #define _GNU_SOURCE
-#include <errno.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "devmem.h"
+#include "cudadrv.h"
+#include "ptrmap.h"
 
 typedef int cudaError_t;
 typedef void *cudaStream_t;
+typedef void *cudaEvent_t;
+typedef void *cudaKernel_t;
 typedef struct {
     unsigned x, y, z;
 } dim3;
@@ -42,69 +53,81 @@ enum {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
+    cudaErrorInitializationError = 3,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInsufficientDriver = 35,
+    cudaErrorMissingConfiguration = 52,
     cudaErrorInvalidDeviceFunction = 98,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorSymbolNotFound = 500,
+    cudaErrorNotReady = 600,
+    cudaErrorHostMemoryAlreadyRegistered = 712,
+    cudaErrorHostMemoryNotRegistered = 713,
+    cudaErrorNotSupported = 801,
 };
 enum { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice, Default };
 
-#define PER_THREAD_STREAM ((cudaStream_t)0x2) /* cudaStreamPerThread: what a _ptsz call's NULL stream means */
-#define GRAPH_KERNELS 4                       /* a graph launch queues as much work as this many kernels */
+#define FATBIN_MAGIC 0x466243b1 /* __fatBinC_Wrapper_t.magic in nvcc's output */
+#define CONFIG_DEPTH 16         /* nested <<<>>> configurations kept per thread */
 
-struct stream {
-    cudaStream_t handle;
-    uint64_t busy_until_ns; /* CLOCK_MONOTONIC time its queued work finishes */
-    unsigned held;          /* host functions queued and not yet returned */
-    uint64_t behind_ns;     /* work queued behind the last of them: starts when it returns */
-};
+/* ---- the driver */
 
-/* A queued cudaLaunchHostFunc call. Host functions run one at a time, in launch order. */
-struct hostfn {
-    struct hostfn *next;
-    cudaStream_t stream;
-    void (*fn)(void *);
-    void *data;
-    uint64_t start_ns; /* run at this time; 0: when the previous one returns, plus delay_ns */
-    uint64_t delay_ns;
-};
+#define RUNTIME_USES(X)                                                                                             \
+    X(cuInit) X(cuModuleGetFunction) X(cuLibraryLoadData) X(cuLibraryGetKernel) X(cuLaunchKernel)                   \
+    X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) X(cuLaunchHostFunc) X(cuGraphLaunch)        \
+    X(cuStreamSynchronize) X(cuCtxSynchronize) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)                    \
+    X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamWaitEvent) X(cuMemAlloc_v2)          \
+    X(cuMemAllocAsync) X(cuMemFree_v2) X(cuMemFreeAsync) X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyHtoD_v2)             \
+    X(cuMemcpyDtoH_v2) X(cuMemcpyDtoD_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoDAsync_v2)   \
+    X(cuMemcpy2D_v2) X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuMemAllocHost_v2) X(cuMemHostAlloc)          \
+    X(cuMemFreeHost)
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static struct stream *streams;
-static size_t nstreams, capacity;
-static uint64_t kernel_ns = 50000;
-static __thread cudaError_t last_error;
-static struct hostfn *hostfn_head, **hostfn_tail = &hostfn_head;
-static int hostfn_worker_running;
-static pthread_cond_t hostfn_queued = PTHREAD_COND_INITIALIZER; /* worker: a host function arrived */
-static pthread_cond_t hostfn_done = PTHREAD_COND_INITIALIZER;   /* waiters: one returned */
+#define AS_POINTER(name) __typeof__(name) *name;
+static struct {
+    RUNTIME_USES(AS_POINTER)
+} drv;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static int have_driver;
 
-__attribute__((constructor)) static void read_settings(void)
+/* The library at path if it is the stand-in driver with every entry point this runtime uses. */
+static int bind_driver(const char *path)
 {
-    const char *v = getenv("FAKECUDA_KERNEL_US");
-    if (!v || !*v)
+    void *h = path && *path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!h)
+        return 0;
+    int ok = dlsym(h, "fakecuda_calls") != NULL;
+#define RESOLVE(name) ok = ok && (drv.name = (__typeof__(name) *)dlsym(h, #name)) != NULL;
+    RUNTIME_USES(RESOLVE)
+    if (!ok || drv.cuInit(0) != 0) {
+        dlclose(h);
+        return 0;
+    }
+    return 1;
+}
+
+static void load_driver(void)
+{
+    const char *forced = getenv("FAKECUDA_DRIVER");
+    if (forced) {
+        have_driver = bind_driver(forced);
         return;
-    char *end;
-    errno = 0;
-    unsigned long long us = strtoull(v, &end, 10);
-    if (errno || *end || *v == '-' || us > 3600ULL * 1000000)
-        fprintf(stderr, "fake libcudart: ignoring FAKECUDA_KERNEL_US=%s (want whole microseconds, at most 3600000000); using 50\n", v);
-    else
-        kernel_ns = us * 1000;
+    }
+    have_driver = bind_driver("libcuda.so.1");
+    Dl_info info;
+    if (!have_driver && dladdr((void *)load_driver, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        char path[4096];
+        if (slash && snprintf(path, sizeof path, "%.*s/../fakecuda/libcuda.so.1", (int)(slash - info.dli_fname),
+                              info.dli_fname) < (int)sizeof path)
+            have_driver = bind_driver(path);
+    }
+#ifdef FAKECUDA_DRIVER_BUILT
+    if (!have_driver)
+        have_driver = bind_driver(FAKECUDA_DRIVER_BUILT);
+#endif
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static void sleep_until(uint64_t t_ns)
-{
-    struct timespec ts = {(time_t)(t_ns / 1000000000), (long)(t_ns % 1000000000)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-        ;
-}
+static __thread cudaError_t last_error;
 
 static cudaError_t fail(cudaError_t rc)
 {
@@ -112,265 +135,538 @@ static cudaError_t fail(cudaError_t rc)
     return rc;
 }
 
-/* The stream's record, added on first use; NULL only if out of memory. Caller holds lock. */
-static struct stream *find_stream(cudaStream_t handle)
+/* 0 once the driver is bound, else cudaErrorInsufficientDriver (recorded as the last error). */
+static cudaError_t driver(void)
 {
-    for (size_t i = 0; i < nstreams; i++)
-        if (streams[i].handle == handle)
-            return &streams[i];
-    if (nstreams == capacity) {
-        size_t grown = capacity ? capacity * 2 : 16;
-        struct stream *s = realloc(streams, grown * sizeof *s);
-        if (!s)
-            return NULL;
-        streams = s;
-        capacity = grown;
-    }
-    streams[nstreams] = (struct stream){handle, 0, 0, 0};
-    return &streams[nstreams++];
+    pthread_once(&driver_once, load_driver);
+    return have_driver ? cudaSuccess : fail(cudaErrorInsufficientDriver);
 }
 
-/* Queues kernels * kernel_ns of work behind what the stream already has. */
-static cudaError_t enqueue(cudaStream_t handle, unsigned kernels)
+/* A driver result as the runtime's error: the codes this stand-in meets are numbered alike. */
+static cudaError_t result(CUresult rc)
 {
-    uint64_t now = now_ns();
+    return rc ? fail(rc == 3 ? cudaErrorInitializationError : rc) : cudaSuccess;
+}
+
+#define NEED_DRIVER()                                                                                               \
+    do {                                                                                                            \
+        cudaError_t rc_ = driver();                                                                                 \
+        if (rc_)                                                                                                    \
+            return rc_;                                                                                             \
+    } while (0)
+
+static cudaStream_t per_thread(cudaStream_t stream)
+{
+    return stream ? stream : CU_STREAM_PER_THREAD;
+}
+
+/* ---- registered kernels */
+
+struct fatbin {
+    void *wrapper; /* first, so a struct fatbin * is the void ** nvcc keeps */
+    const void *image;
+    CUlibrary library; /* loaded on the first use of one of its kernels */
+};
+
+struct kernel {
+    const void *host_fun;
+    char *name; /* the mangled device name, or for an unregistered CUDA 12 host function its symbol */
+    struct fatbin *fatbin;
+    void *handle; /* the driver's CUkernel (CUDA 13) or CUfunction (CUDA 12); NULL until first needed */
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ptrmap by_host;   /* host function -> struct kernel */
+static struct ptrmap by_handle; /* CUDA 13: handle handed out -> struct kernel */
+
+void **__cudaRegisterFatBinary(void *fatCubin)
+{
+    struct fatbin *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    const struct {
+        int magic, version;
+        const void *data;
+    } *wrapper = fatCubin;
+    f->wrapper = fatCubin;
+    f->image = wrapper && wrapper->magic == FATBIN_MAGIC ? wrapper->data : fatCubin;
+    return (void **)f;
+}
+
+void __cudaRegisterFatBinaryEnd(void **fatCubinHandle)
+{
+    (void)fatCubinHandle;
+}
+
+/* Forgets the binary's kernels (a dlclosed library's host functions may be reused); the driver's
+ * handles stay valid. */
+void __cudaUnregisterFatBinary(void **fatCubinHandle)
+{
     pthread_mutex_lock(&lock);
-    struct stream *s = find_stream(handle);
-    if (s && s->held)
-        s->behind_ns += kernels * kernel_ns;
-    else if (s)
-        s->busy_until_ns = (s->busy_until_ns > now ? s->busy_until_ns : now) + kernels * kernel_ns;
+    for (size_t i = 0; i < by_host.capacity; i++) {
+        struct kernel *k = by_host.keys[i] ? by_host.values[i] : NULL;
+        if (k && k->fatbin == (struct fatbin *)fatCubinHandle) {
+            ptrmap_remove(&by_host, k->host_fun);
+            ptrmap_remove(&by_handle, k->handle);
+            i--; /* removal shifted a later entry into this slot */
+        }
+    }
     pthread_mutex_unlock(&lock);
-    return s ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
 
-/* True while a host function queued on the stream (any stream if all is set) has not returned.
- * Caller holds lock. */
-static int any_held(cudaStream_t handle, int all)
+static struct kernel *new_kernel(const void *host_fun, const char *name, struct fatbin *fatbin)
 {
-    for (size_t i = 0; i < nstreams; i++)
-        if ((all || streams[i].handle == handle) && streams[i].held)
-            return 1;
+    struct kernel *k = calloc(1, sizeof *k);
+    if (!k || !(k->name = strdup(name)) || ptrmap_put(&by_host, host_fun, k)) {
+        if (k)
+            free(k->name);
+        free(k);
+        return NULL;
+    }
+    k->host_fun = host_fun;
+    k->fatbin = fatbin;
+    return k;
+}
+
+void __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char *deviceFun, const char *deviceName,
+                            int thread_limit, void *tid, void *bid, dim3 *bDim, dim3 *gDim, int *wSize)
+{
+    (void)deviceFun, (void)thread_limit, (void)tid, (void)bid, (void)bDim, (void)gDim, (void)wSize;
+    if (!hostFun || !deviceName)
+        return;
+    pthread_mutex_lock(&lock);
+    new_kernel(hostFun, deviceName, (struct fatbin *)fatCubinHandle);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Variables live in host memory here: nothing to register. */
+void __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAddress, const char *deviceName, int ext,
+                       size_t size, int constant, int global)
+{
+    (void)fatCubinHandle, (void)hostVar, (void)deviceAddress, (void)deviceName, (void)ext, (void)size;
+    (void)constant, (void)global;
+}
+
+void __cudaRegisterManagedVar(void **fatCubinHandle, void **hostVarPtrAddress, char *deviceAddress,
+                              const char *deviceName, int ext, size_t size, int constant, int global)
+{
+    (void)fatCubinHandle, (void)hostVarPtrAddress, (void)deviceAddress, (void)deviceName, (void)ext, (void)size;
+    (void)constant, (void)global;
+}
+
+char __cudaInitModule(void **fatCubinHandle)
+{
+    return fatCubinHandle != NULL;
+}
+
+/* The kernel's driver handle, asked for on first need. Caller holds lock and has the driver. */
+static CUresult bind_kernel(struct kernel *k)
+{
+    if (k->handle)
+        return 0;
+#ifdef FAKECUDART_CUDA13
+    if (!k->fatbin->library) {
+        CUresult rc = drv.cuLibraryLoadData(&k->fatbin->library, k->fatbin->image, NULL, NULL, 0, NULL, NULL, 0);
+        if (rc)
+            return rc;
+    }
+    CUkernel handle;
+    CUresult rc = drv.cuLibraryGetKernel(&handle, k->fatbin->library, k->name);
+    if (!rc && ptrmap_put(&by_handle, handle, k))
+        rc = cudaErrorMemoryAllocation;
+#else
+    CUfunction handle;
+    CUresult rc = drv.cuModuleGetFunction(&handle, k->fatbin ? (CUmodule)k->fatbin->image : NULL, k->name);
+#endif
+    if (!rc)
+        k->handle = handle;
+    return rc;
+}
+
+/* The kernel that func names, bound to its driver handle: *k, or an error to return. */
+static cudaError_t kernel_of(const void *func, struct kernel **k)
+{
+    if (!func)
+        return cudaErrorInvalidDeviceFunction;
+    pthread_mutex_lock(&lock);
+    *k = ptrmap_get(&by_handle, func);
+    if (!*k)
+        *k = ptrmap_get(&by_host, func);
+#ifndef FAKECUDART_CUDA13
+    if (!*k) { /* CUDA 12 here: any host function goes, named after its symbol if it has one */
+        Dl_info info = {0};
+        char name[32];
+        if (!dladdr(func, &info) || info.dli_saddr != func || !info.dli_sname)
+            snprintf(name, sizeof name, "%p", func);
+        *k = new_kernel(func, info.dli_saddr == func && info.dli_sname ? info.dli_sname : name, NULL);
+    }
+#endif
+    CUresult rc = *k ? bind_kernel(*k) : (CUresult)cudaErrorInvalidDeviceFunction;
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+#ifdef FAKECUDART_CUDA13
+/* Stores hostFun first, as the real one does: without a driver the handle stays equal to it. */
+static cudaError_t get_kernel(cudaKernel_t *out, const void *hostFun)
+{
+    if (!out)
+        return fail(cudaErrorInvalidValue);
+    *out = (cudaKernel_t)hostFun;
+    NEED_DRIVER();
+    pthread_mutex_lock(&lock);
+    struct kernel *k = ptrmap_get(&by_host, hostFun);
+    cudaError_t rc = k ? bind_kernel(k) : cudaErrorInvalidDeviceFunction;
+    pthread_mutex_unlock(&lock);
+    if (rc)
+        return fail(rc);
+    *out = k->handle;
+    return cudaSuccess;
+}
+
+cudaError_t __cudaGetKernel(cudaKernel_t *kernelPtr, const void *entryFuncAddr)
+{
+    return get_kernel(kernelPtr, entryFuncAddr);
+}
+
+cudaError_t cudaGetKernel(cudaKernel_t *kernelPtr, const void *entryFuncAddr)
+{
+    return get_kernel(kernelPtr, entryFuncAddr);
+}
+#endif
+
+/* ---- launches */
+
+struct call_config {
+    dim3 grid, block;
+    size_t shared_mem;
+    cudaStream_t stream;
+};
+static __thread struct call_config configs[CONFIG_DEPTH];
+static __thread unsigned config_depth;
+
+unsigned __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim, size_t sharedMem, void *stream)
+{
+    if (config_depth == CONFIG_DEPTH)
+        return 1;
+    configs[config_depth++] = (struct call_config){gridDim, blockDim, sharedMem, stream};
     return 0;
 }
 
-/* Sleeps until one stream (all streams if all is set) has finished its queued work. */
-static void drain(cudaStream_t handle, int all)
+cudaError_t __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blockDim, size_t *sharedMem, void *stream)
 {
-    uint64_t until = 0;
-    pthread_mutex_lock(&lock);
-    while (any_held(handle, all))
-        pthread_cond_wait(&hostfn_done, &lock);
-    for (size_t i = 0; i < nstreams; i++)
-        if ((all || streams[i].handle == handle) && streams[i].busy_until_ns > until)
-            until = streams[i].busy_until_ns;
-    pthread_mutex_unlock(&lock);
-    if (until > now_ns())
-        sleep_until(until);
+    if (!config_depth)
+        return fail(cudaErrorMissingConfiguration);
+    const struct call_config *c = &configs[--config_depth];
+    *gridDim = c->grid;
+    *blockDim = c->block;
+    *sharedMem = c->shared_mem;
+    *(cudaStream_t *)stream = c->stream;
+    return cudaSuccess;
 }
 
-/* Runs queued host functions in order; a stream is released, and the work queued behind its
- * host functions starts, when the last of them returns. */
-static void *hostfn_worker(void *arg)
+static int bad_config(dim3 grid, dim3 block)
 {
-    (void)arg;
-    uint64_t previous_end = 0;
-    for (;;) {
-        pthread_mutex_lock(&lock);
-        while (!hostfn_head)
-            pthread_cond_wait(&hostfn_queued, &lock);
-        struct hostfn *h = hostfn_head;
-        hostfn_head = h->next;
-        if (!hostfn_head)
-            hostfn_tail = &hostfn_head;
-        pthread_mutex_unlock(&lock);
-        sleep_until(h->start_ns ? h->start_ns : previous_end + h->delay_ns);
-        h->fn(h->data);
-        pthread_mutex_lock(&lock);
-        previous_end = now_ns();
-        struct stream *s = find_stream(h->stream); /* exists: it was added at launch */
-        if (s && --s->held == 0) {
-            s->busy_until_ns = previous_end + s->behind_ns;
-            s->behind_ns = 0;
-        }
-        pthread_cond_broadcast(&hostfn_done);
-        pthread_mutex_unlock(&lock);
-        free(h);
-    }
-    return NULL;
+    return !grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z || grid.y > 65535 || grid.z > 65535 ||
+           grid.x > 0x7fffffffU || (uint64_t)block.x * block.y * block.z > 1024;
 }
 
-/* A forked child has no worker thread and none of its parent's queued host functions. */
-static void hostfn_after_fork(void)
+/* Checks what the runtime checks itself, then names the kernel's driver handle in *k. */
+static cudaError_t prepare_launch(const void *func, dim3 grid, dim3 block, struct kernel **k)
 {
-    hostfn_head = NULL;
-    hostfn_tail = &hostfn_head;
-    hostfn_worker_running = 0;
-    for (size_t i = 0; i < nstreams; i++) {
-        streams[i].held = 0;
-        streams[i].behind_ns = 0;
-    }
-}
-
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, hostfn_after_fork);
-}
-
-static cudaError_t launch(const void *func, dim3 grid, dim3 block, cudaStream_t stream)
-{
+    NEED_DRIVER();
     if (!func)
         return fail(cudaErrorInvalidDeviceFunction);
-    if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z || grid.y > 65535 ||
-        grid.z > 65535 || grid.x > 0x7fffffffU || (uint64_t)block.x * block.y * block.z > 1024)
+    if (bad_config(grid, block))
         return fail(cudaErrorInvalidConfiguration);
-    return enqueue(stream, 1);
-}
-
-/* Checks the pointers against the direction, then copies at once. */
-static cudaError_t copy(void *dst, const void *src, size_t count, int kind)
-{
-    if (kind < HostToHost || kind > Default)
-        return fail(cudaErrorInvalidValue);
-    if (count == 0)
-        return cudaSuccess;
-    if (!dst || !src)
-        return fail(cudaErrorInvalidValue);
-    int dst_on_device = devmem_contains(dst, count), src_on_device = devmem_contains(src, count);
-    if ((kind == HostToDevice && !dst_on_device) || (kind == DeviceToHost && !src_on_device) ||
-        (kind == DeviceToDevice && !(dst_on_device && src_on_device)))
-        return fail(cudaErrorInvalidValue);
-    memmove(dst, src, count);
-    return cudaSuccess;
+    cudaError_t rc = kernel_of(func, k);
+    return rc ? fail(rc) : cudaSuccess;
 }
 
 cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
                              cudaStream_t stream)
 {
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, stream);
+    struct kernel *k;
+    cudaError_t rc = prepare_launch(func, gridDim, blockDim, &k);
+    if (rc)
+        return rc;
+    return result(drv.cuLaunchKernel((CUfunction)k->handle, gridDim.x, gridDim.y, gridDim.z, blockDim.x, blockDim.y,
+                                     blockDim.z, (unsigned)sharedMem, stream, args, NULL));
 }
 
 cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
                                   cudaStream_t stream)
 {
-    (void)args, (void)sharedMem;
-    return launch(func, gridDim, blockDim, stream ? stream : PER_THREAD_STREAM);
+    struct kernel *k;
+    cudaError_t rc = prepare_launch(func, gridDim, blockDim, &k);
+    if (rc)
+        return rc;
+    return result(drv.cuLaunchKernel_ptsz((CUfunction)k->handle, gridDim.x, gridDim.y, gridDim.z, blockDim.x,
+                                          blockDim.y, blockDim.z, (unsigned)sharedMem, stream, args, NULL));
+}
+
+/* Launch attributes are not passed on: the stand-in driver has none. */
+static cudaError_t launch_ex(const cudaLaunchConfig_t *config, const void *func, void **args, int ptsz)
+{
+    NEED_DRIVER();
+    if (!config)
+        return fail(cudaErrorInvalidValue);
+    struct kernel *k;
+    cudaError_t rc = prepare_launch(func, config->gridDim, config->blockDim, &k);
+    if (rc)
+        return rc;
+    CUlaunchConfig c = {config->gridDim.x, config->gridDim.y, config->gridDim.z, config->blockDim.x,
+                        config->blockDim.y, config->blockDim.z, (unsigned)config->dynamicSmemBytes, config->stream,
+                        NULL, 0};
+    return result(ptsz ? drv.cuLaunchKernelEx_ptsz(&c, (CUfunction)k->handle, args, NULL)
+                       : drv.cuLaunchKernelEx(&c, (CUfunction)k->handle, args, NULL));
 }
 
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
 {
-    (void)args;
-    if (!config)
-        return fail(cudaErrorInvalidValue);
-    return launch(func, config->gridDim, config->blockDim, config->stream);
+    return launch_ex(config, func, args, 0);
 }
 
-cudaError_t cudaMalloc(void **devPtr, size_t size)
+cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t *config, const void *func, void **args)
 {
-    if (!devPtr)
-        return fail(cudaErrorInvalidValue);
-    *devPtr = devmem_alloc(size);
-    return *devPtr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+    return launch_ex(config, func, args, 1);
 }
 
-cudaError_t cudaFree(void *devPtr)
-{
-    if (!devPtr)
-        return cudaSuccess; /* like CUDA: freeing NULL is allowed */
-    drain(NULL, 1);         /* cudaFree waits for the device, as CUDA's does */
-    return devmem_free(devPtr) ? fail(cudaErrorInvalidValue) : cudaSuccess;
-}
-
-/* A synchronous copy waits for all queued work first, as on CUDA's legacy default stream. */
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, int kind)
-{
-    drain(NULL, 1);
-    return copy(dst, src, count, kind);
-}
-
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, cudaStream_t stream)
-{
-    (void)stream;
-    return copy(dst, src, count, kind);
-}
-
-cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count, int kind, cudaStream_t stream)
-{
-    (void)stream;
-    return copy(dst, src, count, kind);
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t stream)
-{
-    drain(stream, 0);
-    return cudaSuccess;
-}
-
-cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream)
-{
-    drain(stream ? stream : PER_THREAD_STREAM, 0);
-    return cudaSuccess;
-}
-
-cudaError_t cudaDeviceSynchronize(void)
-{
-    drain(NULL, 1);
-    return cudaSuccess;
-}
+#ifdef FAKECUDART_CUDA13
+/* nvcc 13's stubs call these; like NVIDIA's they are thunks that jump (not call) into
+ * cudaLaunchKernel, so at its entry the return address is in the caller's __device_stub__. The
+ * hidden aliases keep the jump direct, not through the PLT. */
+extern __typeof__(cudaLaunchKernel) fakecudart_launch_kernel __attribute__((alias("cudaLaunchKernel"), visibility("hidden")));
+extern __typeof__(cudaLaunchKernel_ptsz) fakecudart_launch_kernel_ptsz
+    __attribute__((alias("cudaLaunchKernel_ptsz"), visibility("hidden")));
+#define THUNK(name, target)                                                                                         \
+    __asm__(".text\n.globl " #name "\n.type " #name ", @function\n.p2align 4\n" #name ":\n"                        \
+            "\tendbr64\n\tpush %rbp\n\tmov %rsp, %rbp\n\tpop %rbp\n\tjmp " #target "\n.size " #name ", .-" #name "\n")
+THUNK(__cudaLaunchKernel, fakecudart_launch_kernel);
+THUNK(__cudaLaunchKernel_ptsz, fakecudart_launch_kernel_ptsz);
+#endif
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, void (*fn)(void *), void *userData)
 {
-    if (!fn)
-        return fail(cudaErrorInvalidValue);
-    struct hostfn *h = calloc(1, sizeof *h);
-    if (!h)
-        return fail(cudaErrorMemoryAllocation);
-    h->stream = stream;
-    h->fn = fn;
-    h->data = userData;
-    uint64_t now = now_ns();
-    pthread_mutex_lock(&lock);
-    struct stream *s = find_stream(stream);
-    if (!s) {
-        pthread_mutex_unlock(&lock);
-        free(h);
-        return fail(cudaErrorMemoryAllocation);
-    }
-    if (s->held) { /* after the previous host function, and the work queued since */
-        h->delay_ns = s->behind_ns;
-        s->behind_ns = 0;
-    } else {
-        h->start_ns = s->busy_until_ns > now ? s->busy_until_ns : now;
-    }
-    if (!hostfn_worker_running) {
-        pthread_t worker;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int rc = pthread_create(&worker, &attr, hostfn_worker, NULL);
-        pthread_attr_destroy(&attr);
-        if (rc) {
-            pthread_mutex_unlock(&lock);
-            free(h);
-            return fail(cudaErrorMemoryAllocation);
-        }
-        hostfn_worker_running = 1;
-    }
-    s->held++;
-    *hostfn_tail = h;
-    hostfn_tail = &h->next;
-    pthread_cond_signal(&hostfn_queued);
-    pthread_mutex_unlock(&lock);
-    return cudaSuccess;
+    NEED_DRIVER();
+    return result(drv.cuLaunchHostFunc(stream, fn, userData));
 }
 
 cudaError_t cudaGraphLaunch(void *graphExec, cudaStream_t stream)
 {
-    if (!graphExec)
-        return fail(cudaErrorInvalidValue);
-    return enqueue(stream, GRAPH_KERNELS);
+    NEED_DRIVER();
+    return result(drv.cuGraphLaunch(graphExec, stream));
 }
+
+cudaError_t cudaGraphLaunch_ptsz(void *graphExec, cudaStream_t stream)
+{
+    NEED_DRIVER();
+    return result(drv.cuGraphLaunch(graphExec, per_thread(stream)));
+}
+
+/* ---- memory */
+
+cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+    NEED_DRIVER();
+    if (!devPtr)
+        return fail(cudaErrorInvalidValue);
+    CUdeviceptr p = 0;
+    CUresult rc = drv.cuMemAlloc_v2(&p, size);
+    *devPtr = (void *)(uintptr_t)p;
+    return rc ? fail(cudaErrorMemoryAllocation) : cudaSuccess; /* 0 bytes, too many bytes: out of memory */
+}
+
+cudaError_t cudaFree(void *devPtr)
+{
+    NEED_DRIVER();
+    if (!devPtr)
+        return cudaSuccess; /* like CUDA: freeing NULL is allowed */
+    return result(drv.cuMemFree_v2((CUdeviceptr)(uintptr_t)devPtr));
+}
+
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream)
+{
+    NEED_DRIVER();
+    if (!devPtr)
+        return fail(cudaErrorInvalidValue);
+    CUdeviceptr p = 0;
+    CUresult rc = drv.cuMemAllocAsync(&p, size, stream);
+    *devPtr = (void *)(uintptr_t)p;
+    return rc ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+}
+
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
+{
+    NEED_DRIVER();
+    return result(drv.cuMemFreeAsync((CUdeviceptr)(uintptr_t)devPtr, stream));
+}
+
+#define DEV(p) ((CUdeviceptr)(uintptr_t)(p))
+
+/* A copy in the driver call that matches its direction; stream NULL with sync set: a
+ * synchronous copy. noinline keeps it a local symbol that tests can find in .symtab. */
+__attribute__((noinline)) static cudaError_t copy(void *dst, const void *src, size_t count, int kind,
+                                                  cudaStream_t stream, int sync)
+{
+    NEED_DRIVER();
+    if (kind < HostToHost || kind > Default)
+        return fail(cudaErrorInvalidValue);
+    CUresult rc;
+    switch (kind) {
+    case HostToDevice:
+        rc = sync ? drv.cuMemcpyHtoD_v2(DEV(dst), src, count) : drv.cuMemcpyHtoDAsync_v2(DEV(dst), src, count, stream);
+        break;
+    case DeviceToHost:
+        rc = sync ? drv.cuMemcpyDtoH_v2(dst, DEV(src), count) : drv.cuMemcpyDtoHAsync_v2(dst, DEV(src), count, stream);
+        break;
+    case DeviceToDevice:
+        rc = sync ? drv.cuMemcpyDtoD_v2(DEV(dst), DEV(src), count)
+                  : drv.cuMemcpyDtoDAsync_v2(DEV(dst), DEV(src), count, stream);
+        break;
+    default: /* host to host, or inferred from the pointers: unified addressing */
+        rc = sync ? drv.cuMemcpy(DEV(dst), DEV(src), count) : drv.cuMemcpyAsync(DEV(dst), DEV(src), count, stream);
+    }
+    return result(rc);
+}
+
+/* A synchronous copy waits for all queued work first (the driver's does), as on CUDA's legacy
+ * default stream. */
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, int kind)
+{
+    return copy(dst, src, count, kind, NULL, 1);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, cudaStream_t stream)
+{
+    return copy(dst, src, count, kind, stream, 0);
+}
+
+cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count, int kind, cudaStream_t stream)
+{
+    return copy(dst, src, count, kind, per_thread(stream), 0);
+}
+
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                         int kind)
+{
+    NEED_DRIVER();
+    if (kind < HostToHost || kind > Default)
+        return fail(cudaErrorInvalidValue);
+    int src_type = kind == DeviceToHost || kind == DeviceToDevice ? CU_MEMORYTYPE_DEVICE
+                   : kind == Default                              ? CU_MEMORYTYPE_UNIFIED
+                                                                  : CU_MEMORYTYPE_HOST;
+    int dst_type = kind == HostToDevice || kind == DeviceToDevice ? CU_MEMORYTYPE_DEVICE
+                   : kind == Default                              ? CU_MEMORYTYPE_UNIFIED
+                                                                  : CU_MEMORYTYPE_HOST;
+    CUDA_MEMCPY2D c = {
+        .srcMemoryType = src_type, .srcHost = src, .srcDevice = DEV(src), .srcPitch = spitch,
+        .dstMemoryType = dst_type, .dstHost = dst, .dstDevice = DEV(dst), .dstPitch = dpitch,
+        .WidthInBytes = width, .Height = height,
+    };
+    return result(drv.cuMemcpy2D_v2(&c));
+}
+
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags)
+{
+    NEED_DRIVER();
+    return result(drv.cuMemHostRegister_v2(ptr, size, flags));
+}
+
+cudaError_t cudaHostUnregister(void *ptr)
+{
+    NEED_DRIVER();
+    return result(drv.cuMemHostUnregister(ptr));
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    NEED_DRIVER();
+    return result(drv.cuMemAllocHost_v2(ptr, size));
+}
+
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned flags)
+{
+    NEED_DRIVER();
+    return result(drv.cuMemHostAlloc(pHost, size, flags));
+}
+
+cudaError_t cudaFreeHost(void *ptr)
+{
+    NEED_DRIVER();
+    return result(drv.cuMemFreeHost(ptr));
+}
+
+/* ---- synchronisation and events */
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    NEED_DRIVER();
+    return result(drv.cuStreamSynchronize(stream));
+}
+
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream)
+{
+    NEED_DRIVER();
+    return result(drv.cuStreamSynchronize(per_thread(stream)));
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    NEED_DRIVER();
+    return result(drv.cuCtxSynchronize());
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags)
+{
+    NEED_DRIVER();
+    return result(drv.cuEventCreate((CUevent *)event, flags));
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *event)
+{
+    NEED_DRIVER();
+    return result(drv.cuEventCreate((CUevent *)event, 0));
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    NEED_DRIVER();
+    return result(drv.cuEventRecord(event, stream));
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    NEED_DRIVER();
+    CUresult rc = drv.cuEventQuery(event);
+    return rc == cudaErrorNotReady ? rc : result(rc); /* not ready is no error to remember */
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    NEED_DRIVER();
+    return result(drv.cuEventSynchronize(event));
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    NEED_DRIVER();
+    return result(drv.cuEventElapsedTime(ms, start, end));
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    NEED_DRIVER();
+    return result(drv.cuEventDestroy_v2(event));
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags)
+{
+    NEED_DRIVER();
+    return result(drv.cuStreamWaitEvent(stream, event, flags));
+}
+
+/* ---- errors: answered without the driver, as the real runtime does */
 
 const char *cudaGetErrorString(cudaError_t error)
 {
@@ -378,9 +674,17 @@ const char *cudaGetErrorString(cudaError_t error)
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInitializationError: return "initialization error";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorMissingConfiguration: return "__global__ function call is not configured";
     case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorSymbolNotFound: return "named symbol not found";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
+    case cudaErrorNotSupported: return "operation not supported";
     default: return "unrecognized error code";
     }
 }
@@ -390,4 +694,9 @@ cudaError_t cudaGetLastError(void)
     cudaError_t rc = last_error;
     last_error = cudaSuccess;
     return rc;
+}
+
+cudaError_t cudaPeekAtLastError(void)
+{
+    return last_error;
 }
