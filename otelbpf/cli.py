@@ -102,11 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         print("otelbpf: give either --pid or -- COMMAND, not both", file=sys.stderr)
         return 2
     from otelbpf.agent import run
+    from otelbpf.export.safe_files import UnsafeOutput
     from otelbpf.sensor.sensor import SensorError
 
     try:
         return run(config, pids=args.pid, command=command or None, duration_s=args.duration)
-    except SensorError as exc:
+    except (SensorError, UnsafeOutput) as exc:
         print(f"otelbpf: {exc}", file=sys.stderr)
         return 1
 

@@ -239,19 +239,24 @@ def _header_name(name: str) -> str:
     return name
 
 
-def _lowercase_names(value: dict[str, str]) -> dict[str, str]:
-    """Header names stored lowercased: gRPC refuses upper case, HTTP ignores it."""
-    out: dict[str, str] = {}
-    for name, text in value.items():
-        if name.lower() in out:
+def _unique_names(value: dict[str, str]) -> dict[str, str]:
+    seen: set[str] = set()
+    for name in value:
+        if name.lower() in seen:
             raise ValueError(f"header {name!r} is written twice (names are case-insensitive)")
-        out[name.lower()] = text
-    return out
+        seen.add(name.lower())
+    return value
+
+
+def _lowercase_names(value: dict[str, str]) -> dict[str, str]:
+    """gRPC metadata keys are lowercase: an upper-case one fails every export."""
+    return {name.lower(): text for name, text in _unique_names(value).items()}
 
 
 HeaderValue = Annotated[str, AfterValidator(_header_value)]
-Headers = Annotated[dict[Annotated[str, AfterValidator(_header_name)], HeaderValue], AfterValidator(_lowercase_names)]
-
+_HeaderName = Annotated[str, AfterValidator(_header_name)]
+Headers = Annotated[dict[_HeaderName, HeaderValue], AfterValidator(_unique_names)]
+GrpcHeaders = Annotated[dict[_HeaderName, HeaderValue], AfterValidator(_lowercase_names)]
 
 def _no_nul(value: str) -> str:
     if "\0" in value:
@@ -502,7 +507,7 @@ class OtlpExporterConfig(_Section):
     """OTLP over gRPC. ``endpoint`` is ``host:port`` or ``http(s)://host[:port]``."""
 
     endpoint: str | None = None
-    headers: Headers = {}
+    headers: GrpcHeaders = {}
     tls: TLSConfig = TLSConfig()
     timeout: PositiveDuration = 10_000_000_000
     compression: Compression = "gzip"

@@ -11,6 +11,7 @@ span); metrics, a few requests per interval, take the SDK's route.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import threading
@@ -24,6 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelbpf.export.otlp_json import encode_spans_json
+from otelbpf.export.safe_files import OutputDir
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
@@ -51,49 +53,58 @@ class _JsonLines:
     """Append-only file with size-based rotation, safe across threads.
 
     Each line goes out unbuffered; a write that fails part way (disk full) is cut off
-    again, so the file never holds half a line, nor a failed line written later.
+    again, so the file never holds half a line, nor a failed line written later. The file
+    is opened and rotated through ``OutputDir`` (no link followed, owner-only); a file that
+    cannot be opened again after a rotation fails each write until it can.
     """
 
-    def __init__(self, directory: str, name: str, rotate_bytes: int) -> None:
-        os.makedirs(directory, exist_ok=True)
-        self.path = os.path.join(directory, f"{name}.jsonl")
-        self._dir, self._name, self._rotate = directory, name, rotate_bytes
+    def __init__(self, out: OutputDir, name: str, rotate_bytes: int) -> None:
+        self.path = os.path.join(out.path, f"{name}.jsonl")
+        self._dir, self._name, self._rotate = out, name, rotate_bytes
         self._lock = threading.Lock()
         self._rotations = 0
-        self._f = open(self.path, "ab", buffering=0)
+        self._f: io.FileIO | None = self._open()
+
+    def _open(self) -> io.FileIO:
+        return io.FileIO(self._dir.open_append(f"{self._name}.jsonl"), "ab")
 
     def write(self, line: bytes) -> None:
         data = memoryview(line + b"\n")
         with self._lock:
+            if self._f is None:
+                self._f = self._open()
             end = self._f.seek(0, os.SEEK_END)
             try:
                 while data:
                     data = data[self._f.write(data):]
             except OSError:
-                try:
-                    self._f.truncate(end)
-                except OSError:
-                    pass  # not a regular file (/dev/full, a pipe): nothing to cut
+                self._f.truncate(end)
                 raise
             if self._rotate and self._f.tell() >= self._rotate:
                 self._f.close()
+                self._f = None
                 # The sequence number keeps two rotations in one second apart (the second
                 # would replace the first) and makes names sort in the order written.
                 self._rotations += 1
                 stamp = time.strftime("%Y%m%dT%H%M%S")
                 rotated = f"{self._name}-{stamp}-{os.getpid()}-{self._rotations:06d}.jsonl"
-                os.replace(self.path, os.path.join(self._dir, rotated))
-                self._f = open(self.path, "ab", buffering=0)
+                self._dir.rename(f"{self._name}.jsonl", rotated)
+                self._f = self._open()
 
     def close(self) -> None:
         with self._lock:
-            self._f.close()
+            if self._f is not None:
+                self._f.close()
+                self._f = None
+            self._dir.close()
 
 
 class FileSpanExporter(SpanExporter):
-    def __init__(self, directory: str, rotate_bytes: int = 64 << 20) -> None:
-        """``rotate_bytes``: start a new file past this size (0: never)."""
-        self._out = _JsonLines(directory, "traces", rotate_bytes)
+    def __init__(self, directory: str, rotate_bytes: int = 64 << 20, *, file_mode: int = 0o600,
+                 dir_mode: int = 0o700) -> None:
+        """``rotate_bytes``: start a new file past this size (0: never). Raises UnsafeOutput
+        for a directory or file that is a link."""
+        self._out = _JsonLines(OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode), "traces", rotate_bytes)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
@@ -107,10 +118,12 @@ class FileSpanExporter(SpanExporter):
 
 
 class FileMetricExporter(MetricExporter):
-    def __init__(self, directory: str, rotate_bytes: int = 64 << 20) -> None:
-        """``rotate_bytes``: start a new file past this size (0: never)."""
+    def __init__(self, directory: str, rotate_bytes: int = 64 << 20, *, file_mode: int = 0o600,
+                 dir_mode: int = 0o700) -> None:
+        """``rotate_bytes``: start a new file past this size (0: never). Raises UnsafeOutput
+        for a directory or file that is a link."""
         super().__init__()
-        self._out = _JsonLines(directory, "metrics", rotate_bytes)
+        self._out = _JsonLines(OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode), "metrics", rotate_bytes)
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
         try:

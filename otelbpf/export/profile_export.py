@@ -4,6 +4,7 @@ with the labels Pyroscope indexes it by; and the local default, pprof files on d
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -13,6 +14,9 @@ from typing import Protocol
 
 from otelbpf.config import ExporterConfig, FileExporterConfig, PyroscopeExporterConfig
 from otelbpf.export.health import Health
+from otelbpf.export.safe_files import OutputDir
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,29 +44,31 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 class PprofFileExporter:
     """``<directory>/profiles/<service>-<pid>-<kind>-<end time ms>.pb.gz``, one file per
-    record, written whole under a temporary name and renamed into place."""
+    record, written whole under a random temporary name (O_EXCL) and renamed into place,
+    never through a link (``OutputDir``)."""
 
-    def __init__(self, directory: str, health: Health, name: str = "file") -> None:
-        self.directory = os.path.join(directory, "profiles")
+    def __init__(self, directory: str, health: Health, name: str = "file", *, file_mode: int = 0o600,
+                 dir_mode: int = 0o700) -> None:
+        self._out = OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode).subdir("profiles")
+        self.directory = self._out.path
         self._health = health
         self._name = name
         self._lock = threading.Lock()
 
-    def path_for(self, r: ProfileRecord) -> str:
+    def file_name(self, r: ProfileRecord) -> str:
         service = _UNSAFE.sub("_", r.labels.get("service_name", "unknown"))[:80]
-        return os.path.join(self.directory, f"{service}-{r.pid}-{r.kind}-{r.end_ns // 1_000_000}.pb.gz")
+        return f"{service}-{r.pid}-{r.kind}-{r.end_ns // 1_000_000}.pb.gz"
+
+    def path_for(self, r: ProfileRecord) -> str:
+        return os.path.join(self.directory, self.file_name(r))
 
     def export(self, records: Sequence[ProfileRecord]) -> None:
         with self._lock:
             for r in records:
                 try:
-                    os.makedirs(self.directory, exist_ok=True)
-                    path = self.path_for(r)
-                    tmp = f"{path}.tmp"
-                    with open(tmp, "wb") as f:
-                        f.write(r.pprof)
-                    os.replace(tmp, path)
-                except OSError:
+                    self._out.write_whole(self.file_name(r), r.pprof)
+                except OSError as exc:
+                    log.warning("profile not written: %s", exc)
                     self._health.add("otelbpf.export.failures", 1, signal="profiles", exporter=self._name)
                     self._health.add("otelbpf.export.dropped", 1, signal="profiles", reason="export_failed",
                                      exporter=self._name)
@@ -71,12 +77,14 @@ class PprofFileExporter:
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         del timeout_s  # nothing queued
+        with self._lock:
+            self._out.close()
 
 
 def profile_exporter(name: str, cfg: ExporterConfig, health: Health) -> ProfileExporter:
     """The exporter a profiles pipeline names (config validation admits only these two)."""
     if isinstance(cfg, FileExporterConfig):
-        return PprofFileExporter(cfg.directory, health, name)
+        return PprofFileExporter(cfg.directory, health, name, file_mode=cfg.file_mode, dir_mode=cfg.dir_mode)
     if isinstance(cfg, PyroscopeExporterConfig):
         from otelbpf.export.pyroscope import PyroscopeExporter
 

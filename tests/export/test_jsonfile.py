@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from google.protobuf.json_format import ParseDict
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -26,6 +27,7 @@ from opentelemetry.trace import Link, SpanKind
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
+from otelbpf.export.safe_files import UnsafeOutput
 
 RESOURCE = Resource({"service.name": "trainer", "process.pid": 4242, "process.command_args": ("python", "train.py")})
 SCOPE = scope("otelbpf.test")
@@ -185,12 +187,20 @@ def test_rotation_keeps_every_line(tmp_path: Path) -> None:
     assert all(len(lines(tmp_path / name)) == 2 for name in rotated)
 
 
-def test_export_fails_cleanly_when_the_disk_is_full(tmp_path: Path) -> None:
-    (tmp_path / "traces.jsonl").symlink_to("/dev/full")
-    exporter = FileSpanExporter(str(tmp_path))
-    assert exporter.export(spans(1)) == SpanExportResult.FAILURE
-    assert exporter.export(spans(1)) == SpanExportResult.FAILURE
-    exporter.shutdown()
+def test_an_output_file_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> None:
+    """As root: traces.jsonl -> a file the agent must not touch (issue 13, row 7)."""
+    victim = tmp_path / "passwd"
+    victim.write_text("root:x:0:0\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "traces.jsonl").symlink_to(victim)
+    (out / "metrics.jsonl").symlink_to("/dev/full")
+
+    with pytest.raises(UnsafeOutput, match="traces.jsonl is a symbolic link: refusing"):
+        FileSpanExporter(str(out))
+    with pytest.raises(UnsafeOutput, match="metrics.jsonl is a symbolic link"):
+        FileMetricExporter(str(out))
+    assert victim.read_text() == "root:x:0:0\n"
 
 
 FILE_SIZE_LIMITED = """
