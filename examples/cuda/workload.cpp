@@ -53,6 +53,57 @@ struct CUlaunchConfig {
     unsigned numAttrs;
 };
 enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
+struct CUDA_MEMCPY2D { // cuda.h's layout
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    size_t srcPitch, dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    size_t dstPitch, WidthInBytes, Height;
+};
+struct CUDA_MEMCPY3D {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray, *reserved0;
+    size_t srcPitch, srcHeight, dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray, *reserved1;
+    size_t dstPitch, dstHeight, WidthInBytes, Height, Depth;
+};
+struct CUmemAllocationProp { // cuda.h's layout: pinned device memory on device 0
+    int type, requestedHandleTypes;
+    struct {
+        int type, id;
+    } location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType, gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+};
+struct CUmemAccessDesc {
+    struct {
+        int type, id;
+    } location;
+    int flags;
+};
+constexpr unsigned fatbin_magic = 0x466243b1; // __fatBinC_Wrapper_t, as nvcc emits it
+struct FatbinWrapper {
+    unsigned magic, version;
+    const void *data;
+    void *filename_or_fatbins;
+};
 
 static const char usage[] = R"(usage: cuda_workload --lib PATH [options]
 
@@ -86,6 +137,30 @@ options:
   --ptsz                        call the _ptsz (per-thread default stream) variants
   --launch-ex                   launch with cudaLaunchKernelExC / cuLaunchKernelEx (not with --ptsz)
   --graph-launches N            cudaGraphLaunch calls per iteration (default 0)
+  --cuda13                      launch as nvcc 13's code does (the library must be a CUDA 13 runtime): register
+                                the kernels at load (__cudaRegisterFatBinary, __cudaRegisterFunction with the
+                                mangled names, __cudaRegisterFatBinaryEnd); each launch site calls
+                                __cudaPushCallConfiguration, then the host function, whose __device_stub__
+                                calls __cudaGetKernel once (first launch), __cudaPopCallConfiguration and
+                                __cudaLaunchKernel (__cudaLaunchKernel_ptsz with --ptsz). With --launch-ex:
+                                cudaLaunchKernelExC with the host function, as cudaLaunchKernelEx does
+  --register-late               with --cuda13, register after --wait-for-file instead of right after loading
+  --events                      per iteration after the launches: cudaEventRecord, cudaStreamWaitEvent,
+                                cudaEventQuery, cudaEventSynchronize on one event per thread (cudaEventCreate
+                                before, cudaEventDestroy after the iterations)
+  --async-alloc                 cudaMallocAsync / cudaFreeAsync on the thread's stream instead of cudaMalloc /
+                                cudaFree
+  --host-memory KIND            the host buffers copies use: pageable (default), registered (cudaHostRegister
+                                before, cudaHostUnregister after) or pinned (cudaMallocHost / cudaFreeHost)
+  --driver-copies               (with --driver-lib) per iteration on the driver allocation, each of h2d-bytes:
+                                cuMemcpyHtoD_v2, cuMemcpyDtoH_v2, cuMemcpyDtoD_v2, cuMemcpy, cuMemcpyHtoDAsync_v2,
+                                cuMemcpyDtoHAsync_v2, cuStreamSynchronize, cuMemcpy2D_v2 (4 rows), cuMemcpy3D_v2
+                                (4 rows), cuCtxSynchronize
+  --vmm                         (with --driver-lib) per iteration: cuMemGetAllocationGranularity,
+                                cuMemAddressReserve (2 grains), cuMemCreate (1 grain), cuMemMap, cuMemSetAccess,
+                                cuMemUnmap, cuMemRelease, cuMemAddressFree
+  --driver-ptsz                 driver launches with cuLaunchKernel_ptsz / cuLaunchKernelEx_ptsz
+  --driver-graph-launches N     (with --driver-lib) cuGraphLaunch calls per iteration (default 0)
   --threads N                   run the sequence on N threads; thread 0 is the main thread (default 1)
   --leak N                      before the iterations, cudaMalloc N buffers of alloc-bytes, never freed
   --exit-midway                 in iteration iterations/2 of thread 0, right after the H2D copy (its buffer
@@ -99,7 +174,9 @@ options:
   --delay-before-exit-ms N      sleep after printing the summary
   --help                        print this text
 
-JSON: "calls" counts each function's calls at entry; "return_codes" counts the codes returned (a call
+JSON: "driver_calls" is the stand-in driver's own count of each of its entry points called (nonzero
+ones; null when no stand-in libcuda.so.1 is loaded): the runtime stand-in calls it for every call.
+"calls" counts each function's calls at entry; "return_codes" counts the codes returned (a call
 still running at an --exit-midway exit is in "calls" only); "memcpy" sums the bytes asked for per direction
 whatever the call returned; "roundtrip" compares each iteration's D2H bytes with its H2D bytes when both
 copies returned 0 (with a GPU-less real libcudart nothing is checked).
@@ -110,7 +187,11 @@ struct Options {
     uint64_t iterations = 10, launches_per_iter = 8, graph_launches = 0, threads = 1, leak = 0;
     uint64_t alloc_bytes = 1 << 20, h2d_bytes = 1 << 20, d2h_bytes = 1 << 20;
     uint64_t delay_before_dlopen_ms = 0, delay_after_dlopen_ms = 0, delay_before_exit_ms = 0;
+    uint64_t driver_graph_launches = 0;
     bool async = false, ptsz = false, launch_ex = false, exit_midway = false;
+    bool cuda13 = false, register_late = false, events = false, async_alloc = false;
+    bool driver_copies = false, vmm = false, driver_ptsz = false;
+    std::string host_memory = "pageable";
 };
 static Options opt;
 
@@ -118,13 +199,28 @@ static Options opt;
 enum Fn {
     Malloc, Free, Memcpy, MemcpyAsync, MemcpyAsyncPtsz, StreamSync, StreamSyncPtsz, DeviceSync, LaunchKernel,
     LaunchKernelPtsz, LaunchKernelExC, GraphLaunch, GetLastError, GetErrorString,
-    CuInit, CuModuleGetFunction, CuMemAlloc, CuMemFree, CuLaunchKernel, CuLaunchKernelEx, FnCount
+    RegisterFatBinary, RegisterFunction, RegisterFatBinaryEnd, PushCallConfiguration, PopCallConfiguration,
+    GetKernel, LaunchKernelThunk, LaunchKernelThunkPtsz, MallocAsync, FreeAsync, EventCreate, EventRecord,
+    EventQuery, EventSynchronize, EventDestroy, StreamWaitEvent, HostRegister, HostUnregister, MallocHost, FreeHost,
+    CuInit, CuModuleGetFunction, CuMemAlloc, CuMemFree, CuLaunchKernel, CuLaunchKernelEx, CuLaunchKernelPtsz,
+    CuLaunchKernelExPtsz, CuGraphLaunch, CuMemcpyHtoD, CuMemcpyDtoH, CuMemcpyDtoD, CuMemcpy, CuMemcpyHtoDAsync,
+    CuMemcpyDtoHAsync, CuMemcpy2D, CuMemcpy3D, CuStreamSynchronize, CuCtxSynchronize, CuMemGetAllocationGranularity,
+    CuMemAddressReserve, CuMemCreate, CuMemMap, CuMemSetAccess, CuMemUnmap, CuMemRelease, CuMemAddressFree, FnCount
 };
 static const char *const fn_names[FnCount] = {
     "cudaMalloc", "cudaFree", "cudaMemcpy", "cudaMemcpyAsync", "cudaMemcpyAsync_ptsz", "cudaStreamSynchronize",
     "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize", "cudaLaunchKernel", "cudaLaunchKernel_ptsz",
     "cudaLaunchKernelExC", "cudaGraphLaunch", "cudaGetLastError", "cudaGetErrorString",
+    "__cudaRegisterFatBinary", "__cudaRegisterFunction", "__cudaRegisterFatBinaryEnd", "__cudaPushCallConfiguration",
+    "__cudaPopCallConfiguration", "__cudaGetKernel", "__cudaLaunchKernel", "__cudaLaunchKernel_ptsz",
+    "cudaMallocAsync", "cudaFreeAsync", "cudaEventCreate", "cudaEventRecord", "cudaEventQuery", "cudaEventSynchronize",
+    "cudaEventDestroy", "cudaStreamWaitEvent", "cudaHostRegister", "cudaHostUnregister", "cudaMallocHost",
+    "cudaFreeHost",
     "cuInit", "cuModuleGetFunction", "cuMemAlloc_v2", "cuMemFree_v2", "cuLaunchKernel", "cuLaunchKernelEx",
+    "cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz", "cuGraphLaunch", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoD_v2", "cuMemcpy", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpy2D_v2", "cuMemcpy3D_v2",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemCreate",
+    "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemAddressFree",
 };
 
 struct Runtime {
@@ -142,6 +238,29 @@ struct Runtime {
     int (*cudaGraphLaunch)(void *, cudaStream_t);
     int (*cudaGetLastError)();
     const char *(*cudaGetErrorString)(int);
+    // --cuda13
+    void **(*__cudaRegisterFatBinary)(void *);
+    void (*__cudaRegisterFunction)(void **, const char *, char *, const char *, int, void *, void *, void *, void *,
+                                   int *);
+    void (*__cudaRegisterFatBinaryEnd)(void **);
+    unsigned (*__cudaPushCallConfiguration)(dim3, dim3, size_t, void *);
+    int (*__cudaPopCallConfiguration)(dim3 *, dim3 *, size_t *, void *);
+    int (*__cudaGetKernel)(void **, const void *);
+    int (*__cudaLaunchKernel)(void *, dim3, dim3, void **, size_t, cudaStream_t);
+    int (*__cudaLaunchKernel_ptsz)(void *, dim3, dim3, void **, size_t, cudaStream_t);
+    // --async-alloc, --events, --host-memory
+    int (*cudaMallocAsync)(void **, size_t, cudaStream_t);
+    int (*cudaFreeAsync)(void *, cudaStream_t);
+    int (*cudaEventCreate)(void **);
+    int (*cudaEventRecord)(void *, cudaStream_t);
+    int (*cudaEventQuery)(void *);
+    int (*cudaEventSynchronize)(void *);
+    int (*cudaEventDestroy)(void *);
+    int (*cudaStreamWaitEvent)(cudaStream_t, void *, unsigned);
+    int (*cudaHostRegister)(void *, size_t, unsigned);
+    int (*cudaHostUnregister)(void *);
+    int (*cudaMallocHost)(void **, size_t);
+    int (*cudaFreeHost)(void *);
 };
 struct Driver {
     int (*cuInit)(unsigned);
@@ -151,6 +270,28 @@ struct Driver {
     int (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
                           void **, void **);
     int (*cuLaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
+    int (*cuLaunchKernel_ptsz)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               void *, void **, void **);
+    int (*cuLaunchKernelEx_ptsz)(const CUlaunchConfig *, CUfunction, void **, void **);
+    int (*cuGraphLaunch)(void *, void *);
+    int (*cuMemcpyHtoD_v2)(CUdeviceptr, const void *, size_t);
+    int (*cuMemcpyDtoH_v2)(void *, CUdeviceptr, size_t);
+    int (*cuMemcpyDtoD_v2)(CUdeviceptr, CUdeviceptr, size_t);
+    int (*cuMemcpy)(CUdeviceptr, CUdeviceptr, size_t);
+    int (*cuMemcpyHtoDAsync_v2)(CUdeviceptr, const void *, size_t, void *);
+    int (*cuMemcpyDtoHAsync_v2)(void *, CUdeviceptr, size_t, void *);
+    int (*cuMemcpy2D_v2)(const CUDA_MEMCPY2D *);
+    int (*cuMemcpy3D_v2)(const CUDA_MEMCPY3D *);
+    int (*cuStreamSynchronize)(void *);
+    int (*cuCtxSynchronize)();
+    int (*cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+    int (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    int (*cuMemCreate)(unsigned long long *, size_t, const CUmemAllocationProp *, unsigned long long);
+    int (*cuMemMap)(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
+    int (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    int (*cuMemUnmap)(CUdeviceptr, size_t);
+    int (*cuMemRelease)(unsigned long long);
+    int (*cuMemAddressFree)(CUdeviceptr, size_t);
 };
 static Runtime rt;
 static Driver drv;
@@ -162,19 +303,32 @@ struct Stats {
     std::vector<long> tids;                        // by thread index; guarded by mu
     std::atomic<uint64_t> h2d_calls{0}, h2d_bytes{0}, d2h_calls{0}, d2h_bytes{0};
     std::atomic<uint64_t> roundtrip_checked{0}, roundtrip_mismatched{0};
+    std::map<std::string, std::pair<uint64_t, uint64_t>> driver_memcpy; // function -> calls, bytes; guarded by mu
+    struct HostBuffers {
+        const void *in, *out;
+    };
+    std::vector<HostBuffers> host_buffers; // by thread index; guarded by mu
 };
 static Stats stats;
+
+static void record(Fn fn, int rc)
+{
+    std::lock_guard<std::mutex> g(stats.mu);
+    stats.return_codes[fn][rc]++;
+}
 
 // Calls f, counting the call before it starts and its return code after it returns.
 template <typename R, typename... P, typename... A> static R call(Fn fn, R (*f)(P...), A... args)
 {
     stats.calls[fn]++;
-    R rc = f(args...);
-    if constexpr (std::is_same_v<R, int>) {
-        std::lock_guard<std::mutex> g(stats.mu);
-        stats.return_codes[fn][rc]++;
+    if constexpr (std::is_void_v<R>) {
+        f(args...);
+    } else {
+        R rc = f(args...);
+        if constexpr (std::is_same_v<R, int>)
+            record(fn, rc);
+        return rc;
     }
-    return rc;
 }
 
 // ---- kernels: host stubs launched the way nvcc's generated code launches them
@@ -199,28 +353,84 @@ static void launch_stub(const void *func, void **args)
     }
 }
 
+// --cuda13: what nvcc 13 puts in each __device_stub__ (crt/host_runtime.h's __cudaLaunch): the handle
+// from __cudaGetKernel once per call site (a static guard; the first launch of that kernel), then
+// __cudaPopCallConfiguration and __cudaLaunchKernel. Inlined, so the thunk is called from the stub
+// itself and cudaLaunchKernel's return address lies in the stub, as in nvcc's code.
+static void *kernel_handles[3];
+static int get_kernel_rc[3] = {-1, -1, -1}; // -1: __cudaGetKernel not called
+template <int K> __attribute__((always_inline)) inline void cuda13_launch(const void *host_fun, void **args)
+{
+    static const bool got = (get_kernel_rc[K] = call(GetKernel, rt.__cudaGetKernel, &kernel_handles[K], host_fun), true);
+    (void)got;
+    dim3 grid, block;
+    size_t shared_mem;
+    cudaStream_t stream;
+    if (call(PopCallConfiguration, rt.__cudaPopCallConfiguration, &grid, &block, &shared_mem, (void *)&stream) != 0)
+        return;
+    Fn fn = opt.ptsz ? LaunchKernelThunkPtsz : LaunchKernelThunk;
+    stats.calls[fn]++;
+    int rc = opt.ptsz ? rt.__cudaLaunchKernel_ptsz(kernel_handles[K], grid, block, args, shared_mem, stream)
+                      : rt.__cudaLaunchKernel(kernel_handles[K], grid, block, args, shared_mem, stream);
+    record(fn, rc);
+}
+static bool nvcc13_stubs() { return opt.cuda13 && !opt.launch_ex; }
+
+void vector_add(float *a, float *b, float *c, int n);
+__attribute__((noinline)) void __device_stub__Z10vector_addPfS_S_i(float *a, float *b, float *c, int n)
+{
+    void *args[] = {&a, &b, &c, &n};
+    cuda13_launch<0>(reinterpret_cast<const void *>(&vector_add), args);
+}
 __attribute__((noinline)) void vector_add(float *a, float *b, float *c, int n)
 {
+    if (nvcc13_stubs())
+        return __device_stub__Z10vector_addPfS_S_i(a, b, c, n);
     void *args[] = {&a, &b, &c, &n};
     launch_stub(reinterpret_cast<const void *>(&vector_add), args);
 }
 
 namespace ml {
+void softmax_forward(float *out, const float *in, int rows);
+}
+__attribute__((noinline)) void __device_stub__ZN2ml15softmax_forwardEPfPKfi(float *out, const float *in, int rows)
+{
+    void *args[] = {&out, &in, &rows};
+    cuda13_launch<1>(reinterpret_cast<const void *>(&ml::softmax_forward), args);
+}
+namespace ml {
 __attribute__((noinline)) void softmax_forward(float *out, const float *in, int rows)
 {
+    if (nvcc13_stubs())
+        return __device_stub__ZN2ml15softmax_forwardEPfPKfi(out, in, rows);
     void *args[] = {&out, &in, &rows};
     launch_stub(reinterpret_cast<const void *>(&softmax_forward), args);
 }
 } // namespace ml
 
 namespace at::native {
+template <int block_threads, int items_per_thread> void elementwise_kernel(int n, float *data);
+}
+__attribute__((noinline)) void __device_stub__ZN2at6native18elementwise_kernelILi128ELi4EEEviPf(int n, float *data)
+{
+    void *args[] = {&n, &data};
+    cuda13_launch<2>(reinterpret_cast<const void *>(&at::native::elementwise_kernel<128, 4>), args);
+}
+namespace at::native {
 template <int block_threads, int items_per_thread> __attribute__((noinline)) void elementwise_kernel(int n, float *data)
 {
+    if (nvcc13_stubs())
+        return __device_stub__ZN2at6native18elementwise_kernelILi128ELi4EEEviPf(n, data);
     void *args[] = {&n, &data};
     launch_stub(reinterpret_cast<const void *>(&elementwise_kernel<block_threads, items_per_thread>), args);
 }
 template void elementwise_kernel<128, 4>(int, float *);
 } // namespace at::native
+static const void *const device_stubs[] = {
+    reinterpret_cast<const void *>(&__device_stub__Z10vector_addPfS_S_i),
+    reinterpret_cast<const void *>(&__device_stub__ZN2ml15softmax_forwardEPfPKfi),
+    reinterpret_cast<const void *>(&__device_stub__ZN2at6native18elementwise_kernelILi128ELi4EEEviPf),
+};
 
 struct Kernel {
     const void *address;
@@ -245,11 +455,32 @@ static Kernel kernels[] = {
 };
 constexpr size_t kernel_count = sizeof kernels / sizeof kernels[0];
 
+// With --cuda13 the launch site pushes the configuration (nvcc's <<<>>>), then calls the host function.
 static void launch(Kernel &k, float *dev, int elements, cudaStream_t stream)
 {
     k.launches++;
     next_launch = {k.grid(elements), k.block, k.shared_mem, stream};
+    if (nvcc13_stubs() && call(PushCallConfiguration, rt.__cudaPushCallConfiguration, k.grid(elements), k.block,
+                               k.shared_mem, (void *)stream) != 0)
+        return;
     k.stub(dev, elements);
+}
+
+// --cuda13: what nvcc's static constructor does; the device names are the kernels' mangled names.
+static std::string device_names[kernel_count];
+static const unsigned long long fake_fatbin_image[4] = {0xba55ed50ULL, 1, 2, 3};
+static FatbinWrapper fatbin_wrapper{fatbin_magic, 1, fake_fatbin_image, nullptr};
+static std::string symbol_of(const void *address, bool demangle);
+static void register_kernels()
+{
+    void **handle = call(RegisterFatBinary, rt.__cudaRegisterFatBinary, (void *)&fatbin_wrapper);
+    for (size_t i = 0; i < kernel_count; i++) {
+        device_names[i] = symbol_of(kernels[i].address, false);
+        call(RegisterFunction, rt.__cudaRegisterFunction, handle, (const char *)kernels[i].address,
+             (char *)device_names[i].c_str(), device_names[i].c_str(), -1, (void *)nullptr, (void *)nullptr,
+             (void *)nullptr, (void *)nullptr, (int *)nullptr);
+    }
+    call(RegisterFatBinaryEnd, rt.__cudaRegisterFatBinaryEnd, handle);
 }
 
 // Driver-API kernels are looked up by their name in the module, as Triton and PyTorch do.
@@ -330,7 +561,63 @@ static uint64_t helper_launch_count()
     _exit(0);
 }
 
-static void driver_iteration(int elements, cudaStream_t stream)
+// Counts a driver copy's call and bytes, then makes it.
+template <typename... P, typename... A> static int driver_copy(Fn fn, int (*f)(P...), size_t bytes, A... args)
+{
+    {
+        std::lock_guard<std::mutex> g(stats.mu);
+        auto &[calls, total] = stats.driver_memcpy[fn_names[fn]];
+        calls++;
+        total += bytes;
+    }
+    return call(fn, f, args...);
+}
+
+// --driver-copies: each copy family of the driver once, n bytes each, on the driver allocation.
+static void driver_copies(CUdeviceptr dptr, unsigned char *in, unsigned char *out, size_t n, cudaStream_t stream)
+{
+    driver_copy(CuMemcpyHtoD, drv.cuMemcpyHtoD_v2, n, dptr, (const void *)in, n);
+    driver_copy(CuMemcpyDtoH, drv.cuMemcpyDtoH_v2, n, (void *)out, dptr, n);
+    driver_copy(CuMemcpyDtoD, drv.cuMemcpyDtoD_v2, n, dptr, dptr, n);
+    driver_copy(CuMemcpy, drv.cuMemcpy, n, dptr, (CUdeviceptr)(uintptr_t)in, n);
+    driver_copy(CuMemcpyHtoDAsync, drv.cuMemcpyHtoDAsync_v2, n, dptr, (const void *)in, n, (void *)stream);
+    driver_copy(CuMemcpyDtoHAsync, drv.cuMemcpyDtoHAsync_v2, n, (void *)out, dptr, n, (void *)stream);
+    call(CuStreamSynchronize, drv.cuStreamSynchronize, (void *)stream);
+    size_t row = n / 4;
+    CUDA_MEMCPY2D c2{};
+    c2.srcMemoryType = CU_MEMORYTYPE_HOST, c2.srcHost = in, c2.srcPitch = row;
+    c2.dstMemoryType = CU_MEMORYTYPE_DEVICE, c2.dstDevice = dptr, c2.dstPitch = row;
+    c2.WidthInBytes = row, c2.Height = 4;
+    driver_copy(CuMemcpy2D, drv.cuMemcpy2D_v2, 4 * row, (const CUDA_MEMCPY2D *)&c2);
+    CUDA_MEMCPY3D c3{};
+    c3.srcMemoryType = CU_MEMORYTYPE_DEVICE, c3.srcDevice = dptr, c3.srcPitch = row, c3.srcHeight = 4;
+    c3.dstMemoryType = CU_MEMORYTYPE_HOST, c3.dstHost = out, c3.dstPitch = row, c3.dstHeight = 4;
+    c3.WidthInBytes = row, c3.Height = 4, c3.Depth = 1;
+    driver_copy(CuMemcpy3D, drv.cuMemcpy3D_v2, 4 * row, (const CUDA_MEMCPY3D *)&c3);
+    call(CuCtxSynchronize, drv.cuCtxSynchronize);
+}
+
+// --vmm: reserve two grains of addresses, back the first with one grain, and take it all down again.
+static void vmm_iteration()
+{
+    CUmemAllocationProp prop{};
+    prop.type = 1;          // CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE, device 0
+    size_t grain = 0;
+    call(CuMemGetAllocationGranularity, drv.cuMemGetAllocationGranularity, &grain, (const CUmemAllocationProp *)&prop, 0);
+    CUdeviceptr base = 0;
+    unsigned long long handle = 0;
+    call(CuMemAddressReserve, drv.cuMemAddressReserve, &base, 2 * grain, (size_t)0, (CUdeviceptr)0, 0ULL);
+    call(CuMemCreate, drv.cuMemCreate, &handle, grain, (const CUmemAllocationProp *)&prop, 0ULL);
+    call(CuMemMap, drv.cuMemMap, base, grain, (size_t)0, handle, 0ULL);
+    CUmemAccessDesc access{{1, 0}, 3}; // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    call(CuMemSetAccess, drv.cuMemSetAccess, base, grain, (const CUmemAccessDesc *)&access, (size_t)1);
+    call(CuMemUnmap, drv.cuMemUnmap, base, grain);
+    call(CuMemRelease, drv.cuMemRelease, handle);
+    call(CuMemAddressFree, drv.cuMemAddressFree, base, 2 * grain);
+}
+
+static void driver_iteration(int elements, cudaStream_t stream, unsigned char *in, unsigned char *out)
 {
     CUdeviceptr dptr = 0;
     call(CuMemAlloc, drv.cuMemAlloc_v2, &dptr, (size_t)opt.alloc_bytes);
@@ -341,14 +628,59 @@ static void driver_iteration(int elements, cudaStream_t stream)
         void *params[] = {&dptr, &elements};
         if (opt.launch_ex) {
             CUlaunchConfig config{grid, 1, 1, 128, 1, 1, 0, stream, nullptr, 0};
-            call(CuLaunchKernelEx, drv.cuLaunchKernelEx, (const CUlaunchConfig *)&config, k.handle, (void **)params,
-                 (void **)nullptr);
+            if (opt.driver_ptsz)
+                call(CuLaunchKernelExPtsz, drv.cuLaunchKernelEx_ptsz, (const CUlaunchConfig *)&config, k.handle,
+                     (void **)params, (void **)nullptr);
+            else
+                call(CuLaunchKernelEx, drv.cuLaunchKernelEx, (const CUlaunchConfig *)&config, k.handle,
+                     (void **)params, (void **)nullptr);
+        } else if (opt.driver_ptsz) {
+            call(CuLaunchKernelPtsz, drv.cuLaunchKernel_ptsz, k.handle, grid, 1u, 1u, 128u, 1u, 1u, 0u, stream,
+                 (void **)params, (void **)nullptr);
         } else {
             call(CuLaunchKernel, drv.cuLaunchKernel, k.handle, grid, 1u, 1u, 128u, 1u, 1u, 0u, stream,
                  (void **)params, (void **)nullptr);
         }
     }
+    for (uint64_t j = 0; j < opt.driver_graph_launches; j++)
+        call(CuGraphLaunch, drv.cuGraphLaunch, fake_graph, (void *)stream);
+    if (opt.driver_copies)
+        driver_copies(dptr, in, out, std::min(opt.h2d_bytes, opt.alloc_bytes), stream);
+    if (opt.vmm)
+        vmm_iteration();
     call(CuMemFree, drv.cuMemFree_v2, dptr);
+}
+
+// The thread's host buffers, as --host-memory asks; size 0 gets none.
+static void host_buffers(uint64_t thread, size_t size, std::vector<unsigned char> &in_vec,
+                         std::vector<unsigned char> &out_vec, unsigned char *&in, unsigned char *&out)
+{
+    in_vec.resize(size);
+    out_vec.resize(size);
+    in = in_vec.data();
+    out = out_vec.data();
+    if (size && opt.host_memory == "pinned") {
+        void *a = nullptr, *b = nullptr;
+        if (call(MallocHost, rt.cudaMallocHost, &a, size) == 0 && call(MallocHost, rt.cudaMallocHost, &b, size) == 0)
+            in = (unsigned char *)a, out = (unsigned char *)b;
+    } else if (size && opt.host_memory == "registered") {
+        call(HostRegister, rt.cudaHostRegister, (void *)in, size, 0u);
+        call(HostRegister, rt.cudaHostRegister, (void *)out, size, 0u);
+    }
+    std::lock_guard<std::mutex> g(stats.mu);
+    stats.host_buffers.resize(opt.threads);
+    stats.host_buffers[thread] = {in, out};
+}
+
+static void release_host_buffers(size_t size, unsigned char *in, unsigned char *out, const unsigned char *in_vec)
+{
+    if (size && opt.host_memory == "pinned" && in != in_vec) {
+        call(FreeHost, rt.cudaFreeHost, (void *)in);
+        call(FreeHost, rt.cudaFreeHost, (void *)out);
+    } else if (size && opt.host_memory == "registered") {
+        call(HostUnregister, rt.cudaHostUnregister, (void *)in);
+        call(HostUnregister, rt.cudaHostUnregister, (void *)out);
+    }
 }
 
 static void run_sequence(uint64_t thread)
@@ -360,33 +692,54 @@ static void run_sequence(uint64_t thread)
     }
     cudaStream_t stream = opt.async ? stream_of(thread) : nullptr;
     int elements = (int)std::min<uint64_t>(opt.alloc_bytes / sizeof(float), INT_MAX);
-    std::vector<unsigned char> in(std::max(opt.h2d_bytes, opt.d2h_bytes)), out(in.size());
-    for (size_t i = 0; i < in.size(); i++)
+    size_t size = std::max(opt.h2d_bytes, opt.d2h_bytes);
+    std::vector<unsigned char> in_vec, out_vec;
+    unsigned char *in, *out;
+    host_buffers(thread, size, in_vec, out_vec, in, out);
+    for (size_t i = 0; i < size; i++)
         in[i] = (unsigned char)(i * 131 + thread * 7 + 1);
+    void *event = nullptr;
+    if (opt.events)
+        call(EventCreate, rt.cudaEventCreate, &event);
     for (uint64_t it = 0; it < opt.iterations; it++) {
         void *dev = nullptr;
-        call(Malloc, rt.cudaMalloc, &dev, (size_t)opt.alloc_bytes);
-        int h2d_rc = opt.h2d_bytes ? copy(dev, in.data(), opt.h2d_bytes, cudaMemcpyHostToDevice, stream) : -1;
+        if (opt.async_alloc)
+            call(MallocAsync, rt.cudaMallocAsync, &dev, (size_t)opt.alloc_bytes, stream);
+        else
+            call(Malloc, rt.cudaMalloc, &dev, (size_t)opt.alloc_bytes);
+        int h2d_rc = opt.h2d_bytes ? copy(dev, in, opt.h2d_bytes, cudaMemcpyHostToDevice, stream) : -1;
         if (opt.exit_midway && thread == 0 && it == opt.iterations / 2)
             exit_midway(dev, it, (float *)dev, elements);
         for (uint64_t j = 0; j < opt.launches_per_iter; j++)
             launch(kernels[j % kernel_count], (float *)dev, elements, stream);
         for (uint64_t j = 0; j < opt.graph_launches; j++)
             call(GraphLaunch, rt.cudaGraphLaunch, fake_graph, stream);
-        std::fill(out.begin(), out.end(), 0);
-        int d2h_rc = opt.d2h_bytes ? copy(out.data(), dev, opt.d2h_bytes, cudaMemcpyDeviceToHost, stream) : -1;
+        if (opt.events) {
+            call(EventRecord, rt.cudaEventRecord, event, stream);
+            call(StreamWaitEvent, rt.cudaStreamWaitEvent, stream, event, 0u);
+            call(EventQuery, rt.cudaEventQuery, event);
+            call(EventSynchronize, rt.cudaEventSynchronize, event);
+        }
+        std::fill(out, out + size, 0);
+        int d2h_rc = opt.d2h_bytes ? copy(out, dev, opt.d2h_bytes, cudaMemcpyDeviceToHost, stream) : -1;
         if (opt.async)
             stream_sync(stream);
         if (h2d_rc == 0 && d2h_rc == 0) {
             stats.roundtrip_checked++;
-            if (memcmp(in.data(), out.data(), std::min(opt.h2d_bytes, opt.d2h_bytes)) != 0)
+            if (memcmp(in, out, std::min(opt.h2d_bytes, opt.d2h_bytes)) != 0)
                 stats.roundtrip_mismatched++;
         }
         call(DeviceSync, rt.cudaDeviceSynchronize);
-        call(Free, rt.cudaFree, dev);
+        if (opt.async_alloc)
+            call(FreeAsync, rt.cudaFreeAsync, dev, stream);
+        else
+            call(Free, rt.cudaFree, dev);
         if (!opt.driver_lib.empty())
-            driver_iteration(elements, stream);
+            driver_iteration(elements, stream, in, out);
     }
+    if (opt.events)
+        call(EventDestroy, rt.cudaEventDestroy, event);
+    release_host_buffers(size, in, out, in_vec.data());
 }
 
 // ---- loading, options, output
@@ -405,8 +758,8 @@ template <typename F> static void resolve(void *lib, const std::string &path, co
 {
     f = reinterpret_cast<F>(dlsym(lib, name));
     if (!f) {
-        fprintf(stderr, "cuda_workload: %s does not export %s; is it a CUDA %s library?\n", path.c_str(), name,
-                name[2] == 'd' ? "runtime" : "driver");
+        const char *what = strncmp(name, "__cuda", 6) == 0 ? "13 runtime" : name[2] == 'd' ? "runtime" : "driver";
+        fprintf(stderr, "cuda_workload: %s does not export %s; is it a CUDA %s library?\n", path.c_str(), name, what);
         exit(1);
     }
 }
@@ -428,6 +781,35 @@ static void load_libraries()
     resolve(h, opt.lib, "cudaGraphLaunch", rt.cudaGraphLaunch);
     resolve(h, opt.lib, "cudaGetLastError", rt.cudaGetLastError);
     resolve(h, opt.lib, "cudaGetErrorString", rt.cudaGetErrorString);
+    if (opt.cuda13) {
+        resolve(h, opt.lib, "__cudaRegisterFatBinary", rt.__cudaRegisterFatBinary);
+        resolve(h, opt.lib, "__cudaRegisterFunction", rt.__cudaRegisterFunction);
+        resolve(h, opt.lib, "__cudaRegisterFatBinaryEnd", rt.__cudaRegisterFatBinaryEnd);
+        resolve(h, opt.lib, "__cudaPushCallConfiguration", rt.__cudaPushCallConfiguration);
+        resolve(h, opt.lib, "__cudaPopCallConfiguration", rt.__cudaPopCallConfiguration);
+        resolve(h, opt.lib, "__cudaGetKernel", rt.__cudaGetKernel);
+        resolve(h, opt.lib, "__cudaLaunchKernel", rt.__cudaLaunchKernel);
+        resolve(h, opt.lib, "__cudaLaunchKernel_ptsz", rt.__cudaLaunchKernel_ptsz);
+    }
+    if (opt.async_alloc) {
+        resolve(h, opt.lib, "cudaMallocAsync", rt.cudaMallocAsync);
+        resolve(h, opt.lib, "cudaFreeAsync", rt.cudaFreeAsync);
+    }
+    if (opt.events) {
+        resolve(h, opt.lib, "cudaEventCreate", rt.cudaEventCreate);
+        resolve(h, opt.lib, "cudaEventRecord", rt.cudaEventRecord);
+        resolve(h, opt.lib, "cudaEventQuery", rt.cudaEventQuery);
+        resolve(h, opt.lib, "cudaEventSynchronize", rt.cudaEventSynchronize);
+        resolve(h, opt.lib, "cudaEventDestroy", rt.cudaEventDestroy);
+        resolve(h, opt.lib, "cudaStreamWaitEvent", rt.cudaStreamWaitEvent);
+    }
+    if (opt.host_memory == "registered") {
+        resolve(h, opt.lib, "cudaHostRegister", rt.cudaHostRegister);
+        resolve(h, opt.lib, "cudaHostUnregister", rt.cudaHostUnregister);
+    } else if (opt.host_memory == "pinned") {
+        resolve(h, opt.lib, "cudaMallocHost", rt.cudaMallocHost);
+        resolve(h, opt.lib, "cudaFreeHost", rt.cudaFreeHost);
+    }
     if (opt.driver_lib.empty())
         return;
     void *d = load(opt.driver_lib, "--driver-lib");
@@ -437,6 +819,34 @@ static void load_libraries()
     resolve(d, opt.driver_lib, "cuMemFree_v2", drv.cuMemFree_v2);
     resolve(d, opt.driver_lib, "cuLaunchKernel", drv.cuLaunchKernel);
     resolve(d, opt.driver_lib, "cuLaunchKernelEx", drv.cuLaunchKernelEx);
+    if (opt.driver_ptsz) {
+        resolve(d, opt.driver_lib, "cuLaunchKernel_ptsz", drv.cuLaunchKernel_ptsz);
+        resolve(d, opt.driver_lib, "cuLaunchKernelEx_ptsz", drv.cuLaunchKernelEx_ptsz);
+    }
+    if (opt.driver_graph_launches)
+        resolve(d, opt.driver_lib, "cuGraphLaunch", drv.cuGraphLaunch);
+    if (opt.driver_copies) {
+        resolve(d, opt.driver_lib, "cuMemcpyHtoD_v2", drv.cuMemcpyHtoD_v2);
+        resolve(d, opt.driver_lib, "cuMemcpyDtoH_v2", drv.cuMemcpyDtoH_v2);
+        resolve(d, opt.driver_lib, "cuMemcpyDtoD_v2", drv.cuMemcpyDtoD_v2);
+        resolve(d, opt.driver_lib, "cuMemcpy", drv.cuMemcpy);
+        resolve(d, opt.driver_lib, "cuMemcpyHtoDAsync_v2", drv.cuMemcpyHtoDAsync_v2);
+        resolve(d, opt.driver_lib, "cuMemcpyDtoHAsync_v2", drv.cuMemcpyDtoHAsync_v2);
+        resolve(d, opt.driver_lib, "cuMemcpy2D_v2", drv.cuMemcpy2D_v2);
+        resolve(d, opt.driver_lib, "cuMemcpy3D_v2", drv.cuMemcpy3D_v2);
+        resolve(d, opt.driver_lib, "cuStreamSynchronize", drv.cuStreamSynchronize);
+        resolve(d, opt.driver_lib, "cuCtxSynchronize", drv.cuCtxSynchronize);
+    }
+    if (opt.vmm) {
+        resolve(d, opt.driver_lib, "cuMemGetAllocationGranularity", drv.cuMemGetAllocationGranularity);
+        resolve(d, opt.driver_lib, "cuMemAddressReserve", drv.cuMemAddressReserve);
+        resolve(d, opt.driver_lib, "cuMemCreate", drv.cuMemCreate);
+        resolve(d, opt.driver_lib, "cuMemMap", drv.cuMemMap);
+        resolve(d, opt.driver_lib, "cuMemSetAccess", drv.cuMemSetAccess);
+        resolve(d, opt.driver_lib, "cuMemUnmap", drv.cuMemUnmap);
+        resolve(d, opt.driver_lib, "cuMemRelease", drv.cuMemRelease);
+        resolve(d, opt.driver_lib, "cuMemAddressFree", drv.cuMemAddressFree);
+    }
 }
 
 static uint64_t parse_count(const char *option, const char *text)
@@ -472,6 +882,15 @@ static void parse_options(int argc, char **argv)
         {"delay-after-dlopen-ms", required_argument, nullptr, '2'},
         {"delay-before-exit-ms", required_argument, nullptr, '3'},
         {"wait-for-file", required_argument, nullptr, 'w'},
+        {"cuda13", no_argument, nullptr, 'C'},
+        {"register-late", no_argument, nullptr, 'R'},
+        {"events", no_argument, nullptr, 'E'},
+        {"async-alloc", no_argument, nullptr, 'M'},
+        {"host-memory", required_argument, nullptr, 'P'},
+        {"driver-copies", no_argument, nullptr, 'c'},
+        {"vmm", no_argument, nullptr, 'V'},
+        {"driver-ptsz", no_argument, nullptr, 'z'},
+        {"driver-graph-launches", required_argument, nullptr, 'G'},
         {"help", no_argument, nullptr, 'h'},
         {nullptr, 0, nullptr, 0},
     };
@@ -498,6 +917,15 @@ static void parse_options(int argc, char **argv)
         case '2': opt.delay_after_dlopen_ms = parse_count(name, optarg); break;
         case '3': opt.delay_before_exit_ms = parse_count(name, optarg); break;
         case 'w': opt.wait_for_file = optarg; break;
+        case 'C': opt.cuda13 = true; break;
+        case 'R': opt.register_late = true; break;
+        case 'E': opt.events = true; break;
+        case 'M': opt.async_alloc = true; break;
+        case 'P': opt.host_memory = optarg; break;
+        case 'c': opt.driver_copies = true; break;
+        case 'V': opt.vmm = true; break;
+        case 'z': opt.driver_ptsz = true; break;
+        case 'G': opt.driver_graph_launches = parse_count(name, optarg); break;
         case 'h': fputs(usage, stdout); exit(0);
         default: fputs("cuda_workload: see --help\n", stderr); exit(2);
         }
@@ -513,6 +941,12 @@ static void parse_options(int argc, char **argv)
         error = "--threads must be at least 1";
     else if (opt.launch_ex && opt.ptsz)
         error = "--launch-ex has no _ptsz variant here; use one or the other";
+    else if (opt.host_memory != "pageable" && opt.host_memory != "registered" && opt.host_memory != "pinned")
+        error = "--host-memory is pageable, registered or pinned";
+    else if (opt.register_late && !opt.cuda13)
+        error = "--register-late goes with --cuda13";
+    else if (opt.driver_lib.empty() && (opt.driver_copies || opt.vmm || opt.driver_ptsz || opt.driver_graph_launches))
+        error = "--driver-copies, --vmm, --driver-ptsz and --driver-graph-launches need --driver-lib";
     if (error) {
         fprintf(stderr, "cuda_workload: %s\n", error);
         exit(2);
@@ -556,6 +990,31 @@ static std::string symbol_of(const void *address, bool demangle)
 
 static std::map<int, const char *> error_strings;
 
+// The stand-in driver's own counts (its fakecuda_calls hook), when one is loaded: proof that the
+// runtime stand-in called into it. null when there is no stand-in libcuda.so.1 in the process.
+static void print_driver_calls()
+{
+    void *d = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    using Counts = size_t (*)(const char **, unsigned long long *, size_t);
+    auto counts = d ? reinterpret_cast<Counts>(dlsym(d, "fakecuda_calls")) : nullptr;
+    if (!counts) {
+        printf("null");
+        return;
+    }
+    const char *names[256];
+    unsigned long long n[256];
+    size_t total = std::min<size_t>(counts(names, n, 256), 256);
+    printf("{");
+    const char *sep = "";
+    for (size_t i = 0; i < total; i++) {
+        if (n[i]) {
+            printf("%s\"%s\": %llu", sep, names[i], n[i]);
+            sep = ", ";
+        }
+    }
+    printf("}");
+}
+
 static void print_summary(const Midway *midway)
 {
     std::lock_guard<std::mutex> g(stats.mu);
@@ -568,12 +1027,18 @@ static void print_summary(const Midway *midway)
         json_string(opt.driver_lib.c_str());
     printf(", \"options\": {\"iterations\": %llu, \"launches_per_iter\": %llu, \"alloc_bytes\": %llu, "
            "\"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"async\": %s, \"ptsz\": %s, \"launch_ex\": %s, "
-           "\"graph_launches\": %llu, \"threads\": %llu, \"leak\": %llu, \"exit_midway\": %s}",
+           "\"graph_launches\": %llu, \"threads\": %llu, \"leak\": %llu, \"exit_midway\": %s, \"cuda13\": %s, "
+           "\"register_late\": %s, \"events\": %s, \"async_alloc\": %s, \"host_memory\": \"%s\", "
+           "\"driver_copies\": %s, \"vmm\": %s, \"driver_ptsz\": %s, \"driver_graph_launches\": %llu}",
            (unsigned long long)opt.iterations, (unsigned long long)opt.launches_per_iter,
            (unsigned long long)opt.alloc_bytes, (unsigned long long)opt.h2d_bytes,
            (unsigned long long)opt.d2h_bytes, opt.async ? "true" : "false", opt.ptsz ? "true" : "false",
            opt.launch_ex ? "true" : "false", (unsigned long long)opt.graph_launches,
-           (unsigned long long)opt.threads, (unsigned long long)opt.leak, opt.exit_midway ? "true" : "false");
+           (unsigned long long)opt.threads, (unsigned long long)opt.leak, opt.exit_midway ? "true" : "false",
+           opt.cuda13 ? "true" : "false", opt.register_late ? "true" : "false", opt.events ? "true" : "false",
+           opt.async_alloc ? "true" : "false", opt.host_memory.c_str(), opt.driver_copies ? "true" : "false",
+           opt.vmm ? "true" : "false", opt.driver_ptsz ? "true" : "false",
+           (unsigned long long)opt.driver_graph_launches);
     printf(", \"tids\": [");
     for (size_t i = 0; i < stats.tids.size(); i++)
         printf("%s%ld", i ? ", " : "", stats.tids[i]);
@@ -615,7 +1080,25 @@ static void print_summary(const Midway *midway)
         json_dim3(k.grid(elements));
         printf(", \"block\": ");
         json_dim3(k.block);
-        printf(", \"shared_mem\": %zu, \"launches\": %llu}", k.shared_mem, (unsigned long long)k.launches.load());
+        printf(", \"shared_mem\": %zu, \"launches\": %llu", k.shared_mem, (unsigned long long)k.launches.load());
+        printf(", \"host_stub\": ");
+        json_pointer(k.address);
+        printf(", \"device_stub\": ");
+        json_pointer(device_stubs[i]);
+        printf(", \"device_stub_symbol\": ");
+        json_string(symbol_of(device_stubs[i], false).c_str());
+        printf(", \"device_name\": ");
+        json_string(device_names[i].c_str());
+        printf(", \"handle\": ");
+        if (get_kernel_rc[i] == -1)
+            printf("null");
+        else
+            json_pointer(kernel_handles[i]);
+        printf(", \"get_kernel_rc\": ");
+        if (get_kernel_rc[i] == -1)
+            printf("null}");
+        else
+            printf("%d}", get_kernel_rc[i]);
     }
     printf("], \"driver_kernels\": [");
     for (size_t i = 0; i < 2 && !opt.driver_lib.empty(); i++) {
@@ -623,7 +1106,24 @@ static void print_summary(const Midway *midway)
         json_pointer(driver_kernels[i].handle);
         printf(", \"launches\": %llu}", (unsigned long long)driver_kernels[i].launches.load());
     }
-    printf("], \"leaked\": [");
+    printf("], \"driver_memcpy\": {");
+    const char *comma = "";
+    for (auto &[name, cb] : stats.driver_memcpy) {
+        printf("%s\"%s\": {\"calls\": %llu, \"bytes\": %llu}", comma, name.c_str(), (unsigned long long)cb.first,
+               (unsigned long long)cb.second);
+        comma = ", ";
+    }
+    printf("}, \"host_buffers\": [");
+    for (size_t i = 0; i < stats.host_buffers.size(); i++) {
+        printf("%s{\"in\": ", i ? ", " : "");
+        json_pointer(stats.host_buffers[i].in);
+        printf(", \"out\": ");
+        json_pointer(stats.host_buffers[i].out);
+        printf("}");
+    }
+    printf("], \"driver_calls\": ");
+    print_driver_calls();
+    printf(", \"leaked\": [");
     for (size_t i = 0; i < leaked.size(); i++) {
         printf("%s", i ? ", " : "");
         json_pointer(leaked[i]);
@@ -660,9 +1160,13 @@ int main(int argc, char **argv)
     parse_options(argc, argv);
     sleep_ms(opt.delay_before_dlopen_ms);
     load_libraries();
+    if (opt.cuda13 && !opt.register_late)
+        register_kernels(); // as a library's static constructors do, right at load
     sleep_ms(opt.delay_after_dlopen_ms);
     if (!opt.wait_for_file.empty())
         wait_for_file(opt.wait_for_file);
+    if (opt.cuda13 && opt.register_late)
+        register_kernels();
 
     if (!opt.driver_lib.empty()) {
         call(CuInit, drv.cuInit, 0u);
@@ -683,7 +1187,7 @@ int main(int argc, char **argv)
 
     call(GetLastError, rt.cudaGetLastError);
     std::set<int> failures;
-    for (int f = 0; f < CuInit; f++)
+    for (int f = 0; f < CuInit; f++) // the runtime's calls
         for (auto &[rc, n] : stats.return_codes[f])
             if (rc != 0)
                 failures.insert(rc);

@@ -73,10 +73,19 @@ def nonzero(counts: dict[str, int]) -> dict[str, int]:
     return {name: n for name, n in counts.items() if n}
 
 
-def fresh_copy(lib: Path, tmp_path: Path) -> ctypes.CDLL:
-    """Load a private copy of lib, so this test sees the library's state from its start."""
+def fresh_copy(lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch | None = None) -> ctypes.CDLL:
+    """Load a private copy of lib, so this test sees the library's state from its start.
+
+    A runtime gets a private copy of the driver too (FAKECUDA_DRIVER, read at its first call):
+    the driver holds the state (memory, stream time) and is loaded once per process.
+    """
     copy = tmp_path / lib.name
     shutil.copy(lib, copy)
+    if monkeypatch is not None:
+        driver = tmp_path / "driver" / FAKE_CUDA.name
+        driver.parent.mkdir(exist_ok=True)
+        shutil.copy(FAKE_CUDA, driver)
+        monkeypatch.setenv("FAKECUDA_DRIVER", str(driver))
     return ctypes.CDLL(str(copy))
 
 
@@ -259,8 +268,8 @@ def test_real_cudart_py_on_the_stand_in_succeeds() -> None:
 # ---- the stand-in libraries themselves
 
 
-def test_fake_runtime_memory_and_copies(tmp_path: Path) -> None:
-    cuda = runtime(fresh_copy(FAKE_CUDART, tmp_path))
+def test_fake_runtime_memory_and_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = runtime(fresh_copy(FAKE_CUDART, tmp_path, monkeypatch))
     dev, other = ctypes.c_void_p(), ctypes.c_void_p()
     assert cuda.cudaMalloc(ctypes.byref(dev), 0) == 2
     assert cuda.cudaMalloc(ctypes.byref(dev), (1 << 30) + 1) == 2
@@ -280,8 +289,8 @@ def test_fake_runtime_memory_and_copies(tmp_path: Path) -> None:
     assert cuda.cudaGetErrorString(35) == b"CUDA driver version is insufficient for CUDA runtime version"
 
 
-def test_fake_runtime_launch_checks(tmp_path: Path) -> None:
-    cuda = runtime(fresh_copy(FAKE_CUDART, tmp_path))
+def test_fake_runtime_launch_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = runtime(fresh_copy(FAKE_CUDART, tmp_path, monkeypatch))
     func = ctypes.cast(ctypes.CDLL("libc.so.6").abs, ctypes.c_void_p)
     ok = Dim3(1, 1, 1), Dim3(256, 1, 1)
     assert cuda.cudaLaunchKernel(func, *ok, None, 0, None) == 0
@@ -294,8 +303,8 @@ def test_fake_runtime_launch_checks(tmp_path: Path) -> None:
 
 def test_fake_sync_waits_for_the_kernels_queued_on_that_stream(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKECUDA_KERNEL_US", "20000")  # read when the copy loads
-    cuda = runtime(fresh_copy(FAKE_CUDART, tmp_path))
+    monkeypatch.setenv("FAKECUDA_KERNEL_US", "20000")  # read when the driver's copy loads
+    cuda = runtime(fresh_copy(FAKE_CUDART, tmp_path, monkeypatch))
     func = ctypes.cast(ctypes.CDLL("libc.so.6").abs, ctypes.c_void_p)
     busy, idle = ctypes.c_void_p(0x5EED0001), ctypes.c_void_p(0x5EED0002)
 
