@@ -34,6 +34,7 @@ from otelbpf.export.health import Health
 from otelbpf.export.metrics_loop import MetricsLoop
 from otelbpf.export.profile_export import profile_exporter
 from otelbpf.export.span_queue import SpanQueue
+from otelbpf.jobguard import Job
 from otelbpf.threadname import name_os_thread
 from otelbpf.receivers import Context, MapAccess
 from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
@@ -227,7 +228,10 @@ class Agent:
         a = self.sensor.attach_stats
         out.append(m.gauge("otelbpf.probes.attached", "{probe}", "Uprobes attached", [({}, a.probes)], now))
         out.append(m.gauge("otelbpf.libraries.attached", "{library}", "Library files probed", [({}, a.libraries)], now))
-        out.append(m.cumulative_sum("otelbpf.attach.failures", "{probe}", "Probes that failed to attach", [({}, a.failures)], start, now))
+        out.append(m.cumulative_sum("otelbpf.attach.failures", "{failure}", "Failed attach attempts, by reason",
+                                    [({"reason": r}, n) for r, n in sorted(a.by_reason.items())] or [({}, 0)], start, now))
+        out.append(m.gauge("otelbpf.libraries.retrying", "{library}", "Library files waiting for an attach retry",
+                           [({}, a.retrying)], now))
         out.append(m.gauge("otelbpf.spans.queued", "{span}", "Spans waiting for export", [({}, len(self.spans) if self.spans else 0)], now))
         out.append(m.gauge("otelbpf.startup.duration", "s", "BPF compile and first attach time",
                            [({"phase": "compile"}, self.sensor.compile_seconds), ({"phase": "attach"}, self.sensor.attach_seconds)], now))
@@ -243,6 +247,8 @@ class Agent:
         require_root()
         self._processor.start()
         self.sensor.start()
+        for pid in self.sensor.options.pids:  # --pid targets: their maps while they surely live
+            self._describe_process(pid)
         if self.metrics is not None:
             self.metrics.start()
         log.info(
@@ -299,39 +305,78 @@ def spawn_gated(command: list[str]) -> tuple[subprocess.Popen, int]:
     return proc, w
 
 
+#: In command mode, how long a command ended by the agent (--duration, a second signal) has
+#: between SIGTERM and SIGKILL.
+JOB_GRACE_S = 5.0
+
+
 def run(config: Config, *, pids: Sequence[int] = (), command: list[str] | None = None, duration_s: float | None = None) -> int:
-    """Run until SIGINT/SIGTERM, the watched command exits, or ``duration_s``."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    """Run until SIGINT/SIGTERM, the watched command exits, or ``duration_s``.
+
+    With a command (started under a guard that outlives the agent, otelbpf/jobguard.py):
+    SIGINT, SIGTERM and SIGHUP are forwarded to it and the agent watches on until it exits,
+    then returns its status (128 + the signal that ended it). A second signal kills it;
+    ``duration_s`` ends it as timeout(1) does (SIGTERM, SIGKILL after JOB_GRACE_S).
+    """
+    wake = threading.Event()
+    received: list[int] = []
+
+    def on_signal(sig: int, _frame) -> None:
+        received.append(sig)
+        wake.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if command else ())):
+        signal.signal(sig, on_signal)
     for pid in pids:
         if not os.path.exists(f"/proc/{pid}"):
             raise SensorError(f"no process with pid {pid} (is it running, and in this pid namespace?)")
-    child = gate = None
-    watch = list(pids)
-    if command:
-        child, gate = spawn_gated(command)
-        watch.append(child.pid)
-    agent = Agent(config, pids=watch, pause_on_load=child is not None)
+    job = Job(command, on_exit=wake.set) if command else None
+    watch = [*pids, *((job.pid,) if job else ())]
     try:
+        agent = Agent(config, pids=watch, pause_on_load=job is not None)
         agent.start()
-    except SensorError:
-        if child is not None:
-            child.kill()
+    except BaseException:
+        if job is not None:
+            job.close()  # never released: the command does not run
         raise
     rc = 0
     try:
-        if child is not None:
-            os.write(gate, b"go")
-            os.close(gate)
-        deadline = time.monotonic() + duration_s if duration_s else None
-        while not stop.wait(0.2):
-            if child is not None and child.poll() is not None:
-                rc = child.returncode
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
+        if job is not None:
+            job.release()
+        rc = _watch(agent, job, received, wake, duration_s)
     finally:
         agent.stop()
+        if job is not None:
+            job.close()
         print(f"otelbpf: {agent.stats_line()}", file=sys.stderr)
     return rc
+
+
+def _watch(agent: Agent, job: Job | None, received: list[int], wake: threading.Event,
+           duration_s: float | None) -> int:
+    """The main thread while the agent runs: signals, the command, the clock, a dead thread."""
+    deadline = time.monotonic() + duration_s if duration_s else None
+    kill_at: float | None = None
+    forwarded = False
+    while True:
+        wake.wait(0.2)
+        wake.clear()
+        if job is not None and job.exited.is_set():
+            return job.returncode or 0
+        while received:
+            sig = received.pop(0)
+            if job is None:
+                return 0
+            job.signal(signal.SIGKILL if forwarded else sig)
+            forwarded = True
+        if deadline is not None and time.monotonic() >= deadline:
+            if job is None:
+                return 0
+            job.signal(signal.SIGTERM)
+            deadline, kill_at = None, time.monotonic() + JOB_GRACE_S
+        if job is not None and kill_at is not None and time.monotonic() >= kill_at:
+            job.signal(signal.SIGKILL)
+        if agent.metrics is not None and agent.metrics.failed:
+            where = f"; the command (pid {job.pid}) runs on, unwatched" if job is not None else ""
+            log.error("the metrics thread ended: no metric would leave the agent, stopping%s", where)
+            return 1

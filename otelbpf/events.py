@@ -74,7 +74,7 @@ class Kind(enum.IntEnum):
     SOCK_UNKNOWN = 44   # first I/O on an fd the kernel has not classified (sockdata ring)
     SOCK_LOCAL = 45     # a connect()ed socket's local address, once established (sockdata ring)
     PROFILE_PROC = 50   # first CPU sample or CUDA allocation of a process (bpf/profile.c): inspect it
-    CUDA_LAUNCH_SITE = 60  # first launch of (process, API, handle): a0 handle, a1 return address
+    CUDA_LAUNCH_SITE = 60  # first launch of (process, API, handle): a0 handle, a1 return address, a2 its caller's
 
 
 class StrKind(enum.IntEnum):

@@ -165,6 +165,10 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
             site.flags = flags;
             site.a0 = fn;
             site.a1 = return_address(ctx);
+            /* and the caller's caller when frame pointers are kept (nvcc builds host
+             * code at -O0: <<<>>> stubs call an out-of-line __cudaLaunchKernel_helper
+             * that every kernel shares); garbage otherwise, which user space tells. */
+            bpf_probe_read_user(&site.a2, sizeof(site.a2), (void *)(PT_REGS_FP(ctx) + 8));
             emit(&site);
         } else {
             /* Another CPU created it first, or the map is full. */

@@ -247,14 +247,13 @@ class CudaCorrelator:
     def _learn(p: _Process, facts: np.ndarray) -> None:
         """Registrations, handle aliases and launch sites: what names kernels."""
         k = p.kernels
-        for kind, func, a0, a1 in zip(facts["kind"].tolist(), facts["func"].tolist(), facts["a0"].tolist(),
-                                      facts["a1"].tolist()):
+        for kind, func, a0, a1, a2 in zip(*(facts[f].tolist() for f in ("kind", "func", "a0", "a1", "a2"))):
             if kind == Kind.CUDA_KERNEL_NAME:
                 k.registered[a0] = a1
             elif kind == Kind.CUDA_KERNEL_ALIAS:
                 k.aliases[a0] = a1
             else:
-                k.sites[(func, a0)] = a1
+                k.sites[(func, a0)] = (a1, a2)
         k.learn()
 
     def _track_memory(self, p: _Process, rec: tuple) -> None:

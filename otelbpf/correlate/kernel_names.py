@@ -11,8 +11,9 @@ PyTorch), or a ``CUfunction``. What tells them apart, best first:
    ``cuKernelGetFunction``: CUfunction -> CUkernel (followed like a chain);
 3. ``cuModuleGetFunction``/``cuLibraryGetKernel``: handle -> name (driver);
 4. the handle is a host stub in a file: its ELF symbol;
-5. attached late (registration long past): the first launch's return address,
-   inside nvcc's ``__device_stub__<mangled>`` when the binary has symbols;
+5. attached late (registration long past): the first launch's return address (or
+   its caller's: nvcc's -O0 host code launches through a shared helper), inside
+   nvcc's ``__device_stub__<mangled>`` when the binary has symbols;
 6. last resort: the launch site as ``object+offset`` (never a bare address).
 
 Names are read and demangled once per handle, when a launch needs them.
@@ -40,7 +41,8 @@ class KernelNames:
     registered: dict[int, int] = field(default_factory=dict)   # host stub -> address of its device name
     aliases: dict[int, int] = field(default_factory=dict)      # handle -> host stub / CUkernel
     driver: dict[int, str] = field(default_factory=dict)       # handle -> name (driver API)
-    sites: dict[tuple[int, int], int] = field(default_factory=dict)  # (function id, handle) -> return address
+    #: (function id, handle) -> (return address, the caller's return address or 0)
+    sites: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     #: (function id, handle) -> (name, source, facts seen when resolved)
     _cache: dict[tuple[int, int], tuple[str, str, int]] = field(default_factory=dict)
     _facts: int = 0  # bumps when a fact arrives: cached fallbacks are recomputed
@@ -76,16 +78,22 @@ class KernelNames:
         frame = sym.frame(pid, handle)
         if frame.function is not None:
             return frame.function, "symbol"
-        caller = self.sites.get((func, fn))
-        if caller:
-            site = sym.frame(pid, caller)
-            stub = _STUB.match(site.function or "")
-            if stub:
-                inner = stub.group(1)
-                return (demangle("_" + inner) if inner.startswith("Z") else inner), "device_stub"
-            if site.mapping is not None:
-                where = f"{site.module}+{site.offset:#x}"
-                if site.build_id:
-                    where += f" (build id {site.build_id[:16]})"
+        site = self.sites.get((func, fn))
+        if site:
+            frames = [sym.frame(pid, addr) for addr in site if addr]
+            for frame in frames:
+                stub = _STUB.match(frame.function or "")
+                if stub:
+                    inner = stub.group(1)
+                    return (demangle("_" + inner) if inner.startswith("Z") else inner), "device_stub"
+            if frames and frames[0].mapping is not None:
+                first = frames[0]
+                where = f"{first.module}+{first.offset:#x}"
+                # The caller's caller, when it is in the same object (frame pointers kept):
+                # tells apart kernels launched through one shared helper.
+                if len(frames) > 1 and frames[1].mapping is not None and frames[1].module == first.module:
+                    where += f" from +{frames[1].offset:#x}"
+                if first.build_id:
+                    where += f" (build id {first.build_id[:16]})"
                 return f"[launched at {where}]", "launch_site"
         return f"[unresolved kernel {fn:#x}]", "unresolved"

@@ -475,7 +475,7 @@ def test_a_late_attach_names_a_handle_from_its_launch_site_in_a_device_stub(tmp_
     h = Harness()
     handle = 0x5555_0000_4560
     ev = Events()
-    ev.add(Kind.CUDA_LAUNCH_SITE, F.cudaLaunchKernel, a0=handle, a1=stub + 4, dur=0)
+    ev.add(Kind.CUDA_LAUNCH_SITE, F.cudaLaunchKernel, a0=handle, a1=fn_address("getppid"), a2=stub + 4, dur=0)
     ev.launch(handle)
     h.correlator.on_events(ev.array())
     [span] = h.spans
