@@ -8,6 +8,8 @@
 #   build/examples/fakecudart13/libcudart.so.13 stand-in CUDA 13 runtime (the same, -DFAKECUDART_CUDA13)
 #   build/examples/fakecuda/libcuda.so.1        stand-in CUDA driver    (examples/cuda/fakecuda.c)
 #   build/examples/cuda_workload                the workload            (examples/cuda/workload.cpp)
+#   build/examples/nvcc/nvcc_launches[.stripped], nvcc_launches_static, libnvcc_kernels.so,
+#     nvcc_dlopen_host                          real nvcc 13 programs   (examples/cuda/nvcc/; needs nvcc)
 #   build/bench/launch_loop                     benchmark driver        (bench/launch_loop.c)
 #   build/bench/libnopfunc.so                   prologue variants       (examples/cuda/nopfunc.c)
 #   build/bench/http_server                     HTTP/1.1 bench server   (bench/http_server.c)
@@ -83,6 +85,47 @@ if stale "$t" "$src/workload.cpp"; then
     g++ -std=c++17 -O2 -g -fno-omit-frame-pointer -fno-ipa-icf -rdynamic "${warn[@]}" \
         "$src/workload.cpp" -o "$t.$$" -ldl -lpthread
     publish "$t.$$" "$t"
+fi
+
+# Real nvcc 13 programs (examples/cuda/nvcc/): with the shared runtime (and a stripped copy), with
+# nvcc's default static runtime, and a stripped nvcc-built library that a host program dlopens.
+nvcc=/usr/local/cuda-13.0/bin/nvcc
+[[ -x $nvcc ]] || nvcc=$(command -v nvcc || true)
+nv=$src/nvcc
+if [[ -n $nvcc ]]; then
+    nvout=$out/examples/nvcc
+    mkdir -p "$nvout"
+    nvflags=(-O2 -g --extended-lambda -Xcompiler -fno-omit-frame-pointer)
+    t=$nvout/nvcc_launches
+    if stale "$t" "$nv"/{launches.cu,report.h}; then
+        "$nvcc" "${nvflags[@]}" -cudart shared "$nv/launches.cu" -o "$t.$$"
+        publish "$t.$$" "$t"
+    fi
+    if stale "$t.stripped" "$t"; then
+        strip -o "$t.stripped.$$" "$t"
+        publish "$t.stripped.$$" "$t.stripped"
+    fi
+    t=$nvout/nvcc_launches_static
+    if stale "$t" "$nv"/{launches.cu,report.h}; then
+        "$nvcc" "${nvflags[@]}" "$nv/launches.cu" -o "$t.$$" -ldl
+        publish "$t.$$" "$t"
+    fi
+    t=$nvout/libnvcc_kernels.so
+    if stale "$t" "$nv"/{kernels_lib.cu,report.h}; then
+        "$nvcc" "${nvflags[@]}" -shared -Xcompiler -fPIC -cudart shared "$nv/kernels_lib.cu" -o "$t.$$"
+        strip "$t.$$"
+        publish "$t.$$" "$t"
+    fi
+    t=$nvout/nvcc_dlopen_host
+    if stale "$t" "$nv/dlopen_host.c"; then
+        gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$nv/dlopen_host.c" -o "$t.$$" -ldl
+        publish "$t.$$" "$t"
+    fi
+elif [[ ${CI:-} == true ]]; then
+    echo "build.sh: no nvcc (looked at /usr/local/cuda-13.0/bin/nvcc and PATH); CI needs the CUDA 13 toolkit" >&2
+    exit 1
+else
+    echo "skipped the nvcc examples: no nvcc (/usr/local/cuda-13.0/bin/nvcc or on PATH)"
 fi
 
 t=$out/bench/launch_loop
