@@ -6,7 +6,11 @@
  *   LIB_PREFIXES is reported with the path, so user space can attach to that
  *   file before the dynamic loader has even mapped it;
  * - exec/exit: process life cycle; on thread exit, a call still in flight is
- *   reported as incomplete instead of vanishing. */
+ *   reported as incomplete instead of vanishing. With EXEC_REPORT (a family
+ *   recognises executables by content: a runtime linked in statically), each
+ *   exec is also reported with its path, as a LIB_OPEN string record with
+ *   pad[1] = 1, so user space reads the program before it runs (and, under
+ *   PAUSE_ON_LOAD, before its constructors run: it is paused as at an open). */
 
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {
@@ -31,6 +35,26 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     new_event(&e, id, EV_PROC_EXEC, 0);
     bpf_get_current_comm(&e.a0, 16);  /* a name even if /proc is gone when read */
     emit(&e);
+#ifdef EXEC_REPORT
+    struct strevent *s = strevents.ringbuf_reserve(sizeof(struct strevent));
+    if (!s) {
+        count_stat(STAT_STR_LOST);
+        return 0;
+    }
+    s->pid = id >> 32;
+    s->kind = SEV_LIB_OPEN;
+    s->a0 = bpf_ktime_get_ns();
+    s->pad[1] = 1;
+    s->pad[2] = 0;
+    bpf_probe_read_kernel_str(s->s, sizeof(s->s), (void *)args + (args->data_loc_filename & 0xFFFF));
+#ifdef PAUSE_ON_LOAD
+    s->pad[0] = 1;
+    bpf_send_signal(19 /* SIGSTOP */);
+#else
+    s->pad[0] = 0;
+#endif
+    strevents.ringbuf_submit(s, 0);
+#endif
     return 0;
 }
 
@@ -90,6 +114,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
     s->pid = id >> 32;
     s->kind = SEV_LIB_OPEN;
     s->a0 = bpf_ktime_get_ns();
+    s->pad[1] = 0;
+    s->pad[2] = 0;
     __builtin_memcpy(s->s, p->s, sizeof(s->s));
 #ifdef PAUSE_ON_LOAD
     /* Stop the process before it can map and call into the library; user

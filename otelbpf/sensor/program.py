@@ -55,6 +55,8 @@ def build(
         cflags.append("-DFILTER_PIDS=1")
     if pause_on_load:
         cflags.append("-DPAUSE_ON_LOAD=1")
+    if any(k.content_symbol for f in families for k in f.libraries):
+        cflags.append("-DEXEC_REPORT=1")  # executables are recognised by content: report execs
     for fam in families:
         parts.append(_bpf_source(fam.c_file))
         parts.append(fam.generated_c)

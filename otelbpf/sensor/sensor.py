@@ -8,8 +8,11 @@ Threads, each with one job:
   order, so that a family record (a request read) that happened before an
   event (a CUDA call it caused) is never delivered after it;
 - discovery: woken by epoll on the string ring, attaches to library files
-  as processes open them (and on /proc rescans), then resumes a process the
-  kernel paused at that open; a slow attach never delays draining.
+  as processes open them and to executables as they start (and on /proc
+  rescans), then resumes a process the kernel paused at that open or exec; a
+  slow attach never delays draining. Attaches that fail are retried on this
+  thread with back-off; only a library whose every probe is in place counts
+  as attached.
 Knows nothing of spans or OTLP.
 """
 
@@ -22,6 +25,7 @@ import select
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,10 +67,35 @@ class SensorOptions:
 
 @dataclass
 class AttachStats:
-    libraries: int = 0
+    libraries: int = 0  # files with every probe in place
     probes: int = 0
-    failures: int = 0
+    failures: int = 0   # failed attempts, all reasons
     last_error: str = ""
+    #: reason -> count: ``symbols`` (the file's symbols could not be read), ``attach`` (one
+    #: probe), ``gone`` (the file vanished before a retry: given up), ``gave_up`` (still
+    #: failing after every retry), ``no_symbols`` (a stripped executable), ``runtime``
+    #: (a family's run-time targets), ``discovery`` (handling a process failed).
+    by_reason: Counter = field(default_factory=Counter)
+    retrying: int = 0   # files waiting for a retry now
+
+
+#: Retry back-off: first retry after RETRY_FIRST_S, doubling up to RETRY_MAX_S, at most
+#: RETRY_ATTEMPTS attempts (~6 minutes) before giving up on a file until it is seen again.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 30.0
+RETRY_ATTEMPTS = 20
+
+#: A view of string records' flag bytes (``pad`` in common.h's struct strevent):
+#: pad[0] the process was paused, pad[1] a LIB_OPEN that is an exec (discovery.c).
+_STR_FLAGS = np.dtype({"names": ["paused", "exec"], "formats": ["u1", "u1"], "offsets": [5, 6],
+                       "itemsize": STREVENT_DTYPE.itemsize})
+
+
+@dataclass
+class _Retry:
+    lib: LibraryFile
+    attempts: int
+    due: float
 
 
 class Sensor:
@@ -78,8 +107,10 @@ class Sensor:
         # Serialises ring draining: the drain thread's timer and a metrics export's
         # sync() (see Agent.sync) may both drain, and a ring reader is single-consumer.
         self._drain_lock = threading.Lock()
-        self._attached: dict[tuple[int, int], LibraryFile] = {}
-        self._runtime_attached: set[tuple[int, int, int, str]] = set()  # (dev, inode, vaddr, program)
+        self._attached: dict[tuple[int, int], LibraryFile] = {}  # every probe in place
+        self._probes: set[tuple[int, int, int, str]] = set()  # (dev, inode, vaddr, program) attached
+        self._retry: dict[tuple[int, int], _Retry] = {}
+        self._unprobeable: set[tuple[int, int]] = set()  # stripped: nothing to retry
         self._work: queue.Queue[int | None] = queue.Queue()  # pids to rescan
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -217,12 +248,14 @@ class Sensor:
 
     def drain_once(self, ring: str = "events") -> int:
         arr = self._readers[ring].drain()
-        if len(arr):
-            self.records_received[ring] += len(arr)
+        n = len(arr)
+        if n:
+            self.records_received[ring] += n
             if ring == "strevents":
-                self._handle_strings(arr)
-            self._deliver(ring, arr)
-        return len(arr)
+                arr = self._handle_strings(arr)
+            if len(arr):
+                self._deliver(ring, arr)
+        return n
 
     def drain_tick(self) -> int:
         """One timer tick: ``events`` drained first and delivered last (see the module doc).
@@ -249,19 +282,26 @@ class Sensor:
             except Exception:  # keep draining whatever one batch did
                 log.exception("drain failed")
 
-    def _handle_strings(self, arr: np.ndarray) -> None:
-        """Attach to libraries just opened; resume processes paused for it."""
-        for rec in arr[arr["kind"] == StrKind.LIB_OPEN]:
+    def _handle_strings(self, arr: np.ndarray) -> np.ndarray:
+        """Attach to libraries just opened and executables just started; resume
+        processes paused for it. Returns the records for the correlators: exec
+        reports are the sensor's own (a process's exec is on the events ring)."""
+        execs = np.ascontiguousarray(arr).view(_STR_FLAGS)["exec"] == 1
+        opens = arr["kind"] == StrKind.LIB_OPEN
+        for rec, is_exec in zip(arr[opens], execs[opens]):
             pid = int(rec["pid"])
             try:
                 path = rec["s"].split(b"\0", 1)[0].decode(errors="replace")
-                lib = libraries.in_process(pid, path, self.options.families)
+                if is_exec:
+                    lib = libraries.executable(pid, self.options.families, path)
+                else:
+                    lib = libraries.in_process(pid, path, self.options.families)
                 if lib is not None:
                     self._attach(lib)
                 if self.on_process is not None:
                     self.on_process(pid)
             except Exception as exc:
-                self._fail(f"pid {pid}: {exc}")
+                self._count("discovery", f"pid {pid}: {exc}")
             finally:
                 if rec["paused"]:
                     self._resume(pid)
@@ -274,10 +314,11 @@ class Sensor:
             try:
                 fam.runtime.handle(mine, self)
             except Exception as exc:
-                self._fail(f"{fam.name}: {exc}")
+                self._count("runtime", f"{fam.name}: {exc}")
             finally:
                 for pid in np.unique(mine["pid"][mine["paused"] != 0]).tolist():
                     self._resume(pid)
+        return arr[~execs]
 
     def _resume(self, pid: int) -> None:
         try:
@@ -294,15 +335,17 @@ class Sensor:
         next_scan = time.monotonic() + self.options.rescan_interval_s
         try:
             while not self._stop.is_set():
-                poller.poll(min(0.2, max(0.0, next_scan - time.monotonic())))
+                next_retry = min((r.due for r in self._retry.values()), default=next_scan)
+                poller.poll(min(0.2, max(0.0, min(next_scan, next_retry) - time.monotonic())))
                 try:
                     self.drain_once("strevents")
                     self._pending_work()
+                    self._retry_due()
                     if time.monotonic() >= next_scan:
                         self._rescan()
                         next_scan = time.monotonic() + self.options.rescan_interval_s
                 except Exception as exc:  # keep discovering whatever one step did
-                    self._fail(f"discovery: {exc}")
+                    self._count("discovery", f"discovery: {exc}")
                     log.exception("discovery step failed")
         finally:
             poller.close()
@@ -334,31 +377,88 @@ class Sensor:
         return list(self._attached.values())
 
     def _attach(self, lib: LibraryFile) -> None:
-        if lib.key in self._attached:
+        """Probe ``lib`` now (a fresh path to it: a process just showed it to us);
+        on failure, schedule a retry."""
+        if lib.key in self._attached or lib.key in self._unprobeable or self._stop.is_set():
             return
+        if self._try_attach(lib):
+            self._retry.pop(lib.key, None)
+        else:
+            pending = self._retry.get(lib.key)
+            attempts = 1 if pending is None else pending.attempts + 1
+            self._schedule_retry(lib, attempts)
+        self.attach_stats.retrying = len(self._retry)
+
+    def _schedule_retry(self, lib: LibraryFile, attempts: int) -> None:
+        if attempts >= RETRY_ATTEMPTS:
+            self._retry.pop(lib.key, None)
+            self._count("gave_up", f"{lib.shown_path}: still failing after {attempts} attempts: "
+                                   "given up until a process shows it again")
+            return
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
+        self._retry[lib.key] = _Retry(lib, attempts, time.monotonic() + delay)
+        log.info("retrying %s in %.1fs (attempt %d failed)", lib.shown_path, delay, attempts)
+
+    def _retry_due(self) -> None:
+        """Retry the attaches whose back-off is over; give up on files gone from disk."""
+        now = time.monotonic()
+        for key, retry in list(self._retry.items()):
+            if retry.due > now or self._stop.is_set():
+                continue
+            lib = _reachable(retry.lib)
+            if lib is None:
+                del self._retry[key]
+                self._count("gone", f"{retry.lib.shown_path}: the file is gone: no more retries")
+            elif self._try_attach(lib):
+                del self._retry[key]
+            else:
+                self._schedule_retry(lib, retry.attempts + 1)
+        self.attach_stats.retrying = len(self._retry)
+
+    def _try_attach(self, lib: LibraryFile) -> bool:
+        """Attach every probe of ``lib`` not attached yet; True when all are in place
+        (or the file cannot be probed at all, which retrying would not change)."""
         fam = next(f for f in self.options.families if f.name == lib.family)
         kind = next(k for k in fam.libraries if k.name == lib.kind)
         try:
-            sites = elf.resolve(lib.path, kind.symbols)
+            sites = elf.resolve(lib.path, kind.symbols, symtab=kind.symtab)
+        except elf.NoSymbols as exc:
+            self._unprobeable.add(lib.key)
+            self._count("no_symbols", f"{lib.shown_path} ({lib.kind}): {exc}")
+            return True
         except (elf.ElfError, OSError) as exc:
-            self._fail(f"{lib.shown_path}: {exc}")
-            return
-        self._attached[lib.key] = lib
-        count = 0
+            self._count("symbols", f"{lib.shown_path}: {exc}")
+            return False
+        added = failed = total = 0
         with self._lock:
+            if self._bpf is None:
+                return True
             for spec in kind.probes:
                 for site in spec.select(sites.get(spec.symbol, [])):
                     for fn, attach in ((spec.entry, self._bpf.attach_uprobe), (spec.ret, self._bpf.attach_uretprobe)):
+                        probe = (*lib.key, site.probe_vaddr, fn)
                         if fn is None:
+                            continue
+                        total += 1
+                        if probe in self._probes:
                             continue
                         try:
                             attach(name=lib.path, addr=site.probe_vaddr, fn_name=fn)
-                            count += 1
                         except Exception as exc:
-                            self._fail(f"{lib.shown_path}: {spec.symbol}@{site.probe_vaddr:#x}: {exc}")
+                            failed += 1
+                            self._count("attach", f"{lib.shown_path}: {spec.symbol}@{site.probe_vaddr:#x}: {exc}")
+                            continue
+                        self._probes.add(probe)
+                        added += 1
+        self.attach_stats.probes += added
+        if failed:
+            log.warning("%s (%s): %d of %d probes in place, %d failed", lib.shown_path, lib.kind,
+                        total - failed, total, failed)
+            return False
+        self._attached[lib.key] = lib
         self.attach_stats.libraries += 1
-        self.attach_stats.probes += count
-        log.info("attached %d probes to %s (%s)", count, lib.shown_path, lib.kind)
+        log.info("attached %d probes to %s (%s)", total, lib.shown_path, lib.kind)
+        return True
 
     def attach_at(self, path: str, shown_path: str, vaddr: int, entry: str | None, ret: str | None) -> int:
         """Probe a function found at run time (families' ``RuntimeTargets``),
@@ -372,23 +472,24 @@ class Sensor:
             try:
                 for fn, attach in ((entry, self._bpf.attach_uprobe), (ret, self._bpf.attach_uretprobe)):
                     key = (st.st_dev, st.st_ino, vaddr, fn)
-                    if fn is None or key in self._runtime_attached:
+                    if fn is None or key in self._probes:
                         continue
                     try:
                         attach(name=path, addr=vaddr, fn_name=fn)
                     except Exception as exc:
-                        self._fail(f"{shown_path}@{vaddr:#x} ({fn}): {exc}")
+                        self._count("runtime", f"{shown_path}@{vaddr:#x} ({fn}): {exc}")
                         raise
-                    self._runtime_attached.add(key)
+                    self._probes.add(key)
                     count += 1
             finally:
                 self.attach_stats.probes += count
         return count
 
-    def _fail(self, message: str) -> None:
+    def _count(self, reason: str, message: str) -> None:
         self.attach_stats.failures += 1
+        self.attach_stats.by_reason[reason] += 1
         self.attach_stats.last_error = message
-        log.warning("attach failed: %s", message)
+        log.warning("attach failed (%s): %s", reason, message)
 
     # -- kernel-side state ------------------------------------------------
 
@@ -438,6 +539,19 @@ class Sensor:
 
     def ring_pending_bytes(self) -> int:
         return sum(r.pending_bytes() for r in self._readers.values())
+
+
+def _reachable(lib: LibraryFile) -> LibraryFile | None:
+    """``lib`` by a path that still leads to its inode: its own path, or, once
+    the process it was seen through is gone, the path it was shown by, on the
+    host. None when neither does (the file is gone, or replaced)."""
+    for path in (lib.path, lib.shown_path):
+        try:
+            if elf.file_key(path) == lib.key:
+                return lib if path == lib.path else LibraryFile(path, lib.shown_path, lib.family, lib.kind, lib.key)
+        except OSError:
+            continue
+    return None
 
 
 def _effective_caps() -> int:
