@@ -1,0 +1,218 @@
+"""`otelbpf run -- CMD`: the command runs under a small guard process that outlives the agent.
+
+In command mode the kernel stops the job (SIGSTOP from the BPF program) when it opens a
+library to probe, and the agent resumes it once the probes are attached. An agent killed in
+that window (kill -9, the OOM killer) used to leave the job stopped forever, or, when its
+process group became orphaned with a stopped member, killed by the kernel's SIGHUP.
+
+So the agent does not start the command itself. It starts this guard, which:
+
+- starts a session of its own (the kernel's orphaned-process-group SIGHUP needs the job in
+  the agent's session) and becomes a child subreaper, so every descendant of the job,
+  orphaned or not, stays in its process tree;
+- forks the job, which waits at a gate (a pipe) until the agent has put its pid into the
+  in-kernel filter and attached, then execs the command (same pid);
+- reports the job's pid and, later, its exit status to the agent;
+- holds the read end of a pipe only the agent writes to: when it reads EOF, the agent is
+  gone, however it ended, and the guard sends SIGCONT to every stopped process in its tree
+  (and again shortly after, for a stop the kernel sent as the agent died). The job then
+  runs on unwatched; the guard reaps it and exits.
+
+Signals for the job are sent by the agent to the job's pid directly (``Job.signal``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+_PR_SET_CHILD_SUBREAPER = 36
+#: After the agent is gone: when to look for stopped processes again (a SIGSTOP the BPF
+#: program sent while the agent was exiting lands after the first sweep).
+_RESUME_SWEEPS_S = (0.0, 0.1, 0.5, 2.0)
+
+
+class Job:
+    """The agent's handle on a command run under the guard."""
+
+    def __init__(self, command: list[str], on_exit=lambda: None) -> None:
+        """Start the guard and, under it, ``command`` held at its gate; ``on_exit`` is
+        called (on a thread) when the command has exited."""
+        self._on_exit = on_exit
+        life_r, self._life_w = os.pipe()
+        report_r, report_w = os.pipe()
+        gate_r, self._gate_w = os.pipe()
+        self._guard = subprocess.Popen(
+            [sys.executable, "-m", "otelbpf.jobguard", str(life_r), str(report_w), str(gate_r), "--", *command],
+            pass_fds=(life_r, report_w, gate_r),
+        )
+        for fd in (life_r, report_w, gate_r):
+            os.close(fd)
+        self._report = os.fdopen(report_r, "r")
+        line = self._report.readline().split()
+        if line[:1] != ["pid"]:
+            self._guard.wait()
+            raise OSError(f"the job guard did not start the command (exit {self._guard.returncode})")
+        self.pid = int(line[1])
+        self.returncode: int | None = None
+        self.exited = threading.Event()
+        threading.Thread(target=self._wait_exit, name="otelbpf-job", daemon=True).start()
+
+    def _wait_exit(self) -> None:
+        for line in self._report:
+            kind, _, value = line.partition(" ")
+            if kind == "exit":
+                self.returncode = int(value)
+                break
+        else:
+            self.returncode = 255  # the guard died without a word
+        self.exited.set()
+        self._on_exit()
+
+    def release(self) -> None:
+        """Let the command run (the agent watches its pid and has attached)."""
+        os.write(self._gate_w, b"go")
+        os.close(self._gate_w)
+        self._gate_w = -1
+
+    def signal(self, sig: int) -> None:
+        if not self.exited.is_set():
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """The agent is done: the guard resumes anything still stopped and exits once the
+        job has (a job still running runs on, unwatched)."""
+        if self._gate_w >= 0:  # never released: the command does not run
+            os.close(self._gate_w)
+            self._gate_w = -1
+        os.close(self._life_w)
+        try:
+            self._guard.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def exit_code(status: int) -> int:
+    """A wait status as a shell reports it: the exit code, or 128 + the signal."""
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def _stopped_descendants(root: int) -> list[int]:
+    """Processes in ``root``'s tree in state T (stopped by a signal, not by a tracer)."""
+    children: dict[int, list[int]] = {}
+    state: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        state[pid] = fields[0].decode()
+        children.setdefault(int(fields[1]), []).append(pid)
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if state.get(pid) == "T":
+            out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _resume_all() -> None:
+    for pid in _stopped_descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def _run_job(gate_fd: int, command: list[str]) -> None:
+    """In the forked child: wait for the agent's go, then become the command."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        go = os.read(gate_fd, 2)
+    except OSError:
+        go = b""
+    if go != b"go":
+        os._exit(125)  # the agent failed to start: the command does not run unwatched
+    os.close(gate_fd)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"otelbpf: cannot run {command[0]}: {exc}", file=sys.stderr)
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
+def main(argv: list[str]) -> int:
+    life_fd, report_fd, gate_fd = (int(a) for a in argv[:3])
+    command = argv[4:]
+    os.setsid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # The agent forwards what the job should get; the guard itself lives until its job ends.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    pid = os.fork()
+    if pid == 0:
+        os.close(life_fd)
+        os.close(report_fd)
+        _run_job(gate_fd, command)
+    os.close(gate_fd)
+    os.write(report_fd, f"pid {pid}\n".encode())
+    reaper = _Reaper(pid, report_fd)
+    poller = select.poll()
+    poller.register(life_fd, select.POLLIN | select.POLLHUP)
+    while not poller.poll(50):  # the agent lives
+        reaper.reap(block=False)
+    gone = time.monotonic()
+    for delay in _RESUME_SWEEPS_S:
+        time.sleep(max(0.0, gone + delay - time.monotonic()))
+        _resume_all()
+        if not reaper.reap(block=False):
+            break  # nothing left in the tree to stop or resume
+    while reaper.reap(block=True):
+        pass
+    return reaper.job_status if reaper.job_status is not None else 0
+
+
+class _Reaper:
+    """Reaps the job (reporting its status) and any orphan of its tree (child subreaper)."""
+
+    def __init__(self, job: int, report_fd: int) -> None:
+        self.job, self.report_fd = job, report_fd
+        self.job_status: int | None = None
+
+    def reap(self, *, block: bool) -> bool:
+        """Reap what has exited (waiting for one if ``block``); False once no child is left."""
+        while True:
+            try:
+                reaped, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                return False
+            if reaped == 0:
+                return True
+            if reaped == self.job:
+                self.job_status = exit_code(status)
+                try:
+                    os.write(self.report_fd, f"exit {self.job_status}\n".encode())
+                except OSError:
+                    pass  # the agent is gone
+            if block:
+                return True
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
