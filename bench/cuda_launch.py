@@ -177,13 +177,19 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 def real_cudart() -> Path:
+    """NVIDIA's CUDA 13 runtime (the toolkit's libcudart.so.13, byte-identical to the PyPI
+    wheel `nvidia-cuda-runtime` 13.0), what current PyTorch ships; else the cu12 wheel's."""
+    for candidate in (Path("/usr/local/cuda-13.0/lib64/libcudart.so.13"), Path("/usr/local/cuda/lib64/libcudart.so.13")):
+        if candidate.exists():
+            return candidate.resolve()
     spec = importlib.util.find_spec("nvidia.cuda_runtime")
     for location in (spec.submodule_search_locations if spec else None) or []:
-        candidate = Path(location) / "lib" / "libcudart.so.12"
-        if candidate.exists():
-            return candidate
+        for name in ("libcudart.so.13", "libcudart.so.12"):
+            candidate = Path(location) / "lib" / name
+            if candidate.exists():
+                return candidate
     raise BenchError(
-        "the nvidia-cuda-runtime-cu12 wheel is not installed in this Python: pip install nvidia-cuda-runtime-cu12"
+        "no NVIDIA libcudart found: install the CUDA 13 toolkit or pip install nvidia-cuda-runtime-cu12"
     )
 
 
