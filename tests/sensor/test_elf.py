@@ -218,3 +218,112 @@ def test_elf_without_dynamic_symbols_is_an_elf_error(tmp_path: Path) -> None:
 def test_missing_file_raises_os_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         elf.resolve(str(tmp_path / "absent.so"), ["f"])
+
+
+# -- .symtab: a CUDA runtime linked statically into an nvcc program ---------------------
+
+STATIC_NAMES = ["cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc", "cudaFree", "cudaMemcpy",
+                "cudaDeviceSynchronize", "__cudaRegisterFunction", "__cudaGetKernel", "__cudaLaunchKernel"]
+
+
+@pytest.fixture(scope="module")
+def nvcc_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from harness.nvcc import static_runtime_programs
+
+    return static_runtime_programs(tmp_path_factory.mktemp("nvcc"))
+
+
+def nm_functions(path: Path) -> dict[str, tuple[set[int], str]]:
+    """name -> (addresses, nm type letters) of code symbols, per binutils' nm."""
+    out = subprocess.run(["nm", "--defined-only", str(path)], check=True, capture_output=True, text=True)
+    rows: dict[str, tuple[set[int], str]] = {}
+    for line in out.stdout.splitlines():
+        addr, letter, name = line.split(maxsplit=2)
+        if letter in "tT":
+            addrs, letters = rows.setdefault(name, (set(), ""))
+            addrs.add(int(addr, 16))
+            rows[name] = (addrs, letters + letter)
+    return rows
+
+
+def test_static_runtime_is_invisible_to_dynsym(nvcc_programs: dict[str, Path]) -> None:
+    program = nvcc_programs["static"]
+    assert not [r for r in dynsym(program) if r[2].startswith(("cuda", "__cuda"))]
+    assert elf.resolve(str(program), STATIC_NAMES) == {}
+
+
+def test_symtab_sites_of_a_static_runtime_match_nm_and_objdump(nvcc_programs: dict[str, Path]) -> None:
+    program = nvcc_programs["static"]
+    table = nm_functions(program)
+    sites = elf.resolve(str(program), STATIC_NAMES, symtab=True)
+    assert sites.keys() == set(STATIC_NAMES)
+    for name in STATIC_NAMES:
+        addrs, _letters = table[name]
+        assert {s.vaddr for s in sites[name]} == addrs, name
+        for site in sites[name]:
+            assert site.names == (name,) and site.version is None
+            head = file_bytes(program, site.file_offset)
+            assert head == instruction_bytes(program, site.vaddr)
+            assert site.probe_vaddr == (site.vaddr + 4 if head == elf.ENDBR64 else site.vaddr)
+    # The runtime's entry points are local symbols: what .dynsym-only resolution never saw.
+    assert {"cudaLaunchKernel", "cudaMalloc", "__cudaRegisterFunction"} <= {
+        n for n in STATIC_NAMES if table[n][1] == "t"}
+
+
+def test_symtab_names_stored_inside_longer_names_are_found(nvcc_programs: dict[str, Path]) -> None:
+    """ld stores "cudaLaunchKernel" as the tail of "__cudaLaunchKernel" in .strtab: a search
+    for the name between two NULs would miss it."""
+    program = nvcc_programs["static"]
+    strtab = subprocess.run(["readelf", "-W", "-p", ".strtab", str(program)], check=True, capture_output=True,
+                            text=True).stdout
+    strings = {line.split("]", 1)[1].strip() for line in strtab.splitlines() if "]" in line}
+    assert "__cudaLaunchKernel" in strings and "cudaLaunchKernel" not in strings
+    [site] = elf.resolve(str(program), ["cudaLaunchKernel"], symtab=True)["cudaLaunchKernel"]
+    assert {site.vaddr} == nm_functions(program)["cudaLaunchKernel"][0]
+
+
+def test_symtab_and_dynsym_aliases_are_one_site(tiny: Path) -> None:
+    """.symtab repeats the exported functions: each address is still one site, with every name."""
+    sites = elf.resolve(str(tiny), ["g", "f", "h", "hidden"], symtab=True)
+    addrs = {name: addr for addr, kind, name, _v, _d in dynsym(tiny) if kind == "FUNC"}
+    [alias] = sites["g"]
+    assert alias.names == ("g", "f") and alias.vaddr == addrs["f"]
+    [hidden] = sites["hidden"]  # a static function: only .symtab has it
+    assert hidden.vaddr == nm_functions(tiny)["hidden"][0].pop()
+
+
+def test_content_tells_a_static_runtime_from_a_shared_one_and_a_stripped_copy(nvcc_programs: dict[str, Path]) -> None:
+    static = elf.content(str(nvcc_programs["static"]), "cudaLaunchKernel")
+    assert static.has_symtab and static.defines
+    shared = elf.content(str(nvcc_programs["shared"]), "cudaLaunchKernel")
+    assert shared.has_symtab and not shared.defines  # cudaLaunchKernel is an undefined import there
+    gone = elf.content(str(nvcc_programs["stripped"]), "cudaLaunchKernel")
+    assert not gone.has_symtab and not gone.defines
+    assert gone.named_in_rodata and "libc.so.6" in gone.needed
+    assert not any(n.startswith("libcudart") for n in gone.needed)
+    assert elf.content(str(LIBC), "cudaLaunchKernel") == elf.Content(False, False, False, ())
+
+
+def test_stripped_static_runtime_has_no_symbols_and_says_so(nvcc_programs: dict[str, Path]) -> None:
+    program = nvcc_programs["stripped"]
+    with pytest.raises(elf.NoSymbols, match=re.escape(f"{program}: no .symtab (stripped)")):
+        elf.resolve(str(program), STATIC_NAMES, symtab=True)
+
+
+def test_truncated_static_program_is_an_elf_error(nvcc_programs: dict[str, Path], tmp_path: Path) -> None:
+    data = nvcc_programs["static"].read_bytes()
+    path = tmp_path / "truncated"
+    path.write_bytes(data[: len(data) - 4096])  # section headers (at the end) cut off
+    with pytest.raises(elf.ElfError, match=re.escape(str(path))):
+        elf.resolve(str(path), STATIC_NAMES, symtab=True)
+    with pytest.raises(elf.ElfError, match=re.escape(str(path))):
+        elf.content(str(path), "cudaLaunchKernel")
+
+
+def test_lru_cache_forgets_the_least_recently_used() -> None:
+    cache: elf.LruCache[str, int] = elf.LruCache(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # now "b" is the oldest
+    cache.put("c", 3)
+    assert (cache.get("a"), cache.get("b"), cache.get("c"), len(cache)) == (1, None, 3, 2)
