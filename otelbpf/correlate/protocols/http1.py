@@ -535,7 +535,7 @@ class Http1Connection:
         if self._pending:
             request = self._pop_pending()
             if request is not None:
-                self._out.append(Exchange(request, response, response.problem, response.last))
+                self._out.append(Exchange(request, response, response.problem or request.problem, response.last))
         else:
             self._out.append(Exchange(None, response, "response_without_request", response.last))
 
