@@ -3,9 +3,11 @@ process sees them (its cwd, its mount namespace)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,3 +163,104 @@ def test_all_pids_lists_live_processes() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- executables recognised by content: the CUDA runtime linked statically -------------
+
+
+@pytest.fixture(scope="module")
+def nvcc_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from harness.nvcc import static_runtime_programs
+
+    return static_runtime_programs(tmp_path_factory.mktemp("nvcc"))
+
+
+def waiting(program: Path, gate: Path) -> subprocess.Popen:
+    """``program`` started and waiting for ``gate`` before its main CUDA calls."""
+    proc = subprocess.Popen([str(program), "1", str(gate)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_a_static_runtime_executable_is_found_in_its_process(nvcc_programs: dict[str, Path], tmp_path: Path) -> None:
+    program = nvcc_programs["static"]
+    proc = waiting(program, tmp_path / "go")
+    try:
+        exe = libraries.executable(proc.pid, FAMILIES)
+        assert exe is not None
+        assert (exe.path, exe.shown_path, exe.family, exe.kind, exe.key) == (
+            f"/proc/{proc.pid}/exe", str(program), "cuda", "cudart_static", inode(program))
+        assert exe in list(libraries.from_process(proc.pid, FAMILIES))
+    finally:
+        (tmp_path / "go").touch()
+        proc.wait(10)
+
+
+def test_a_shared_runtime_executable_is_not_one_its_library_is(nvcc_programs: dict[str, Path], tmp_path: Path) -> None:
+    proc = waiting(nvcc_programs["shared"], tmp_path / "go")
+    try:
+        assert libraries.executable(proc.pid, FAMILIES) is None
+        assert [lib.kind for lib in libraries.from_process(proc.pid, FAMILIES)] == ["cudart"]
+    finally:
+        (tmp_path / "go").touch()
+        proc.wait(10)
+
+
+def test_a_stripped_static_runtime_is_recognised_so_it_can_be_reported(nvcc_programs: dict[str, Path]) -> None:
+    program = nvcc_programs["stripped"]
+    lib = libraries.executable(-1, FAMILIES, str(program))  # no such pid: by the path it was started by
+    assert lib is not None and (lib.path, lib.kind) == (str(program), "cudart_static")
+
+
+def test_a_gone_process_falls_back_to_the_path_it_was_started_by(nvcc_programs: dict[str, Path]) -> None:
+    program = nvcc_programs["static"]
+    proc = subprocess.run([str(program), "0"], capture_output=True, text=True, check=True)
+    pid = json.loads(proc.stdout)["pid"]
+    lib = libraries.executable(pid, FAMILIES, str(program))
+    assert lib is not None and (lib.path, lib.shown_path, lib.key) == (str(program), str(program), inode(program))
+    assert libraries.executable(pid, FAMILIES, "static_runtime") is None  # relative: no cwd left to resolve it
+    assert libraries.executable(pid, FAMILIES) is None
+
+
+def test_other_executables_and_scripts_are_not_of_any_kind(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nexec sleep 30\n")
+    script.chmod(0o755)
+    for path in ("/bin/sleep", sys.executable, str(script)):
+        assert libraries.executable(-1, FAMILIES, path) is None
+    # A family without content kinds never reads executables.
+    assert libraries.executable(os.getpid(), [cuda_family(["cuda"])]) is None
+
+
+def test_each_executable_is_read_once(nvcc_programs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                      tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copy(nvcc_programs["static"], copy)  # an inode no other test has classified
+    reads = []
+    real = libraries.elf.content
+    monkeypatch.setattr(libraries.elf, "content", lambda path, symbol: reads.append(path) or real(path, symbol))
+    for _ in range(3):
+        assert libraries.executable(-1, FAMILIES, str(copy)).kind == "cudart_static"
+    assert reads == [str(copy)]
+
+
+def test_in_process_falls_back_to_the_host_path_only_for_a_gone_process(tmp_path: Path) -> None:
+    shutil.copy(FAKE_CUDART, tmp_path / "libcudart.so.12")
+    shown = str(tmp_path / "libcudart.so.12")
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    lib = libraries.in_process(proc.pid, shown, FAMILIES)
+    assert lib is not None and (lib.path, lib.shown_path) == (shown, shown)
+    # Alive in a mount namespace where that path is something else (here: nothing): the
+    # host's file is not the one it opened.
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is not installed")
+    script = f"mount -t tmpfs none {tmp_path} && echo ready && exec sleep 30"
+    hidden = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert hidden.stdout.readline().strip() == "ready"
+        assert libraries.in_process(hidden.pid, shown, FAMILIES) is None
+    finally:
+        hidden.kill()
+        hidden.wait()
