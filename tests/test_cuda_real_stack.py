@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -149,3 +150,44 @@ def test_attached_late_launches_are_counted_and_named_from_the_binary(otlp_colle
         assert {names[n] for n in (SCALE, FUNCTOR)} == {("symbol", rounds)}, names
         assert names[PLAIN] == ("symbol", 2 * rounds), names
         assert len(names) == 4 and all(src == "symbol" for src, _ in names.values()), names
+
+
+def _wheel_cudart13() -> Path:
+    import nvidia  # the PyPI wheel `nvidia-cuda-runtime` 13.x: nvidia/cu13/lib, PyTorch's layout
+
+    for root in nvidia.__path__:
+        candidate = Path(root) / "cu13" / "lib" / "libcudart.so.13"
+        if candidate.exists():
+            return candidate
+    pytest.fail("the nvidia-cuda-runtime 13 wheel is not installed (scripts/setup.sh installs the test extras)")
+
+
+def test_the_cu13_wheel_in_pytorchs_layout_and_short_lived_processes(otlp_collector, programs, tmp_path):
+    """Host mode, the CUDA 13 runtime from the PyPI wheel where PyTorch cu130 loads it from
+    (``nvidia/cu13/lib``): an nvcc program and three ``python -c`` processes that load it,
+    allocate once and exit, each started after the agent, are every one counted."""
+    wheel = _wheel_cudart13()
+    cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path,
+                 cuda={"launch_sample_every": 1, "search_paths": [str(wheel.parent / "libcudart.so*")]})
+    short = ("import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1]); p = ctypes.c_void_p(); "
+             "print(os.getpid(), lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1024)))")
+    with AgentProcess(["-c", str(cfg)]) as agent:
+        agent.wait_ready()
+        run = subprocess.run([str(programs["shared"]), "3"], capture_output=True, text=True, check=True,
+                             env={**os.environ, "LD_LIBRARY_PATH": str(wheel.parent)})
+        w = _summary(run.stdout)
+        pids = []
+        for _ in range(3):
+            out = subprocess.run([sys.executable, "-c", short, str(wheel)], capture_output=True, text=True,
+                                 check=True).stdout.split()
+            pids.append(int(out[0]))
+            assert int(out[1]) != 0  # no driver
+        c = otlp_collector
+        c.wait_for(lambda: _launches(c, w["pid"]) == {"cudaLaunchKernel": 12, "cudaLaunchKernelExC": 3},
+                   what="the nvcc program's launches")
+        for pid in pids:
+            c.wait_for(lambda: {p.attributes["cuda.api.function"]: p.value
+                                for p in c.latest_points("cuda.api.calls", **{"process.pid": pid})} == {"cudaMalloc": 1},
+                       what=f"the one cudaMalloc of short-lived process {pid}")
+        agent.stop()
+    assert f"probes to {wheel}" in agent.output
