@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import re
 
+log = logging.getLogger(__name__)
+
 #: What a redacted value is replaced with (OpenTelemetry's convention for url.full).
 REDACTED = "REDACTED"
 #: An absolute-form target: scheme, then the authority, then the rest.
@@ -67,3 +69,5 @@ def quiet_payload_loggers() -> None:
     and Cookie hpack decodes)."""
     for name, level in _PAYLOAD_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    log.debug("loggers that would log payloads held quiet: %s", ", ".join(
+        f"{name} at {logging.getLevelName(level)}" for name, level in _PAYLOAD_LOGGERS.items()))
