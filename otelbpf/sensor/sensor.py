@@ -96,6 +96,7 @@ class _Retry:
     lib: LibraryFile
     attempts: int
     due: float
+    last: float  # when the last attempt failed
 
 
 class Sensor:
@@ -111,6 +112,7 @@ class Sensor:
         self._probes: set[tuple[int, int, int, str]] = set()  # (dev, inode, vaddr, program) attached
         self._retry: dict[tuple[int, int], _Retry] = {}
         self._unprobeable: set[tuple[int, int]] = set()  # stripped: nothing to retry
+        self._own_pid = os.getpid()
         self._work: queue.Queue[int | None] = queue.Queue()  # pids to rescan
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -290,6 +292,8 @@ class Sensor:
         opens = arr["kind"] == StrKind.LIB_OPEN
         for rec, is_exec in zip(arr[opens], execs[opens]):
             pid = int(rec["pid"])
+            if pid == self._own_pid:
+                continue  # the agent reading a library: no news, and each failed read would report another
             try:
                 path = rec["s"].split(b"\0", 1)[0].decode(errors="replace")
                 if is_exec:
@@ -381,6 +385,10 @@ class Sensor:
         on failure, schedule a retry."""
         if lib.key in self._attached or lib.key in self._unprobeable or self._stop.is_set():
             return
+        pending = self._retry.get(lib.key)
+        if pending is not None and time.monotonic() - pending.last < RETRY_FIRST_S:
+            pending.lib = lib  # just failed: no new attempt per sighting, but retry by the fresher path
+            return
         if self._try_attach(lib):
             self._retry.pop(lib.key, None)
         else:
@@ -396,7 +404,8 @@ class Sensor:
                                    "given up until a process shows it again")
             return
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
-        self._retry[lib.key] = _Retry(lib, attempts, time.monotonic() + delay)
+        now = time.monotonic()
+        self._retry[lib.key] = _Retry(lib, attempts, now + delay, now)
         log.info("retrying %s in %.1fs (attempt %d failed)", lib.shown_path, delay, attempts)
 
     def _retry_due(self) -> None:
