@@ -439,6 +439,7 @@ class Sensor:
             self._count("symbols", f"{lib.shown_path}: {exc}")
             return False
         added = failed = total = 0
+        first_error = ""
         with self._lock:
             if self._bpf is None:
                 return True
@@ -455,14 +456,14 @@ class Sensor:
                             attach(name=lib.path, addr=site.probe_vaddr, fn_name=fn)
                         except Exception as exc:
                             failed += 1
-                            self._count("attach", f"{lib.shown_path}: {spec.symbol}@{site.probe_vaddr:#x}: {exc}")
+                            first_error = first_error or f"{spec.symbol}@{site.probe_vaddr:#x}: {exc}"
                             continue
                         self._probes.add(probe)
                         added += 1
         self.attach_stats.probes += added
         if failed:
-            log.warning("%s (%s): %d of %d probes in place, %d failed", lib.shown_path, lib.kind,
-                        total - failed, total, failed)
+            self._count("attach", f"{lib.shown_path} ({lib.kind}): {total - failed} of {total} probes in place, "
+                                  f"{failed} failed (first: {first_error})", failed)
             return False
         self._attached[lib.key] = lib
         self.attach_stats.libraries += 1
@@ -494,9 +495,9 @@ class Sensor:
                 self.attach_stats.probes += count
         return count
 
-    def _count(self, reason: str, message: str) -> None:
-        self.attach_stats.failures += 1
-        self.attach_stats.by_reason[reason] += 1
+    def _count(self, reason: str, message: str, n: int = 1) -> None:
+        self.attach_stats.failures += n
+        self.attach_stats.by_reason[reason] += n
         self.attach_stats.last_error = message
         log.warning("attach failed (%s): %s", reason, message)
 
