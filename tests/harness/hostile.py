@@ -21,6 +21,8 @@ from otelbpf.correlate.protocols.http2 import (CONTINUATION, DATA, FLAG_END_HEAD
 from otelbpf.events import SOCK_RECORD_DTYPE, Kind, SockFunc
 
 PORT, PEER, PID = 8080, 40000, 4242
+#: Bytes per syscall record: the sensor captures at most 8 KiB of one (payload_size's maximum).
+MAX_READ = 8192
 LOCALHOST = socket.inet_aton("127.0.0.1") + bytes(12)
 
 
@@ -68,13 +70,21 @@ class Wire:
     spans: list = field(default_factory=list)
     counts: dict = field(default_factory=dict)  # (metric, sorted attributes) -> n
     correlator_options: dict = field(default_factory=dict)
+    #: False: spans are counted and let go, as the exporter does (memory measurements).
+    keep_spans: bool = True
+    spans_made: int = 0
     _rows: list = field(default_factory=list)
     _t: int = 1_000_000_000
 
     def __post_init__(self) -> None:
-        self.correlator = HttpCorrelator(ProcessInfo(), MonotonicClock(), self.spans.extend, self._count, Causality(),
+        self.correlator = HttpCorrelator(ProcessInfo(), MonotonicClock(), self._emit, self._count, Causality(),
                                          lambda m, items: None, ports=[PORT], max_spans_per_second=10**9,
                                          **self.correlator_options)
+
+    def _emit(self, spans: list) -> None:
+        self.spans_made += len(spans)
+        if self.keep_spans:
+            self.spans.extend(spans)
 
     def _count(self, metric: str, n: int, **attrs) -> None:
         key = (metric, tuple(sorted(attrs.items())))
@@ -94,11 +104,15 @@ class Wire:
         self._add(Kind.SOCK_ACCEPT, SockFunc.accept4, fd, ret=3, pid=pid)
 
     def client_sent(self, fd: int, data: bytes, pid: int = PID) -> None:
-        """The server read ``data`` (every byte captured)."""
-        self._add(Kind.SOCK_DATA, SockFunc.read, fd, ret=len(data), data=data, pid=pid)
+        """The server read ``data``: in reads of at most MAX_READ bytes, every byte captured."""
+        for i in range(0, len(data), MAX_READ):
+            self._add(Kind.SOCK_DATA, SockFunc.read, fd, ret=len(data[i : i + MAX_READ]), data=data[i : i + MAX_READ],
+                      pid=pid)
 
     def server_sent(self, fd: int, data: bytes, pid: int = PID) -> None:
-        self._add(Kind.SOCK_DATA, SockFunc.write, fd, ret=len(data), data=data, pid=pid)
+        for i in range(0, len(data), MAX_READ):
+            self._add(Kind.SOCK_DATA, SockFunc.write, fd, ret=len(data[i : i + MAX_READ]), data=data[i : i + MAX_READ],
+                      pid=pid)
 
     def close(self, fd: int, pid: int = PID) -> None:
         self._add(Kind.SOCK_CLOSE, SockFunc.close, fd, pid=pid)
