@@ -257,15 +257,28 @@ class Agent:
         )
 
     def stop(self) -> None:
+        phases: list[tuple[str, float]] = []
+        t0 = time.monotonic()
+
+        def done(phase: str) -> None:
+            phases.append((phase, time.monotonic() - t0 - sum(t for _, t in phases)))
+
         self.sensor.stop()           # detach, final drain
+        done("sensor")
         self._work.put(None)
         self._processor.join(timeout=30)
+        done("processing")
         if self.spans is not None:
             self.spans.close()       # flush; what cannot go is counted before...
+        done("spans")
         if self.metrics is not None:
             self.metrics.stop()      # ...the final metrics export carries all totals
+        done("metrics")
         for _name, exporter in self.profile_exporters:
             exporter.shutdown()      # after the sensor's stop made the last profiles
+        done("profiles")
+        log.info("otelbpf stopped in %.2fs (%s)", time.monotonic() - t0,
+                 ", ".join(f"{name} {took:.2f}s" for name, took in phases))
 
     def stats_line(self) -> str:
         kernel = self.sensor.kernel_stats()
