@@ -23,10 +23,15 @@
  * C, i.e. is the first of one _PyEval_EvalFrameDefault call (3.10: every
  * frame; 3.11: is_entry), SHIM for 3.12+'s marker frame that the C stack
  * owns below each such call (user space turns it into ENTRY on the frame
- * above). A code object's
- * name, file, first line and line table are copied once per process into
- * py_codes, so a process that exits before user space reads the maps is
- * still named.
+ * above). A code object's name and file are copied once per process into
+ * py_codes, its line table (up to PY_TABLE_MAX bytes) in chunks into
+ * py_tables, so a process that exits before user space reads the maps, and
+ * code freed since (a module's top level, once imported), are still named.
+ *
+ * Code objects are freed and their addresses reused (a module's code after
+ * its import, code made by compile()): every frame carries a tag hashed from
+ * its code object's name, file and line table pointers and first line, read
+ * at the walk, and a code object is known by (process, tag, address).
  *
  * The Python walk and the code capture run as tail calls (one program per
  * interpreter layout, the layout a compile-time constant in each): one
@@ -39,8 +44,12 @@
 #define PY_MAX_THREADS 128                  /* thread states searched for a thread */
 #define PY_NAME_LEN 128
 #define PY_FILE_LEN 256
-#define PY_TABLE_LEN 1024
-#define PY_CAPTURES_PER_SAMPLE 8
+#define PY_CHUNK_LEN 256                    /* line table bytes per py_tables entry */
+#define PY_TABLE_CHUNKS 64                  /* line table bytes copied: 16 KiB at most */
+#define PY_TABLE_ENTRIES 8192               /* chunks not yet taken by user space */
+#define PY_CAPTURES_PER_SAMPLE 8            /* a later sample captures the rest */
+#define PY_CAPTURES_PER_ALLOC 12            /* an allocation may be the only sight of its code
+                                               (2 tail calls per code, 33 at most in all) */
 #define PY_NO_FIELD 0xffff
 
 #define PYF_ENTRY 1        /* frame: first Python frame of a C-level eval call */
@@ -55,16 +64,18 @@
 #define LAYOUT_311 2       /* _PyInterpreterFrame, is_entry flag */
 #define LAYOUT_312 3       /* _PyInterpreterFrame, entry frames owned by the C stack */
 #define LAYOUT_313 4       /* as 3.12, and f_executable may be other than code */
+#define PROG_TABLE 6       /* index of the line-table program in the prog arrays */
 #define PROG_CAPTURE 7     /* index of the code-capture program in the prog arrays */
 
 /* profile_stats[] slots: drops counted here, exported by the profiler. */
 #define PSTAT_SAMPLES_FULL 0     /* cpu_samples full */
 #define PSTAT_STACKS_FULL 1      /* stacks / py_stacks full */
-#define PSTAT_CODES_FULL 2       /* py_codes full */
+#define PSTAT_CODES_FULL 2       /* py_codes full (or no memory for it here and now) */
 #define PSTAT_PROCS_FULL 3       /* py_procs full */
 #define PSTAT_MEM_FULL 4         /* mem_alloc / mem_inuse full */
 #define PSTAT_LIVE_FULL 5        /* mem_live full: an allocation is not in inuse */
 #define PSTAT_EVENT_LOST 6       /* ring full: a new process was not announced */
+#define PSTAT_TABLES_FULL 7      /* py_tables full: a line table is cut */
 #define PSTAT_MAX 8
 
 struct native_stack {
@@ -77,6 +88,8 @@ struct py_frame {
     u64 code;
     s32 offset;     /* bytes from the first instruction; negative: not started */
     u32 flags;      /* PYF_* */
+    u32 tag;        /* which code object lives at `code` (see code_tag) */
+    u32 pad;
 };
 
 struct py_stack {
@@ -105,6 +118,9 @@ struct py_offsets {
     u16 code_linetable;
     u16 code_adaptive;        /* co_code_adaptive (3.11+) */
     u16 code_size;            /* bytes read per code object */
+    u16 code_tag_start;       /* the walker reads [start, start + size) of each code object: */
+    u16 code_tag_size;        /* first line, file, name, line table, version, type */
+    u16 code_version;         /* co_version (3.12+), PY_NO_FIELD before */
     u16 unicode_state;
     u16 unicode_length;
     u16 unicode_ascii_data;   /* sizeof(PyASCIIObject) */
@@ -126,8 +142,19 @@ struct py_proc {
 
 struct py_code_key {
     u32 pid;
-    u32 pad;
+    u32 tag;
     u64 code;
+};
+
+/* Part `index` of a code object's line table. */
+struct py_chunk_key {
+    struct py_code_key code;
+    u32 index;
+    u32 pad;
+};
+
+struct py_chunk {
+    u8 b[PY_CHUNK_LEN];
 };
 
 struct py_code {
@@ -138,12 +165,12 @@ struct py_code {
     u8 file_kind;
     u8 file_cut;              /* the file name was longer: these are its last bytes */
     u8 pad;
-    u32 table_len;            /* bytes of the line table copied */
+    u32 table_len;            /* bytes of the line table copied (into py_tables) */
     u32 table_size;           /* its full size */
     u64 table_addr;           /* where the rest is, while the process lives */
+    u64 captured_ns;          /* of two code objects at one address, the later is live */
     char name[PY_NAME_LEN];
     char file[PY_FILE_LEN];
-    u8 table[PY_TABLE_LEN];
 };
 
 struct sample_key {
@@ -206,7 +233,14 @@ BPF_F_TABLE("hash", u64, struct native_stack, stacks, STACK_ENTRIES, BPF_F_NO_PR
 BPF_F_TABLE("hash", u64, struct py_stack, py_stacks, STACK_ENTRIES, BPF_F_NO_PREALLOC);
 BPF_HASH(py_procs, u32, struct py_proc, 16384);
 BPF_TABLE("lru_hash", u32, struct py_thread, py_threads, 16384);
+/* Without preallocation, an update takes its element from a small per-CPU
+ * cache (refilled after the program, not during it): fewer in it the larger
+ * the element. So py_code holds no line table (one element of ~500 bytes,
+ * 16 cached at least; with the table in it, 1.5 KiB, the fifth capture in a
+ * row could fail), and tables go to a preallocated map of small chunks that
+ * user space empties at every read. */
 BPF_F_TABLE("hash", struct py_code_key, struct py_code, py_codes, CODE_ENTRIES, BPF_F_NO_PREALLOC);
+BPF_HASH(py_tables, struct py_chunk_key, struct py_chunk, PY_TABLE_ENTRIES);
 BPF_HASH(mem_alloc, struct mem_key, struct mem_val, MEM_ENTRIES);
 BPF_HASH(mem_inuse, struct mem_key, struct mem_val, MEM_ENTRIES);
 BPF_F_TABLE("hash", struct live_key, struct live_val, mem_live, LIVE_ENTRIES, BPF_F_NO_PREALLOC);
@@ -215,10 +249,12 @@ BPF_PERCPU_ARRAY(profile_stats, u64, PSTAT_MAX);
 BPF_PERCPU_ARRAY(scratch_native, struct native_stack, 1);
 BPF_PERCPU_ARRAY(scratch_py, struct py_stack, 1);
 BPF_PERCPU_ARRAY(scratch_code, struct py_code, 1);
+BPF_PERCPU_ARRAY(scratch_code_key, struct py_code_key, 1);  /* the code scratch_code describes */
+BPF_PERCPU_ARRAY(scratch_chunk, struct py_chunk, 1);
 BPF_PERCPU_ARRAY(scratch_buf, struct frame_buf, 1);
 BPF_PERCPU_ARRAY(pending_samples, struct pending_sample, 1);
 BPF_PERCPU_ARRAY(pending_allocs, struct pending_alloc, 1);
-/* Tail-call targets, by layout (and PROG_CAPTURE); filled by user space. */
+/* Tail-call targets, by layout (and PROG_TABLE, PROG_CAPTURE); filled by user space. */
 BPF_PROG_ARRAY(cpu_progs, 8);
 BPF_PROG_ARRAY(mem_progs, 8);
 
@@ -312,17 +348,54 @@ static __always_inline u32 read_pystr(struct py_proc *p, u64 obj, char *dst, u32
     return n;
 }
 
-/* Name, file, first line and line table of a code object, once per process. */
-static __always_inline void capture_code(struct py_proc *p, struct py_code_key *k)
+/* The line table into py_tables, before the code's py_codes entry (which
+ * tells user space to look there); returns the bytes copied. A module's top
+ * level, long as it often is, runs once and is freed: its table cannot be
+ * read from the process later. */
+static __always_inline u32 copy_table(struct py_code_key *k, u64 addr, u64 size)
+{
+    u32 zero = 0;
+    struct py_chunk *chunk = scratch_chunk.lookup(&zero);
+    if (!chunk)
+        return 0;
+    struct py_chunk_key ck = {.code = *k};
+    u32 i = 0;
+    /* Offsets from i alone: a running total makes each iteration's states
+     * differ, and the verifier walks 2^PY_TABLE_CHUNKS of them. */
+    for (; i < PY_TABLE_CHUNKS; i++) {
+        u64 off = (u64)i * PY_CHUNK_LEN;
+        if (off >= size)
+            break;
+        u32 n = size - off > PY_CHUNK_LEN ? PY_CHUNK_LEN : size - off;
+        if (bpf_probe_read_user(chunk->b, n, (void *)(addr + off)) != 0)
+            break;
+        ck.index = i;
+        if (py_tables.update(&ck, chunk) != 0) {
+            profile_stat(PSTAT_TABLES_FULL);
+            break;
+        }
+    }
+    u64 copied = (u64)i * PY_CHUNK_LEN;
+    return copied > size ? size : copied;
+}
+
+/* Name, file and first line of a code object, into scratch_code (its line
+ * table is copied by the PROG_TABLE program, which stores the code: the two
+ * loops in one program are more than the verifier takes); returns whether
+ * the code object could be read. */
+static __always_inline int capture_code(struct py_proc *p, struct py_code_key *k)
 {
     u32 zero = 0;
     struct py_code *c = scratch_code.lookup(&zero);
+    struct py_code_key *ck = scratch_code_key.lookup(&zero);
     struct frame_buf *fb = scratch_buf.lookup(&zero);
-    if (!c || !fb)
-        return;
+    if (!c || !ck || !fb)
+        return 0;
     if (bpf_probe_read_user(fb->b, p->o.code_size & 0xff, (void *)k->code) != 0)
-        return;
+        return 0;
+    *ck = *k;
     c->firstlineno = load32(fb, p->o.code_firstlineno);
+    c->captured_ns = bpf_ktime_get_ns();
     c->name_kind = c->file_kind = c->file_cut = 0;
     u8 ignored = 0;
     c->name_len = read_pystr(p, load64(fb, p->o.code_name), c->name, PY_NAME_LEN, &c->name_kind, &ignored, 0);
@@ -332,11 +405,44 @@ static __always_inline void capture_code(struct py_proc *p, struct py_code_key *
     bpf_probe_read_user(&size, sizeof(size), (void *)(table + p->o.bytes_size));
     c->table_size = size;
     c->table_addr = table + p->o.bytes_data;
-    u32 n = size > PY_TABLE_LEN ? PY_TABLE_LEN : size;
-    c->table_len = n;
-    bpf_probe_read_user(c->table, n, (void *)c->table_addr);
+    c->table_len = 0;
+    return 1;
+}
+
+/* The line table of the code in scratch_code, then the code itself. */
+static __always_inline void store_code(void)
+{
+    u32 zero = 0;
+    struct py_code *c = scratch_code.lookup(&zero);
+    struct py_code_key *k = scratch_code_key.lookup(&zero);
+    if (!c || !k)
+        return;
+    c->table_len = copy_table(k, c->table_addr, c->table_size);
     if (py_codes.update(k, c) != 0)
         profile_stat(PSTAT_CODES_FULL);
+}
+
+/* Which code object lives at an address, from fields fixed for its life
+ * (read into fb from code_tag_start): a code object freed and another made
+ * at its address gets another tag, so neither is named as the other. 3.12+
+ * number every code object made (co_version). Before, an allocator hands a
+ * freed code's name, file and table addresses to the next code of the same
+ * shape: the table's size and first bytes tell them apart. */
+static __always_inline u32 code_tag(struct py_proc *p, struct frame_buf *fb, const u8 layout)
+{
+    u16 start = p->o.code_tag_start;
+    u64 table = load64(fb, p->o.code_linetable - start);
+    u64 t = mix(load32(fb, p->o.code_firstlineno - start), load64(fb, p->o.code_filename - start));
+    t = mix(t, load64(fb, p->o.code_name - start));
+    t = mix(t, table);
+    if (layout == LAYOUT_310 || layout == LAYOUT_311) {
+        u64 head[4] = {};  /* ob_size, ob_shash (cached late: not used), 16 bytes of data */
+        bpf_probe_read_user(head, sizeof(head), (void *)(table + p->o.bytes_size));
+        t = mix(mix(mix(t, head[0]), head[2]), head[3]);
+    } else {
+        t = mix(t, load32(fb, p->o.code_version - start));
+    }
+    return (u32)(t ^ (t >> 32));
 }
 
 /* This thread's PyThreadState, or 0. Cached per thread and checked against
@@ -433,16 +539,21 @@ static __always_inline u64 python_stack(struct py_proc *p, u32 tid, const u8 lay
             else  /* the C stack's marker below each eval call: user space drops it */
                 f->flags = fb->b[p->o.frame_owner & 0xff] == p->o.owner_cstack ? PYF_SHIM : 0;
         }
-        if (layout == LAYOUT_313) {
-            u64 type = 0;
-            bpf_probe_read_user(&type, sizeof(type), (void *)(code + p->o.object_type));
-            if (type != p->code_type)  /* f_executable is not always code */
+        f->tag = 0;
+        if (code && bpf_probe_read_user(fb->b, p->o.code_tag_size & 0xff, (void *)(code + p->o.code_tag_start)) == 0) {
+            f->tag = code_tag(p, fb, layout);
+            /* 3.13: f_executable is not always code */
+            if (layout == LAYOUT_313 && load64(fb, p->o.object_type - p->o.code_tag_start) != p->code_type)
                 code = 0;
+        } else {
+            code = 0;
         }
         f->code = code;
+        f->pad = 0;
         st->len = n + 1;
         h = mix(h, code);
         h = mix(h, ((u64)f->flags << 32) | (u32)f->offset);
+        h = mix(h, f->tag);
         frame = previous;
     }
     if (frame)
@@ -459,9 +570,10 @@ static __always_inline u64 python_stack(struct py_proc *p, u32 tid, const u8 lay
     return h;
 }
 
-/* Copy one code object of the walked stack (scratch_py) that this process
- * has not had copied yet; returns whether there was one. The capture program
- * tail-calls itself for the next, PY_CAPTURES_PER_SAMPLE at most. */
+/* Read one code object of the walked stack (scratch_py) that this process
+ * has not had copied yet into scratch_code; returns whether there was one.
+ * The capture program tail-calls the table program, which stores it and
+ * tail-calls the capture for the next, PY_CAPTURES_PER_SAMPLE at most. */
 static __always_inline int capture_missing(u32 tgid)
 {
     u32 zero = 0;
@@ -475,13 +587,13 @@ static __always_inline int capture_missing(u32 tgid)
         if (i >= len)
             return 0;
         k.code = st->f[i & PY_FRAME_MASK].code;
+        k.tag = st->f[i & PY_FRAME_MASK].tag;
         if (k.code && !py_codes.lookup(&k))
             break;
     }
     if (!k.code)
         return 0;
-    capture_code(p, &k);
-    return 1;
+    return capture_code(p, &k);
 }
 
 /* First sight of a process: mark it pending and ask user space what it is. */
@@ -574,7 +686,20 @@ int py_sample_capture(struct bpf_perf_event_data *ctx)
     struct pending_sample *ps = pending_samples.lookup(&zero);
     if (!ps)
         return 0;
-    if (capture_missing(ps->k.pid) && ++ps->captures < PY_CAPTURES_PER_SAMPLE)
+    if (capture_missing(ps->k.pid))
+        cpu_progs.call(ctx, PROG_TABLE);
+    count_sample(&ps->k);
+    return 0;
+}
+
+int py_sample_table(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct pending_sample *ps = pending_samples.lookup(&zero);
+    if (!ps)
+        return 0;
+    store_code();
+    if (++ps->captures < PY_CAPTURES_PER_SAMPLE)
         cpu_progs.call(ctx, PROG_CAPTURE);
     count_sample(&ps->k);
     return 0;
@@ -689,7 +814,20 @@ int py_alloc_capture(struct pt_regs *ctx)
     struct pending_alloc *pa = pending_allocs.lookup(&zero);
     if (!pa)
         return 0;
-    if (capture_missing(pa->k.pid) && ++pa->captures < PY_CAPTURES_PER_SAMPLE)
+    if (capture_missing(pa->k.pid))
+        mem_progs.call(ctx, PROG_TABLE);
+    finish_alloc(pa);
+    return 0;
+}
+
+int py_alloc_table(struct pt_regs *ctx)
+{
+    u32 zero = 0;
+    struct pending_alloc *pa = pending_allocs.lookup(&zero);
+    if (!pa)
+        return 0;
+    store_code();
+    if (++pa->captures < PY_CAPTURES_PER_ALLOC)
         mem_progs.call(ctx, PROG_CAPTURE);
     finish_alloc(pa);
     return 0;

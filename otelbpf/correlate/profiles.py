@@ -50,9 +50,10 @@ SCOPE = scope("otelbpf.profiling")
 PY_PENDING, PY_NATIVE, PY_PYTHON = 0, 1, 2
 PYF_ENTRY, PYF_SHIM = 1, 2
 STACKF_TRUNCATED = 1
-PROG_CAPTURE = 7
+PROG_TABLE, PROG_CAPTURE = 6, 7
+PY_CHUNK_LEN = 256
 _PSTATS = ("samples_map_full", "stack_map_full", "code_map_full", "process_map_full", "memory_map_full",
-           "live_map_full", "ring_full")
+           "live_map_full", "ring_full", "table_map_full")
 
 RunLocked = Callable[[Callable[[Any], Any]], Any]
 Sink = Callable[[list[ProfileRecord]], None]
@@ -66,13 +67,19 @@ class CodeInfo:
     table: bytes
     table_size: int
     table_addr: int
+    captured_ns: int
+
+
+CodeKey = tuple[int, int]  # (address, tag): one code object (bpf/profile.c code_tag)
 
 
 @dataclass
 class _Proc:
     python: PythonProcess | None = None
     exited: bool = False
-    codes: set[int] = field(default_factory=set)  # code addresses whose info is cached
+    codes: set[CodeKey] = field(default_factory=set)  # code objects whose info is cached
+    latest: dict[int, CodeKey] = field(default_factory=dict)  # address -> the code object living there
+    superseded: set[CodeKey] = field(default_factory=set)  # freed, another at their address: dropped after the emit
 
 
 @dataclass
@@ -165,9 +172,12 @@ class Profiler:
         self._lock = threading.Lock()
         self._procs: dict[int, _Proc] = {}
         self._stacks: dict[int, tuple[tuple[int, ...], int]] = {}
-        self._py_stacks: dict[int, tuple[tuple[tuple[int, int, int], ...], int]] = {}
-        self._codes: dict[tuple[int, int], CodeInfo] = {}
-        self._lines: dict[tuple[int, int], pylines.LineIndex] = {}  # decoded line tables, as _codes
+        self._py_stacks: dict[int, tuple[tuple[tuple[int, int, int, int], ...], int]] = {}  # (code, offset, flags, tag)
+        self._codes: dict[tuple[int, int, int], CodeInfo] = {}  # (pid, code, tag)
+        self._lines: dict[tuple[int, int, int], pylines.LineIndex] = {}  # decoded line tables, as _codes
+        # line table chunks taken from the kernel, (pid, code, tag) -> (index -> bytes, round taken): kept
+        # until their code's entry is read (the kernel writes chunks first), two rounds at most
+        self._chunks: dict[tuple[int, int, int], tuple[dict[int, bytes], int]] = {}
         self._used: dict[int, int] = {}  # stack hash -> round last used (cache eviction)
         # (pid, user, kernel, Python stack hash) -> (frames, round last used): a stack seen
         # again is not symbolized again; dropped as the stacks above are, and with its process.
@@ -188,9 +198,10 @@ class Profiler:
     def on_load(self, bpf: Any) -> None:
         from bcc import BPF, PerfSWConfig, PerfType
 
-        bpf["cpu_progs"][ctypes.c_int(PROG_CAPTURE)] = ctypes.c_int(bpf.load_func("py_sample_capture", BPF.PERF_EVENT).fd)
-        if self.cuda_memory:
-            bpf["mem_progs"][ctypes.c_int(PROG_CAPTURE)] = ctypes.c_int(bpf.load_func("py_alloc_capture", BPF.KPROBE).fd)
+        for slot, name in ((PROG_CAPTURE, "capture"), (PROG_TABLE, "table")):
+            bpf["cpu_progs"][ctypes.c_int(slot)] = ctypes.c_int(bpf.load_func(f"py_sample_{name}", BPF.PERF_EVENT).fd)
+            if self.cuda_memory:
+                bpf["mem_progs"][ctypes.c_int(slot)] = ctypes.c_int(bpf.load_func(f"py_alloc_{name}", BPF.KPROBE).fd)
         try:
             bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
                                   fn_name="on_cpu_sample", sample_freq=self.sample_hz)
@@ -287,9 +298,9 @@ class Profiler:
             self._reimaged.add(pid)
             old = self._procs.pop(pid, None)
             if old is not None:
-                for code in old.codes:
-                    self._codes.pop((pid, code), None)
-                    self._lines.pop((pid, code), None)
+                for code, tag in old.codes:
+                    self._codes.pop((pid, code, tag), None)
+                    self._lines.pop((pid, code, tag), None)
         self._sym.forget(pid)
 
         def drop(bpf: Any) -> None:
@@ -304,11 +315,11 @@ class Profiler:
         self.run_locked(drop)
 
     @staticmethod
-    def _delete_codes(bpf: Any, pid: int, codes: set[int]) -> None:
+    def _delete_codes(bpf: Any, pid: int, codes: set[CodeKey]) -> None:
         table = bpf["py_codes"]
-        for code in codes:
+        for code, tag in codes:
             try:
-                del table[table.Key(pid=pid, code=code)]
+                del table[table.Key(pid=pid, tag=tag, code=code)]
             except KeyError:
                 pass
 
@@ -353,6 +364,7 @@ class Profiler:
         natives = {h for s in samples for h in (s[1], s[2])} | {a[2] for a in allocs + inuse}
         pys = {s[3] for s in samples} | {a[3] for a in allocs + inuse}
         self._copy_stacks(bpf, natives - {0}, pys - {0})
+        self._take_chunks(bpf)
         self._copy_codes(bpf, [(s[0], s[3]) for s in samples] + [(a[0], a[3]) for a in allocs + inuse])
         stats = bpf["profile_stats"]
         drops = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
@@ -376,7 +388,8 @@ class Profiler:
             self._used[h] = self._round
             if h not in self._py_stacks:
                 f = frames[i, :n]
-                self._py_stacks[h] = (tuple(zip(f["code"].tolist(), f["offset"].tolist(), f["flags"].tolist())), flags)
+                self._py_stacks[h] = (tuple(zip(f["code"].tolist(), f["offset"].tolist(), f["flags"].tolist(),
+                                                f["tag"].tolist())), flags)
         for h in natives | pys:
             self._used[h] = self._round
         missing = len(natives - self._stacks.keys()) + len(pys - self._py_stacks.keys())
@@ -388,27 +401,68 @@ class Profiler:
             self._stacks.pop(h, None)
             self._py_stacks.pop(h, None)
 
+    def _take_chunks(self, bpf: Any) -> None:
+        """Every line table chunk the kernel wrote since the last read, its map emptied."""
+        keys, leaves = drain(bpf["py_tables"])
+        code = keys["code"]
+        for pid, tag, addr, index, chunk in zip(code["pid"].tolist(), code["tag"].tolist(), code["code"].tolist(),
+                                                keys["index"].tolist(), leaves["b"]):
+            self._chunks.setdefault((pid, addr, tag), ({}, self._round))[0][index] = chunk.tobytes()
+        self._chunks = {k: v for k, v in self._chunks.items() if v[1] >= self._round - 2}
+
     def _copy_codes(self, bpf: Any, refs: list[tuple[int, int]]) -> None:
         table = bpf["py_codes"]
         for pid, h in refs:
             frames = self._py_stacks.get(h, ((), 0))[0]
-            for code, _offset, _flags in frames:
-                if not code or (pid, code) in self._codes:
+            for code, _offset, _flags, tag in frames:
+                if not code or (pid, code, tag) in self._codes:
                     continue
                 try:
-                    leaf = table[table.Key(pid=pid, code=code)]
+                    leaf = table[table.Key(pid=pid, tag=tag, code=code)]
                 except KeyError:
-                    continue  # not captured yet: a later sample will
-                self._codes[(pid, code)] = CodeInfo(
+                    continue  # not captured yet: a later sample will (or superseded, see _supersede)
+                line_table = self._line_table_copy(pid, code, tag, leaf.table_len)
+                if line_table is None:
+                    continue  # its chunks were written after this read took them: next read
+                info = CodeInfo(
                     name=_decode_str(_field(leaf, "name", leaf.name_len), leaf.name_kind),
                     filename=("…" if leaf.file_cut else "") + _decode_str(_field(leaf, "file", leaf.file_len), leaf.file_kind),
                     firstlineno=leaf.firstlineno,
-                    table=_field(leaf, "table", leaf.table_len),
+                    table=line_table,
                     table_size=leaf.table_size,
                     table_addr=leaf.table_addr,
+                    captured_ns=leaf.captured_ns,
                 )
-                with self._lock:
-                    self._procs.setdefault(pid, _Proc()).codes.add(code)
+                self._codes[(pid, code, tag)] = info
+                self._supersede(bpf, pid, (code, tag), info)
+
+    def _line_table_copy(self, pid: int, code: int, tag: int, length: int) -> bytes | None:
+        """The ``length`` bytes of line table the kernel copied for a code object, from the
+        chunks taken; None while some are still to be taken."""
+        count = -(-length // PY_CHUNK_LEN)
+        chunks = self._chunks.pop((pid, code, tag), ({}, 0))[0] if count else {}
+        if len(chunks) < count or any(i not in chunks for i in range(count)):
+            if chunks:
+                self._chunks[(pid, code, tag)] = (chunks, self._round)
+            return None
+        return b"".join(chunks[i] for i in range(count))[:length]
+
+    def _supersede(self, bpf: Any, pid: int, key: CodeKey, info: CodeInfo) -> None:
+        """Two code objects seen at one address: the one captured earlier was freed. Its
+        kernel entry goes now (code made again and again, by exec() or a module's import,
+        would fill the map), its info here after this round's profiles are out."""
+        with self._lock:
+            proc = self._procs.setdefault(pid, _Proc())
+            proc.codes.add(key)
+            other = proc.latest.get(key[0])
+            if other is None or other == key:
+                proc.latest[key[0]] = key
+                return
+            known = self._codes.get((pid, *other))
+            older = other if known is None or known.captured_ns <= info.captured_ns else key
+            proc.latest[key[0]] = key if older == other else other
+            proc.superseded.add(older)
+        self._delete_codes(bpf, pid, {older})
 
     def _cleanup_exited(self, bpf: Any, sampled: set[int], held_memory: set[int]) -> dict[int, _Proc]:
         """Drop from the kernel what is kept for processes that exited before this read
@@ -440,10 +494,18 @@ class Profiler:
         with self._lock:
             for pid in procs:
                 self._procs.pop(pid, None)
+            superseded = {pid: p.superseded for pid, p in self._procs.items() if p.superseded}
+            for pid, p in self._procs.items():
+                p.codes -= p.superseded
+                p.superseded = set()
+        for pid, codes in superseded.items():
+            for code, tag in codes:
+                self._codes.pop((pid, code, tag), None)
+                self._lines.pop((pid, code, tag), None)
         for pid, p in procs.items():
-            for code in p.codes:
-                self._codes.pop((pid, code), None)
-                self._lines.pop((pid, code), None)
+            for code, tag in p.codes:
+                self._codes.pop((pid, code, tag), None)
+                self._lines.pop((pid, code, tag), None)
             self._sym.forget(pid)
         self._prune_resolved(set(procs))
 
@@ -461,32 +523,32 @@ class Profiler:
         frames, flags = self._py_stacks.get(h, ((), 0))
         out: list[PythonFrame] = []
         named = True
-        for code, offset, fflags in frames:
+        for code, offset, fflags, tag in frames:
             if fflags & PYF_SHIM:
                 if out:
                     out[-1] = PythonFrame(out[-1].function, out[-1].filename, out[-1].line, out[-1].start_line, True)
                 continue
             if not code:
                 continue
-            info = self._codes.get((pid, code))
+            info = self._codes.get((pid, code, tag))
             if info is None:
                 out.append(PythonFrame(f"[python code {code:#x}]", "", 0, 0, bool(fflags & PYF_ENTRY)))
                 named = False
                 continue
-            line = self._line_index(pid, code, info, version).line(offset)
+            line = self._line_index((pid, code, tag), info, version).line(offset)
             out.append(PythonFrame(info.name, info.filename, line or 0, info.firstlineno, bool(fflags & PYF_ENTRY)))
         return out, bool(flags & STACKF_TRUNCATED), named
 
-    def _line_index(self, pid: int, code: int, info: CodeInfo, version: tuple[int, int]) -> pylines.LineIndex:
-        index = self._lines.get((pid, code))
+    def _line_index(self, key: tuple[int, int, int], info: CodeInfo, version: tuple[int, int]) -> pylines.LineIndex:
+        index = self._lines.get(key)
         if index is None:
-            index = self._lines[(pid, code)] = pylines.LineIndex(self._line_table(pid, info), info.firstlineno, version)
+            index = self._lines[key] = pylines.LineIndex(self._line_table(key[0], info), info.firstlineno, version)
         return index
 
     @staticmethod
     def _line_table(pid: int, info: CodeInfo) -> bytes:
         """The copied line table, or the whole one from the live process when the copy is cut
-        short (large functions); the copy when the process is gone."""
+        short (tables past PY_TABLE_CHUNKS KiB); the copy when the process is gone."""
         if info.table_size <= len(info.table):
             return info.table
         try:

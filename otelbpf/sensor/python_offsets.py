@@ -58,6 +58,7 @@ class Offsets:
     code_firstlineno: int
     code_linetable: int
     code_adaptive: int         # co_code_adaptive (3.11+)
+    code_version: int          # co_version (3.12+: every code object made gets the next number)
     unicode_state: int
     unicode_length: int
     unicode_ascii_data: int    # sizeof(PyASCIIObject)
@@ -76,6 +77,23 @@ class Offsets:
     def code_size(self) -> int:
         return max(self.code_filename, self.code_name, self.code_linetable) + 8
 
+    @property
+    def code_tag_start(self) -> int:
+        """The walker reads each frame's code object from here to ``code_tag_start +
+        code_tag_size``: the fields its tag is made of (first line, file, name, line table:
+        fixed for the code object's life; 3.12+ ``co_version``), and its type (3.13's
+        ``f_executable`` may be other than code)."""
+        return min(self._tag_fields)
+
+    @property
+    def code_tag_size(self) -> int:
+        return max(self._tag_fields) + 8 - self.code_tag_start
+
+    @property
+    def _tag_fields(self) -> tuple[int, ...]:
+        fields = (self.object_type, self.code_firstlineno, self.code_filename, self.code_name, self.code_linetable)
+        return fields if self.code_version == NO_FIELD else (*fields, self.code_version)
+
 
 _COMMON_STR = dict(unicode_state=32, unicode_length=16, bytes_size=16, bytes_data=32, object_type=8)
 
@@ -85,25 +103,27 @@ TABLE: dict[tuple[int, int], tuple[int, Offsets]] = {
         runtime_interp_head=32, interp_threads_head=8, tstate_next=8, tstate_thread_id=176,
         tstate_frame=24, cframe_current=NO_FIELD, frame_previous=24, frame_code=32, frame_instr=96,
         frame_owner=NO_FIELD, frame_is_entry=NO_FIELD, code_filename=104, code_name=112,
-        code_firstlineno=40, code_linetable=120, code_adaptive=0,
+        code_firstlineno=40, code_linetable=120, code_adaptive=0, code_version=NO_FIELD,
         unicode_ascii_data=48, unicode_compact_data=72, **_COMMON_STR)),
     (3, 11): (LAYOUT_311, Offsets(
         runtime_interp_head=40, interp_threads_head=16, tstate_next=8, tstate_thread_id=152,
         tstate_frame=56, cframe_current=8, frame_previous=48, frame_code=32, frame_instr=56,
         frame_owner=69, frame_is_entry=68, code_filename=112, code_name=128,
-        code_firstlineno=72, code_linetable=136, code_adaptive=184,
+        code_firstlineno=72, code_linetable=136, code_adaptive=184, code_version=NO_FIELD,
         unicode_ascii_data=48, unicode_compact_data=72, **_COMMON_STR)),
     (3, 12): (LAYOUT_312, Offsets(
         runtime_interp_head=40, interp_threads_head=72, tstate_next=8, tstate_thread_id=136,
         tstate_frame=56, cframe_current=0, frame_previous=8, frame_code=0, frame_instr=56,
         frame_owner=70, frame_is_entry=NO_FIELD, code_filename=112, code_name=128,
-        code_firstlineno=68, code_linetable=136, code_adaptive=192,
+        code_firstlineno=68, code_linetable=136, code_adaptive=192, code_version=92,
         unicode_ascii_data=40, unicode_compact_data=56, **_COMMON_STR)),
 }
 
 SUPPORTED = ((3, 10), (3, 11), (3, 12), (3, 13))
 _DEBUG_COOKIE = b"xdebugpy"
 _DEBUG_WORDS = 72  # uint64s after the cookie in 3.13's _Py_DebugOffsets
+#: PyCodeObject.co_version in 3.13 (Include/cpython/code.h): not in _Py_DebugOffsets.
+CODE_VERSION_313 = 92
 
 
 class PythonLayoutError(Exception):
@@ -132,7 +152,8 @@ def offsets_from_debug(raw: bytes) -> tuple[int, Offsets]:
         tstate_thread_id=tstate[5], tstate_frame=tstate[4], cframe_current=NO_FIELD,
         frame_previous=frame[1], frame_code=frame[2], frame_instr=frame[3], frame_owner=frame[5],
         frame_is_entry=NO_FIELD, code_filename=code[1], code_name=code[3], code_firstlineno=code[5],
-        code_linetable=code[4], code_adaptive=code[9], unicode_state=unicode[1], unicode_length=unicode[2],
+        code_linetable=code[4], code_adaptive=code[9], code_version=CODE_VERSION_313,
+        unicode_state=unicode[1], unicode_length=unicode[2],
         unicode_ascii_data=ascii_size, unicode_compact_data=ascii_size + 16,  # + utf8_length, utf8
         bytes_size=bytes_object[1], bytes_data=bytes_object[2], object_type=pyobject[1],
     )
@@ -272,5 +293,7 @@ def fill_leaf(leaf: object, proc: PythonProcess, state: int) -> None:
         setattr(o, f.name, getattr(proc.offsets, f.name))
     o.frame_size = proc.offsets.frame_size
     o.code_size = proc.offsets.code_size
+    o.code_tag_start = proc.offsets.code_tag_start
+    o.code_tag_size = proc.offsets.code_tag_size
     o.layout = proc.layout
     o.owner_cstack = FRAME_OWNED_BY_CSTACK

@@ -65,6 +65,7 @@ PROBE = textwrap.dedent("""
     #endif
     #if PY_VERSION_HEX >= 0x030c0000
       P("FRAME_OWNED_BY_CSTACK", FRAME_OWNED_BY_CSTACK);
+      P("code_version", offsetof(PyCodeObject, co_version));
     #endif
       P("code_filename", offsetof(PyCodeObject, co_filename));
       P("code_firstlineno", offsetof(PyCodeObject, co_firstlineno));
@@ -128,6 +129,22 @@ def test_offsets_match_the_headers(tmp_path, version):
         assert getattr(offsets, name) == value, f"{version} {name}: table {getattr(offsets, name)}, headers {value}"
     assert layout == {(3, 10): po.LAYOUT_310, (3, 11): po.LAYOUT_311, (3, 12): po.LAYOUT_312,
                       (3, 13): po.LAYOUT_313}[(major, minor)]
+
+
+@pytest.mark.parametrize("version", sorted(po.TABLE))
+def test_the_code_tag_range_covers_its_fields_and_fits_the_walkers_buffer(version):
+    """The walker reads [code_tag_start, +code_tag_size) of every frame's code object into a
+    256-byte buffer and takes the tag's fields (and 3.13's type) from there."""
+    offsets = po.TABLE[version][1]
+    start, end = offsets.code_tag_start, offsets.code_tag_start + offsets.code_tag_size
+    fields = [offsets.object_type, offsets.code_firstlineno, offsets.code_filename, offsets.code_name,
+              offsets.code_linetable]
+    if version >= (3, 12):
+        fields.append(offsets.code_version)
+    else:
+        assert offsets.code_version == po.NO_FIELD
+    assert all(start <= f and f + 8 <= end for f in fields)
+    assert offsets.code_tag_size <= 255
 
 
 def test_inspect_finds_this_interpreter():
