@@ -527,10 +527,9 @@ class HttpCorrelator:
             cached = conn.ends_attrs = (source, self._ends_attrs(conn, host))
         attrs.update(cached[1])
 
-    @staticmethod
-    def _ends_attrs(conn: Conn, host: str | None) -> dict:
+    def _ends_attrs(self, conn: Conn, host: str | None) -> dict:
         attrs: dict[str, object] = {}
-        name = strip_userinfo(host or "")[:DEFAULT.attribute_chars]
+        name = self._clip(strip_userinfo(host or ""))
         if name.startswith("["):
             name = name[1 : name.find("]")] if "]" in name else ""
         elif name.rpartition(":")[2].isdigit():
