@@ -144,6 +144,13 @@ def summarize(directory: str, out: TextIO) -> int:
             total = sum(_num(dp) for _a, dp, _k in launches)
             by = ", ".join(f"{a['cuda.api.function']} {_num(dp):.0f}" for a, dp, _k in launches)
             print(f"  kernel launches: {total:.0f} ({by})", file=out)
+        named = series("otelbpf.cuda.kernel_launches.named")
+        if named:
+            total = sum(_num(dp) for _a, dp, _k in named) or 1
+            by_source = {a.get("otelbpf.name_source"): _num(dp) for a, dp, _k in named}
+            unnamed = sum(v for k, v in by_source.items() if k in ("launch_site", "unresolved"))
+            detail = ", ".join(f"{k} {v / total:.1%}" for k, v in sorted(by_source.items(), key=lambda kv: -kv[1]))
+            print(f"  kernel names: {1 - unnamed / total:.1%} of launches named ({detail})", file=out)
         top = sorted(series("cuda.kernel.launches.top"), key=lambda x: -_num(x[1]))
         if top:
             print("  top kernels:", file=out)

@@ -35,6 +35,9 @@ def job_metrics(now: int, launches: int) -> list:
             ({**fn, "cuda.kernel.name": "vector_add(float*, float*, float*, int)"}, launches - 4),
             ({**fn, "cuda.kernel.name": "ml::softmax_forward(float*, float const*, int)"}, 4),
         ], now),
+        m.cumulative_sum("otelbpf.cuda.kernel_launches.named", "{launch}", "", [
+            ({"otelbpf.name_source": "registration"}, launches - 2), ({"otelbpf.name_source": "launch_site"}, 2),
+        ], T0, now),
         m.cumulative_sum("cuda.memcpy.bytes", "By", "", [
             ({"cuda.memcpy.direction": "H2D"}, 3 << 20), ({"cuda.memcpy.direction": "D2H"}, 2048),
         ], T0, now),
@@ -96,6 +99,7 @@ def test_summary_reports_each_process_then_the_agent(telemetry: Path) -> None:
         "trainer (pid 4242)\n"
         "  command: python train.py --epochs 2\n"
         "  kernel launches: 22 (cudaLaunchKernel 20, cudaGraphLaunch 2)\n"
+        "  kernel names: 90.0% of launches named (registration 90.0%, launch_site 10.0%)\n"
         "  top kernels:\n"
         "            16  vector_add(float*, float*, float*, int)  [cudaLaunchKernel]\n"
         "             4  ml::softmax_forward(float*, float const*, int)  [cudaLaunchKernel]\n"
