@@ -72,6 +72,8 @@ class Wire:
     correlator_options: dict = field(default_factory=dict)
     #: False: spans are counted and let go, as the exporter does (memory measurements).
     keep_spans: bool = True
+    #: Records per ring batch: delivered whenever this many are waiting (None: only on ``flush``).
+    batch: int | None = None
     spans_made: int = 0
     _rows: list = field(default_factory=list)
     _t: int = 1_000_000_000
@@ -99,6 +101,8 @@ class Wire:
     def _add(self, kind: Kind, func: SockFunc, fd: int, ret: int = 0, data: bytes = b"", pid: int = PID) -> None:
         self._rows.append((self._t, kind, func, fd, ret, data, pid))
         self._t += 2000
+        if self.batch and len(self._rows) >= self.batch:
+            self.flush()
 
     def accept(self, fd: int, pid: int = PID) -> None:
         self._add(Kind.SOCK_ACCEPT, SockFunc.accept4, fd, ret=3, pid=pid)

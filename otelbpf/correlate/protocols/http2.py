@@ -418,15 +418,17 @@ class H2Connection:
             if ftype == CONTINUATION and not d.block:
                 self._lose_hpack(d, "orphan_continuation")
                 return
-            d.block_bytes = f.length if ftype != CONTINUATION else d.block_bytes + f.length
+            before = d.block_bytes if ftype == CONTINUATION else 0
+            d.block_bytes = before + f.length
             if d.block_bytes > self._limits.header_block:
                 # A CONTINUATION flood: only the block's first frame is kept, to time its stream.
+                if before <= self._limits.header_block:
+                    self._problem("header_block_too_large")
+                    d.hpack_lost = d.hpack_lost or "header_block_too_large"
                 if not d.block:
                     d.block.append(f)
                 del d.block[1:]
                 if f.flags & FLAG_END_HEADERS:
-                    self._problem("header_block_too_large")
-                    d.hpack_lost = d.hpack_lost or "header_block_too_large"
                     first, d.block = d.block[0], []
                     if first.type == HEADERS:
                         self._headers(c2s, first, None, f.end_stamp)
