@@ -288,8 +288,8 @@ class Sensor:
         """Attach to libraries just opened and executables just started; resume
         processes paused for it. Returns the records for the correlators: exec
         reports are the sensor's own (a process's exec is on the events ring)."""
-        execs = np.ascontiguousarray(arr).view(_STR_FLAGS)["exec"] == 1
         opens = arr["kind"] == StrKind.LIB_OPEN
+        execs = opens & (np.ascontiguousarray(arr).view(_STR_FLAGS)["exec"] == 1)
         for rec, is_exec in zip(arr[opens], execs[opens]):
             pid = int(rec["pid"])
             if pid == self._own_pid:

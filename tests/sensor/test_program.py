@@ -44,10 +44,15 @@ class Loaded:
         self.bpf[b"watched"].clear()
 
     def opened(self) -> list[tuple[int, str, int]]:
-        """(pid, path, paused) of every library open reported since the last call."""
+        """(pid, path, paused) of every library open reported since the last call; the
+        exec reports among them (pad[1], for executables recognised by content) are kept
+        in ``executed``."""
         recs = self.strings.drain()
         assert (recs["kind"] == StrKind.LIB_OPEN).all()
-        return [(int(r["pid"]), r["s"].split(b"\0", 1)[0].decode(), int(r["paused"])) for r in recs]
+        flags = np.frombuffer(recs["pad"].tobytes(), np.uint8).reshape(-1, 2)[:, 0] if len(recs) else []
+        rows = [(int(r["pid"]), r["s"].split(b"\0", 1)[0].decode(), int(r["paused"])) for r in recs]
+        self.executed = [row for row, f in zip(rows, flags) if f == 1]
+        return [row for row, f in zip(rows, flags) if f == 0]
 
     def close(self) -> None:
         self.events.close()
@@ -157,16 +162,21 @@ def test_children_of_watched_processes_are_followed_through_exec_and_exit(watchi
     assert (np.diff(events["ts_ns"].astype(np.int64)) > 0).all()
     [(pid, path, paused)] = watching_me.opened()
     assert (pid, path, paused) == (int(events["pid"][0]), str(FAKE_CUDART), 0)
+    # The cudart family recognises static runtimes in executables: each exec is reported with its path.
+    assert watching_me.executed == [(pid, "/bin/sh", 0), (pid, "/usr/bin/head", 0)]
 
 
 @pytest.mark.bpf
 def test_pause_on_load_stops_the_process_at_its_open_until_resumed() -> None:
     loaded = Loaded(filter_pids=True, pause_on_load=True)
     child = subprocess.Popen(
-        [sys.executable, "-c", f"import sys; sys.stdin.readline(); open({str(FAKE_CUDART)!r}).close(); print('done')"],
+        [sys.executable, "-c",
+         f"import sys; print('ready', flush=True); sys.stdin.readline(); open({str(FAKE_CUDART)!r}).close(); print('done')"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
+        # Watched once past its exec (an exec of a watched process is reported, and paused, too).
+        assert child.stdout.readline() == "ready\n"
         loaded.watch(child.pid)
         child.stdin.write("go\n")
         child.stdin.flush()
