@@ -35,6 +35,7 @@ ENDBR64 = b"\xf3\x0f\x1e\xfa"
 _ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
                        ("value", "<u8"), ("size", "<u8")])
 _STT_FUNC = 2
+_CHUNK = 8 << 20  # string table bytes scanned for NULs at a time
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -197,12 +198,12 @@ def _map(f) -> mmap.mmap | bytes:
 def _match_functions(elf: ELFFile, symtab, mm, names: tuple[str, ...]) -> dict[str, list[int]]:
     """name -> distinct addresses of the defined functions called ``name`` in ``symtab``.
 
-    The table is viewed in place (numpy over the mapping): entries are filtered
-    to defined functions, then each name is matched by comparing bytes of the
-    string table at the candidates' name offsets, one column at a time over the
-    shrinking candidate set. This handles a linker's tail-merged strings
-    (``cudaLaunchKernel`` stored inside ``__cudaLaunchKernel``) and never builds
-    the names of the table's other entries.
+    The table is viewed in place (numpy over the mapping) and filtered to
+    defined functions. Each candidate's name length comes from the string
+    table's NUL positions (found a chunk at a time), so a name is compared
+    byte by byte only with the few candidates of its length. This handles a
+    linker's tail-merged strings (``cudaLaunchKernel`` stored inside
+    ``__cudaLaunchKernel``) and never builds the names of the other entries.
     """
     if elf.elfclass != 64 or not elf.little_endian:
         raise ElfError(f"{elf.stream.name}: .symtab of a {elf.elfclass}-bit "
@@ -219,11 +220,16 @@ def _match_functions(elf: ELFFile, symtab, mm, names: tuple[str, ...]) -> dict[s
     values = syms["value"][defined]
     del syms, defined
     strs = np.frombuffer(mm, np.uint8, count=str_size, offset=str_off)
+    nuls = np.concatenate([np.flatnonzero(strs[i:i + _CHUNK] == 0) + i for i in range(0, str_size, _CHUNK)]
+                          or [np.zeros(0, np.int64)])
+    at = np.searchsorted(nuls, offs)
+    inside = at < len(nuls)  # a name with no NUL after it is malformed: no match
+    lengths = np.full(len(offs), -1, np.int64)
+    lengths[inside] = nuls[at[inside]] - offs[inside]
     found: dict[str, list[int]] = {}
     for name in names:
         word = name.encode()
-        idx = np.flatnonzero(offs + len(word) < str_size)
-        idx = idx[strs[offs[idx] + len(word)] == 0]
+        idx = np.flatnonzero(lengths == len(word))
         for i, byte in enumerate(word):
             if not len(idx):
                 break
