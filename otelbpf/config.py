@@ -295,6 +295,10 @@ _DEFAULT_CUDA_SEARCH_PATHS = (
     "/opt/conda/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*",
     "/usr/local/lib/python3*/dist-packages/nvidia/cuda_runtime/lib/libcudart.so*",
     "/usr/local/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*",
+    # CUDA 13 wheels (PyTorch cu130 loads its runtime from nvidia/cu13/lib)
+    "/opt/conda/lib/python3*/site-packages/nvidia/cu1[3-9]/lib/libcudart.so*",
+    "/usr/local/lib/python3*/dist-packages/nvidia/cu1[3-9]/lib/libcudart.so*",
+    "/usr/local/lib/python3*/site-packages/nvidia/cu1[3-9]/lib/libcudart.so*",
     "/usr/lib/x86_64-linux-gnu/libcuda.so*",
     "/usr/lib/aarch64-linux-gnu/libcuda.so*",
     "/usr/lib64/libcuda.so*",
@@ -976,6 +980,10 @@ receivers:
       - /opt/conda/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*
       - /usr/local/lib/python3*/dist-packages/nvidia/cuda_runtime/lib/libcudart.so*
       - /usr/local/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*
+      # CUDA 13 wheels (PyTorch cu130 loads its runtime from nvidia/cu13/lib)
+      - /opt/conda/lib/python3*/site-packages/nvidia/cu1[3-9]/lib/libcudart.so*
+      - /usr/local/lib/python3*/dist-packages/nvidia/cu1[3-9]/lib/libcudart.so*
+      - /usr/local/lib/python3*/site-packages/nvidia/cu1[3-9]/lib/libcudart.so*
       - /usr/lib/x86_64-linux-gnu/libcuda.so*
       - /usr/lib/aarch64-linux-gnu/libcuda.so*
       - /usr/lib64/libcuda.so*
