@@ -255,6 +255,77 @@ def test_cuda_memory_survives_a_burst_of_thousands_of_allocations(tmp_path):
     assert in_use[-1] == [kept, kept * 4096]
 
 
+# --- module-level code ---------------------------------------------------------------------------
+
+MODULE_SCRIPT = EXAMPLES / "module_alloc.py"
+MODULE_IMPORT = EXAMPLES / "module_alloc_import.py"
+MODULE_INTERPRETERS = {
+    "venv": Path(sys.executable),
+    "debian": Path("/usr/bin/python3"),  # another build of 3.11 (no frame pointers, libpython linked in)
+    **{v: python_for(v) for v in ("3.10", "3.12", "3.13")},
+}
+
+
+def unknown_python_share(samples: list[pprof.Sample], index: int) -> float:
+    """The share of the value in samples whose stack holds a Python frame not named by
+    function, file and line (a code object never captured reads `[python code 0x…]`; a line
+    table not copied, line 0)."""
+    def python(f: pprof.Loc) -> bool:
+        return bool(f.file) or f.function.startswith("[python code")
+
+    def unknown(f: pprof.Loc) -> bool:
+        return f.function.startswith("[python code") or not f.file or f.line <= 0
+
+    total = sum(s.values[index] for s in samples if any(python(f) for f in s.frames))
+    assert total, "no samples with Python frames"
+    return sum(s.values[index] for s in samples if any(python(f) and unknown(f) for f in s.frames)) / total
+
+
+@pytest.mark.parametrize("interpreter", sorted(MODULE_INTERPRETERS))
+def test_module_level_code_is_named_by_file_and_line_in_cpu_and_memory_profiles(tmp_path, interpreter):
+    """`<module>` frames of a script's top level, of a module's import-time code (freed once
+    imported) and of code made by compile() (each at the freed one's address) carry their
+    own file and line, in CPU samples and in the stacks that allocated device memory."""
+    python = MODULE_INTERPRETERS[interpreter]
+    if python is None or not python.exists():
+        pytest.skip(f"no {interpreter} interpreter here")
+    cfg = write_config(tmp_path, cuda=True)
+    agent = run_profiled(cfg, [str(python), str(MODULE_SCRIPT), str(FAKE_CUDART), "1"])
+    generated = [EXAMPLES / f"generated_{n}.py" for n in range(3)]
+    script, imported = str(MODULE_SCRIPT), str(MODULE_IMPORT)
+
+    cpu = merged(profiles(tmp_path, "cpu"))
+    frames = {(f.function, f.file, f.line) for s in cpu for f in s.frames}
+    assert ("<module>", script, marked_line(MODULE_SCRIPT, "script_spin")) in frames
+    assert ("<module>", imported, marked_line(MODULE_IMPORT, "import_spin")) in frames
+    for n, path in enumerate(generated):
+        assert ("<module>", str(path), 4 + n) in frames, (n, sorted(f for f in frames if f[0] == "<module>"))
+    assert unknown_python_share(cpu, 0) == 0
+
+    memory = profiles(tmp_path, "cuda_memory")
+    mib = 1 << 20
+    site = {
+        (script, marked_line(MODULE_SCRIPT, "script_alloc")): 4 * mib,
+        (imported, marked_line(MODULE_IMPORT, "import_alloc")): 2 * mib,
+        **{(str(path), 5 + n): mib // 2 for n, path in enumerate(generated)},
+    }
+    below = {imported: marked_line(MODULE_SCRIPT, "script_import"),
+             **{str(path): marked_line(MODULE_SCRIPT, "script_exec") for path in generated}}
+    allocated: dict[tuple[str, int], int] = defaultdict(int)
+    for s in merged(memory):
+        modules = [(f.file, f.line) for f in s.frames if f.function == "<module>"]
+        assert modules[0] in site, (s.functions(), modules)
+        if modules[0][0] in below:  # the script's top level, at the import or the exec
+            assert modules[1] == (script, below[modules[0][0]]), modules
+        allocated[modules[0]] += s.values[1]
+    assert dict(allocated) == site
+    in_use = [r for r in memory if r.total(3)]
+    assert in_use and in_use[-1].total(3) == sum(site.values())  # nothing was freed
+    assert unknown_python_share(merged(memory), 1) == 0
+    assert unknown_python_share(in_use[-1].samples, 3) == 0
+    assert "Traceback" not in agent.output
+
+
 # --- Pyroscope ----------------------------------------------------------------------------------
 
 
