@@ -87,11 +87,14 @@ def _names(c, pid: int) -> dict[str, tuple[str, int]]:
     return out
 
 
+@pytest.mark.parametrize("build", ["shared", "static"])
 def test_nvcc13_program_on_the_real_runtime_every_launch_counted_once_and_named(otlp_collector, programs,
-                                                                              tmp_path):
+                                                                              tmp_path, build):
+    """``-cudart shared`` (libcudart.so.13) and nvcc's default static runtime (inside the
+    executable, local .symtab symbols only)."""
     rounds = 7
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path, cuda={"launch_sample_every": 1})
-    with AgentProcess(["-c", str(cfg), "--", str(programs["shared"]), str(rounds)]) as agent:
+    with AgentProcess(["-c", str(cfg), "--", str(programs[build]), str(rounds)]) as agent:
         assert agent.wait() == 0, agent.output
     w = _summary(agent.output)
     assert w["malloc"] != 0  # no driver here: the calls fail, the launches still happen
