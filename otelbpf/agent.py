@@ -323,10 +323,14 @@ def spawn_gated(command: list[str]) -> tuple[subprocess.Popen, int]:
 JOB_GRACE_S = 5.0
 
 
-def run(config: Config, *, pids: Sequence[int] = (), command: list[str] | None = None, duration_s: float | None = None) -> int:
+def run(config: Config, *, pids: Sequence[int] = (), command: list[str] | None = None, job: Job | None = None,
+        duration_s: float | None = None) -> int:
     """Run until SIGINT/SIGTERM, the watched command exits, or ``duration_s``.
 
-    With a command (started under a guard that outlives the agent, otelbpf/jobguard.py):
+    The CLI starts the command's ``job`` (and drops capabilities) before it imports this
+    module, whose imports start threads (numpy's BLAS pool); given a ``command`` instead,
+    the job starts here. With a command (under a guard that outlives the agent,
+    otelbpf/jobguard.py):
     SIGINT, SIGTERM and SIGHUP are forwarded to it and the agent watches on until it exits,
     then returns its status (128 + the signal that ended it). A second signal kills it;
     ``duration_s`` ends it as timeout(1) does (SIGTERM, SIGKILL after JOB_GRACE_S).
@@ -338,12 +342,15 @@ def run(config: Config, *, pids: Sequence[int] = (), command: list[str] | None =
         received.append(sig)
         wake.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if command else ())):
+    for sig in (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if command or job else ())):
         signal.signal(sig, on_signal)
     for pid in pids:
         if not os.path.exists(f"/proc/{pid}"):
             raise SensorError(f"no process with pid {pid} (is it running, and in this pid namespace?)")
-    job = Job(command, on_exit=wake.set) if command else None
+    if job is None and command:
+        job = Job(command)
+    if job is not None:
+        job.on_exit = wake.set
     watch = [*pids, *((job.pid,) if job else ())]
     try:
         agent = Agent(config, pids=watch, pause_on_load=job is not None)

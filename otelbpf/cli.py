@@ -101,13 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     if command and args.pid:
         print("otelbpf: give either --pid or -- COMMAND, not both", file=sys.stderr)
         return 2
+    # The command's guard starts with the privileges the agent has, then the agent drops
+    # what it never needs, while it is one thread: before the agent's imports start any.
+    from otelbpf.jobguard import Job
+    from otelbpf.privileges import drop_unneeded
+
+    job = Job(command) if command else None
+    drop_unneeded()
     from otelbpf.agent import run
     from otelbpf.export.safe_files import UnsafeOutput
     from otelbpf.sensor.sensor import SensorError
 
     try:
-        return run(config, pids=args.pid, command=command or None, duration_s=args.duration)
+        return run(config, pids=args.pid, job=job, duration_s=args.duration)
     except (SensorError, UnsafeOutput) as exc:
+        if job is not None:
+            job.close()
         print(f"otelbpf: {exc}", file=sys.stderr)
         return 1
 

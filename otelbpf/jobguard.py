@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 _PR_SET_CHILD_SUBREAPER = 36
 #: After the agent is gone: when to look for stopped processes again (a SIGSTOP the BPF
@@ -41,10 +42,10 @@ _RESUME_SWEEPS_S = (0.0, 0.1, 0.5, 2.0)
 class Job:
     """The agent's handle on a command run under the guard."""
 
-    def __init__(self, command: list[str], on_exit=lambda: None) -> None:
-        """Start the guard and, under it, ``command`` held at its gate; ``on_exit`` is
-        called (on a thread) when the command has exited."""
-        self._on_exit = on_exit
+    def __init__(self, command: list[str]) -> None:
+        """Start the guard and, under it, ``command`` held at its gate."""
+        #: Called (on a thread) when the command has exited.
+        self.on_exit: Callable[[], None] = lambda: None
         life_r, self._life_w = os.pipe()
         report_r, report_w = os.pipe()
         gate_r, self._gate_w = os.pipe()
@@ -62,7 +63,6 @@ class Job:
         self.pid = int(line[1])
         self.returncode: int | None = None
         self.exited = threading.Event()
-        threading.Thread(target=self._wait_exit, name="otelbpf-job", daemon=True).start()
 
     def _wait_exit(self) -> None:
         for line in self._report:
@@ -73,10 +73,13 @@ class Job:
         else:
             self.returncode = 255  # the guard died without a word
         self.exited.set()
-        self._on_exit()
+        self.on_exit()
 
     def release(self) -> None:
-        """Let the command run (the agent watches its pid and has attached)."""
+        """Let the command run (the agent watches its pid and has attached). The thread that
+        waits for its exit starts here: until then the agent may be one thread (its
+        capabilities are dropped, per thread, before it attaches: otelbpf/privileges.py)."""
+        threading.Thread(target=self._wait_exit, name="otelbpf-job", daemon=True).start()
         os.write(self._gate_w, b"go")
         os.close(self._gate_w)
         self._gate_w = -1
@@ -94,7 +97,10 @@ class Job:
         if self._gate_w >= 0:  # never released: the command does not run
             os.close(self._gate_w)
             self._gate_w = -1
+        if self._life_w < 0:
+            return
         os.close(self._life_w)
+        self._life_w = -1
         try:
             self._guard.wait(timeout_s)
         except subprocess.TimeoutExpired:

@@ -564,29 +564,9 @@ def _reachable(lib: LibraryFile) -> LibraryFile | None:
     return None
 
 
-def _effective_caps() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16)
-    except OSError:
-        pass
-    return 0
-
-
-CAP_SYS_ADMIN = 1 << 21
-
-
 def require_root() -> None:
-    """Fail early, with the fix, when the agent lacks privileges.
+    """Fail early, naming what is missing and the fix, when the agent lacks privileges
+    (the capability rules live in otelbpf/privileges.py, shared with `otelbpf doctor`)."""
+    from otelbpf.privileges import require_privileges
 
-    Checked on effective capabilities, not the uid: root in a container may
-    lack them. Uprobes need CAP_SYS_ADMIN even with CAP_BPF and CAP_PERFMON,
-    because BCC opens probe perf events with raw samples (docs/capabilities.md).
-    """
-    if not _effective_caps() & CAP_SYS_ADMIN:
-        raise SensorError(
-            "otelbpf needs privileges to load eBPF programs and attach uprobes: run it as root (sudo), "
-            "or grant CAP_SYS_ADMIN, CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (see docs/capabilities.md)."
-        )
+    require_privileges()

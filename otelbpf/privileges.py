@@ -1,0 +1,116 @@
+"""The capabilities the agent runs with: checked at start, the rest dropped before it attaches.
+
+What the agent needs it needs for its whole life, not only to start: libraries opened later
+are attached later (perf uprobe events: CAP_SYS_ADMIN; their paths read from
+/proc/PID/maps: CAP_SYS_PTRACE), a Python walker is loaded the first time a CPython version
+is seen (CAP_BPF), and BCC reads tracefs when it compiles and when it detaches
+(CAP_DAC_READ_SEARCH unless uid 0). So nothing of that set can be given up once the probes
+are attached. Everything else is dropped before the first BPF program is compiled, from the
+effective, permitted, inheritable, ambient and bounding sets, while the agent is still one
+thread (capabilities belong to threads; every later thread inherits the reduced set):
+
+- kept: CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH (the set
+  docs/capabilities.md measures), and, where held, CAP_KILL (SIGCONT to a paused command
+  that changed user), CAP_SYSLOG (kernel frame names in profiles: /proc/kallsyms shows zeros
+  without it) and, before Linux 5.11, CAP_SYS_RESOURCE (BPF memory charged to memlock);
+- dropped, for instance: CAP_DAC_OVERRIDE (the agent writes only where its user may),
+  CAP_SETUID, CAP_SYS_MODULE, CAP_NET_ADMIN, CAP_CHOWN.
+
+`otelbpf run -- CMD` starts its command's guard before the drop: the command gets the
+privileges it would have had without the agent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CAP_DAC_READ_SEARCH, CAP_KILL, CAP_SETPCAP = 2, 5, 8
+CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CAP_SYSLOG = 19, 21, 24, 34
+CAP_PERFMON, CAP_BPF = 38, 39
+#: The agent's capabilities, as docs/capabilities.md and the README name them.
+REQUIRED = (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH)
+REQUIRED_NAMES = "CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH"
+
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def capability_sets(status_text: str | None = None) -> dict[str, int]:
+    """CapInh, CapPrm, CapEff, CapBnd and CapAmb of this process (or of a status text)."""
+    text = Path("/proc/self/status").read_text() if status_text is None else status_text
+    return {k: int(v, 16) for k, _, v in (line.partition(":\t") for line in text.splitlines())
+            if k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+
+
+def require_privileges() -> None:
+    """Fail early, naming each missing capability and what it is for, with the fix; the same
+    rules as `otelbpf doctor` (root in a container may lack some, so capabilities count,
+    not the uid)."""
+    from otelbpf.doctor import _kernel_version, _perf_event_paranoid, missing_privileges
+    from otelbpf.sensor.sensor import SensorError
+
+    missing = missing_privileges(capability_sets()["CapEff"], os.geteuid(), _perf_event_paranoid(),
+                                 _kernel_version())
+    if missing:
+        raise SensorError(
+            f"otelbpf needs privileges to load eBPF programs and attach uprobes: run it as root (sudo), or grant "
+            f"exactly {REQUIRED_NAMES} (see docs/capabilities.md). Missing: {'; '.join(missing)}."
+        )
+
+
+def kept_mask(held: int, kernel: tuple[int, int]) -> int:
+    """The capabilities, of those ``held``, that the agent keeps for its life."""
+    keep = {*REQUIRED, CAP_KILL, CAP_SYSLOG, *((CAP_SYS_RESOURCE,) if kernel < (5, 11) else ())}
+    return held & sum(1 << c for c in keep)
+
+
+def drop_unneeded() -> int:
+    """Drop every capability the agent never needs (module doc); returns the mask kept.
+
+    Call it while the process has one thread: other threads would keep their sets."""
+    from otelbpf.doctor import _kernel_version
+
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        log.warning("dropping capabilities with %d threads running: only this thread's are dropped", threads)
+    libc = ctypes.CDLL(None, use_errno=True)
+    sets = capability_sets()
+    keep = kept_mask(sets["CapPrm"], _kernel_version())
+    if sets["CapEff"] >> CAP_SETPCAP & 1:  # needed to shrink the bounding set
+        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+        for cap in range(last + 1):
+            if sets["CapBnd"] >> cap & 1 and not keep >> cap & 1:
+                libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = _Header(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_Data * 2)()
+    for i in range(2):
+        word = keep >> (32 * i) & 0xFFFFFFFF
+        data[i].effective, data[i].permitted, data[i].inheritable = word, word, 0
+    if libc.capset(ctypes.byref(header), data) != 0:
+        err = ctypes.get_errno()
+        log.warning("could not drop capabilities: %s", os.strerror(err))
+        return sets["CapEff"]
+    log.info("capabilities kept: %s", _names(keep))
+    return keep
+
+
+def _names(mask: int) -> str:
+    names = {CAP_DAC_READ_SEARCH: "dac_read_search", CAP_KILL: "kill", CAP_SYS_PTRACE: "sys_ptrace",
+             CAP_SYS_ADMIN: "sys_admin", CAP_SYS_RESOURCE: "sys_resource", CAP_SYSLOG: "syslog",
+             CAP_PERFMON: "perfmon", CAP_BPF: "bpf"}
+    return ",".join(names.get(c, str(c)) for c in range(64) if mask >> c & 1) or "none"
