@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 from opentelemetry.sdk.resources import Resource
 
+from otelbpf.correlate.container import container_attributes
+
 
 def _read(path: str) -> bytes | None:
     try:
@@ -101,6 +103,9 @@ class ProcessInfo:
             args = [a.decode(errors="replace") for a in cmdline.rstrip(b"\0").split(b"\0")]
             attrs["process.command_line"] = " ".join(args)
             attrs["process.command_args"] = args
+        cgroup = _read(f"/proc/{pid}/cgroup")
+        if cgroup:
+            attrs.update(container_attributes(cgroup.decode(errors="replace")))
         env = self._environ(pid)
         target_attrs = _parse_kv(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
         attrs.update({k: v for k, v in target_attrs.items() if k not in attrs})
