@@ -53,7 +53,8 @@ from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.links import ClientRequest, PeerLinks
 from otelbpf.correlate.netaddr import address_from_raw
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.correlate.protocols.http1 import Exchange, Http1Connection, Message, looks_like_request, looks_like_response
+from otelbpf.correlate.protocols.http1 import (Exchange, Http1Connection, Message, looks_like_request, looks_like_response,
+                                               valid_target)
 from otelbpf.correlate.protocols.http2 import H2Connection, Stream, looks_like_preface
 from otelbpf.correlate.protocols.limits import DEFAULT, Held, Limits
 from otelbpf.correlate.redact import quiet_payload_loggers, split_target, strip_userinfo
@@ -458,7 +459,11 @@ class HttpCorrelator:
         request = _first_values(s.request_headers)  # several lookups each: one scan, not one per name
         response = _first_values(s.response_headers)
         method = self._clip(request.get(":method") or "")
-        path, authority = split_target(request.get(":path") or "")
+        target = request.get(":path") or ""
+        if target and not valid_target(method, target):
+            self._problem("bad_path")
+            target = ""
+        path, authority = split_target(target)
         if method:
             attrs["http.request.method"] = method
         if path:
@@ -482,7 +487,7 @@ class HttpCorrelator:
         if s.reset_code is not None:
             attrs["otelbpf.http2.rst_stream_code"] = s.reset_code
         grpc = None
-        if (request.get("content-type") or "").startswith("application/grpc"):
+        if target and (request.get("content-type") or "").startswith("application/grpc"):
             route = _GRPC_PATH.fullmatch(path)
             if route is None:
                 self._problem("bad_grpc_path")

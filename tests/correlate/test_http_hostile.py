@@ -136,11 +136,11 @@ def test_bad_status_and_grpc_paths_keep_the_record_and_count_the_problem():
     w.close(10)
     w.flush()
     assert "processing_error" not in w.problems()
-    assert w.problems() == {"bad_status": 2, "bad_grpc_path": 2, "bad_grpc_status": 2}
+    assert w.problems() == {"bad_status": 2, "bad_path": 1, "bad_grpc_path": 1, "bad_grpc_status": 2}
     by_stream = {s.attributes["otelbpf.http2.stream_id"]: s.attributes for s in w.spans}
     assert sorted(by_stream) == [1, 3, 5, 7, 9, 11]
     assert "http.response.status_code" not in by_stream[1] and by_stream[1]["rpc.method"] == "Unary"
-    assert by_stream[3]["url.path"] == "x/y/z" and "rpc.system" not in by_stream[3]
+    assert "url.path" not in by_stream[3] and "rpc.system" not in by_stream[3]
     assert "rpc.system" not in by_stream[5]
     assert "http.response.status_code" not in by_stream[7] and "rpc.grpc.status_code" not in by_stream[7]
     assert by_stream[11]["rpc.grpc.status_code"] == 0 and by_stream[11]["http.response.status_code"] == 200
@@ -402,3 +402,14 @@ def test_an_exception_is_logged_without_its_message(monkeypatch, caplog):
         w.exchange(10, b"GET /x HTTP/1.1\r\n\r\n", OK)
     assert "ValueError" in caplog.text and "msg-secret" not in caplog.text
     assert w.problems()["processing_error"] == 1
+
+
+def test_an_http2_path_outside_the_grammar_is_left_out_and_counted():
+    ec, es = Encoder(), Encoder()
+    c2s, s2c = h2_connection([grpc_call(ec, es, 1, path="/svc.S/M\x00\x1b[2J"), grpc_call(ec, es, 3)])
+    w = Wire()
+    w.exchange(10, c2s, s2c)
+    assert w.problems() == {"bad_path": 1}
+    first, second = sorted(w.spans, key=lambda s: s.attributes["otelbpf.http2.stream_id"])
+    assert "url.path" not in first.attributes and "rpc.method" not in first.attributes
+    assert second.attributes["url.path"] == "/demo.Echo/Unary"

@@ -308,7 +308,7 @@ class MessageStream:
             self._msg = None
             self._desync("bad_start_line")
             return
-        if self.is_request and not _valid_target(head.method, head.target):
+        if self.is_request and not valid_target(head.method, head.target):
             self._msg = None
             self._desync("bad_request_target")
             return
@@ -420,7 +420,7 @@ class MessageStream:
         return done
 
 
-def _valid_target(method: str, target: str) -> bool:
+def valid_target(method: str, target: str) -> bool:
     """Is ``target`` a request target RFC 9112 allows for ``method``?"""
     if len(target) > MAX_TARGET:
         return False
