@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from otelbpf.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
-from otelbpf.sensor import elf, libraries, program
+from otelbpf.sensor import compiler_memory, elf, libraries, program
 from otelbpf.sensor.family import ProbeFamily
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.ringbuf import RingBufferReader, VariableRingReader
@@ -172,6 +172,7 @@ class Sensor:
                     except Exception as exc:
                         raise SensorError(f"{fam.name}: {exc}") from exc
         self.attach_seconds = time.monotonic() - t0
+        compiler_memory.release(self._bpf)  # the compile's memory: nothing compiles again
         for target, name in ((self._drain_loop, "otelbpf-drain"), (self._discovery_loop, "otelbpf-discovery")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
