@@ -6,8 +6,11 @@ libbpf does) and all committed records since the last drain are copied out as
 one numpy array, so the cost per record is a few nanoseconds of memcpy.
 
 Layout (kernel/bpf/ringbuf.c): page 0 holds the consumer position (written by
-us), page 1 the producer position; the data area follows and is mapped twice
-back to back, so a run of records that wraps around is still contiguous.
+us), page 1 the producer position; the data area follows. The kernel offers it
+mapped twice back to back (so a run of records that wraps around is contiguous),
+but every page of a ring mapping is resident from mmap on, and counts in the
+agent's RSS twice: here it is mapped once, and the few records that wrap are
+joined by a copy.
 Each record has an 8-byte header: u32 length with BUSY (bit 31) and DISCARD
 (bit 30) flags, u32 page offset; records are 8-byte aligned.
 """
@@ -33,7 +36,7 @@ class _MappedRing:
         self._mask = size_bytes - 1
         page = mmap.PAGESIZE
         self._cons = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        self._prod = mmap.mmap(map_fd, page + 2 * size_bytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        self._prod = mmap.mmap(map_fd, page + size_bytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
         self._cons_pos = np.frombuffer(self._cons, dtype="<u8", count=1)
         self._prod_pos = np.frombuffer(self._prod, dtype="<u8", count=1)
         self._page = page
@@ -80,7 +83,12 @@ class RingBufferReader(_MappedRing):
         if n <= 0:
             return np.empty(0, dtype=self.dtype)
         start = cons & self._mask
-        view = self._data[start : start + n * self._stride].view(self._record)
+        end = start + n * self._stride
+        if end <= len(self._data):
+            raw = self._data[start:end]
+        else:  # the run wraps around the end of the (singly mapped) data area
+            raw = np.concatenate((self._data[start:], self._data[: end - len(self._data)]))
+        view = raw.view(self._record)
         lens = view["len"]
         busy = np.flatnonzero(lens & _BUSY)
         if busy.size:
@@ -141,8 +149,12 @@ class VariableRingReader(_MappedRing):
                 self.discarded += 1
             else:
                 start = off + _HEADER
-                headers += data[start : start + hsize]
-                payloads.append(bytes(data[start + hsize : start + length]))
+                if start + length <= len(data):
+                    record = data[start : start + length]
+                else:  # wraps around the end of the (singly mapped) data area
+                    record = memoryview(bytes(data[start:]) + bytes(data[: (start + length) & mask]))
+                headers += record[:hsize]
+                payloads.append(bytes(record[hsize:length]))
                 limit -= 1
             pos += (_HEADER + length + 7) & ~7
         self._cons_pos[0] = pos
