@@ -80,8 +80,8 @@ class Wire:
 
     def __post_init__(self) -> None:
         self.correlator = HttpCorrelator(ProcessInfo(), MonotonicClock(), self._emit, self._count, Causality(),
-                                         lambda m, items: None, ports=[PORT], max_spans_per_second=10**9,
-                                         **self.correlator_options)
+                                         lambda m, items: None, ports=[PORT],
+                                         **{"max_spans_per_second": 10**9, **self.correlator_options})
 
     def _emit(self, spans: list) -> None:
         self.spans_made += len(spans)
