@@ -27,16 +27,19 @@ import ctypes
 import os
 import select
 import signal
-import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
+from otelbpf.threadname import name_os_thread
+
 _PR_SET_CHILD_SUBREAPER = 36
-#: After the agent is gone: when to look for stopped processes again (a SIGSTOP the BPF
-#: program sent while the agent was exiting lands after the first sweep).
-_RESUME_SWEEPS_S = (0.0, 0.1, 0.5, 2.0)
+#: How often stopped processes are looked for while the agent is exiting: a dying process
+#: closes its pipe to the guard before its BPF links (each detach waits for an RCU grace
+#: period), so the program may still stop the command until the agent has fully exited.
+_SWEEP_S = 0.1
 
 
 class Job:
@@ -49,17 +52,30 @@ class Job:
         life_r, self._life_w = os.pipe()
         report_r, report_w = os.pipe()
         gate_r, self._gate_w = os.pipe()
-        self._guard = subprocess.Popen(
-            [sys.executable, "-m", "otelbpf.jobguard", str(life_r), str(report_w), str(gate_r), "--", *command],
-            pass_fds=(life_r, report_w, gate_r),
-        )
+        # Forked, not exec'd: the agent is one thread here (the CLI starts the job first), and
+        # a new interpreter would need to read its own files again, which an agent without
+        # CAP_DAC_READ_SEARCH may not (a pyenv python under /root).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._guard = os.fork()
+        if self._guard == 0:
+            code = 1
+            try:
+                os.close(self._life_w)
+                os.close(self._gate_w)
+                os.close(report_r)
+                code = main(life_r, report_w, gate_r, command)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
         for fd in (life_r, report_w, gate_r):
             os.close(fd)
         self._report = os.fdopen(report_r, "r")
         line = self._report.readline().split()
         if line[:1] != ["pid"]:
-            self._guard.wait()
-            raise OSError(f"the job guard did not start the command (exit {self._guard.returncode})")
+            _, status = os.waitpid(self._guard, 0)
+            raise OSError(f"the job guard did not start the command (exit {exit_code(status)})")
         self.pid = int(line[1])
         self.returncode: int | None = None
         self.exited = threading.Event()
@@ -91,20 +107,16 @@ class Job:
             except ProcessLookupError:
                 pass
 
-    def close(self, timeout_s: float = 1.0) -> None:
-        """The agent is done: the guard resumes anything still stopped and exits once the
-        job has (a job still running runs on, unwatched)."""
+    def close(self) -> None:
+        """The agent is done (its probes detached): the guard resumes anything still stopped,
+        and exits once the agent has and the command has (a command still running runs on,
+        unwatched). Not waited for: the guard waits for the agent's exit."""
         if self._gate_w >= 0:  # never released: the command does not run
             os.close(self._gate_w)
             self._gate_w = -1
-        if self._life_w < 0:
-            return
-        os.close(self._life_w)
-        self._life_w = -1
-        try:
-            self._guard.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
+        if self._life_w >= 0:
+            os.close(self._life_w)
+            self._life_w = -1
 
 
 def exit_code(status: int) -> int:
@@ -162,9 +174,10 @@ def _run_job(gate_fd: int, command: list[str]) -> None:
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
-def main(argv: list[str]) -> int:
-    life_fd, report_fd, gate_fd = (int(a) for a in argv[:3])
-    command = argv[4:]
+def main(life_fd: int, report_fd: int, gate_fd: int, command: list[str]) -> int:
+    """The guard, in the process forked by ``Job``; returns the command's exit status."""
+    name_os_thread("otelbpf-guard")
+    agent_pidfd = os.pidfd_open(os.getppid())
     os.setsid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -183,12 +196,17 @@ def main(argv: list[str]) -> int:
     poller.register(life_fd, select.POLLIN | select.POLLHUP)
     while not poller.poll(50):  # the agent lives
         reaper.reap(block=False)
-    gone = time.monotonic()
-    for delay in _RESUME_SWEEPS_S:
-        time.sleep(max(0.0, gone + delay - time.monotonic()))
+    # The pipe closed: the agent has stopped, or is dying with its probes still attached.
+    # Resume what is stopped until the agent has exited (its pidfd turns readable once its
+    # files, BPF links included, are closed), then once more for a signal still in flight.
+    exited = select.poll()
+    exited.register(agent_pidfd, select.POLLIN)
+    while True:
         _resume_all()
-        if not reaper.reap(block=False):
-            break  # nothing left in the tree to stop or resume
+        if exited.poll(_SWEEP_S * 1000):
+            break
+    time.sleep(_SWEEP_S)
+    _resume_all()
     while reaper.reap(block=True):
         pass
     return reaper.job_status if reaper.job_status is not None else 0
@@ -218,7 +236,3 @@ class _Reaper:
                     pass  # the agent is gone
             if block:
                 return True
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,138 @@
+"""Least privilege, proven (issue 13, row 13): the agent runs as a non-root user with exactly
+the documented capabilities, says which one is missing instead of failing in clang, and
+keeps only what it needs, in every thread, while the command it starts keeps its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.agent import FAKE_CUDART, WORKLOAD, AgentProcess, config, wait_until
+from otelbpf.privileges import (
+    CAP_BPF,
+    CAP_DAC_READ_SEARCH,
+    CAP_KILL,
+    CAP_PERFMON,
+    CAP_SYS_ADMIN,
+    CAP_SYS_PTRACE,
+    CAP_SYS_RESOURCE,
+    CAP_SYSLOG,
+    capability_sets,
+    kept_mask,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DOCUMENTED = "+bpf,+perfmon,+sys_admin,+sys_ptrace,+dac_read_search"
+NOBODY = 65534
+
+
+def as_nobody(caps: str) -> list[str]:
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", f"--inh-caps={caps}",
+            f"--ambient-caps={caps}", "--"]
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory uid 65534 can use (pytest's tmp_path is root's, mode 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="otelbpf-caps-", dir="/tmp"))
+    path.chmod(0o777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def agent_config(directory: Path) -> Path:
+    path = config({"name": "file", "directory": str(directory / "out")}, tmp=directory)
+    path.chmod(0o644)
+    return path
+
+
+def run_agent(prefix: list[str], cfg: Path, cwd: Path) -> subprocess.CompletedProcess:
+    command = [str(WORKLOAD), "--lib", str(FAKE_CUDART), "--iterations", "2"]
+    return subprocess.run([*prefix, sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--", *command],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def span_names(out: Path) -> set[str]:
+    names = set()
+    for line in (out / "traces.jsonl").read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                names.update(s["name"] for s in ss["spans"])
+    return names
+
+
+def test_kept_set():
+    everything = (1 << 41) - 1
+    kept = kept_mask(everything, (6, 18))
+    assert kept == sum(1 << c for c in (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH,
+                                        CAP_KILL, CAP_SYSLOG))
+    assert kept_mask(everything, (5, 10)) >> CAP_SYS_RESOURCE & 1
+    assert kept_mask(1 << CAP_BPF, (6, 18)) == 1 << CAP_BPF  # never more than held
+    assert capability_sets("CapEff:\t00000000a80425fb\nCapBnd:\t000001ffffffffff\n") == {
+        "CapEff": 0xA80425FB, "CapBnd": 0x1FFFFFFFFFF}
+
+
+@pytest.mark.bpf
+def test_non_root_with_exactly_the_documented_capabilities(shared_dir: Path):
+    """uid 65534 with the five capabilities: compiles, attaches a library the command loads
+    later (in command mode, after the drop) and exports its spans."""
+    out = run_agent(as_nobody(DOCUMENTED), agent_config(shared_dir), shared_dir)
+
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert {"cudaMalloc", "cudaMemcpy"} <= span_names(shared_dir / "out")
+    assert (shared_dir / "out" / "traces.jsonl").stat().st_uid == NOBODY
+
+
+@pytest.mark.bpf
+def test_without_dac_read_search_the_missing_capability_is_named(shared_dir: Path):
+    """The old check (CAP_SYS_ADMIN only) let this start, and BCC's clang failed on tracefs."""
+    out = run_agent(as_nobody("+bpf,+perfmon,+sys_admin,+sys_ptrace"), agent_config(shared_dir), shared_dir)
+
+    assert out.returncode == 1, out.stderr[-4000:]
+    assert "Missing: CAP_DAC_READ_SEARCH (tracefs is readable by root only)" in out.stderr
+    assert "error:" not in out.stderr and "Traceback" not in out.stderr
+    assert not (shared_dir / "out" / "traces.jsonl").exists() or "cudaMalloc" not in span_names(shared_dir / "out")
+
+
+def thread_sets(pid: int) -> set[tuple[int, int, int, int, int]]:
+    sets = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            s = capability_sets(Path(f"/proc/{pid}/task/{task}/status").read_text())
+        except OSError:
+            continue
+        sets.add((s["CapEff"], s["CapPrm"], s["CapInh"], s["CapAmb"], s["CapBnd"]))
+    return sets
+
+
+@pytest.mark.bpf
+def test_the_agent_keeps_only_what_it_needs_in_every_thread(tmp_path: Path):
+    """As root: every thread of the running agent holds the kept set alone (no ambient, no
+    inheritable, the bounding set shrunk); the command it started holds root's full set;
+    a library the command loads after the drop is still attached."""
+    caps_file, gate = tmp_path / "caps", tmp_path / "go"
+    script = (f"grep CapEff /proc/self/status > {caps_file}; while [ ! -e {gate} ]; do sleep 0.05; done; "
+              f"exec {WORKLOAD} --lib {FAKE_CUDART} --iterations 2")
+    cfg = config({"name": "file", "directory": str(tmp_path / "out")}, tmp=tmp_path)
+    mine = capability_sets()
+    with AgentProcess(["-c", str(cfg), "--", "sh", "-c", script]) as agent:
+        agent.wait_ready()
+        assert wait_until(caps_file.exists, timeout=30)
+        kept = kept_mask(mine["CapPrm"], (6, 18))
+        assert thread_sets(agent.proc.pid) == {(kept, kept, 0, 0, kept & mine["CapBnd"])}
+        assert len(os.listdir(f"/proc/{agent.proc.pid}/task")) > 3  # the check covered its threads
+        gate.touch()
+        assert agent.wait(120) == 0, agent.output
+    assert int(caps_file.read_text().split()[1], 16) == mine["CapEff"]
+    assert "capabilities kept: dac_read_search,kill,sys_ptrace,sys_admin,syslog,perfmon,bpf" in agent.output
+    assert {"cudaMalloc", "cudaMemcpy"} <= span_names(tmp_path / "out")
