@@ -226,8 +226,12 @@ class HttpCorrelator:
         with self._lock:
             if unknown.any():
                 self._conns.prepare(list(zip(arr["pid"][unknown].tolist(), arr["fd"][unknown].tolist())))
+            record = self._record
             for i in order.tolist():
-                self._guarded(self._record, rows[i], addrs, i)
+                try:  # inline, not _guarded: once per record
+                    record(rows[i], addrs, i)
+                except Exception as exc:
+                    self._failed("record", exc)
             self._conns.flush()
             self._flush_durations()
         self._flush_spans()
@@ -238,9 +242,13 @@ class HttpCorrelator:
         try:
             fn(*args)
         except Exception as exc:
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            log.error("http: %s failed: %s at %s:%d", fn.__name__, type(exc).__name__, where.filename, where.lineno)
-            self._count("otelbpf.http.problems", 1, reason="processing_error")
+            self._failed(fn.__name__, exc)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """Counted, and logged by type and place only: an exception's message may quote the traffic."""
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        log.error("http: %s failed: %s at %s:%d", what, type(exc).__name__, where.filename, where.lineno)
+        self._count("otelbpf.http.problems", 1, reason="processing_error")
 
     def _record(self, row: tuple, addrs: np.ndarray, i: int) -> None:
         """``row``: the record's _FIELDS and payload; ``addrs[i]``: its address, read only by control records."""
@@ -320,7 +328,10 @@ class HttpCorrelator:
             return
         c2s = egress == (conn.role == "client")
         for result in conn.session.feed(c2s, payload, missing, stamp):
-            self._guarded(self._finished, conn, result)
+            try:
+                self._finished(conn, result)
+            except Exception as exc:
+                self._failed("exchange", exc)
         if conn.session.problems:  # the usual case has none
             self._report_problems(conn)
 

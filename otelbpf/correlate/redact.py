@@ -32,6 +32,11 @@ _PAYLOAD_LOGGERS = {"hpack": logging.CRITICAL + 1, "h2": logging.CRITICAL + 1, "
 def split_target(target: str) -> tuple[str, str | None]:
     """(path, authority) of a request target: the path without query, fragment or path parameter
     values; the authority of an absolute-form target (None for the other forms) without userinfo."""
+    if target[:1] == "/":  # origin-form, the usual case: no regex
+        path = target.split("?", 1)[0]
+        if "#" in path:
+            path = path.split("#", 1)[0]
+        return (redact_path(path) if ";" in path else path), None
     m = _ABSOLUTE.match(target)
     authority = None
     if m is not None:

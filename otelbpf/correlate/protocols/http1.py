@@ -347,8 +347,11 @@ class MessageStream:
         te = first.get("transfer-encoding")
         if te and "chunked" in te.lower():
             return "chunk_size", 0
-        if "content-length" in first:
-            n = _content_length([v for k, v in head.headers if k == "content-length"])
+        cl = first.get("content-length")
+        if cl is not None:
+            # Every field when some header repeats (one pass, only then), else the one value.
+            n = _content_length([v for k, v in head.headers if k == "content-length"]
+                                if len(first) != len(head.headers) else [cl])
             if n is None:
                 return "desync", 0
             return ("length", n) if n > 0 else ("done", 0)
@@ -433,6 +436,8 @@ def valid_target(method: str, target: str) -> bool:
 
 def _content_length(values: list[str]) -> int | None:
     """The body length that Content-Length fields say, or None if they are not valid or disagree."""
+    if len(values) == 1 and values[0].isdigit() and values[0].isascii() and len(values[0]) <= 15:
+        return int(values[0])  # the usual case, without the regex
     lengths = set()
     for value in values:
         if not _CONTENT_LENGTH.fullmatch(value):
@@ -486,25 +491,25 @@ class Http1Connection:
 
     def _request_head(self, msg: Message) -> None:
         limits = self._limits
-        reason = ""
+        if (self._held_here < limits.pending_requests and self._held_bytes + msg.size <= limits.pending_head_bytes
+                and self._held.take()):
+            self._pending.append(msg)
+            self._held_here += 1
+            self._held_bytes += msg.size
+            self._on_request(msg)
+            return
         if self._held_here >= limits.pending_requests:
             reason = "pending_limit"
         elif self._held_bytes + msg.size > limits.pending_head_bytes:
             reason = "pending_bytes_limit"
-        elif not self._held.take():
+        else:
             reason = "process_limit"
-        if reason:
-            self.problems[reason] = self.problems.get(reason, 0) + 1
-            last = self._pending[-1] if self._pending else None
-            if isinstance(last, _Skipped):
-                last.n += 1
-            else:
-                self._pending.append(_Skipped())
-            return
-        self._pending.append(msg)
-        self._held_here += 1
-        self._held_bytes += msg.size
-        self._on_request(msg)
+        self.problems[reason] = self.problems.get(reason, 0) + 1
+        last = self._pending[-1] if self._pending else None
+        if isinstance(last, _Skipped):
+            last.n += 1
+        else:
+            self._pending.append(_Skipped())
 
     def _answered_method(self) -> str | None:
         first = self._pending[0] if self._pending else None
