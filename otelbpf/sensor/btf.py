@@ -115,9 +115,11 @@ class Btf:
         return total
 
 
-@cache
 def vmlinux() -> Btf:
-    """The running kernel's BTF; raises BtfError naming the fix when it is missing."""
+    """The running kernel's BTF; raises BtfError naming the fix when it is missing.
+
+    Not cached: parsed, it holds ~30 MiB (150k type records) for the few offsets asked of
+    it; callers cache their answers instead."""
     try:
         with open(VMLINUX, "rb") as f:
             return Btf(f.read())
@@ -127,6 +129,7 @@ def vmlinux() -> Btf:
         ) from None
 
 
+@cache
 def task_fsbase_offset() -> int:
     """Offset of ``task_struct.thread.fsbase`` (x86-64): a thread's TLS base, which is also
     its ``pthread_self()`` in glibc and musl."""
