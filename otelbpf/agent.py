@@ -28,6 +28,7 @@ from otelbpf.correlate import metrics as m
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo, agent_resource
 from otelbpf.correlate.spans import scope
+from otelbpf.correlate import symbolizer
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.export.factory import metric_exporter, span_exporter
 from otelbpf.export.health import Health
@@ -63,7 +64,9 @@ class Agent:
         traces = bool(config.pipeline("traces"))
         self._resource_attrs = config.resource_attributes("traces" if traces else "metrics")
         self.process_info = ProcessInfo({k: v for k, v in self._resource_attrs.items()})
-        self.symbolizer = Symbolizer()
+        sizes = [c for _, c in self._receiver_configs()]
+        symbolizer.TABLES.max_tables = max((getattr(c, "symbol_tables", 0) for c in sizes), default=0) or 128
+        self.symbolizer = Symbolizer(max_names=next((c.symbol_names for c in sizes if hasattr(c, "symbol_names")), 65536))
         self.started_at = time.time()
 
         batch = next(
@@ -225,6 +228,9 @@ class Agent:
             by_name.setdefault(name, []).append((attrs, value))
         for name, points in by_name.items():
             out.append(m.cumulative_sum(name, "1", "Agent self-telemetry counter", points, start, now))
+        out.append(m.cumulative_sum("otelbpf.cache.evictions", "{entry}", "Cache entries evicted (LRU), by cache",
+                                    [({"cache": c}, n) for c, n in sorted(symbolizer.EVICTIONS.items())] or [({}, 0)],
+                                    start, now))
         a = self.sensor.attach_stats
         out.append(m.gauge("otelbpf.probes.attached", "{probe}", "Uprobes attached", [({}, a.probes)], now))
         out.append(m.gauge("otelbpf.libraries.attached", "{library}", "Library files probed", [({}, a.libraries)], now))

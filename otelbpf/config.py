@@ -345,6 +345,8 @@ class CudaReceiverConfig(_Section):
     ring_buffer_size: RingSize = 16 << 20
     top_kernels: int = Field(20, ge=0, le=1000)
     max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
+    symbol_names: int = Field(65536, ge=1024, le=1 << 22)
+    symbol_tables: int = Field(128, ge=8, le=4096)
 
     @field_validator("libraries")
     @classmethod
@@ -397,6 +399,7 @@ class ProfilingReceiverConfig(_Section):
     sample_map_entries: int = Field(16384, ge=1024, le=1 << 20)
     code_map_entries: int = Field(16384, ge=1024, le=1 << 20)
     live_allocations: int = Field(262144, ge=1024, le=1 << 24)
+    symbol_tables: int = Field(128, ge=8, le=4096)
 
     @field_validator("max_python_frames")
     @classmethod
@@ -994,6 +997,8 @@ receivers:
     ring_buffer_size: 16MiB
     top_kernels: 20
     max_spans_per_second: 20000
+    symbol_names: 65536
+    symbol_tables: 128
   http:
     ports: []
     payload_size: 4KiB
@@ -1011,6 +1016,7 @@ receivers:
     sample_map_entries: 16384
     code_map_entries: 16384
     live_allocations: 262144
+    symbol_tables: 128
   nccl:
     search_paths:
       - /usr/lib/x86_64-linux-gnu/libnccl.so*

@@ -14,13 +14,12 @@ module, file offset and build id along with the name.
 from __future__ import annotations
 
 import bisect
-import functools
 import logging
 import os
 import struct
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -185,9 +184,66 @@ class _SymbolTable:
         return None
 
 
-_BY_BUILD_ID: OrderedDict[tuple[str, int], _SymbolTable] = OrderedDict()
-_BY_BUILD_ID_MAX = 256
-_by_build_id_lock = threading.Lock()
+#: Cache evictions, by cache (``tables``: symbol tables; ``processes``: maps snapshots;
+#: ``names``: resolved addresses), exported as ``otelbpf.cache.evictions`` by whoever holds a
+#: Health (see ``Symbolizer``). Module-wide, as the table cache is.
+EVICTIONS: Counter = Counter()
+
+
+class _TableCache:
+    """Symbol tables by inode (a replaced file is read again), then by build id and size (a
+    library seen under several paths or inodes is parsed once; the size tells a stripped copy,
+    which keeps the build id, from the original). LRU, at most ``max_tables`` of each: one
+    table can be tens of MiB (libtorch_cuda.so: 211k functions)."""
+
+    def __init__(self, max_tables: int) -> None:
+        self.max_tables = max_tables
+        self._by_inode: OrderedDict[tuple[str, int, int, int], _SymbolTable] = OrderedDict()
+        self._by_build_id: OrderedDict[tuple[str, int], _SymbolTable] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._by_inode)
+
+    def get(self, path: str, dev: int, ino: int, mtime: int) -> _SymbolTable:
+        """The file's table; raises on failure (failures are not cached: see ``_table``)."""
+        inode = (path, dev, ino, mtime)
+        with self._lock:
+            table = self._by_inode.get(inode)
+            if table is not None:
+                self._by_inode.move_to_end(inode)
+                return table
+        with open(path, "rb") as f:
+            lay, phdrs, _ = _headers(f)
+            key = (_build_id(f, lay, phdrs), os.fstat(f.fileno()).st_size)
+        with self._lock:
+            table = self._by_build_id.get(key) if key[0] else None
+            if table is not None:
+                self._by_build_id.move_to_end(key)
+        if table is None:
+            table = _SymbolTable(path)
+        with self._lock:
+            self._put(self._by_inode, inode, table)
+            if key[0]:
+                self._put(self._by_build_id, key, table)
+        return table
+
+    def _put(self, cache: OrderedDict, key: object, table: _SymbolTable) -> None:
+        cache[key] = table
+        cache.move_to_end(key)
+        while len(cache) > self.max_tables:
+            cache.popitem(last=False)
+            if cache is self._by_inode:
+                EVICTIONS["tables"] += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_inode.clear()
+            self._by_build_id.clear()
+
+
+#: The process-wide table cache (the agent's and the profiler's symbolizers share tables).
+TABLES = _TableCache(128)
 
 
 def _table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable | None:
@@ -196,34 +252,10 @@ def _table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable | None:
     Failures are not cached: a read through /proc/PID/map_files fails once the
     process is gone, and must not hide the symbols from the next lookup."""
     try:
-        return _load_table(path, dev, ino, mtime)
+        return TABLES.get(path, dev, ino, mtime)
     except Exception as exc:  # unreadable/corrupt ELF: fall back to module+offset
         log.debug("cannot read symbols of %s: %s", path, exc)
         return None
-
-
-@functools.lru_cache(maxsize=1024)
-def _load_table(path: str, dev: int, ino: int, mtime: int) -> _SymbolTable:
-    """The file's table: by inode first (a replaced file is read again), then by build id
-    and size, so a library seen under several paths or inodes is parsed once (the size
-    tells a stripped copy, which keeps the build id, from the original). Raises on
-    failure (lru_cache keeps no exceptions)."""
-    del dev, ino, mtime  # cache key
-    with open(path, "rb") as f:
-        lay, phdrs, _ = _headers(f)
-        key = (_build_id(f, lay, phdrs), os.fstat(f.fileno()).st_size)
-    with _by_build_id_lock:
-        cached = _BY_BUILD_ID.get(key) if key[0] else None
-        if cached is not None:
-            _BY_BUILD_ID.move_to_end(key)
-            return cached
-    table = _SymbolTable(path)
-    if key[0]:
-        with _by_build_id_lock:
-            _BY_BUILD_ID[key] = table
-            while len(_BY_BUILD_ID) > _BY_BUILD_ID_MAX:
-                _BY_BUILD_ID.popitem(last=False)
-    return table
 
 
 def _mapped_table(pid: int, m: Mapping, deleted: bool) -> _SymbolTable | None:
@@ -326,12 +358,16 @@ class _Snapshot:
 
 
 class Symbolizer:
-    """Per-process address resolution with caches for maps and results."""
+    """Per-process address resolution with caches for maps and results.
 
-    def __init__(self, max_processes: int = 4096) -> None:
+    Both caches are LRU and bounded (``max_processes`` maps snapshots, ``max_names``
+    resolved addresses); what they evict is counted in ``EVICTIONS``."""
+
+    def __init__(self, max_processes: int = 4096, max_names: int = 65536) -> None:
         self._max = max_processes
+        self._max_names = max_names
         self._maps: OrderedDict[int, _Snapshot] = OrderedDict()  # LRU: bounded on busy hosts
-        self._names: dict[tuple[int, int], str] = {}
+        self._names: OrderedDict[tuple[int, int], str] = OrderedDict()
         self._lock = threading.Lock()
 
     def remember(self, pid: int) -> None:
@@ -347,6 +383,7 @@ class Symbolizer:
             self._maps.move_to_end(pid)
             while len(self._maps) > self._max:
                 self._maps.popitem(last=False)
+                EVICTIONS["processes"] += 1
 
     def forget(self, pid: int, before_ns: int | None = None) -> None:
         """Drop what is known of ``pid`` (only if learnt before ``before_ns``,
@@ -364,11 +401,15 @@ class Symbolizer:
         key = (pid, addr)
         with self._lock:
             hit = self._names.get(key)
-        if hit is not None:
-            return hit
+            if hit is not None:
+                self._names.move_to_end(key)
+                return hit
         name = self._resolve(pid, addr)
         with self._lock:
             self._names[key] = name
+            while len(self._names) > self._max_names:
+                self._names.popitem(last=False)
+                EVICTIONS["names"] += 1
         return name
 
     def _find(self, pid: int, addr: int, fresh_after_ns: int | None) -> tuple[Mapping | None, _Snapshot | None]:

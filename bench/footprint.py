@@ -1,0 +1,354 @@
+"""The agent's own footprint: RSS, CPU, start and stop time, idle and under load (issue 14).
+
+    sudo .venv/bin/python bench/footprint.py [--seconds 20] [--rate 50000] [--quick] [--out FILE]
+
+Two agents, one after the other, each in host mode and stopped with SIGTERM:
+
+- ``default``: the embedded default config (cuda + profiling), file exporters;
+- ``all``: every receiver (cuda, profiling, nccl, ibverbs, http) in the pipelines.
+
+Each goes through the same windows, ``--seconds`` long, with its RSS (VmRSS) sampled every
+second throughout and its CPU read per thread (/proc/PID/task/TID/stat) over each window:
+
+1. ``idle``: nothing to trace (the host's own processes still get profiled);
+2. ``launches``: ``build/bench/launch_loop --rate R`` calling ``cudaLaunchKernel`` on a private
+   copy of the stand-in runtime (default sampling: launches counted in the kernel, no span);
+3. ``mixed`` (``all`` only): the launches, plus ``build/bench/http_server`` under a paced
+   keep-alive HTTP/1.1 client (``--http-rate`` requests/s from this process) and
+   ``build/examples/nccl_job`` (2 ranks, all-reduce after each batch of kernels) running in a loop.
+
+Start time is Popen to the agent's "otelbpf running" line (with the compile time it logs);
+stop time is SIGTERM to exit, with the phases Agent.stop logs ("otelbpf stopped in ...": see
+also bench/stop_time.py for --pid and command modes). The RSS growth over the load windows
+(least squares, MiB per minute) says whether memory is flat.
+
+The machine's load average and the CPU of processes not ours are recorded with every window:
+on a shared machine the CPU and start/stop figures move with them (memory much less). Results:
+a table on stdout and bench/results/footprint-<date>.json; numbers in docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_launch import (  # noqa: E402  (bench/ is not a package)
+    FAKE_CUDART, LAUNCH_LOOP, ROOT, cpu_by_thread, cpu_times, finish_paced, machine, machine_pct, paced,
+    thread_ticks,
+)
+
+DEFAULT_CONFIG = ROOT / "config/otelbpf.yaml"
+HTTP_SERVER = ROOT / "build/bench/http_server"
+NCCL_JOB = ROOT / "build/examples/nccl_job"
+RESULTS = ROOT / "bench/results"
+ALL_RECEIVERS = ["cuda", "nccl", "ibverbs", "http"]
+
+
+class BenchError(Exception):
+    pass
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def rss_kib(pid: int) -> int:
+    m = re.search(r"^VmRSS:\s*(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M)
+    return int(m.group(1)) if m else 0
+
+
+class RssSampler:
+    """VmRSS of one process every ``period`` seconds, on a thread, as (seconds since start, KiB)."""
+
+    def __init__(self, pid: int, period: float = 1.0) -> None:
+        self.pid, self.period, self.t0 = pid, period, time.monotonic()
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.samples.append((round(time.monotonic() - self.t0, 1), rss_kib(self.pid)))
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, a: float, b: float) -> list[tuple[float, int]]:
+        return [(t, kib) for t, kib in self.samples if a <= t <= b]
+
+
+def slope_mib_per_min(samples: list[tuple[float, int]]) -> float | None:
+    """Least-squares RSS growth over ``samples``, MiB per minute."""
+    if len(samples) < 3:
+        return None
+    n = len(samples)
+    mt = sum(t for t, _ in samples) / n
+    mk = sum(k for _, k in samples) / n
+    den = sum((t - mt) ** 2 for t, _ in samples)
+    return round(sum((t - mt) * (k - mk) for t, k in samples) / den * 60 / 1024, 2) if den else None
+
+
+def config_for(name: str, workdir: Path, lib: Path, http_port: int) -> Path:
+    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    cfg["receivers"]["cuda"]["search_paths"] = [str(lib)]
+    cfg["exporters"]["file"]["directory"] = str(workdir / name / "out")
+    if name == "all":
+        cfg["receivers"]["http"]["ports"] = [http_port]
+        for sig in ("traces", "metrics"):
+            cfg["service"]["pipelines"][sig]["receivers"] = list(ALL_RECEIVERS)
+    path = workdir / name / "otelbpf.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+class AgentRun:
+    """One `otelbpf run -c CONFIG` (host mode) of this checkout, its stderr kept."""
+
+    def __init__(self, name: str, config: Path, workdir: Path) -> None:
+        self.name, self.lines = name, []
+        self.running = threading.Event()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(config)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=workdir, env=env)
+        self.start_s = 0.0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            self.lines.append(line.rstrip("\n"))
+            if "otelbpf running" in line and not self.running.is_set():
+                self.start_s = time.monotonic() - self.t0
+                self.running.set()
+
+    def wait_running(self, timeout_s: float = 120) -> None:
+        while not self.running.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() - self.t0 > timeout_s:
+                self.proc.kill()
+                raise BenchError(f"{self.name}: the agent did not start:\n" + "\n".join(self.lines[-20:]))
+
+    def compile_s(self) -> float | None:
+        m = next((re.search(r"compiled in ([\d.]+)s", ln) for ln in self.lines if "otelbpf running" in ln), None)
+        return float(m.group(1)) if m else None
+
+    def stop(self, timeout_s: float = 120) -> dict:
+        """SIGTERM to exit, and the phases Agent.stop logged."""
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        took = time.monotonic() - t0
+        time.sleep(0.3)  # the reader's last lines
+        phases = next((ln.split("otelbpf stopped in ", 1)[1] for ln in self.lines if "otelbpf stopped in" in ln), "")
+        return {"sigterm_to_exit_s": round(took, 2), "exit_status": self.proc.returncode, "phases": phases,
+                "warnings": sum(" WARNING " in ln for ln in self.lines),
+                "errors": [ln for ln in self.lines if " ERROR " in ln][:5]}
+
+
+def window(agent: AgentRun, rss: RssSampler, seconds: float, during=None) -> dict:
+    """CPU per agent thread and RSS over ``seconds`` (while ``during``'s load runs, if given)."""
+    pid = agent.proc.pid
+    before, m0, t0 = thread_ticks(pid), cpu_times(), time.monotonic()
+    a = t0 - rss.t0
+    extra = during(seconds) if during is not None else time.sleep(seconds)
+    after, m1, secs = thread_ticks(pid), cpu_times(), time.monotonic() - t0
+    cpu = cpu_by_thread(before, after, secs)
+    series = rss.between(a, a + secs + 0.5)
+    kib = [k for _, k in series] or [rss_kib(pid)]
+    return {"seconds": round(secs, 1), "agent_cpu_pct_of_core": cpu,
+            "rss_mib": {"min": round(min(kib) / 1024, 1), "max": round(max(kib) / 1024, 1),
+                        "end": round(kib[-1] / 1024, 1)},
+            "rss_slope_mib_per_min": slope_mib_per_min(series),
+            "machine_busy_pct_of_core": machine_pct(m0, m1),
+            "others_pct_of_core": round(machine_pct(m0, m1) - cpu["total"], 1),
+            "load_average": load(), **(extra or {})}
+
+
+def launches(lib: Path, rate: int):
+    def run(seconds: float) -> dict:
+        proc, out = paced(lib, rate, seconds)
+        r = finish_paced(proc, out)
+        return {"launches": {"asked_rate": rate, "achieved_rate": round(r["achieved_rate"]), "calls": r["calls"]}}
+    return run
+
+
+def http_client(port: int, rate: int, seconds: float, result: dict) -> None:
+    """Paced keep-alive HTTP/1.1 GETs on one connection (raw socket: bench/http.py shadows the
+    stdlib's http package here); counts what was answered."""
+    t0, done, failed = time.monotonic(), 0, 0
+    conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+    while (now := time.monotonic()) < t0 + seconds:
+        due = t0 + done / rate
+        if due > now:
+            time.sleep(due - now)
+        try:
+            conn.sendall(f"GET /footprint/{done % 100} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+            got = b""
+            while not got.endswith(b"hello, world\n"):  # http_server's fixed response
+                chunk = conn.recv(4096)
+                if not chunk:
+                    raise OSError("closed")
+                got += chunk
+        except OSError:
+            failed += 1
+            conn.close()
+            conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+        done += 1
+    conn.close()
+    result.update(requests=done, failed=failed, achieved_rate=round(done / (time.monotonic() - t0)))
+
+
+def nccl_loop(seconds: float, result: dict) -> None:
+    """nccl_job runs (2 ranks, kernels then an all-reduce per iteration) back to back."""
+    end, runs = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        p = subprocess.run([str(NCCL_JOB), "--ranks", "2", "--iterations", "200", "--kernels", "8", "--kernel-us", "200"],
+                           capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            result["error"] = p.stderr.strip()[-300:]
+            return
+        runs += 1
+    result["runs"] = runs
+
+
+def mixed(lib: Path, rate: int, port: int, http_rate: int):
+    def run(seconds: float) -> dict:
+        h: dict = {}
+        n: dict = {}
+        threads = [threading.Thread(target=http_client, args=(port, http_rate, seconds, h)),
+                   threading.Thread(target=nccl_loop, args=(seconds, n))]
+        for t in threads:
+            t.start()
+        out = launches(lib, rate)(seconds)
+        for t in threads:
+            t.join()
+        return {**out, "http": h, "nccl_job": n}
+    return run
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespace, log) -> dict:
+    cfg = config_for(name, workdir, lib, port)
+    load_before = load()
+    agent = AgentRun(name, cfg, workdir / name)
+    agent.wait_running()
+    rss = RssSampler(agent.proc.pid)
+    out: dict = {"config": name, "receivers": ["cuda", "profiling"] if name == "default" else [*ALL_RECEIVERS, "profiling"],
+                 "start": {"to_running_s": round(agent.start_s, 2), "bpf_compile_s": agent.compile_s(),
+                           "load_average": load_before},
+                 "rss_at_running_mib": round(rss_kib(agent.proc.pid) / 1024, 1)}
+    try:
+        time.sleep(2.0)  # the first /proc scan and profile read
+        out["idle"] = window(agent, rss, a.seconds)
+        log(f"  {name} idle: cpu {out['idle']['agent_cpu_pct_of_core']['total']:.1f}%, rss {out['idle']['rss_mib']}")
+        out["launches"] = window(agent, rss, a.seconds, launches(lib, a.rate))
+        log(f"  {name} launches: cpu {out['launches']['agent_cpu_pct_of_core']['total']:.1f}%, "
+            f"rss {out['launches']['rss_mib']}")
+        if name == "all":
+            out["mixed"] = window(agent, rss, a.seconds, mixed(lib, a.rate, port, a.http_rate))
+            log(f"  {name} mixed: cpu {out['mixed']['agent_cpu_pct_of_core']['total']:.1f}%, "
+                f"rss {out['mixed']['rss_mib']}")
+        out["rss_series"] = rss.samples
+        out["rss_slope_after_start_mib_per_min"] = slope_mib_per_min([s for s in rss.samples if s[0] >= 2.0])
+    finally:
+        rss.stop()
+        out["stop"] = agent.stop()
+    out["stop"]["load_average"] = load()
+    log(f"  {name} start {out['start']['to_running_s']} s, stop {out['stop']['sigterm_to_exit_s']} s "
+        f"({out['stop']['phases']})")
+    return out
+
+
+def report(res: dict) -> None:
+    print(f"\nFootprint (load average before: {res['load_average_before']}, {res['machine']['cpus']} CPUs)")
+    print(f"{'config':8} {'window':9} {'cpu %':>6} {'rss MiB min/max/end':>22} {'slope':>6} {'others %':>8}  load")
+    for r in res["runs"]:
+        for w in ("idle", "launches", "mixed"):
+            if w in r:
+                x = r[w]
+                mib = x["rss_mib"]
+                print(f"{r['config']:8} {w:9} {x['agent_cpu_pct_of_core']['total']:6.1f} "
+                      f"{mib['min']:>8}/{mib['max']}/{mib['end']:<6} {x['rss_slope_mib_per_min'] or 0:>6} "
+                      f"{x['others_pct_of_core']:8.1f}  {x['load_average'][0]}")
+        print(f"{r['config']:8} start {r['start']['to_running_s']} s (compile {r['start']['bpf_compile_s']} s), "
+              f"stop {r['stop']['sigterm_to_exit_s']} s: {r['stop']['phases']}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=20.0, help="length of each window")
+    p.add_argument("--rate", type=int, default=50_000, help="cudaLaunchKernel calls per second")
+    p.add_argument("--http-rate", type=int, default=500, help="HTTP requests per second in the mixed window")
+    p.add_argument("--configs", default="default,all")
+    p.add_argument("--quick", action="store_true", help="5 s windows: a smoke check, not numbers to report")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--keep-workdir", action="store_true")
+    a = p.parse_args()
+    if a.quick:
+        a.seconds = 5.0
+    if os.geteuid() != 0:
+        sys.exit("needs root (the agent loads eBPF)")
+    for f in (LAUNCH_LOOP, FAKE_CUDART, HTTP_SERVER, NCCL_JOB):
+        if not f.exists():
+            sys.exit(f"{f} is missing: run `bash examples/build.sh`")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    workdir = Path(tempfile.mkdtemp(prefix="otelbpf-footprint-"))
+    lib = workdir / "lib" / "libcudart.so.12"  # a private inode: other agents' probes stay off it
+    lib.parent.mkdir()
+    shutil.copy2(FAKE_CUDART, lib)
+    port = free_port()
+    server = subprocess.Popen([str(HTTP_SERVER), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    res: dict = {"date": dt.date.today().isoformat(), "machine": machine(), "load_average_before": load(),
+                 "plan": {"seconds": a.seconds, "rate": a.rate, "http_rate": a.http_rate, "quick": a.quick},
+                 "runs": []}
+    try:
+        time.sleep(0.3)
+        for name in a.configs.split(","):
+            log(f"{name}:")
+            res["runs"].append(measure(name, workdir, lib, port, a, log))
+    finally:
+        server.terminate()
+        server.wait()
+        if not a.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report(res)
+    out = a.out or RESULTS / f"footprint-{res['date']}{'-quick' if a.quick else ''}.json"
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    log(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The symbolizer's caches are bounded (sizes from the config) and count what they evict."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+from otelbpf.config import DEFAULT_CONFIG_YAML, ConfigError, load_config_text
+from otelbpf.correlate import symbolizer
+from otelbpf.correlate.symbolizer import EVICTIONS, Symbolizer, _TableCache, read_maps
+
+LIBS = sorted({m.path for m in read_maps(os.getpid()) if m.path.endswith(".so") or ".so." in m.path})[:4]
+
+
+def function_addresses(n: int) -> list[int]:
+    """``n`` distinct code addresses of this process (libc's exported functions)."""
+    libc = ctypes.CDLL(None)
+    names = ["malloc", "free", "calloc", "realloc", "strlen", "memcpy", "memset", "strcmp", "getpid", "open",
+             "close", "read", "write", "printf", "qsort", "strtol"]
+    return [ctypes.cast(getattr(libc, f), ctypes.c_void_p).value for f in names[:n]]
+
+
+def test_resolved_names_are_bounded_and_evictions_counted():
+    sym = Symbolizer(max_names=4)
+    before = EVICTIONS["names"]
+    addrs = function_addresses(10)
+    names = [sym.resolve(os.getpid(), a) for a in addrs]
+    assert "malloc" in names[0]
+    assert len(sym._names) == 4
+    assert EVICTIONS["names"] - before == 6
+    # the most recently used survive; an evicted one is resolved again, to the same name
+    assert sym.resolve(os.getpid(), addrs[0]) == names[0]
+    assert EVICTIONS["names"] - before == 7
+
+
+def test_process_snapshots_are_bounded_and_evictions_counted():
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(3)]
+    try:
+        sym = Symbolizer(max_processes=2)
+        before = EVICTIONS["processes"]
+        for p in procs:
+            sym.remember(p.pid)
+        assert list(sym._maps) == [procs[1].pid, procs[2].pid]
+        assert EVICTIONS["processes"] - before == 1
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_symbol_tables_are_bounded_and_evictions_counted():
+    assert len(LIBS) >= 3, LIBS
+    cache = _TableCache(2)
+    before = EVICTIONS["tables"]
+    tables = []
+    for path in LIBS[:3]:
+        st = os.stat(path)
+        tables.append(cache.get(path, st.st_dev, st.st_ino, int(st.st_mtime)))
+    assert len(cache) == 2
+    assert EVICTIONS["tables"] - before == 1
+    st = os.stat(LIBS[2])
+    assert cache.get(LIBS[2], st.st_dev, st.st_ino, int(st.st_mtime)) is tables[2]  # still cached
+    st = os.stat(LIBS[0])
+    again = cache.get(LIBS[0], st.st_dev, st.st_ino, int(st.st_mtime))
+    assert again is not tables[0] and (again.addrs == tables[0].addrs).all()  # evicted: read anew
+    assert EVICTIONS["tables"] - before == 2
+
+
+def test_cache_sizes_come_from_the_config():
+    cfg = load_config_text(DEFAULT_CONFIG_YAML)
+    assert cfg.receivers["cuda"].symbol_names == 65536
+    assert cfg.receivers["cuda"].symbol_tables == 128
+    assert cfg.receivers["profiling"].symbol_tables == 128
+    small = DEFAULT_CONFIG_YAML.replace("    symbol_names: 65536\n", "    symbol_names: 16\n", 1)
+    with pytest.raises(ConfigError, match="symbol_names"):
+        load_config_text(small)
+
+
+def test_the_agent_sizes_its_caches_from_the_config(monkeypatch, tmp_path):
+    from otelbpf.agent import Agent
+
+    monkeypatch.chdir(tmp_path)  # the default file exporter's ./otelbpf-out
+
+    text = DEFAULT_CONFIG_YAML.replace("    symbol_names: 65536\n", "    symbol_names: 2048\n", 1)
+    text = text.replace("    symbol_tables: 128\n", "    symbol_tables: 300\n")
+    monkeypatch.setattr(symbolizer.TABLES, "max_tables", symbolizer.TABLES.max_tables)
+    agent = Agent(load_config_text(text))
+    assert agent.symbolizer._max_names == 2048
+    assert symbolizer.TABLES.max_tables == 300
