@@ -79,6 +79,8 @@ OTHER = "_OTHER"
 _STATUS = re.compile(r"[1-9][0-9][0-9]")
 _GRPC_STATUS = re.compile(r"[0-9]{1,2}")
 _GRPC_PATH = re.compile(r"/([^/]+)/([^/]+)")
+#: Spans made within one batch that are handed to the exporter before the batch ends.
+_HAND_OFF = 4096
 #: Chunks a server may send before the client's first bytes decide the protocol (HTTP/2 SETTINGS).
 _PENDING_CHUNKS = 16
 #: gRPC codes that are server errors (OpenTelemetry's rpc conventions); any non-OK code fails a client span.
@@ -232,6 +234,12 @@ class HttpCorrelator:
                     record(rows[i], addrs, i)
                 except Exception as exc:
                     self._failed("record", exc)
+                if len(self._spans) >= _HAND_OFF:
+                    # A record can finish hundreds of streams (evicted by a flood): hand spans over
+                    # within the batch rather than hold a whole ring's worth (the queue never blocks).
+                    spans, self._spans = self._spans, []
+                    self.spans_emitted += len(spans)
+                    self._emit(spans)
             self._conns.flush()
             self._flush_durations()
         self._flush_spans()
