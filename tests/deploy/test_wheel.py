@@ -16,6 +16,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,10 @@ DEBIAN_PYTHON = Path("/usr/bin/python3")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """Built from a copy holding only pyproject.toml, README.md and otelbpf/ (no repo around)."""
+    """Built from a copy holding only pyproject.toml, README.md and otelbpf/ (no repo around),
+    with this environment's setuptools (no build isolation: no network needed)."""
+    setuptools = tuple(int(x) for x in metadata.version("setuptools").split(".")[:2])
+    assert setuptools >= (68, 0), f"pyproject.toml's build backend needs setuptools>=68, not {setuptools}"
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
