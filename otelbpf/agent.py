@@ -253,8 +253,11 @@ class Agent:
         require_root()
         self._processor.start()
         self.sensor.start()
-        for pid in self.sensor.options.pids:  # --pid targets: their maps while they surely live
-            self._describe_process(pid)
+        if not self.sensor.options.pause_on_load:
+            # --pid targets: their maps while they surely live (not a `run --` child, still
+            # the agent's fork until its exec: it is described at its first library open)
+            for pid in self.sensor.options.pids:
+                self._describe_process(pid)
         if self.metrics is not None:
             self.metrics.start()
         log.info(
