@@ -44,7 +44,7 @@ def promql_queries() -> list[tuple[str, str]]:
             for target in panel.get("targets", []):
                 if "expr" in target:
                     found.append((f"{path.name}: {panel['title']}", _substitute(target["expr"])))
-        for var in dash["templating"]["list"]:
+        for var in dash["templating"].get("list", []):
             found.append((f"{path.name}: variable {var['name']}", _label_values(var["query"])))
     return found
 

@@ -66,12 +66,16 @@ def quantiles(metric: str, by: str, selector: str = SVC) -> list[prometheus.Data
             for q, ref in ((0.5, "A"), (0.99, "B"))]
 
 
-def base(uid: str, title: str, description: str, service_metric: str) -> dashboard.Dashboard:
-    service = (dashboard.QueryVariable("service").label("service").datasource(PROM)
-               .query(f"label_values({service_metric}, service_name)").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-               .multi(True).include_all(True).all_value(".*"))
-    return (dashboard.Dashboard(title).uid(uid).description(description).tags(["otelbpf", "ebpf"])
-            .time("now-30m", "now").refresh("30s").editable().with_variable(service))
+def base(uid: str, title: str, description: str, service_metric: str | None) -> dashboard.Dashboard:
+    """A dashboard; with `service_metric`, a $service variable listing that metric's services."""
+    board = (dashboard.Dashboard(title).uid(uid).description(description).tags(["otelbpf", "ebpf"])
+             .time("now-30m", "now").refresh("30s").editable())
+    if service_metric is None:
+        return board
+    return board.with_variable(
+        dashboard.QueryVariable("service").label("service").datasource(PROM)
+        .query(f"label_values({service_metric}, service_name)").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True).include_all(True).all_value(".*"))
 
 
 def gpu() -> dashboard.Dashboard:
@@ -176,8 +180,7 @@ def http() -> dashboard.Dashboard:
 def agent() -> dashboard.Dashboard:
     me = 'service_name="otelbpf"'
     return (base("otelbpf-agent", "otelbpf / agent health",
-                 "The agent's own otelbpf.* metrics: every drop is counted somewhere here.",
-                 "otelbpf_events_received_total")
+                 "The agent's own otelbpf.* metrics: every drop is counted somewhere here.", None)
             .with_panel(series("Events received/s by ring", "ops", promql(
                 f"sum by (host_name, ring) (rate(otelbpf_events_received_total{{{me}}}[{RATE}]))",
                 "{{host_name}} {{ring}}")))
