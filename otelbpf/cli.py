@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="what this host can do, and which processes use CUDA/NCCL/ibverbs")
     summ = sub.add_parser("summary", help="summarize the OTLP-JSON files the file exporter wrote")
     summ.add_argument("directory", nargs="?", default="./otelbpf-out")
+    diag = sub.add_parser(
+        "diagnose",
+        help="why the GPU sits idle: causes seen in the CUDA calls the file exporter wrote, costliest first",
+    )
+    diag.add_argument("directory", nargs="?", default="./otelbpf-out")
+    diag.add_argument("--json", action="store_true", help="print the findings as JSON")
     strag = sub.add_parser(
         "stragglers",
         help="name the NCCL ranks that hold the others back, and why, from every rank's exported spans",
@@ -75,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return stragglers(args.paths, threshold_ns=args.threshold, min_share=args.min_share, as_json=args.json,
                           correct_clocks=not args.no_clock_correction, out=sys.stdout, err=sys.stderr)
+    if args.cmd == "diagnose":
+        from otelbpf.analyze.diagnose import run as diagnose
+
+        return diagnose(args.directory, sys.stdout, sys.stderr, as_json=args.json)
     if args.cmd == "summary":
         from otelbpf.analyze.summary import summarize
 

@@ -1,0 +1,254 @@
+"""Why is the GPU idle? Causes seen from the host, ranked by the time they cost.
+
+Reads what the agent wrote (the file exporter's OTLP-JSON lines: CUDA spans and
+metrics per process) and names the causes of GPU idle time that the CUDA API
+shows, each with its evidence (counts, bytes, seconds, the span ids that show
+it) and the usual fix:
+
+- ``pageable_copies``: host<->device copies from pageable memory: staged through a
+  bounce buffer, slower, and synchronous even when asked to be async;
+- ``sync_storm``: frequent synchronizes; each drains the GPU's queue, and the GPU
+  then waits for the host to launch the next work;
+- ``blocking_reads``: small blocking device-to-host copies (``loss.item()``,
+  ``.cpu()``, printing a tensor): a synchronize in disguise;
+- ``memory_churn``: device allocations and frees over and over, often of the same
+  sizes (allocator cache misses, ``empty_cache``); ``cudaFree`` synchronizes;
+- ``launch_bound``: launches so frequent and syncs so short that the GPU finishes
+  each kernel before the next arrives (tiny kernels).
+
+The costs are host-side estimates, documented per cause (``COSTS``): what the GPU
+could have been doing while the host did this. Without a GPU's own account (NVML)
+they say *why*, not *how long the GPU was idle in total*.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import TextIO
+
+from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read
+
+#: How each cause's cost is estimated (printed with --explain, and in docs).
+COSTS = {
+    "pageable_copies": "time the host spent in copies from or to pageable memory",
+    "sync_storm": "for each synchronize, the gap until the host issued its next CUDA call (the GPU's queue was empty)",
+    "blocking_reads": "time in blocking device-to-host copies of at most 64 KiB (each waits for the GPU to drain)",
+    "memory_churn": "time in device allocation and free calls",
+    "launch_bound": "launches x 5 us, a typical host cost of one launch, when the GPU keeps up with the host",
+}
+
+FIXES = {
+    "pageable_copies": "Allocate host buffers pinned: DataLoader(pin_memory=True) or tensor.pin_memory(), then "
+                       "copy with .to('cuda', non_blocking=True); or cudaHostRegister the buffer once.",
+    "sync_storm": "Remove per-step synchronizes (torch.cuda.synchronize(), loss.item(), tensor printing); record a "
+                  "CUDA event and check it every N steps instead.",
+    "blocking_reads": "Keep values on the GPU; read them back every N steps (accumulate loss in a tensor), or copy "
+                      "non_blocking into pinned memory and wait on an event.",
+    "memory_churn": "Keep the caching allocator warm: avoid torch.cuda.empty_cache() in the loop, reuse buffers, set "
+                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for varying sizes.",
+    "launch_bound": "Fuse small kernels: CUDA graphs (torch.cuda.graphs / torch.compile(mode='reduce-overhead')) "
+                    "or larger batches.",
+}
+
+_SYNCS = {"cudaStreamSynchronize", "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize", "cudaEventSynchronize",
+          "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuCtxSynchronize", "cuEventSynchronize"}
+_ALLOCS = {"cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cuMemAlloc_v2", "cuMemFree_v2",
+           "cuMemAllocAsync", "cuMemFreeAsync"}
+_SMALL_READ = 64 << 10
+#: A finding below this share of the process's traced window is not reported.
+MIN_SHARE = 0.01
+LAUNCH_COST_S = 5e-6
+SYNC_GAP_CAP_S = 0.1
+EVIDENCE_SPANS = 5
+
+
+@dataclass
+class Finding:
+    cause: str
+    process: str
+    cost_s: float          # estimated seconds (see COSTS)
+    share: float           # cost / the process's traced window
+    summary: str
+    evidence: dict = field(default_factory=dict)
+    fix: str = ""
+
+
+@dataclass
+class _Span:
+    name: str
+    start: int
+    end: int
+    tid: int
+    attrs: dict
+    span_id: str
+
+
+def _load(directory: str) -> tuple[dict, dict, dict]:
+    """(spans per process, latest metric points per process, resources)."""
+    spans: dict = defaultdict(list)
+    latest: dict = defaultdict(dict)
+    procs: dict = {}
+
+    def add_spans(req: dict) -> None:
+        for rs in req.get("resourceSpans", []):
+            res = _attrs(rs.get("resource", {}).get("attributes"))
+            key = _proc_key(res)
+            procs.setdefault(key, res)
+            for ss in rs.get("scopeSpans", []):
+                if ss.get("scope", {}).get("name") != "otelbpf.cuda":
+                    continue
+                for sp in ss.get("spans", []):
+                    a = _attrs(sp.get("attributes"))
+                    spans[key].append(_Span(sp["name"], int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]),
+                                            int(a.get("thread.id", 0) or 0), a, sp.get("spanId", "")))
+
+    def add_metrics(req: dict) -> None:
+        for rm in req.get("resourceMetrics", []):
+            res = _attrs(rm.get("resource", {}).get("attributes"))
+            key = _proc_key(res)
+            procs.setdefault(key, res)
+            for sm in rm.get("scopeMetrics", []):
+                for metric in sm.get("metrics", []):
+                    for kind in ("sum", "gauge", "histogram"):
+                        for dp in metric.get(kind, {}).get("dataPoints", []):
+                            slot = (metric["name"], tuple(sorted(_attrs(dp.get("attributes")).items())))
+                            t = int(dp.get("timeUnixNano", 0))
+                            if slot not in latest[key] or latest[key][slot][0] <= t:
+                                latest[key][slot] = (t, dp)
+
+    _read(directory, "traces", add_spans)
+    _read(directory, "metrics", add_metrics)
+    return spans, latest, procs
+
+
+def _metric(points: dict, name: str, **match: object) -> list[tuple[dict, dict]]:
+    return [(dict(a), dp) for (n, a), (_t, dp) in points.items()
+            if n == name and all(dict(a).get(k) == v for k, v in match.items())]
+
+
+def _ids(spans: list[_Span]) -> list[str]:
+    return [s.span_id for s in sorted(spans, key=lambda s: s.start - s.end)[:EVIDENCE_SPANS]]
+
+
+def _process_findings(label: str, spans: list[_Span], points: dict) -> list[Finding]:
+    if not spans:
+        return []
+    window = max(1, max(s.end for s in spans) - min(s.start for s in spans)) / 1e9
+    out: list[Finding] = []
+
+    def add(cause: str, cost: float, summary: str, evidence: dict) -> None:
+        if cost / window >= MIN_SHARE:
+            out.append(Finding(cause, label, round(cost, 6), round(cost / window, 4), summary,
+                               {"window_s": round(window, 3), **evidence}, FIXES[cause]))
+
+    pageable = [s for s in spans if s.attrs.get("cuda.memcpy.host_memory") == "pageable"]
+    if pageable:
+        metric_bytes = sum(_num(dp) for _a, dp in _metric(points, "cuda.memcpy.host_bytes",
+                                                          **{"cuda.memcpy.host_memory": "pageable"}))
+        nbytes = max(metric_bytes, sum(int(s.attrs.get("cuda.memcpy.bytes", 0)) for s in pageable))
+        cost = sum(s.end - s.start for s in pageable) / 1e9
+        add("pageable_copies", cost, f"{len(pageable)} copies ({nbytes / 2**20:.1f} MiB) from or to pageable host memory",
+            {"copies": len(pageable), "bytes": int(nbytes), "seconds": round(cost, 6), "span_ids": _ids(pageable)})
+
+    by_thread: dict[int, list[_Span]] = defaultdict(list)
+    for s in spans:
+        by_thread[s.tid].append(s)
+    syncs, gaps = [], []
+    for mine in by_thread.values():
+        mine.sort(key=lambda s: s.start)
+        for i, s in enumerate(mine):
+            if s.name in _SYNCS:
+                syncs.append(s)
+                nxt = next((n for n in mine[i + 1:] if n.start >= s.end), None)
+                if nxt is not None:
+                    gaps.append(min((nxt.start - s.end) / 1e9, SYNC_GAP_CAP_S))
+    if syncs and len(syncs) / window >= 1:
+        cost = sum(gaps)
+        funcs = Counter(s.name for s in syncs)
+        add("sync_storm", cost,
+            f"{len(syncs)} synchronizes ({len(syncs) / window:.1f}/s); the GPU waited {cost:.3f}s for the next work",
+            {"syncs": len(syncs), "per_second": round(len(syncs) / window, 2), "by_function": dict(funcs),
+             "median_gap_s": round(statistics.median(gaps), 6) if gaps else 0.0,
+             "waited_s": round(sum(s.end - s.start for s in syncs) / 1e9, 6), "span_ids": _ids(syncs)})
+
+    reads = [s for s in spans if s.attrs.get("cuda.memcpy.direction") == "D2H" and not s.attrs.get("cuda.memcpy.async")
+             and int(s.attrs.get("cuda.memcpy.bytes", 0)) <= _SMALL_READ]
+    if reads:
+        cost = sum(s.end - s.start for s in reads) / 1e9
+        add("blocking_reads", cost, f"{len(reads)} small blocking device-to-host reads ({len(reads) / window:.1f}/s)",
+            {"reads": len(reads), "bytes": sum(int(s.attrs.get("cuda.memcpy.bytes", 0)) for s in reads),
+             "seconds": round(cost, 6), "span_ids": _ids(reads)})
+
+    allocs = [s for s in spans if s.name in _ALLOCS]
+    calls = {a["cuda.api.function"]: _num(dp) for a, dp in _metric(points, "cuda.api.calls")
+             if a.get("cuda.api.function") in _ALLOCS}
+    if allocs and len(allocs) / window >= 1:
+        sizes = Counter(int(s.attrs["cuda.memory.bytes"]) for s in allocs
+                        if "cuda.memory.bytes" in s.attrs and "Free" not in s.name)
+        cost = sum(s.end - s.start for s in allocs) / 1e9
+        add("memory_churn", cost,
+            f"{len(allocs)} device allocations and frees ({len(allocs) / window:.1f}/s)"
+            + (f", {sizes.most_common(1)[0][1]} of {sizes.most_common(1)[0][0]} bytes" if sizes else ""),
+            {"calls": int(sum(calls.values())) or len(allocs), "by_function": calls or dict(Counter(s.name for s in allocs)),
+             "repeated_sizes": dict(sizes.most_common(3)), "seconds": round(cost, 6), "span_ids": _ids(allocs)})
+
+    launches = sum(_num(dp) for _a, dp in _metric(points, "cuda.kernel.launches"))
+    if launches and syncs:
+        median_wait = statistics.median((s.end - s.start) / 1e9 for s in syncs)
+        if launches / window >= 20_000 and median_wait <= 2e-4:
+            cost = launches * LAUNCH_COST_S
+            add("launch_bound", cost, f"{launches:.0f} launches ({launches / window:.0f}/s) and syncs that return "
+                f"in {median_wait * 1e6:.0f} us: the GPU keeps up with the host",
+                {"launches": int(launches), "per_second": round(launches / window), "median_sync_wait_s": median_wait})
+    return out
+
+
+def diagnose(directory: str) -> list[Finding]:
+    """Findings of every process in ``directory``, costliest first. Raises ValueError on
+    files that are not the agent's output (naming file and line)."""
+    spans, latest, procs = _load(directory)
+    findings: list[Finding] = []
+    for key, res in procs.items():
+        if key[0] == "otelbpf":
+            continue
+        label = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
+        findings += _process_findings(label, spans.get(key, []), latest.get(key, {}))
+    return sorted(findings, key=lambda f: -f.cost_s)
+
+
+def write_report(findings: list[Finding], out: TextIO, as_json: bool = False) -> None:
+    if as_json:
+        json.dump([asdict(f) for f in findings], out, indent=1)
+        out.write("\n")
+        return
+    if not findings:
+        out.write(f"no cause of GPU idle time above {MIN_SHARE:.0%} of a process's traced window\n")
+        return
+    for i, f in enumerate(findings, 1):
+        out.write(f"{i}. {f.cause}: {f.process}: ~{f.cost_s:.3f}s ({f.share:.1%} of its traced window)\n")
+        out.write(f"   {f.summary}\n")
+        out.write(f"   cost: {COSTS[f.cause]}\n")
+        evidence = {k: v for k, v in f.evidence.items() if k != "span_ids"}
+        out.write(f"   evidence: {json.dumps(evidence, sort_keys=True)}\n")
+        if f.evidence.get("span_ids"):
+            out.write(f"   spans: {', '.join(f.evidence['span_ids'])}\n")
+        out.write(f"   fix: {f.fix}\n")
+
+
+def run(directory: str, out: TextIO, err: TextIO, as_json: bool = False) -> int:
+    """``otelbpf diagnose DIR``: 0 with no finding, 1 with findings, 2 on unreadable input."""
+    import os
+
+    if not os.path.isdir(directory):
+        err.write(f"otelbpf diagnose: {directory} does not exist (run the agent with the file exporter first)\n")
+        return 2
+    try:
+        findings = diagnose(directory)
+    except ValueError as exc:
+        err.write(f"otelbpf diagnose: {exc}\n")
+        return 2
+    write_report(findings, out, as_json)
+    return 1 if findings else 0

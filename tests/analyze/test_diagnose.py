@@ -1,0 +1,152 @@
+"""`otelbpf diagnose` over files the real file exporters wrote, one planted cause each."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+from opentelemetry.sdk.resources import Resource
+
+from harness.agent import REPO
+from otelbpf.analyze.diagnose import diagnose, run
+from otelbpf.correlate import metrics as m
+from otelbpf.correlate.spans import make_span, scope
+from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
+
+CUDA = scope("otelbpf.cuda")
+T0 = 1_700_000_000_000_000_000
+MS = 1_000_000
+
+
+def job(pid: int) -> Resource:
+    return Resource({"service.name": f"job{pid}", "process.pid": pid})
+
+
+class Trace:
+    """One thread's CUDA calls laid out in time, exported through the real file exporter."""
+
+    def __init__(self, pid: int) -> None:
+        self.res, self.t, self.spans = job(pid), T0, []
+
+    def call(self, name: str, dur_ns: int, gap_ns: int = 100_000, **attrs) -> Trace:
+        self.spans.append(make_span(name, resource=self.res, scope=CUDA, start_ns=self.t, end_ns=self.t + dur_ns,
+                                    attributes={"cuda.api.function": name, "thread.id": 7, **attrs}))
+        self.t += dur_ns + gap_ns
+        return self
+
+    def step(self, **planted) -> Trace:
+        """A healthy training step: a pinned input copy, launches, nothing else blocking."""
+        pageable = planted.get("memory") == "pageable"  # staged: slower, and synchronous
+        self.call("cudaMemcpyAsync", 1 * MS if pageable else 20_000, **{"cuda.memcpy.bytes": 1 << 20, "cuda.memcpy.direction": "H2D",
+                                                 "cuda.memcpy.async": True,
+                                                 "cuda.memcpy.host_memory": planted.get("memory", "pinned")})
+        self.call("cudaLaunchKernel", 0, gap_ns=5 * MS, **{"cuda.kernel.name": "gemm"})
+        if planted.get("sync"):
+            self.call("cudaStreamSynchronize", 2 * MS, gap_ns=3 * MS)
+        if planted.get("item"):
+            self.call("cudaMemcpy", 1 * MS, gap_ns=2 * MS,
+                      **{"cuda.memcpy.bytes": 4, "cuda.memcpy.direction": "D2H", "cuda.memcpy.async": False})
+        if planted.get("churn"):
+            self.call("cudaMalloc", 2 * MS, **{"cuda.memory.bytes": 64 << 20})
+            self.call("cudaFree", 2 * MS, **{"cuda.memory.bytes": 64 << 20})
+        return self
+
+    def export(self, directory: Path, launches: int = 100) -> Path:
+        ex = FileSpanExporter(str(directory))
+        ex.export(self.spans)
+        ex.shutdown()
+        metrics = FileMetricExporter(str(directory))
+        metrics.export(MetricsData([ResourceMetrics(self.res, [ScopeMetrics(CUDA, [m.cumulative_sum(
+            "cuda.kernel.launches", "{launch}", "", [({"cuda.api.function": "cudaLaunchKernel"}, launches)],
+            T0, self.t)], "")], "")]))
+        metrics.shutdown()
+        return directory
+
+
+def steps(pid: int, n: int = 100, **planted) -> Trace:
+    t = Trace(pid)
+    for _ in range(n):
+        t.step(**planted)
+    return t
+
+
+def test_a_healthy_job_gets_no_finding(tmp_path: Path) -> None:
+    assert diagnose(str(steps(1).export(tmp_path))) == []
+
+
+def test_each_planted_cause_is_the_top_finding(tmp_path: Path) -> None:
+    planted = {"pageable_copies": {"memory": "pageable"}, "sync_storm": {"sync": True},
+               "blocking_reads": {"item": True}, "memory_churn": {"churn": True}}
+    for i, (cause, how) in enumerate(planted.items()):
+        d = tmp_path / cause
+        d.mkdir()
+        t = steps(10 + i, **how)
+        t.export(d)
+        findings = diagnose(str(d))
+        assert findings and findings[0].cause == cause, (cause, [(f.cause, f.cost_s) for f in findings])
+        top = findings[0]
+        assert top.evidence["span_ids"] and all(len(s) == 16 for s in top.evidence["span_ids"])
+        assert top.fix and 0 < top.share <= 1
+
+
+def test_findings_are_ranked_by_cost_and_name_their_evidence(tmp_path: Path) -> None:
+    t = steps(3, sync=True, churn=True, memory="pageable")
+    findings = diagnose(str(t.export(tmp_path)))
+    costs = [f.cost_s for f in findings]
+    assert costs == sorted(costs, reverse=True)
+    by = {f.cause: f for f in findings}
+    assert by["memory_churn"].evidence["repeated_sizes"] == {str(64 << 20): 100} or \
+        by["memory_churn"].evidence["repeated_sizes"] == {64 << 20: 100}
+    assert by["sync_storm"].evidence["syncs"] == 100
+    assert by["pageable_copies"].evidence["bytes"] == 100 << 20
+
+
+def test_launch_bound(tmp_path: Path) -> None:
+    t = Trace(4)
+    for _ in range(200):
+        t.call("cudaLaunchKernel", 0, gap_ns=2_000)
+        t.call("cudaStreamSynchronize", 20_000, gap_ns=2_000)
+    findings = diagnose(str(t.export(tmp_path, launches=400_000)))
+    assert findings[0].cause == "launch_bound", findings
+
+
+def test_cli_text_json_and_bad_input(tmp_path: Path) -> None:
+    steps(5, memory="pageable").export(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    assert run(str(tmp_path), out, err) == 1
+    assert out.getvalue().startswith("1. pageable_copies: job5 (pid 5): ~")
+    assert "fix: Allocate host buffers pinned" in out.getvalue()
+    cli = subprocess.run([sys.executable, "-m", "otelbpf.cli", "diagnose", str(tmp_path), "--json"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert cli.returncode == 1 and json.loads(cli.stdout)[0]["cause"] == "pageable_copies"
+    (tmp_path / "traces.jsonl").write_text("{not json\n")
+    err = io.StringIO()
+    assert run(str(tmp_path), io.StringIO(), err) == 2 and "traces.jsonl:1" in err.getvalue()
+    assert run(str(tmp_path / "absent"), io.StringIO(), err) == 2
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("memory", ["pageable", "pinned"])
+def test_the_real_agent_finds_pageable_copies_planted_in_a_workload(tmp_path: Path, memory: str) -> None:
+    """The real agent traces the CUDA 13 stand-in workload; diagnose reads its files. The
+    planted cause (pageable host buffers) is the top finding, and absent when pinned."""
+    from harness.agent import BUILD, WORKLOAD, AgentProcess, config
+
+    out = tmp_path / "out"
+    cfg = config({"name": "file", "directory": str(out)}, tmp=tmp_path, cuda={"min_span_duration": "0s"})
+    with AgentProcess(["-c", str(cfg), "--", str(WORKLOAD), "--lib", str(BUILD / "fakecudart13" / "libcudart.so.13"),
+                       "--cuda13", "--iterations", "40", "--host-memory", memory, "--h2d-bytes", str(8 << 20),
+                       "--d2h-bytes", str(8 << 20), "--alloc-bytes", str(8 << 20)]) as agent:
+        assert agent.wait(timeout=120) == 0, agent.output
+    findings = diagnose(str(out))
+    causes = [f.cause for f in findings]
+    if memory == "pageable":
+        assert causes and causes[0] == "pageable_copies", [(f.cause, f.cost_s) for f in findings]
+        assert findings[0].evidence["copies"] == 80 and findings[0].evidence["bytes"] >= 80 * (8 << 20)
+    else:
+        assert "pageable_copies" not in causes, findings
