@@ -13,6 +13,10 @@ echo
 echo "demo: what otelbpf recorded (otelbpf summary otelbpf-out):"
 echo
 .venv/bin/otelbpf summary otelbpf-out
+echo "demo: why the GPU would sit idle (otelbpf diagnose otelbpf-out):"
+echo
+.venv/bin/otelbpf diagnose otelbpf-out || [[ $? -eq 1 ]]  # 1: there are findings
+echo
 echo "demo: raw OTLP-JSON lines are in otelbpf-out/ (traces.jsonl, metrics.jsonl)"
 echo "demo: pprof profiles (CPU, CUDA memory by stack) are in otelbpf-out/profiles/:"
 echo "      go tool pprof -top otelbpf-out/profiles/cuda_workload-*-cuda_memory-*.pb.gz"

@@ -14,7 +14,8 @@ it) and the usual fix:
 - ``memory_churn``: device allocations and frees over and over, often of the same
   sizes (allocator cache misses, ``empty_cache``); ``cudaFree`` synchronizes;
 - ``launch_bound``: launches so frequent and syncs so short that the GPU finishes
-  each kernel before the next arrives (tiny kernels).
+  each kernel before the next arrives (tiny kernels);
+- ``cuda_errors``: most CUDA calls fail (no driver, wrong device): nothing runs at all.
 
 The costs are host-side estimates, documented per cause (``COSTS``): what the GPU
 could have been doing while the host did this. Without a GPU's own account (NVML)
@@ -33,6 +34,7 @@ from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read
 
 #: How each cause's cost is estimated (printed with --explain, and in docs).
 COSTS = {
+    "cuda_errors": "the process's whole traced window: its CUDA calls fail, so no GPU work runs",
     "pageable_copies": "time the host spent in copies from or to pageable memory",
     "sync_storm": "for each synchronize, the gap until the host issued its next CUDA call (the GPU's queue was empty)",
     "blocking_reads": "time in blocking device-to-host copies of at most 64 KiB (each waits for the GPU to drain)",
@@ -41,6 +43,8 @@ COSTS = {
 }
 
 FIXES = {
+    "cuda_errors": "Check the driver and the device the process sees (nvidia-smi, CUDA_VISIBLE_DEVICES, the "
+                   "container's GPU runtime); cudaErrorInsufficientDriver means no usable driver.",
     "pageable_copies": "Allocate host buffers pinned: DataLoader(pin_memory=True) or tensor.pin_memory(), then "
                        "copy with .to('cuda', non_blocking=True); or cudaHostRegister the buffer once.",
     "sync_storm": "Remove per-step synchronizes (torch.cuda.synchronize(), loss.item(), tensor printing); record a "
@@ -58,8 +62,10 @@ _SYNCS = {"cudaStreamSynchronize", "cudaStreamSynchronize_ptsz", "cudaDeviceSync
 _ALLOCS = {"cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cuMemAlloc_v2", "cuMemFree_v2",
            "cuMemAllocAsync", "cuMemFreeAsync"}
 _SMALL_READ = 64 << 10
-#: A finding below this share of the process's traced window is not reported.
+#: A finding below this share of the process's traced window, or below this many
+#: seconds, is not reported (a 5 ms process is not a training job).
 MIN_SHARE = 0.01
+MIN_COST_S = 0.005
 LAUNCH_COST_S = 5e-6
 SYNC_GAP_CAP_S = 0.1
 EVIDENCE_SPANS = 5
@@ -140,10 +146,23 @@ def _process_findings(label: str, spans: list[_Span], points: dict) -> list[Find
     out: list[Finding] = []
 
     def add(cause: str, cost: float, summary: str, evidence: dict) -> None:
-        if cost / window >= MIN_SHARE:
+        if cost / window >= MIN_SHARE and cost >= MIN_COST_S:
             out.append(Finding(cause, label, round(cost, 6), round(cost / window, 4), summary,
                                {"window_s": round(window, 3), **evidence}, FIXES[cause]))
 
+    calls_total = sum(_num(dp) for _a, dp in _metric(points, "cuda.api.calls"))
+    failed = Counter({(a.get("cuda.api.function"), a.get("cuda.error.name")): _num(dp)
+                      for a, dp in _metric(points, "cuda.api.errors")})
+    if calls_total and sum(failed.values()) >= calls_total / 2:
+        # Most calls fail: nothing reaches a GPU, whatever else the calls look like.
+        (func, name), n = failed.most_common(1)[0]
+        out.append(Finding("cuda_errors", label, round(window, 6), 1.0,
+                           f"{sum(failed.values()):.0f} of {calls_total:.0f} CUDA calls failed, most with {name} "
+                           f"({func} x{n:.0f}): no work reaches a GPU",
+                           {"window_s": round(window, 3), "calls": int(calls_total),
+                            "failed": {f"{f} {e}": int(c) for (f, e), c in failed.most_common(5)}},
+                           FIXES["cuda_errors"]))
+        return out
     pageable = [s for s in spans if s.attrs.get("cuda.memcpy.host_memory") == "pageable"]
     if pageable:
         metric_bytes = sum(_num(dp) for _a, dp in _metric(points, "cuda.memcpy.host_bytes",

@@ -150,3 +150,17 @@ def test_the_real_agent_finds_pageable_copies_planted_in_a_workload(tmp_path: Pa
         assert findings[0].evidence["copies"] == 80 and findings[0].evidence["bytes"] >= 80 * (8 << 20)
     else:
         assert "pageable_copies" not in causes, findings
+
+
+def test_a_process_whose_calls_all_fail_is_told_so_first(tmp_path: Path) -> None:
+    t = steps(6, sync=True)
+    t.export(tmp_path)
+    metrics = FileMetricExporter(str(tmp_path))
+    metrics.export(MetricsData([ResourceMetrics(t.res, [ScopeMetrics(CUDA, [
+        m.cumulative_sum("cuda.api.calls", "{call}", "", [({"cuda.api.function": "cudaMemcpyAsync"}, 100)], T0, t.t),
+        m.cumulative_sum("cuda.api.errors", "{call}", "", [({"cuda.api.function": "cudaMemcpyAsync",
+                         "cuda.error.code": 35, "cuda.error.name": "cudaErrorInsufficientDriver"}, 100)], T0, t.t),
+    ], "")], "")]))
+    metrics.shutdown()
+    [finding] = diagnose(str(tmp_path))
+    assert finding.cause == "cuda_errors" and "cudaErrorInsufficientDriver" in finding.summary
