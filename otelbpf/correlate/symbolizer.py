@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -135,26 +136,32 @@ class _SymbolTable:
 
     Read with numpy, not pyelftools: parsing a symbol at a time through construct took
     ~0.5 s for libpython, on the profiler's thread, for every new binary on the host.
-    Names stay in the file's string tables until a lookup asks for one."""
+    Names stay in the file until a lookup asks for one: the string tables are read
+    through a shared read-only mapping of the file, so only the pages of names looked up
+    are ever in memory, and those are clean file pages the kernel can drop (libtorch_cuda's
+    211k mangled names are tens of MiB that were held in the agent's heap)."""
 
     def __init__(self, path: str) -> None:
         with open(path, "rb") as f:
             lay, phdrs, shdrs = _headers(f)
             self.loads = [(off, vaddr, size) for p_type, off, vaddr, size in phdrs if p_type == _PT_LOAD]
             self.build_id = _build_id(f, lay, phdrs)
-            values, sizes, names, strtab = [], [], [], b""
+            values, sizes, names = [], [], []
+            size = os.fstat(f.fileno()).st_size
             for wanted in (_SHT_DYNSYM, _SHT_SYMTAB):  # .dynsym's name wins at a shared address
                 sec = next((h for h in shdrs if h[0] == wanted), None)
                 if sec is None or not 0 <= sec[3] < len(shdrs):
                     continue
                 syms = np.frombuffer(_read_at(f, sec[1], sec[2] - sec[2] % lay.sym.itemsize), dtype=lay.sym)
-                keep = syms[((syms["info"] & 0xF) == _STT_FUNC) & (syms["value"] != 0) & (syms["name"] != 0)]
                 _type, str_off, str_size, _link = shdrs[sec[3]]
+                keep = syms[((syms["info"] & 0xF) == _STT_FUNC) & (syms["value"] != 0) & (syms["name"] != 0)
+                            & (syms["name"] < str_size)]
+                if str_off + str_size > size:
+                    raise ValueError("string table past the end of the file")
                 values.append(keep["value"].astype(np.uint64))
                 sizes.append(keep["size"].astype(np.uint64))
-                names.append(keep["name"].astype(np.uint64) + len(strtab))
-                strtab += _read_at(f, str_off, str_size)
-        self._strtab = strtab
+                names.append(keep["name"].astype(np.uint64) + np.uint64(str_off))  # file offsets
+            self._file = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if values and size else None
         if values:
             self.addrs, first = np.unique(np.concatenate(values), return_index=True)  # first: setdefault order
             self._sizes, self._names = np.concatenate(sizes)[first], np.concatenate(names)[first]
@@ -168,11 +175,13 @@ class _SymbolTable:
         return None
 
     def _name(self, i: int) -> str | None:
+        if self._file is None:
+            return None
         start = int(self._names[i])
-        end = self._strtab.find(b"\0", start)
+        end = self._file.find(b"\0", start)
         if end <= start:  # empty, or unterminated (pyelftools: no name)
             return None
-        return self._strtab[start:end].decode("utf-8", errors="replace")
+        return self._file[start:end].decode("utf-8", errors="replace")
 
     def lookup(self, vaddr: int) -> str | None:
         i = int(np.searchsorted(self.addrs, np.uint64(vaddr), side="right")) - 1
