@@ -393,9 +393,7 @@ class Sensor:
         if self._try_attach(lib):
             self._retry.pop(lib.key, None)
         else:
-            pending = self._retry.get(lib.key)
-            attempts = 1 if pending is None else pending.attempts + 1
-            self._schedule_retry(lib, attempts)
+            self._schedule_retry(lib, 1 if pending is None else pending.attempts + 1)
         self.attach_stats.retrying = len(self._retry)
 
     def _schedule_retry(self, lib: LibraryFile, attempts: int) -> None:
@@ -447,10 +445,10 @@ class Sensor:
             for spec in kind.probes:
                 for site in spec.select(sites.get(spec.symbol, [])):
                     for fn, attach in ((spec.entry, self._bpf.attach_uprobe), (spec.ret, self._bpf.attach_uretprobe)):
-                        probe = (*lib.key, site.probe_vaddr, fn)
                         if fn is None:
                             continue
                         total += 1
+                        probe = (*lib.key, site.probe_vaddr, fn)
                         if probe in self._probes:
                             continue
                         try:
