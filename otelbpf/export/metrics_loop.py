@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from opentelemetry.sdk.metrics.export import (
@@ -93,12 +94,24 @@ class MetricsLoop:
             else:
                 self._health.add("otelbpf.export.failures", 1, signal="metrics", exporter=name)
 
-    def stop(self) -> None:
-        """Stop the timer and export one last time, so totals at exit are kept."""
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the timer and export one last time, so totals at exit are kept.
+
+        Bounded: a round stuck on a lock (a correlator whose thread never lets go) must not
+        hold the agent's exit. Then the final export is skipped, said and counted
+        (``otelbpf.metrics.stop_timeouts``, in the log: nothing would carry it out)."""
         self._stop.set()
+        deadline = time.monotonic() + timeout_s
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
-        self.export_once()
+            self._thread.join(timeout_s)
+        final = threading.Thread(target=self.export_once, name="otelbpf-metrics-final", daemon=True)
+        if not self._thread.is_alive():
+            final.start()
+            final.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive() or final.is_alive():
+            self._health.add("otelbpf.metrics.stop_timeouts")
+            log.error("the last metrics export did not finish within %.0fs (a metric source is stuck): "
+                      "totals since the previous export are lost", timeout_s)
         for _name, exporter in self._exporters:
             try:
                 exporter.shutdown()

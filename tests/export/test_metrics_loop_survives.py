@@ -5,6 +5,7 @@ next round runs; a thread that did end is reported by ``failed``, which the agen
 from __future__ import annotations
 
 import threading
+import time
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.resources import Resource
@@ -84,3 +85,25 @@ def test_a_dead_thread_is_reported() -> None:
     assert loop.failed
     loop.stop()
     assert not loop.failed
+
+
+def test_stop_never_waits_forever_on_a_stuck_source() -> None:
+    """A source blocked on a lock a spinning thread never releases (issue 13, row 1's hang
+    as the metrics loop saw it): stop() returns within its bound and counts it."""
+    held = threading.Lock()
+    held.acquire()
+
+    def stuck():
+        with held:
+            return []
+
+    rec, health = Recording(), Health()
+    loop = MetricsLoop([("rec", rec)], [stuck], health, interval_s=0.01)
+    loop.start()
+    time.sleep(0.1)  # the timer's round is now blocked
+    stopper = threading.Thread(target=loop.stop, kwargs={"timeout_s": 0.5}, daemon=True)
+    t0 = time.monotonic()
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive() and time.monotonic() - t0 < 2
+    assert health.get("otelbpf.metrics.stop_timeouts") == 1
