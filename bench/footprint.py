@@ -4,7 +4,7 @@
 
 Two agents, one after the other, each in host mode and stopped with SIGTERM:
 
-- ``default``: the embedded default config (cuda + profiling), file exporters;
+- ``default``: the embedded default config (cuda, http for GPU processes, nccl, ibverbs, profiling), file exporters;
 - ``all``: every receiver (cuda, profiling, nccl, ibverbs, http) in the pipelines.
 
 Each goes through the same windows, ``--seconds`` long, with its RSS (VmRSS) sampled every
@@ -114,6 +114,7 @@ def config_for(name: str, workdir: Path, lib: Path, http_port: int) -> Path:
     cfg["exporters"]["file"]["directory"] = str(workdir / name / "out")
     if name == "all":
         cfg["receivers"]["http"]["ports"] = [http_port]
+        cfg["receivers"]["http"]["processes"] = "all"  # the bench server uses no GPU library
         for sig in ("traces", "metrics"):
             cfg["service"]["pipelines"][sig]["receivers"] = list(ALL_RECEIVERS)
     path = workdir / name / "otelbpf.yaml"

@@ -106,7 +106,7 @@ def agent(workdir: Path, ports: list[int], pids: list[int]) -> Iterator[dict]:
     out = workdir / f"out-{time.monotonic_ns()}"
     cfg = workdir / "otelbpf.yaml"
     cfg.write_text(yaml.safe_dump({
-        "receivers": {"http": {"ports": ports}},
+        "receivers": {"http": {"processes": "all", "ports": ports}},
         "exporters": {"file": {"directory": str(out)}},
         "service": {"pipelines": {p: {"receivers": ["http"], "exporters": ["file"]} for p in ("traces", "metrics")}},
     }))

@@ -191,6 +191,20 @@ class Agent:
         self.health.add("otelbpf.metrics.sync_timeouts")
         return False
 
+    def _mark_library_users(self) -> None:
+        """Host mode with the sockets family: tell the kernel which running processes map a
+        probed library (its ``lib_users`` set learns later ones from their openat, and
+        children from fork), the processes whose requests are traced by default."""
+        opts = self.sensor.options
+        if opts.pids or not any(f.name == "sockets" for f in opts.families):
+            return
+        from otelbpf.sensor import libraries
+
+        users = [pid for pid in libraries.all_pids()
+                 if next(libraries.from_process(pid, opts.families), None) is not None]
+        self.sensor.update_map("lib_users", [(pid, 1) for pid in users])
+        log.info("requests traced for %d running processes that use a probed library", len(users))
+
     def _describe_process(self, pid: int) -> None:
         """Snapshot a process's resource and memory map while it is alive."""
         self.process_info.resource(pid)
@@ -253,6 +267,7 @@ class Agent:
         require_root()
         self._processor.start()
         self.sensor.start()
+        self._mark_library_users()
         if not self.sensor.options.pause_on_load:
             # --pid targets: their maps while they surely live (not a `run --` child, still
             # the agent's fork until its exec: it is described at its first library open)

@@ -49,6 +49,12 @@ pipeline that lacks it, so the variables always take effect as they do in an SDK
 ``OTEL_METRIC_EXPORT_INTERVAL`` (milliseconds) fills ``service.telemetry.metrics_interval``.
 As the spec says, an empty variable counts as unset.
 
+A file is checked before it is parsed: at most ``MAX_CONFIG_BYTES`` (1 MiB), nested at most
+``MAX_CONFIG_DEPTH`` (32) levels, and at most ``MAX_CONFIG_NODES`` (100,000) values once YAML
+aliases are expanded, so no file (an alias bomb, /dev/zero) can exhaust the host. Values are
+bounded by what the kernel and the runtime accept (ring buffers up to 1 GiB, durations up to
+24h, headers that gRPC and HTTP can send), so ``otelbpf validate`` fails where ``run`` would.
+
 Every problem found is reported at once in one ``ConfigError`` whose lines name the option
 path (``receivers.cuda.launch_sample_every: ...``), the file position where known, the
 allowed values or keys, and the environment variable a bad value came from.
@@ -359,6 +365,10 @@ class CudaReceiverConfig(_Section):
 class HttpReceiverConfig(_Section):
     """Syscall tracepoints on sockets: HTTP/1.x, HTTP/2 and gRPC spans and RED metrics."""
 
+    #: host mode: ``gpu`` traces the processes that load a library another receiver probes
+    #: (CUDA, NCCL, ibverbs) and their children; ``all`` every process. --pid and run --
+    #: trace their targets either way.
+    processes: Literal["gpu", "all"] = "gpu"
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = []
     payload_size: Size = 4 << 10
     ring_buffer_size: RingSize = 16 << 20
@@ -1000,6 +1010,7 @@ receivers:
     symbol_names: 65536
     symbol_tables: 128
   http:
+    processes: gpu
     ports: []
     payload_size: 4KiB
     ring_buffer_size: 16MiB
@@ -1063,11 +1074,11 @@ targets:
 service:
   pipelines:
     traces:
-      receivers: [cuda]
+      receivers: [cuda, http, nccl, ibverbs]
       processors: [batch, resource]
       exporters: [file]
     metrics:
-      receivers: [cuda]
+      receivers: [cuda, http, nccl, ibverbs]
       processors: [batch, resource]
       exporters: [file]
     profiles:
@@ -1189,7 +1200,7 @@ def _check_shape(text: str, source: str) -> None:
         raise ConfigError(source, [f"{source}: larger than {format_size(MAX_CONFIG_BYTES)}: not a config file"])
     anchors: dict[str, int] = {}
     open_nodes: list[list[Any]] = [[None, 0]]  # [anchor, nodes so far] per open collection
-    loader = yaml.SafeLoader(text[:MAX_CONFIG_BYTES])
+    loader = yaml.SafeLoader(text)
     try:
         while loader.check_event():
             event = loader.get_event()

@@ -114,7 +114,8 @@ def _http(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
     from otelbpf.correlate.http import HttpCorrelator
     from otelbpf.sensor.socket_probes import socket_family
 
-    family = socket_family(cfg.ports, payload_bytes=cfg.payload_size, ring_bytes=cfg.ring_buffer_size)
+    family = socket_family(cfg.ports, payload_bytes=cfg.payload_size, ring_bytes=cfg.ring_buffer_size,
+                           lib_users_only=cfg.processes == "gpu")
     correlator = HttpCorrelator(
         ctx.process_info,
         ctx.clock,

@@ -16,7 +16,8 @@ def test_documented_defaults():
     assert documented.receivers["http"] == HttpReceiverConfig()
     http = HttpReceiverConfig()
     assert (http.ports, http.payload_size, http.ring_buffer_size) == ([], 4096, 16 << 20)
-    assert "http" not in documented.enabled_receivers()  # off unless a pipeline names it
+    assert http.processes == "gpu"  # host mode: the processes that use a GPU library, and their workers
+    assert "http" in documented.enabled_receivers()
 
 
 def test_options_read_and_header_names_are_lower_cased():

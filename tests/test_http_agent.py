@@ -41,7 +41,7 @@ def free_ports(n: int) -> list[int]:
 def write_config(tmp: Path, collector, ports: list[int], *, cuda: bool = False, **http: object) -> Path:
     receivers = ["http", "cuda"] if cuda else ["http"]
     doc = {
-        "receivers": {"http": {"ports": ports, **http}, **({"cuda": {"search_paths": []}} if cuda else {})},
+        "receivers": {"http": {"processes": "all", "ports": ports, **http}, **({"cuda": {"search_paths": []}} if cuda else {})},
         "processors": {"batch": {"timeout": "100ms"}},
         "exporters": {"otlp": {"endpoint": collector.grpc_endpoint, "timeout": "2s"}},
         "service": {

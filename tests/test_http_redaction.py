@@ -39,7 +39,7 @@ SECRETS = {
 
 def _config(tmp, ports: list[int]) -> str:
     doc = {
-        "receivers": {"http": {"ports": ports, "capture_headers": ["authorization", "cookie", "x-api-key",
+        "receivers": {"http": {"processes": "all", "ports": ports, "capture_headers": ["authorization", "cookie", "x-api-key",
                                                                    "x-request-id"],
                                "redact_headers": ["x-api-key"]}},
         "exporters": {"file": {"directory": str(tmp / "out")}},

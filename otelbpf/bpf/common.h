@@ -85,6 +85,10 @@ BPF_RINGBUF_OUTPUT(strevents, STR_RING_PAGES);
 BPF_PERCPU_ARRAY(stats, u64, STAT_MAX);
 /* Processes being watched (only consulted when built with FILTER_PIDS). */
 BPF_HASH(watched, u32, u8, 65536);
+/* Processes that opened a library some family probes (CUDA, NCCL, ibverbs), and their
+ * children: "the processes that matter", whose requests the sockets family traces by
+ * default (discovery.c fills it; user space adds those found running at start). */
+BPF_TABLE("lru_hash", u32, u8, lib_users, 65536);  /* LRU: exits are missed under FILTER_PIDS */
 
 /* Calls between entry and return, keyed by pid_tgid: the entry probe stores
  * a half-filled event, the return probe completes and emits it. LRU so that

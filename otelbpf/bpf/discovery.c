@@ -14,15 +14,18 @@
 
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {
-#ifdef FILTER_PIDS
-    u32 parent = args->parent_pid;
     u32 child = args->child_pid;
     u8 one = 1;
     /* parent_pid is the forking thread; map it to its process. */
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
+#ifdef FILTER_PIDS
+    u32 parent = args->parent_pid;
     if (watched.lookup(&tgid) || watched.lookup(&parent))
         watched.update(&child, &one);
 #endif
+    /* a server's workers forked after it loaded CUDA map it without opening it */
+    if (lib_users.lookup(&tgid))
+        lib_users.update(&child, &one);
     return 0;
 }
 
@@ -105,6 +108,9 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
         opening.delete(&id);
         return 0;
     }
+    u32 user = id >> 32;
+    u8 yes = 1;
+    lib_users.update(&user, &yes);
     struct strevent *s = strevents.ringbuf_reserve(sizeof(struct strevent));
     if (!s) {
         count_stat(STAT_STR_LOST);
@@ -149,10 +155,11 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         new_event(&x, id, EV_PROC_EXIT, 0);
         bpf_get_current_comm(&x.a0, 16);
         emit(&x);
-#ifdef FILTER_PIDS
         u32 tgid = id >> 32;
+#ifdef FILTER_PIDS
         watched.delete(&tgid);
 #endif
+        lib_users.delete(&tgid);
     }
     return 0;
 }

@@ -154,6 +154,11 @@ static __always_inline u64 fd_key(u32 tgid, s32 fd)
 
 static __always_inline int sock_ignored_pid(u32 tgid)
 {
+#if defined(SOCK_LIB_USERS_ONLY) && !defined(FILTER_PIDS)
+    /* host mode, `processes: lib_users`: only processes that use a probed library */
+    if (!lib_users.lookup(&tgid))
+        return 1;
+#endif
     return tgid == AGENT_PID || !is_watched(tgid);
 }
 

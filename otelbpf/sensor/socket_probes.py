@@ -34,9 +34,12 @@ def port_filter_c(ports: list[int]) -> str:
 
 
 def socket_family(
-    ports: list[int], *, payload_bytes: int, ring_bytes: int, state_entries: int = 65536
+    ports: list[int], *, payload_bytes: int, ring_bytes: int, state_entries: int = 65536,
+    lib_users_only: bool = False,
 ) -> ProbeFamily:
-    """The family for the configured ports (empty: every TCP port)."""
+    """The family for the configured ports (empty: every TCP port). ``lib_users_only``: in
+    host mode, only processes that opened a library another family probes (and their
+    children) are traced; the others cost one map lookup per socket syscall."""
     if payload_bytes & (payload_bytes - 1) or not MIN_PAYLOAD <= payload_bytes <= MAX_PAYLOAD:
         raise ValueError(f"payload size must be a power of two in [{MIN_PAYLOAD}, {MAX_PAYLOAD}], got {payload_bytes}")
     assert int(SockFunc.close) == 12  # SF_* in sockets.c
@@ -51,6 +54,7 @@ def socket_family(
             f"-DSOCK_STATE_ENTRIES={state_entries}",
             f"-DSOCK_MAX_IOV={MAX_IOV}",
             f"-DAGENT_PID={os.getpid()}",
+            *(("-DSOCK_LIB_USERS_ONLY=1",) if lib_users_only else ()),
         ),
         rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True),),
     )

@@ -152,7 +152,7 @@ def real_run(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("dashboards")
     receivers = ["cuda", "http", "nccl"]
     doc = {
-        "receivers": {"cuda": {"search_paths": []}, "http": {"max_spans_per_second": 5},
+        "receivers": {"cuda": {"search_paths": []}, "http": {"processes": "all", "max_spans_per_second": 5},
                       "nccl": {"search_paths": []}},
         "processors": {"batch": {"timeout": "100ms"}},
         "exporters": {"file": {"directory": str(tmp / "out")},
