@@ -40,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-c", "--config", help="YAML config (default: the embedded default, or OTEL_EXPORTER_OTLP_* env)")
     run.add_argument("--pid", type=int, action="append", default=[], help="watch this process and its children (repeatable)")
     run.add_argument("--duration", type=float, help="stop after this many seconds")
+    run.add_argument("--receivers", metavar="LIST",
+                     help="comma-separated receivers for the pipelines, e.g. cuda,http,nccl (default: the config's; "
+                          "also OTELBPF_RECEIVERS)")
+    run.add_argument("--print-config", action="store_true",
+                     help="print the effective configuration (secrets redacted) and exit")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS: start it and watch it; stop when it exits")
     sub.add_parser("doctor", help="what this host can do, and which processes use CUDA/NCCL/ibverbs")
     summ = sub.add_parser("summary", help="summarize the OTLP-JSON files the file exporter wrote")
@@ -90,13 +95,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return summarize(args.directory, sys.stdout)
 
-    from otelbpf.config import ConfigError, load_config
+    from otelbpf.config import ConfigError, load_config, printable
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, receivers=getattr(args, "receivers", None))
     except ConfigError as exc:
         print(f"otelbpf: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "print_config", False):
+        print(printable(config), end="")
+        return 0
     if args.cmd == "validate":
         for signal in config.pipeline_signals():
             pipe = config.pipeline(signal)

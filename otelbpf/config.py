@@ -1096,12 +1096,17 @@ same configuration with every option documented (a test keeps them equal)."""
 DEFAULT_SOURCE = "<built-in default>"
 
 
-def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.environ) -> Config:
+def load_config(
+    path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.environ, receivers: str | None = None
+) -> Config:
     """The configuration from the YAML file at ``path``, or the built-in default when ``path``
     is None; ``env`` supplies ``${env:...}`` substitutions and the ``OTEL_*`` variables.
+    ``receivers`` (``--receivers``), else ``OTELBPF_RECEIVERS`` in ``env``: a comma-separated
+    choice of receivers that replaces the pipelines' (see ``_choose_receivers``).
     Raises ConfigError listing every problem."""
+    chosen = receivers if receivers is not None else env.get("OTELBPF_RECEIVERS") or None
     if path is None:
-        return _build(DEFAULT_CONFIG_YAML, DEFAULT_SOURCE, env, from_file=False)
+        return _build(DEFAULT_CONFIG_YAML, DEFAULT_SOURCE, env, from_file=False, receivers=chosen)
     source = os.fspath(path)
     try:
         with open(source, "rb") as f:
@@ -1112,7 +1117,7 @@ def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os
         raise ConfigError(source, [f"{source}: no such file; {example}"]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, [f"{source}: cannot read: {exc}"]) from None
-    return _build(text, source, env, from_file=True)
+    return _build(text, source, env, from_file=True, receivers=chosen)
 
 
 def load_config_text(text: str, *, source: str = "<string>", env: Mapping[str, str] = os.environ) -> Config:
@@ -1129,10 +1134,12 @@ class _Findings:
     origins: dict[OptionPath, str] = field(default_factory=dict)
 
 
-def _build(text: str, source: str, env: Mapping[str, str], *, from_file: bool) -> Config:
+def _build(text: str, source: str, env: Mapping[str, str], *, from_file: bool, receivers: str | None = None) -> Config:
     data, root = _parse_yaml(text, source)
     found = _Findings()
     data = _substitute(data, (), env, found)
+    if receivers is not None:
+        _choose_receivers(data, receivers, found)
     variables = {k: v for k, v in env.items() if k.startswith("OTEL_") and v != ""}
     if not from_file:
         _route_signals_to_otlp(data, variables, found)
@@ -1159,6 +1166,59 @@ def _build(text: str, source: str, env: Mapping[str, str], *, from_file: bool) -
     file_root = root if from_file else None  # positions in the built-in default would only confuse
     lines = [_format_issue(path, message, source, file_root, found.origins) for path, message in found.issues]
     raise ConfigError(source, list(dict.fromkeys(lines)))
+
+
+#: Receivers a ``--receivers`` list may name; profiling feeds the profiles pipeline.
+CHOOSABLE_RECEIVERS = ("cuda", "http", "nccl", "ibverbs", "profiling")
+
+
+def _choose_receivers(data: dict[str, Any], chosen: str, found: _Findings) -> None:
+    """``--receivers cuda,http`` / ``OTELBPF_RECEIVERS``: the traces and metrics pipelines
+    take the chosen receivers but ``profiling``; the profiles pipeline exists only when
+    ``profiling`` is chosen (exporting to the file exporter when the config has no profiles
+    pipeline). A chosen receiver the config does not define runs with its defaults."""
+    names = [n.strip() for n in chosen.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CHOOSABLE_RECEIVERS]
+    if unknown or not names:
+        found.issues.append((None, f"--receivers / OTELBPF_RECEIVERS: {', '.join(map(repr, unknown)) or 'empty'}: "
+                                   f"name some of {', '.join(CHOOSABLE_RECEIVERS)}"))
+        return
+    names = list(dict.fromkeys(names))
+    receivers = data.setdefault("receivers", {}) or {}
+    data["receivers"] = receivers
+    for n in names:
+        receivers.setdefault(n, {})
+    pipelines = data.setdefault("service", {}).setdefault("pipelines", {})
+    signal_receivers = [n for n in names if n != "profiling"]
+    for signal in ("traces", "metrics"):
+        if signal_receivers and signal in pipelines:
+            pipelines[signal]["receivers"] = signal_receivers
+        elif not signal_receivers:
+            pipelines.pop(signal, None)
+    if "profiling" in names:
+        if "profiles" not in pipelines:
+            data.setdefault("exporters", {}).setdefault("file", {})
+            pipelines["profiles"] = {"receivers": ["profiling"], "exporters": ["file"]}
+    else:
+        pipelines.pop("profiles", None)
+
+
+def printable(config: Config) -> str:
+    """The effective configuration as YAML (sizes in bytes, durations in nanoseconds), with
+    header values, passwords and tokens replaced: what ``otelbpf run --print-config`` shows."""
+
+    def scrub(value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            if key == "headers":
+                return {k: "<redacted>" for k in value}
+            return {k: scrub(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        if value is not None and any(w in key for w in ("password", "token")):
+            return "<redacted>"
+        return value
+
+    return yaml.safe_dump(scrub(config.model_dump(mode="json", exclude_none=True)), sort_keys=False)
 
 
 # --- YAML ---------------------------------------------------------------------------------

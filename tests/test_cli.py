@@ -8,8 +8,11 @@ import sys
 import pytest
 
 
-def otelbpf(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "otelbpf.cli", *args], capture_output=True, text=True, timeout=timeout)
+def otelbpf(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "otelbpf.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 def test_invalid_config_exits_2_naming_the_field(tmp_path):
@@ -54,3 +57,31 @@ def test_pid_and_command_together_is_a_usage_error():
 def test_summary_of_a_missing_directory(tmp_path):
     out = otelbpf("summary", str(tmp_path / "nope"))
     assert out.returncode == 2 and "does not exist" in out.stdout
+
+
+def test_receivers_chosen_on_the_command_line_or_in_the_environment():
+    import yaml
+
+    out = otelbpf("run", "--receivers", "cuda,http", "--print-config")
+    assert out.returncode == 0, out.stderr
+    pipes = yaml.safe_load(out.stdout)["service"]["pipelines"]
+    assert pipes["traces"]["receivers"] == pipes["metrics"]["receivers"] == ["cuda", "http"]
+    assert "profiles" not in pipes
+    out = otelbpf("validate", env={"OTELBPF_RECEIVERS": "cuda,nccl,profiling"})
+    assert out.returncode == 0, out.stderr
+    assert "traces: receivers=['cuda', 'nccl']" in out.stdout and "profiles: receivers=['profiling']" in out.stdout
+    bad = otelbpf("run", "--receivers", "cuda,gpu", "--print-config")
+    assert bad.returncode == 2 and "'gpu': name some of cuda, http, nccl, ibverbs, profiling" in bad.stderr
+
+
+def test_print_config_shows_the_effective_config_without_secrets(tmp_path):
+    import yaml
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+           "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cr3t-t0ken"}
+    out = otelbpf("run", "--print-config", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "s3cr3t" not in out.stdout
+    doc = yaml.safe_load(out.stdout)
+    [otlp] = [e for e in doc["exporters"].values() if e.get("endpoint") == "http://collector:4317"]
+    assert otlp["headers"] == {"authorization": "<redacted>"}
