@@ -132,6 +132,13 @@ static __always_inline void fill_launch(struct pt_regs *ctx, u8 variant, struct 
     }
 }
 
+/* A call of this family in `inflight` (which other families share). */
+static __always_inline int cuda_kind(u8 kind)
+{
+    return (kind >= EV_CUDA_MEMCPY && kind <= EV_CUDA_KERNEL_ALIAS) || kind == EV_CUDA_FUNC_NAME ||
+           kind == EV_CUDA_GET_HANDLE;
+}
+
 /* A driver call made by the runtime on this thread: consume the mark the
  * runtime launch left (launches), or find the runtime's call in flight. */
 static __always_inline int nested_launch(struct pt_regs *ctx)
@@ -259,7 +266,7 @@ static __always_inline int on_entry(u8 kind, u8 func, u16 flags, u64 a0, u64 a1,
         return 0;
     if (flags & EVF_DRIVER) {
         struct event *open = inflight.lookup(&id);
-        if (open && !(open->flags & EVF_DRIVER))
+        if (open && !(open->flags & EVF_DRIVER) && cuda_kind(open->kind))
             return 0;  /* the runtime's call, in flight on this thread, is the one counted */
     }
     struct event e = {};
@@ -325,7 +332,7 @@ static __always_inline int on_return(struct pt_regs *ctx, u16 driver)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct event *open = inflight.lookup(&id);
-    if (!open || (open->flags & EVF_DRIVER) != driver)
+    if (!open || (open->flags & EVF_DRIVER) != driver || !cuda_kind(open->kind))
         return 0;
     struct event e = *open;
     inflight.delete(&id);
