@@ -275,6 +275,17 @@ static int all_joined(ncclComm_t c, uint64_t n, int peer)
     return atomic_load(&c->sh->joined) >= n;
 }
 
+/* Operations of this process queued and not yet completed (ncclFakeInflight). */
+static _Atomic int inflight;
+
+/* Not NCCL: the stand-in's own hook. The stand-in runtime's events complete when the kernels
+ * queued before them do, not when a host function (a collective here) has run, so a job that
+ * waits on an event after a collective first waits for this to reach 0 (nccl_job.c). */
+int ncclFakeInflight(void)
+{
+    return atomic_load(&inflight);
+}
+
 static void release(ncclComm_t c)
 {
     atomic_fetch_sub(&c->refs, 1);
@@ -299,6 +310,7 @@ static void complete(void *arg)
         atomic_store(&c->async_error, rc);
     release(c);
     free(t);
+    atomic_fetch_sub(&inflight, 1);
 }
 
 static ncclResult_t arrive(ncclComm_t c)
@@ -329,7 +341,9 @@ static ncclResult_t issue(const struct op *o)
         t->target = c->seq;
     }
     atomic_fetch_add(&c->refs, 1);
+    atomic_fetch_add(&inflight, 1);
     if (cudaLaunchHostFunc(o->stream, complete, t) != 0) {
+        atomic_fetch_sub(&inflight, 1);
         release(c);
         free(t);
         return ncclUnhandledCudaError;

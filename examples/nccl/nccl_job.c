@@ -9,6 +9,22 @@
  *                     --group), then cudaStreamSynchronize on that stream, which returns
  *                     once every rank has entered the collective (see fakenccl.c).
  *
+ * How a rank waits for its collectives (--completion), the ways PyTorch's ProcessGroupNCCL does:
+ *   stream  cudaStreamSynchronize on the communication stream (the default);
+ *   query   cudaEventRecord on the communication stream after the collectives, then
+ *           cudaEventQuery every 100 us until it returns 0 (work.isCompleted() polling);
+ *   sync    cudaEventRecord, then cudaEventSynchronize (work.synchronize() with blocking wait);
+ *   wait    cudaEventRecord, then cudaStreamWaitEvent(compute stream, event) (work.wait()):
+ *           the host does not block; the next compute synchronize observes the collective.
+ *
+ * Each rank gets the environment a launcher gives it (--launcher): torchrun (RANK, LOCAL_RANK,
+ * WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, the
+ * default), slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_ID), ompi
+ * (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK), bare (RANK and WORLD_SIZE only) or none. --job-id
+ * sets the run or job id (default: from the unique id). --hold-ms X sleeps X ms after init,
+ * before the first iteration (time for an agent started later to attach: it sees no init).
+ * --jitter-ms J: every rank sleeps a random 0..J ms before each iteration's collectives.
+ *
  * One rank can be made slow, the way operators classify stragglers:
  *   --slow-kind compute  its kernels run longer: --slow-ms more GPU time per iteration;
  *   --slow-kind host     its launches are spread out: --slow-ms of host gaps per iteration;
@@ -22,7 +38,8 @@
  *                 [--ops allreduce,allgather,reducescatter,broadcast,reduce,sendrecv] [--group]
  *                 [--split] [--slow-rank R --slow-kind compute|host|comm --slow-ms X]
  *                 [--crash-rank R --crash-iter I] [--end-rank R --end-iter I --end-how destroy|abort]
- *                 [--lib LIBNCCL] [--cudart LIBCUDART]
+ *                 [--completion stream|query|sync|wait] [--launcher torchrun|slurm|ompi|bare|none]
+ *                 [--job-id ID] [--hold-ms X] [--jitter-ms J] [--lib LIBNCCL] [--cudart LIBCUDART]
  * Defaults: 4 ranks, 10 iterations, 8 kernels of 250 us, 1024 floats, allreduce; the stand-in
  * libraries built next to this program (fakenccl/libnccl.so.2, fakecudart/libcudart.so.12).
  */
@@ -59,6 +76,10 @@ static const char *const OP_NAMES[] = {"allreduce", "allgather", "reducescatter"
 enum slow { SLOW_NONE, SLOW_COMPUTE, SLOW_HOST, SLOW_COMM };
 static const char *const SLOW_NAMES[] = {"none", "compute", "host", "comm"};
 static const char *const END_HOW[] = {"destroy", "abort"};
+enum completion { WAIT_STREAM, WAIT_QUERY, WAIT_SYNC, WAIT_EVENT };
+static const char *const COMPLETION_NAMES[] = {"stream", "query", "sync", "wait"};
+enum launcher { LAUNCH_TORCHRUN, LAUNCH_SLURM, LAUNCH_OMPI, LAUNCH_BARE, LAUNCH_NONE };
+static const char *const LAUNCHER_NAMES[] = {"torchrun", "slurm", "ompi", "bare", "none"};
 
 struct opts {
     int ranks, iterations, kernels, kernel_us, group, split;
@@ -70,6 +91,10 @@ struct opts {
     int crash_rank, crash_iter;
     int end_rank, end_iter;
     const char *end_how;
+    enum completion completion;
+    enum launcher launcher;
+    const char *job_id;
+    int hold_ms, jitter_ms;
     const char *lib, *cudart;
 };
 
@@ -92,9 +117,15 @@ static struct {
     ncclResult_t (*Recv)(void *, size_t, int, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*GroupStart)(void);
     ncclResult_t (*GroupEnd)(void);
+    int (*FakeInflight)(void);
     int (*Malloc)(void **, size_t);
     int (*LaunchKernel)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
     int (*StreamSynchronize)(cudaStream_t);
+    int (*EventCreate)(void **);
+    int (*EventRecord)(void *, cudaStream_t);
+    int (*EventQuery)(void *);
+    int (*EventSynchronize)(void *);
+    int (*StreamWaitEvent)(cudaStream_t, void *, unsigned);
 } api;
 
 static void die(const char *fmt, const char *arg)
@@ -128,11 +159,16 @@ static void load(const struct opts *o)
     NCCL(GetUniqueId); NCCL(CommInitRank); NCCL(CommSplit); NCCL(CommCount); NCCL(CommUserRank);
     NCCL(CommGetAsyncError); NCCL(CommDestroy); NCCL(CommAbort); NCCL(AllReduce); NCCL(AllGather);
     NCCL(ReduceScatter); NCCL(Broadcast); NCCL(Reduce); NCCL(Send); NCCL(Recv); NCCL(GroupStart);
-    NCCL(GroupEnd);
+    NCCL(GroupEnd); NCCL(FakeInflight);
 #undef NCCL
     *(void **)&api.Malloc = symbol(rt, o->cudart, "cudaMalloc");
     *(void **)&api.LaunchKernel = symbol(rt, o->cudart, "cudaLaunchKernel");
     *(void **)&api.StreamSynchronize = symbol(rt, o->cudart, "cudaStreamSynchronize");
+    *(void **)&api.EventCreate = symbol(rt, o->cudart, "cudaEventCreate");
+    *(void **)&api.EventRecord = symbol(rt, o->cudart, "cudaEventRecord");
+    *(void **)&api.EventQuery = symbol(rt, o->cudart, "cudaEventQuery");
+    *(void **)&api.EventSynchronize = symbol(rt, o->cudart, "cudaEventSynchronize");
+    *(void **)&api.StreamWaitEvent = symbol(rt, o->cudart, "cudaStreamWaitEvent");
 }
 
 static long now_us(void)
@@ -223,6 +259,45 @@ static void issue(const struct opts *o, struct rank_state *st, enum op op, ncclC
     }
 }
 
+/* The stand-in runtime's events do not wait for the stand-in NCCL's host functions (see
+ * ncclFakeInflight in fakenccl.c): wait, unseen by the agent, until this process's collectives
+ * have completed, so the event calls after it observe what they would on a GPU. */
+static void until_collectives_done(void)
+{
+    while (api.FakeInflight() > 0)
+        sleep_us(50);
+}
+
+/* Waits for the collectives just enqueued on comm_stream the way --completion says; time the
+ * host blocked goes into *total_us. Returns nonzero when the event reported an error. */
+static int await_collectives(const struct opts *o, void *event, cudaStream_t comm_stream, cudaStream_t compute,
+                             long *total_us)
+{
+    if (o->completion == WAIT_STREAM) {
+        sync_stream(comm_stream, total_us);
+        return 0;
+    }
+    api.EventRecord(event, comm_stream);
+    long t0 = now_us();
+    int rc = 0;
+    if (o->completion == WAIT_QUERY) {
+        const int not_ready = 600;
+        for (;;) {
+            int done = api.FakeInflight() == 0; /* before the query: a 0 then comes after completion */
+            if ((rc = api.EventQuery(event)) != not_ready && done)
+                break;
+            sleep_us(100);
+        }
+    } else if (o->completion == WAIT_SYNC) {
+        until_collectives_done();
+        rc = api.EventSynchronize(event);
+    } else {
+        rc = api.StreamWaitEvent(compute, event, 0);
+    }
+    *total_us += now_us() - t0;
+    return rc;
+}
+
 static int run_rank(const struct opts *o, int rank, const char *uid_hex)
 {
     load(o);
@@ -252,6 +327,12 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
     if (api.Malloc(&send, bytes) || api.Malloc(&recv, bytes))
         die("cudaMalloc of %s failed", "the buffers");
     cudaStream_t compute = (cudaStream_t)0x5000, comm_stream = (cudaStream_t)0x6000;
+    void *event = NULL;
+    if (o->completion != WAIT_STREAM && api.EventCreate(&event) != 0)
+        die("cudaEventCreate failed in %s", o->cudart);
+    if (o->hold_ms)
+        sleep_us((long)o->hold_ms * 1000);
+    unsigned seed = (unsigned)getpid();
     dim3 grid = {64, 1, 1}, block = {256, 1, 1};
     long gap_us = o->slow_kind == SLOW_HOST && rank == o->slow_rank ? (long)o->slow_ms * 1000 / o->kernels : 0;
     for (int it = 0; it < o->iterations; it++) {
@@ -260,7 +341,11 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
             if (gap_us)
                 sleep_us(gap_us);
         }
+        if (o->completion == WAIT_EVENT)
+            until_collectives_done(); /* the compute stream waits on the last iteration's event */
         sync_stream(compute, &st.compute_sync_us);
+        if (o->jitter_ms)
+            sleep_us((long)(rand_r(&seed) % (o->jitter_ms * 1000 + 1)));
         if (o->group)
             note(&st, "ncclGroupStart", api.GroupStart());
         for (int i = 0; i < o->nops; i++)
@@ -275,12 +360,12 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
             if (sub)
                 note(&st, abort ? "ncclCommAbort" : "ncclCommDestroy", abort ? api.CommAbort(sub) : api.CommDestroy(sub));
             note(&st, abort ? "ncclCommAbort" : "ncclCommDestroy", abort ? api.CommAbort(comm) : api.CommDestroy(comm));
-            sync_stream(comm_stream, &st.comm_sync_us);
+            await_collectives(o, event, comm_stream, compute, &st.comm_sync_us);
             iterations++;
             ended = abort ? "aborted" : "destroyed";
             goto report;
         }
-        sync_stream(comm_stream, &st.comm_sync_us);
+        await_collectives(o, event, comm_stream, compute, &st.comm_sync_us);
         iterations++;
         api.CommGetAsyncError(comm, &async);
         if (async != 0) {
@@ -290,6 +375,10 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
             note(&st, "ncclCommAbort", api.CommAbort(comm));
             goto report;
         }
+    }
+    if (o->completion == WAIT_EVENT) { /* the last collective, behind the event wait */
+        until_collectives_done();
+        sync_stream(compute, &st.compute_sync_us);
     }
     if (sub)
         note(&st, "ncclCommDestroy", api.CommDestroy(sub));
@@ -323,6 +412,40 @@ static void setenv_long(const char *name, long v)
     setenv(name, buf, 1);
 }
 
+/* The variables a launcher gives each rank (one node: local rank = rank). */
+static void set_launcher_env(const struct opts *o, int rank, const char *uid_hex)
+{
+    char job[40];
+    snprintf(job, sizeof job, "%.32s", o->job_id ? o->job_id : uid_hex + 16); /* past the magic */
+    switch (o->launcher) {
+    case LAUNCH_TORCHRUN:
+        setenv_long("LOCAL_RANK", rank);
+        setenv_long("LOCAL_WORLD_SIZE", o->ranks);
+        setenv_long("GROUP_RANK", 0);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", "29500", 1);
+        setenv("TORCHELASTIC_RUN_ID", job, 1);
+        /* fall through */
+    case LAUNCH_BARE:
+        setenv_long("RANK", rank);
+        setenv_long("WORLD_SIZE", o->ranks);
+        break;
+    case LAUNCH_SLURM:
+        setenv_long("SLURM_PROCID", rank);
+        setenv_long("SLURM_NTASKS", o->ranks);
+        setenv_long("SLURM_LOCALID", rank);
+        setenv("SLURM_JOB_ID", job, 1);
+        break;
+    case LAUNCH_OMPI:
+        setenv_long("OMPI_COMM_WORLD_RANK", rank);
+        setenv_long("OMPI_COMM_WORLD_SIZE", o->ranks);
+        setenv_long("OMPI_COMM_WORLD_LOCAL_RANK", rank);
+        break;
+    case LAUNCH_NONE:
+        break;
+    }
+}
+
 static pid_t start_rank(const struct opts *o, char **argv, int argc, int rank, const char *uid_hex, int *out_fd)
 {
     int fds[2];
@@ -347,6 +470,7 @@ static pid_t start_rank(const struct opts *o, char **argv, int argc, int rank, c
         setenv_long("FAKENCCL_LINK_US", 10 + (long)o->slow_ms * 1000);
     if (rank == o->crash_rank)
         setenv_long("FAKENCCL_CRASH_AT_CALL", (long)o->crash_iter * calls_per_iteration(o) + 1);
+    set_launcher_env(o, rank, uid_hex);
     char rank_arg[16];
     snprintf(rank_arg, sizeof rank_arg, "%d", rank);
     char **args = calloc((size_t)argc + 5, sizeof *args);
@@ -396,9 +520,11 @@ static int run_job(const struct opts *o, char **argv, int argc)
         }
     }
     printf("{\"workload\":\"nccl_job\",\"pid\":%d,\"lib\":\"%s\",\"unique_id\":\"%s\",\"nranks\":%d,"
-           "\"iterations\":%d,\"kernels\":%d,\"kernel_us\":%d,\"count\":%ld,\"group\":%s,\"split\":%s,\"ops\":[",
+           "\"iterations\":%d,\"kernels\":%d,\"kernel_us\":%d,\"count\":%ld,\"group\":%s,\"split\":%s,"
+           "\"completion\":\"%s\",\"launcher\":\"%s\",\"ops\":[",
            (int)getpid(), o->lib, uid_hex, o->ranks, o->iterations, o->kernels, o->kernel_us, o->count,
-           o->group ? "true" : "false", o->split ? "true" : "false");
+           o->group ? "true" : "false", o->split ? "true" : "false", COMPLETION_NAMES[o->completion],
+           LAUNCHER_NAMES[o->launcher]);
     for (int i = 0; i < o->nops; i++)
         printf("%s\"%s\"", i ? "," : "", OP_NAMES[o->ops[i]]);
     printf("],\"slow\":{\"rank\":%d,\"kind\":\"%s\",\"ms\":%d},\"ranks\":[", o->slow_rank, SLOW_NAMES[o->slow_kind],
@@ -457,6 +583,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--end-rank")) o.end_rank = (int)number(a, v, 0, MAX_RANKS - 1);
         else if (!strcmp(a, "--end-iter")) o.end_iter = (int)number(a, v, 0, 10000000);
         else if (!strcmp(a, "--end-how")) o.end_how = END_HOW[pick(a, v, END_HOW, 2)];
+        else if (!strcmp(a, "--completion")) o.completion = (enum completion)pick(a, v, COMPLETION_NAMES, 4);
+        else if (!strcmp(a, "--launcher")) o.launcher = (enum launcher)pick(a, v, LAUNCHER_NAMES, 5);
+        else if (!strcmp(a, "--job-id") && v) o.job_id = v;
+        else if (!strcmp(a, "--hold-ms")) o.hold_ms = (int)number(a, v, 0, 3600000);
+        else if (!strcmp(a, "--jitter-ms")) o.jitter_ms = (int)number(a, v, 0, 3600000);
         else if (!strcmp(a, "--lib") && v) o.lib = v;
         else if (!strcmp(a, "--cudart") && v) o.cudart = v;
         else if (!strcmp(a, "--rank")) rank = (int)number(a, v, 0, MAX_RANKS - 1);
