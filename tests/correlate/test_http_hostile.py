@@ -383,8 +383,7 @@ def test_payload_loggers_stay_quiet_at_debug(caplog):
     ec = Encoder()
     block = ec.encode([(":method", "GET"), (":path", "/"), ("authorization", "Bearer log-secret")])
     Wire()  # the receiver starts
-    with caplog.at_level(logging.DEBUG):
-        logging.getLogger().setLevel(logging.DEBUG)
+    with caplog.at_level(logging.DEBUG):  # the root logger at DEBUG, as log_level: debug sets it
         conn = H2Connection()
         conn.feed(True, PREFACE + settings() + headers_frame(block, 1, end_stream=True), 0, 1)
     assert conn._streams[1].header("authorization") == "Bearer log-secret"  # decoded...
