@@ -1,28 +1,41 @@
 """NCCL events -> spans, per-process metrics and live straggler findings.
 
 Input: every drained ``EVENT_DTYPE`` batch. This correlator takes the NCCL kinds (bpf/nccl.c
-documents them), the CUDA synchronize records (an NCCL call only enqueues work: its
-completion is observed at the next synchronize on its stream) and process exits.
+documents them), the CUDA records that can observe a collective's completion (an NCCL call
+only enqueues work) and process exits.
 
 A collective has four timestamps (docs/semantic-conventions.md, "NCCL", says what each
 means): *enter* (the host called it; span start), *enqueued* (it returned; inside a group,
 the outermost ``ncclGroupEnd`` returned, since NCCL launches the group's work there), *sync
-start* (the first synchronize on its stream, or of the device, that began after enqueued)
-and *completion observed* (that synchronize returned; span end). A collective whose
-completion is never observed ends at enqueued, marked so.
+start* and *completion observed* (span end): the first of, after enqueued,
 
-Live stragglers: the local ranks of a communicator (those that initialised it on this host)
-are compared per (communicator id, sequence number); when all have entered, the last one is
-the straggler if it entered later than the median of the others by ``straggler_threshold``.
-The finding goes on its span (event ``nccl.straggler``) and into the ``nccl.straggler``
-metric, classified by analyze/lateness.py from each rank's phase before the collective:
-the time since its previous collective completed (``nccl.phase.duration``) and how much of
-it the host spent waiting on the GPU (``nccl.phase.gpu_wait``).
+- a CUDA event recorded on its stream after it (``cudaEventRecord``), then found complete:
+  ``cudaEventQuery`` returned 0, or ``cudaEventSynchronize`` returned (how PyTorch's
+  ProcessGroupNCCL watches its work);
+- a synchronize of its stream, of the device, or of a stream made to wait for such an event
+  (``cudaStreamWaitEvent``, PyTorch's ``work.wait()``): the wait is on the GPU, and the
+  host sees the collective done when it next synchronizes that stream.
+
+``nccl.completion.method`` says which. A collective whose completion is never observed ends at
+enqueued, marked so.
+
+Ranks and communicators: a communicator whose init was seen has its id and rank from it
+(late_comms.py covers those created before the probes were attached). Every span says how
+its rank was learned (``nccl.rank.source``).
+
+Live stragglers: the local ranks of a communicator are compared per (communicator id,
+sequence number) when all have entered, by the adaptive test of analyze/adaptive.py
+(lateness against the other ranks' spread, persistent over a window, a minimum scaled by the
+collective's duration). A persistent straggler's finding goes on its span (event
+``nccl.straggler``) and into the ``nccl.straggler`` metric, classified by analyze/lateness.py
+from each rank's phase before the collective: the time since its previous collective
+completed (``nccl.phase.duration``) and how much of it the host spent waiting on the GPU
+(``nccl.phase.gpu_wait``).
 """
 
 from __future__ import annotations
 
-import statistics
+import socket
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -34,10 +47,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext
 
+from otelbpf.analyze.adaptive import CommDetector, Params
 from otelbpf.analyze.lateness import UNKNOWN, classify, components
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate import launch_env
 from otelbpf.correlate.cuda import SpanBudget
+from otelbpf.correlate.late_comms import LateComms
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.events import FLAG_INCOMPLETE, NCCL_FLAG_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
@@ -71,7 +87,13 @@ _TIMES_NRANKS = (NcclFunc.ncclAllGather, NcclFunc.ncclReduceScatter)
 _INITS = (NcclFunc.ncclCommInitRank, NcclFunc.ncclCommInitRankConfig, NcclFunc.ncclCommInitAll, NcclFunc.ncclCommSplit)
 _ENDS = (NcclFunc.ncclCommDestroy, NcclFunc.ncclCommAbort)
 _GROUP_CALLS = (NcclFunc.ncclGroupStart, NcclFunc.ncclGroupEnd)
-_STREAM_SYNCS = (CudaFunc.cudaStreamSynchronize, CudaFunc.cudaStreamSynchronize_ptsz)
+_DEVICE_SYNCS = (CudaFunc.cudaDeviceSynchronize, CudaFunc.cuCtxSynchronize)
+_EVENT_RECORDS = frozenset(
+    {CudaFunc.cudaEventRecord, CudaFunc.cudaEventRecord_ptsz, CudaFunc.cuEventRecord, CudaFunc.cuEventRecord_ptsz})
+_EVENT_QUERIES = frozenset({CudaFunc.cudaEventQuery, CudaFunc.cuEventQuery})
+_STREAM_WAITS = frozenset({CudaFunc.cudaStreamWaitEvent, CudaFunc.cudaStreamWaitEvent_ptsz,
+                           CudaFunc.cuStreamWaitEvent, CudaFunc.cuStreamWaitEvent_ptsz})
+_EVENT_CALLS = np.array(sorted(int(f) for f in _EVENT_RECORDS | _EVENT_QUERIES | _STREAM_WAITS))
 _KINDS = (Kind.NCCL_ENTER, Kind.NCCL_RETURN, Kind.NCCL_COMM)
 _NAMES = {int(f): f.name for f in NcclFunc}
 _SYNC_NAMES = {int(f): f.name for f in CudaFunc}
@@ -85,6 +107,16 @@ OBSERVED = "observed"        # a synchronize on its stream returned after it was
 UNOBSERVED = "unobserved"    # no synchronize came within completion_timeout
 EXITED = "process_exited"    # the process ended first
 FAILED = "failed"            # the call (or its group) returned an error: nothing was enqueued
+
+#: nccl.completion.method: what observed an OBSERVED collective's completion.
+EVENT_QUERY = "event_query"     # cudaEventQuery of an event recorded after it returned 0
+EVENT_SYNC = "event_sync"       # cudaEventSynchronize of that event returned
+STREAM_WAIT = "stream_wait"     # a stream made to wait on that event was synchronized
+STREAM_SYNC = "stream_sync"     # its own stream was synchronized
+DEVICE_SYNC = "device_sync"     # the device was synchronized
+
+#: nccl.rank.source for a communicator whose init was seen
+FROM_INIT = "init"
 
 
 def _rank(packed: int) -> tuple[int, int]:
@@ -123,6 +155,14 @@ class _Call:
     sync_func: int = 0
     completed: int | None = None
     completion: str = ""
+    method: str = ""          # nccl.completion.method
+    event: int = 0            # the CUDA event recorded after it, if any
+    waiters: set = field(default_factory=set)  # streams made to wait on that event
+    rank_source: str = ""
+    late: object = None       # late_comms.LateComm: its communicator predates the probes
+    round: object = None      # late_comms.Round it was placed in
+    signature: tuple = ()
+    last_enter: int | None = None  # the last local rank's entry, once compared
     phase: int | None = None  # since the process's previous collective completed
     gpu_wait: int = 0         # of that, time in synchronize calls
     group: _Group | None = None
@@ -170,6 +210,9 @@ class _Process:
     groups: dict = field(default_factory=dict)                        # tid -> open outermost group
     pending: list = field(default_factory=list)                       # enqueued, completion not yet seen
     comms: dict = field(default_factory=dict)                         # comm id -> rank
+    comm_source: dict = field(default_factory=dict)                   # comm id -> how its rank is known
+    events: dict = field(default_factory=dict)                        # CUDA event -> calls recorded behind
+    launch: launch_env.Launch | None = None
     last_done: int | None = None   # the last collective's completion (or enqueue): the phase start
     gpu_wait: int = 0              # synchronize time since last_done
     calls: Counter = field(default_factory=Counter)                   # op -> collectives
@@ -199,22 +242,31 @@ class NcclCorrelator:
         clock: MonotonicClock,
         emit_spans: Callable[[list[ReadableSpan]], None],
         *,
-        straggler_threshold_ns: int = 50_000_000,
+        straggler_threshold_ns: int = 1_000_000,
+        straggler_params: Params | None = None,
         completion_timeout_ns: int = 30_000_000_000,
         max_spans_per_second: int = 20_000,
         on_sampled_out: Callable[[int], None] = lambda n: None,
         parent_of: Callable[[int, int, int], SpanContext | None] = lambda pid, tid, ts: None,
+        launch_of: Callable[[int], launch_env.Launch | None] = launch_env.read,
+        host: str | None = None,
     ) -> None:
+        """``straggler_threshold_ns``: the adaptive test's floor (analyze/adaptive.py); lateness
+        must also beat the other ranks' spread and a share of the collective's duration."""
         self._info = process_info
         self._clock = clock
         self._emit = emit_spans
-        self._threshold = straggler_threshold_ns
+        self._params = straggler_params or Params(floor_ns=straggler_threshold_ns)
+        self._detectors: dict[int, CommDetector] = {}
+        self._launch_of = launch_of
+        self._late = LateComms(host or socket.gethostname())
         self._timeout = completion_timeout_ns
         self._budget = SpanBudget(max_spans_per_second)
         self._on_sampled_out = on_sampled_out
         self._parent_of = parent_of
         self._procs: dict[int, _Process] = {}
-        self._members: dict[int, set[tuple[int, int]]] = defaultdict(set)   # comm id -> local (pid, rank)
+        #: comm id -> local (pid, rank) -> the first seq it takes part in
+        self._members: dict[int, dict[tuple[int, int], int]] = defaultdict(dict)
         self._arrivals: dict[tuple[int, int], dict[tuple[int, int], _Call]] = {}  # (comm, seq) -> ...
         self._ready: list[list[ReadableSpan]] = []   # built this batch: a span, or a group and its calls
         self._now = 0
@@ -233,7 +285,8 @@ class NcclCorrelator:
             return
         # Synchronizes and exits matter only for processes that call NCCL (seen before or now).
         pids = np.union1d(np.fromiter(self._procs, dtype=np.uint32, count=len(self._procs)), arr["pid"][mine])
-        related = ((kinds == Kind.CUDA_SYNC) | (kinds == Kind.PROC_EXIT)) & np.isin(arr["pid"], pids)
+        events = (kinds == Kind.CUDA_CALL) & np.isin(arr["func"], _EVENT_CALLS)
+        related = ((kinds == Kind.CUDA_SYNC) | (kinds == Kind.PROC_EXIT) | events) & np.isin(arr["pid"], pids)
         with self._lock:
             for rec in arr[mine | related].tolist():
                 self._dispatch(rec)
@@ -256,6 +309,7 @@ class NcclCorrelator:
         p = self._procs.get(pid)
         if p is None:
             p = self._procs[pid] = _Process(self._info.resource(pid), self._clock.now_wall())
+            p.launch = self._launch_of(pid)
         return p
 
     def _dispatch(self, rec: tuple) -> None:
@@ -266,10 +320,16 @@ class NcclCorrelator:
         elif kind == Kind.NCCL_RETURN:
             self._return(ts, pid, tid, func, ret)
         elif kind == Kind.NCCL_COMM:
-            self._comm(pid, tid, func, a1, a2, a3)
+            if flags & NCCL_FLAG_UNKNOWN_COMM:
+                self._late.learn(pid, a0, *_rank(a2))
+            else:
+                self._comm(pid, tid, func, a1, a2, a3)
         elif kind == Kind.CUDA_SYNC:
             if not flags & FLAG_INCOMPLETE and ret == 0:
-                self._sync(ts, dur, pid, func, a0)
+                self._sync(ts, dur, pid, func, a0, bool(a1))
+        elif kind == Kind.CUDA_CALL:
+            if not flags & FLAG_INCOMPLETE and ret == 0:
+                self._event_call(ts, dur, pid, func, a0, a2)
         elif kind == Kind.PROC_EXIT:
             self._exit(ts, pid)
 
@@ -277,6 +337,8 @@ class NcclCorrelator:
         p = self._proc(pid)
         rank, nranks = _rank(packed_rank)
         call = _Call(func, pid, tid, ts, comm=a0, known=not flags & NCCL_FLAG_UNKNOWN_COMM, rank=rank, nranks=nranks)
+        if call.known and rank >= 0:
+            call.rank_source = p.comm_source.get(a0, FROM_INIT)
         if func == NcclFunc.ncclGroupStart:
             p.depth[tid] += 1
             if p.depth[tid] == 1:
@@ -292,6 +354,10 @@ class NcclCorrelator:
                 call.group.members.append(call)
             if func in COLLECTIVES and call.known:
                 self._arrive(call)
+            elif func in COLLECTIVES and a0:
+                self._late.identify(call, a0, p.launch, p.anomalies)
+                if self._late.enter(call, (func, call.count, call.dtype, call.op, call.root), p.anomalies):
+                    self._arrive(call)
         elif func in _ENDS and call.known and a0 in p.comms:
             self._leave(a0, (pid, p.comms.pop(a0)))
         elif func == NcclFunc.ncclCommSplit:
@@ -353,6 +419,8 @@ class NcclCorrelator:
     def _comm(self, pid: int, tid: int, func: int, comm_id: int, packed_rank: int, parent: int) -> None:
         p = self._proc(pid)
         rank, nranks = _rank(packed_rank)
+        if func == NcclFunc.ncclCommUserRank:
+            p.comm_source[comm_id] = "ncclCommUserRank"
         stack = p.open.get(tid)
         if func in _INITS and stack and stack[-1].func == func:
             call = stack[-1]
@@ -368,37 +436,83 @@ class NcclCorrelator:
     def _join(self, pid: int, p: _Process, comm_id: int, rank: int) -> None:
         old = p.comms.get(comm_id)
         if old is not None and old != rank:
-            self._members[comm_id].discard((pid, old))  # a split's rank, learned after its init
+            self._members[comm_id].pop((pid, old), None)  # a split's rank, learned after its init
         p.comms[comm_id] = rank
-        self._members[comm_id].add((pid, rank))
+        self._members[comm_id].setdefault((pid, rank), 0)
 
     def _leave(self, comm_id: int, member: tuple[int, int]) -> None:
         members = self._members.get(comm_id)
         if members is None:
             return
-        members.discard(member)
+        members.pop(member, None)
+        detector = self._detectors.get(comm_id)
+        if detector is not None:
+            detector.forget(member)
         if not members:
             del self._members[comm_id]
+            self._detectors.pop(comm_id, None)
         for key in [k for k in self._arrivals if k[0] == comm_id]:
             self._check_arrivals(key)
 
-    def _sync(self, ts: int, dur: int, pid: int, func: int, stream: int) -> None:
-        p = self._procs[pid]
-        device = func == CudaFunc.cudaDeviceSynchronize
-        observed = [c for c in p.pending if c.enqueued <= ts and (device or c.stream == stream)]
+    def _sync(self, ts: int, dur: int, pid: int, func: int, target: int, is_event: bool) -> None:
+        """A synchronize returned: of an event (``target``), of a stream, or of the device."""
+        p = self._procs.get(pid)
+        if p is None:  # before the process's first NCCL call in this batch
+            return
+        if is_event:
+            observed, method = [c for c in p.events.pop(target, ()) if not c.done], EVENT_SYNC
+        elif func in _DEVICE_SYNCS:
+            observed, method = [c for c in p.pending if c.enqueued <= ts], DEVICE_SYNC
+        else:
+            observed = [c for c in p.pending if c.enqueued <= ts and (c.stream == target or target in c.waiters)]
+            method = STREAM_SYNC
+        self._observed(p, observed, ts, dur, func, method, target)
+
+    def _event_call(self, ts: int, dur: int, pid: int, func: int, event: int, stream: int) -> None:
+        """cudaEventRecord binds the collectives enqueued on its stream to the event;
+        cudaEventQuery returning 0 observes them; cudaStreamWaitEvent makes ``stream`` wait."""
+        p = self._procs.get(pid)
+        if p is None:
+            return
+        if func in _EVENT_RECORDS:
+            behind = [c for c in p.events.pop(event, ()) if not c.done]
+            behind += [c for c in p.pending if c.enqueued <= ts and c not in behind
+                       and (c.stream == stream or stream in c.waiters)]
+            if behind:
+                p.events[event] = behind
+                for c in behind:
+                    c.event = event
+        elif func in _EVENT_QUERIES:
+            observed = [c for c in p.events.pop(event, ()) if not c.done]
+            if observed:
+                self._observed(p, observed, ts, dur, func, EVENT_QUERY, event)
+        elif func in _STREAM_WAITS:
+            for c in p.events.get(event, ()):
+                c.waiters.add(stream)
+
+    def _observed(self, p: _Process, observed: list[_Call], ts: int, dur: int, func: int, method: str,
+                  target: int) -> None:
         if not observed:
-            if func in _STREAM_SYNCS or device:
+            if func not in _EVENT_QUERIES:
                 p.gpu_wait += dur
             return
         end = ts + dur
         for call in observed:
             call.sync_start, call.sync_func, call.completed = ts, func, end
+            call.method = method
+            if method == STREAM_SYNC and call.stream != target:
+                call.method = STREAM_WAIT
             p.pending.remove(call)
+            if call.late is not None:
+                for placed in self._late.completed(call, p.anomalies):
+                    self._arrive(placed)
             self._finish(p, call, OBSERVED)
         p.last_done, p.gpu_wait = end, 0
 
     def _exit(self, ts: int, pid: int) -> None:
-        p = self._procs[pid]
+        p = self._procs.get(pid)
+        if p is None:
+            return
         p.exited = True
         for stack in p.open.values():
             for call in stack:
@@ -421,6 +535,8 @@ class NcclCorrelator:
         for comm_id, rank in list(p.comms.items()):
             self._leave(comm_id, (pid, rank))
         p.comms.clear()
+        self._late.exited(pid)
+        p.events.clear()
 
     def _expire(self) -> None:
         """Collectives nobody synchronized on within the timeout; stale straggler groups."""
@@ -437,36 +553,57 @@ class NcclCorrelator:
 
     def _arrive(self, call: _Call) -> None:
         """Record a local rank's entry; compare once every local member has entered. A rank
-        that left the communicator after entering this collective still counts in it."""
-        members = self._members.get(call.comm, set())
+        that left the communicator after entering this collective still counts in it. A
+        rank whose communicator predates the probes is a member from its first placed round."""
+        members = self._members.get(call.comm, {})
         key, who = (call.comm, call.seq), (call.pid, call.rank)
+        if call.late is not None:
+            if call.late.group.conflicted:
+                return
+            p = self._procs[call.pid]
+            if call.comm not in p.comms:
+                p.comms[call.comm] = call.rank
+                members = self._members[call.comm]
+                members[who] = call.seq
         if key not in self._arrivals and (len(members) < 2 or who not in members):
-            return
+            if call.late is None or who not in members:
+                return
         self._arrivals.setdefault(key, {})[who] = call
         self._check_arrivals(key)
 
     def _check_arrivals(self, key: tuple[int, int]) -> None:
         arrived = self._arrivals.get(key)
-        members = self._members.get(key[0], set())
-        if arrived is None or not members.issubset(arrived):
+        members = self._members.get(key[0], {})
+        if arrived is None or any(first <= key[1] and m not in arrived for m, first in members.items()):
             return
         del self._arrivals[key]
-        calls = sorted(arrived.values(), key=lambda c: c.enter)
-        if len(calls) < 2:
+        if len(arrived) < 2:
             return
-        last, others = calls[-1], calls[:-1]
-        lateness = last.enter - statistics.median(c.enter for c in others)
-        if lateness < self._threshold:
-            return
+        detector = self._detectors.get(key[0])
+        if detector is None:
+            detector = self._detectors[key[0]] = CommDetector(self._params)
+        last_enter = max(c.enter for c in arrived.values())
+        for c in arrived.values():
+            c.last_enter = last_enter
+        for verdict in detector.add({who: c.enter for who, c in arrived.items()}):
+            if verdict.persistent:
+                self._straggled(arrived[verdict.member], [c for w, c in arrived.items() if w != verdict.member],
+                                verdict)
+
+    def _straggled(self, late: _Call, others: list[_Call], verdict) -> None:
         finding: dict[str, object] = {
-            "nccl.straggler.lateness": lateness / 1e9,
+            "nccl.straggler.lateness": verdict.deviation_ns / 1e9,
+            "nccl.straggler.threshold": verdict.threshold_ns / 1e9,
+            "nccl.straggler.spread": verdict.spread_ns / 1e9,
+            "nccl.straggler.late_in_window": verdict.late_in_window,
+            "nccl.straggler.window": verdict.window,
             "nccl.straggler.peers": len(others),
         }
         cls = UNKNOWN
-        if last.phase is not None and all(c.phase is not None for c in others):
+        if late.phase is not None and all(c.phase is not None for c in others):
             n = len(others)
             compute, host, communication = components(
-                last.enter, last.phase, last.gpu_wait,
+                late.enter, late.phase, late.gpu_wait,
                 sum(c.enter for c in others) / n, sum(c.phase for c in others) / n,
                 sum(c.gpu_wait for c in others) / n,
             )
@@ -477,16 +614,21 @@ class NcclCorrelator:
                 "nccl.straggler.communication": communication / 1e9,
             })
         finding["nccl.straggler.class"] = cls
-        last.finding = finding
-        p = self._procs[last.pid]
-        p.stragglers[(comm_hex(last.comm), cls)] += 1
-        p.samples[("lateness", cls)].append(lateness / 1e9)
+        if not late.done:
+            late.finding = finding
+        p = self._procs[late.pid]
+        p.stragglers[(comm_hex(late.comm), cls)] += 1
+        p.samples[("lateness", cls)].append(verdict.deviation_ns / 1e9)
 
     # -- spans --------------------------------------------------------------
 
     def _finish(self, p: _Process, call: _Call, completion: str) -> None:
         call.done = True
         call.completion = completion
+        if call.late is not None and completion != OBSERVED:
+            self._late.dropped(call)
+        if completion == OBSERVED and call.last_enter is not None and call.comm in self._detectors:
+            self._detectors[call.comm].note_duration(call.completed - call.last_enter)
         if call.func in OPS:
             name = _NAMES[call.func]
             if completion == FAILED and call.ret not in (0, IN_PROGRESS):
@@ -537,12 +679,19 @@ class NcclCorrelator:
     def _span(self, p: _Process, call: _Call, parent: SpanContext | None) -> ReadableSpan:
         name = _NAMES[call.func]
         attrs: dict[str, object] = {"thread.id": call.tid}
-        if call.known and call.comm:
+        if call.late is not None:
+            attrs["nccl.comm.address"] = f"{call.late.pointer:#x}"  # created before the probes were attached
             attrs["nccl.comm.id"] = comm_hex(call.comm)
+            attrs["nccl.comm.source"] = "conflicted" if call.late.group.conflicted else "aligned"
+        elif call.known and call.comm:
+            attrs["nccl.comm.id"] = comm_hex(call.comm)
+            attrs["nccl.comm.source"] = FROM_INIT
         elif call.comm:
-            attrs["nccl.comm.address"] = f"{call.comm:#x}"  # created before the probes were attached
+            attrs["nccl.comm.address"] = f"{call.comm:#x}"
         if call.rank >= 0:
             attrs["nccl.rank"] = call.rank
+            if call.rank_source:
+                attrs["nccl.rank.source"] = call.rank_source
         if call.nranks >= 0:
             attrs["nccl.nranks"] = call.nranks
         if call.func in OPS:
@@ -576,7 +725,7 @@ class NcclCorrelator:
             "cuda.stream": f"{call.stream:#x}",
             "nccl.completion": call.completion,
         }
-        if call.known:
+        if call.known and call.seq:
             attrs["nccl.seq"] = call.seq
         if call.func in _REDUCING:
             attrs["nccl.reduction"] = REDUCTIONS.get(call.op, "custom")
@@ -586,7 +735,12 @@ class NcclCorrelator:
             attrs["nccl.peer"] = call.root
         if call.returned is not None:
             attrs["nccl.enqueue.duration"] = (call.returned - call.enter) / 1e9
+        if call.enqueued is not None:
+            attrs["nccl.enqueue.time_unix_nano"] = self._clock.to_wall(call.enqueued)
+        if call.event:
+            attrs["cuda.event"] = f"{call.event:#x}"
         if call.completion == OBSERVED:
+            attrs["nccl.completion.method"] = call.method
             attrs["nccl.wait.duration"] = (call.completed - call.enqueued) / 1e9
             attrs["nccl.sync.function"] = _SYNC_NAMES[call.sync_func]
             attrs["nccl.sync.duration"] = (call.completed - call.sync_start) / 1e9
@@ -637,7 +791,7 @@ class NcclCorrelator:
             ),
             m.cumulative_sum(
                 "nccl.straggler", "{collective}",
-                "Collectives this rank entered last, later than the other local ranks by the threshold",
+                "Collectives this rank entered persistently late, by the adaptive test (analyze/adaptive.py)",
                 [
                     ({"nccl.comm.id": comm, "nccl.straggler.class": cls}, n)
                     for (comm, cls), n in sorted(p.stragglers.items())

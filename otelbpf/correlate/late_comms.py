@@ -1,0 +1,233 @@
+"""Communicators created before the probes were attached: who they are, and which
+collective is which across ranks.
+
+The agent is usually started after the job (a DaemonSet, a job running for hours), so it
+never sees ``ncclCommInitRank``: the probes report such a communicator by its ``ncclComm_t``
+pointer, with no id, rank or sequence number (bpf/nccl.c, ``NCCL_UNKNOWN_COMM``).
+
+**Identity.** Within a process, the pointer. Across the processes of this host, a *group*:
+(the job, from the launcher's environment (launch_env.py); the communicator's size; its
+ordinal among this process's late communicators of that size, in first-use order). The
+size comes from ``ncclCommCount`` when the process called it, else ``WORLD_SIZE`` (the
+default process group is the first communicator a PyTorch job uses). The rank comes from
+``ncclCommUserRank`` when called, else from the environment when the size is the world's.
+The group's id (``nccl.comm.id``) is a hash of those and of the host name: two hosts' agents
+count rounds from different starting points, so their late communicators must never compare.
+
+**Rounds.** NCCL requires every rank to issue a communicator's collectives in the same order,
+so collective *k* of one rank meets collective *k* of the others. A rank's first collective
+seen is placed once its completion is observed, into the one round (a collective already
+seen from other ranks) that it can belong to: same signature (operation, count, datatype,
+reduction, root), not yet joined by this rank, and consistent with causality (no rank
+observed that round complete before this rank entered it; this rank did not observe its own
+complete before another rank entered the round). No such round: a new one. Several: the
+placement is ambiguous (a rank running a whole collective ahead of another looks like that);
+the collective is not compared, counted (``late_comm_ambiguous``), and the next is tried.
+Placed once, a rank's later collectives follow in order and are checked the same way; one
+that contradicts its round (``late_comm_misaligned``) un-places the rank.
+
+Two processes claiming the same rank in one group (two jobs the environment cannot tell
+apart) make the group ``conflicted``: its collectives keep their order but are never compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from otelbpf.correlate.launch_env import Launch
+
+#: Rounds kept per group: a rank placed further back than this is re-placed.
+MAX_ROUNDS = 256
+
+
+class LateCall(Protocol):
+    """What this module reads and sets on a collective (correlate/nccl.py's ``_Call``)."""
+
+    pid: int
+    enter: int
+    completed: int | None
+    comm: int
+    seq: int
+    rank: int
+    nranks: int
+    rank_source: str
+    known: bool
+    late: object
+    round: object
+
+
+@dataclass(eq=False)
+class Round:
+    seq: int
+    signature: tuple
+    enters: dict[Hashable, int] = field(default_factory=dict)
+    completed: int | None = None   # the earliest completion any member observed
+
+
+@dataclass(eq=False)
+class Group:
+    id: int
+    rounds: dict[int, Round] = field(default_factory=dict)
+    next_seq: int = 1
+    ranks: dict[int, int] = field(default_factory=dict)   # rank -> pid
+    conflicted: bool = False
+
+
+@dataclass(eq=False)
+class LateComm:
+    """One process's view of one communicator it had before the probes."""
+
+    pointer: int
+    rank: int = -1
+    rank_source: str = ""
+    nranks: int = -1
+    group: Group | None = None
+    member: Hashable = None
+    position: int = 0                 # its last round; 0: not placed
+    waiting: list = field(default_factory=list)   # collectives entered while not placed, in order
+
+
+class LateComms:
+    def __init__(self, host: str) -> None:
+        self._host = host
+        self._groups: dict[tuple, Group] = {}
+        self._procs: dict[int, dict[int, LateComm]] = {}
+        self._ordinals: dict[tuple, int] = {}
+
+    def comm(self, pid: int, pointer: int) -> LateComm:
+        comms = self._procs.setdefault(pid, {})
+        lc = comms.get(pointer)
+        if lc is None:
+            lc = comms[pointer] = LateComm(pointer)
+        return lc
+
+    def learn(self, pid: int, pointer: int, rank: int, nranks: int) -> None:
+        """ncclCommUserRank / ncclCommCount returned (-1: not this one)."""
+        lc = self.comm(pid, pointer)
+        if rank >= 0:
+            lc.rank, lc.rank_source = rank, "ncclCommUserRank"
+        if nranks > 0:
+            lc.nranks = nranks
+
+    def identify(self, call: LateCall, pointer: int, launch: Launch | None, anomalies) -> LateComm:
+        """Fills the call's communicator id, rank and size; places the rank's group at first use."""
+        lc = self.comm(call.pid, pointer)
+        if lc.group is None:
+            self._join(call.pid, lc, launch, anomalies)
+        call.comm, call.rank, call.nranks, call.rank_source = lc.group.id, lc.rank, lc.nranks, lc.rank_source
+        call.late = lc
+        return lc
+
+    def _join(self, pid: int, lc: LateComm, launch: Launch | None, anomalies) -> None:
+        if lc.nranks < 0 and launch is not None and launch.world_size > 0:
+            lc.nranks = launch.world_size
+        if lc.rank < 0 and launch is not None and launch.world_size in (lc.nranks, -1):
+            lc.rank, lc.rank_source = launch.rank, launch.source
+        job = launch.job if launch is not None else f"process:{pid}"  # no launcher: nothing to match
+        kind = (job, lc.nranks)
+        ordinal = self._ordinals[(pid, *kind)] = self._ordinals.get((pid, *kind), 0) + 1
+        key = (*kind, ordinal)
+        group = self._groups.get(key)
+        if group is None:
+            digest = hashlib.blake2b(repr((self._host, key)).encode(), digest_size=8).digest()
+            group = self._groups[key] = Group(int.from_bytes(digest, "little"))
+        lc.group, lc.member = group, (pid, lc.rank)
+        if lc.rank >= 0:
+            other = group.ranks.get(lc.rank)
+            if other is not None and other != pid:
+                group.conflicted = True
+                anomalies["duplicate_rank"] += 1
+            group.ranks[lc.rank] = pid
+
+    def enter(self, call: LateCall, signature: tuple, anomalies) -> bool:
+        """A collective entered: True when it was placed in a round (its seq is set)."""
+        lc = call.late
+        call.signature = signature
+        if lc.position and not lc.waiting:
+            if self._follow(lc, call):
+                return True
+            anomalies["late_comm_misaligned"] += 1
+            lc.position = 0
+        lc.waiting.append(call)
+        return False
+
+    def completed(self, call: LateCall, anomalies) -> list[LateCall]:
+        """Its completion was observed: the round learns it, and a rank not yet placed is
+        placed now if it can be. Returns the collectives placed by this (in order)."""
+        lc = call.late
+        rnd = call.round
+        if rnd is not None:
+            if rnd.completed is None or call.completed < rnd.completed:
+                rnd.completed = call.completed
+            return []
+        if call not in lc.waiting or lc.waiting[0] is not call:
+            return []  # an earlier one is still unplaced: this one follows it
+        group = lc.group
+        candidates = [
+            r for r in group.rounds.values()
+            if lc.member not in r.enters and r.signature == call.signature
+            and (r.completed is None or r.completed >= call.enter) and max(r.enters.values()) <= call.completed
+        ]
+        if len(candidates) > 1:
+            anomalies["late_comm_ambiguous"] += 1
+            lc.waiting.pop(0)
+            return []
+        if candidates:
+            rnd = candidates[0]
+        else:
+            rnd = self._new_round(group, call.signature)
+        self._place(lc, call, rnd)
+        rnd.completed = call.completed if rnd.completed is None else min(rnd.completed, call.completed)
+        placed = [call]
+        lc.waiting.pop(0)
+        while lc.waiting:  # entered after it, while the rank was not placed: they follow in order
+            nxt = lc.waiting[0]
+            if not self._follow(lc, nxt):
+                anomalies["late_comm_misaligned"] += 1
+                lc.position = 0
+                break
+            lc.waiting.pop(0)
+            placed.append(nxt)
+        return placed
+
+    def dropped(self, call: LateCall) -> None:
+        """A collective that will never complete (failed, process exited): no longer awaited."""
+        lc = call.late
+        if lc is not None and call in lc.waiting:
+            lc.waiting.remove(call)
+
+    def exited(self, pid: int) -> None:
+        for lc in self._procs.pop(pid, {}).values():
+            if lc.group is not None and lc.group.ranks.get(lc.rank) == pid:
+                del lc.group.ranks[lc.rank]
+        for key in [k for k in self._ordinals if k[0] == pid]:
+            del self._ordinals[key]
+
+    def _follow(self, lc: LateComm, call: LateCall) -> bool:
+        group, seq = lc.group, lc.position + 1
+        rnd = group.rounds.get(seq)
+        if rnd is None:
+            if seq != group.next_seq:
+                return False  # its round is gone (too far behind)
+            rnd = self._new_round(group, call.signature)
+        if lc.member in rnd.enters or rnd.signature != call.signature:
+            return False
+        if rnd.completed is not None and rnd.completed < call.enter:
+            return False
+        self._place(lc, call, rnd)
+        return True
+
+    def _new_round(self, group: Group, signature: tuple) -> Round:
+        rnd = group.rounds[group.next_seq] = Round(group.next_seq, signature)
+        group.next_seq += 1
+        group.rounds.pop(group.next_seq - 1 - MAX_ROUNDS, None)
+        return rnd
+
+    @staticmethod
+    def _place(lc: LateComm, call: LateCall, rnd: Round) -> None:
+        rnd.enters[lc.member] = call.enter
+        call.seq, call.round, call.known = rnd.seq, rnd, True
+        lc.position = rnd.seq

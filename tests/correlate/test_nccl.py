@@ -1,0 +1,237 @@
+"""The NCCL correlator on synthetic events: completion from CUDA events, communicators created
+before the probes (ranks from the environment, collectives placed in rounds), the adaptive
+live straggler test, and bad input. The agent-made inputs are in tests/test_nccl_agent.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.launch_env import Launch, parse
+from otelbpf.correlate.nccl import NcclCorrelator
+from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.events import EVENT_DTYPE, NCCL_FLAG_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
+
+MS = 1_000_000
+STREAM, COMPUTE = 0x6000, 0x5000
+F32 = 7
+
+
+def pack(rank: int, nranks: int) -> int:
+    return (rank & 0xFFFFFFFF) | (nranks & 0xFFFFFFFF) << 32
+
+
+def args(count: int = 1024, dtype: int = F32, op: int = 0) -> int:
+    return count | dtype << 48 | op << 56
+
+
+class Events:
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+
+    def add(self, ts, pid, kind, func, *, dur=0, flags=0, ret=0, a0=0, a1=0, a2=0, a3=0, tid=None):
+        self.rows.append((ts, dur, pid, tid or pid, kind, func, flags, ret, a0, a1, a2, a3))
+
+    def allreduce(self, ts, pid, comm, *, enq=MS // 10, unknown=True, seq=0, rank=-1, nranks=-1, count=1024):
+        flags = NCCL_FLAG_UNKNOWN_COMM if unknown else 0
+        self.add(ts, pid, Kind.NCCL_ENTER, NcclFunc.ncclAllReduce, dur=pack(rank, nranks), flags=flags, ret=-1,
+                 a0=comm, a1=seq, a2=args(count), a3=STREAM)
+        self.add(ts + enq, pid, Kind.NCCL_RETURN, NcclFunc.ncclAllReduce)
+
+    def array(self) -> np.ndarray:
+        rows = sorted(self.rows, key=lambda r: r[0])
+        return np.array(rows, dtype=EVENT_DTYPE)
+
+
+def correlator(launches: dict[int, Launch | None], **kw) -> tuple[NcclCorrelator, list]:
+    spans: list = []
+    c = NcclCorrelator(ProcessInfo(), MonotonicClock(), spans.extend, launch_of=launches.get, host="test", **kw)
+    return c, spans
+
+
+def torchrun(rank: int, world: int = 4, job: str = "torchelastic:a") -> Launch:
+    return Launch(rank, world, "env:RANK", job)
+
+
+def ar_spans(spans, pid=None):
+    return [s for s in spans if s.name == "ncclAllReduce" and (pid is None or s.resource.attributes["process.pid"] == pid)]
+
+
+def findings(spans):
+    return [(s.resource.attributes["process.pid"], dict(e.attributes)) for s in spans for e in s.events
+            if e.name == "nccl.straggler"]
+
+
+# ---- completion as PyTorch sees it
+
+
+@pytest.mark.parametrize("how", ["query", "sync", "wait"])
+def test_completion_is_observed_through_the_event_recorded_after_the_collective(how):
+    ev = Events()
+    pid, event = 100, 0xE1
+    ev.allreduce(1000 * MS, pid, 0xC0)
+    ev.add(1001 * MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventRecord, a0=event, a2=STREAM, dur=1000)
+    ev.add(1002 * MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventQuery, a0=event, ret=600, dur=1000)  # not ready
+    if how == "query":
+        ev.add(1050 * MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventQuery, a0=event, dur=2000)
+    elif how == "sync":
+        ev.add(1010 * MS, pid, Kind.CUDA_SYNC, CudaFunc.cudaEventSynchronize, a0=event, a1=1, dur=40 * MS + 2000)
+    else:
+        ev.add(1003 * MS, pid, Kind.CUDA_CALL, CudaFunc.cudaStreamWaitEvent, a0=event, a2=COMPUTE, dur=1000)
+        ev.add(1010 * MS, pid, Kind.CUDA_SYNC, CudaFunc.cudaStreamSynchronize, a0=COMPUTE, dur=40 * MS + 2000)
+    c, spans = correlator({})
+    c.on_events(ev.array())
+    (span,) = ar_spans(spans)
+    a = span.attributes
+    method = {"query": "event_query", "sync": "event_sync", "wait": "stream_wait"}[how]
+    assert (a["nccl.completion"], a["nccl.completion.method"], a["cuda.event"]) == ("observed", method, "0xe1")
+    assert a["nccl.sync.function"] == {"query": "cudaEventQuery", "sync": "cudaEventSynchronize",
+                                        "wait": "cudaStreamSynchronize"}[how]
+    assert span.end_time - span.start_time == 50 * MS + 2000
+    assert a["nccl.enqueue.time_unix_nano"] - span.start_time == MS // 10
+
+
+def test_an_event_recorded_on_another_stream_or_before_the_collective_observes_nothing():
+    ev = Events()
+    pid = 100
+    ev.add(999 * MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventRecord, a0=0xE0, a2=STREAM)  # before it
+    ev.allreduce(1000 * MS, pid, 0xC0)
+    ev.add(1001 * MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventRecord, a0=0xE1, a2=COMPUTE)  # other stream
+    ev.add(1002 * MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventQuery, a0=0xE0)
+    ev.add(1003 * MS, pid, Kind.CUDA_SYNC, CudaFunc.cudaEventSynchronize, a0=0xE1, a1=1, dur=MS)
+    c, spans = correlator({})
+    c.on_events(ev.array())
+    assert not ar_spans(spans), "still pending"
+    ev = Events()
+    ev.add(1100 * MS, pid, Kind.CUDA_SYNC, CudaFunc.cudaStreamSynchronize, a0=STREAM, dur=MS)
+    c.on_events(ev.array())
+    (span,) = ar_spans(spans)
+    assert span.attributes["nccl.completion.method"] == "stream_sync"
+
+
+# ---- ranks and communicators without init
+
+
+def test_launcher_environment_is_parsed():
+    assert parse({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}, 7) == \
+        Launch(3, 8, "env:RANK", "torchelastic:x", 1)
+    assert parse({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "9"}, 7) == \
+        Launch(2, 4, "env:SLURM_PROCID", "slurm:9.", -1)
+    assert parse({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, 7).job == "parent:7"
+    assert parse({"RANK": "5", "WORLD_SIZE": "4"}, 7) is None, "a rank outside the world is not believed"
+    assert parse({"RANK": "x"}, 7) is None and parse({}, 7) is None
+
+
+def late_job(iterations: int, late_ms: float, *, slow: int = 2, ranks: int = 4, skip: dict | None = None,
+             period_ms: float = 300, duration_ms: float = 200, jitter=None) -> Events:
+    """``ranks`` processes (pids 100+r), each with its own comm pointer, none seen at init;
+    rank ``slow`` enters late_ms after the others; all observe completion duration_ms after the
+    last entry. ``skip``: rank -> collectives it made before the probes (not in the events)."""
+    ev = Events()
+    skip = skip or {}
+    for k in range(iterations):
+        t0 = (1000 + k * period_ms) * MS
+        entries = {r: t0 + (late_ms * MS if r == slow else 0) + (jitter(k, r) if jitter else 0) for r in range(ranks)}
+        done = max(entries.values()) + duration_ms * MS
+        for r, t in entries.items():
+            if k < skip.get(r, 0):
+                continue
+            pid = 100 + r
+            ev.allreduce(int(t), pid, 0xC000 + r)
+            ev.add(int(t) + MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventRecord, a0=0xE000 + r, a2=STREAM)
+            ev.add(int(done) + 50_000 * r, pid, Kind.CUDA_CALL, CudaFunc.cudaEventQuery, a0=0xE000 + r, dur=10_000)
+    return ev
+
+
+def test_late_attached_ranks_are_identified_from_the_environment_and_compared():
+    ev = late_job(12, 40, skip={3: 2})  # rank 3 attached two collectives later than the others
+    c, spans = correlator({100 + r: torchrun(r) for r in range(4)})
+    c.on_events(ev.array())
+    by_pid = {pid: sorted(ar_spans(spans, pid), key=lambda s: s.start_time) for pid in range(100, 104)}
+    ids = {s.attributes["nccl.comm.id"] for ss in by_pid.values() for s in ss}
+    assert len(ids) == 1, "one communicator across the four processes"
+    for r in range(4):
+        ss = by_pid[100 + r]
+        assert [s.attributes["nccl.seq"] for s in ss] == list(range(1 + (2 if r == 3 else 0), 13))
+        assert all((s.attributes["nccl.rank"], s.attributes["nccl.nranks"], s.attributes["nccl.rank.source"],
+                    s.attributes["nccl.comm.source"]) == (r, 4, "env:RANK", "aligned") for s in ss)
+        assert ss[0].attributes["nccl.comm.address"] == f"{0xC000 + r:#x}"
+    found = findings(spans)
+    assert found and {pid for pid, _ in found} == {102}
+    assert len(found) >= 12 - 5
+    f = found[-1][1]
+    assert 0.039 < f["nccl.straggler.lateness"] < 0.041 and f["nccl.straggler.threshold"] < 0.04
+    assert f["nccl.straggler.peers"] == 3
+
+
+def test_a_healthy_jittery_job_has_no_straggler():
+    rnd = np.random.default_rng(3)
+    table = rnd.uniform(0, 30 * MS, size=(60, 4))
+    ev = late_job(60, 0, jitter=lambda k, r: table[k, r])
+    c, spans = correlator({100 + r: torchrun(r) for r in range(4)})
+    c.on_events(ev.array())
+    assert len(ar_spans(spans)) == 240 and not findings(spans)
+
+
+def test_two_jobs_with_the_same_ranks_on_one_host_are_kept_apart():
+    ev = late_job(10, 40)
+    other = late_job(10, 0)
+    for row in other.rows:
+        row = list(row)
+        row[2] += 100  # pids 200..203
+        row[3] += 100
+        other_pid_row = tuple(row)
+        ev.rows.append(other_pid_row)
+    launches = {100 + r: torchrun(r, job="torchelastic:a") for r in range(4)}
+    launches.update({200 + r: torchrun(r, job="torchelastic:b") for r in range(4)})
+    c, spans = correlator(launches)
+    c.on_events(ev.array())
+    assert len({s.attributes["nccl.comm.id"] for s in ar_spans(spans)}) == 2
+    assert {pid for pid, _ in findings(spans)} == {102}
+
+
+def test_the_same_rank_twice_in_one_group_is_reported_and_never_compared():
+    ev = late_job(10, 40, ranks=2, slow=1)
+    c, spans = correlator({100: torchrun(0, world=2, job="j"), 101: torchrun(0, world=2, job="j")})
+    c.on_events(ev.array())
+    assert not findings(spans)
+    assert {s.attributes["nccl.comm.source"] for s in ar_spans(spans)} == {"conflicted"}
+    anomalies = {dict(dp.attributes)["reason"]: dp.value for _, ms in c.collect() for m in ms
+                 if m.name == "otelbpf.nccl.anomalies" for dp in m.data.data_points}
+    assert anomalies.get("duplicate_rank") == 1
+
+
+def test_without_a_launcher_processes_are_not_matched():
+    ev = late_job(10, 40)
+    c, spans = correlator({})
+    c.on_events(ev.array())
+    assert len({s.attributes["nccl.comm.id"] for s in ar_spans(spans)}) == 4
+    assert not findings(spans) and all("nccl.rank" not in s.attributes for s in ar_spans(spans))
+
+
+def test_a_rank_dying_and_collectives_that_never_complete_invent_no_straggler():
+    ev = late_job(8, 0)
+    # rank 1 dies inside collective 9; the others enter it and never see it complete
+    for r in range(4):
+        ev.allreduce((1000 + 8 * 300) * MS, 100 + r, 0xC000 + r)
+    ev.add((1000 + 8 * 300 + 5) * MS, 101, Kind.PROC_EXIT, 0)
+    c, spans = correlator({100 + r: torchrun(r) for r in range(4)}, completion_timeout_ns=1000 * MS)
+    c.on_events(ev.array())
+    later = Events()
+    later.add((1000 + 8 * 300 + 5000) * MS, 100, Kind.CUDA_CALL, CudaFunc.cudaEventRecord, a0=0xE0, a2=0x1)
+    c.on_events(later.array())
+    assert not findings(spans)
+    unobserved = [s for s in ar_spans(spans) if s.attributes["nccl.completion"] == "unobserved"]
+    assert len(unobserved) == 3
+
+
+def test_known_communicators_say_their_rank_came_from_init():
+    ev = Events()
+    for r in range(2):
+        ev.allreduce((1000 + r) * MS, 100 + r, 0xAA, unknown=False, seq=1, rank=r, nranks=2)
+        ev.add(1100 * MS, 100 + r, Kind.CUDA_SYNC, CudaFunc.cudaStreamSynchronize, a0=STREAM, dur=MS)
+    c, spans = correlator({})
+    c.on_events(ev.array())
+    assert {(s.attributes["nccl.rank.source"], s.attributes["nccl.comm.source"]) for s in ar_spans(spans)} == \
+        {("init", "init")}
