@@ -438,7 +438,9 @@ class NcclReceiverConfig(_Section):
 
     search_paths: list[Annotated[str, AfterValidator(_absolute_glob)]] = list(_DEFAULT_NCCL_SEARCH_PATHS)
     ring_buffer_size: RingSize = 1 << 20
-    straggler_threshold: PositiveDuration = 50_000_000
+    #: the adaptive straggler test's floor (analyze/adaptive.py): lateness must also beat the
+    #: other ranks' spread and a tenth of the collective's duration, persistently
+    straggler_threshold: PositiveDuration = 1_000_000
     completion_timeout: PositiveDuration = 30_000_000_000
     max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
 
@@ -1040,7 +1042,7 @@ receivers:
       - /usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so*
       - /usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so*
     ring_buffer_size: 1MiB
-    straggler_threshold: 50ms
+    straggler_threshold: 1ms
     completion_timeout: 30s
     max_spans_per_second: 20000
   ibverbs:
