@@ -63,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
         "host-slow or communication-slow.",
     )
     strag.add_argument("paths", nargs="+", metavar="DIR", help="a directory of OTLP-JSON trace files, or one file")
-    strag.add_argument("--threshold", type=_duration, default="10ms",
-                       help="a rank entering this much after the others' median is late (default 10ms)")
+    strag.add_argument("--threshold", type=_duration, default="1ms",
+                       help="the adaptive test's floor: late also means beyond 3x the other ranks' spread and "
+                       "a tenth of the collective's duration (default 1ms)")
     strag.add_argument("--min-share", type=_share, default=0.3,
                        help="persistent: late in at least this share of its collectives (0..1, default 0.3)")
     strag.add_argument("--json", action="store_true", help="print the report as JSON")

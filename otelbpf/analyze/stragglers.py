@@ -6,13 +6,15 @@ Reads the exported NCCL spans of every rank (collectives.py) and, all in numpy:
    communicator it belongs to;
 2. **clocks**: hosts' clock offsets are measured from the collectives (clock_offsets.py) and
    removed, unless told not to;
-3. **per collective** (communicator id, sequence number) seen from at least two ranks: the
-   rank that entered last is its straggler, late by its entry minus the median entry of the
-   others; that lateness splits into compute, host and communication shares (lateness.py);
-4. **per rank**: how many of its collectives it straggled on (late by at least the
-   threshold), by how much in total, and its class from the summed shares. A rank is a
-   persistent straggler when it straggled on at least ``min_share`` of its collectives (and
-   on at least ``MIN_STRAGGLES``). Ranks are listed by the total delay they caused;
+3. **per collective** (communicator id, sequence number) seen from at least two ranks, in
+   order per communicator: the adaptive test of adaptive.py says which ranks are late
+   (beyond the others' spread, a share of the collective's duration and the ``threshold``
+   floor) and which are persistently so; a late rank's lateness splits into compute, host
+   and communication shares (lateness.py);
+4. **per rank**: how many of its collectives it was late on, by how much in total, and its
+   class from the summed shares. A rank is a persistent straggler when the window test held
+   for it, it was late on at least ``min_share`` of its collectives and on at least
+   ``MIN_STRAGGLES``. Ranks are listed by the total delay they caused;
 5. **ranks that stopped**: a rank whose last collective of a communicator comes before the
    others' last (it left, or died between collectives), or whose process exited during its
    last one.
@@ -28,6 +30,7 @@ import numpy as np
 
 from otelbpf.analyze import clock_offsets
 from otelbpf.analyze.collectives import EXITED, FAILED, Collectives, ReadError, read
+from otelbpf.analyze.adaptive import CommDetector, Params
 from otelbpf.analyze.lateness import CLASSES, UNKNOWN, classify_many, components
 
 #: A persistent straggler straggled on at least this many collectives.
@@ -127,39 +130,44 @@ def analyze(data: Collectives, *, threshold_ns: int, min_share: float, correct_c
     phase = data.phase[rows] * 1e9
     gpu = data.gpu_wait[rows] * 1e9
 
-    # Per collective, rows by entry time: the last is the straggler.
-    by_entry = np.lexsort((enter, group))
-    g, e, ph, gw, who = group[by_entry], enter[by_entry].astype(np.float64), phase[by_entry], gpu[by_entry], part[rows][by_entry]
-    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-    sizes = np.diff(np.r_[starts, len(g)])
-    multi = sizes >= 2
-    starts, sizes = starts[multi], sizes[multi]
-    last = starts + sizes - 1
-    m = sizes - 1  # the others
-    median = (e[starts + (m - 1) // 2] + e[starts + m // 2]) / 2
-    lateness = e[last] - median
-
-    def others_mean(values: np.ndarray) -> np.ndarray:
-        return (_sum_ranges(values, starts, sizes) - values[last]) / m
-
-    compute, host_share, communication = components(
-        e[last], ph[last], gw[last], others_mean(e), others_mean(ph), others_mean(gw),
-    )
-    straggler = who[last]
-    late = lateness >= threshold_ns
-
+    # Per communicator, its collectives in order, through the adaptive test (adaptive.py).
+    end = completion - shift[host]
+    who_all = part[rows]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    sizes = np.diff(np.r_[starts, len(group)])
+    comm_of, observed_all = data.comm[rows], data.observed[rows]
     n_parts = len(parts)
-    edges = np.zeros(len(g) + 1, dtype=np.int64)
-    np.add.at(edges, starts, 1)
-    np.add.at(edges, starts + sizes, -1)
-    in_compared = np.cumsum(edges)[:-1] > 0
-    collectives = np.bincount(who[in_compared], minlength=n_parts)
-    straggled = np.bincount(straggler[late], minlength=n_parts)
-    total = np.bincount(straggler[late], weights=lateness[late], minlength=n_parts)
-    shares = [
-        np.bincount(straggler[late], weights=np.nan_to_num(x[late]), minlength=n_parts)
-        for x in (compute, host_share, communication)
-    ]
+    collectives = np.zeros(n_parts, dtype=np.int64)
+    straggled = np.zeros(n_parts, dtype=np.int64)
+    total = np.zeros(n_parts)
+    shares = [np.zeros(n_parts) for _ in range(3)]
+    persistent = np.zeros(n_parts, dtype=bool)   # the window test held at least once
+    params = Params(floor_ns=threshold_ns)
+    detectors: dict[int, CommDetector] = {}
+    compared = 0
+    for s0, n in zip(starts.tolist(), sizes.tolist()):
+        if n < 2:
+            continue
+        compared += 1
+        idx = slice(s0, s0 + n)
+        w, e = who_all[idx], enter[idx].astype(np.float64)
+        collectives[w] += 1
+        det = detectors.setdefault(int(comm_of[s0]), CommDetector(params))
+        for v in det.add(dict(zip(w.tolist(), e.tolist()))):
+            if not v.late:
+                continue
+            persistent[v.member] |= v.persistent
+            me = int(np.flatnonzero(w == v.member)[0])
+            others = np.arange(n) != me
+            parts3 = components(e[me], phase[idx][me], gpu[idx][me], e[others].mean(),
+                                phase[idx][others].mean(), gpu[idx][others].mean())
+            straggled[v.member] += 1
+            total[v.member] += v.deviation_ns
+            for k in range(3):
+                shares[k][v.member] += np.nan_to_num(parts3[k])
+        observed = observed_all[idx]
+        if observed.any():
+            det.note_duration(float(end[idx][observed].min() - e.max()))
     cls = classify_many(*shares)
     ranks = []
     for i in range(n_parts):
@@ -173,22 +181,14 @@ def analyze(data: Collectives, *, threshold_ns: int, min_share: float, correct_c
             compute_ms=round(float(shares[0][i]) / 1e6, 3), host_ms=round(float(shares[1][i]) / 1e6, 3),
             communication_ms=round(float(shares[2][i]) / 1e6, 3),
             cls=CLASSES[cls[i]] if cls[i] >= 0 and straggled[i] else UNKNOWN,
-            persistent=bool(straggled[i] >= MIN_STRAGGLES and share >= min_share),
+            persistent=bool(persistent[i] and straggled[i] >= MIN_STRAGGLES and share >= min_share),
         ))
     ranks.sort(key=lambda r: (-r.lateness_total_ms, r.rank))
     return Report(
-        files=data.files, spans=len(data), collectives_compared=int(len(starts)), threshold_ms=threshold_ns / 1e6,
+        files=data.files, spans=len(data), collectives_compared=compared, threshold_ms=threshold_ns / 1e6,
         min_share=min_share, clock_correction=correct_clocks and len(data.hosts) > 1, hosts=offsets, ranks=ranks,
         stopped=_stopped(data, rows, part, parts, labels),
     )
-
-
-def _sum_ranges(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Sum of values[s:s+n] for each (s, n), via a cumulative sum (NaN-aware: NaN in, NaN out)."""
-    csum = np.r_[0.0, np.cumsum(np.nan_to_num(values))]
-    nans = np.r_[0, np.cumsum(np.isnan(values))]
-    out = csum[starts + sizes] - csum[starts]
-    return np.where(nans[starts + sizes] - nans[starts] > 0, np.nan, out)
 
 
 def _rank_labels(data: Collectives, part: np.ndarray, parts: np.ndarray) -> np.ndarray:
