@@ -224,6 +224,10 @@ class Agent:
         return [(res, r.correlator.scope, metrics) for r in self.receivers for res, metrics in r.correlator.collect()]
 
     def _health_metrics(self):
+        from otelbpf.export.otlp_json import CONVERSIONS
+
+        for kind, n in CONVERSIONS.take().items():  # values an OTLP encoder had to clamp
+            self.health.add("otelbpf.export.values_converted", n, kind=kind)
         now = time.time_ns()
         start = int(self.started_at * 1e9)
         out: list[Metric | None] = []
