@@ -158,7 +158,8 @@ def _resume_all() -> None:
 
 def _run_job(gate_fd: int, command: list[str]) -> None:
     """In the forked child: wait for the agent's go, then become the command."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # As the command would have them without the agent (Python ignores SIGPIPE and SIGXFSZ).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
     try:
         go = os.read(gate_fd, 2)

@@ -143,3 +143,13 @@ def test_kill_9_of_the_agent_leaves_a_running_command_running(tmp_path: Path):
         os.kill(agent.proc.pid, signal.SIGKILL)
         agent.proc.wait(120)
     assert wait_until(done.exists, timeout=10)
+
+
+def test_the_command_gets_default_signal_dispositions(tmp_path: Path):
+    """Python ignores SIGPIPE; the command must not inherit that (`yes | head` ends by it)."""
+    out = tmp_path / "sigs"
+    with AgentProcess(["-c", str(file_config(tmp_path)), "--", "sh", "-c",
+                       f"grep SigIgn /proc/self/status > {out}"]) as agent:
+        assert agent.wait(90) == 0, agent.output
+    ignored = int(out.read_text().split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1))
