@@ -300,7 +300,8 @@ class Agent:
         # The agent of this checkout (PYTHONPATH first), whatever the venv has installed.
         cmd = [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(self._config())]
         cmd += ["--pid", str(self.pid)] if self.pid else []
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # Probes released before the agent exits: the next case must not pay for this one's.
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OTELBPF_DETACH": "wait"}
         running = threading.Event()
         t0 = time.monotonic()
         self.proc = subprocess.Popen(

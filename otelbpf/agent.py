@@ -273,9 +273,15 @@ class Agent:
         self.sensor.start()
         self._mark_library_users()
         if not self.sensor.options.pause_on_load:
-            # --pid targets: their maps while they surely live (not a `run --` child, still
-            # the agent's fork until its exec: it is described at its first library open)
-            for pid in self.sensor.options.pids:
+            # --pid targets and the descendants they had already (children forked from now
+            # on follow in the kernel): watched, and their maps read while they surely live.
+            # Not a `run --` child: the agent's fork until its exec, described at its first
+            # library open.
+            targets = list(self.sensor.options.pids)
+            for pid in descendants(targets):
+                self.sensor.watch_pid(pid)
+                targets.append(pid)
+            for pid in targets:
                 self._describe_process(pid)
         if self.metrics is not None:
             self.metrics.start()
@@ -349,6 +355,29 @@ def spawn_gated(command: list[str]) -> tuple[subprocess.Popen, int]:
 #: In command mode, how long a command ended by the agent (--duration, a second signal) has
 #: between SIGTERM and SIGKILL.
 JOB_GRACE_S = 5.0
+
+
+def descendants(pids: Sequence[int]) -> list[int]:
+    """Every live descendant of ``pids`` (from each process's parent in /proc/PID/stat): the
+    workers a launcher such as torchrun started before the agent was pointed at it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(b")") + 2:].split()[1])  # after "pid (comm) state"
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out and child not in pids:
+                out.append(child)
+                todo.append(child)
+    return out
 
 
 def run(config: Config, *, pids: Sequence[int] = (), command: list[str] | None = None, job: Job | None = None,

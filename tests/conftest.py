@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from harness.bpf_gate import bpf_required, bpf_unavailable_reason
 from harness.otlp import OtlpCollector
+
+# Agents started by tests release their probes before they exit, as before the background
+# release existed: the next test's agent would otherwise attach while the last one's probes
+# are still being released (the kernel does both one probe at a time, under one mutex) and
+# tests that time an attach would wait on it. tests/test_agent.py's signal test runs the
+# background release, the default, explicitly.
+os.environ.setdefault("OTELBPF_DETACH", "wait")
 
 # ---------------------------------------------------------------------------------------
 # OTLP collector: rotel receiving on free loopback ports, forwarding to a recording sink.

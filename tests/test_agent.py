@@ -253,11 +253,20 @@ def test_driver_api_with_names_from_cuModuleGetFunction(otlp_collector, tmp_path
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_detaches_every_probe(otlp_collector, tmp_path, sig):
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
-    with AgentProcess(["-c", str(cfg)]) as agent:
+    with AgentProcess(["-c", str(cfg)], env={"OTELBPF_DETACH": "background"}) as agent:
         agent.wait_ready()
         w = run_attached(agent, "--iterations", "1")
         otlp_collector.wait_for(lambda: _spans(otlp_collector, w["pid"]), what="some spans")
         assert agent.stop(sig) == 0
+    # The agent hands its probes to a process that releases them (a uprobe's release waits
+    # out an RCU grace period under a global kernel mutex, ~0.1 s each), and exits at once.
+    import re
+
+    reaper = int(re.search(r"releasing \d+ probes in the background \(pid (\d+)\)", agent.output).group(1))
+    deadline = time.monotonic() + 300
+    while Path(f"/proc/{reaper}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not Path(f"/proc/{reaper}").exists(), "the probes were not all released"
     assert Path("/sys/kernel/tracing/uprobe_events").read_text().strip() == ""
     assert "attached" in agent.output
 

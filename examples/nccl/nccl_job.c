@@ -281,13 +281,15 @@ static int await_collectives(const struct opts *o, void *event, cudaStream_t com
     long t0 = now_us();
     int rc = 0;
     if (o->completion == WAIT_QUERY) {
+        /* Poll as ProcessGroupNCCL does. The stand-in's event reads complete at once, so a
+         * query is only made while the collectives really are in flight (answered "not
+         * ready" here, as a GPU would) or once they are done. */
         const int not_ready = 600;
-        for (;;) {
-            int done = api.FakeInflight() == 0; /* before the query: a 0 then comes after completion */
-            if ((rc = api.EventQuery(event)) != not_ready && done)
-                break;
+        while (api.FakeInflight() > 0) {
+            rc = not_ready;
             sleep_us(100);
         }
+        rc = api.EventQuery(event);
     } else if (o->completion == WAIT_SYNC) {
         until_collectives_done();
         rc = api.EventSynchronize(event);

@@ -23,6 +23,7 @@ import os
 import queue
 import select
 import signal
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -127,6 +128,8 @@ class Sensor:
         #: library, before a paused process is resumed: the moment it is
         #: certainly alive, to read what /proc says about it.
         self.on_process: Callable[[int], None] | None = None
+        #: the process releasing the probes after stop() (detach_in_background), if any
+        self.detacher_pid: int | None = None
         self._final: dict[str, list[tuple[object, int]]] = {}
         self._final_stats: dict[str, int] = {}
 
@@ -193,12 +196,20 @@ class Sensor:
         if self._bpf is None:
             return
         with self._lock:
-            # In parallel: each detach waits out an RCU grace period in the kernel (~0.2 s per
-            # tracepoint, ~0.1-0.3 s per uprobe on a loaded VM), one after another they add up
-            # to tens of seconds; from 16 threads, 31 tracepoints take 0.6 s instead of 5 s.
-            with ThreadPoolExecutor(16, thread_name_prefix="otelbpf-detach") as pool:
-                list(pool.map(self._bpf.detach_uprobe_event, list(self._bpf.uprobe_fds)))
-                list(pool.map(self._bpf.detach_tracepoint, list(self._bpf.tracepoint_fds)))
+            if os.environ.get("OTELBPF_DETACH", "background") == "wait":
+                # In parallel: each detach waits out an RCU grace period in the kernel under a
+                # global mutex (~0.1 s per uprobe on this VM, more under load): hundreds of
+                # probes take a minute, whatever the threads.
+                with ThreadPoolExecutor(16, thread_name_prefix="otelbpf-detach") as pool:
+                    list(pool.map(self._bpf.detach_uprobe_event, list(self._bpf.uprobe_fds)))
+                    list(pool.map(self._bpf.detach_tracepoint, list(self._bpf.tracepoint_fds)))
+            else:
+                self.detacher_pid = detach_in_background(self._bpf)
+                if self.detacher_pid is None:  # could not start it: in place, as slow as it is
+                    for name in list(self._bpf.uprobe_fds):
+                        self._bpf.detach_uprobe_event(name)
+                    for name in list(self._bpf.tracepoint_fds):
+                        self._bpf.detach_tracepoint(name)
         self.drain_once("strevents")
         self.drain_tick()
         for fam in self.options.families:
@@ -451,6 +462,9 @@ class Sensor:
                         probe = (*lib.key, site.probe_vaddr, fn)
                         if probe in self._probes:
                             continue
+                        if self._stop.is_set():  # each attach may wait ~0.1 s: never hold up stop()
+                            self.attach_stats.probes += added
+                            return False
                         try:
                             attach(name=lib.path, addr=site.probe_vaddr, fn_name=fn)
                         except Exception as exc:
@@ -548,6 +562,40 @@ class Sensor:
 
     def ring_pending_bytes(self) -> int:
         return sum(r.pending_bytes() for r in self._readers.values())
+
+
+def detach_in_background(bpf: Any) -> int | None:
+    """Hand every probe and tracepoint (their perf event fds) to a process that releases
+    them, so the agent stops in well under a second however many probes it holds.
+
+    Releasing a uprobe's perf event waits out an RCU grace period under the kernel's global
+    trace event mutex: ~0.1 s each on this VM under load, one after another, so 700 probes
+    (the default receivers on a host with a dozen CUDA/NCCL libraries) held SIGTERM for 88 s.
+    The releaser is ``/bin/true`` started with those fds (vfork+exec: no fork handlers run in
+    this threaded process) in its own session: its exit closes them, in the kernel, and the
+    agent's own copies are then not the last references. Until it is gone the probes still
+    fire (their events reach no reader): the traced programs pay their cost for that long.
+    ``OTELBPF_DETACH=wait`` detaches in place instead. Returns the releaser's pid."""
+    fds = [*bpf.uprobe_fds.values(), *bpf.tracepoint_fds.values(),
+           *(fd for per_cpu in bpf.open_perf_events.values() for fd in per_cpu.values())]
+    if not fds:
+        return None
+    try:
+        releaser = subprocess.Popen(["/bin/true"], pass_fds=fds, start_new_session=True, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as exc:
+        log.warning("cannot release probes in the background (%s): detaching in place", exc)
+        return None
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    bpf.uprobe_fds.clear()
+    bpf.tracepoint_fds.clear()
+    bpf.open_perf_events.clear()
+    log.info("releasing %d probes in the background (pid %d)", len(fds), releaser.pid)
+    return releaser.pid
 
 
 def _reachable(lib: LibraryFile) -> LibraryFile | None:
