@@ -64,7 +64,11 @@ def test_every_call_counted_once_though_the_runtime_calls_the_driver(otlp_collec
     spans = [s for s in c.spans() if s.resource.get("process.pid") == pid and "cuda.kernel.name" in s.attributes]
     runtime = {(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"])
                for s in spans if s.name == "cudaLaunchKernel"}
-    assert runtime == {(cxxfilt.demangle(k["device_name"]), "registration") for k in w["kernels"]}
+    assert {n for n, _ in runtime} == {cxxfilt.demangle(k["device_name"]) for k in w["kernels"]}
+    # The stand-in workload registers names from heap strings, gone with the process when it
+    # exits before the agent reads them: then the handle's alias and host stub name it. (nvcc's
+    # registration strings are in .rodata and read from the file: tests/test_cuda_real_stack.py.)
+    assert {src for _, src in runtime} <= {"registration", "symbol"}, runtime
     driver = {(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"])
               for s in spans if s.name == "cuLaunchKernel_ptsz"}
     assert driver == {(cxxfilt.demangle(k["name"]) if k["name"].startswith("_Z") else k["name"], "driver")

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "--iterations", "5", "--launches-per-iter", "6", "--async",
                                  "--host-memory", "pinned", "--alloc-bytes", "65536",
                                  "--h2d-bytes", "65536", "--d2h-bytes", "16384"])
-            nccl = run_json([str(build / "nccl_job"), "--ranks", "2", "--iterations", "4", "--kernels", "2",
+            nccl = run_json([str(build / "nccl_job"), "--ranks", "2", "--iterations", "10", "--kernels", "2",
                              "--slow-rank", "1", "--slow-kind", "compute", "--slow-ms", "80"])
             report = {
                 "round": done + 1,
