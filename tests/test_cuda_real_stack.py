@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from harness.agent import AgentProcess, config, otlp_grpc
+from harness.nvcc import nvcc as harness_nvcc
 
 pytestmark = pytest.mark.bpf
 
@@ -35,22 +36,11 @@ SCALE = "void ns::scale<float>(float*, float)"
 FUNCTOR = "void apply<Scale>(float*, Scale)"
 
 
-def _nvcc() -> str:
-    found = shutil.which("nvcc") or next(
-        (p for p in ("/usr/local/cuda-13.0/bin/nvcc", "/usr/local/cuda/bin/nvcc") if os.path.exists(p)), None
-    )
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("nvcc (CUDA 13 toolkit) is missing: .ci/run must install it (scripts/setup.sh)")
-        pytest.skip("no nvcc here")
-    return found
-
-
 @pytest.fixture(scope="module")
 def programs() -> dict[str, Path]:
     """kernels.cu built with the shared runtime (and a stripped copy) and the static one."""
     out = Path(tempfile.mkdtemp(prefix="otelbpf-nvcc-"))
-    nvcc = _nvcc()
+    nvcc = harness_nvcc()
     built = {"shared": out / "kernels_shared", "static": out / "kernels_static"}
     subprocess.run([nvcc, "--extended-lambda", "-cudart", "shared", "-o", str(built["shared"]), str(SOURCE)],
                    check=True, capture_output=True)

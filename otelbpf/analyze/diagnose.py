@@ -30,7 +30,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
-from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read
+from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read, load_metrics
 
 #: How each cause's cost is estimated (printed with --explain, and in docs).
 COSTS = {
@@ -95,7 +95,6 @@ class _Span:
 def _load(directory: str) -> tuple[dict, dict, dict]:
     """(spans per process, latest metric points per process, resources)."""
     spans: dict = defaultdict(list)
-    latest: dict = defaultdict(dict)
     procs: dict = {}
 
     def add_spans(req: dict) -> None:
@@ -111,27 +110,13 @@ def _load(directory: str) -> tuple[dict, dict, dict]:
                     spans[key].append(_Span(sp["name"], int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]),
                                             int(a.get("thread.id", 0) or 0), a, sp.get("spanId", "")))
 
-    def add_metrics(req: dict) -> None:
-        for rm in req.get("resourceMetrics", []):
-            res = _attrs(rm.get("resource", {}).get("attributes"))
-            key = _proc_key(res)
-            procs.setdefault(key, res)
-            for sm in rm.get("scopeMetrics", []):
-                for metric in sm.get("metrics", []):
-                    for kind in ("sum", "gauge", "histogram"):
-                        for dp in metric.get(kind, {}).get("dataPoints", []):
-                            slot = (metric["name"], tuple(sorted(_attrs(dp.get("attributes")).items())))
-                            t = int(dp.get("timeUnixNano", 0))
-                            if slot not in latest[key] or latest[key][slot][0] <= t:
-                                latest[key][slot] = (t, dp)
-
+    latest = load_metrics(directory, procs)
     _read(directory, "traces", add_spans)
-    _read(directory, "metrics", add_metrics)
     return spans, latest, procs
 
 
 def _metric(points: dict, name: str, **match: object) -> list[tuple[dict, dict]]:
-    return [(dict(a), dp) for (n, a), (_t, dp) in points.items()
+    return [(dict(a), dp) for (n, a), (_t, dp, _kind) in points.items()
             if n == name and all(dict(a).get(k) == v for k, v in match.items())]
 
 

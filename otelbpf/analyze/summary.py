@@ -55,11 +55,10 @@ def _proc_key(res: dict) -> tuple:
     return (res.get("service.name", "?"), res.get("process.pid", 0))
 
 
-def load(directory: str) -> tuple[dict, dict, dict]:
-    """(latest metric points, span stats, process descriptions) per process."""
-    latest: dict = defaultdict(dict)  # proc -> {(metric, attrs tuple): (time, point, kind)}
-    spans: dict = defaultdict(lambda: {"count": Counter(), "errors": Counter(), "slowest": []})
-    procs: dict = {}
+def load_metrics(directory: str, procs: dict) -> dict:
+    """The latest point of every series, per process: proc -> {(metric, attrs tuple): (time,
+    point, kind)}; ``procs`` gains each process's resource attributes."""
+    latest: dict = defaultdict(dict)
 
     def add_metrics(req: dict) -> None:
         for rm in req.get("resourceMetrics", []):
@@ -77,6 +76,16 @@ def load(directory: str) -> tuple[dict, dict, dict]:
                                 if slot not in latest[key] or latest[key][slot][0] <= t:
                                     latest[key][slot] = (t, dp, kind)
 
+    _read(directory, "metrics", add_metrics)
+    return latest
+
+
+def load(directory: str) -> tuple[dict, dict, dict]:
+    """(latest metric points, span stats, process descriptions) per process."""
+    spans: dict = defaultdict(lambda: {"count": Counter(), "errors": Counter(), "slowest": []})
+    procs: dict = {}
+    latest = load_metrics(directory, procs)
+
     def add_spans(req: dict) -> None:
         for rs in req.get("resourceSpans", []):
             res = _attrs(rs.get("resource", {}).get("attributes"))
@@ -91,7 +100,6 @@ def load(directory: str) -> tuple[dict, dict, dict]:
                     dur = int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])
                     st["slowest"].append((dur, sp["name"], _attrs(sp.get("attributes"))))
 
-    _read(directory, "metrics", add_metrics)
     _read(directory, "traces", add_spans)
     return latest, spans, procs
 
