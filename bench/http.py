@@ -131,7 +131,7 @@ def agent(workdir: Path, ports: list[int], pids: list[int]) -> Iterator[dict]:
 
 def _final_counts(path: Path) -> dict:
     """The agent's last cumulative values of its drop counters, from its metrics file."""
-    names = {"otelbpf.events.dropped": "dropped_before_processing", "otelbpf.export.dropped": "spans_dropped_at_export",
+    names = {"otelbpf.base.events.dropped": "dropped_before_processing", "otelbpf.export.dropped": "spans_dropped_at_export",
              "otelbpf.spans.sampled_out": "spans_sampled_out"}
     last: dict = {}
     for line in path.read_text().splitlines() if path.exists() else ():
@@ -196,7 +196,7 @@ def empty_tracepoints() -> Iterator[None]:
     """Empty programs on every tracepoint the socket probes use: the cost of hooking at all."""
     from bcc import BPF
 
-    text = (ROOT / "otelbpf/bpf/sockets.c").read_text()
+    text = (ROOT / "bpf/sockets.c").read_text()
     points = re.findall(r"^TRACEPOINT_PROBE\((\w+),\s*(\w+)\)", text, re.M)
     assert points, "no TRACEPOINT_PROBE in sockets.c"
     bpf = BPF(text="\n".join(f"TRACEPOINT_PROBE({c}, {e}) {{ return 0; }}" for c, e in points))

@@ -32,7 +32,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
 
-from otelbpf.events import SOCK_RECORD_DTYPE, Kind, SockFunc  # noqa: E402
+from otelbpf.base.events import SOCK_RECORD_DTYPE, Kind, SockFunc  # noqa: E402
 from otelbpf.export.otlp_proto import encode_spans_proto  # noqa: E402
 from pipeline_common import feed_and_export  # noqa: E402
 

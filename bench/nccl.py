@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from otelbpf.correlate.clock import MonotonicClock  # noqa: E402
 from otelbpf.correlate.nccl import NcclCorrelator  # noqa: E402
 from otelbpf.correlate.process_info import ProcessInfo  # noqa: E402
-from otelbpf.events import EVENT_DTYPE, CudaFunc, Kind, NcclFunc  # noqa: E402
+from otelbpf.base.events import EVENT_DTYPE, CudaFunc, Kind, NcclFunc  # noqa: E402
 from otelbpf.export.jsonfile import FileSpanExporter  # noqa: E402
 
 NCCL_LOOP = ROOT / "build/bench/nccl_loop"

@@ -240,7 +240,8 @@ def cpu_overhead(tmp: Path, runs: int, work: int) -> dict:
 
 def symbolization_rate() -> dict:
     from otelbpf.correlate import pylines
-    from otelbpf.correlate.symbolizer import Symbolizer, read_maps
+    from otelbpf.base.procfs import read_maps
+    from otelbpf.correlate.symbolizer import Symbolizer
 
     pid = os.getpid()
     text = [m for m in read_maps(pid) if m.executable and "libpython" in m.path]

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     # The command's guard starts with the privileges the agent has, then the agent drops
     # what it never needs, while it is one thread: before the agent's imports start any.
     from otelbpf.jobguard import Job
-    from otelbpf.privileges import drop_unneeded
+    from otelbpf.base.privileges import drop_unneeded
 
     job = Job(command) if command else None
     drop_unneeded()

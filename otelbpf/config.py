@@ -438,7 +438,7 @@ class NcclReceiverConfig(_Section):
 
     search_paths: list[Annotated[str, AfterValidator(_absolute_glob)]] = list(_DEFAULT_NCCL_SEARCH_PATHS)
     ring_buffer_size: RingSize = 1 << 20
-    #: the adaptive straggler test's floor (analyze/adaptive.py): lateness must also beat the
+    #: the adaptive straggler test's floor (correlate/adaptive.py): lateness must also beat the
     #: other ranks' spread and a tenth of the collective's duration, persistently
     straggler_threshold: PositiveDuration = 1_000_000
     completion_timeout: PositiveDuration = 30_000_000_000

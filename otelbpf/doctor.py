@@ -17,7 +17,6 @@ import errno
 import fnmatch
 import os
 import platform
-import resource
 import sys
 import tempfile
 import time
@@ -26,17 +25,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator, TextIO
 
+from otelbpf.base.privileges import (
+    CAPABILITY_BITS,
+    effective_capabilities,
+    has_capability,
+    kernel_version,
+    missing_privileges,
+    perf_event_paranoid,
+)
+from otelbpf.base.procfs import parse_maps
+
 OK, MISSING, FAIL, SKIP = "OK", "MISSING", "FAIL", "SKIP"
 
-CAPABILITY_BITS = {
-    "CAP_DAC_OVERRIDE": 1,
-    "CAP_DAC_READ_SEARCH": 2,
-    "CAP_SYS_PTRACE": 19,
-    "CAP_SYS_ADMIN": 21,
-    "CAP_SYS_RESOURCE": 24,
-    "CAP_PERFMON": 38,
-    "CAP_BPF": 39,
-}
 AGENT_CAPABILITIES = "CAP_BPF,CAP_PERFMON,CAP_SYS_ADMIN,CAP_SYS_PTRACE,CAP_DAC_READ_SEARCH"
 PRIVILEGE_FIX = (
     f"run as root (sudo .venv/bin/otelbpf doctor) or grant {AGENT_CAPABILITIES}"
@@ -155,57 +155,12 @@ def _with_output(message: object, captured: _CapturedOutput) -> str:
 
 # --- privileges -------------------------------------------------------------------------------
 
-
-def effective_capabilities(status_text: str) -> int:
-    """The CapEff mask from the text of /proc/<pid>/status."""
-    for line in status_text.splitlines():
-        if line.startswith("CapEff:"):
-            return int(line.split()[1], 16)
-    raise ValueError("no CapEff line in /proc/self/status")
-
-
-def _has(mask: int, cap: str) -> bool:
-    return bool(mask >> CAPABILITY_BITS[cap] & 1)
-
-
-def _kernel_version() -> tuple[int, int]:
-    major, minor = os.uname().release.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
-def _perf_event_paranoid() -> int:
-    return int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())
-
-
-def missing_privileges(mask: int, euid: int, paranoid: int, kernel: tuple[int, int]) -> list[str]:
-    """Capabilities the sensor lacks, each with the reason it needs it."""
-    admin = _has(mask, "CAP_SYS_ADMIN")
-    missing = []
-    if not (admin or _has(mask, "CAP_BPF")):
-        missing.append("CAP_BPF (load BPF programs, create maps)")
-    if not (admin or _has(mask, "CAP_PERFMON")):
-        missing.append("CAP_PERFMON (attach tracing programs)")
-    if not admin and paranoid > -1:
-        missing.append(
-            "CAP_SYS_ADMIN (BCC opens uprobes with raw samples, which perf allows only with"
-            f" CAP_SYS_ADMIN while kernel.perf_event_paranoid={paranoid} > -1)"
-        )
-    if euid != 0 and not (_has(mask, "CAP_DAC_READ_SEARCH") or _has(mask, "CAP_DAC_OVERRIDE")):
-        missing.append("CAP_DAC_READ_SEARCH (tracefs is readable by root only)")
-    if not _has(mask, "CAP_SYS_PTRACE"):
-        missing.append("CAP_SYS_PTRACE (read /proc/PID/maps of other users' processes)")
-    memlock_unlimited = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1] == resource.RLIM_INFINITY
-    if kernel < (5, 11) and not _has(mask, "CAP_SYS_RESOURCE") and not memlock_unlimited:
-        missing.append("CAP_SYS_RESOURCE (kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK)")
-    return missing
-
-
 def check_privileges() -> Check:
     mask = effective_capabilities(Path("/proc/self/status").read_text())
     euid = os.geteuid()
-    held = [cap for cap in CAPABILITY_BITS if _has(mask, cap)]
+    held = [cap for cap in CAPABILITY_BITS if has_capability(mask, cap)]
     who = f"euid {euid}; effective: {', '.join(held) or 'no capabilities'}"
-    missing = missing_privileges(mask, euid, _perf_event_paranoid(), _kernel_version())
+    missing = missing_privileges(mask, euid, perf_event_paranoid(), kernel_version())
     if missing:
         return Check("privileges", FAIL, f"{who}; missing {'; '.join(missing)}", PRIVILEGE_FIX)
     return Check("privileges", OK, who)
@@ -358,7 +313,7 @@ def _hits(bpf: Any, slot: int) -> int:
 
 def _uprobe_fix(error_text: str) -> str:
     mask = effective_capabilities(Path("/proc/self/status").read_text())
-    if not _has(mask, "CAP_SYS_ADMIN"):
+    if not has_capability(mask, "CAP_SYS_ADMIN"):
         return "grant CAP_SYS_ADMIN (or run as root): BCC's uprobes need it; see docs/capabilities.md"
     if "uprobe_events" in error_text:
         return TRACEFS_FIX
@@ -541,15 +496,11 @@ def host_checks() -> Iterator[Check]:
 def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
     """(kind, path) for each distinct CUDA/NCCL/ibverbs library file in a /proc/PID/maps text."""
     found: dict[str, str] = {}
-    for line in maps_text.splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) < 6 or not fields[5].startswith("/"):
-            continue
-        path = fields[5].removesuffix(" (deleted)")
-        name = path.rsplit("/", 1)[1]
+    for m in parse_maps(maps_text):
+        name = m.file.rsplit("/", 1)[1]
         for kind, pattern in LIBRARY_PATTERNS:
             if fnmatch.fnmatchcase(name, pattern):
-                found.setdefault(path, kind)
+                found.setdefault(m.file, kind)
     return [(kind, path) for path, kind in found.items()]
 
 
@@ -583,7 +534,7 @@ def _write_scan(scan: ProcessScan, out: TextIO) -> None:
         out.write(f"  pid {lib.pid} ({lib.comm}): {lib.kind} {lib.path}\n")
     if not scan.libraries:
         out.write("  none: no running process maps libcudart, libcuda, libnccl or libibverbs\n")
-    if scan.denied and not _has(mask, "CAP_SYS_PTRACE"):
+    if scan.denied and not has_capability(mask, "CAP_SYS_PTRACE"):
         out.write(f"  {scan.denied} process(es) could not be read: run as root or grant CAP_SYS_PTRACE\n")
     elif scan.denied:
         out.write(f"  {scan.denied} process(es) could not be read (they hold capabilities this process lacks)\n")

@@ -33,7 +33,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from otelbpf.threadname import name_os_thread
+from otelbpf.base.threadname import name_os_thread
 
 _PR_SET_CHILD_SUBREAPER = 36
 #: How often stopped processes are looked for while the agent is exiting: a dying process
@@ -94,7 +94,7 @@ class Job:
     def release(self) -> None:
         """Let the command run (the agent watches its pid and has attached). The thread that
         waits for its exit starts here: until then the agent may be one thread (its
-        capabilities are dropped, per thread, before it attaches: otelbpf/privileges.py)."""
+        capabilities are dropped, per thread, before it attaches: otelbpf/base/privileges.py)."""
         threading.Thread(target=self._wait_exit, name="otelbpf-job", daemon=True).start()
         os.write(self._gate_w, b"go")
         os.close(self._gate_w)

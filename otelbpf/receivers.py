@@ -24,7 +24,7 @@ from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.export.health import Health
+from otelbpf.base.health import Health
 from otelbpf.sensor.family import ProbeFamily
 
 

@@ -27,7 +27,7 @@ import pytest
 
 from harness.agent import AgentProcess, config, otlp_grpc, wait_until
 from harness.nvcc import static_runtime_programs
-from otelbpf.events import Kind
+from otelbpf.base.events import Kind
 from otelbpf.sensor import elf, libraries
 from otelbpf.sensor.cuda_probes import cuda_family
 from otelbpf.sensor.sensor import Sensor, SensorOptions

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from harness.agent import BUILD, REPO, AgentProcess
-from otelbpf.analyze.adaptive import Params
+from otelbpf.correlate.adaptive import Params
 from otelbpf.sensor.nccl_probes import comm_id, split_comm_id
 
 pytestmark = pytest.mark.bpf

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.agent import FAKE_CUDART, WORKLOAD, AgentProcess, config, wait_until
-from otelbpf.privileges import (
+from otelbpf.base.privileges import (
     CAP_BPF,
     CAP_DAC_READ_SEARCH,
     CAP_KILL,

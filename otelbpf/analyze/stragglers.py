@@ -30,8 +30,8 @@ import numpy as np
 
 from otelbpf.analyze import clock_offsets
 from otelbpf.analyze.collectives import EXITED, FAILED, Collectives, ReadError, read
-from otelbpf.analyze.adaptive import CommDetector, Params
-from otelbpf.analyze.lateness import CLASSES, UNKNOWN, classify_many, components
+from otelbpf.correlate.adaptive import CommDetector, Params
+from otelbpf.correlate.lateness import CLASSES, UNKNOWN, classify_many, components
 
 #: A persistent straggler straggled on at least this many collectives.
 MIN_STRAGGLES = 3

@@ -30,7 +30,7 @@ from otelbpf.correlate.kernel_names import KernelNames
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
+from otelbpf.base.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ from otelbpf.correlate.protocols.limits import DEFAULT, Held, Limits
 from otelbpf.correlate.redact import quiet_payload_loggers, split_target, strip_userinfo
 from otelbpf.correlate.sockets import Conn, Connections
 from otelbpf.correlate.spans import make_span, new_context, scope
-from otelbpf.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
+from otelbpf.base.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
 
 log = logging.getLogger(__name__)
 

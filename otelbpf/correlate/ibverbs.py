@@ -41,7 +41,7 @@ from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
-from otelbpf.events import FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
+from otelbpf.base.events import FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
 from otelbpf.sensor import ibverbs_abi as abi
 from otelbpf.sensor.ibverbs_probes import read_memory
 

@@ -24,10 +24,10 @@ Ranks and communicators: a communicator whose init was seen has its id and rank 
 its rank was learned (``nccl.rank.source``).
 
 Live stragglers: the local ranks of a communicator are compared per (communicator id,
-sequence number) when all have entered, by the adaptive test of analyze/adaptive.py
+sequence number) when all have entered, by the adaptive test of correlate/adaptive.py
 (lateness against the other ranks' spread, persistent over a window, a minimum scaled by the
 collective's duration). A persistent straggler's finding goes on its span (event
-``nccl.straggler``) and into the ``nccl.straggler`` metric, classified by analyze/lateness.py
+``nccl.straggler``) and into the ``nccl.straggler`` metric, classified by correlate/lateness.py
 from each rank's phase before the collective: the time since its previous collective
 completed (``nccl.phase.duration``) and how much of it the host spent waiting on the GPU
 (``nccl.phase.gpu_wait``).
@@ -47,8 +47,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext
 
-from otelbpf.analyze.adaptive import CommDetector, Params
-from otelbpf.analyze.lateness import UNKNOWN, classify, components
+from otelbpf.correlate.adaptive import CommDetector, Params
+from otelbpf.correlate.lateness import UNKNOWN, classify, components
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate import launch_env
@@ -56,7 +56,7 @@ from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.late_comms import LateComms
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, new_context, scope
-from otelbpf.events import FLAG_INCOMPLETE, NCCL_FLAG_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
+from otelbpf.base.events import FLAG_INCOMPLETE, NCCL_FLAG_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 
 SCOPE = scope("otelbpf.nccl")
 
@@ -251,7 +251,7 @@ class NcclCorrelator:
         launch_of: Callable[[int], launch_env.Launch | None] = launch_env.read,
         host: str | None = None,
     ) -> None:
-        """``straggler_threshold_ns``: the adaptive test's floor (analyze/adaptive.py); lateness
+        """``straggler_threshold_ns``: the adaptive test's floor (correlate/adaptive.py); lateness
         must also beat the other ranks' spread and a share of the collective's duration."""
         self._info = process_info
         self._clock = clock
@@ -791,7 +791,7 @@ class NcclCorrelator:
             ),
             m.cumulative_sum(
                 "nccl.straggler", "{collective}",
-                "Collectives this rank entered persistently late, by the adaptive test (analyze/adaptive.py)",
+                "Collectives this rank entered persistently late, by the adaptive test (correlate/adaptive.py)",
                 [
                     ({"nccl.comm.id": comm, "nccl.straggler.class": cls}, n)
                     for (comm, cls), n in sorted(p.stragglers.items())

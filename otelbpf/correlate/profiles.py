@@ -35,10 +35,9 @@ from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import scope
 from otelbpf.correlate.stacks import Frame, PythonFrame, kernel, merge, native
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.events import CudaFunc, Kind, StrKind
-from otelbpf.export.health import Health
-from otelbpf.export.pprof import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, ProfileBuilder
-from otelbpf.export.profile_export import ProfileRecord
+from otelbpf.base.events import CudaFunc, Kind, StrKind
+from otelbpf.base.health import Health
+from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
 from otelbpf.sensor import python_offsets
 from otelbpf.sensor.python_offsets import LAYOUT_NAMES, PythonLayoutError, PythonProcess
 
@@ -56,7 +55,7 @@ _PSTATS = ("samples_map_full", "stack_map_full", "code_map_full", "process_map_f
            "live_map_full", "ring_full", "table_map_full")
 
 RunLocked = Callable[[Callable[[Any], Any]], Any]
-Sink = Callable[[list[ProfileRecord]], None]
+Sink = Callable[[list[Profile]], None]
 
 
 @dataclass(frozen=True)
@@ -326,7 +325,7 @@ class Profiler:
     # -- collection ----------------------------------------------------------
 
     def _run(self) -> None:
-        from otelbpf.threadname import name_os_thread
+        from otelbpf.base.threadname import name_os_thread
 
         name_os_thread("otelbpf-profiles")
         while not self._stop.wait(self.interval_s):
@@ -615,8 +614,7 @@ class Profiler:
     def _emit(self, raw: _Raw) -> None:
         for name, value in raw.stats.items():
             self._health_gauge(name, value)
-        records: list[ProfileRecord] = []
-        duration = max(raw.end_ns - raw.start_ns, 1)
+        records: list[Profile] = []
         period = 1_000_000_000 // max(self.sample_hz, 1)
         with self._lock:
             reimaged, self._reimaged = self._reimaged, set()
@@ -626,13 +624,12 @@ class Profiler:
             by_pid[pid].append((user, kern, py, count))
         for pid, rows in by_pid.items():
             proc, labels = self._proc(pid), self._labels_for(pid)
-            b = ProfileBuilder(CPU_SAMPLE_TYPES, time_ns=raw.start_ns, duration_ns=duration,
-                               period_type=("cpu", "nanoseconds"), period=period, default_sample_type="cpu")
-            for user, kern, py, count in rows:
-                b.add(self._frames(pid, user, kern, py, proc, raw.read_mono_ns), (count, count * period), labels)
-            records.append(ProfileRecord("process_cpu", "cpu", labels, pid, raw.start_ns, raw.end_ns,
-                                         self.sample_hz, b.encode()))
-        records.extend(self._memory(raw, duration))
+            records.append(Profile(
+                "process_cpu", "cpu", labels, pid, raw.start_ns, raw.end_ns, self.sample_hz, CPU_SAMPLE_TYPES, "cpu",
+                period_type=("cpu", "nanoseconds"), period=period,
+                samples=[Sample(self._frames(pid, user, kern, py, proc, raw.read_mono_ns), (count, count * period), labels)
+                         for user, kern, py, count in rows]))
+        records.extend(self._memory(raw))
         self._health.add("otelbpf.profile.samples", sum(s[4] for s in raw.samples))
         self._forget(raw.gone)
         for pid in by_pid.keys() - raw.gone.keys():
@@ -640,7 +637,7 @@ class Profiler:
         if records:
             self._sink(records)
 
-    def _memory(self, raw: _Raw, duration: int) -> list[ProfileRecord]:
+    def _memory(self, raw: _Raw) -> list[Profile]:
         rows: dict[int, dict[tuple[int, int, int], list[int]]] = defaultdict(dict)
         for pid, func, user, py, nbytes, count in raw.allocs:
             rows[pid].setdefault((func, user, py), [0, 0, 0, 0])[0:2] = [count, nbytes]
@@ -655,12 +652,11 @@ class Profiler:
             if not stacks:
                 continue
             proc, labels = self._proc(pid), {**self._labels_for(pid), "memory_device": "cuda"}
-            b = ProfileBuilder(MEMORY_SAMPLE_TYPES, time_ns=raw.start_ns, duration_ns=duration,
-                               default_sample_type="inuse_space")
-            for (func, user, py), values in stacks.items():
-                leaf = Frame(_func_name(func), "native")
-                b.add([leaf, *self._frames(pid, user, 0, py, proc, raw.read_mono_ns)], values, labels)
-            out.append(ProfileRecord("memory", "cuda_memory", labels, pid, raw.start_ns, raw.end_ns, 0, b.encode()))
+            samples = [Sample([Frame(_func_name(func), "native"), *self._frames(pid, user, 0, py, proc, raw.read_mono_ns)],
+                              values, labels)
+                       for (func, user, py), values in stacks.items()]
+            out.append(Profile("memory", "cuda_memory", labels, pid, raw.start_ns, raw.end_ns, 0, MEMORY_SAMPLE_TYPES,
+                               "inuse_space", samples=samples))
         return out
 
     def _health_gauge(self, name: str, total: int) -> None:

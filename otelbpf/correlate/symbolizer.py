@@ -27,16 +27,9 @@ from typing import BinaryIO
 import cxxfilt
 import numpy as np
 
+from otelbpf.base.procfs import Mapping, read_maps
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Mapping:
-    start: int
-    end: int
-    offset: int
-    path: str
-    executable: bool = True
 
 
 def demangle(name: str) -> str:
@@ -287,21 +280,6 @@ def _mapped_table(pid: int, m: Mapping, deleted: bool) -> _SymbolTable | None:
         if table is not None:
             return table  # else: gone between stat and open, or unreadable; try the next
     return None
-
-
-def read_maps(pid: int) -> list[Mapping]:
-    out = []
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if len(parts) < 6 or not parts[5].startswith("/"):
-                    continue
-                lo, hi = parts[0].split("-")
-                out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip("\n"), "x" in parts[1]))
-    except OSError:
-        pass
-    return out
 
 
 def _read_process(pid: int, addr: int, limit: int) -> bytes | None:

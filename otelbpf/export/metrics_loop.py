@@ -23,8 +23,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otelbpf.export.health import Health
-from otelbpf.threadname import name_os_thread
+from otelbpf.base.health import Health
+from otelbpf.base.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 import gzip
 from collections.abc import Sequence
 
+from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile
 from otelbpf.correlate.stacks import Frame
 from otelbpf.export.proto import profile_pb2
 
-#: (type, unit) per sample value.
-CPU_SAMPLE_TYPES = (("samples", "count"), ("cpu", "nanoseconds"))
-MEMORY_SAMPLE_TYPES = (("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"),
-                       ("inuse_space", "bytes"))
+__all__ = ["CPU_SAMPLE_TYPES", "MEMORY_SAMPLE_TYPES", "ProfileBuilder", "encode"]
 
 
 class ProfileBuilder:
@@ -104,3 +102,13 @@ class ProfileBuilder:
     def encode(self) -> bytes:
         """The serialized profile, gzipped (what pprof tools and Pyroscope read)."""
         return gzip.compress(self._p.SerializeToString(), compresslevel=6)
+
+
+def encode(profile: Profile) -> bytes:
+    """A profile from the profiler as gzipped pprof."""
+    b = ProfileBuilder(profile.sample_types, time_ns=profile.start_ns, duration_ns=max(profile.end_ns - profile.start_ns, 1),
+                       period_type=profile.period_type, period=profile.period,
+                       default_sample_type=profile.default_sample_type)
+    for sample in profile.samples:
+        b.add(sample.frames, sample.values, sample.labels)
+    return b.encode()

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from otelbpf.config import ExporterConfig, FileExporterConfig, PyroscopeExporterConfig
-from otelbpf.export.health import Health
+from otelbpf.base.health import Health
+from otelbpf.correlate.profile_record import Profile
+from otelbpf.export import pprof
 from otelbpf.export.safe_files import OutputDir
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,12 @@ class ProfileRecord:
     end_ns: int
     sample_rate: int          # Hz for CPU profiles, 0 otherwise
     pprof: bytes              # gzipped profile.proto
+
+
+def encoded(profile: Profile) -> ProfileRecord:
+    """The profiler's profile as exporters send it: encoded once, whatever the number of exporters."""
+    return ProfileRecord(profile.name, profile.kind, profile.labels, profile.pid, profile.start_ns, profile.end_ns,
+                         profile.sample_rate, pprof.encode(profile))
 
 
 class ProfileExporter(Protocol):

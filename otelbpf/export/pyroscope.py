@@ -29,10 +29,10 @@ from collections.abc import Sequence
 import requests
 
 from otelbpf.config import PyroscopeExporterConfig, to_seconds
-from otelbpf.export.health import Health
+from otelbpf.base.health import Health
 from otelbpf.export.profile_export import ProfileRecord
 from otelbpf.export.proto.push.v1 import push_pb2
-from otelbpf.threadname import name_os_thread
+from otelbpf.base.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otelbpf.export.health import Health
-from otelbpf.threadname import name_os_thread
+from otelbpf.base.health import Health
+from otelbpf.base.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from otelbpf.events import CudaFunc, Kind
+from otelbpf.base.events import CudaFunc, Kind
 from otelbpf.sensor.family import LibraryKind, ProbeFamily, ProbeSpec
 
 # symbol -> (launch variant, C expression of the kernel handle)

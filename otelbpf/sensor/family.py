@@ -2,7 +2,7 @@
 which BPF function goes on which symbol.
 
 Each family (CUDA now; NCCL, ibverbs later) is one of these plus a C file in
-``otelbpf/bpf/``. The sensor treats them all alike.
+``bpf/`` (top of the repository). The sensor treats them all alike.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class RuntimeTargets:
 @dataclass(frozen=True)
 class ProbeFamily:
     name: str
-    c_file: str                      # in otelbpf/bpf/
+    c_file: str                      # in bpf/
     libraries: tuple[LibraryKind, ...]
     generated_c: str = ""            # per-symbol entry points
     counting_maps: tuple[str, ...] = ()  # in-kernel aggregates read for metrics

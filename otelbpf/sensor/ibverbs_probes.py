@@ -41,8 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 from elftools.elf.elffile import ELFFile
 
-from otelbpf.events import IbvFunc, StrKind
-from otelbpf.export.health import Health
+from otelbpf.base.events import IbvFunc, StrKind
+from otelbpf.base.health import Health
+from otelbpf.base.procfs import read_maps
 from otelbpf.sensor import ibverbs_abi as abi
 from otelbpf.sensor.elf import ENDBR64, file_key
 from otelbpf.sensor.family import Attacher, LibraryKind, ProbeFamily, ProbeSpec, RuntimeTargets
@@ -167,15 +168,12 @@ def context_functions(pid: int, ctx: int) -> dict[str, int]:
 
 def _mapping_of(pid: int, addr: int) -> tuple[str, str, int]:
     """(path, map_files name, file offset) of the executable file mapping holding ``addr``."""
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            if start <= addr < end:
-                if len(parts) < 6 or not parts[5].startswith("/") or "x" not in parts[1]:
-                    raise ResolveError("not_file_backed", f"{addr:#x} is not in an executable file mapping: {line.strip()}")
-                shown = parts[5].rstrip("\n").removesuffix(" (deleted)")
-                return shown, parts[0], addr - start + int(parts[2], 16)
+    for m in read_maps(pid, files_only=False):
+        if m.start <= addr < m.end:
+            if not m.file or not m.executable:
+                raise ResolveError("not_file_backed", f"{addr:#x} is not in an executable file mapping: "
+                                   f"{m.range_name} {m.path or '(anonymous)'}")
+            return m.file, m.range_name, addr - m.start + m.offset
     raise ResolveError("unmapped", f"{addr:#x} is not mapped in pid {pid}")
 
 

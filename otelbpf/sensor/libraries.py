@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from otelbpf.base.procfs import read_maps
 from otelbpf.sensor import elf
 from otelbpf.sensor.family import LibraryKind, ProbeFamily
 
@@ -68,16 +69,7 @@ def from_globs(patterns: Iterable[str], families: list[ProbeFamily]) -> Iterator
 
 def mapped_paths(pid: int) -> set[str]:
     """Distinct file paths mapped executable by ``pid`` (empty if it is gone)."""
-    paths = set()
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
-                    paths.add(parts[5].rstrip("\n").removesuffix(" (deleted)"))
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return paths
+    return {m.file for m in read_maps(pid) if m.executable}
 
 
 def in_process(pid: int, path: str, families: list[ProbeFamily]) -> LibraryFile | None:

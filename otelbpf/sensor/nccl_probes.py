@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import struct
 
-from otelbpf.events import Kind, NcclFunc
+from otelbpf.base.events import Kind, NcclFunc
 from otelbpf.sensor.family import LibraryKind, ProbeFamily, ProbeSpec
 
 #: function -> C call of its shared entry body, a template: {f} is the function id, {p1}..{p6}

@@ -7,13 +7,26 @@ entry points.
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
 
 from otelbpf.sensor.family import ProbeFamily
 
 
+@cache
+def bpf_dir() -> Traversable:
+    """``bpf/`` of a source checkout (and an editable install), else the copy a wheel
+    carries as package data (``otelbpf/bpf/``, put there by setup.py)."""
+    checkout = Path(__file__).resolve().parents[2] / "bpf"
+    if (checkout / "common.h").is_file():
+        return checkout
+    return resources.files("otelbpf").joinpath("bpf")
+
+
 def _bpf_source(name: str) -> str:
-    return resources.files("otelbpf").joinpath("bpf", name).read_text()
+    return bpf_dir().joinpath(name).read_text()
 
 
 def _prefix_test(prefix: str) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from otelbpf.correlate.symbolizer import Mapping, read_maps
+from otelbpf.base.procfs import Mapping, read_maps
 
 NO_FIELD = 0xFFFF
 

@@ -34,12 +34,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from otelbpf.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
+from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
 from otelbpf.sensor import compiler_memory, elf, libraries, program
 from otelbpf.sensor.family import ProbeFamily
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.ringbuf import RingBufferReader, VariableRingReader
-from otelbpf.threadname import name_os_thread
+from otelbpf.base.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -613,7 +613,10 @@ def _reachable(lib: LibraryFile) -> LibraryFile | None:
 
 def require_root() -> None:
     """Fail early, naming what is missing and the fix, when the agent lacks privileges
-    (the capability rules live in otelbpf/privileges.py, shared with `otelbpf doctor`)."""
-    from otelbpf.privileges import require_privileges
+    (the capability rules live in otelbpf/base/privileges.py, shared with `otelbpf doctor`)."""
+    from otelbpf.base.privileges import PrivilegeError, require_privileges
 
-    require_privileges()
+    try:
+        require_privileges()
+    except PrivilegeError as exc:
+        raise SensorError(str(exc)) from exc

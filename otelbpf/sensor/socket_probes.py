@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from otelbpf.events import SOCK_RECORD_DTYPE, SockFunc
+from otelbpf.base.events import SOCK_RECORD_DTYPE, SockFunc
 from otelbpf.sensor.family import ProbeFamily, RingSpec
 
 RING = "sockdata"

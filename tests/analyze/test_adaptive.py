@@ -1,4 +1,4 @@
-"""The adaptive straggler test (analyze/adaptive.py) on synthetic entry times whose answer is known."""
+"""The adaptive straggler test (correlate/adaptive.py) on synthetic entry times whose answer is known."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from otelbpf.analyze.adaptive import CommDetector, Params
+from otelbpf.correlate.adaptive import CommDetector, Params
 
 MS = 1_000_000
 

@@ -152,7 +152,7 @@ def test_one_failing_exchange_does_not_stop_the_others_of_its_process(monkeypatc
     batch and left the process's other connections unfinished."""
     import numpy as np
 
-    from otelbpf.events import EVENT_DTYPE, Kind
+    from otelbpf.base.events import EVENT_DTYPE, Kind
 
     w = Wire()
     for fd in (10, 11, 12):

@@ -12,7 +12,7 @@ import numpy as np
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.ibverbs import EVF_IBV_POSTED, LATENCY_BOUNDS, IbverbsCorrelator, _Series, peer_address
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.events import EVENT_DTYPE, IbvFunc, Kind
+from otelbpf.base.events import EVENT_DTYPE, IbvFunc, Kind
 from otelbpf.sensor import ibverbs_abi as abi
 
 

@@ -11,7 +11,7 @@ from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.launch_env import Launch, parse
 from otelbpf.correlate.nccl import NcclCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.events import EVENT_DTYPE, NCCL_FLAG_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
+from otelbpf.base.events import EVENT_DTYPE, NCCL_FLAG_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 
 MS = 1_000_000
 STREAM, COMPUTE = 0x6000, 0x5000

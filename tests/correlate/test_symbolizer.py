@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness.agent import FAKE_CUDA, FAKE_CUDART, REPO, WORKLOAD, wait_until
-from otelbpf.correlate.symbolizer import Symbolizer, demangle, read_maps
+from otelbpf.base.procfs import read_maps
+from otelbpf.correlate.symbolizer import Symbolizer, demangle
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,6 +1,6 @@
 """deploy/kubernetes: every manifest valid against the Kubernetes schemas (kubernetes-validate,
 offline), and what the agent needs actually granted: host pid namespace, the capabilities
-docs/capabilities.md and otelbpf/privileges.py name, the host mounts, bounded resources, and
+docs/capabilities.md and otelbpf/base/privileges.py name, the host mounts, bounded resources, and
 configs the agent's own loader accepts."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import yaml
 
 from harness.agent import REPO
 from otelbpf.config import load_config_text
-from otelbpf.privileges import REQUIRED_NAMES
+from otelbpf.base.privileges import REQUIRED_NAMES
 
 K8S = REPO / "deploy" / "kubernetes"
 MANIFESTS = sorted(K8S.glob("*.yaml"))

@@ -28,14 +28,15 @@ DEBIAN_PYTHON = Path("/usr/bin/python3")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """Built from a copy holding only pyproject.toml, README.md and otelbpf/ (no repo around),
+    """Built from a copy holding only pyproject.toml, setup.py, README.md, otelbpf/ and bpf/ (no repo around),
     with this environment's setuptools (no build isolation: no network needed)."""
     setuptools = tuple(int(x) for x in metadata.version("setuptools").split(".")[:2])
     assert setuptools >= (68, 0), f"pyproject.toml's build backend needs setuptools>=68, not {setuptools}"
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
-    shutil.copytree(REPO / "otelbpf", src / "otelbpf", ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("otelbpf", "bpf"):
+        shutil.copytree(REPO / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("dist")
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out),
                             str(src)], capture_output=True, text=True, timeout=300)
@@ -71,10 +72,10 @@ def in_venv(venv: Path, *argv: str, cwd: Path, timeout: float = 120) -> subproce
 def test_wheel_carries_every_module_and_bpf_source(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     package = REPO / "otelbpf"
-    wanted = [p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-              and (p.suffix == ".py" or p.parent.name == "bpf")]
-    assert any(p.suffix == ".c" for p in wanted) and any(p.suffix == ".h" for p in wanted)
-    missing = [str(p.relative_to(REPO)) for p in wanted if str(p.relative_to(REPO)) not in names]
+    wanted = [str(p.relative_to(REPO)) for p in package.rglob("*.py") if "__pycache__" not in p.parts]
+    sources = [f"otelbpf/bpf/{p.name}" for p in (REPO / "bpf").iterdir() if p.suffix in (".c", ".h")]
+    assert any(s.endswith(".c") for s in sources) and any(s.endswith(".h") for s in sources)
+    missing = [name for name in wanted + sources if name not in names]
     assert not missing, f"not in {wheel.name}: {missing}"
     metadata = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "otelbpf = otelbpf.cli:entry" in zipfile.ZipFile(wheel).read(metadata).decode()
@@ -90,7 +91,7 @@ def test_installed_tool_works_outside_the_repository(venv, tmp_path):
     sources = in_venv(venv, "python", "-c",
                       "from importlib import resources; d = resources.files('otelbpf') / 'bpf'; "
                       "print(sorted(p.name for p in d.iterdir() if p.name.endswith(('.c', '.h'))))", cwd=tmp_path)
-    shipped = sorted(p.name for p in (REPO / "otelbpf" / "bpf").iterdir() if p.suffix in (".c", ".h"))
+    shipped = sorted(p.name for p in (REPO / "bpf").iterdir() if p.suffix in (".c", ".h"))
     assert sources.stdout.strip() == repr(shipped)
     config = tmp_path / "otelbpf.yaml"
     shutil.copy(REPO / "config" / "otelbpf.yaml", config)

@@ -13,7 +13,7 @@ from opentelemetry.sdk.resources import Resource
 from harness.agent import wait_until
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.spans import scope
-from otelbpf.export.health import Health
+from otelbpf.base.health import Health
 from otelbpf.export.metrics_loop import MetricsLoop
 
 JOB = Resource({"service.name": "job"})

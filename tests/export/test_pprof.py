@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness import pprof
 from otelbpf.correlate.stacks import TRUNCATED, Frame
-from otelbpf.export.health import Health
+from otelbpf.base.health import Health
 from otelbpf.export.pprof import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, ProfileBuilder
 from otelbpf.export.profile_export import PprofFileExporter, ProfileRecord
 

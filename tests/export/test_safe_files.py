@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from otelbpf.export.health import Health
+from otelbpf.base.health import Health
 from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
 from otelbpf.export.profile_export import PprofFileExporter, ProfileRecord
 from otelbpf.export.safe_files import OutputDir, UnsafeOutput

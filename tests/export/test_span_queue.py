@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from harness.agent import wait_until
 from otelbpf.correlate.spans import make_span, scope
-from otelbpf.export.health import Health
+from otelbpf.base.health import Health
 from otelbpf.export.jsonfile import FileSpanExporter
 from otelbpf.export.span_queue import SpanQueue
 

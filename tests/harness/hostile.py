@@ -18,7 +18,7 @@ from otelbpf.correlate.http import HttpCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.protocols.http2 import (CONTINUATION, DATA, FLAG_END_HEADERS, FLAG_END_STREAM, HEADERS,
                                                PREFACE, SETTINGS)
-from otelbpf.events import SOCK_RECORD_DTYPE, Kind, SockFunc
+from otelbpf.base.events import SOCK_RECORD_DTYPE, Kind, SockFunc
 
 PORT, PEER, PID = 8080, 40000, 4242
 #: Bytes per syscall record: the sensor captures at most 8 KiB of one (payload_size's maximum).

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from otelbpf.events import IbvFunc
+from otelbpf.base.events import IbvFunc
 from otelbpf.sensor import elf
 from otelbpf.sensor import ibverbs_abi as abi
 from otelbpf.sensor.ibverbs_probes import ibverbs_family, provider_name

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from harness.agent import REPO
-from otelbpf.events import NCCL_FLAG_UNKNOWN_COMM, Kind, NcclFunc
+from otelbpf.base.events import NCCL_FLAG_UNKNOWN_COMM, Kind, NcclFunc
 from otelbpf.sensor import elf
 from otelbpf.sensor.nccl_probes import comm_id, nccl_family, split_comm_id
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness.agent import FAKE_CUDART, wait_until
-from otelbpf.events import EVENT_DTYPE, STREVENT_DTYPE, Kind, StrKind
+from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Kind, StrKind
 from otelbpf.sensor import program
 from otelbpf.sensor.cuda_probes import cuda_family
 from otelbpf.sensor.ringbuf import RingBufferReader

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from otelbpf.events import Kind, SockFunc
+from otelbpf.base.events import Kind, SockFunc
 from otelbpf.sensor import program
 from otelbpf.sensor.ringbuf import VariableRingReader
 from otelbpf.sensor.socket_probes import socket_family

@@ -25,9 +25,20 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import resource
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+CAPABILITY_BITS = {
+    "CAP_DAC_OVERRIDE": 1,
+    "CAP_DAC_READ_SEARCH": 2,
+    "CAP_SYS_PTRACE": 19,
+    "CAP_SYS_ADMIN": 21,
+    "CAP_SYS_RESOURCE": 24,
+    "CAP_PERFMON": 38,
+    "CAP_BPF": 39,
+}
 
 CAP_DAC_READ_SEARCH, CAP_KILL, CAP_SETPCAP = 2, 5, 8
 CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CAP_SYSLOG = 19, 21, 24, 34
@@ -49,6 +60,10 @@ class _Data(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+class PrivilegeError(Exception):
+    """The agent lacks a capability it needs; the message names each one and the fix."""
+
+
 def capability_sets(status_text: str | None = None) -> dict[str, int]:
     """CapInh, CapPrm, CapEff, CapBnd and CapAmb of this process (or of a status text)."""
     text = Path("/proc/self/status").read_text() if status_text is None else status_text
@@ -60,13 +75,9 @@ def require_privileges() -> None:
     """Fail early, naming each missing capability and what it is for, with the fix; the same
     rules as `otelbpf doctor` (root in a container may lack some, so capabilities count,
     not the uid)."""
-    from otelbpf.doctor import _kernel_version, _perf_event_paranoid, missing_privileges
-    from otelbpf.sensor.sensor import SensorError
-
-    missing = missing_privileges(capability_sets()["CapEff"], os.geteuid(), _perf_event_paranoid(),
-                                 _kernel_version())
+    missing = missing_privileges(capability_sets()["CapEff"], os.geteuid(), perf_event_paranoid(), kernel_version())
     if missing:
-        raise SensorError(
+        raise PrivilegeError(
             f"otelbpf needs privileges to load eBPF programs and attach uprobes: run it as root (sudo), or grant "
             f"exactly {REQUIRED_NAMES} (see docs/capabilities.md). Missing: {'; '.join(missing)}."
         )
@@ -82,14 +93,12 @@ def drop_unneeded() -> int:
     """Drop every capability the agent never needs (module doc); returns the mask kept.
 
     Call it while the process has one thread: other threads would keep their sets."""
-    from otelbpf.doctor import _kernel_version
-
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         log.warning("dropping capabilities with %d threads running: only this thread's are dropped", threads)
     libc = ctypes.CDLL(None, use_errno=True)
     sets = capability_sets()
-    keep = kept_mask(sets["CapPrm"], _kernel_version())
+    keep = kept_mask(sets["CapPrm"], kernel_version())
     if sets["CapEff"] >> CAP_SETPCAP & 1:  # needed to shrink the bounding set
         last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
         for cap in range(last + 1):
@@ -107,6 +116,51 @@ def drop_unneeded() -> int:
         return sets["CapEff"]
     log.info("capabilities kept: %s", _names(keep))
     return keep
+
+
+
+def effective_capabilities(status_text: str) -> int:
+    """The CapEff mask from the text of /proc/<pid>/status."""
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    raise ValueError("no CapEff line in /proc/self/status")
+
+
+def has_capability(mask: int, cap: str) -> bool:
+    return bool(mask >> CAPABILITY_BITS[cap] & 1)
+
+
+def kernel_version() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def perf_event_paranoid() -> int:
+    return int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())
+
+
+def missing_privileges(mask: int, euid: int, paranoid: int, kernel: tuple[int, int]) -> list[str]:
+    """Capabilities the sensor lacks, each with the reason it needs it."""
+    admin = has_capability(mask, "CAP_SYS_ADMIN")
+    missing = []
+    if not (admin or has_capability(mask, "CAP_BPF")):
+        missing.append("CAP_BPF (load BPF programs, create maps)")
+    if not (admin or has_capability(mask, "CAP_PERFMON")):
+        missing.append("CAP_PERFMON (attach tracing programs)")
+    if not admin and paranoid > -1:
+        missing.append(
+            "CAP_SYS_ADMIN (BCC opens uprobes with raw samples, which perf allows only with"
+            f" CAP_SYS_ADMIN while kernel.perf_event_paranoid={paranoid} > -1)"
+        )
+    if euid != 0 and not (has_capability(mask, "CAP_DAC_READ_SEARCH") or has_capability(mask, "CAP_DAC_OVERRIDE")):
+        missing.append("CAP_DAC_READ_SEARCH (tracefs is readable by root only)")
+    if not has_capability(mask, "CAP_SYS_PTRACE"):
+        missing.append("CAP_SYS_PTRACE (read /proc/PID/maps of other users' processes)")
+    memlock_unlimited = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1] == resource.RLIM_INFINITY
+    if kernel < (5, 11) and not has_capability(mask, "CAP_SYS_RESOURCE") and not memlock_unlimited:
+        missing.append("CAP_SYS_RESOURCE (kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK)")
+    return missing
 
 
 def _names(mask: int) -> str:
