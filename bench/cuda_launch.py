@@ -368,7 +368,7 @@ class Agent:
         me = next((k for k in latest if k[0] == "otelbpf"), None)
         health = {
             n: values(me, n)
-            for n in ("otelbpf.base.events.received", "otelbpf.base.events.lost", "otelbpf.base.events.dropped",
+            for n in ("otelbpf.events.received", "otelbpf.events.lost", "otelbpf.events.dropped",
                       "otelbpf.spans.sampled_out", "otelbpf.export.sent", "otelbpf.export.dropped",
                       "otelbpf.startup.duration", "otelbpf.attach.failures", "process.cpu.time", "process.memory.usage")
         }
@@ -591,9 +591,9 @@ def throughput_run(agent: Agent, libs: list[Path], rate: float, seconds: float, 
         # launch_loop makes one uncounted warm-up call before it starts timing
         "launches_metric": sum(tel["launches_by_pid"].values()),
         "launches_metric_equals_calls": sum(tel["launches_by_pid"].values()) == calls + len(loops),
-        "events_received": h["otelbpf.base.events.received"].get("ring=events", 0),
-        "events_lost_kernel": h["otelbpf.base.events.lost"],
-        "events_dropped_userspace": h["otelbpf.base.events.dropped"],
+        "events_received": h["otelbpf.events.received"].get("ring=events", 0),
+        "events_lost_kernel": h["otelbpf.events.lost"],
+        "events_dropped_userspace": h["otelbpf.events.dropped"],
         "spans_sampled_out": sum(h["otelbpf.spans.sampled_out"].values()),
         "spans_exported": tel["spans_in_file"],
         "export_dropped": h["otelbpf.export.dropped"],
@@ -681,9 +681,9 @@ def print_report(res: dict) -> None:
         print(f"{r['key'] + '. ' + r['config']:<46}{cells}")
     for r in rows:
         tel = r.get("agent_telemetry") or {}
-        lost = tel.get("otelbpf.base.events.lost", {}).get("reason=ring_buffer_full", 0)
+        lost = tel.get("otelbpf.events.lost", {}).get("reason=ring_buffer_full", 0)
         if lost:
-            got = tel["otelbpf.base.events.received"].get("ring=events", 0)
+            got = tel["otelbpf.events.received"].get("ring=events", 0)
             print(f"{r['key']}: {lost:,} of {lost + got:,} launch events found the ring full (not written)")
     for k, v in res["ratios"].items():
         case, lib = k.split()

@@ -131,7 +131,7 @@ def agent(workdir: Path, ports: list[int], pids: list[int]) -> Iterator[dict]:
 
 def _final_counts(path: Path) -> dict:
     """The agent's last cumulative values of its drop counters, from its metrics file."""
-    names = {"otelbpf.base.events.dropped": "dropped_before_processing", "otelbpf.export.dropped": "spans_dropped_at_export",
+    names = {"otelbpf.events.dropped": "dropped_before_processing", "otelbpf.export.dropped": "spans_dropped_at_export",
              "otelbpf.spans.sampled_out": "spans_sampled_out"}
     last: dict = {}
     for line in path.read_text().splitlines() if path.exists() else ():

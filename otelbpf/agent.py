@@ -142,7 +142,7 @@ class Agent:
                 full = False
                 self._queued += _weight(arr)
         if full:
-            self.health.add("otelbpf.base.events.dropped", len(arr), reason="processing_queue_full", ring=ring)
+            self.health.add("otelbpf.events.dropped", len(arr), reason="processing_queue_full", ring=ring)
         else:
             self._work.put((ring, arr))
 
@@ -168,7 +168,7 @@ class Agent:
                         r.correlator.on_ring(ring, arr)
                 except Exception:  # a bad batch is counted, the agent goes on
                     log.exception("%s: processing a batch of %d %s failed", r.name, len(arr), ring)
-                    self.health.add("otelbpf.base.events.dropped", len(arr), reason="processing_error", ring=ring,
+                    self.health.add("otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring,
                                     receiver=r.name)
 
     def sync(self, timeout_s: float = 5.0) -> bool:
@@ -234,14 +234,14 @@ class Agent:
         start = int(self.started_at * 1e9)
         out: list[Metric | None] = []
         out.append(m.cumulative_sum(
-            "otelbpf.base.events.received", "{event}", "Records drained from the BPF ring buffers",
+            "otelbpf.events.received", "{event}", "Records drained from the BPF ring buffers",
             [({"ring": r}, n) for r, n in self.sensor.records_received.items()], start, now))
         out.append(m.cumulative_sum(
-            "otelbpf.base.events.skipped", "{event}", "Ring records skipped: discarded by their producer, or malformed",
+            "otelbpf.events.skipped", "{event}", "Ring records skipped: discarded by their producer, or malformed",
             [({"ring": r}, n) for r, n in self.sensor.records_skipped().items()], start, now))
         kernel = self.sensor.kernel_stats()
         out.append(m.cumulative_sum(
-            "otelbpf.base.events.lost", "{event}", "Events lost in the kernel (ring buffer or map full)",
+            "otelbpf.events.lost", "{event}", "Events lost in the kernel (ring buffer or map full)",
             [({"reason": _KERNEL_DROP_REASONS.get(k, k)}, v) for k, v in kernel.items()], start, now))
         by_name: dict[str, list] = {}
         for name, attrs, value in self.health.snapshot():
@@ -321,7 +321,7 @@ class Agent:
         return (
             f"events received {sum(self.sensor.records_received.values())}, "
             f"spans {sum(getattr(r.correlator, 'spans_emitted', 0) for r in self.receivers)}, lost in kernel {sum(kernel.values())}, "
-            f"dropped {self.health.get('otelbpf.base.events.dropped') + self.health.get('otelbpf.export.dropped')}, "
+            f"dropped {self.health.get('otelbpf.events.dropped') + self.health.get('otelbpf.export.dropped')}, "
             f"export failures {self.health.get('otelbpf.export.failures')}"
         )
 

@@ -105,8 +105,8 @@ def test_command_mode_exports_exact_spans_and_metrics_over_grpc(otlp_collector, 
     assert top == {n: k["launches"] for n, k in expected.items()}
     hist = c.latest_points("cuda.sync.duration", **f, **{"cuda.api.function": "cudaDeviceSynchronize"})[0]
     assert hist.count == 3 and hist.unit == "s"
-    assert c.latest_points("otelbpf.base.events.lost", reason="ring_buffer_full")[0].value == 0
-    assert c.latest_points("otelbpf.base.events.skipped", ring="events")[0].value == 0
+    assert c.latest_points("otelbpf.events.lost", reason="ring_buffer_full")[0].value == 0
+    assert c.latest_points("otelbpf.events.skipped", ring="events")[0].value == 0
 
 
 def test_real_libcudart_errors_over_http(otlp_collector, tmp_path):

@@ -194,7 +194,7 @@ def test_keep_alive_1000_requests_on_one_connection(otlp_collector, tmp_path):
         points = c.wait_for(lambda: [p for p in c.latest_points("http.server.request.duration", **{"process.pid": backend.pid})
                                      if p.count == 1000], timeout=10, what="1000 requests counted")
         assert points[0].attributes["http.request.method"] == "GET"
-        assert c.latest_points("otelbpf.base.events.lost", reason="socket_ring_full")[0].value == 0
+        assert c.latest_points("otelbpf.events.lost", reason="socket_ring_full")[0].value == 0
 
 
 def test_one_trace_over_two_processes_with_downstream_call_and_cuda(otlp_collector, tmp_path):

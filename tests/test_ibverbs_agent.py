@@ -159,7 +159,7 @@ def test_transfer_and_errors_are_counted_exactly_per_queue_pair(otlp_collector, 
                      r"\+0x[0-9a-f]+ \(fv_post_send\)", agent.output), agent.output
     probes = {p.attributes["function"]: p.value for p in c.latest_points("otelbpf.ibverbs.datapath.probes")}
     assert probes == {"post_send": 1, "post_recv": 1, "poll_cq": 2, "create_qp_ex": 2}
-    assert c.latest_points("otelbpf.base.events.lost", reason="ibv_map_full")[0].value == 0
+    assert c.latest_points("otelbpf.events.lost", reason="ibv_map_full")[0].value == 0
 
 
 def test_slow_completions_become_spans_with_the_post_time(otlp_collector, tmp_path):

@@ -140,7 +140,7 @@ def summarize(directory: str, out: TextIO) -> int:
         if res.get("process.command_line"):
             print(f"  command: {res['process.command_line']}", file=out)
         if key[0] == "otelbpf":
-            for name in ("otelbpf.base.events.received", "otelbpf.base.events.lost", "otelbpf.base.events.dropped",
+            for name in ("otelbpf.events.received", "otelbpf.events.lost", "otelbpf.events.dropped",
                          "otelbpf.export.dropped", "otelbpf.export.failures", "otelbpf.attach.failures"):
                 for a, dp, _k in series(name):
                     label = ",".join(f"{k}={v}" for k, v in a.items())

@@ -53,8 +53,8 @@ def job_metrics(now: int, launches: int) -> list:
 
 def agent_metrics(now: int) -> list:
     return [
-        m.cumulative_sum("otelbpf.base.events.received", "1", "", [({"ring": "events"}, 120)], T0, now),
-        m.cumulative_sum("otelbpf.base.events.lost", "1", "", [({"reason": "ring_full"}, 3)], T0, now),
+        m.cumulative_sum("otelbpf.events.received", "1", "", [({"ring": "events"}, 120)], T0, now),
+        m.cumulative_sum("otelbpf.events.lost", "1", "", [({"reason": "ring_full"}, 3)], T0, now),
         m.cumulative_sum("otelbpf.export.dropped", "1", "", [({"reason": "queue_full", "signal": "traces"}, 9)], T0, now),
     ]
 
@@ -115,8 +115,8 @@ def test_summary_reports_each_process_then_the_agent(telemetry: Path) -> None:
         "    slowest: cudaMemcpy 0.500 ms\n"
         "\n"
         "otelbpf (pid 1)\n"
-        "  otelbpf.base.events.received{ring=events}: 120\n"
-        "  otelbpf.base.events.lost{reason=ring_full}: 3\n"
+        "  otelbpf.events.received{ring=events}: 120\n"
+        "  otelbpf.events.lost{reason=ring_full}: 3\n"
         "  otelbpf.export.dropped{reason=queue_full,signal=traces}: 9\n"
         "\n"
     )
