@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     strag.add_argument("--json", action="store_true", help="print the report as JSON")
     strag.add_argument("--no-clock-correction", action="store_true",
                        help="compare timestamps as exported (hosts' clocks assumed in sync)")
+    strag.add_argument("--diff-profiles", metavar="OUT_DIR",
+                       help="write each straggler's CPU profile and the healthy ranks' mean as pprof pairs "
+                       "for `go tool pprof -diff_base` (needs the profiling receiver's CPU profiles in DIR)")
     val = sub.add_parser("validate", help="check a config file and print the effective pipelines")
     val.add_argument("-c", "--config", required=False)
     return p
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         from otelbpf.analyze.stragglers import run as stragglers
 
         return stragglers(args.paths, threshold_ns=args.threshold, min_share=args.min_share, as_json=args.json,
-                          correct_clocks=not args.no_clock_correction, out=sys.stdout, err=sys.stderr)
+                          correct_clocks=not args.no_clock_correction, out=sys.stdout, err=sys.stderr,
+                          diff_dir=args.diff_profiles)
     if args.cmd == "diagnose":
         from otelbpf.analyze.diagnose import run as diagnose
 

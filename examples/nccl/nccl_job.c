@@ -27,7 +27,9 @@
  *
  * One rank can be made slow, the way operators classify stragglers:
  *   --slow-kind compute  its kernels run longer: --slow-ms more GPU time per iteration;
- *   --slow-kind host     its launches are spread out: --slow-ms of host gaps per iteration;
+ *   --slow-kind host     its launches are spread out: --slow-ms of host gaps per iteration,
+ *                        slept (waiting, off-CPU) or, with --host-work spin, burnt on the CPU
+ *                        in prepare_batch_on_host() (the frame a differential flame graph names);
  *   --slow-kind comm     its side of each collective takes --slow-ms longer to complete.
  * And things can go wrong on purpose: --crash-rank/--crash-iter kills a rank inside its
  * collective call (SIGKILL); --end-rank/--end-iter/--end-how destroys or aborts a rank's
@@ -40,6 +42,7 @@
  *                 [--crash-rank R --crash-iter I] [--end-rank R --end-iter I --end-how destroy|abort]
  *                 [--completion stream|query|sync|wait] [--launcher torchrun|slurm|ompi|bare|none]
  *                 [--job-id ID] [--hold-ms X] [--jitter-ms J] [--lib LIBNCCL] [--cudart LIBCUDART]
+ *                 [--host-work sleep|spin]
  * Defaults: 4 ranks, 10 iterations, 8 kernels of 250 us, 1024 floats, allreduce; the stand-in
  * libraries built next to this program (fakenccl/libnccl.so.2, fakecudart/libcudart.so.12).
  */
@@ -76,6 +79,7 @@ static const char *const OP_NAMES[] = {"allreduce", "allgather", "reducescatter"
 enum slow { SLOW_NONE, SLOW_COMPUTE, SLOW_HOST, SLOW_COMM };
 static const char *const SLOW_NAMES[] = {"none", "compute", "host", "comm"};
 static const char *const END_HOW[] = {"destroy", "abort"};
+static const char *const HOST_WORK[] = {"sleep", "spin"};
 enum completion { WAIT_STREAM, WAIT_QUERY, WAIT_SYNC, WAIT_EVENT };
 static const char *const COMPLETION_NAMES[] = {"stream", "query", "sync", "wait"};
 enum launcher { LAUNCH_TORCHRUN, LAUNCH_SLURM, LAUNCH_OMPI, LAUNCH_BARE, LAUNCH_NONE };
@@ -94,7 +98,7 @@ struct opts {
     enum completion completion;
     enum launcher launcher;
     const char *job_id;
-    int hold_ms, jitter_ms;
+    int hold_ms, jitter_ms, host_spin;
     const char *lib, *cudart;
 };
 
@@ -191,6 +195,17 @@ static void sleep_us(long us)
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
         ;
+}
+
+/* A host-slow rank's extra host work, on the CPU: its own frame (noinline) in CPU profiles. */
+static __attribute__((noinline)) void prepare_batch_on_host(long us)
+{
+    long until = now_us() + us;
+    volatile unsigned long mix = 0;
+    do {
+        for (unsigned i = 0; i < 2000; i++)
+            mix += i * 2654435761u;
+    } while (now_us() < until);
 }
 
 static long number(const char *flag, const char *v, long min, long max)
@@ -340,7 +355,9 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
     for (int it = 0; it < o->iterations; it++) {
         for (int k = 0; k < o->kernels; k++) {
             api.LaunchKernel((const void *)compute_kernel, grid, block, NULL, 0, compute);
-            if (gap_us)
+            if (gap_us && o->host_spin)
+                prepare_batch_on_host(gap_us);
+            else if (gap_us)
                 sleep_us(gap_us);
         }
         if (o->completion == WAIT_EVENT)
@@ -590,6 +607,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--job-id") && v) o.job_id = v;
         else if (!strcmp(a, "--hold-ms")) o.hold_ms = (int)number(a, v, 0, 3600000);
         else if (!strcmp(a, "--jitter-ms")) o.jitter_ms = (int)number(a, v, 0, 3600000);
+        else if (!strcmp(a, "--host-work")) o.host_spin = pick(a, v, HOST_WORK, 2);
         else if (!strcmp(a, "--lib") && v) o.lib = v;
         else if (!strcmp(a, "--cudart") && v) o.cudart = v;
         else if (!strcmp(a, "--rank")) rank = (int)number(a, v, 0, MAX_RANKS - 1);

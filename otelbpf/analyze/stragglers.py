@@ -23,12 +23,13 @@ Reads the exported NCCL spans of every rank (collectives.py) and, all in numpy:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 import numpy as np
 
-from otelbpf.analyze import clock_offsets
+from otelbpf.analyze import clock_offsets, profile_diff
 from otelbpf.analyze.collectives import EXITED, FAILED, Collectives, ReadError, read
 from otelbpf.correlate.adaptive import CommDetector, Params
 from otelbpf.correlate.lateness import CLASSES, UNKNOWN, classify_many, components
@@ -53,6 +54,8 @@ class RankReport:
     communication_ms: float
     cls: str
     persistent: bool
+    #: functions where it burnt more CPU than the healthy ranks (profile_diff.FrameDelta as dicts)
+    explaining_frames: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -77,6 +80,8 @@ class Report:
     hosts: list[clock_offsets.HostOffset]
     ranks: list[RankReport]
     stopped: list[Stopped] = field(default_factory=list)
+    #: per straggler, what the differential CPU profile says (profile_diff.ProfileDiff.to_json)
+    profile_diffs: list[dict] = field(default_factory=list)
 
     @property
     def stragglers(self) -> list[RankReport]:
@@ -254,6 +259,13 @@ def render(report: Report, out: TextIO) -> None:
                   f"({r.lateness_total_ms:.1f} ms in all)", file=out)
             print(f"     why: GPU wait {_ms(r.compute_ms)}, host {_ms(r.host_ms)}, "
                   f"previous collective finishing {_ms(r.communication_ms)} (summed over those collectives)", file=out)
+            if r.explaining_frames:
+                frames = ", ".join(f"{f['function']} +{f['self_ms_per_s']:.1f} ms/s" for f in r.explaining_frames[:3])
+                print(f"     on the CPU more than the healthy ranks (CPU ms per second): {frames}", file=out)
+        for d in report.profile_diffs:
+            if "slow_pprof" in d:
+                print(f"  differential flame graph of rank {d['rank']}: go tool pprof -http=: "
+                      f"-diff_base {d['base_pprof']} {d['slow_pprof']}", file=out)
     else:
         print(f"no persistent straggler (none was last, by >= {report.threshold_ms:g} ms, in >= "
               f"{report.min_share:.0%} of its collectives)", file=out)
@@ -268,8 +280,34 @@ def render(report: Report, out: TextIO) -> None:
               f"the others {s.comm_last_seq}; at its last one {s.how}", file=out)
 
 
+def explain_with_profiles(report: Report, paths: list[str], window_ns: tuple[int, int],
+                          diff_dir: str | None = None) -> list[str]:
+    """Name, for each straggler, the functions it burns more CPU in than the healthy ranks
+    over the job's window, when the folders hold the profiling receiver's CPU profiles;
+    with ``diff_dir``, write the pprof pair for ``go tool pprof -diff_base``. Returns warnings."""
+    stragglers = report.stragglers
+    if not stragglers:
+        return []
+    ranks, skipped = profile_diff.read_cpu(paths, {(r.host, r.pid) for r in report.ranks}, window_ns)
+    warnings = [f"skipped a profile: {s}" for s in skipped]
+    slow_keys = {(r.host, r.pid) for r in stragglers}
+    healthy = [cpu for key, cpu in ranks.items() if key not in slow_keys]
+    for r in stragglers:
+        slow = ranks.get((r.host, r.pid))
+        if slow is None or not healthy:
+            continue
+        d = profile_diff.diff(slow, healthy)
+        r.explaining_frames = [vars(f) for f in d.frames]
+        entry = d.to_json() | {"rank": r.rank, "host": r.host}
+        if diff_dir is not None:
+            entry["slow_pprof"], entry["base_pprof"] = profile_diff.write_pprof(slow, healthy, os.path.join(
+                diff_dir, f"rank{r.rank}-{r.pid}"))
+        report.profile_diffs.append(entry)
+    return warnings
+
+
 def run(paths: list[str], *, threshold_ns: int, min_share: float, as_json: bool, correct_clocks: bool,
-        out: TextIO, err: TextIO) -> int:
+        out: TextIO, err: TextIO, diff_dir: str | None = None) -> int:
     """``otelbpf stragglers``: 0 with a report, 1 when there are no NCCL collectives, 2 on bad input."""
     try:
         data = read(paths)
@@ -282,6 +320,9 @@ def run(paths: list[str], *, threshold_ns: int, min_share: float, as_json: bool,
               file=err)
         return 1
     report = analyze(data, threshold_ns=threshold_ns, min_share=min_share, correct_clocks=correct_clocks)
+    window = (int(data.start.min()), int(data.end.max()))
+    for warning in explain_with_profiles(report, paths, window, diff_dir):
+        print(f"otelbpf stragglers: {warning}", file=err)
     if as_json:
         json.dump(report.to_json(), out, indent=1)
         out.write("\n")

@@ -1,0 +1,111 @@
+"""The differential CPU profile of a slow rank against the healthy ones (profile_diff.py),
+over pprof files written the way the profiling receiver writes them."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from otelbpf.analyze import profile_diff
+from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, Profile, Sample
+from otelbpf.correlate.stacks import Frame
+from otelbpf.export.pprof import encode
+
+MS = 1_000_000
+T0 = 1_700_000_000_000_000_000
+
+
+def write_profile(folder: Path, pid: int, stacks: dict[tuple[str, ...], int], *, start_ns: int = T0,
+                  seconds: float = 10.0, host: str = "node1") -> Path:
+    """One CPU profile as the receiver writes it: stacks root first, values CPU ns."""
+    labels = {"service_name": "train", "host_name": host, "process_pid": str(pid)}
+    samples = [Sample([Frame(f) for f in reversed(stack)], (ns // (10 * MS), ns), labels) for stack, ns in stacks.items()]
+    prof = Profile("process_cpu", "cpu", labels, pid, start_ns, start_ns + int(seconds * 1e9), 99, CPU_SAMPLE_TYPES,
+                   "cpu", period_type=("cpu", "nanoseconds"), period=10 * MS, samples=samples)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"train-{pid}-cpu-{(start_ns + int(seconds * 1e9)) // MS}.pb.gz"
+    path.write_bytes(encode(prof))
+    return path
+
+
+COMMON = {("main", "train_step", "launch"): 2000 * MS, ("main", "collective"): 500 * MS}
+
+
+def job(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    write_profile(out / "profiles", 100, COMMON)
+    write_profile(out / "profiles", 101, {**COMMON, ("main", "train_step", "launch"): 2200 * MS})
+    # The slow rank: the same work, plus 4 s of CPU in prepare_batch_on_host over 10 s.
+    write_profile(out / "profiles", 102, {**COMMON, ("main", "train_step", "prepare_batch_on_host"): 4000 * MS})
+    return out
+
+
+def test_the_planted_frame_leads_normalised_per_second(tmp_path):
+    out = job(tmp_path)
+    ranks, skipped = profile_diff.read_cpu([str(out)])
+    assert not skipped and set(ranks) == {("node1", 100), ("node1", 101), ("node1", 102)}
+    d = profile_diff.diff(ranks[("node1", 102)], [ranks[("node1", 100)], ranks[("node1", 101)]])
+    assert d.frames[0].function == "prepare_batch_on_host"
+    assert d.frames[0].self_ms_per_s == pytest.approx(400.0)          # 4 s over 10 s
+    assert d.frames[0].total_ms_per_s == pytest.approx(400.0)
+    # launch: the slow rank 200 ms/s, the healthy mean 210 ms/s: not more, not named.
+    assert "launch" not in {f.function for f in d.frames}
+
+
+def test_ranks_profiled_for_different_lengths_compare_by_rate(tmp_path):
+    """A healthy rank profiled for twice as long does not look twice as busy."""
+    folder = tmp_path / "p"
+    write_profile(folder, 1, {("main", "work"): 1000 * MS}, seconds=10)
+    write_profile(folder, 1, {("main", "work"): 1000 * MS}, seconds=10, start_ns=T0 + 10 * 10**9)
+    write_profile(folder, 2, {("main", "work"): 1000 * MS, ("main", "extra"): 500 * MS}, seconds=10)
+    ranks, _ = profile_diff.read_cpu([str(folder)])
+    assert ranks[("node1", 1)].seconds == pytest.approx(20.0)
+    d = profile_diff.diff(ranks[("node1", 2)], [ranks[("node1", 1)]])
+    assert [(f.function, f.self_ms_per_s) for f in d.frames] == [("extra", 50.0)]  # work: 100 ms/s on both
+
+
+def test_window_and_process_filters(tmp_path):
+    folder = tmp_path / "p"
+    write_profile(folder, 1, {("main", "early"): 100 * MS}, start_ns=T0)
+    write_profile(folder, 1, {("main", "late"): 100 * MS}, start_ns=T0 + 100 * 10**9)
+    write_profile(folder, 2, {("main", "other"): 100 * MS}, host="node2")
+    ranks, _ = profile_diff.read_cpu([str(folder)], {("node1", 1)}, (T0 + 50 * 10**9, T0 + 200 * 10**9))
+    assert list(ranks) == [("node1", 1)]
+    assert {s[-1] for s in ranks[("node1", 1)].stacks} == {"late"}
+
+
+def test_a_partial_or_foreign_file_is_skipped_and_named(tmp_path):
+    out = job(tmp_path)
+    good = next((out / "profiles").iterdir())
+    (out / "profiles" / "train-9-cpu-1.pb.gz").write_bytes(good.read_bytes()[:40])   # being written
+    (out / "profiles" / "train-8-cpu-1.pb.gz").write_bytes(gzip.compress(b"\xff" * 64))  # not pprof
+    ranks, skipped = profile_diff.read_cpu([str(out)])
+    assert len(ranks) == 3 and len(skipped) == 2
+    assert all("not a readable pprof profile" in s for s in skipped)
+
+
+def test_no_healthy_rank_gives_no_frames_not_a_crash(tmp_path):
+    out = job(tmp_path)
+    ranks, _ = profile_diff.read_cpu([str(out)])
+    assert profile_diff.diff(ranks[("node1", 102)], []).frames[0].function == "prepare_batch_on_host"
+    assert profile_diff.diff(profile_diff.RankCpu(5), [ranks[("node1", 100)]]).frames == []
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="go is not installed (scripts/setup.sh installs golang-go)")
+def test_the_pprof_pair_reads_back_as_a_diff_in_go_tool_pprof(tmp_path):
+    out = job(tmp_path)
+    ranks, _ = profile_diff.read_cpu([str(out)])
+    slow, base = profile_diff.write_pprof(ranks[("node1", 102)], [ranks[("node1", 100)], ranks[("node1", 101)]],
+                                          str(tmp_path / "diff"))
+    top = subprocess.run(["go", "tool", "pprof", "-top", "-diff_base", base, slow], capture_output=True, text=True,
+                         timeout=120)
+    assert top.returncode == 0, top.stderr
+    rows = [line.split() for line in top.stdout.splitlines() if line.strip().endswith(("prepare_batch_on_host",
+                                                                                        "launch"))]
+    by_name = {r[-1]: r for r in rows}
+    assert by_name["prepare_batch_on_host"][0] == "4000ms"         # +4 s flat on the slow rank
+    assert by_name["launch"][0].startswith("-")                   # a little less than the healthy mean
