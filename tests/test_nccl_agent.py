@@ -34,14 +34,15 @@ def built() -> None:
     subprocess.run([str(REPO / "examples" / "build.sh")], check=True, capture_output=True, text=True)
 
 
-def write_config(tmp: Path, collector=None, threshold: str | None = "10ms") -> Path:
+def write_config(tmp: Path, collector=None, threshold: str | None = "10ms", profiling: bool = False) -> Path:
     exporters: dict = {"file": {"directory": str(tmp / "out")}}
     if collector is not None:
         exporters["otlp"] = {"endpoint": collector.grpc_endpoint, "timeout": "2s"}
     pipeline = {"receivers": ["cuda", "nccl"], "processors": ["batch"], "exporters": list(exporters)}
     doc = {
         "receivers": {"cuda": {"search_paths": []},
-                      "nccl": {"search_paths": [], **({"straggler_threshold": threshold} if threshold else {})}},
+                      "nccl": {"search_paths": [], **({"straggler_threshold": threshold} if threshold else {})},
+                      **({"profiling": {"interval": "1s", "cuda_memory": False}} if profiling else {})},
         "processors": {"batch": {"timeout": "100ms"}},
         "exporters": exporters,
         "service": {
@@ -49,17 +50,19 @@ def write_config(tmp: Path, collector=None, threshold: str | None = "10ms") -> P
             "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms", "log_level": "info"},
         },
     }
+    if profiling:
+        doc["service"]["pipelines"]["profiles"] = {"receivers": ["profiling"], "exporters": ["file"]}
     path = tmp / "otelbpf.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
-def run_job(tmp: Path, collector, *args: object, threshold: str = "10ms") -> dict:
+def run_job(tmp: Path, collector, *args: object, threshold: str = "10ms", profiling: bool = False) -> dict:
     """Run nccl_job under the agent (command mode); its JSON summary."""
-    cfg = write_config(tmp, collector, threshold)
+    cfg = write_config(tmp, collector, threshold, profiling)
     with AgentProcess(["-c", str(cfg), "--", str(JOB), *map(str, args)]) as agent:
         assert agent.wait(120) == 0, agent.output
-    line = next((l for l in agent.output.splitlines() if l.startswith('{"workload":"nccl_job"')), None)
+    line = next((x for x in agent.output.splitlines() if x.startswith('{"workload":"nccl_job"')), None)
     assert line, agent.output
     return json.loads(line)
 
@@ -129,7 +132,7 @@ def test_a_slow_rank_is_named_with_its_class_live_and_offline(otlp_collector, tm
     c.wait_for(lambda: c.latest_points("nccl.straggler", **{"process.pid": pids[slow]}), what="straggler metric")
     for rank, pid in pids.items():
         f = {"process.pid": pid, "nccl.op": "AllReduce"}
-        c.wait_for(lambda: value(c, "nccl.wait.duration", **f) == iters, what=f"rank {rank} final metrics")
+        c.wait_for(lambda f=f: value(c, "nccl.wait.duration", **f) == iters, what=f"rank {rank} final metrics")
         assert value(c, "nccl.collectives", **f) == iters
         assert value(c, "nccl.bytes", **f) == iters * 4096
         assert value(c, "nccl.algorithm.bandwidth", **f) == iters
@@ -155,6 +158,29 @@ def test_a_communication_slow_rank_is_named_offline(tmp_path):
     report = stragglers(tmp_path / "out")
     assert [(r["rank"], r["cls"], r["pid"]) for r in report["stragglers"]] == \
         [(0, "communication-slow", by_rank(job)[0])]
+
+
+def test_the_differential_flame_graph_names_the_frame_planted_on_the_slow_rank(tmp_path):
+    """Rank 1 burns its extra host time on the CPU in prepare_batch_on_host(); the healthy
+    ranks never call it. With CPU profiles beside the spans, the straggler report names that
+    function, and the pprof pair it writes reads back as a diff in go tool pprof."""
+    slow = 1
+    job = run_job(tmp_path, None, "--ranks", 3, "--iterations", 16, "--slow-rank", slow, "--slow-kind", "host",
+                  "--slow-ms", 60, "--host-work", "spin", profiling=True)
+    report = stragglers(tmp_path / "out", extra=("--diff-profiles", str(tmp_path / "diff")))
+    pids = by_rank(job)
+    [straggler] = report["stragglers"]
+    assert (straggler["rank"], straggler["pid"], straggler["cls"]) == (slow, pids[slow], "host-slow")
+    frames = [f["function"] for f in straggler["explaining_frames"]]
+    assert frames and frames[0] == "prepare_batch_on_host", straggler["explaining_frames"]
+    assert straggler["explaining_frames"][0]["self_ms_per_s"] > 50   # ~60 ms of every ~iteration
+    [d] = report["profile_diffs"]
+    assert d["slow_pid"] == pids[slow] and sorted(d["base_pids"]) == sorted(p for r, p in pids.items() if r != slow)
+    top = subprocess.run(["go", "tool", "pprof", "-top", "-diff_base", d["base_pprof"], d["slow_pprof"]],
+                         capture_output=True, text=True, timeout=120)
+    assert top.returncode == 0, top.stderr
+    first = next(line for line in top.stdout.splitlines() if line.strip().endswith("prepare_batch_on_host"))
+    assert not first.split()[0].startswith("-"), top.stdout
 
 
 # ---- attached late, completion through CUDA events, defaults
@@ -280,7 +306,7 @@ def test_real_libnccl_calls_become_spans_and_error_counts(otlp_collector, tmp_pa
     cfg = write_config(tmp_path, otlp_collector)
     with AgentProcess(["-c", str(cfg), "--", sys.executable, str(REAL_NCCL_PY)]) as agent:
         assert agent.wait(120) == 0, agent.output
-    ran = json.loads(next(l for l in agent.output.splitlines() if l.startswith('{"lib"')))
+    ran = json.loads(next(x for x in agent.output.splitlines() if x.startswith('{"lib"')))
     c = otlp_collector
     pid = ran["pid"]
     c.wait_for(lambda: nccl_spans(c, pid, "ncclGroup"), what="the group span")
