@@ -334,10 +334,10 @@ class Agent:
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             self.proc.kill()
             self.proc.wait()
-            raise BenchError(f"agent {self.name} did not stop within {timeout_s:.0f}s of SIGINT; killed it")
+            raise BenchError(f"agent {self.name} did not stop within {timeout_s:.0f}s of SIGINT; killed it") from e
         finally:
             self.stop_seconds = time.monotonic() - t0
         time.sleep(0.2)  # let the stderr reader catch the last lines
@@ -425,7 +425,7 @@ class Libraries:
         return self.dirs[role] / lib / self.ROLES[role]
 
     @classmethod
-    def copy_into(cls, workdir: Path) -> "Libraries":
+    def copy_into(cls, workdir: Path) -> Libraries:
         from otelbpf.sensor.elf import resolve
 
         libs = cls({role: workdir / role for role in cls.ROLES})

@@ -48,7 +48,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_launch import (  # noqa: E402  (bench/ is not a package)
-    FAKE_CUDART, LAUNCH_LOOP, ROOT, cpu_by_thread, cpu_times, finish_paced, machine, machine_pct, paced,
+    FAKE_CUDART,
+    LAUNCH_LOOP,
+    ROOT,
+    cpu_by_thread,
+    cpu_times,
+    finish_paced,
+    machine,
+    machine_pct,
+    paced,
     thread_ticks,
 )
 

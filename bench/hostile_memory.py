@@ -35,8 +35,7 @@ import tracemalloc  # noqa: E402
 
 from hpack import Encoder  # noqa: E402
 
-from harness.hostile import (Wire, continuation, grpc_call, h2_connection, headers_frame,  # noqa: E402
-                             settings)
+from harness.hostile import Wire, continuation, grpc_call, h2_connection, headers_frame, settings  # noqa: E402
 from otelbpf.correlate.protocols.http2 import PREFACE  # noqa: E402
 
 #: Records per ring batch, as the agent drains them (the 16 MiB ring holds ~4k of 4 KiB).
@@ -47,7 +46,7 @@ def pipelined(w: Wire, n: int) -> None:
     request = b"GET /a HTTP/1.1\r\nHost: x\r\nUser-Agent: flood\r\n\r\n"
     w.accept(10)
     per_read = 100
-    for i in range(0, n, per_read):
+    for _ in range(0, n, per_read):
         w.client_sent(10, request * per_read)
     w.flush()
 
@@ -74,7 +73,7 @@ def continuation_flood(w: Wire, n: int) -> None:
     w.client_sent(10, PREFACE + settings() + headers_frame(block, 1, end_headers=False))
     frame = continuation(b"\0" * 16_000, 1)
     per_read = 64
-    for i in range(0, n * 1_000_000 // 16_000, per_read):
+    for _ in range(0, n * 1_000_000 // 16_000, per_read):
         w.client_sent(10, frame * per_read)
     w.flush()
 

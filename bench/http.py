@@ -285,7 +285,7 @@ def main() -> int:
     if subprocess.run(["which", "wrk"], capture_output=True).returncode:
         sys.exit("wrk is not installed: apt-get install wrk")
     work = Path(tempfile.mkdtemp(prefix="otelbpf-bench-http-"))
-    results: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "seconds": args.seconds}
+    results: dict = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "seconds": args.seconds}
     results["throughput"] = [throughput(work, args.seconds, args.repeats, int(w)) for w in args.work_us.split(",")]
     port = free_port()
     with process([str(SERVER), str(port)]) as server:

@@ -52,10 +52,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from otelbpf.base.events import EVENT_DTYPE, CudaFunc, Kind, NcclFunc  # noqa: E402
 from otelbpf.correlate.clock import MonotonicClock  # noqa: E402
 from otelbpf.correlate.nccl import NcclCorrelator  # noqa: E402
 from otelbpf.correlate.process_info import ProcessInfo  # noqa: E402
-from otelbpf.base.events import EVENT_DTYPE, CudaFunc, Kind, NcclFunc  # noqa: E402
 from otelbpf.export.jsonfile import FileSpanExporter  # noqa: E402
 
 NCCL_LOOP = ROOT / "build/bench/nccl_loop"
@@ -201,7 +201,7 @@ def agent_case(targets: list[Target], plan: Plan, work: Path) -> tuple[dict, str
     finally:
         agent.send_signal(signal.SIGINT)
         rest, _ = agent.communicate(timeout=60)
-    stats = next((l for l in (rest or "").splitlines() if l.startswith("otelbpf: events received")), "")
+    stats = next((line for line in (rest or "").splitlines() if line.startswith("otelbpf: events received")), "")
     return result, stats
 
 

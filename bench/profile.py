@@ -239,8 +239,8 @@ def cpu_overhead(tmp: Path, runs: int, work: int) -> dict:
 
 
 def symbolization_rate() -> dict:
-    from otelbpf.correlate import pylines
     from otelbpf.base.procfs import read_maps
+    from otelbpf.correlate import pylines
     from otelbpf.correlate.symbolizer import Symbolizer
 
     pid = os.getpid()
@@ -317,7 +317,7 @@ def main() -> int:
     stats = Path("/proc/sys/kernel/bpf_stats_enabled")
     stats_before = stats.read_text().strip()
     stats.write_text("1")  # per-program run time, for the in-kernel cost per sample and per probe
-    result: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(), "kernel": os.uname().release,
+    result: dict = {"date": dt.datetime.now(dt.UTC).isoformat(), "kernel": os.uname().release,
                     "cpus": os.cpu_count(), "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
