@@ -23,21 +23,21 @@ import numpy as np
 from opentelemetry.sdk.metrics.export import Metric
 
 from otelbpf import receivers
+from otelbpf.base.health import Health
+from otelbpf.base.threadname import name_os_thread
 from otelbpf.config import BatchProcessorConfig, Config, to_seconds
 from otelbpf.correlate import metrics as m
+from otelbpf.correlate import symbolizer
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo, agent_resource
+from otelbpf.correlate.profile_record import Profile
 from otelbpf.correlate.spans import scope
-from otelbpf.correlate import symbolizer
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.export.factory import metric_exporter, span_exporter
-from otelbpf.base.health import Health
 from otelbpf.export.metrics_loop import MetricsLoop
-from otelbpf.correlate.profile_record import Profile
 from otelbpf.export.profile_export import encoded, profile_exporter
 from otelbpf.export.span_queue import SpanQueue
 from otelbpf.jobguard import Job
-from otelbpf.base.threadname import name_os_thread
 from otelbpf.receivers import Context, MapAccess
 from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
 

@@ -20,10 +20,11 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, TextIO
 
 from otelbpf.base.privileges import (
     CAPABILITY_BITS,
@@ -80,7 +81,7 @@ int on_kprobe(struct pt_regs *ctx) {
 """
 UPROBE_SLOT, TRACEPOINT_SLOT, PERF_SLOT = 0, 1, 2
 FENTRY_TARGET = "vfs_read"
-FENTRY_PROGRAM = "KFUNC_PROBE(%s) { return 0; }" % FENTRY_TARGET
+FENTRY_PROGRAM = f"KFUNC_PROBE({FENTRY_TARGET}) {{ return 0; }}"
 TRACEPOINT = "syscalls:sys_enter_getpid"
 OPTIONAL_PROBES = ("perf events", "kprobes", "fentry")
 

@@ -17,14 +17,19 @@ from opentelemetry.sdk.metrics.export import Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otelbpf.config import CudaReceiverConfig, HttpReceiverConfig, ProfilingReceiverConfig, ReceiverConfig
-from otelbpf.config import NcclReceiverConfig
-from otelbpf.config import IbverbsReceiverConfig
+from otelbpf.base.health import Health
+from otelbpf.config import (
+    CudaReceiverConfig,
+    HttpReceiverConfig,
+    IbverbsReceiverConfig,
+    NcclReceiverConfig,
+    ProfilingReceiverConfig,
+    ReceiverConfig,
+)
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.base.health import Health
 from otelbpf.sensor.family import ProbeFamily
 
 

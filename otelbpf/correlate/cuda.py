@@ -23,6 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
+from otelbpf.base.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda_errors import error_name
@@ -30,7 +31,6 @@ from otelbpf.correlate.kernel_names import KernelNames
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.base.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
 
 log = logging.getLogger(__name__)
 

@@ -29,15 +29,15 @@ from typing import Any
 
 import numpy as np
 
+from otelbpf.base.events import CudaFunc, Kind, StrKind
+from otelbpf.base.health import Health
 from otelbpf.correlate import pylines
 from otelbpf.correlate.kallsyms import KernelSymbols
 from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
 from otelbpf.correlate.spans import scope
 from otelbpf.correlate.stacks import Frame, PythonFrame, kernel, merge, native
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.base.events import CudaFunc, Kind, StrKind
-from otelbpf.base.health import Health
-from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
 from otelbpf.sensor import python_offsets
 from otelbpf.sensor.python_offsets import LAYOUT_NAMES, PythonLayoutError, PythonProcess
 
@@ -482,7 +482,7 @@ class Profiler:
         if pids:  # iterating the live-allocation map is costly: only for processes that allocated
             for name in ("mem_inuse", "mem_live"):
                 t = bpf[name]
-                for k in [k for k in t.keys() if k.pid in pids]:
+                for k in [k for k in t if k.pid in pids]:
                     try:
                         del t[k]
                     except KeyError:
@@ -494,7 +494,7 @@ class Profiler:
             for pid in procs:
                 self._procs.pop(pid, None)
             superseded = {pid: p.superseded for pid, p in self._procs.items() if p.superseded}
-            for pid, p in self._procs.items():
+            for p in self._procs.values():
                 p.codes -= p.superseded
                 p.superseded = set()
         for pid, codes in superseded.items():

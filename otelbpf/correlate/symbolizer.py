@@ -304,7 +304,7 @@ def _read_process(pid: int, addr: int, limit: int) -> bytes | None:
         os.close(fd)
 
 
-def _read_mapped_file(pid: int, snap: "_Snapshot", addr: int, limit: int) -> bytes | None:
+def _read_mapped_file(pid: int, snap: _Snapshot, addr: int, limit: int) -> bytes | None:
     i = bisect.bisect_right(snap.file_starts, addr) - 1
     if i < 0 or addr >= snap.files[i].end:
         return None

@@ -40,12 +40,19 @@ def _grpc_kwargs(cfg: OtlpExporterConfig) -> dict:
         "compression": grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression,
     }
     if not cfg.insecure and (cfg.tls.ca_file or cfg.tls.cert_file):
-        kwargs["credentials"] = grpc.ssl_channel_credentials(
-            root_certificates=_read(cfg.tls.ca_file),
-            private_key=_read(cfg.tls.key_file),
-            certificate_chain=_read(cfg.tls.cert_file),
-        )
+        kwargs["credentials"] = grpc_credentials(cfg)
     return kwargs
+
+
+def grpc_credentials(cfg: OtlpExporterConfig):
+    """TLS credentials of a gRPC exporter: its CA and client pair, the system's roots otherwise."""
+    import grpc
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(cfg.tls.ca_file),
+        private_key=_read(cfg.tls.key_file),
+        certificate_chain=_read(cfg.tls.cert_file),
+    )
 
 
 def _http_kwargs(cfg: OtlpHttpExporterConfig, signal: Signal) -> dict:

@@ -8,12 +8,18 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from otelbpf.config import ExporterConfig, FileExporterConfig, PyroscopeExporterConfig
 from otelbpf.base.health import Health
+from otelbpf.config import (
+    ExporterConfig,
+    FileExporterConfig,
+    OtlpExporterConfig,
+    OtlpHttpExporterConfig,
+    PyroscopeExporterConfig,
+)
 from otelbpf.correlate.profile_record import Profile
 from otelbpf.export import pprof
 from otelbpf.export.safe_files import OutputDir
@@ -31,12 +37,14 @@ class ProfileRecord:
     end_ns: int
     sample_rate: int          # Hz for CPU profiles, 0 otherwise
     pprof: bytes              # gzipped profile.proto
+    profile: Profile | None = None     # the stacks themselves, for encoders other than pprof (OTLP)
+    resource: Mapping[str, object] = field(default_factory=dict)  # the process's, as its spans carry it
 
 
-def encoded(profile: Profile) -> ProfileRecord:
+def encoded(profile: Profile, resource: Mapping[str, object] | None = None) -> ProfileRecord:
     """The profiler's profile as exporters send it: encoded once, whatever the number of exporters."""
     return ProfileRecord(profile.name, profile.kind, profile.labels, profile.pid, profile.start_ns, profile.end_ns,
-                         profile.sample_rate, pprof.encode(profile))
+                         profile.sample_rate, pprof.encode(profile), profile, resource or {})
 
 
 class ProfileExporter(Protocol):
@@ -90,11 +98,15 @@ class PprofFileExporter:
 
 
 def profile_exporter(name: str, cfg: ExporterConfig, health: Health) -> ProfileExporter:
-    """The exporter a profiles pipeline names (config validation admits only these two)."""
+    """The exporter a profiles pipeline names: pprof files, Pyroscope, or OTLP profiles."""
     if isinstance(cfg, FileExporterConfig):
         return PprofFileExporter(cfg.directory, health, name, file_mode=cfg.file_mode, dir_mode=cfg.dir_mode)
     if isinstance(cfg, PyroscopeExporterConfig):
         from otelbpf.export.pyroscope import PyroscopeExporter
 
         return PyroscopeExporter(name, cfg, health)
+    if isinstance(cfg, (OtlpExporterConfig, OtlpHttpExporterConfig)):
+        from otelbpf.export.otlp_profiles import otlp_profile_exporter
+
+        return otlp_profile_exporter(name, cfg, health)
     raise TypeError(f"no profile exporter for {type(cfg).__name__}")

@@ -28,11 +28,11 @@ from collections.abc import Sequence
 
 import requests
 
-from otelbpf.config import PyroscopeExporterConfig, to_seconds
 from otelbpf.base.health import Health
+from otelbpf.base.threadname import name_os_thread
+from otelbpf.config import PyroscopeExporterConfig, to_seconds
 from otelbpf.export.profile_export import ProfileRecord
 from otelbpf.export.proto.push.v1 import push_pb2
-from otelbpf.base.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerSymSection, GNUVerDefSection
+from elftools.elf.gnuversions import GNUVerDefSection, GNUVerSymSection
 
 #: endbr64: CET-enabled code starts every function with it. A uprobe on it is
 #: single-stepped (~3.6 µs here); the instruction after it is usually emulated

@@ -35,11 +35,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
+from otelbpf.base.threadname import name_os_thread
 from otelbpf.sensor import compiler_memory, elf, libraries, program
 from otelbpf.sensor.family import ProbeFamily
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.ringbuf import RingBufferReader, VariableRingReader
-from otelbpf.base.threadname import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +387,7 @@ class Sensor:
         with self._lock:
             if self._bpf is None:
                 return []
-            return [k.value for k in self._bpf["watched"].keys()]
+            return [k.value for k in self._bpf["watched"]]
 
     def attached_libraries(self) -> list[LibraryFile]:
         return list(self._attached.values())
