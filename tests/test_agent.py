@@ -38,7 +38,7 @@ pytestmark = pytest.mark.bpf
 
 
 def _summary_from(output: str) -> dict:
-    line = next(l for l in output.splitlines() if l.startswith('{"workload"'))
+    line = next(x for x in output.splitlines() if x.startswith('{"workload"'))
     return json.loads(line)
 
 
@@ -154,8 +154,9 @@ def test_host_mode_sees_later_processes_unusual_paths_and_attributes_per_process
         c = otlp_collector
         for w, per in ((wa, 1000), (wb, 3000)):
             f = {"process.pid": w["pid"], "cuda.memcpy.direction": "H2D"}
-            assert c.wait_for(lambda: c.latest_points("cuda.memcpy.bytes", **f), what=f"bytes of {w['pid']}")
-            c.wait_for(lambda: _value(c, "cuda.memcpy.bytes", **f) == w["options"]["iterations"] * per,
+            assert c.wait_for(lambda f=f: c.latest_points("cuda.memcpy.bytes", **f), what=f"bytes of {w['pid']}")
+            expected = w["options"]["iterations"] * per
+            c.wait_for(lambda f=f, expected=expected: _value(c, "cuda.memcpy.bytes", **f) == expected,
                        what=f"exact bytes of pid {w['pid']}")
         assert agent.stop() == 0
     assert "libcudart.so.12" in agent.output and "opt weird" in agent.output

@@ -10,7 +10,7 @@ from __future__ import annotations
 import cxxfilt
 import pytest
 
-from harness.agent import BUILD, FAKE_CUDA, AgentProcess, config, finish, otlp_grpc, start_workload, WORKLOAD
+from harness.agent import BUILD, FAKE_CUDA, WORKLOAD, AgentProcess, config, finish, otlp_grpc, start_workload
 
 pytestmark = pytest.mark.bpf
 
@@ -37,7 +37,7 @@ def _run(agent_args: list[str], workload: list[str], otlp_collector, tmp_path) -
     with AgentProcess(["-c", str(cfg), *agent_args, "--", str(WORKLOAD), "--lib", str(FAKE_CUDART13),
                        *workload]) as agent:
         assert agent.wait() == 0, agent.output
-    line = next(l for l in agent.output.splitlines() if l.startswith('{"workload"'))
+    line = next(x for x in agent.output.splitlines() if x.startswith('{"workload"'))
     import json
 
     return json.loads(line), agent

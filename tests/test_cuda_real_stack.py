@@ -54,12 +54,12 @@ def programs() -> dict[str, Path]:
 
 def _cudart_of(program: Path) -> Path:
     ldd = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=True).stdout
-    line = next(l for l in ldd.splitlines() if "libcudart.so.13" in l)
+    line = next(x for x in ldd.splitlines() if "libcudart.so.13" in x)
     return Path(os.path.realpath(line.split("=>")[1].split("(")[0].strip()))
 
 
 def _summary(output: str) -> dict:
-    return json.loads(next(l for l in output.splitlines() if l.startswith('{"rounds"')))
+    return json.loads(next(x for x in output.splitlines() if x.startswith('{"rounds"')))
 
 
 def _launches(c, pid: int) -> dict[str, int]:
@@ -183,7 +183,7 @@ def test_the_cu13_wheel_in_pytorchs_layout_and_short_lived_processes(otlp_collec
         c.wait_for(lambda: _launches(c, w["pid"]) == {"cudaLaunchKernel": 12, "cudaLaunchKernelExC": 3},
                    what="the nvcc program's launches")
         for pid in pids:
-            c.wait_for(lambda: {p.attributes["cuda.api.function"]: p.value
+            c.wait_for(lambda pid=pid: {p.attributes["cuda.api.function"]: p.value
                                 for p in c.latest_points("cuda.api.calls", **{"process.pid": pid})} == {"cudaMalloc": 1},
                        what=f"the one cudaMalloc of short-lived process {pid}")
         agent.stop()

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otelbpf.config import DEFAULT_CONFIG_YAML
 from harness.agent import AgentProcess
+from otelbpf.config import DEFAULT_CONFIG_YAML
 
 RSS_BOUND_MIB = 175
 

@@ -20,11 +20,11 @@ import pytest
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric
 from opentelemetry.trace import StatusCode
 
+from otelbpf.base.events import EVENT_DTYPE, FLAG_INCOMPLETE, STREVENT_DTYPE, CudaFunc, Kind, StrKind
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import CudaCorrelator, SpanBudget
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.base.events import EVENT_DTYPE, FLAG_INCOMPLETE, STREVENT_DTYPE, CudaFunc, Kind, StrKind
 
 F = CudaFunc
 ME = os.getpid()

@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 from hpack import Encoder
 
-from harness.hostile import (Wire, continuation, data_frame, grpc_call, h2_connection, headers_frame, settings)
+from harness.hostile import Wire, continuation, data_frame, grpc_call, h2_connection, headers_frame, settings
 from otelbpf.correlate.protocols.http1 import Http1Connection
 from otelbpf.correlate.protocols.http2 import PREFACE, H2Connection
 from otelbpf.correlate.protocols.limits import DEFAULT, Held, Limits

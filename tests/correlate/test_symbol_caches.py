@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from otelbpf.base.procfs import read_maps
 from otelbpf.config import DEFAULT_CONFIG_YAML, ConfigError, load_config_text
 from otelbpf.correlate import symbolizer
-from otelbpf.base.procfs import read_maps
 from otelbpf.correlate.symbolizer import EVICTIONS, Symbolizer, _TableCache
 
 LIBS = sorted({m.path for m in read_maps(os.getpid()) if m.path.endswith(".so") or ".so." in m.path})[:4]

@@ -62,7 +62,7 @@ class Workload:
 @pytest.fixture
 def workload() -> Iterator[Workload]:
     w = Workload()
-    w.summary  # it has run: every library is loaded
+    assert w.summary  # it has run: every library is loaded
     try:
         yield w
     finally:
@@ -104,7 +104,7 @@ def test_a_stripped_library_gives_dynsym_names_else_module_and_offset(tmp_path: 
     copy_vaddr = symbol_vaddr(FAKE_CUDART, "copy")
     w = Workload(stripped)
     try:
-        w.summary
+        assert w.summary
         sym = Symbolizer()
         assert sym.resolve(w.pid, w.lib_address(symbol_vaddr(FAKE_CUDART, "cudaFree"))) == "cudaFree"
         # The text segment maps file offset = vaddr in this library.
@@ -221,7 +221,7 @@ def test_a_library_deleted_from_disk_is_read_through_map_files(tmp_path: Path) -
     shutil.copy(FAKE_CUDART, lib)
     w = Workload(lib)
     try:
-        w.summary
+        assert w.summary
         address = w.lib_address(symbol_vaddr(FAKE_CUDART, "cudaLaunchKernel"))
         lib.unlink()
         assert Symbolizer().resolve(w.pid, address) == "cudaLaunchKernel"
@@ -236,7 +236,7 @@ def test_a_library_replaced_on_disk_is_never_read_for_the_old_mapping(tmp_path: 
     shutil.copy(FAKE_CUDART, lib)
     w = Workload(lib)
     try:
-        w.summary
+        assert w.summary
         vaddr = symbol_vaddr(FAKE_CUDART, "cudaLaunchKernel")
         address = w.lib_address(vaddr)
         shutil.copy(FAKE_CUDA, tmp_path / "new.so")  # has devmem_alloc where cudaLaunchKernel was
@@ -255,7 +255,7 @@ def test_after_exit_a_replaced_library_gives_module_and_offset(tmp_path: Path) -
     shutil.copy(FAKE_CUDART, lib)
     w = Workload(lib)
     try:
-        w.summary
+        assert w.summary
         vaddr = symbol_vaddr(FAKE_CUDART, "cudaLaunchKernel")
         address = w.lib_address(vaddr)
         sym = Symbolizer()

@@ -15,9 +15,9 @@ import promql_parser
 import pytest
 import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
+from prometheus_names import OtlpMetric, label_name, metric_name, series_names
 
 from harness.agent import BUILD, REPO, AgentProcess
-from prometheus_names import OtlpMetric, label_name, metric_name, series_names
 
 GRAFANA = REPO / "deploy" / "compose" / "grafana"
 SCRIPT = GRAFANA / "dashboards.py"

@@ -13,9 +13,9 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.resources import Resource
 
 from harness.agent import wait_until
+from otelbpf.base.health import Health
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.spans import scope
-from otelbpf.base.health import Health
 from otelbpf.export.jsonfile import FileMetricExporter
 from otelbpf.export.metrics_loop import MetricsLoop
 

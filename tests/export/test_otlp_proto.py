@@ -9,7 +9,7 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-from export.test_otlp_json import A, S1, T0, assorted
+from export.test_otlp_json import S1, T0, A, assorted
 from otelbpf.correlate.spans import make_span
 from otelbpf.export.otlp_proto import encode_spans_proto
 

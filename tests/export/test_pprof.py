@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import pprof
-from otelbpf.correlate.stacks import TRUNCATED, Frame
 from otelbpf.base.health import Health
+from otelbpf.correlate.stacks import TRUNCATED, Frame
 from otelbpf.export.pprof import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, ProfileBuilder
 from otelbpf.export.profile_export import PprofFileExporter, ProfileRecord
 

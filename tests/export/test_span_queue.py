@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from harness.agent import wait_until
-from otelbpf.correlate.spans import make_span, scope
 from otelbpf.base.health import Health
+from otelbpf.correlate.spans import make_span, scope
 from otelbpf.export.jsonfile import FileSpanExporter
 from otelbpf.export.span_queue import SpanQueue
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 from hpack import Encoder
 from hpack.exceptions import HPACKError
+from opentelemetry.sdk.resources import Resource
 
 from harness.hostile import Wire, grpc_call, h2_connection
 from otelbpf.correlate.protocols import http1, http2
@@ -25,8 +26,6 @@ from otelbpf.correlate.protocols.limits import DEFAULT
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.export.otlp_json import INT64_MAX, INT64_MIN, encode_spans_json
 from otelbpf.export.otlp_proto import encode_spans_proto
-
-from opentelemetry.sdk.resources import Resource
 
 Chunk = tuple[bool, bytes, int]
 

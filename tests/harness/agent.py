@@ -106,9 +106,9 @@ class AgentProcess:
             self.proc.send_signal(sig)
         try:
             rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             self.proc.kill()
-            raise AssertionError(f"agent did not stop within {timeout}s:\n{self.output}")
+            raise AssertionError(f"agent did not stop within {timeout}s:\n{self.output}") from e
         self._reader.join(5)
         return rc
 

@@ -12,13 +12,20 @@ from dataclasses import dataclass, field
 import numpy as np
 from hpack import Encoder
 
+from otelbpf.base.events import SOCK_RECORD_DTYPE, Kind, SockFunc
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.http import HttpCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.correlate.protocols.http2 import (CONTINUATION, DATA, FLAG_END_HEADERS, FLAG_END_STREAM, HEADERS,
-                                               PREFACE, SETTINGS)
-from otelbpf.base.events import SOCK_RECORD_DTYPE, Kind, SockFunc
+from otelbpf.correlate.protocols.http2 import (
+    CONTINUATION,
+    DATA,
+    FLAG_END_HEADERS,
+    FLAG_END_STREAM,
+    HEADERS,
+    PREFACE,
+    SETTINGS,
+)
 
 PORT, PEER, PID = 8080, 40000, 4242
 #: Bytes per syscall record: the sensor captures at most 8 KiB of one (payload_size's maximum).

@@ -87,7 +87,7 @@ def _client_server():
 
 def _request(client, server, stream_id: int, path: str, status: str = "200", body: bytes = b"ok"):
     client.send_headers(stream_id, [(":method", "GET"), (":path", path), (":scheme", "http"), (":authority", "svc"),
-                                    ("x-custom", "value-%d" % stream_id)], end_stream=True)
+                                    ("x-custom", f"value-{stream_id}")], end_stream=True)
     c2s = client.data_to_send()
     server.receive_data(c2s)
     server.send_headers(stream_id, [(":status", status), ("content-length", str(len(body)))])
