@@ -1,5 +1,10 @@
 /* Shared by every otelbpf probe family: the fixed-size event record, the
- * process filter and the drop counters. Mirrored in otelbpf/events.py.
+ * process filter and the drop counters. Every event kind (EV_*, SEV_*) and
+ * event flag (EVF_*) lives here, so the kind and flag spaces are seen whole;
+ * a family's C file keeps only constants private to it. Mirrored by
+ * otelbpf/base/events.py; tests/base/test_events_parity.py parses this file
+ * and fails on any difference. A constant whose comment starts with
+ * "internal" never reaches user space and has no mirror.
  *
  * Every record on the `events` ring buffer is exactly 64 bytes so user space
  * can drain it in bulk as a numpy structured array (see sensor/ringbuf.py).
@@ -24,7 +29,9 @@ struct event {
 struct strevent {
     u32 pid;
     u8  kind;
-    u8  pad[3];     /* pad[0]: LIB_OPEN: the process was stopped (SIGSTOP) */
+    u8  paused;     /* LIB_OPEN, IBV_CONTEXT: the process was stopped (SIGSTOP) */
+    u8  exec;       /* LIB_OPEN: the program itself, at exec (discovery.c) */
+    u8  pad;
     u64 a0;
     char s[240];
 };
@@ -60,14 +67,20 @@ struct strevent {
 #define EV_SOCK_ACCEPT 42
 #define EV_SOCK_CLOSE 43
 #define EV_SOCK_UNKNOWN 44
+#define EV_SOCK_LOCAL 45        /* the local address of a connect()ed socket (bpf/sockets.c) */
+#define EV_PROFILE_PROC 50      /* first CPU sample or CUDA allocation of a process (bpf/profile.c) */
+#define EV_CUDA_FUNC_NAME 100   /* internal (cuda.c): cuModuleGetFunction / cuLibraryGetKernel: out handle, name */
+#define EV_CUDA_GET_HANDLE 101  /* internal (cuda.c): __cudaGetKernel / cudaGetKernel / cuKernelGetFunction: out handle, target */
 
 #define SEV_LIB_OPEN 1
 #define SEV_CUDA_FUNC_NAME 2
 #define SEV_IBV_CONTEXT 30     /* ibv_open_device returned: a0 context, s device name */
 
-#define EVF_INCOMPLETE 1   /* the thread exited before the call returned */
-#define EVF_DRIVER 4       /* CUDA: a driver API call (libcuda) */
-#define EVF_OUT_PTR 8      /* CUDA, internal: a1 is an out-pointer, read at return */
+#define EVF_INCOMPLETE 1          /* the thread exited before the call returned */
+#define EVF_NCCL_UNKNOWN_COMM 2   /* NCCL: the communicator predates the probes: a0 is its pointer */
+#define EVF_DRIVER 4              /* CUDA: a driver API call (libcuda) */
+#define EVF_OUT_PTR 8             /* internal (CUDA): a1 is an out-pointer, read at return */
+#define EVF_IBV_POSTED 0x100      /* EV_IBV_COMPLETION: the post was seen, ts/duration are real */
 
 /* stats[] slots: every drop in the kernel is counted here. */
 #define STAT_EVENTS_LOST 0

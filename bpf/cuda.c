@@ -21,10 +21,6 @@
  * sensor/cuda_probes.py: each passes its function id and argument
  * expressions to the shared bodies below. */
 
-/* Internal kinds, completed by the return probe and never emitted as such. */
-#define EV_CUDA_FUNC_NAME 100   /* cuModuleGetFunction / cuLibraryGetKernel: out handle, name */
-#define EV_CUDA_GET_HANDLE 101  /* __cudaGetKernel / cudaGetKernel / cuKernelGetFunction: out handle, target */
-
 /* How a launch API passes its grid, block and stream (fill_launch). */
 #define LAUNCH_RUNTIME 1
 #define LAUNCH_RUNTIME_EX 2

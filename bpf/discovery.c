@@ -9,7 +9,7 @@
  *   reported as incomplete instead of vanishing. With EXEC_REPORT (a family
  *   recognises executables by content: a runtime linked in statically), each
  *   exec is also reported with its path, as a LIB_OPEN string record with
- *   pad[1] = 1, so user space reads the program before it runs (and, under
+ *   exec = 1, so user space reads the program before it runs (and, under
  *   PAUSE_ON_LOAD, before its constructors run: it is paused as at an open). */
 
 TRACEPOINT_PROBE(sched, sched_process_fork)
@@ -47,14 +47,13 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     s->pid = id >> 32;
     s->kind = SEV_LIB_OPEN;
     s->a0 = bpf_ktime_get_ns();
-    s->pad[1] = 1;
-    s->pad[2] = 0;
+    s->exec = 1;
     bpf_probe_read_kernel_str(s->s, sizeof(s->s), (void *)args + (args->data_loc_filename & 0xFFFF));
 #ifdef PAUSE_ON_LOAD
-    s->pad[0] = 1;
+    s->paused = 1;
     bpf_send_signal(19 /* SIGSTOP */);
 #else
-    s->pad[0] = 0;
+    s->paused = 0;
 #endif
     strevents.ringbuf_submit(s, 0);
 #endif
@@ -120,17 +119,16 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
     s->pid = id >> 32;
     s->kind = SEV_LIB_OPEN;
     s->a0 = bpf_ktime_get_ns();
-    s->pad[1] = 0;
-    s->pad[2] = 0;
+    s->exec = 0;
     __builtin_memcpy(s->s, p->s, sizeof(s->s));
 #ifdef PAUSE_ON_LOAD
     /* Stop the process before it can map and call into the library; user
      * space attaches, then sends SIGCONT (sensor.py). Only used where the
      * agent started the process itself. */
-    s->pad[0] = 1;
+    s->paused = 1;
     bpf_send_signal(19 /* SIGSTOP */);
 #else
-    s->pad[0] = 0;
+    s->paused = 0;
 #endif
     strevents.ringbuf_submit(s, 0);  /* wake the discovery thread at once */
     opening.delete(&id);

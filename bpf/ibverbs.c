@@ -38,7 +38,6 @@
  * The data path needs BPF task storage (kernel 5.11+).
  */
 
-#define EVF_IBV_POSTED 0x100   /* EV_IBV_COMPLETION: the post was seen, ts/duration are real */
 #define IBV_MAX_WR 16          /* work requests read per post call */
 #define IBV_MAX_SGE 8          /* scatter/gather entries summed per work request */
 #define IBV_MAX_WC 16          /* completions read per poll call */
@@ -510,16 +509,15 @@ static __always_inline void report_context(struct event *e)
     }
     s->pid = e->pid;
     s->kind = SEV_IBV_CONTEXT;
-    s->pad[1] = 0;
-    s->pad[2] = 0;
+    s->exec = 0;
     s->a0 = e->a1;
     u64 dev = read_u64(e->a1 + IBV_CTX_DEVICE);
     bpf_probe_read_user_str(s->s, 64, (void *)(dev + IBV_DEVICE_NAME));
 #if defined(PAUSE_ON_LOAD) && IBV_DATA_PATH
-    s->pad[0] = 1;
+    s->paused = 1;
     bpf_send_signal(19 /* SIGSTOP */);
 #else
-    s->pad[0] = 0;
+    s->paused = 0;
 #endif
     strevents.ringbuf_submit(s, 0);  /* wake the discovery thread at once */
 }

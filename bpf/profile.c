@@ -37,8 +37,6 @@
  * interpreter layout, the layout a compile-time constant in each): one
  * program with every loop inlined costs the verifier over a million steps. */
 
-#define EV_PROFILE_PROC 50        /* first sample of a process: user space inspects it */
-
 #define NATIVE_MAX_FRAMES 127
 #define PY_FRAME_MASK (PY_MAX_FRAMES - 1)   /* PY_MAX_FRAMES is a power of two */
 #define PY_MAX_THREADS 128                  /* thread states searched for a thread */

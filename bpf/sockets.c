@@ -29,8 +29,6 @@
  * so its connections are traced provisionally (SOCKF_LISTENER_UNKNOWN) until
  * user space has looked the listener up and written its port back. */
 
-#define EV_SOCK_LOCAL 45   /* the local address of a connect()ed socket */
-
 #define SK_TRACK 1
 #define SK_IGNORE 2
 #define SK_PENDING 3

@@ -1,8 +1,11 @@
 """The contract between the kernel and user space.
 
-Numpy dtypes mirror the C structs in ``bpf/common.h`` byte for byte, so the
-sensor can drain ring buffers as whole arrays instead of one record at a time.
-The enums name the ``kind`` and ``func`` codes the BPF programs write.
+Numpy dtypes mirror the C structs in ``bpf/common.h`` (and ``struct sock_rec`` in
+``bpf/sockets.c``) byte for byte, so the sensor can drain ring buffers as whole arrays
+instead of one record at a time. The enums name the ``kind`` and ``func`` codes the BPF
+programs write; ``FLAG_*`` are common.h's ``EVF_*``. ``bpf/common.h`` is the source of
+truth: tests/base/test_events_parity.py parses it and fails on any value, field offset or
+size that differs here.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ assert EVENT_DTYPE.itemsize == 64
 
 #: ``struct strevent`` (256 bytes). Library paths and kernel names.
 STREVENT_DTYPE = np.dtype(
-    [("pid", "<u4"), ("kind", "u1"), ("paused", "u1"), ("pad", "V2"), ("a0", "<u8"), ("s", "S240")]
+    [("pid", "<u4"), ("kind", "u1"), ("paused", "u1"), ("exec", "u1"), ("pad", "V1"), ("a0", "<u8"),
+     ("s", "S240")]
 )
 assert STREVENT_DTYPE.itemsize == 256
 
@@ -40,7 +44,8 @@ assert STREVENT_DTYPE.itemsize == 256
 class Kind(enum.IntEnum):
     """``EV_*`` in common.h. Ranges per family: 1-9 process life cycle,
     10-19 CUDA, 20-29 NCCL, 30-39 ibverbs, 40-49 sockets, 50-59 profiling; every correlator
-    receives every batch and handles its own range."""
+    receives every batch and handles its own range. Kinds common.h marks internal (100 up:
+    CUDA calls completed at return) never reach user space and are not named here."""
 
     PROC_EXEC = 1
     PROC_EXIT = 2
@@ -87,8 +92,13 @@ class StrKind(enum.IntEnum):
 
 #: ``EVF_INCOMPLETE``: the thread exited before the call returned.
 FLAG_INCOMPLETE = 1
+#: ``EVF_NCCL_UNKNOWN_COMM``: the NCCL call's communicator was created before the probes were
+#: attached, so ``a0`` holds its pointer instead of its id and no sequence number is counted.
+FLAG_NCCL_UNKNOWN_COMM = 2
 #: ``EVF_DRIVER``: a CUDA driver API call (libcuda), not the runtime's.
 FLAG_DRIVER = 4
+#: ``EVF_IBV_POSTED``: an ``IBV_COMPLETION`` whose post was seen: its ts and duration are real.
+FLAG_IBV_POSTED = 0x100
 
 
 class Stat(enum.IntEnum):
@@ -239,11 +249,6 @@ class NcclFunc(enum.IntEnum):
     ncclGroupEnd = 21
     ncclCommCount = 30
     ncclCommUserRank = 31
-
-
-#: NCCL ``event.flags`` bit: the call's communicator was created before the probes were
-#: attached, so ``a0`` holds its pointer instead of its id and no sequence number is counted.
-NCCL_FLAG_UNKNOWN_COMM = 2
 
 
 class SockFunc(enum.IntEnum):

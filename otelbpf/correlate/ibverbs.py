@@ -41,7 +41,7 @@ from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
-from otelbpf.base.events import FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
+from otelbpf.base.events import FLAG_IBV_POSTED, FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
 from otelbpf.sensor import ibverbs_abi as abi
 from otelbpf.sensor.ibverbs_probes import read_memory
 
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 SCOPE = scope("otelbpf.ibverbs")
 IBV_KINDS = (Kind.IBV_OPEN, Kind.IBV_COMPLETION)
-EVF_IBV_POSTED = 0x100  # bpf/ibverbs.c: the completion's post was seen
 
 #: Latency histogram bounds: 2^1 .. 2^35 ns, in seconds. The kernel counts completions in
 #: log2(ns) buckets 0..35 (the last also holding anything longer), and bucket b, [2^b, 2^(b+1))
@@ -451,7 +450,7 @@ class IbverbsCorrelator:
         })
         if status:
             attrs["rdma.wc.vendor_err"] = a1 >> 32
-        posted = bool(flags & EVF_IBV_POSTED)
+        posted = bool(flags & FLAG_IBV_POSTED)
         if posted:
             attrs["rdma.wr.bytes"] = a3 >> 32
         else:

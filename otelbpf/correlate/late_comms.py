@@ -3,7 +3,7 @@ collective is which across ranks.
 
 The agent is usually started after the job (a DaemonSet, a job running for hours), so it
 never sees ``ncclCommInitRank``: the probes report such a communicator by its ``ncclComm_t``
-pointer, with no id, rank or sequence number (bpf/nccl.c, ``NCCL_UNKNOWN_COMM``).
+pointer, with no id, rank or sequence number (bpf/nccl.c, ``EVF_NCCL_UNKNOWN_COMM``).
 
 **Identity.** Within a process, the pointer. Across the processes of this host, a *group*:
 (the job, from the launcher's environment (launch_env.py); the communicator's size; its

@@ -56,7 +56,7 @@ from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.late_comms import LateComms
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, new_context, scope
-from otelbpf.base.events import FLAG_INCOMPLETE, NCCL_FLAG_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
+from otelbpf.base.events import FLAG_INCOMPLETE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 
 SCOPE = scope("otelbpf.nccl")
 
@@ -320,7 +320,7 @@ class NcclCorrelator:
         elif kind == Kind.NCCL_RETURN:
             self._return(ts, pid, tid, func, ret)
         elif kind == Kind.NCCL_COMM:
-            if flags & NCCL_FLAG_UNKNOWN_COMM:
+            if flags & FLAG_NCCL_UNKNOWN_COMM:
                 self._late.learn(pid, a0, *_rank(a2))
             else:
                 self._comm(pid, tid, func, a1, a2, a3)
@@ -336,7 +336,7 @@ class NcclCorrelator:
     def _enter(self, ts, packed_rank, pid, tid, func, flags, ret, a0, a1, a2, a3) -> None:
         p = self._proc(pid)
         rank, nranks = _rank(packed_rank)
-        call = _Call(func, pid, tid, ts, comm=a0, known=not flags & NCCL_FLAG_UNKNOWN_COMM, rank=rank, nranks=nranks)
+        call = _Call(func, pid, tid, ts, comm=a0, known=not flags & FLAG_NCCL_UNKNOWN_COMM, rank=rank, nranks=nranks)
         if call.known and rank >= 0:
             call.rank_source = p.comm_source.get(a0, FROM_INIT)
         if func == NcclFunc.ncclGroupStart:

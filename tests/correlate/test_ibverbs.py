@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.ibverbs import EVF_IBV_POSTED, LATENCY_BOUNDS, IbverbsCorrelator, _Series, peer_address
+from otelbpf.correlate.ibverbs import LATENCY_BOUNDS, IbverbsCorrelator, _Series, peer_address
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.base.events import EVENT_DTYPE, IbvFunc, Kind
+from otelbpf.base.events import EVENT_DTYPE, FLAG_IBV_POSTED, IbvFunc, Kind
 from otelbpf.sensor import ibverbs_abi as abi
 
 
@@ -96,7 +96,7 @@ def test_process_exit_ends_open_queue_pairs_and_error_completions_become_spans()
     ctx, qpn = 0x5500, 0x2B0
     c.on_events(_event(Kind.IBV_CREATE_QP, IbvFunc.ibv_create_qp, a=(ctx, 0x88, qpn | 2 << 32, 0)))
     status = abi.WC_STATUS.index("RNR_RETRY_EXC_ERR")
-    c.on_events(_event(Kind.IBV_COMPLETION, 0, ts=2_000, dur=40_000, ret=status, flags=EVF_IBV_POSTED,
+    c.on_events(_event(Kind.IBV_COMPLETION, 0, ts=2_000, dur=40_000, ret=status, flags=FLAG_IBV_POSTED,
                        a=(ctx, qpn | 0xF5 << 32, 0xD00, 0 | 100 << 32)))
     exit_rec = _event(Kind.PROC_EXIT, 0, ts=90_000)
     c.on_events(exit_rec)

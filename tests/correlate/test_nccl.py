@@ -11,7 +11,7 @@ from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.launch_env import Launch, parse
 from otelbpf.correlate.nccl import NcclCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.base.events import EVENT_DTYPE, NCCL_FLAG_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
+from otelbpf.base.events import EVENT_DTYPE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 
 MS = 1_000_000
 STREAM, COMPUTE = 0x6000, 0x5000
@@ -34,7 +34,7 @@ class Events:
         self.rows.append((ts, dur, pid, tid or pid, kind, func, flags, ret, a0, a1, a2, a3))
 
     def allreduce(self, ts, pid, comm, *, enq=MS // 10, unknown=True, seq=0, rank=-1, nranks=-1, count=1024):
-        flags = NCCL_FLAG_UNKNOWN_COMM if unknown else 0
+        flags = FLAG_NCCL_UNKNOWN_COMM if unknown else 0
         self.add(ts, pid, Kind.NCCL_ENTER, NcclFunc.ncclAllReduce, dur=pack(rank, nranks), flags=flags, ret=-1,
                  a0=comm, a1=seq, a2=args(count), a3=STREAM)
         self.add(ts + enq, pid, Kind.NCCL_RETURN, NcclFunc.ncclAllReduce)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from harness.agent import REPO
-from otelbpf.base.events import NCCL_FLAG_UNKNOWN_COMM, Kind, NcclFunc
+from otelbpf.base.events import FLAG_NCCL_UNKNOWN_COMM, Kind, NcclFunc
 from otelbpf.sensor import elf
 from otelbpf.sensor.nccl_probes import comm_id, nccl_family, split_comm_id
 
@@ -123,7 +123,7 @@ def test_probes_read_the_arguments_a_real_process_passes_the_real_library(real_n
     assert init["a0"] == comm_id(bytes.fromhex(ran["unique_id"]))
     assert init["duration_ns"] == 2 | 4 << 32, "rank 2 of 4"
     assert (init_ret["ret"], allreduce_ret["ret"], bcast_ret["ret"]) == (1, 4, 4)
-    assert allreduce["flags"] & NCCL_FLAG_UNKNOWN_COMM and allreduce["a0"] == 0, "a NULL communicator"
+    assert allreduce["flags"] & FLAG_NCCL_UNKNOWN_COMM and allreduce["a0"] == 0, "a NULL communicator"
     assert allreduce["a2"] == 1024 | 7 << 48 | 2 << 56, "count, float32, max"
     assert allreduce["a3"] == 0xABC0, "the 7th argument, read from the stack"
     assert bcast["a2"] == 256 | 9 << 48 | 0xFF << 56, "count, bfloat16, no reduction"

@@ -45,11 +45,11 @@ class Loaded:
 
     def opened(self) -> list[tuple[int, str, int]]:
         """(pid, path, paused) of every library open reported since the last call; the
-        exec reports among them (pad[1], for executables recognised by content) are kept
+        exec reports among them (``exec``, for executables recognised by content) are kept
         in ``executed``."""
         recs = self.strings.drain()
         assert (recs["kind"] == StrKind.LIB_OPEN).all()
-        flags = np.frombuffer(recs["pad"].tobytes(), np.uint8).reshape(-1, 2)[:, 0] if len(recs) else []
+        flags = recs["exec"].tolist()
         rows = [(int(r["pid"]), r["s"].split(b"\0", 1)[0].decode(), int(r["paused"])) for r in recs]
         self.executed = [row for row, f in zip(rows, flags) if f == 1]
         return [row for row, f in zip(rows, flags) if f == 0]
