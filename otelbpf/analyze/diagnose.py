@@ -15,7 +15,18 @@ it) and the usual fix:
   sizes (allocator cache misses, ``empty_cache``); ``cudaFree`` synchronizes;
 - ``launch_bound``: launches so frequent and syncs so short that the GPU finishes
   each kernel before the next arrives (tiny kernels);
-- ``cuda_errors``: most CUDA calls fail (no driver, wrong device): nothing runs at all.
+- ``cuda_errors``: most CUDA calls fail (no driver, wrong device): nothing runs at all;
+- ``input_starvation``: the thread that launches GPU work is off the CPU waiting for
+  another thread or process (a futex: a lock or a queue; a pipe; a socket; a poll)
+  outside any CUDA call: the GPU's next work is not ready (a slow data loader);
+- ``host_contention``: the launching thread is runnable but waits for a CPU (run-queue
+  latency, sched_wakeup or preemption -> sched_switch): other work shares its cores;
+- ``blocking_io``: the launching thread is blocked in file-system or block I/O
+  (``torch.save``, ``fsync``, synchronous logging), with the kernel stacks.
+
+The last three need the ``sched`` receiver's ``off_cpu`` spans (long off-CPU intervals
+of every traced thread, with the reason and the kernel stack), joined here with the
+CUDA spans by thread id.
 
 The costs are host-side estimates, documented per cause (``COSTS``): what the GPU
 could have been doing while the host did this. Without a GPU's own account (NVML)
@@ -40,6 +51,11 @@ COSTS = {
     "blocking_reads": "time in blocking device-to-host copies of at most 64 KiB (each waits for the GPU to drain)",
     "memory_churn": "time in device allocation and free calls",
     "launch_bound": "launches x 5 us, a typical host cost of one launch, when the GPU keeps up with the host",
+    "input_starvation": "time the launching thread waited on a futex, pipe, socket or poll outside CUDA calls (off-CPU "
+                        "intervals above the sched receiver's span threshold: a lower bound)",
+    "host_contention": "time the launching thread was runnable but waited for a CPU (run-queue parts of its off-CPU "
+                       "intervals above the span threshold: a lower bound)",
+    "blocking_io": "time the launching thread was blocked in file-system or block I/O outside CUDA calls",
 }
 
 FIXES = {
@@ -55,6 +71,15 @@ FIXES = {
                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for varying sizes.",
     "launch_bound": "Fuse small kernels: CUDA graphs (torch.cuda.graphs / torch.compile(mode='reduce-overhead')) "
                     "or larger batches.",
+    "input_starvation": "Feed the GPU ahead of time: more DataLoader workers (num_workers), prefetch_factor, "
+                        "persistent_workers=True, pin_memory=True; move decoding/augmentation off the training "
+                        "thread (or onto the GPU: DALI); cache preprocessed data.",
+    "host_contention": "Give the job its own cores: fewer competing processes, CPU requests = limits with the static "
+                       "CPU manager (Kubernetes) or taskset/cpusets; cap OMP_NUM_THREADS and DataLoader workers to "
+                       "the cores the job has.",
+    "blocking_io": "Take file I/O off the training thread: asynchronous checkpoints (torch.distributed.checkpoint."
+                   "async_save, or a background thread writing a CPU copy), buffered or asynchronous logging, "
+                   "no fsync per step; checkpoint every N steps to fast local storage.",
 }
 
 _SYNCS = {"cudaStreamSynchronize", "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize", "cudaEventSynchronize",
@@ -69,6 +94,11 @@ MIN_COST_S = 0.005
 LAUNCH_COST_S = 5e-6
 SYNC_GAP_CAP_S = 0.1
 EVIDENCE_SPANS = 5
+EVIDENCE_STACKS = 3
+#: Threads that made at least this share of the busiest thread's CUDA calls launch work too.
+LAUNCHER_SHARE = 0.2
+_INPUT_WAITS = {"futex", "pipe", "socket", "poll"}
+SCHED_SCOPE = "otelbpf.sched"
 
 
 @dataclass
@@ -92,8 +122,9 @@ class _Span:
     span_id: str
 
 
-def _load(directory: str) -> tuple[dict, dict, dict]:
-    """(spans per process, latest metric points per process, resources)."""
+def _load(directory: str, partial: list[str] | None = None) -> tuple[dict, dict, dict]:
+    """(spans per process, latest metric points per process, resources); ``partial``: see
+    summary._read."""
     spans: dict = defaultdict(list)
     procs: dict = {}
 
@@ -110,8 +141,8 @@ def _load(directory: str) -> tuple[dict, dict, dict]:
                     spans[key].append(_Span(sp["name"], int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]),
                                             int(a.get("thread.id", 0) or 0), a, sp.get("spanId", "")))
 
-    latest = load_metrics(directory, procs)
-    _read(directory, "traces", add_spans)
+    latest = load_metrics(directory, procs, partial)
+    _read(directory, "traces", add_spans, partial)
     return spans, latest, procs
 
 
@@ -124,7 +155,7 @@ def _ids(spans: list[_Span]) -> list[str]:
     return [s.span_id for s in sorted(spans, key=lambda s: s.start - s.end)[:EVIDENCE_SPANS]]
 
 
-def _process_findings(label: str, spans: list[_Span], points: dict) -> list[Finding]:
+def _process_findings(label: str, spans: list[_Span], points: dict, off_cpu: list[_Span] = ()) -> list[Finding]:
     if not spans:
         return []
     window = max(1, max(s.end for s in spans) - min(s.start for s in spans)) / 1e9
@@ -207,13 +238,110 @@ def _process_findings(label: str, spans: list[_Span], points: dict) -> list[Find
             add("launch_bound", cost, f"{launches:.0f} launches ({launches / window:.0f}/s) and syncs that return "
                 f"in {median_wait * 1e6:.0f} us: the GPU keeps up with the host",
                 {"launches": int(launches), "per_second": round(launches / window), "median_sync_wait_s": median_wait})
+    if off_cpu:
+        _sched_findings(spans, points, off_cpu, window, add)
     return out
 
 
-def diagnose(directory: str) -> list[Finding]:
+def _launchers(spans: list[_Span]) -> set[int]:
+    """The threads that issue the process's CUDA work: the busiest, and those with at least
+    LAUNCHER_SHARE of its calls."""
+    calls = Counter(s.tid for s in spans)
+    top = max(calls.values())
+    return {tid for tid, n in calls.items() if n >= top * LAUNCHER_SHARE}
+
+
+def _inside_cuda(interval: _Span, calls: list[_Span], starts: list[int]) -> bool:
+    """Does the off-CPU interval overlap a CUDA call of its thread (sorted by start)?"""
+    from bisect import bisect_right
+
+    i = bisect_right(starts, interval.end)
+    return any(c.end > interval.start for c in calls[max(0, i - 8):i])
+
+
+def _stacks(intervals: list[_Span], part: str) -> list[dict]:
+    """The kernel stacks that cost the most, with their seconds."""
+    by: dict[tuple, float] = defaultdict(float)
+    for s in intervals:
+        by[tuple(s.attrs.get("otelbpf.sched.kernel_stack") or ())] += int(s.attrs.get(part, 0)) / 1e9
+    return [{"seconds": round(v, 6), "kernel_stack": list(k)}
+            for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:EVIDENCE_STACKS] if k]
+
+
+def _thread_names(intervals: list[_Span]) -> dict[str, str]:
+    return {str(s.tid): str(s.attrs.get("thread.name", "")) for s in intervals}
+
+
+def _other_threads(points: dict, launcher_names: set[str]) -> dict[str, dict[str, float]]:
+    """Off-CPU seconds of the process's other threads by reason (the data loaders: busy
+    threads are seldom off the CPU; blocked ones are)."""
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for a, dp in _metric(points, "otelbpf.thread.off_cpu.time"):
+        name = str(a.get("thread.name"))
+        if name not in launcher_names:
+            out[name][str(a.get("otelbpf.sched.reason"))] = round(_num(dp), 6)
+    return dict(out)
+
+
+def _sched_findings(spans: list[_Span], points: dict, off_cpu: list[_Span], window: float, add) -> None:
+    """input_starvation, host_contention and blocking_io from the launching threads'
+    off-CPU intervals within the CUDA window."""
+    launchers = _launchers(spans)
+    t0, t1 = min(s.start for s in spans), max(s.end for s in spans)
+    calls: dict[int, list[_Span]] = defaultdict(list)
+    for s in spans:
+        if s.tid in launchers:
+            calls[s.tid].append(s)
+    starts = {}
+    for tid, mine in calls.items():
+        mine.sort(key=lambda s: s.start)
+        starts[tid] = [s.start for s in mine]
+    waits = [s for s in off_cpu if s.tid in launchers and s.end > t0 and s.start < t1]
+    outside = [s for s in waits if s.attrs.get("otelbpf.sched.reason") != "cuda"
+               and not _inside_cuda(s, calls[s.tid], starts[s.tid])]
+
+    def blocked(s: _Span) -> float:
+        return int(s.attrs.get("otelbpf.sched.blocked_ns", 0)) / 1e9
+
+    names = _thread_names(waits)
+    starved = [s for s in outside if s.attrs.get("otelbpf.sched.reason") in _INPUT_WAITS]
+    if starved:
+        cost = sum(blocked(s) for s in starved)
+        reasons = Counter()
+        for s in starved:
+            reasons[s.attrs["otelbpf.sched.reason"]] += blocked(s)
+        add("input_starvation", cost,
+            f"the launching thread waited {cost:.3f}s in {len(starved)} waits on other threads or processes "
+            f"({', '.join(f'{r} {v:.3f}s' for r, v in reasons.most_common())}) while no CUDA call was in progress",
+            {"waits": len(starved), "seconds": round(cost, 6),
+             "by_reason": {r: round(v, 6) for r, v in reasons.most_common()},
+             "threads": names, "stacks": _stacks(starved, "otelbpf.sched.blocked_ns"),
+             "other_threads": _other_threads(points, set(names.values())), "span_ids": _ids(starved)})
+    io = [s for s in outside if s.attrs.get("otelbpf.sched.reason") == "io"]
+    if io:
+        cost = sum(blocked(s) for s in io)
+        add("blocking_io", cost, f"the launching thread was blocked {cost:.3f}s in {len(io)} file-system or disk waits",
+            {"waits": len(io), "seconds": round(cost, 6), "threads": names,
+             "stacks": _stacks(io, "otelbpf.sched.blocked_ns"), "span_ids": _ids(io)})
+    queued = [s for s in waits if int(s.attrs.get("otelbpf.sched.runqueue_ns", 0)) > 0]
+    if queued:
+        runq = sorted(int(s.attrs["otelbpf.sched.runqueue_ns"]) / 1e9 for s in queued)
+        cost = sum(runq)
+        add("host_contention", cost,
+            f"the launching thread waited {cost:.3f}s for a CPU while runnable ({len(queued)} waits, "
+            f"longest {runq[-1] * 1e3:.1f} ms)",
+            {"waits": len(queued), "seconds": round(cost, 6), "median_wait_s": round(statistics.median(runq), 6),
+             "max_wait_s": round(runq[-1], 6), "threads": names,
+             "preempted": sum(1 for s in queued if s.attrs.get("otelbpf.sched.reason") == "preempted"),
+             "span_ids": [s.span_id for s in sorted(
+                 queued, key=lambda s: -int(s.attrs["otelbpf.sched.runqueue_ns"]))[:EVIDENCE_SPANS]]})
+
+
+def diagnose(directory: str, partial: list[str] | None = None) -> list[Finding]:
     """Findings of every process in ``directory``, costliest first. Raises ValueError on
-    files that are not the agent's output (naming file and line)."""
-    spans, latest, procs = _load(directory)
+    files that are not the agent's output (naming file and line). ``partial``: collects the
+    lines still being written instead (summary._read)."""
+    spans, latest, procs = _load(directory, partial)
     findings: list[Finding] = []
     for key, res in procs.items():
         if key[0] == "otelbpf":
