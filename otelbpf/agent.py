@@ -212,7 +212,10 @@ class Agent:
         self.symbolizer.remember(pid)
 
     def _export_profiles(self, profiles: list[Profile]) -> None:
-        records = [encoded(p) for p in profiles]
+        # Each with its process's resource as its spans carry it (OTLP profiles send it), and
+        # the profiles pipeline's resource attributes over it.
+        extra = self.config.resource_attributes("profiles")
+        records = [encoded(p, {**self.process_info.resource(p.pid).attributes, **extra}) for p in profiles]
         for _name, exporter in self.profile_exporters:
             exporter.export(records)
 
