@@ -1,0 +1,240 @@
+"""The exporters' options: ``otlp`` (gRPC), ``otlphttp`` (HTTP/protobuf), ``file`` (OTLP-JSON
+lines and pprof files) and ``pyroscope`` (profiles), and what each needs to have a destination."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
+
+from otelbpf.config.fields import FilePath, GrpcHeaders, Headers, HeaderValue, Section
+from otelbpf.config.signals import Signal
+from otelbpf.config.units import PositiveDuration, Size
+
+
+class HttpTLSConfig(Section):
+    """TLS for the HTTP exporter; the endpoint's scheme (http/https) decides whether TLS is used."""
+
+    ca_file: FilePath | None = None
+    cert_file: FilePath | None = None
+    key_file: FilePath | None = None
+
+    @model_validator(mode="after")
+    def _client_pair(self) -> HttpTLSConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (client certificate and its key): set both or neither")
+        return self
+
+
+class TLSConfig(HttpTLSConfig):
+    """TLS for the gRPC exporter. ``insecure`` unset: decided by the endpoint's scheme
+    (``http://`` plaintext, ``https://`` or no scheme TLS), as the Collector and SDKs do."""
+
+    insecure: bool | None = None
+
+
+Compression: TypeAlias = Literal["gzip", "none"]
+
+
+class OtlpExporterConfig(Section):
+    """OTLP over gRPC. ``endpoint`` is ``host:port`` or ``http(s)://host[:port]``."""
+
+    endpoint: str | None = None
+    headers: GrpcHeaders = {}
+    tls: TLSConfig = TLSConfig()
+    timeout: PositiveDuration = 10_000_000_000
+    compression: Compression = "gzip"
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None:
+            _grpc_target(value)
+        return value
+
+    @model_validator(mode="after")
+    def _scheme_agrees_with_tls(self) -> OtlpExporterConfig:
+        scheme = endpoint_scheme(self.endpoint)
+        if self.tls.insecure is True and scheme == "https":
+            raise ValueError(f"tls.insecure is true but the endpoint {self.endpoint!r} is https: drop one of them")
+        if self.tls.insecure is False and scheme == "http":
+            raise ValueError(
+                f"tls.insecure is false but the endpoint {self.endpoint!r} is plaintext http: use https:// or host:port"
+            )
+        return self
+
+    @property
+    def target(self) -> str:
+        """``host:port`` for the gRPC channel (port 443/80 filled in for a URL without one)."""
+        if self.endpoint is None:
+            raise ValueError("the exporter has no endpoint")
+        return _grpc_target(self.endpoint)
+
+    @property
+    def insecure(self) -> bool:
+        """Whether the channel is plaintext: ``tls.insecure`` if set, else the scheme decides."""
+        if self.tls.insecure is not None:
+            return self.tls.insecure
+        return endpoint_scheme(self.endpoint) == "http"
+
+
+class OtlpHttpExporterConfig(Section):
+    """OTLP over HTTP/protobuf. ``endpoint`` is a base URL to which ``/v1/traces`` and
+    ``/v1/metrics`` are appended; ``traces_endpoint``/``metrics_endpoint`` are used as given."""
+
+    endpoint: str | None = None
+    traces_endpoint: str | None = None
+    metrics_endpoint: str | None = None
+    headers: Headers = {}
+    tls: HttpTLSConfig = HttpTLSConfig()
+    timeout: PositiveDuration = 10_000_000_000
+    compression: Compression = "gzip"
+
+    @field_validator("endpoint", "traces_endpoint", "metrics_endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urllib.parse.urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{value!r} is not an http(s):// URL with a host (like http://localhost:4318)")
+        return value
+
+    def url(self, signal: Signal) -> str:
+        """Where ``signal`` is POSTed."""
+        explicit = self.traces_endpoint if signal == "traces" else self.metrics_endpoint
+        if explicit is not None:
+            return explicit
+        if self.endpoint is None:
+            raise ValueError(f"the exporter has no endpoint for {signal}")
+        return self.endpoint.rstrip("/") + f"/v1/{signal}"
+
+
+def _mode(value: object) -> int:
+    """A permission mode, written as in chmod: ``"0600"`` (or the YAML int 0o600 / 384)."""
+    if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3}", value.strip()):
+        value = int(value.strip(), 8)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
+        raise ValueError(f"invalid mode {value!r}: write it as in chmod, in quotes (e.g. \"0600\")")
+    return value
+
+
+Mode = Annotated[int, BeforeValidator(_mode)]
+
+
+class FileExporterConfig(Section):
+    """OTLP-JSON lines (the Collector file exporter's format), one file per signal, and pprof
+    files under ``profiles/``. The agent runs as root and what it writes names paths, hosts and
+    peers: the directory is created ``dir_mode`` and files ``file_mode`` (owner only by
+    default), and nothing is written through a symbolic link (``export/safe_files.py``)."""
+
+    directory: FilePath = Field("./otelbpf-out", min_length=1)
+    rotate_size: Size = 64 << 20
+    file_mode: Mode = 0o600
+    dir_mode: Mode = 0o700
+
+    @model_validator(mode="after")
+    def _owner_can_use(self) -> FileExporterConfig:
+        if self.file_mode & 0o600 != 0o600 or self.dir_mode & 0o700 != 0o700:
+            raise ValueError(
+                f"file_mode {self.file_mode:04o} / dir_mode {self.dir_mode:04o}: the owner (the agent) needs "
+                "read and write on files and rwx on the directory"
+            )
+        return self
+
+
+class BasicAuthConfig(Section):
+    username: HeaderValue = Field(min_length=1)
+    password: HeaderValue
+
+
+class RetryConfig(Section):
+    """Exponential back-off between attempts; a profile is dropped (and counted) after
+    ``max_elapsed_time``."""
+
+    initial_interval: PositiveDuration = 1_000_000_000
+    max_interval: PositiveDuration = 30_000_000_000
+    max_elapsed_time: PositiveDuration = 300_000_000_000
+
+
+class PyroscopeExporterConfig(Section):
+    """Profiles to Grafana Pyroscope: ``push`` (push.v1.PusherService/Push, Connect protocol)
+    or the legacy ``ingest`` endpoint (/ingest?format=pprof)."""
+
+    endpoint: str | None = None
+    protocol: Literal["push", "ingest"] = "push"
+    basic_auth: BasicAuthConfig | None = None
+    bearer_token: HeaderValue | None = None
+    tenant_id: HeaderValue | None = None
+    headers: Headers = {}
+    timeout: PositiveDuration = 10_000_000_000
+    max_queue_size: int = Field(256, ge=1, le=1 << 16)
+    retry: RetryConfig = RetryConfig()
+
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urllib.parse.urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{value!r} is not an http(s):// URL with a host (like http://localhost:4040)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> PyroscopeExporterConfig:
+        if self.basic_auth is not None and self.bearer_token is not None:
+            raise ValueError("basic_auth and bearer_token both set: a request carries one Authorization; keep one")
+        return self
+
+
+ExporterConfig: TypeAlias = OtlpExporterConfig | OtlpHttpExporterConfig | FileExporterConfig | PyroscopeExporterConfig
+EXPORTER_TYPES: dict[str, type[BaseModel]] = {
+    "otlp": OtlpExporterConfig,
+    "otlphttp": OtlpHttpExporterConfig,
+    "file": FileExporterConfig,
+    "pyroscope": PyroscopeExporterConfig,
+}
+
+
+def endpoint_scheme(endpoint: str | None) -> str | None:
+    """``http``/``https`` of ``http(s)://host...``; None for a bare ``host:port``."""
+    if endpoint is None or "://" not in endpoint:
+        return None
+    return endpoint.split("://", 1)[0].lower()
+
+
+def _grpc_target(endpoint: str) -> str:
+    hint = "write host:port or http(s)://host[:port] (e.g. localhost:4317)"
+    scheme = endpoint_scheme(endpoint)
+    if scheme is not None and scheme not in ("http", "https"):
+        raise ValueError(f"gRPC endpoint {endpoint!r} has scheme {scheme!r}: {hint}")
+    parts = urllib.parse.urlsplit(endpoint if scheme else f"//{endpoint}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"gRPC endpoint {endpoint!r} has an invalid port: {hint}") from None
+    if not parts.hostname or parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"gRPC endpoint {endpoint!r} is not {hint.removeprefix('write ')}")
+    if port is None:
+        if scheme is None:
+            raise ValueError(f"gRPC endpoint {endpoint!r} has no port: {hint}")
+        port = 443 if scheme == "https" else 80
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{port}"
+
+
+def missing_endpoint(exporter: ExporterConfig | None, signal: Signal) -> str | None:
+    """Why ``exporter`` has nowhere to send ``signal`` (its endpoint may come from a variable
+    the loader fills in), or None."""
+    if isinstance(exporter, PyroscopeExporterConfig) and exporter.endpoint is None:
+        return "no endpoint: set endpoint here or PYROSCOPE_SERVER_ADDRESS"
+    if isinstance(exporter, OtlpExporterConfig) and exporter.endpoint is None:
+        return "no endpoint: set endpoint here or OTEL_EXPORTER_OTLP_ENDPOINT"
+    if isinstance(exporter, OtlpHttpExporterConfig) and exporter.endpoint is None:
+        if (exporter.traces_endpoint if signal == "traces" else exporter.metrics_endpoint) is None:
+            return (
+                f"no endpoint: set endpoint or {signal}_endpoint here, or OTEL_EXPORTER_OTLP_ENDPOINT / "
+                f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+            )
+    return None

@@ -1,0 +1,81 @@
+"""What every section of the config shares: the ``Section`` base (unknown keys are errors,
+loaded configs are frozen), and the checks that more than one section runs on its values
+(repeated items, absolute search globs, HTTP header names and values, file paths)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+
+class Section(BaseModel):
+    """Unknown keys are errors (typos must not pass silently); loaded configs are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def unique(items: list[Any], what: str) -> list[Any]:
+    """``items`` as they are, or an error naming those written more than once."""
+    repeated = sorted({str(i) for i in items if items.count(i) > 1})
+    if repeated:
+        raise ValueError(f"{what} listed more than once: {', '.join(repeated)}")
+    return items
+
+
+def absolute_glob(pattern: str) -> str:
+    if not pattern.startswith("/"):
+        raise ValueError(f"{pattern!r} is relative: search paths are absolute globs (the working directory varies)")
+    return pattern
+
+
+#: A library search path: an absolute glob (``/usr/lib/*/libnccl.so*``).
+SearchPath = Annotated[str, AfterValidator(absolute_glob)]
+
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def _header_value(value: str) -> str:
+    """What both transports send: gRPC refuses any control or non-ASCII byte in metadata
+    (every export then fails with "Invalid metadata"), and CR/LF would split an HTTP header."""
+    if not _HEADER_VALUE.fullmatch(value):
+        bad = next(c for c in value if not _HEADER_VALUE.fullmatch(c))
+        raise ValueError(f"{bad!r} is not allowed in a header value: printable ASCII only (no CR, LF, NUL, tab)")
+    return value
+
+
+def _header_name(name: str) -> str:
+    if not HEADER_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a header name (letters, digits and !#$%&'*+.^_`|~-)")
+    return name
+
+
+def _unique_names(value: dict[str, str]) -> dict[str, str]:
+    seen: set[str] = set()
+    for name in value:
+        if name.lower() in seen:
+            raise ValueError(f"header {name!r} is written twice (names are case-insensitive)")
+        seen.add(name.lower())
+    return value
+
+
+def _lowercase_names(value: dict[str, str]) -> dict[str, str]:
+    """gRPC metadata keys are lowercase: an upper-case one fails every export."""
+    return {name.lower(): text for name, text in _unique_names(value).items()}
+
+
+HeaderValue = Annotated[str, AfterValidator(_header_value)]
+_HeaderName = Annotated[str, AfterValidator(_header_name)]
+Headers = Annotated[dict[_HeaderName, HeaderValue], AfterValidator(_unique_names)]
+GrpcHeaders = Annotated[dict[_HeaderName, HeaderValue], AfterValidator(_lowercase_names)]
+
+
+def _no_nul(value: str) -> str:
+    if "\0" in value:
+        raise ValueError("a path must not contain a NUL character")
+    return value
+
+
+FilePath = Annotated[str, AfterValidator(_no_nul)]

@@ -1,0 +1,51 @@
+"""The ``cuda`` receiver's options: uprobes on the CUDA runtime (``cudart``) and driver (``cuda``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from otelbpf.config.fields import SearchPath, unique
+from otelbpf.config.receivers.base import ReceiverConfig
+from otelbpf.config.units import Duration, RingSize
+
+_DEFAULT_CUDA_SEARCH_PATHS = (
+    "/usr/local/cuda*/lib64/libcudart.so*",
+    "/usr/lib/x86_64-linux-gnu/libcudart.so*",
+    "/opt/conda/lib/libcudart.so*",
+    "/opt/conda/envs/*/lib/libcudart.so*",
+    "/opt/conda/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*",
+    "/usr/local/lib/python3*/dist-packages/nvidia/cuda_runtime/lib/libcudart.so*",
+    "/usr/local/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*",
+    # CUDA 13 wheels (PyTorch cu130 loads its runtime from nvidia/cu13/lib)
+    "/opt/conda/lib/python3*/site-packages/nvidia/cu1[3-9]/lib/libcudart.so*",
+    "/usr/local/lib/python3*/dist-packages/nvidia/cu1[3-9]/lib/libcudart.so*",
+    "/usr/local/lib/python3*/site-packages/nvidia/cu1[3-9]/lib/libcudart.so*",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so*",
+    "/usr/lib/aarch64-linux-gnu/libcuda.so*",
+    "/usr/lib64/libcuda.so*",
+    "/usr/local/nvidia/lib64/libcuda.so*",
+)
+
+
+class CudaReceiverConfig(ReceiverConfig):
+    """Uprobes on the CUDA runtime (``cudart``) and driver (``cuda``) libraries."""
+
+    libraries: list[Literal["cudart", "cuda"]] = ["cudart", "cuda"]
+    search_paths: list[SearchPath] = list(_DEFAULT_CUDA_SEARCH_PATHS)
+    launch_sample_every: int = Field(0, ge=0, le=1 << 30)
+    launch_errors: bool = False
+    min_span_duration: Duration = 0
+    ring_buffer_size: RingSize = 16 << 20
+    top_kernels: int = Field(20, ge=0, le=1000)
+    max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
+    symbol_names: int = Field(65536, ge=1024, le=1 << 22)
+    symbol_tables: int = Field(128, ge=8, le=4096)
+
+    @field_validator("libraries")
+    @classmethod
+    def _libraries(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("name at least one of cudart, cuda (to disable the receiver, drop it from the pipelines)")
+        return unique(value, "library")

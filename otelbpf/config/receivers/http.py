@@ -1,0 +1,46 @@
+"""The ``http`` receiver's options: syscall tracepoints on sockets (HTTP/1.x, HTTP/2, gRPC)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from otelbpf.config.fields import HEADER_NAME, unique
+from otelbpf.config.receivers.base import ReceiverConfig
+from otelbpf.config.units import RingSize, Size, format_size
+
+
+class HttpReceiverConfig(ReceiverConfig):
+    """Syscall tracepoints on sockets: HTTP/1.x, HTTP/2 and gRPC spans and RED metrics."""
+
+    #: host mode: ``gpu`` traces the processes that load a library another receiver probes
+    #: (CUDA, NCCL, ibverbs) and their children; ``all`` every process. --pid and run --
+    #: trace their targets either way.
+    processes: Literal["gpu", "all"] = "gpu"
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] = []
+    payload_size: Size = 4 << 10
+    ring_buffer_size: RingSize = 16 << 20
+    capture_headers: list[str] = []
+    redact_headers: list[str] = []
+    max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, value: list[int]) -> list[int]:
+        return unique(value, "port")
+
+    @field_validator("payload_size")
+    @classmethod
+    def _payload(cls, value: int) -> int:
+        if value & (value - 1) or not 64 <= value <= 8192:
+            raise ValueError(f"payload_size must be a power of two from 64B to 8KiB, got {format_size(value)}")
+        return value
+
+    @field_validator("capture_headers", "redact_headers")
+    @classmethod
+    def _header_names(cls, value: list[str]) -> list[str]:
+        bad = [h for h in value if not HEADER_NAME.fullmatch(h)]
+        if bad:
+            raise ValueError(f"not HTTP header names: {', '.join(map(repr, bad))}")
+        return [h.lower() for h in value]

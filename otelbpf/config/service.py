@@ -1,0 +1,61 @@
+"""The ``targets`` and ``service`` sections: which processes are watched, and the pipelines
+that wire receivers through processors to exporters per signal, with the agent's own rhythm."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from otelbpf.config.fields import Section, unique
+from otelbpf.config.units import PositiveDuration
+
+
+class TargetsConfig(Section):
+    """Which processes are watched: all, or only ``pids`` and their descendants."""
+
+    pids: list[Annotated[int, Field(gt=0, le=1 << 22)]] = []  # PID_MAX_LIMIT
+
+    @field_validator("pids")
+    @classmethod
+    def _pids(cls, value: list[int]) -> list[int]:
+        return unique(value, "pid")
+
+
+class PipelineConfig(Section):
+    """Which receivers feed one signal, through which processors (in order), to which exporters."""
+
+    receivers: list[str]
+    processors: list[str] = []
+    exporters: list[str]
+
+    @field_validator("receivers", "exporters")
+    @classmethod
+    def _not_empty(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if not value:
+            raise ValueError(f"a pipeline needs at least one of its {info.field_name}")
+        return unique(value, info.field_name.removesuffix("s"))
+
+    @field_validator("processors")
+    @classmethod
+    def _processors(cls, value: list[str]) -> list[str]:
+        return unique(value, "processor")
+
+
+class PipelinesConfig(Section):
+    traces: PipelineConfig | None = None
+    metrics: PipelineConfig | None = None
+    profiles: PipelineConfig | None = None
+
+
+class TelemetryConfig(Section):
+    """The agent's own rhythm: metric export period, ring-buffer drain period, log level."""
+
+    metrics_interval: PositiveDuration = 10_000_000_000
+    drain_interval: PositiveDuration = 50_000_000
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class ServiceConfig(Section):
+    pipelines: PipelinesConfig
+    telemetry: TelemetryConfig = TelemetryConfig()
