@@ -179,7 +179,10 @@ def memory_kib(pid: int) -> dict[str, int]:
 def real_cudart() -> Path:
     """NVIDIA's CUDA 13 runtime (the toolkit's libcudart.so.13, byte-identical to the PyPI
     wheel `nvidia-cuda-runtime` 13.0), what current PyTorch ships; else the cu12 wheel's."""
-    for candidate in (Path("/usr/local/cuda-13.0/lib64/libcudart.so.13"), Path("/usr/local/cuda/lib64/libcudart.so.13")):
+    for candidate in (
+        Path("/usr/local/cuda-13.0/lib64/libcudart.so.13"),
+        Path("/usr/local/cuda/lib64/libcudart.so.13"),
+    ):
         if candidate.exists():
             return candidate.resolve()
     spec = importlib.util.find_spec("nvidia.cuda_runtime")

@@ -235,8 +235,12 @@ def nccl_loop(seconds: float, result: dict) -> None:
     """nccl_job runs (2 ranks, kernels then an all-reduce per iteration) back to back."""
     end, runs = time.monotonic() + seconds, 0
     while time.monotonic() < end:
-        p = subprocess.run([str(NCCL_JOB), "--ranks", "2", "--iterations", "200", "--kernels", "8", "--kernel-us", "200"],
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [str(NCCL_JOB), "--ranks", "2", "--iterations", "200", "--kernels", "8", "--kernel-us", "200"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if p.returncode != 0:
             result["error"] = p.stderr.strip()[-300:]
             return
@@ -271,10 +275,16 @@ def measure(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespac
     agent = AgentRun(name, cfg, workdir / name)
     agent.wait_running()
     rss = RssSampler(agent.proc.pid)
-    out: dict = {"config": name, "receivers": ["cuda", "profiling"] if name == "default" else [*ALL_RECEIVERS, "profiling"],
-                 "start": {"to_running_s": round(agent.start_s, 2), "bpf_compile_s": agent.compile_s(),
-                           "load_average": load_before},
-                 "rss_at_running_mib": round(rss_kib(agent.proc.pid) / 1024, 1)}
+    out: dict = {
+        "config": name,
+        "receivers": ["cuda", "profiling"] if name == "default" else [*ALL_RECEIVERS, "profiling"],
+        "start": {
+            "to_running_s": round(agent.start_s, 2),
+            "bpf_compile_s": agent.compile_s(),
+            "load_average": load_before,
+        },
+        "rss_at_running_mib": round(rss_kib(agent.proc.pid) / 1024, 1),
+    }
     try:
         time.sleep(2.0)  # the first /proc scan and profile read
         out["idle"] = window(agent, rss, a.seconds)

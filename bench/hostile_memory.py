@@ -131,9 +131,17 @@ def measure(name: str, scale: float) -> dict:
     by_file = tracemalloc.take_snapshot().statistics("filename")
     tracemalloc.stop()
     top = {Path(st.traceback[0].filename).name: round(st.size / 1e6, 2) for st in by_file[:4]}
-    return {"scenario": name, "n": n, "held_mb": round((held - base) / 1e6, 2), "peak_mb": round((peak - base) / 1e6, 2),
-            "cpu_s": round(cpu, 1), "spans": w.spans_made, "problems": w.problems(),
-            "routes_folded": w.count("otelbpf.http.routes_folded"), "held_by_file_mb": top}
+    return {
+        "scenario": name,
+        "n": n,
+        "held_mb": round((held - base) / 1e6, 2),
+        "peak_mb": round((peak - base) / 1e6, 2),
+        "cpu_s": round(cpu, 1),
+        "spans": w.spans_made,
+        "problems": w.problems(),
+        "routes_folded": w.count("otelbpf.http.routes_folded"),
+        "held_by_file_mb": top,
+    }
 
 
 def main() -> None:

@@ -54,7 +54,13 @@ def records(requests: int, conns: int, payload: int) -> np.ndarray:
     for c in range(conns):
         r = arr[i]
         r["ts_ns"], r["duration_ns"], r["pid"], r["tid"], r["fd"], r["ret"] = t, 500, pid, tid, 100 + c, 3
-        r["kind"], r["func"], r["family"], r["port"], r["local_port"] = Kind.SOCK_ACCEPT, SockFunc.accept4, 2, PEER + c, PORT
+        r["kind"], r["func"], r["family"], r["port"], r["local_port"] = (
+            Kind.SOCK_ACCEPT,
+            SockFunc.accept4,
+            2,
+            PEER + c,
+            PORT,
+        )
         r["addr"] = socket.inet_aton("127.0.0.1") + bytes(12)
         t, i = t + 1000, i + 1
     for k in range(requests):

@@ -233,7 +233,9 @@ def machine() -> dict:
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "?")
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     load = os.getloadavg()
     return {"kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(), "bcc": bcc.__version__,
             "commit": commit, "loadavg_before": load}
