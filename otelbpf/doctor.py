@@ -186,7 +186,9 @@ def _bpf(cmd: int, attr: bytes) -> int:
 
 def _bpf_errno_check(name: str, err: OSError, what: str) -> Check:
     if err.errno in (errno.EPERM, errno.EACCES):
-        return Check(name, FAIL, f"kernel refused to {what} ({errno.errorcode[err.errno]}): not privileged", PRIVILEGE_FIX)
+        return Check(
+            name, FAIL, f"kernel refused to {what} ({errno.errorcode[err.errno]}): not privileged", PRIVILEGE_FIX
+        )
     if err.errno == errno.ENOSYS:
         return Check(name, MISSING, f"cannot {what}: {err.strerror} (kernel without CONFIG_BPF_SYSCALL)",
                      "use a kernel built with CONFIG_BPF_SYSCALL=y")

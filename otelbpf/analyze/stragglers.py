@@ -205,7 +205,9 @@ def _rank_labels(data: Collectives, part: np.ndarray, parts: np.ndarray) -> np.n
     return labels
 
 
-def _stopped(data: Collectives, rows: np.ndarray, part: np.ndarray, parts: np.ndarray, labels: np.ndarray) -> list[Stopped]:
+def _stopped(
+    data: Collectives, rows: np.ndarray, part: np.ndarray, parts: np.ndarray, labels: np.ndarray
+) -> list[Stopped]:
     comm, seq, who, status = data.comm[rows], data.seq[rows], part[rows], data.status[rows]
     order = np.lexsort((seq, who, comm))
     c, s, w, st = comm[order], seq[order], who[order], status[order]
@@ -273,8 +275,11 @@ def render(report: Report, out: TextIO) -> None:
     print(f"  {'rank':>5} {'host':<16} {'pid':>8} {'collectives':>11} {'last':>6} {'late total':>12} "
           f"{'late mean':>10}  class", file=out)
     for r in report.ranks:
-        print(f"  {r.rank:>5} {r.host[:16]:<16} {r.pid:>8} {r.collectives:>11} {r.straggled:>6} "
-              f"{r.lateness_total_ms:>9.1f} ms {r.lateness_mean_ms:>7.1f} ms  {r.cls if r.straggled else '-'}", file=out)
+        print(
+            f"  {r.rank:>5} {r.host[:16]:<16} {r.pid:>8} {r.collectives:>11} {r.straggled:>6} "
+            f"{r.lateness_total_ms:>9.1f} ms {r.lateness_mean_ms:>7.1f} ms  {r.cls if r.straggled else '-'}",
+            file=out,
+        )
     for s in report.stopped:
         print(f"stopped: rank {s.rank} ({s.host}, pid {s.pid}) reached seq {s.last_seq} of communicator {s.comm}, "
               f"the others {s.comm_last_seq}; at its last one {s.how}", file=out)

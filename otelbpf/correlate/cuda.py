@@ -233,7 +233,9 @@ class CudaCorrelator:
                     p.errors[(CudaFunc(f).name, code)] += c
             copies = complete[(complete["kind"] == Kind.CUDA_MEMCPY) & (complete["ret"] == 0)]
             for kind in np.unique(copies["a1"]).tolist():
-                p.memcpy_bytes[MEMCPY_DIRECTION.get(kind, f"kind{kind}")] += int(copies["a0"][copies["a1"] == kind].sum())
+                p.memcpy_bytes[MEMCPY_DIRECTION.get(kind, f"kind{kind}")] += int(
+                    copies["a0"][copies["a1"] == kind].sum()
+                )
             self._classify_copies(p, complete)
             syncs = complete[complete["kind"] == Kind.CUDA_SYNC]
             for f in np.unique(syncs["func"]).tolist():
@@ -498,8 +500,18 @@ class CudaCorrelator:
             ),
         ]
         if p.high_water:  # after a first successful allocation
-            built.append(m.gauge("cuda.memory.in_use", "By", "Device memory allocated through probed calls and not yet freed", [({}, p.in_use)], now))
-            built.append(m.gauge("cuda.memory.high_water", "By", "Highest cuda.memory.in_use seen", [({}, p.high_water)], now))
+            built.append(
+                m.gauge(
+                    "cuda.memory.in_use",
+                    "By",
+                    "Device memory allocated through probed calls and not yet freed",
+                    [({}, p.in_use)],
+                    now,
+                )
+            )
+            built.append(
+                m.gauge("cuda.memory.high_water", "By", "Highest cuda.memory.in_use seen", [({}, p.high_water)], now)
+            )
         if p.incomplete or p.untracked_frees:
             built.append(
                 m.cumulative_sum(

@@ -122,13 +122,22 @@ _METRICS = {
     # name: (kind, unit, description)
     "rdma.wr.posted": ("sum", "{wr}", "Work requests posted, per QP and opcode"),
     "rdma.wr.bytes": ("sum", "By", "Bytes in posted work requests (the sum of their SGE lengths)"),
-    "rdma.completions": ("sum", "{completion}",
-                         "Work completions polled, per QP, opcode and status (errors: status other than SUCCESS)"),
+    "rdma.completions": (
+        "sum",
+        "{completion}",
+        "Work completions polled, per QP, opcode and status (errors: status other than SUCCESS)",
+    ),
     "rdma.completion.bytes": ("sum", "By", "byte_len of successful work completions"),
-    "rdma.completion.duration": ("histogram", "s",
-                                 "Post to completion of signaled work requests, per queue (receive: posted to "
-                                 "data arrived)"),
-    "rdma.qp.state.changes": ("sum", "{transition}", "Successful ibv_modify_qp state transitions, by the state entered"),
+    "rdma.completion.duration": (
+        "histogram",
+        "s",
+        "Post to completion of signaled work requests, per queue (receive: posted to data arrived)",
+    ),
+    "rdma.qp.state.changes": (
+        "sum",
+        "{transition}",
+        "Successful ibv_modify_qp state transitions, by the state entered",
+    ),
     "rdma.memory.registered": ("gauge", "By", "Memory registered (ibv_reg_mr*) and not deregistered"),
     "rdma.memory.regions": ("gauge", "{region}", "Memory regions registered and not deregistered"),
     "otelbpf.ibverbs.anomalies": ("sum", "{event}", "What the agent could not account fully"),

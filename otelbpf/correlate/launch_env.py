@@ -16,7 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: (rank variable, size variable), in the order they are trusted: what PyTorch itself reads first.
-_RANK_VARS = (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+_RANK_VARS = (
+    ("RANK", "WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+)
 _WANTED = frozenset({
     *(v for pair in _RANK_VARS for v in pair), "LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
     "MASTER_PORT", "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",

@@ -69,7 +69,9 @@ def cumulative_sum(
     name: str, unit: str, description: str, points: Iterable[tuple[Attrs, float]], start_ns: int, now_ns: int,
     monotonic: bool = True,
 ) -> Metric | None:
-    dps = [NumberDataPoint(attributes=a, start_time_unix_nano=start_ns, time_unix_nano=now_ns, value=v) for a, v in points]
+    dps = [
+        NumberDataPoint(attributes=a, start_time_unix_nano=start_ns, time_unix_nano=now_ns, value=v) for a, v in points
+    ]
     if not dps:
         return None
     return Metric(

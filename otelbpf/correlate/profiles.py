@@ -425,7 +425,8 @@ class Profiler:
                     continue  # its chunks were written after this read took them: next read
                 info = CodeInfo(
                     name=_decode_str(_field(leaf, "name", leaf.name_len), leaf.name_kind),
-                    filename=("…" if leaf.file_cut else "") + _decode_str(_field(leaf, "file", leaf.file_len), leaf.file_kind),
+                    filename=("…" if leaf.file_cut else "")
+                    + _decode_str(_field(leaf, "file", leaf.file_len), leaf.file_kind),
                     firstlineno=leaf.firstlineno,
                     table=line_table,
                     table_size=leaf.table_size,
@@ -624,11 +625,27 @@ class Profiler:
             by_pid[pid].append((user, kern, py, count))
         for pid, rows in by_pid.items():
             proc, labels = self._proc(pid), self._labels_for(pid)
-            records.append(Profile(
-                "process_cpu", "cpu", labels, pid, raw.start_ns, raw.end_ns, self.sample_hz, CPU_SAMPLE_TYPES, "cpu",
-                period_type=("cpu", "nanoseconds"), period=period,
-                samples=[Sample(self._frames(pid, user, kern, py, proc, raw.read_mono_ns), (count, count * period), labels)
-                         for user, kern, py, count in rows]))
+            records.append(
+                Profile(
+                    "process_cpu",
+                    "cpu",
+                    labels,
+                    pid,
+                    raw.start_ns,
+                    raw.end_ns,
+                    self.sample_hz,
+                    CPU_SAMPLE_TYPES,
+                    "cpu",
+                    period_type=("cpu", "nanoseconds"),
+                    period=period,
+                    samples=[
+                        Sample(
+                            self._frames(pid, user, kern, py, proc, raw.read_mono_ns), (count, count * period), labels
+                        )
+                        for user, kern, py, count in rows
+                    ],
+                )
+            )
         records.extend(self._memory(raw))
         self._health.add("otelbpf.profile.samples", sum(s[4] for s in raw.samples))
         self._forget(raw.gone)
@@ -652,9 +669,14 @@ class Profiler:
             if not stacks:
                 continue
             proc, labels = self._proc(pid), {**self._labels_for(pid), "memory_device": "cuda"}
-            samples = [Sample([Frame(_func_name(func), "native"), *self._frames(pid, user, 0, py, proc, raw.read_mono_ns)],
-                              values, labels)
-                       for (func, user, py), values in stacks.items()]
+            samples = [
+                Sample(
+                    [Frame(_func_name(func), "native"), *self._frames(pid, user, 0, py, proc, raw.read_mono_ns)],
+                    values,
+                    labels,
+                )
+                for (func, user, py), values in stacks.items()
+            ]
             out.append(Profile("memory", "cuda_memory", labels, pid, raw.start_ns, raw.end_ns, 0, MEMORY_SAMPLE_TYPES,
                                "inuse_space", samples=samples))
         return out

@@ -106,9 +106,14 @@ class ProfileBuilder:
 
 def encode(profile: Profile) -> bytes:
     """A profile from the profiler as gzipped pprof."""
-    b = ProfileBuilder(profile.sample_types, time_ns=profile.start_ns, duration_ns=max(profile.end_ns - profile.start_ns, 1),
-                       period_type=profile.period_type, period=profile.period,
-                       default_sample_type=profile.default_sample_type)
+    b = ProfileBuilder(
+        profile.sample_types,
+        time_ns=profile.start_ns,
+        duration_ns=max(profile.end_ns - profile.start_ns, 1),
+        period_type=profile.period_type,
+        period=profile.period,
+        default_sample_type=profile.default_sample_type,
+    )
     for sample in profile.samples:
         b.add(sample.frames, sample.values, sample.labels)
     return b.encode()

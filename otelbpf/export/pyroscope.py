@@ -106,7 +106,9 @@ class PyroscopeExporter:
                 self._queue.append(r)
             self._cv.notify()
         if dropped:
-            self._health.add("otelbpf.export.dropped", dropped, signal="profiles", reason="queue_full", exporter=self.name)
+            self._health.add(
+                "otelbpf.export.dropped", dropped, signal="profiles", reason="queue_full", exporter=self.name
+            )
 
     def __len__(self) -> int:
         return len(self._queue)

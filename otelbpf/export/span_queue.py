@@ -88,7 +88,9 @@ class SpanQueue:
                 self._health.add("otelbpf.export.sent", len(batch), signal="traces", exporter=name)
             else:
                 self._health.add("otelbpf.export.failures", 1, signal="traces", exporter=name)
-                self._health.add("otelbpf.export.dropped", len(batch), signal="traces", reason="export_failed", exporter=name)
+                self._health.add(
+                    "otelbpf.export.dropped", len(batch), signal="traces", reason="export_failed", exporter=name
+                )
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Flush what is queued (bounded by ``timeout_s``), then shut exporters down."""

@@ -52,7 +52,9 @@ class Btf:
             raise BtfError(f"not BTF (magic {magic:#x})")
         type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", data, 8)
         self._strings = data[hdr_len + str_off : hdr_len + str_off + str_len]
-        self._types: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)]  # id -> (kind, name_off, size/type, record offset)
+        self._types: list[tuple[int, int, int, int]] = [
+            (0, 0, 0, 0)
+        ]  # id -> (kind, name_off, size/type, record offset)
         self._data = data
         self._by_name: dict[tuple[int, str], int] = {}
         pos, end = hdr_len + type_off, hdr_len + type_off + type_len

@@ -308,7 +308,9 @@ def content(path: str, symbol: str) -> Content:
         word = symbol.encode() + b"\0"
         symtab = img.section(".symtab")
         if symtab is not None:
-            lo, hi = img.extent(img.sections[int(symtab["link"])]) if int(symtab["link"]) < len(img.sections) else (0, 0)
+            lo, hi = (
+                img.extent(img.sections[int(symtab["link"])]) if int(symtab["link"]) < len(img.sections) else (0, 0)
+            )
             if img.mm.find(word, lo, hi) < 0:
                 return Content(True, False, False, ())
             return Content(True, symbol in _match_functions(img, symtab, (symbol,)), False, ())
