@@ -201,8 +201,10 @@ def test_pid_mode_attaches_to_a_running_process_and_ignores_others(otlp_collecto
             w, o = finish(watched), finish(other)
             c = otlp_collector
             f = {"process.pid": w["pid"], "cuda.memcpy.direction": "H2D"}
-            c.wait_for(lambda: c.latest_points("cuda.memcpy.bytes", **f) and _value(c, "cuda.memcpy.bytes", **f) == 2 * 777,
-                       what="bytes of the watched pid")
+            c.wait_for(
+                lambda: c.latest_points("cuda.memcpy.bytes", **f) and _value(c, "cuda.memcpy.bytes", **f) == 2 * 777,
+                what="bytes of the watched pid",
+            )
             assert agent.stop() == 0
         assert not [s for s in c.spans() if s.resource.get("process.pid") == o["pid"]]
         assert not c.latest_points("cuda.memcpy.bytes", **{"process.pid": o["pid"]})
@@ -244,8 +246,12 @@ def test_driver_api_with_names_from_cuModuleGetFunction(otlp_collector, tmp_path
     names = {s.attributes["cuda.kernel.name"] for s in spans}
     expected = {cxxfilt.demangle(k["name"]) if k["name"].startswith("_Z") else k["name"] for k in w["driver_kernels"]}
     assert names == expected == {"vector_add(float*, float*, float*, int)", "triton_poi_fused_add_mul_0"}
-    c.wait_for(lambda: c.latest_points("cuda.kernel.launches", **{"process.pid": w["pid"], "cuda.api.function": "cuLaunchKernel"}),
-               what="driver launch count")
+    c.wait_for(
+        lambda: c.latest_points(
+            "cuda.kernel.launches", **{"process.pid": w["pid"], "cuda.api.function": "cuLaunchKernel"}
+        ),
+        what="driver launch count",
+    )
     assert _value(c, "cuda.kernel.launches", **{"process.pid": w["pid"], "cuda.api.function": "cuLaunchKernel"}) == \
         w["calls"]["cuLaunchKernel"]
     assert len(_spans(c, w["pid"], "cuMemAlloc_v2")) == w["calls"]["cuMemAlloc_v2"]
@@ -278,7 +284,9 @@ def test_exporter_down_at_start_and_mid_run_bounded_counted_and_recovers(otlp_co
     c = otlp_collector
     c.stop()
     cfg = config(otlp_grpc(c, timeout="1s"), tmp=tmp_path)
-    cfg.write_text(cfg.read_text().replace("timeout: 100ms", "timeout: 100ms\n    send_batch_size: 20\n    max_queue_size: 40"))
+    cfg.write_text(
+        cfg.read_text().replace("timeout: 100ms", "timeout: 100ms\n    send_batch_size: 20\n    max_queue_size: 40")
+    )
 
     def total(name: str, **filters) -> float:
         return sum(p.value for p in c.latest_points(name, **filters))

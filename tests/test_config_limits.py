@@ -159,7 +159,9 @@ def test_header_names_are_tokens_and_stored_lowercase():
 
 
 def test_pyroscope_credentials_are_header_safe():
-    text = MINIMAL.replace("  file:\n", "  file:\n  pyroscope: {endpoint: 'http://p:4040', bearer_token: \"t\\nX: y\"}\n")
+    text = MINIMAL.replace(
+        "  file:\n", "  file:\n  pyroscope: {endpoint: 'http://p:4040', bearer_token: \"t\\nX: y\"}\n"
+    )
     assert "exporters.pyroscope.bearer_token:" in one_error(text)
 
 

@@ -36,8 +36,14 @@ def test_pyroscope_server_address_without_a_file_replaces_the_file_exporter():
 
 def test_with_a_file_the_variables_fill_only_what_it_leaves_unset():
     text = PROFILES.replace("pyroscope: {}", "pyroscope: {endpoint: 'http://mine:4040', bearer_token: tok}")
-    config = load_config_text(text, env={"PYROSCOPE_SERVER_ADDRESS": "http://env:4040", "PYROSCOPE_BASIC_AUTH_USER": "u",
-                                         "PYROSCOPE_TENANT_ID": "t"})
+    config = load_config_text(
+        text,
+        env={
+            "PYROSCOPE_SERVER_ADDRESS": "http://env:4040",
+            "PYROSCOPE_BASIC_AUTH_USER": "u",
+            "PYROSCOPE_TENANT_ID": "t",
+        },
+    )
     exporter = config.exporters["pyroscope"]
     assert exporter.endpoint == "http://mine:4040" and exporter.bearer_token == "tok"
     assert exporter.basic_auth is None and exporter.tenant_id == "t"
@@ -79,6 +85,7 @@ def test_receiver_and_exporter_options_are_checked():
     assert "max_python_frames must be 16, 32, 64 or 128, got 50" in found
     assert "sample_rate" in found
     assert "is not an http(s):// URL" in found
-    both = PROFILES.replace("pyroscope: {}", "pyroscope: {endpoint: 'http://p:1', basic_auth: {username: a, password: b}, "
-                                              "bearer_token: c}")
+    both = PROFILES.replace(
+        "pyroscope: {}", "pyroscope: {endpoint: 'http://p:1', basic_auth: {username: a, password: b}, bearer_token: c}"
+    )
     assert any("basic_auth and bearer_token both set" in e for e in errors(both))

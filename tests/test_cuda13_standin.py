@@ -76,7 +76,10 @@ def test_every_call_counted_once_though_the_runtime_calls_the_driver(otlp_collec
     # Pinned host buffers: every runtime copy is from or to page-locked memory.
     host = {(p.attributes["cuda.memcpy.direction"], p.attributes["cuda.memcpy.host_memory"]): p.value
             for p in c.latest_points("cuda.memcpy.host_bytes", **{"process.pid": pid})}
-    assert host[("H2D", "pinned")] >= w["memcpy"]["h2d"]["bytes"] and host[("D2H", "pinned")] >= w["memcpy"]["d2h"]["bytes"]
+    assert (
+        host[("H2D", "pinned")] >= w["memcpy"]["h2d"]["bytes"]
+        and host[("D2H", "pinned")] >= w["memcpy"]["d2h"]["bytes"]
+    )
     copies = [s for s in c.spans("cudaMemcpy") if s.resource.get("process.pid") == pid]
     assert copies and {s.attributes["cuda.memcpy.host_memory"] for s in copies} == {"pinned"}
     # VMM: mapped bytes are device memory in use while mapped; freed addresses carry sizes.
@@ -91,9 +94,19 @@ def test_pageable_and_registered_host_memory(otlp_collector, tmp_path, memory):
     w, _ = _run([], ["--cuda13", "--iterations", "2", "--host-memory", memory], otlp_collector, tmp_path)
     c, pid = otlp_collector, w["pid"]
     want = "pageable" if memory == "pageable" else "pinned"
-    c.wait_for(lambda: {(d, h) for d, h in (tuple(p.attributes[k] for k in ("cuda.memcpy.direction", "cuda.memcpy.host_memory"))
-                                        for p in c.latest_points("cuda.memcpy.host_bytes", **{"process.pid": pid}))}
-               == {("H2D", want), ("D2H", want)}, what=f"copies from {want} memory")
+    c.wait_for(
+        lambda: (
+            {
+                (d, h)
+                for d, h in (
+                    tuple(p.attributes[k] for k in ("cuda.memcpy.direction", "cuda.memcpy.host_memory"))
+                    for p in c.latest_points("cuda.memcpy.host_bytes", **{"process.pid": pid})
+                )
+            }
+            == {("H2D", want), ("D2H", want)}
+        ),
+        what=f"copies from {want} memory",
+    )
 
 
 def test_attached_late_heap_handles_are_named(otlp_collector, tmp_path):

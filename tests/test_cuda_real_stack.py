@@ -183,8 +183,15 @@ def test_the_cu13_wheel_in_pytorchs_layout_and_short_lived_processes(otlp_collec
         c.wait_for(lambda: _launches(c, w["pid"]) == {"cudaLaunchKernel": 12, "cudaLaunchKernelExC": 3},
                    what="the nvcc program's launches")
         for pid in pids:
-            c.wait_for(lambda pid=pid: {p.attributes["cuda.api.function"]: p.value
-                                for p in c.latest_points("cuda.api.calls", **{"process.pid": pid})} == {"cudaMalloc": 1},
-                       what=f"the one cudaMalloc of short-lived process {pid}")
+            c.wait_for(
+                lambda pid=pid: (
+                    {
+                        p.attributes["cuda.api.function"]: p.value
+                        for p in c.latest_points("cuda.api.calls", **{"process.pid": pid})
+                    }
+                    == {"cudaMalloc": 1}
+                ),
+                what=f"the one cudaMalloc of short-lived process {pid}",
+            )
         agent.stop()
     assert f"probes to {wheel}" in agent.output

@@ -42,6 +42,10 @@ def test_defaults_trace_requests_of_gpu_processes_with_their_cuda_children(otlp_
     cuda = [s for s in c.spans() if s.scope_name == "otelbpf.cuda" and s.resource["process.pid"] == frontend.pid]
     for top in spans(c, pid=frontend.pid, kind="server"):
         assert top.attributes["url.path"] == "/predict"
-        assert sorted(s.name for s in cuda if s.parent_span_id == top.span_id) == ["cudaFree", "cudaMalloc", "cudaMemcpy"]
+        assert sorted(s.name for s in cuda if s.parent_span_id == top.span_id) == [
+            "cudaFree",
+            "cudaMalloc",
+            "cudaMemcpy",
+        ]
     assert len(spans(c, pid=frontend.pid, kind="client")) == 3  # its calls to the backend
     assert spans(c, pid=backend.pid) == []  # no GPU library: not traced by default

@@ -41,7 +41,10 @@ def free_ports(n: int) -> list[int]:
 def write_config(tmp: Path, collector, ports: list[int], *, cuda: bool = False, **http: object) -> Path:
     receivers = ["http", "cuda"] if cuda else ["http"]
     doc = {
-        "receivers": {"http": {"processes": "all", "ports": ports, **http}, **({"cuda": {"search_paths": []}} if cuda else {})},
+        "receivers": {
+            "http": {"processes": "all", "ports": ports, **http},
+            **({"cuda": {"search_paths": []}} if cuda else {}),
+        },
         "processors": {"batch": {"timeout": "100ms"}},
         "exporters": {"otlp": {"endpoint": collector.grpc_endpoint, "timeout": "2s"}},
         "service": {
@@ -145,8 +148,10 @@ def test_threading_server_spans_links_metrics_and_redaction(otlp_collector, tmp_
         assert not any(k.endswith(("authorization", "x-api-key", "set-cookie", "cookie")) for s in server
                        for k in s.attributes)
         f = {"process.pid": backend.pid}
-        hist = c.wait_for(lambda: c.latest_points("http.server.request.duration", **f, **{"http.response.status_code": 503}),
-                          what="RED metrics")
+        hist = c.wait_for(
+            lambda: c.latest_points("http.server.request.duration", **f, **{"http.response.status_code": 503}),
+            what="RED metrics",
+        )
         assert hist[0].count == 1 and hist[0].attributes["error.type"] == "503"
         assert hist[0].attributes["http.response.status_class"] == "5xx"
         ok = c.latest_points("http.server.request.duration", **f, **{"http.response.status_class": "2xx"})
@@ -173,7 +178,9 @@ def test_concurrent_clients_each_span_pairs_with_its_own_peer(otlp_collector, tm
                             spans(c, pid=backend.pid, kind="server"), timeout=20, what="150 server spans")
         c.wait_for(lambda: len(spans(c, pid=os.getpid(), kind="client")) == 150, timeout=20, what="150 client spans")
         client_spans = {s.attributes["url.path"]: s for s in spans(c, pid=os.getpid(), kind="client")}
-        assert sorted(s.attributes["url.path"] for s in server) == sorted(f"/c{t}-{i}" for t in range(6) for i in range(25))
+        assert sorted(s.attributes["url.path"] for s in server) == sorted(
+            f"/c{t}-{i}" for t in range(6) for i in range(25)
+        )
         for s in server:
             assert_child(s, client_spans[s.attributes["url.path"]])
 
@@ -191,8 +198,15 @@ def test_keep_alive_1000_requests_on_one_connection(otlp_collector, tmp_path):
                             spans(c, pid=backend.pid, kind="server"), timeout=30, what="1000 server spans")
         assert sorted(int(s.attributes["url.path"][2:]) for s in server) == list(range(1000))
         assert len({s.attributes["client.port"] for s in server}) == 1
-        points = c.wait_for(lambda: [p for p in c.latest_points("http.server.request.duration", **{"process.pid": backend.pid})
-                                     if p.count == 1000], timeout=10, what="1000 requests counted")
+        points = c.wait_for(
+            lambda: [
+                p
+                for p in c.latest_points("http.server.request.duration", **{"process.pid": backend.pid})
+                if p.count == 1000
+            ],
+            timeout=10,
+            what="1000 requests counted",
+        )
         assert points[0].attributes["http.request.method"] == "GET"
         assert c.latest_points("otelbpf.events.lost", reason="socket_ring_full")[0].value == 0
 
@@ -255,8 +269,10 @@ def test_grpc_unary_and_server_streaming_with_non_ok_status(otlp_collector, tmp_
         assert stream_client.status_message == grpc_demo.STREAM_ERROR
         by_id = {s.span_id: s for s in called}
         assert all(s.parent_span_id in by_id and s.trace_id == by_id[s.parent_span_id].trace_id for s in served)
-        points = c.wait_for(lambda: c.latest_points("rpc.server.duration", **{"process.pid": server.pid, "rpc.method": "Unary"}),
-                            what="rpc metrics")
+        points = c.wait_for(
+            lambda: c.latest_points("rpc.server.duration", **{"process.pid": server.pid, "rpc.method": "Unary"}),
+            what="rpc metrics",
+        )
         assert {p.attributes["rpc.grpc.status_code"]: p.count for p in points} == {0: 4, 5: 1}
 
 
@@ -324,7 +340,9 @@ def test_random_bytes_on_a_socket_are_counted_not_parsed(otlp_collector, tmp_pat
         with contextlib.suppress(OSError):
             s.recv(100)
         s.close()
-        c.wait_for(lambda: c.latest_points("otelbpf.http.connections", protocol="unknown"), what="unknown protocol counted")
+        c.wait_for(
+            lambda: c.latest_points("otelbpf.http.connections", protocol="unknown"), what="unknown protocol counted"
+        )
         assert sum(p.value for p in c.latest_points("otelbpf.http.unparsed_bytes", protocol="unknown")) >= 3002
         _normal_request_still_traced(c, port, backend.pid, "/after-garbage")
 
@@ -348,7 +366,9 @@ def test_truncated_http2_frame_is_counted(otlp_collector, tmp_path):
         _send_and_close(port, PREFACE + _h2_frame(4, 0, 0, b"") + _h2_frame(1, 4, 1, b"\x82" * 10, length=100))
         c.wait_for(lambda: problems(c, "truncated_frame") >= 1, what="truncated frame counted")
         grpc_demo.call(port, 1)
-        c.wait_for(lambda: [s for s in spans(c, kind="server") if s.name == "demo.Echo/Stream"], what="later gRPC traced")
+        c.wait_for(
+            lambda: [s for s in spans(c, kind="server") if s.name == "demo.Echo/Stream"], what="later gRPC traced"
+        )
 
 
 def test_hpack_garbage_is_counted(otlp_collector, tmp_path):
@@ -359,7 +379,9 @@ def test_hpack_garbage_is_counted(otlp_collector, tmp_path):
         _send_and_close(port, PREFACE + _h2_frame(4, 0, 0, b"") + _h2_frame(1, 5, 1, garbage))
         c.wait_for(lambda: problems(c, "hpack_error") >= 1, what="HPACK error counted")
         grpc_demo.call(port, 1)
-        c.wait_for(lambda: [s for s in spans(c, kind="server") if s.name == "demo.Echo/Stream"], what="later gRPC traced")
+        c.wait_for(
+            lambda: [s for s in spans(c, kind="server") if s.name == "demo.Echo/Stream"], what="later gRPC traced"
+        )
 
 
 def test_connection_opened_before_the_agent_is_joined_at_the_next_request(otlp_collector, tmp_path):

@@ -39,13 +39,20 @@ SECRETS = {
 
 def _config(tmp, ports: list[int]) -> str:
     doc = {
-        "receivers": {"http": {"processes": "all", "ports": ports, "capture_headers": ["authorization", "cookie", "x-api-key",
-                                                                   "x-request-id"],
-                               "redact_headers": ["x-api-key"]}},
+        "receivers": {
+            "http": {
+                "processes": "all",
+                "ports": ports,
+                "capture_headers": ["authorization", "cookie", "x-api-key", "x-request-id"],
+                "redact_headers": ["x-api-key"],
+            }
+        },
         "exporters": {"file": {"directory": str(tmp / "out")}},
         "service": {
-            "pipelines": {"traces": {"receivers": ["http"], "exporters": ["file"]},
-                          "metrics": {"receivers": ["http"], "exporters": ["file"]}},
+            "pipelines": {
+                "traces": {"receivers": ["http"], "exporters": ["file"]},
+                "metrics": {"receivers": ["http"], "exporters": ["file"]},
+            },
             "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms", "log_level": "debug"},
         },
     }

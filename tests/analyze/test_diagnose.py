@@ -42,9 +42,16 @@ class Trace:
     def step(self, **planted) -> Trace:
         """A healthy training step: a pinned input copy, launches, nothing else blocking."""
         pageable = planted.get("memory") == "pageable"  # staged: slower, and synchronous
-        self.call("cudaMemcpyAsync", 1 * MS if pageable else 20_000, **{"cuda.memcpy.bytes": 1 << 20, "cuda.memcpy.direction": "H2D",
-                                                 "cuda.memcpy.async": True,
-                                                 "cuda.memcpy.host_memory": planted.get("memory", "pinned")})
+        self.call(
+            "cudaMemcpyAsync",
+            1 * MS if pageable else 20_000,
+            **{
+                "cuda.memcpy.bytes": 1 << 20,
+                "cuda.memcpy.direction": "H2D",
+                "cuda.memcpy.async": True,
+                "cuda.memcpy.host_memory": planted.get("memory", "pinned"),
+            },
+        )
         self.call("cudaLaunchKernel", 0, gap_ns=5 * MS, **{"cuda.kernel.name": "gemm"})
         if planted.get("sync"):
             self.call("cudaStreamSynchronize", 2 * MS, gap_ns=3 * MS)

@@ -23,7 +23,9 @@ def write_profile(folder: Path, pid: int, stacks: dict[tuple[str, ...], int], *,
                   seconds: float = 10.0, host: str = "node1") -> Path:
     """One CPU profile as the receiver writes it: stacks root first, values CPU ns."""
     labels = {"service_name": "train", "host_name": host, "process_pid": str(pid)}
-    samples = [Sample([Frame(f) for f in reversed(stack)], (ns // (10 * MS), ns), labels) for stack, ns in stacks.items()]
+    samples = [
+        Sample([Frame(f) for f in reversed(stack)], (ns // (10 * MS), ns), labels) for stack, ns in stacks.items()
+    ]
     prof = Profile("process_cpu", "cpu", labels, pid, start_ns, start_ns + int(seconds * 1e9), 99, CPU_SAMPLE_TYPES,
                    "cpu", period_type=("cpu", "nanoseconds"), period=10 * MS, samples=samples)
     folder.mkdir(parents=True, exist_ok=True)

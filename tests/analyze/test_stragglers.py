@@ -29,7 +29,10 @@ def span(name: str, rank: int, seq: int, start: int, end: int, comm: str = "0000
 
 
 def request(pid: int, spans: list[dict], host: str = "h") -> dict:
-    res = [{"key": "host.name", "value": {"stringValue": host}}, {"key": "process.pid", "value": {"intValue": str(pid)}}]
+    res = [
+        {"key": "host.name", "value": {"stringValue": host}},
+        {"key": "process.pid", "value": {"intValue": str(pid)}},
+    ]
     return {"resourceSpans": [{"resource": {"attributes": res}, "scopeSpans": [{"spans": spans}]}]}
 
 

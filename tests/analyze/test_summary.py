@@ -30,24 +30,76 @@ def job_metrics(now: int, launches: int) -> list:
     sync.add(np.array([0.001, 0.003]))
     fn = {"cuda.api.function": "cudaLaunchKernel"}
     return [
-        m.cumulative_sum("cuda.kernel.launches", "{launch}", "", [(fn, launches), ({"cuda.api.function": "cudaGraphLaunch"}, 2)], T0, now),
-        m.gauge("cuda.kernel.launches.top", "{launch}", "", [
-            ({**fn, "cuda.kernel.name": "vector_add(float*, float*, float*, int)"}, launches - 4),
-            ({**fn, "cuda.kernel.name": "ml::softmax_forward(float*, float const*, int)"}, 4),
-        ], now),
-        m.cumulative_sum("otelbpf.cuda.kernel_launches.named", "{launch}", "", [
-            ({"otelbpf.name_source": "registration"}, launches - 2), ({"otelbpf.name_source": "launch_site"}, 2),
-        ], T0, now),
-        m.cumulative_sum("cuda.memcpy.bytes", "By", "", [
-            ({"cuda.memcpy.direction": "H2D"}, 3 << 20), ({"cuda.memcpy.direction": "D2H"}, 2048),
-        ], T0, now),
+        m.cumulative_sum(
+            "cuda.kernel.launches",
+            "{launch}",
+            "",
+            [(fn, launches), ({"cuda.api.function": "cudaGraphLaunch"}, 2)],
+            T0,
+            now,
+        ),
+        m.gauge(
+            "cuda.kernel.launches.top",
+            "{launch}",
+            "",
+            [
+                ({**fn, "cuda.kernel.name": "vector_add(float*, float*, float*, int)"}, launches - 4),
+                ({**fn, "cuda.kernel.name": "ml::softmax_forward(float*, float const*, int)"}, 4),
+            ],
+            now,
+        ),
+        m.cumulative_sum(
+            "otelbpf.cuda.kernel_launches.named",
+            "{launch}",
+            "",
+            [
+                ({"otelbpf.name_source": "registration"}, launches - 2),
+                ({"otelbpf.name_source": "launch_site"}, 2),
+            ],
+            T0,
+            now,
+        ),
+        m.cumulative_sum(
+            "cuda.memcpy.bytes",
+            "By",
+            "",
+            [
+                ({"cuda.memcpy.direction": "H2D"}, 3 << 20),
+                ({"cuda.memcpy.direction": "D2H"}, 2048),
+            ],
+            T0,
+            now,
+        ),
         m.gauge("cuda.memory.in_use", "By", "", [({}, 512 << 10)], now),
         m.gauge("cuda.memory.high_water", "By", "", [({}, 3 << 19)], now),
-        m.histogram("cuda.sync.duration", "s", "", [sync.point({"cuda.api.function": "cudaStreamSynchronize"}, T0, now)]),
-        m.cumulative_sum("cuda.api.errors", "{call}", "", [
-            ({"cuda.api.function": "cudaMalloc", "cuda.error.code": 2, "cuda.error.name": "cudaErrorMemoryAllocation"}, 1),
-            ({"cuda.api.function": "cudaMemcpy", "cuda.error.code": 35, "cuda.error.name": "cudaErrorInsufficientDriver"}, 6),
-        ], T0, now),
+        m.histogram(
+            "cuda.sync.duration", "s", "", [sync.point({"cuda.api.function": "cudaStreamSynchronize"}, T0, now)]
+        ),
+        m.cumulative_sum(
+            "cuda.api.errors",
+            "{call}",
+            "",
+            [
+                (
+                    {
+                        "cuda.api.function": "cudaMalloc",
+                        "cuda.error.code": 2,
+                        "cuda.error.name": "cudaErrorMemoryAllocation",
+                    },
+                    1,
+                ),
+                (
+                    {
+                        "cuda.api.function": "cudaMemcpy",
+                        "cuda.error.code": 35,
+                        "cuda.error.name": "cudaErrorInsufficientDriver",
+                    },
+                    6,
+                ),
+            ],
+            T0,
+            now,
+        ),
     ]
 
 
@@ -55,7 +107,9 @@ def agent_metrics(now: int) -> list:
     return [
         m.cumulative_sum("otelbpf.events.received", "1", "", [({"ring": "events"}, 120)], T0, now),
         m.cumulative_sum("otelbpf.events.lost", "1", "", [({"reason": "ring_full"}, 3)], T0, now),
-        m.cumulative_sum("otelbpf.export.dropped", "1", "", [({"reason": "queue_full", "signal": "traces"}, 9)], T0, now),
+        m.cumulative_sum(
+            "otelbpf.export.dropped", "1", "", [({"reason": "queue_full", "signal": "traces"}, 9)], T0, now
+        ),
     ]
 
 
@@ -76,8 +130,13 @@ def telemetry(tmp_path: Path) -> Path:
     # A later export carries the totals the summary must show.
     export_metrics(tmp_path, (JOB, CUDA, job_metrics(T0 + 2 * 10**9, launches=20)))
     spans = FileSpanExporter(str(tmp_path))
-    spans.export([span("cudaMemcpy", T0, 2_000_000), span("cudaMemcpy", T0, 500_000, error="cudaErrorInsufficientDriver (35)"),
-                  span("cudaStreamSynchronize", T0, 7_500_000)])
+    spans.export(
+        [
+            span("cudaMemcpy", T0, 2_000_000),
+            span("cudaMemcpy", T0, 500_000, error="cudaErrorInsufficientDriver (35)"),
+            span("cudaStreamSynchronize", T0, 7_500_000),
+        ]
+    )
     spans.export([span("cudaMemcpy", T0, 1_000), span("cudaFree", T0, 10, resource=IDLE)])
     spans.shutdown()
     return tmp_path
@@ -162,7 +221,9 @@ def test_json_that_is_not_otlp_is_exit_2_naming_file_and_line(telemetry: Path, n
 def test_missing_and_empty_directories(tmp_path: Path) -> None:
     rc, text = run(tmp_path / "absent")
     assert rc == 2
-    assert text == f"otelbpf summary: {tmp_path / 'absent'} does not exist (run the agent with the file exporter first)\n"
+    assert (
+        text == f"otelbpf summary: {tmp_path / 'absent'} does not exist (run the agent with the file exporter first)\n"
+    )
     rc, text = run(tmp_path)
     assert (rc, text) == (1, f"otelbpf summary: no telemetry in {tmp_path}\n")
 

@@ -65,7 +65,9 @@ class Events:
     def free(self, address: int, ret: int = 0, **kw) -> Events:
         return self.add(Kind.CUDA_FREE, F.cudaFree, a0=address, ret=ret, **kw)
 
-    def memcpy(self, size: int, direction: int, ret: int = 0, func: int = F.cudaMemcpy, stream: int = 0, **kw) -> Events:
+    def memcpy(
+        self, size: int, direction: int, ret: int = 0, func: int = F.cudaMemcpy, stream: int = 0, **kw
+    ) -> Events:
         return self.add(Kind.CUDA_MEMCPY, func, a0=size, a1=direction, a2=stream, ret=ret, **kw)
 
     def sync(self, func: int = F.cudaStreamSynchronize, stream: int = 0, **kw) -> Events:
@@ -364,7 +366,10 @@ def test_exited_processes_are_finalized_once_and_their_keys_forgotten(exited_pid
     other.malloc(100, 0x100)
     ev = Events(pid=exited_pid)
     ev.malloc(4096, 0xA000).memcpy(4096, 1)
-    keys = [LaunchKey(exited_pid, int(F.cudaLaunchKernel), 0x1234), LaunchKey(exited_pid, int(F.cudaLaunchKernel), 0x5678)]
+    keys = [
+        LaunchKey(exited_pid, int(F.cudaLaunchKernel), 0x1234),
+        LaunchKey(exited_pid, int(F.cudaLaunchKernel), 0x5678),
+    ]
     for k in keys:
         h.maps["launches"][k] = 3
     error_key = ErrorKey(exited_pid, int(F.cudaLaunchKernel), 98)

@@ -186,7 +186,9 @@ def test_an_int_beyond_int64_is_clamped_and_counted_not_a_lost_batch():
     assert attrs["big"].int_value == INT64_MAX and attrs["neg"].int_value == -(1 << 63)
     assert attrs["list"].array_value.values[1].int_value == INT64_MAX and attrs["ok"].int_value == 5
     doc = otlp_json.msgspec.json.decode(encode_spans_json(spans))
-    assert doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"][0]["value"] == {"intValue": str(INT64_MAX)}
+    assert doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"][0]["value"] == {
+        "intValue": str(INT64_MAX)
+    }
     assert otlp_json.CONVERSIONS.take()["int_out_of_range"] >= 6
 
 

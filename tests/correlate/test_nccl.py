@@ -55,7 +55,9 @@ def torchrun(rank: int, world: int = 4, job: str = "torchelastic:a") -> Launch:
 
 
 def ar_spans(spans, pid=None):
-    return [s for s in spans if s.name == "ncclAllReduce" and (pid is None or s.resource.attributes["process.pid"] == pid)]
+    return [
+        s for s in spans if s.name == "ncclAllReduce" and (pid is None or s.resource.attributes["process.pid"] == pid)
+    ]
 
 
 def findings(spans):

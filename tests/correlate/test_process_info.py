@@ -37,12 +37,16 @@ def wait_for_exec(pid: int, program: str) -> None:
 
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen]:
-    proc = spawn(SLEEP, "30", env={
-        "PATH": "/usr/bin:/bin",
-        "OTEL_SERVICE_NAME": "checkout",
-        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team=ml%2Cinfra,host.name=spoofed,process.pid=1,=x,bare",
-        "NOT_OTEL": "ignored",
-    })
+    proc = spawn(
+        SLEEP,
+        "30",
+        env={
+            "PATH": "/usr/bin:/bin",
+            "OTEL_SERVICE_NAME": "checkout",
+            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team=ml%2Cinfra,host.name=spoofed,process.pid=1,=x,bare",
+            "NOT_OTEL": "ignored",
+        },
+    )
     try:
         yield proc
     finally:

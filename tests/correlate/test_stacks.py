@@ -54,8 +54,12 @@ def test_a_native_stack_not_read_to_its_root_is_marked():
 
 
 def test_a_return_address_in_no_file_ends_the_native_part():
-    native = [nat("cudaMalloc", "libcudart.so.12"), nat("ffi_call", "libffi.so.8"), Frame("[unknown]+0x7ffc", module="[unknown]"),
-              nat("bogus", "libc.so.6")]
+    native = [
+        nat("cudaMalloc", "libcudart.so.12"),
+        nat("ffi_call", "libffi.so.8"),
+        Frame("[unknown]+0x7ffc", module="[unknown]"),
+        nat("bogus", "libc.so.6"),
+    ]
     out = merge(native, [py("alloc"), py("main", entry=True)], interpreter=INTERP, interpreter_frame_pointers=False,
                 native_truncated=False, python_truncated=False)
     assert names(out) == ["cudaMalloc", "ffi_call", "[truncated]", "alloc", "main"]

@@ -88,7 +88,10 @@ def test_collector_tempo_prometheus_and_grafana_are_wired():
     tempo_target = collector["environment"]["TEMPO_OTLP_ENDPOINT"]
     assert "${env:TEMPO_OTLP_ENDPOINT" in gateway["exporters"]["otlp/tempo"]["endpoint"]
     tempo = yaml.safe_load((COMPOSE_DIR / "tempo.yaml").read_text())
-    assert tempo_target.split(":")[1] == tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].split(":")[1]
+    assert (
+        tempo_target.split(":")[1]
+        == tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].split(":")[1]
+    )
     datasources = yaml.safe_load((COMPOSE_DIR / "grafana/provisioning/datasources/datasources.yaml").read_text())
     urls = {d["uid"]: d["url"] for d in datasources["datasources"]}
     assert urls == {"prometheus": "http://prometheus:9090", "tempo": f"http://tempo:{tempo['server']['http_listen_port']}",

@@ -54,8 +54,11 @@ def venv(wheel, tmp_path_factory) -> Path:
     assert probe.returncode == 0, f"Debian's python3 lacks bcc (apt-get install python3-bpfcc): {probe.stderr}"
     path = tmp_path_factory.mktemp("venv") / "otelbpf"
     subprocess.run([str(DEBIAN_PYTHON), "-m", "venv", "--system-site-packages", "--without-pip", str(path)], check=True)
-    site = Path(subprocess.check_output([str(path / "bin" / "python"), "-c",
-                                         "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+    site = Path(
+        subprocess.check_output(
+            [str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
     (site / "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "install",
                               "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)

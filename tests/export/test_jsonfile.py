@@ -53,7 +53,12 @@ def metrics_data(now: int = T0) -> MetricsData:
     built = [
         m.cumulative_sum("cuda.memcpy.bytes", "By", "bytes", [({"cuda.memcpy.direction": "H2D"}, 8192)], T0 - 10, now),
         m.gauge("cuda.memory.in_use", "By", "in use", [({}, 512)], now),
-        m.histogram("cuda.sync.duration", "s", "waits", [hist.point({"cuda.api.function": "cudaDeviceSynchronize"}, T0 - 10, now)]),
+        m.histogram(
+            "cuda.sync.duration",
+            "s",
+            "waits",
+            [hist.point({"cuda.api.function": "cudaDeviceSynchronize"}, T0 - 10, now)],
+        ),
     ]
     return MetricsData([ResourceMetrics(RESOURCE, [ScopeMetrics(SCOPE, built, "")], "")])
 

@@ -12,7 +12,9 @@ from harness.agent import REPO
 
 def test_generated_modules_are_up_to_date():
     pytest.importorskip("grpc_tools", reason="grpcio-tools (a test extra) regenerates the modules")
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_protos.py"), "--check"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gen_protos.py"), "--check"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
 
 

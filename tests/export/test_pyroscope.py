@@ -20,7 +20,11 @@ def record(service: str = "train", value: int = 3) -> ProfileRecord:
     b = ProfileBuilder(CPU_SAMPLE_TYPES, time_ns=1_700_000_000_000_000_000, duration_ns=10**10,
                        period_type=("cpu", "nanoseconds"), period=10_101_010)
     labels = {"service_name": service, "host_name": "h", "process_pid": "42"}
-    b.add([Frame("leaf", "python", "t.py", 3, 1), Frame("root", "python", "t.py", 9, 8)], [value, value * 10_101_010], labels)
+    b.add(
+        [Frame("leaf", "python", "t.py", 3, 1), Frame("root", "python", "t.py", 9, 8)],
+        [value, value * 10_101_010],
+        labels,
+    )
     return ProfileRecord("process_cpu", "cpu", labels, 42, 1_700_000_000_000_000_000, 1_700_000_010_000_000_000, 99,
                          b.encode())
 
@@ -34,7 +38,9 @@ def receiver():
 
 def exporter(receiver: PyroscopeReceiver, health: Health, **cfg) -> PyroscopeExporter:
     retry = cfg.pop("retry", {"initial_interval": "50ms", "max_interval": "100ms", "max_elapsed_time": "5s"})
-    return PyroscopeExporter("pyroscope", PyroscopeExporterConfig(endpoint=receiver.endpoint, retry=retry, **cfg), health)
+    return PyroscopeExporter(
+        "pyroscope", PyroscopeExporterConfig(endpoint=receiver.endpoint, retry=retry, **cfg), health
+    )
 
 
 def test_push_sends_labels_and_a_decodable_profile_with_basic_auth_and_tenant(receiver):
@@ -104,7 +110,9 @@ def test_a_4xx_is_not_retried_and_counted(receiver):
 def test_giving_up_after_max_elapsed_time_is_counted(receiver):
     health = Health()
     receiver.fail_next(1000, 503)
-    e = exporter(receiver, health, retry={"initial_interval": "50ms", "max_interval": "50ms", "max_elapsed_time": "300ms"})
+    e = exporter(
+        receiver, health, retry={"initial_interval": "50ms", "max_interval": "50ms", "max_elapsed_time": "300ms"}
+    )
     e.export([record()])
     e.shutdown(5)
     assert not receiver.profiles
@@ -129,8 +137,11 @@ def test_a_full_queue_drops_the_oldest_and_counts_them(receiver):
 
 def test_an_unreachable_server_is_retried_then_dropped():
     health = Health()
-    cfg = PyroscopeExporterConfig(endpoint="http://127.0.0.1:9", timeout="200ms",
-                                  retry={"initial_interval": "50ms", "max_interval": "50ms", "max_elapsed_time": "300ms"})
+    cfg = PyroscopeExporterConfig(
+        endpoint="http://127.0.0.1:9",
+        timeout="200ms",
+        retry={"initial_interval": "50ms", "max_interval": "50ms", "max_elapsed_time": "300ms"},
+    )
     e = PyroscopeExporter("p", cfg, health)
     e.export([record()])
     e.shutdown(5)

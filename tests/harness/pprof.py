@@ -86,7 +86,9 @@ def parse_raw(text: str) -> RawProfile:
             m = _LINE_MORE.match(line)
             if m and current is not None:  # an inlined frame of the same location
                 current.append(_loc(m.group(1), m.group(5), m.group(2), m.group(3)))
-    samples = [Sample(values, [loc for i in ids for loc in locations[i]], labels) for values, ids, labels in raw_samples]
+    samples = [
+        Sample(values, [loc for i in ids for loc in locations[i]], labels) for values, ids, labels in raw_samples
+    ]
     return RawProfile(types, samples)
 
 

@@ -170,9 +170,14 @@ def test_children_of_watched_processes_are_followed_through_exec_and_exit(watchi
 def test_pause_on_load_stops_the_process_at_its_open_until_resumed() -> None:
     loaded = Loaded(filter_pids=True, pause_on_load=True)
     child = subprocess.Popen(
-        [sys.executable, "-c",
-         f"import sys; print('ready', flush=True); sys.stdin.readline(); open({str(FAKE_CUDART)!r}).close(); print('done')"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            f"import sys; print('ready', flush=True); sys.stdin.readline(); open({str(FAKE_CUDART)!r}).close(); print('done')",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         # Watched once past its exec (an exec of a watched process is reported, and paused, too).

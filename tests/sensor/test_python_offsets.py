@@ -101,7 +101,9 @@ def expected(version: tuple[int, int], tmp: Path, prefix: Path) -> tuple[po.Offs
     if version in po.TABLE:
         layout, offsets = po.TABLE[version]
         return offsets, layout
-    proc = subprocess.Popen([str(prefix / "bin" / f"python{version[0]}.{version[1]}"), "-c", "import time; time.sleep(30)"])
+    proc = subprocess.Popen(
+        [str(prefix / "bin" / f"python{version[0]}.{version[1]}"), "-c", "import time; time.sleep(30)"]
+    )
     try:
         import time
 

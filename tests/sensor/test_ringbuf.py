@@ -181,7 +181,9 @@ def test_max_records_leaves_the_rest_for_the_next_drain(program: RingProgram, ri
     assert (len(head), len(tail)) == (12, 18)
 
 
-def test_many_times_the_ring_size_across_drains_wraps_without_loss(program: RingProgram, ring: RingBufferReader) -> None:
+def test_many_times_the_ring_size_across_drains_wraps_without_loss(
+    program: RingProgram, ring: RingBufferReader
+) -> None:
     program.reset(os.getpid(), SUBMIT)
     batches = []
     for n in [77, 101, 3, 99, 64, 100, 51, 88, 97, 100] * 3:  # each fits; 2,340 records, ~23 ring sizes

@@ -138,8 +138,10 @@ def test_pipelined_requests_in_one_write_are_answered_in_order():
     recorder = TcpRecorder(server.server_address)
     try:
         s = socket.create_connection(("127.0.0.1", recorder.port))
-        s.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /missing HTTP/1.1\r\nHost: x\r\n\r\n"
-                  b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(
+            b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /missing HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET /big HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
         received = b""
         while received.count(b"HTTP/1.") < 4 or not received.endswith(b"x" * 100):
             received += s.recv(65536)

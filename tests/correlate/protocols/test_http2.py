@@ -213,7 +213,14 @@ def test_repeated_header_blocks_skip_the_decoder_only_while_the_table_is_unchang
     calls = _count_decodes(conn, True)
     conn.feed(True, PREFACE + EMPTY_SETTINGS, 0, 0)
     newest = b"\xbe"  # index 62: the newest entry of the dynamic table
-    blocks = [GET + b"\x40\x03x-a\x011", GET + newest, GET + newest, GET + b"\x40\x03x-b\x012", GET + newest, GET + newest]
+    blocks = [
+        GET + b"\x40\x03x-a\x011",
+        GET + newest,
+        GET + newest,
+        GET + b"\x40\x03x-b\x012",
+        GET + newest,
+        GET + newest,
+    ]
     for i, block in enumerate(blocks):
         conn.feed(True, _headers_frame(2 * i + 1, block), 0, i)
     streams = conn.close(99)
