@@ -74,6 +74,17 @@ def _parser() -> argparse.ArgumentParser:
     strag.add_argument("--diff-profiles", metavar="OUT_DIR",
                        help="write each straggler's CPU profile and the healthy ranks' mean as pprof pairs "
                        "for `go tool pprof -diff_base` (needs the profiling receiver's CPU profiles in DIR)")
+    mcp = sub.add_parser(
+        "mcp", help="serve the diagnosis of an output folder as read-only MCP tools (stdio, or HTTP with a token)",
+        description="An MCP server over what `otelbpf run` wrote (spans, metrics, profiles). HTTP needs a bearer "
+        "token (OTELBPF_MCP_TOKEN or --token-file) and binds to 127.0.0.1 unless --host says otherwise.",
+    )
+    mcp.add_argument("directory", nargs="?", default="./otelbpf-out")
+    mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="HTTP: the address to bind (default 127.0.0.1)")
+    mcp.add_argument("--port", type=int, default=8765, help="HTTP: the port (default 8765)")
+    mcp.add_argument("--token-file", help="HTTP: a file (mode 0600) holding the bearer token")
+    mcp.add_argument("--max-bytes", type=int, default=1 << 30, help="refuse folders with more telemetry than this")
     val = sub.add_parser("validate", help="check a config file and print the effective pipelines")
     val.add_argument("-c", "--config", required=False)
     return p
@@ -95,6 +106,16 @@ def main(argv: list[str] | None = None) -> int:
         from otelbpf.analyze.diagnose import run as diagnose
 
         return diagnose(args.directory, sys.stdout, sys.stderr, as_json=args.json)
+    if args.cmd == "mcp":
+        from otelbpf.mcp.server import TokenError, serve
+
+        try:
+            serve(args.directory, transport=args.transport, host=args.host, port=args.port,
+                  token_file=args.token_file, max_bytes=args.max_bytes)
+        except TokenError as exc:
+            print(f"otelbpf mcp: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.cmd == "summary":
         from otelbpf.analyze.summary import summarize
 

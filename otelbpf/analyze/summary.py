@@ -27,16 +27,21 @@ def _attrs(items: list | None) -> dict:
     return {a["key"]: _value(a.get("value", {})) for a in items or []}
 
 
-def _read(directory: str, signal: str, add: Callable[[dict], None]) -> None:
+def _read(directory: str, signal: str, add: Callable[[dict], None], partial: list[str] | None = None) -> None:
     """Feed every request line to ``add``, rotated files first. A line that is not an
     OTLP-JSON request (not JSON, or JSON of another shape) is a ValueError naming its
-    file and line, never a traceback."""
+    file and line, never a traceback. With ``partial`` (a folder read while the agent
+    writes it), a last line with no newline yet is one still being written: its
+    ``file:line`` goes there instead of into an error."""
     files = sorted(glob.glob(os.path.join(directory, f"{signal}-*.jsonl"))) + sorted(
         glob.glob(os.path.join(directory, f"{signal}.jsonl"))
     )
     for path in files:
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
+                if partial is not None and not line.endswith("\n"):
+                    partial.append(f"{path}:{n}")
+                    continue
                 line = line.strip()
                 if not line:
                     continue
@@ -55,9 +60,9 @@ def _proc_key(res: dict) -> tuple:
     return (res.get("service.name", "?"), res.get("process.pid", 0))
 
 
-def load_metrics(directory: str, procs: dict) -> dict:
+def load_metrics(directory: str, procs: dict, partial: list[str] | None = None) -> dict:
     """The latest point of every series, per process: proc -> {(metric, attrs tuple): (time,
-    point, kind)}; ``procs`` gains each process's resource attributes."""
+    point, kind)}; ``procs`` gains each process's resource attributes. ``partial``: see _read."""
     latest: dict = defaultdict(dict)
 
     def add_metrics(req: dict) -> None:
@@ -76,7 +81,7 @@ def load_metrics(directory: str, procs: dict) -> dict:
                                 if slot not in latest[key] or latest[key][slot][0] <= t:
                                     latest[key][slot] = (t, dp, kind)
 
-    _read(directory, "metrics", add_metrics)
+    _read(directory, "metrics", add_metrics, partial)
     return latest
 
 

@@ -1,0 +1,1 @@
+"""``otelbpf mcp``: an MCP server whose read-only tools answer from what the agent wrote."""
