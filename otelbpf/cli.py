@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("directory", nargs="?", default="./otelbpf-out")
     diag.add_argument("--json", action="store_true", help="print the findings as JSON")
+    rep = sub.add_parser("report", help="one self-contained HTML page: findings, per-process summary, CUDA API "
+                         "time per call, CPU flame graphs")
+    rep.add_argument("directory", nargs="?", default="./otelbpf-out")
+    rep.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
     strag = sub.add_parser(
         "stragglers",
         help="name the NCCL ranks that hold the others back, and why, from every rank's exported spans",
@@ -106,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         from otelbpf.analyze.diagnose import run as diagnose
 
         return diagnose(args.directory, sys.stdout, sys.stderr, as_json=args.json)
+    if args.cmd == "report":
+        from otelbpf.analyze.report import run as report
+
+        return report(args.directory, args.output, sys.stdout, sys.stderr)
     if args.cmd == "mcp":
         from otelbpf.mcp.server import TokenError, serve
 
