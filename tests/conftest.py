@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from harness.bpf_gate import bpf_required, bpf_unavailable_reason
+from harness.nvcc import static_runtime_programs
 from harness.otlp import OtlpCollector
 
 # Agents started by tests release their probes before they exit, as before the background
@@ -16,6 +19,47 @@ from harness.otlp import OtlpCollector
 # tests that time an attach would wait on it. tests/test_agent.py's signal test runs the
 # background release, the default, explicitly.
 os.environ.setdefault("OTELBPF_DETACH", "wait")
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------------------------------
+# Built artefacts, made once per session for every module that asks (modules that need them
+# for every test say `pytestmark = pytest.mark.usefixtures("built")`).
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def built() -> None:
+    """The example C libraries and programs (examples/build.sh does nothing when they are up
+    to date): the stand-in CUDA/NCCL/ibverbs libraries and the workloads that load them."""
+    out = subprocess.run(["bash", str(REPO / "examples" / "build.sh")], capture_output=True, text=True)
+    assert out.returncode == 0, f"examples/build.sh failed:\n{out.stdout}{out.stderr}"
+
+
+@pytest.fixture(scope="session")
+def ibverbs_workload(built: None) -> Path:
+    """examples' ibverbs workload. build.sh skips it without libibverbs-dev; a test that needs
+    it fails then rather than skipping, so a CI host missing the package is noticed."""
+    workload = REPO / "build" / "examples" / "ibverbs_workload"
+    if not workload.exists():
+        pytest.fail(f"{workload} was not built (install libibverbs-dev: scripts/setup.sh)")
+    return workload
+
+
+@pytest.fixture(scope="session")
+def real_nccl() -> Path:
+    """NVIDIA's libnccl from the nvidia-nccl-cu12 wheel (a test extra)."""
+    import nvidia.nccl
+
+    return Path(list(nvidia.nccl.__path__)[0]) / "lib" / "libnccl.so.2"
+
+
+@pytest.fixture(scope="session")
+def nvcc_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """static_runtime.cu built by nvcc once per session: static, stripped, shared runtime
+    (harness/nvcc.py; skips without nvcc, fails under CI=true)."""
+    return static_runtime_programs(tmp_path_factory.mktemp("nvcc"))
+
 
 # ---------------------------------------------------------------------------------------
 # OTLP collector: rotel receiving on free loopback ports, forwarding to a recording sink.

@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 
 from harness.agent import AgentProcess, config, otlp_grpc, wait_until
-from harness.nvcc import static_runtime_programs
 from otelbpf.base.events import Kind
 from otelbpf.sensor import elf, libraries
 from otelbpf.sensor.cuda_probes import cuda_family
@@ -63,11 +62,6 @@ def fresh_cudart(cudart13: Path, tmp_path: Path) -> Path:
     lib.parent.mkdir()
     shutil.copy(cudart13, lib)
     return lib
-
-
-@pytest.fixture(scope="module")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return static_runtime_programs(tmp_path_factory.mktemp("nvcc"))
 
 
 def malloc_once(lib: Path) -> dict:
@@ -235,10 +229,10 @@ def _summary(output: str) -> dict:
     return json.loads(next(line for line in output.splitlines() if line.startswith('{"pid"')))
 
 
-def test_static_runtime_under_run_is_probed_from_its_constructors(otlp_collector, tmp_path, programs):
+def test_static_runtime_under_run_is_probed_from_its_constructors(otlp_collector, tmp_path, nvcc_programs):
     """Paused at exec, attached by .symtab, resumed: the constructor's cudaMalloc and every
     kernel registration (the launches' names) are seen."""
-    program = programs["static"]
+    program = nvcc_programs["static"]
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path, cuda={"launch_sample_every": 1})
     with AgentProcess(["-c", str(cfg), "--", str(program), "5"]) as agent:
         assert agent.wait() == 0, agent.output
@@ -256,8 +250,8 @@ def test_static_runtime_under_run_is_probed_from_its_constructors(otlp_collector
     assert f"probes to {program} (cudart_static)" in agent.output
 
 
-def test_static_runtime_started_after_the_agent_is_found_at_exec(otlp_collector, tmp_path, programs):
-    program = programs["static"]
+def test_static_runtime_started_after_the_agent_is_found_at_exec(otlp_collector, tmp_path, nvcc_programs):
+    program = nvcc_programs["static"]
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
     gate = tmp_path / "go"
     with AgentProcess(["-c", str(cfg)]) as agent:
@@ -280,8 +274,8 @@ def test_static_runtime_started_after_the_agent_is_found_at_exec(otlp_collector,
         assert agent.stop() == 0
 
 
-def test_stripped_static_runtime_is_reported_not_probed(otlp_collector, tmp_path, programs):
-    program = programs["stripped"]
+def test_stripped_static_runtime_is_reported_not_probed(otlp_collector, tmp_path, nvcc_programs):
+    program = nvcc_programs["stripped"]
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
     with AgentProcess(["-c", str(cfg), "--", str(program), "3"]) as agent:
         assert agent.wait() == 0, agent.output

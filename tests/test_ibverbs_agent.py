@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -21,20 +20,12 @@ import yaml
 
 from harness.agent import REPO, AgentProcess, otlp_grpc
 
-pytestmark = pytest.mark.bpf
+pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("ibverbs_workload")]
 
 BUILD = REPO / "build" / "examples"
 WORKLOAD = BUILD / "ibverbs_workload"
 FAKEDEV = REPO / "examples" / "ibverbs" / "fakedev.sh"
 PROVIDER = BUILD / "ibverbs" / "libfakeverbs-rdmav34.so"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    out = subprocess.run([str(REPO / "examples" / "build.sh")], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    if not WORKLOAD.exists():
-        pytest.fail(f"{WORKLOAD} was not built: {out.stdout.strip()} (install libibverbs-dev: scripts/setup.sh)")
 
 
 def config(collector, tmp: Path, **ibverbs) -> Path:

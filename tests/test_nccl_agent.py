@@ -23,15 +23,10 @@ from harness.agent import BUILD, REPO, AgentProcess
 from otelbpf.correlate.adaptive import Params
 from otelbpf.sensor.nccl_probes import comm_id, split_comm_id
 
-pytestmark = pytest.mark.bpf
+pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("built")]
 
 JOB = BUILD / "nccl_job"
 REAL_NCCL_PY = REPO / "examples" / "nccl" / "real_nccl.py"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    subprocess.run([str(REPO / "examples" / "build.sh")], check=True, capture_output=True, text=True)
 
 
 def write_config(tmp: Path, collector=None, threshold: str | None = "10ms", profiling: bool = False) -> Path:

@@ -19,17 +19,12 @@ from harness import pprof
 from harness.agent import FAKE_CUDART, REPO, AgentProcess
 from harness.pyroscope import PyroscopeReceiver
 
-pytestmark = pytest.mark.bpf
+pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("built")]
 
 EXAMPLES = REPO / "examples" / "profiling"
 BUILT = REPO / "build" / "examples" / "profiling"
 HOT = EXAMPLES / "hot.py"
 PYENV = Path.home() / ".pyenv" / "versions"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    subprocess.run(["bash", str(REPO / "examples" / "build.sh")], check=True, capture_output=True)
 
 
 def marked_line(path: Path, marker: str) -> int:

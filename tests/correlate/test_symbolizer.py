@@ -19,10 +19,7 @@ from harness.agent import FAKE_CUDA, FAKE_CUDART, REPO, WORKLOAD, wait_until
 from otelbpf.base.procfs import read_maps
 from otelbpf.correlate.symbolizer import Symbolizer, demangle
 
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    subprocess.run([str(REPO / "examples" / "build.sh")], check=True, capture_output=True, text=True)
+pytestmark = pytest.mark.usefixtures("built")
 
 
 class Workload:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("built")
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "examples"
 WORKLOAD = BUILD / "cuda_workload"
@@ -24,11 +26,6 @@ FAKE_CUDA = BUILD / "fakecuda" / "libcuda.so.1"
 NVCC_DIR = BUILD / "nvcc"
 REAL_CUDART13 = Path("/usr/local/cuda-13.0/lib64/libcudart.so.13")
 NVCC = Path("/usr/local/cuda-13.0/bin/nvcc")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    subprocess.run([str(ROOT / "examples" / "build.sh")], check=True, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")

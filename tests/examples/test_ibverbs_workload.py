@@ -20,15 +20,7 @@ WORKLOAD = BUILD / "ibverbs_workload"
 PROVIDER = BUILD / "ibverbs" / "libfakeverbs-rdmav34.so"
 FAKEDEV = ROOT / "examples" / "ibverbs" / "fakedev.sh"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="fakedev.sh needs root (private mounts)")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    out = subprocess.run([str(ROOT / "examples" / "build.sh")], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    if not WORKLOAD.exists():
-        pytest.fail(f"{WORKLOAD} was not built: {out.stdout.strip()} (install libibverbs-dev: scripts/setup.sh)")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="fakedev.sh needs root (private mounts)"), pytest.mark.usefixtures("ibverbs_workload")]
 
 
 def workload(*args: str, env: dict | None = None) -> dict:

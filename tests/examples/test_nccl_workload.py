@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
+pytestmark = pytest.mark.usefixtures("built")
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "examples"
 FAKE_NCCL = BUILD / "fakenccl" / "libnccl.so.2"
@@ -27,18 +29,6 @@ API = [
     "ncclCommSplit", "ncclCommDestroy", "ncclCommAbort", "ncclAllReduce", "ncclAllGather", "ncclReduceScatter",
     "ncclBroadcast", "ncclReduce", "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    subprocess.run([str(ROOT / "examples" / "build.sh")], check=True, capture_output=True, text=True)
-
-
-@pytest.fixture(scope="module")
-def real_nccl() -> Path:
-    import nvidia.nccl
-
-    return Path(list(nvidia.nccl.__path__)[0]) / "lib" / "libnccl.so.2"
 
 
 def exports(lib: Path) -> dict[str, tuple[int, str, str | None]]:

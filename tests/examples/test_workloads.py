@@ -21,6 +21,8 @@ import cxxfilt
 import pytest
 from elftools.elf.elffile import ELFFile
 
+pytestmark = pytest.mark.usefixtures("built")
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
 WORKLOAD = BUILD / "examples" / "cuda_workload"
@@ -46,12 +48,6 @@ ENDBR64 = bytes.fromhex("f30f1efa")
 
 class Dim3(ctypes.Structure):
     _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def built() -> None:
-    """Build everything once per session; build.sh does nothing when it is up to date."""
-    subprocess.run([str(ROOT / "examples" / "build.sh")], check=True, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="session")

@@ -14,16 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.agent import FAKE_CUDART, REPO, real_cudart
+from harness.agent import FAKE_CUDART, real_cudart
 from otelbpf.sensor import elf
 
+pytestmark = pytest.mark.usefixtures("built")
+
 LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    """The stand-in libraries (build.sh does nothing when they are up to date)."""
-    subprocess.run([str(REPO / "examples" / "build.sh")], check=True, capture_output=True, text=True)
 
 
 def dynsym(path: Path) -> list[tuple[int, str, str, str | None, bool]]:
@@ -224,13 +220,6 @@ def test_missing_file_raises_os_error(tmp_path: Path) -> None:
 
 STATIC_NAMES = ["cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc", "cudaFree", "cudaMemcpy",
                 "cudaDeviceSynchronize", "__cudaRegisterFunction", "__cudaGetKernel", "__cudaLaunchKernel"]
-
-
-@pytest.fixture(scope="module")
-def nvcc_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from harness.nvcc import static_runtime_programs
-
-    return static_runtime_programs(tmp_path_factory.mktemp("nvcc"))
 
 
 def nm_functions(path: Path) -> dict[str, tuple[set[int], str]]:

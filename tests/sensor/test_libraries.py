@@ -14,16 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.agent import FAKE_CUDA, FAKE_CUDART, REPO, WORKLOAD, real_cudart, wait_until
+from harness.agent import FAKE_CUDA, FAKE_CUDART, WORKLOAD, real_cudart, wait_until
 from otelbpf.sensor import libraries
 from otelbpf.sensor.cuda_probes import cuda_family
 
+pytestmark = pytest.mark.usefixtures("built")
+
 FAMILIES = [cuda_family(["cudart", "cuda"])]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    subprocess.run([str(REPO / "examples" / "build.sh")], check=True, capture_output=True, text=True)
 
 
 def inode(path: Path | str) -> tuple[int, int]:
@@ -166,13 +163,6 @@ def test_all_pids_lists_live_processes() -> None:
 
 
 # -- executables recognised by content: the CUDA runtime linked statically -------------
-
-
-@pytest.fixture(scope="module")
-def nvcc_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from harness.nvcc import static_runtime_programs
-
-    return static_runtime_programs(tmp_path_factory.mktemp("nvcc"))
 
 
 def waiting(program: Path, gate: Path) -> subprocess.Popen:

@@ -22,20 +22,10 @@ from otelbpf.base.events import FLAG_NCCL_UNKNOWN_COMM, Kind, NcclFunc
 from otelbpf.sensor import elf
 from otelbpf.sensor.nccl_probes import comm_id, nccl_family, split_comm_id
 
+pytestmark = pytest.mark.usefixtures("built")
+
 FAKE_NCCL = REPO / "build" / "examples" / "fakenccl" / "libnccl.so.2"
 REAL_NCCL_PY = REPO / "examples" / "nccl" / "real_nccl.py"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    subprocess.run([str(REPO / "examples" / "build.sh")], check=True, capture_output=True, text=True)
-
-
-@pytest.fixture(scope="module")
-def real_nccl() -> Path:
-    import nvidia.nccl
-
-    return Path(list(nvidia.nccl.__path__)[0]) / "lib" / "libnccl.so.2"
 
 
 def readelf_functions(path: Path) -> dict[str, int]:
