@@ -14,8 +14,8 @@ Reports, per scenario, the bytes still allocated once it is over (the connection
 it holds; the four source files that allocated most of it) and the peak while it ran
 (``tracemalloc``, Python allocations: numpy and the parser's buffers included; records are
 delivered in batches of 2,048 as the agent drains them; spans within the default budget of 20,000
-per second, counted and let go as the exporter takes them), with the problems counted. ``--scale`` multiplies every count (0.1 to compare
-with an older tree in reasonable time).
+per second, counted and let go as the exporter takes them), with the problems counted. ``--scale``
+multiplies every count (0.1 to compare with an older tree in reasonable time).
 """
 
 from __future__ import annotations

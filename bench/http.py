@@ -351,25 +351,20 @@ def report(r: dict) -> None:
     print("One connection, one request at a time (wrk -t1 -c1)")
     for side in ("without", "with"):
         x = one[side]
-        print(
-            f"  {side:7} agent  {x['requests_per_s']:10.0f} req/s   p50 {x['p50_us']:8.0f} us   p99 {x['p99_us']:8.0f} us"
-        )
+        print(f"  {side:7} agent  {x['requests_per_s']:10.0f} req/s   "
+              f"p50 {x['p50_us']:8.0f} us   p99 {x['p99_us']:8.0f} us")
     p = r["paced"]
     s = p["agent"]
     print(f"Paced (wrk delay 1 ms, {r.get('paced_connections', 20)} connections)")
-    print(
-        f"  without agent  {p['without']['requests_per_s']:10.0f} req/s   with agent {p['with']['requests_per_s']:10.0f} req/s"
-    )
+    print(f"  without agent  {p['without']['requests_per_s']:10.0f} req/s   "
+          f"with agent {p['with']['requests_per_s']:10.0f} req/s")
     print(f"    agent: requests {p['with']['requests']}, {_agent_line(s)}")
     g = r["grpc"]
     gb, gw = _median(g["without"], "calls_per_s"), _median(g["with"], "calls_per_s")
     print("gRPC unary, one grpcio channel, calls in a loop (median)")
-    print(
-        f"  without agent  {gb:10.0f} calls/s p50 {_median(g['without'], 'p50_us'):8.0f} us   p99 {_median(g['without'], 'p99_us'):8.0f} us"
-    )
-    print(
-        f"  with agent     {gw:10.0f} calls/s p50 {_median(g['with'], 'p50_us'):8.0f} us   p99 {_median(g['with'], 'p99_us'):8.0f} us"
-    )
+    for side, calls in (("without", gb), ("with", gw)):
+        print(f"  {side + ' agent':14} {calls:10.0f} calls/s p50 {_median(g[side], 'p50_us'):8.0f} us   "
+              f"p99 {_median(g[side], 'p99_us'):8.0f} us")
     print(f"  throughput change {100 * (gw / gb - 1):+.1f}%")
     for st in g["agent"]:
         print(f"    agent: {_agent_line(st)}")

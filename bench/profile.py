@@ -342,16 +342,29 @@ def main() -> int:
         print(f"wrote {out}")
         return 0
     i, c, s, a = result["idle"], result["cpu"], result["symbolization"], result["alloc"]
-    print(f"""
-agent, idle host  {i["agent_share_of_one_core"]:.2%} of one core ({i["profile_thread_share_of_one_core"]:.2%} collecting profiles), RSS {i["agent_rss_bytes"] / 2**20:.0f} MiB
-CPU workload      median off {c["median_off_s"]:.3f}s  on {c["median_on_s"]:.3f}s  slowdown {c["slowdown"]:+.2%} (paired runs: {c["paired_slowdown_median"]:+.2%})
-                  its CPU time: median off {statistics.median(c["off_cpu_s"]):.3f}s  on {statistics.median(c["on_cpu_s"]):.3f}s  slowdown {c["cpu_time_slowdown"]:+.2%} (paired runs: {c["paired_cpu_time_slowdown_median"]:+.2%})
-in the kernel     {c["bpf_ns_per_sample"]:,.0f} ns per CPU sample (walker included), {c["bpf_share_of_a_cpu_at_99hz"]:.3%} of a busy CPU at 99 Hz
-agent             {c["agent_cpu_s_per_run"]:.3f}s CPU per run ({c["agent_cpu_share_of_one_core"]:.2%} of one core), RSS {c["agent_rss_bytes"] / 2**20:.0f} MiB
-symbolization     {s["native_frames_per_s"]:,.0f} native frames/s (warm), {s["python_lines_per_s"]:,.0f} Python lines/s, first frame {s["first_frame_s"] * 1000:.0f} ms
-alloc+free        no agent {a["median_ns"]["no_agent"]:,.0f} ns, cuda receiver {a["median_ns"]["cuda"]:,.0f} ns, + memory profile {a["median_ns"]["cuda_and_memory_profile"]:,.0f} ns
-                  probes +{a["probes_ns"]:,.0f} ns, stacks + accounting +{a["stack_capture_and_accounting_ns"]:,.0f} ns per allocation
-                  BPF time per uprobe run: {a["bpf_ns_per_probe_run"]}""")
+    median = statistics.median
+    print("\n".join([
+        "",
+        f"agent, idle host  {i['agent_share_of_one_core']:.2%} of one core "
+        f"({i['profile_thread_share_of_one_core']:.2%} collecting profiles), "
+        f"RSS {i['agent_rss_bytes'] / 2**20:.0f} MiB",
+        f"CPU workload      median off {c['median_off_s']:.3f}s  on {c['median_on_s']:.3f}s  "
+        f"slowdown {c['slowdown']:+.2%} (paired runs: {c['paired_slowdown_median']:+.2%})",
+        f"                  its CPU time: median off {median(c['off_cpu_s']):.3f}s  on {median(c['on_cpu_s']):.3f}s  "
+        f"slowdown {c['cpu_time_slowdown']:+.2%} (paired runs: {c['paired_cpu_time_slowdown_median']:+.2%})",
+        f"in the kernel     {c['bpf_ns_per_sample']:,.0f} ns per CPU sample (walker included), "
+        f"{c['bpf_share_of_a_cpu_at_99hz']:.3%} of a busy CPU at 99 Hz",
+        f"agent             {c['agent_cpu_s_per_run']:.3f}s CPU per run "
+        f"({c['agent_cpu_share_of_one_core']:.2%} of one core), RSS {c['agent_rss_bytes'] / 2**20:.0f} MiB",
+        f"symbolization     {s['native_frames_per_s']:,.0f} native frames/s (warm), "
+        f"{s['python_lines_per_s']:,.0f} Python lines/s, first frame {s['first_frame_s'] * 1000:.0f} ms",
+        f"alloc+free        no agent {a['median_ns']['no_agent']:,.0f} ns, "
+        f"cuda receiver {a['median_ns']['cuda']:,.0f} ns, "
+        f"+ memory profile {a['median_ns']['cuda_and_memory_profile']:,.0f} ns",
+        f"                  probes +{a['probes_ns']:,.0f} ns, "
+        f"stacks + accounting +{a['stack_capture_and_accounting_ns']:,.0f} ns per allocation",
+        f"                  BPF time per uprobe run: {a['bpf_ns_per_probe_run']}",
+    ]))
     out = args.out or REPO / "bench" / "results" / f"profile-{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
