@@ -67,11 +67,18 @@ class Agent:
         self.process_info = ProcessInfo({k: v for k, v in self._resource_attrs.items()})
         sizes = [c for _, c in self._receiver_configs()]
         symbolizer.TABLES.max_tables = max((getattr(c, "symbol_tables", 0) for c in sizes), default=0) or 128
-        self.symbolizer = Symbolizer(max_names=next((c.symbol_names for c in sizes if hasattr(c, "symbol_names")), 65536))
+        self.symbolizer = Symbolizer(
+            max_names=next((c.symbol_names for c in sizes if hasattr(c, "symbol_names")), 65536)
+        )
         self.started_at = time.time()
 
         batch = next(
-            (p for s in ("traces", "metrics") for _, p in config.pipeline_processors(s) if isinstance(p, BatchProcessorConfig)),
+            (
+                p
+                for s in ("traces", "metrics")
+                for _, p in config.pipeline_processors(s)
+                if isinstance(p, BatchProcessorConfig)
+            ),
             BatchProcessorConfig(),
         )
         self.spans: SpanQueue | None = None
@@ -84,7 +91,9 @@ class Agent:
                 timeout_s=to_seconds(batch.timeout),
             )
 
-        self.profile_exporters = [(n, profile_exporter(n, c, self.health)) for n, c in config.pipeline_exporters("profiles")]
+        self.profile_exporters = [
+            (n, profile_exporter(n, c, self.health)) for n, c in config.pipeline_exporters("profiles")
+        ]
         maps = MapAccess()
         ctx = Context(self.process_info, self.symbolizer, self.clock, self.health, self._emit_spans, maps, traces,
                       export_profiles=self._export_profiles,
@@ -257,16 +266,50 @@ class Agent:
         a = self.sensor.attach_stats
         out.append(m.gauge("otelbpf.probes.attached", "{probe}", "Uprobes attached", [({}, a.probes)], now))
         out.append(m.gauge("otelbpf.libraries.attached", "{library}", "Library files probed", [({}, a.libraries)], now))
-        out.append(m.cumulative_sum("otelbpf.attach.failures", "{failure}", "Failed attach attempts, by reason",
-                                    [({"reason": r}, n) for r, n in sorted(a.by_reason.items())] or [({}, 0)], start, now))
+        out.append(
+            m.cumulative_sum(
+                "otelbpf.attach.failures",
+                "{failure}",
+                "Failed attach attempts, by reason",
+                [({"reason": r}, n) for r, n in sorted(a.by_reason.items())] or [({}, 0)],
+                start,
+                now,
+            )
+        )
         out.append(m.gauge("otelbpf.libraries.retrying", "{library}", "Library files waiting for an attach retry",
                            [({}, a.retrying)], now))
-        out.append(m.gauge("otelbpf.spans.queued", "{span}", "Spans waiting for export", [({}, len(self.spans) if self.spans else 0)], now))
-        out.append(m.gauge("otelbpf.startup.duration", "s", "BPF compile and first attach time",
-                           [({"phase": "compile"}, self.sensor.compile_seconds), ({"phase": "attach"}, self.sensor.attach_seconds)], now))
+        out.append(
+            m.gauge(
+                "otelbpf.spans.queued",
+                "{span}",
+                "Spans waiting for export",
+                [({}, len(self.spans) if self.spans else 0)],
+                now,
+            )
+        )
+        out.append(
+            m.gauge(
+                "otelbpf.startup.duration",
+                "s",
+                "BPF compile and first attach time",
+                [
+                    ({"phase": "compile"}, self.sensor.compile_seconds),
+                    ({"phase": "attach"}, self.sensor.attach_seconds),
+                ],
+                now,
+            )
+        )
         usage = rlimit.getrusage(rlimit.RUSAGE_SELF)
-        out.append(m.cumulative_sum("process.cpu.time", "s", "CPU time of the agent",
-                                    [({"cpu.mode": "user"}, usage.ru_utime), ({"cpu.mode": "system"}, usage.ru_stime)], start, now))
+        out.append(
+            m.cumulative_sum(
+                "process.cpu.time",
+                "s",
+                "CPU time of the agent",
+                [({"cpu.mode": "user"}, usage.ru_utime), ({"cpu.mode": "system"}, usage.ru_stime)],
+                start,
+                now,
+            )
+        )
         out.append(m.gauge("process.memory.usage", "By", "Resident memory of the agent", [({}, _rss_bytes())], now))
         return [(agent_resource(self._resource_attrs), AGENT_SCOPE, [x for x in out if x is not None])]
 
@@ -323,7 +366,8 @@ class Agent:
         kernel = self.sensor.kernel_stats()
         return (
             f"events received {sum(self.sensor.records_received.values())}, "
-            f"spans {sum(getattr(r.correlator, 'spans_emitted', 0) for r in self.receivers)}, lost in kernel {sum(kernel.values())}, "
+            f"spans {sum(getattr(r.correlator, 'spans_emitted', 0) for r in self.receivers)}, "
+            f"lost in kernel {sum(kernel.values())}, "
             f"dropped {self.health.get('otelbpf.events.dropped') + self.health.get('otelbpf.export.dropped')}, "
             f"export failures {self.health.get('otelbpf.export.failures')}"
         )

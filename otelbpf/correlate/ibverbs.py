@@ -37,11 +37,11 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 
+from otelbpf.base.events import FLAG_IBV_POSTED, FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
-from otelbpf.base.events import FLAG_IBV_POSTED, FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
 from otelbpf.sensor import ibverbs_abi as abi
 from otelbpf.sensor.ibverbs_probes import read_memory
 

@@ -175,10 +175,7 @@ class LateComms:
             anomalies["late_comm_ambiguous"] += 1
             lc.waiting.pop(0)
             return []
-        if candidates:
-            rnd = candidates[0]
-        else:
-            rnd = self._new_round(group, call.signature)
+        rnd = candidates[0] if candidates else self._new_round(group, call.signature)
         self._place(lc, call, rnd)
         rnd.completed = call.completed if rnd.completed is None else min(rnd.completed, call.completed)
         placed = [call]

@@ -47,16 +47,16 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext
 
-from otelbpf.correlate.adaptive import CommDetector, Params
-from otelbpf.correlate.lateness import UNKNOWN, classify, components
-from otelbpf.correlate import metrics as m
-from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.base.events import FLAG_INCOMPLETE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 from otelbpf.correlate import launch_env
+from otelbpf.correlate import metrics as m
+from otelbpf.correlate.adaptive import CommDetector, Params
+from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.late_comms import LateComms
+from otelbpf.correlate.lateness import UNKNOWN, classify, components
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, new_context, scope
-from otelbpf.base.events import FLAG_INCOMPLETE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 
 SCOPE = scope("otelbpf.nccl")
 
@@ -565,9 +565,9 @@ class NcclCorrelator:
                 p.comms[call.comm] = call.rank
                 members = self._members[call.comm]
                 members[who] = call.seq
-        if key not in self._arrivals and (len(members) < 2 or who not in members):
-            if call.late is None or who not in members:
-                return
+        if (key not in self._arrivals and (len(members) < 2 or who not in members)
+                and (call.late is None or who not in members)):
+            return
         self._arrivals.setdefault(key, {})[who] = call
         self._check_arrivals(key)
 

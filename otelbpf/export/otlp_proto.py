@@ -3,8 +3,9 @@
 The SDK's ``encode_spans`` constructs every KeyValue, AnyValue and Span message one Python
 call at a time (~50 µs per HTTP span here). Handing the protobuf constructor one nested
 dict per resource lets the C implementation (upb) build the messages: a third of the CPU,
-the same message (tests/export/test_otlp_proto.py compares them with ``==``; 15 against 49 µs per HTTP span in bench/http_pipeline.py). Used by the
-``otlp`` (gRPC) exporter; the ``otlphttp`` exporter encodes inside the SDK's ``export``.
+the same message (tests/export/test_otlp_proto.py compares them with ``==``; 15 against 49 µs
+per HTTP span in bench/http_pipeline.py). Used by the ``otlp`` (gRPC) exporter; the ``otlphttp``
+exporter encodes inside the SDK's ``export``.
 Values protobuf cannot hold are clamped or converted as in otlp_json.py (counted), so that
 one span never fails a whole request.
 """
