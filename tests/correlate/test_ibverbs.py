@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from otelbpf.base.events import EVENT_DTYPE, FLAG_IBV_POSTED, IbvFunc, Kind
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.ibverbs import LATENCY_BOUNDS, IbverbsCorrelator, _Series, peer_address
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.base.events import EVENT_DTYPE, FLAG_IBV_POSTED, IbvFunc, Kind
 from otelbpf.sensor import ibverbs_abi as abi
 
 

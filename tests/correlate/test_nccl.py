@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from otelbpf.base.events import EVENT_DTYPE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.launch_env import Launch, parse
 from otelbpf.correlate.nccl import NcclCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.base.events import EVENT_DTYPE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 
 MS = 1_000_000
 STREAM, COMPUTE = 0x6000, 0x5000

@@ -43,7 +43,8 @@ def sleeper() -> Iterator[subprocess.Popen]:
         env={
             "PATH": "/usr/bin:/bin",
             "OTEL_SERVICE_NAME": "checkout",
-            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team=ml%2Cinfra,host.name=spoofed,process.pid=1,=x,bare",
+            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team=ml%2Cinfra,"
+            "host.name=spoofed,process.pid=1,=x,bare",
             "NOT_OTEL": "ignored",
         },
     )

@@ -173,7 +173,8 @@ def test_pause_on_load_stops_the_process_at_its_open_until_resumed() -> None:
         [
             sys.executable,
             "-c",
-            f"import sys; print('ready', flush=True); sys.stdin.readline(); open({str(FAKE_CUDART)!r}).close(); print('done')",
+            "import sys; print('ready', flush=True); sys.stdin.readline(); "
+            f"open({str(FAKE_CUDART)!r}).close(); print('done')",
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
