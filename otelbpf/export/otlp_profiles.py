@@ -266,7 +266,7 @@ class Transport(Protocol):
 
 def _retry_info_s(error: grpc.RpcError) -> float | None:
     """The server's ``google.rpc.RetryInfo`` delay, if its status details carry one."""
-    from google.rpc import error_details_pb2, status_pb2
+    from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
     trailers = getattr(error, "trailing_metadata", lambda: None)() or ()
     for key, value in trailers:
@@ -313,7 +313,9 @@ class GrpcTransport:
 
 class HttpTransport:
     def __init__(self, cfg: OtlpHttpExporterConfig) -> None:
-        self._url = cfg.url("profiles")  # type: ignore[arg-type]
+        if cfg.endpoint is None:
+            raise ValueError("otlphttp exporter without endpoint")
+        self._url = cfg.endpoint.rstrip("/") + HTTP_PATH
         self._gzip = cfg.compression == "gzip"
         self._timeout = to_seconds(cfg.timeout)
         self._session = requests.Session()
