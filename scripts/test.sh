@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# The project's test command: set the host up, build the example C libraries, run pytest.
-#   scripts/test.sh                # = pytest -q
-#   scripts/test.sh -k doctor -x   # any pytest arguments replace the default -q
+# The project's test command: set the host up, build the example C libraries, then run the
+# tiers, fastest first:
+#   1. guard rails: the import-linter layers contract (pyproject.toml);
+#   2. the unit tier: `pytest -m "not bpf"` (no root, no eBPF);
+#   3. the BPF tier: `pytest -m bpf` (real probes on real processes), with its 25 slowest tests
+#      listed so CI logs show where the time goes.
+# Every tier runs even when an earlier one failed; the exit status is non-zero if any failed.
+#   scripts/test.sh                # = pytest -q, per tier
+#   scripts/test.sh -k doctor -x   # any pytest arguments replace the default -q, in both tiers
 # Under CI=true, tests marked `bpf` must run: OTELBPF_REQUIRE_BPF=1 makes them fail instead of skip.
 set -euo pipefail
 
@@ -21,9 +27,35 @@ if [[ ${CI:-} == true ]]; then
 fi
 
 (($#)) || set -- -q
-rc=0
-.venv/bin/python -m pytest "$@" || rc=$?
-if ((rc == 5)); then
-  echo "test: ERROR: pytest collected no tests (exit 5); check the arguments and tests/" >&2
+failed=()
+
+echo "test: guard rails: import-linter (one-way layers)"
+.venv/bin/lint-imports || failed+=("import-linter")
+
+# A tier that collects nothing (exit 5: the arguments selected only the other tier's tests)
+# is not a failure; both collecting nothing is.
+empty=0
+run_tier() {
+  local name=$1 rc=0
+  shift
+  echo "test: $name tier: pytest $*"
+  .venv/bin/python -m pytest "$@" || rc=$?
+  if ((rc == 5)); then
+    empty=$((empty + 1))
+  elif ((rc != 0)); then
+    failed+=("$name tier (pytest exit $rc)")
+  fi
+}
+
+run_tier unit -m "not bpf" "$@"
+run_tier bpf -m bpf --durations=25 "$@"
+
+if ((empty == 2)); then
+  echo "test: ERROR: pytest collected no tests in either tier (exit 5); check the arguments and tests/" >&2
+  exit 5
 fi
-exit "$rc"
+if ((${#failed[@]})); then
+  printf 'test: FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "test: all tiers passed"
