@@ -51,7 +51,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_LOOP = ROOT / "build/bench/launch_loop"
 FAKE_CUDART = ROOT / "build/examples/fakecudart/libcudart.so.12"
-DEFAULT_CONFIG = ROOT / "config/otelbpf.yaml"
+DEFAULT_CONFIG = ROOT / "otelbpf/config/otelbpf.yaml"
 RESULTS = ROOT / "bench/results"
 UPROBE_EVENTS = Path("/sys/kernel/tracing/uprobe_events")
 SYMBOL = "cudaLaunchKernel"
@@ -266,7 +266,7 @@ def empty_uprobes(sites: list[tuple[Path, int]]) -> Iterator[dict]:
 
 @dataclass
 class Agent:
-    """One `otelbpf run` in a subprocess, configured from config/otelbpf.yaml plus overrides."""
+    """One `otelbpf run` in a subprocess, configured from otelbpf/config/otelbpf.yaml plus overrides."""
 
     name: str
     workdir: Path

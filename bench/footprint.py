@@ -60,7 +60,7 @@ from cuda_launch import (  # noqa: E402  (bench/ is not a package)
     thread_ticks,
 )
 
-DEFAULT_CONFIG = ROOT / "config/otelbpf.yaml"
+DEFAULT_CONFIG = ROOT / "otelbpf/config/otelbpf.yaml"
 HTTP_SERVER = ROOT / "build/bench/http_server"
 NCCL_JOB = ROOT / "build/examples/nccl_job"
 RESULTS = ROOT / "bench/results"

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from otelbpf.config import (
+    DEFAULT_CONFIG_PATH,
     DEFAULT_CONFIG_YAML,
     BatchProcessorConfig,
     Config,
@@ -29,7 +30,7 @@ from otelbpf.config import (
     to_seconds,
 )
 
-DOCUMENTED_DEFAULT = Path(__file__).resolve().parents[1] / "config" / "otelbpf.yaml"
+DOCUMENTED_DEFAULT = Path(DEFAULT_CONFIG_PATH)
 
 # A small valid file the error tests start from; each test breaks one thing.
 MINIMAL = """\
@@ -93,7 +94,7 @@ def test_documented_file_is_the_built_in_default():
 
 
 def test_model_defaults_are_the_documented_defaults():
-    """Omitting an option must mean what config/otelbpf.yaml says its default is."""
+    """Omitting an option must mean what otelbpf/config/otelbpf.yaml says its default is."""
     config = load_config(DOCUMENTED_DEFAULT, env={})
 
     assert config.receivers["cuda"] == CudaReceiverConfig()
@@ -197,7 +198,8 @@ def test_unknown_exporter_type_lists_the_allowed_types():
     error = one_error(with_exporter("zipkin: {endpoint: x}"))
 
     assert error == (
-        "test.yaml:5:3: exporters.zipkin: unknown exporter type 'zipkin'; allowed types: file, otlp, otlphttp, pyroscope"
+        "test.yaml:5:3: exporters.zipkin: unknown exporter type 'zipkin'; "
+        "allowed types: file, otlp, otlphttp, pyroscope"
     )
 
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from otelbpf.config import ConfigError, HttpReceiverConfig, load_config, load_config_text
+from otelbpf.config import DEFAULT_CONFIG_PATH, ConfigError, HttpReceiverConfig, load_config, load_config_text
 
 PIPELINES = "service: {pipelines: {traces: {receivers: [http], exporters: [file]}}}\nexporters: {file: }\n"
 
 
 def test_documented_defaults():
-    from pathlib import Path
-
-    documented = load_config(Path(__file__).resolve().parents[1] / "config" / "otelbpf.yaml", env={})
+    documented = load_config(DEFAULT_CONFIG_PATH, env={})
     assert documented.receivers["http"] == HttpReceiverConfig()
     http = HttpReceiverConfig()
     assert (http.ports, http.payload_size, http.ring_buffer_size) == ([], 4096, 16 << 20)

@@ -16,6 +16,7 @@ One module per job:
 - ``receivers/``: each probe family's options, one module per family, and ``registry.py``
   (how to add a family); ``processors``, ``exporters``, ``service`` (targets, pipelines,
   telemetry); ``model``: the root ``Config`` and the checks that span sections.
+- ``default``: the built-in default, ``otelbpf.yaml`` (package data) read as it is.
 - ``loader``: ``load_config`` / ``load_config_text``; ``parse``: safe YAML with size, depth
   and alias limits; ``substitution``: ``${env:VAR}``; ``env``: the ``OTEL_*`` / ``PYROSCOPE_*``
   variables and their precedence; ``selection``: ``--receivers`` / ``OTELBPF_RECEIVERS``;
@@ -24,6 +25,7 @@ One module per job:
 Everything other packages use is importable from ``otelbpf.config`` itself.
 """
 
+from otelbpf.config.default import DEFAULT_CONFIG_PATH, DEFAULT_CONFIG_YAML, DEFAULT_SOURCE
 from otelbpf.config.errors import ConfigError, OptionPath
 from otelbpf.config.exporters import (
     EXPORTER_TYPES,
@@ -40,7 +42,7 @@ from otelbpf.config.exporters import (
     TLSConfig,
 )
 from otelbpf.config.fields import FilePath, GrpcHeaders, Headers, HeaderValue
-from otelbpf.config.loader import DEFAULT_CONFIG_YAML, DEFAULT_SOURCE, load_config, load_config_text
+from otelbpf.config.loader import load_config, load_config_text
 from otelbpf.config.model import Config, component_type
 from otelbpf.config.parse import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES
 from otelbpf.config.printable import printable
@@ -75,6 +77,7 @@ from otelbpf.config.units import (
 
 __all__ = [
     "CHOOSABLE_RECEIVERS",
+    "DEFAULT_CONFIG_PATH",
     "DEFAULT_CONFIG_YAML",
     "DEFAULT_SOURCE",
     "EXPORTER_TYPES",

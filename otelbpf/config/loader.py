@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
+from otelbpf.config.default import DEFAULT_CONFIG_YAML, DEFAULT_SOURCE, EXAMPLE_HINT
 from otelbpf.config.env import overlay
 from otelbpf.config.errors import ConfigError, Findings
 from otelbpf.config.messages import describe, format_issue
@@ -16,120 +17,6 @@ from otelbpf.config.model import Config
 from otelbpf.config.parse import MAX_CONFIG_BYTES, parse_yaml
 from otelbpf.config.selection import choose_receivers
 from otelbpf.config.substitution import substitute
-
-DEFAULT_CONFIG_YAML = """\
-receivers:
-  cuda:
-    libraries: [cudart, cuda]
-    search_paths:
-      - /usr/local/cuda*/lib64/libcudart.so*
-      - /usr/lib/x86_64-linux-gnu/libcudart.so*
-      - /opt/conda/lib/libcudart.so*
-      - /opt/conda/envs/*/lib/libcudart.so*
-      - /opt/conda/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*
-      - /usr/local/lib/python3*/dist-packages/nvidia/cuda_runtime/lib/libcudart.so*
-      - /usr/local/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so*
-      # CUDA 13 wheels (PyTorch cu130 loads its runtime from nvidia/cu13/lib)
-      - /opt/conda/lib/python3*/site-packages/nvidia/cu1[3-9]/lib/libcudart.so*
-      - /usr/local/lib/python3*/dist-packages/nvidia/cu1[3-9]/lib/libcudart.so*
-      - /usr/local/lib/python3*/site-packages/nvidia/cu1[3-9]/lib/libcudart.so*
-      - /usr/lib/x86_64-linux-gnu/libcuda.so*
-      - /usr/lib/aarch64-linux-gnu/libcuda.so*
-      - /usr/lib64/libcuda.so*
-      - /usr/local/nvidia/lib64/libcuda.so*
-    launch_sample_every: 0
-    launch_errors: false
-    min_span_duration: 0us
-    ring_buffer_size: 16MiB
-    top_kernels: 20
-    max_spans_per_second: 20000
-    symbol_names: 65536
-    symbol_tables: 128
-  http:
-    processes: gpu
-    ports: []
-    payload_size: 4KiB
-    ring_buffer_size: 16MiB
-    capture_headers: []
-    redact_headers: []
-    max_spans_per_second: 20000
-  profiling:
-    sample_rate: 99
-    interval: 10s
-    python: true
-    max_python_frames: 64
-    cuda_memory: true
-    stack_map_entries: 16384
-    sample_map_entries: 16384
-    code_map_entries: 16384
-    live_allocations: 262144
-    symbol_tables: 128
-  nccl:
-    search_paths:
-      - /usr/lib/x86_64-linux-gnu/libnccl.so*
-      - /usr/lib/aarch64-linux-gnu/libnccl.so*
-      - /usr/lib64/libnccl.so*
-      - /usr/local/cuda*/lib64/libnccl.so*
-      - /opt/conda/lib/libnccl.so*
-      - /opt/conda/envs/*/lib/libnccl.so*
-      - /opt/conda/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so*
-      - /usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so*
-      - /usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so*
-    ring_buffer_size: 1MiB
-    straggler_threshold: 1ms
-    completion_timeout: 30s
-    max_spans_per_second: 20000
-  ibverbs:
-    search_paths:
-      - /usr/lib/x86_64-linux-gnu/libibverbs.so*
-      - /usr/lib/aarch64-linux-gnu/libibverbs.so*
-      - /usr/lib64/libibverbs.so*
-      - /usr/lib/libibverbs.so*
-      - /opt/conda/lib/libibverbs.so*
-      - /opt/conda/envs/*/lib/libibverbs.so*
-    data_path: true
-    slow_completion: 1ms
-    max_queue_pairs: 16384
-    ring_buffer_size: 1MiB
-    max_spans_per_second: 20000
-processors:
-  batch:
-    timeout: 1s
-    send_batch_size: 512
-    max_queue_size: 8192
-  resource:
-    attributes: {}
-exporters:
-  file:
-    directory: ./otelbpf-out
-    rotate_size: 64MiB
-    file_mode: "0600"
-    dir_mode: "0700"
-targets:
-  pids: []
-service:
-  pipelines:
-    traces:
-      receivers: [cuda, http, nccl, ibverbs]
-      processors: [batch, resource]
-      exporters: [file]
-    metrics:
-      receivers: [cuda, http, nccl, ibverbs]
-      processors: [batch, resource]
-      exporters: [file]
-    profiles:
-      receivers: [profiling]
-      processors: [resource]
-      exporters: [file]
-  telemetry:
-    metrics_interval: 10s
-    drain_interval: 50ms
-    log_level: info
-"""
-"""The built-in configuration, used when no file is given; ``config/otelbpf.yaml`` is the
-same configuration with every option documented (a test keeps them equal)."""
-
-DEFAULT_SOURCE = "<built-in default>"
 
 
 def load_config(
@@ -149,8 +36,7 @@ def load_config(
             raw = f.read(MAX_CONFIG_BYTES + 1)  # never more: it may be /dev/zero or 60 MB
         text = raw.decode("utf-8")
     except FileNotFoundError:
-        example = "see config/otelbpf.yaml for a documented example"
-        raise ConfigError(source, [f"{source}: no such file; {example}"]) from None
+        raise ConfigError(source, [f"{source}: no such file; {EXAMPLE_HINT}"]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, [f"{source}: cannot read: {exc}"]) from None
     return _build(text, source, env, from_file=True, receivers=chosen)

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from otelbpf.config.default import EXAMPLE_HINT
 from otelbpf.config.errors import ConfigError, OptionPath
 from otelbpf.config.units import format_size
 
@@ -103,7 +104,7 @@ def parse_yaml(text: str, source: str) -> tuple[dict[str, Any], yaml.Node]:
         if loader is not None:
             loader.dispose()
     if root is None:
-        raise ConfigError(source, [f"{source}: the file is empty; see config/otelbpf.yaml for a documented example"])
+        raise ConfigError(source, [f"{source}: the file is empty; {EXAMPLE_HINT}"])
     if not isinstance(data, dict):
         where = f"{source}:{root.start_mark.line + 1}:{root.start_mark.column + 1}"
         sections = "receivers, processors, exporters, targets and service"

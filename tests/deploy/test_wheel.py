@@ -76,6 +76,7 @@ def test_wheel_carries_every_module_and_bpf_source(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     package = REPO / "otelbpf"
     wanted = [str(p.relative_to(REPO)) for p in package.rglob("*.py") if "__pycache__" not in p.parts]
+    wanted.append("otelbpf/config/otelbpf.yaml")  # the built-in default config, read as package data
     sources = [f"otelbpf/bpf/{p.name}" for p in (REPO / "bpf").iterdir() if p.suffix in (".c", ".h")]
     assert any(s.endswith(".c") for s in sources) and any(s.endswith(".h") for s in sources)
     missing = [name for name in wanted + sources if name not in names]
@@ -96,8 +97,10 @@ def test_installed_tool_works_outside_the_repository(venv, tmp_path):
                       "print(sorted(p.name for p in d.iterdir() if p.name.endswith(('.c', '.h'))))", cwd=tmp_path)
     shipped = sorted(p.name for p in (REPO / "bpf").iterdir() if p.suffix in (".c", ".h"))
     assert sources.stdout.strip() == repr(shipped)
+    builtin = in_venv(venv, "otelbpf", "validate", cwd=tmp_path)  # the default config, from the package
+    assert builtin.returncode == 0 and "traces: receivers=" in builtin.stdout, builtin.stdout + builtin.stderr
     config = tmp_path / "otelbpf.yaml"
-    shutil.copy(REPO / "config" / "otelbpf.yaml", config)
+    shutil.copy(REPO / "otelbpf" / "config" / "otelbpf.yaml", config)
     valid = in_venv(venv, "otelbpf", "validate", "-c", str(config), cwd=tmp_path)
     assert valid.returncode == 0 and "traces: receivers=" in valid.stdout, valid.stdout + valid.stderr
     config.write_text(config.read_text().replace("launch_sample_every: 0", "launch_sample_every: -1"))

@@ -195,7 +195,7 @@ def agent() -> dashboard.Dashboard:
                                promql(f"sum by (host_name, ring) (rate(otelbpf_events_skipped_total{{{me}}}[{RATE}]))",
                                       "skipped: {{ring}}", "D"),
                                description="Non-zero lines say what to raise: ring_buffer_size, max_queue_size, "
-                                           "max_spans_per_second (config/otelbpf.yaml)."))
+                                           "max_spans_per_second (otelbpf/config/otelbpf.yaml)."))
             .with_panel(series("Export: sent and failed per second", "ops",
                                promql(f"sum by (signal, exporter) (rate(otelbpf_export_sent_total{{{me}}}[{RATE}]))",
                                       "sent {{signal}} {{exporter}}"),
