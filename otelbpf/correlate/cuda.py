@@ -31,6 +31,7 @@ from otelbpf.correlate.kernel_names import KernelNames
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.correlate.symbolizer import Symbolizer
+from otelbpf.sensor.family import MapReader
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +54,6 @@ CUDA_KINDS = (Kind.CUDA_LAUNCH, Kind.CUDA_KERNEL_ALIAS)
 _NOT_READY = 600
 _QUERIES = frozenset({CudaFunc.cudaEventQuery, CudaFunc.cuEventQuery})
 _HOST_SIDED = {1: "H2D", 2: "D2H"}
-
-#: Reads a kernel counting map: list of (key struct, count).
-MapReader = Callable[[str], list[tuple[object, int]]]
 
 
 class SpanBudget:

@@ -43,6 +43,7 @@ from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.sensor import ibverbs_abi as abi
+from otelbpf.sensor.family import MapReader
 from otelbpf.sensor.ibverbs_probes import read_memory
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,6 @@ IBV_KINDS = (Kind.IBV_OPEN, Kind.IBV_COMPLETION)
 LATENCY_BOUNDS = tuple(2.0**b / 1e9 for b in range(1, 36))
 QUEUES = ("send", "receive")
 
-MapReader = Callable[[str], list[tuple[object, object]]]
 QpKey = tuple[int, int, int]  # pid, context, qpn
 
 

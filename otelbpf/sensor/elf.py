@@ -25,6 +25,7 @@ from typing import Generic, TypeVar
 import numpy as np
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerSymSection
+from elftools.elf.sections import SymbolTableSection
 
 #: endbr64: CET-enabled code starts every function with it. A uprobe on it is
 #: single-stepped (~3.6 µs here); the instruction after it is usually emulated
@@ -140,7 +141,7 @@ def _dynamic_functions(path: str, key: tuple[int, int]) -> dict[str, list[_Row]]
     with _reading(path), open(path, "rb") as f:
         elf = ELFFile(f)
         dynsym = elf.get_section_by_name(".dynsym")
-        if dynsym is None:
+        if not isinstance(dynsym, SymbolTableSection):
             raise ElfError(f"{path}: no .dynsym section (not a shared library?)")
         versions = _version_names(elf)
         versym = next((s for s in elf.iter_sections() if isinstance(s, GNUVerSymSection)), None)

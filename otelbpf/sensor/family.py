@@ -10,11 +10,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from otelbpf.sensor.elf import SymbolSite
+
+#: A counting map's entries as the sensor reads them: (key, value) pairs. The key is the ctypes
+#: struct BCC builds from the program's C at load time, so no static type names its fields; the
+#: value is an int for scalar values, the (copied) struct otherwise.
+MapEntries = list[tuple[Any, Any]]
+#: Reads a counting map by name (the sensor's ``read_map``, late-bound for the correlators).
+MapReader = Callable[[str], MapEntries]
 
 
 @dataclass(frozen=True)

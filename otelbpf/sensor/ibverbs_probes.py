@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 
 from otelbpf.base.events import IbvFunc, StrKind
 from otelbpf.base.health import Health
@@ -193,10 +194,10 @@ def _elf_facts(path: str) -> ElfFacts:
     with open(path, "rb") as f:
         elf = ELFFile(f)
         loads = [(s["p_offset"], s["p_filesz"], s["p_vaddr"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-        funcs = {}
+        funcs: dict[int, tuple[int, str]] = {}
         for name in (".dynsym", ".symtab"):
             table = elf.get_section_by_name(name)
-            for sym in table.iter_symbols() if table is not None else ():
+            for sym in table.iter_symbols() if isinstance(table, SymbolTableSection) else ():
                 if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym.name:
                     funcs.setdefault(sym["st_value"], (sym["st_size"], sym.name))
     facts = (loads, sorted((addr, size, name) for addr, (size, name) in funcs.items()))

@@ -141,7 +141,7 @@ def _by_content(path: str, key: tuple[int, int], families: list[ProbeFamily]) ->
                 if found.defines or stripped_copy:
                     verdict = (fam.name, kind.name)
         _verdicts.put(key, verdict)
-    return verdict or None
+    return verdict if isinstance(verdict, tuple) else None  # "": remembered as no match
 
 
 def from_process(pid: int, families: list[ProbeFamily]) -> Iterator[LibraryFile]:

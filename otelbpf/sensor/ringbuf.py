@@ -21,6 +21,7 @@ import mmap
 import struct
 
 import numpy as np
+import numpy.typing as npt
 
 _BUSY = 1 << 31
 _DISCARD = 1 << 30
@@ -120,12 +121,14 @@ class VariableRingReader(_MappedRing):
 
     def __init__(self, map_fd: int, size_bytes: int, dtype: np.dtype) -> None:
         self.dtype = np.dtype(dtype)
-        if self.dtype.names[-1] != "data" or self.dtype["data"] != np.dtype(object):
+        all_names, fields = self.dtype.names, self.dtype.fields
+        if all_names is None or fields is None or all_names[-1] != "data" or fields["data"][0] != np.dtype(object):
             raise ValueError("a variable-length ring's dtype ends with an object field 'data'")
-        names = self.dtype.names[:-1]
-        self._header = np.dtype({"names": names, "formats": [self.dtype[n] for n in names],
-                                 "offsets": [self.dtype.fields[n][1] for n in names],
-                                 "itemsize": self.dtype.fields["data"][1]})
+        names = all_names[:-1]
+        self._header_names = list(names)
+        self._header = np.dtype({"names": names, "formats": [fields[n][0] for n in names],
+                                 "offsets": [fields[n][1] for n in names],
+                                 "itemsize": fields["data"][1]})
         self._hsize = self._header.itemsize
         super().__init__(map_fd, size_bytes)
         self._data = memoryview(self._prod)[self._page:]
@@ -158,10 +161,9 @@ class VariableRingReader(_MappedRing):
                 limit -= 1
             pos += (_HEADER + length + 7) & ~7
         self._cons_pos[0] = pos
-        out = np.empty(len(payloads), dtype=self.dtype)
+        out: npt.NDArray[np.void] = np.empty(len(payloads), dtype=self.dtype)
         if payloads:
-            fields = self._header.names
-            out[list(fields)] = np.frombuffer(bytes(headers), dtype=self._header)
+            out[self._header_names] = np.frombuffer(bytes(headers), dtype=self._header)
             out["data"] = payloads
         return out
 

@@ -37,7 +37,7 @@ import numpy as np
 from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
 from otelbpf.base.threadname import name_os_thread
 from otelbpf.sensor import compiler_memory, elf, libraries, program
-from otelbpf.sensor.family import ProbeFamily
+from otelbpf.sensor.family import MapEntries, ProbeFamily
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.ringbuf import RingBufferReader, VariableRingReader
 
@@ -104,7 +104,7 @@ class Sensor:
     def __init__(self, options: SensorOptions, deliver: Deliver) -> None:
         self.options = options
         self._deliver = deliver
-        self._bpf = None
+        self._bpf: Any | None = None  # the loaded bcc.BPF (untyped); None before start and after stop
         self._lock = threading.Lock()  # serialises BCC object use across threads
         # Serialises ring draining: the drain thread's timer and a metrics export's
         # sync() (see Agent.sync) may both drain, and a ring reader is single-consumer.
@@ -130,7 +130,7 @@ class Sensor:
         self.on_process: Callable[[int], None] | None = None
         #: the process releasing the probes after stop() (detach_in_background), if any
         self.detacher_pid: int | None = None
-        self._final: dict[str, list[tuple[object, int]]] = {}
+        self._final: dict[str, MapEntries] = {}
         self._final_stats: dict[str, int] = {}
 
     # -- life cycle -------------------------------------------------------
@@ -146,23 +146,23 @@ class Sensor:
         )
         t0 = time.monotonic()
         try:
-            self._bpf = BPF(text=text, cflags=cflags)
+            self._bpf = bpf = BPF(text=text, cflags=cflags)
         except Exception as exc:
             raise SensorError(
                 f"could not compile/load the BPF program: {exc}. "
                 "Run `otelbpf doctor` to see what this host lacks."
             ) from exc
         self.compile_seconds = time.monotonic() - t0
-        watched = self._bpf["watched"]
+        watched = bpf["watched"]
         for pid in self.options.pids:
             watched[watched.Key(pid)] = watched.Leaf(1)
         self._readers = {
-            "events": RingBufferReader(self._bpf["events"].map_fd, self.options.events_ring_bytes, EVENT_DTYPE),
-            "strevents": RingBufferReader(self._bpf["strevents"].map_fd, 256 * 1024, STREVENT_DTYPE),
+            "events": RingBufferReader(bpf["events"].map_fd, self.options.events_ring_bytes, EVENT_DTYPE),
+            "strevents": RingBufferReader(bpf["strevents"].map_fd, 256 * 1024, STREVENT_DTYPE),
         }
         for ring in self._family_rings():
             reader = VariableRingReader if ring.variable else RingBufferReader
-            self._readers[ring.name] = reader(self._bpf[ring.name].map_fd, ring.size_bytes, ring.dtype)
+            self._readers[ring.name] = reader(bpf[ring.name].map_fd, ring.size_bytes, ring.dtype)
         t0 = time.monotonic()
         for lib in libraries.from_globs(self.options.search_globs, self.options.families):
             self._attach(lib)
@@ -171,11 +171,11 @@ class Sensor:
             if fam.on_load is not None:
                 with self._lock:
                     try:
-                        fam.on_load(self._bpf)
+                        fam.on_load(bpf)
                     except Exception as exc:
                         raise SensorError(f"{fam.name}: {exc}") from exc
         self.attach_seconds = time.monotonic() - t0
-        compiler_memory.release(self._bpf)  # the compile's memory: nothing compiles again
+        compiler_memory.release(bpf)  # the compile's memory: nothing compiles again
         for target, name in ((self._drain_loop, "otelbpf-drain"), (self._discovery_loop, "otelbpf-discovery")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -346,8 +346,11 @@ class Sensor:
 
     def _discovery_loop(self) -> None:
         name_os_thread("otelbpf-discover")
+        bpf = self._bpf
+        if bpf is None:
+            raise SensorError("the discovery loop runs only while the BPF program is loaded (Sensor.start)")
         poller = select.epoll()
-        poller.register(self._bpf["strevents"].map_fd, select.EPOLLIN)
+        poller.register(bpf["strevents"].map_fd, select.EPOLLIN)
         next_scan = time.monotonic() + self.options.rescan_interval_s
         try:
             while not self._stop.is_set():
@@ -494,8 +497,10 @@ class Sensor:
                 return 0
             try:
                 for fn, attach in ((entry, self._bpf.attach_uprobe), (ret, self._bpf.attach_uretprobe)):
+                    if fn is None:
+                        continue
                     key = (st.st_dev, st.st_ino, vaddr, fn)
-                    if fn is None or key in self._probes:
+                    if key in self._probes:
                         continue
                     try:
                         attach(name=path, addr=vaddr, fn_name=fn)
@@ -524,7 +529,7 @@ class Sensor:
             table = self._bpf["stats"]
             return {s.name.lower(): int(sum(table[table.Key(int(s))])) for s in Stat}
 
-    def read_map(self, name: str) -> list[tuple[object, object]]:
+    def read_map(self, name: str) -> MapEntries:
         """(key struct, value) pairs of a counting hash map: an int for scalar
         values, the (copied) struct for struct values."""
         with self._lock:
