@@ -38,9 +38,15 @@ def python_mirror() -> dict[str, int]:
 
     flags = {f"EVF_{name[5:]}": value for name, value in vars(events).items() if name.startswith("FLAG_")}
     sockf = {name: value for name, value in vars(events).items() if name.startswith("SOCKF_")}
-    return (members("EV_", events.Kind) | members("SEV_", events.StrKind) | members("STAT_", events.Stat)
-            | members("SF_", events.SockFunc, upper=True) | flags | sockf
-            | {"SOCK_HEADER_BYTES": events.SOCK_HEADER_BYTES})
+    return (
+        members("EV_", events.Kind)
+        | members("SEV_", events.StrKind)
+        | members("STAT_", events.Stat)
+        | members("SF_", events.SockFunc, upper=True)
+        | flags
+        | sockf
+        | {"SOCK_HEADER_BYTES": events.SOCK_HEADER_BYTES}
+    )
 
 
 def c_contract(common: str, families: dict[str, str]) -> dict[str, Define]:
@@ -48,8 +54,11 @@ def c_contract(common: str, families: dict[str, str]) -> dict[str, Define]:
     the sockets family's record constants."""
     shared = {n: d for n, d in defines(common).items() if n.startswith((*SHARED_PREFIXES, "STAT_"))}
     shared.pop("STAT_MAX", None)  # a count, checked on its own
-    sockets = {n: d for n, d in defines(families["sockets.c"]).items()
-               if n.startswith(("SF_", "SOCKF_")) or n == "SOCK_HEADER_BYTES"}
+    sockets = {
+        n: d
+        for n, d in defines(families["sockets.c"]).items()
+        if n.startswith(("SF_", "SOCKF_")) or n == "SOCK_HEADER_BYTES"
+    }
     return shared | sockets
 
 
@@ -109,8 +118,9 @@ def layout_problems(c: Struct, dtype: np.dtype) -> list[str]:
         if ftype.itemsize != f.size:
             problems.append(f"{where} is {f.size} bytes in C, {ftype.itemsize} in the dtype")
         elif f.name != "pad" and ftype.kind != kind:
-            problems.append(f"{where} is a {f.ctype}{'' if f.count == 1 else f'[{f.count}]'} in C, "
-                            f"{ftype.str} in the dtype")
+            problems.append(
+                f"{where} is a {f.ctype}{'' if f.count == 1 else f'[{f.count}]'} in C, {ftype.str} in the dtype"
+            )
     for name in fields:
         problems.append(f"the dtype's field {name} is not a member of struct {c.name}")
     if c.size is not None and c.size != dtype.itemsize:
@@ -120,16 +130,21 @@ def layout_problems(c: Struct, dtype: np.dtype) -> list[str]:
 
 def struct_problems(common: str, families: dict[str, str]) -> list[str]:
     known = defines(common)
-    return (layout_problems(struct(common, "event"), events.EVENT_DTYPE)
-            + layout_problems(struct(common, "strevent"), events.STREVENT_DTYPE)
-            + layout_problems(struct(families["sockets.c"], "sock_rec", known), events.SOCK_RECORD_DTYPE))
+    return (
+        layout_problems(struct(common, "event"), events.EVENT_DTYPE)
+        + layout_problems(struct(common, "strevent"), events.STREVENT_DTYPE)
+        + layout_problems(struct(families["sockets.c"], "sock_rec", known), events.SOCK_RECORD_DTYPE)
+    )
 
 
 def mirrored_by_name(text: str, module: ModuleType) -> list[str]:
     """A correlator's copies of its family's C constants (same names) hold the C values."""
     c_side = defines(text)
-    return [f"{module.__name__}.{name} = {value}, but {c_side[name].value} in bpf/"
-            for name, value in vars(module).items() if name in c_side and value != c_side[name].value]
+    return [
+        f"{module.__name__}.{name} = {value}, but {c_side[name].value} in bpf/"
+        for name, value in vars(module).items()
+        if name in c_side and value != c_side[name].value
+    ]
 
 
 # -------------------------------------------------------------------------------------------
@@ -164,18 +179,24 @@ def mutate(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-@pytest.mark.parametrize(("old", "new", "expected"), [
-    ("#define EV_CUDA_SYNC 14", "#define EV_CUDA_SYNC 24", "EV_CUDA_SYNC = 24 in C but 14"),
-    ("#define SEV_IBV_CONTEXT 30", "#define SEV_IBV_CONTEXT 31", "SEV_IBV_CONTEXT = 31 in C but 30"),
-    ("#define EVF_DRIVER 4 ", "#define EVF_DRIVER 16 ", "EVF_DRIVER = 16 in C but 4"),
-    ("#define STAT_SOCK_LOST 4", "#define STAT_SOCK_LOST 9", "STAT_SOCK_LOST = 9 in C but 4"),
-    ("#define EV_SOCK_UNKNOWN 44\n", "#define EV_SOCK_UNKNOWN 44\n#define EV_SOCK_NEW 46\n",
-     "EV_SOCK_NEW = 46 has no mirror"),
-    ("#define EV_SOCK_LOCAL 45 ", "#define EV_SOCK_LOCAL 44 ", "EV_SOCK_LOCAL and EV_SOCK_UNKNOWN share"),
-    ("#define EVF_IBV_POSTED 0x100 ", "#define EVF_IBV_POSTED 0x104 ", "EVF_IBV_POSTED = 0x104 is not a bit"),
-    ("#define EVF_OUT_PTR 8 ", "#define EVF_OUT_PTR 1 ", "EVF_OUT_PTR = 0x1 is not a bit"),
-    ("#define STAT_MAX 8", "#define STAT_MAX 9", "STAT_MAX is 9"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("#define EV_CUDA_SYNC 14", "#define EV_CUDA_SYNC 24", "EV_CUDA_SYNC = 24 in C but 14"),
+        ("#define SEV_IBV_CONTEXT 30", "#define SEV_IBV_CONTEXT 31", "SEV_IBV_CONTEXT = 31 in C but 30"),
+        ("#define EVF_DRIVER 4 ", "#define EVF_DRIVER 16 ", "EVF_DRIVER = 16 in C but 4"),
+        ("#define STAT_SOCK_LOST 4", "#define STAT_SOCK_LOST 9", "STAT_SOCK_LOST = 9 in C but 4"),
+        (
+            "#define EV_SOCK_UNKNOWN 44\n",
+            "#define EV_SOCK_UNKNOWN 44\n#define EV_SOCK_NEW 46\n",
+            "EV_SOCK_NEW = 46 has no mirror",
+        ),
+        ("#define EV_SOCK_LOCAL 45 ", "#define EV_SOCK_LOCAL 44 ", "EV_SOCK_LOCAL and EV_SOCK_UNKNOWN share"),
+        ("#define EVF_IBV_POSTED 0x100 ", "#define EVF_IBV_POSTED 0x104 ", "EVF_IBV_POSTED = 0x104 is not a bit"),
+        ("#define EVF_OUT_PTR 8 ", "#define EVF_OUT_PTR 1 ", "EVF_OUT_PTR = 0x1 is not a bit"),
+        ("#define STAT_MAX 8", "#define STAT_MAX 9", "STAT_MAX is 9"),
+    ],
+)
 def test_a_changed_constant_in_common_h_is_caught(old: str, new: str, expected: str) -> None:
     common, families = read_sources()
     problems = constant_problems(mutate(common, old, new), families)
@@ -205,14 +226,24 @@ def test_an_internal_constant_needs_no_mirror_but_a_public_one_does() -> None:
     assert "EV_CUDA_GET_HANDLE = 101 has no mirror in otelbpf/base/events.py" in constant_problems(public, families)
 
 
-@pytest.mark.parametrize(("old", "new", "expected"), [
-    ("    u16 flags;        /* EVF_* */", "    u32 flags;        /* EVF_* */", "struct event.flags is 4 bytes in C"),
-    ("    u8  kind;         /* EV_* */\n    u8  func;",
-     "    u8  func;\n    u8  kind;         /* EV_* */", "struct event.kind is at offset 25 in C, 24"),
-    ("    u8  exec; ", "    u8  execd; ", "struct strevent.execd (offset 6) is missing"),
-    ("    char s[240];", "    char s[248];", "struct strevent is 264 bytes in C, 256"),
-    ("    s32 ret;          /* return value", "    u32 ret;          /* return value", "struct event.ret is a u32"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (
+            "    u16 flags;        /* EVF_* */",
+            "    u32 flags;        /* EVF_* */",
+            "struct event.flags is 4 bytes in C",
+        ),
+        (
+            "    u8  kind;         /* EV_* */\n    u8  func;",
+            "    u8  func;\n    u8  kind;         /* EV_* */",
+            "struct event.kind is at offset 25 in C, 24",
+        ),
+        ("    u8  exec; ", "    u8  execd; ", "struct strevent.execd (offset 6) is missing"),
+        ("    char s[240];", "    char s[248];", "struct strevent is 264 bytes in C, 256"),
+        ("    s32 ret;          /* return value", "    u32 ret;          /* return value", "struct event.ret is a u32"),
+    ],
+)
 def test_a_changed_struct_in_common_h_is_caught(old: str, new: str, expected: str) -> None:
     common, families = read_sources()
     problems = struct_problems(mutate(common, old, new), families)
@@ -249,7 +280,12 @@ def test_the_reader_lays_out_structs_as_the_compiler_does() -> None:
     };"""
     s = struct(text, "s")
     assert [(f.name, f.offset, f.size) for f in s.fields] == [
-        ("a", 0, 1), ("b", 8, 8), ("c", 16, 8), ("d", 24, 6), ("e", 30, 5)]
+        ("a", 0, 1),
+        ("b", 8, 8),
+        ("c", 16, 8),
+        ("d", 24, 6),
+        ("e", 30, 5),
+    ]
     assert s.size == 40
 
 

@@ -15,13 +15,22 @@ from dataclasses import dataclass
 
 #: Element size in bytes and numpy kind ('u' unsigned, 'i' signed, 'S' bytes) of each C type.
 C_TYPES: dict[str, tuple[int, str]] = {
-    "u8": (1, "u"), "u16": (2, "u"), "u32": (4, "u"), "u64": (8, "u"),
-    "s8": (1, "i"), "s16": (2, "i"), "s32": (4, "i"), "s64": (8, "i"),
+    "u8": (1, "u"),
+    "u16": (2, "u"),
+    "u32": (4, "u"),
+    "u64": (8, "u"),
+    "s8": (1, "i"),
+    "s16": (2, "i"),
+    "s32": (4, "i"),
+    "s64": (8, "i"),
     "char": (1, "S"),
 }
 
-_DEFINE = re.compile(r"^[ \t]*#define[ \t]+([A-Z_][A-Z0-9_]*)[ \t]+(0[xX][0-9a-fA-F]+|\d+)[uUlL]*[ \t]*"
-                     r"(?:/\*(.*?)(?:\*/|$)|//(.*))?[ \t]*$", re.MULTILINE)
+_DEFINE = re.compile(
+    r"^[ \t]*#define[ \t]+([A-Z_][A-Z0-9_]*)[ \t]+(0[xX][0-9a-fA-F]+|\d+)[uUlL]*[ \t]*"
+    r"(?:/\*(.*?)(?:\*/|$)|//(.*))?[ \t]*$",
+    re.MULTILINE,
+)
 _STRUCT = re.compile(r"\bstruct[ \t]+([a-z_][a-z0-9_]*)[ \t\n]*\{(.*?)\}[ \t\n]*;", re.DOTALL)
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _DECLARATOR = re.compile(r"^([a-z_][a-z0-9_]*)(?:\[([A-Za-z0-9_]+)\])?$")
@@ -80,7 +89,8 @@ def struct(text: str, name: str, known: dict[str, Define] | None = None) -> Stru
     for m in _STRUCT.finditer(text):
         if m.group(1) == name:
             sizes = {d.name: d.value for d in (known or {}).values()} | {
-                d.name: d.value for d in defines(text).values()}
+                d.name: d.value for d in defines(text).values()
+            }
             return _layout(name, _COMMENT.sub(" ", m.group(2)), sizes)
     raise ValueError(f"no struct {name} declared")
 
