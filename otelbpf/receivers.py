@@ -26,6 +26,7 @@ from otelbpf.config import (
     ProfilingReceiverConfig,
     ReceiverConfig,
 )
+from otelbpf.config.receivers.sched import SchedReceiverConfig
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
@@ -199,12 +200,36 @@ def _ibverbs(name: str, cfg: IbverbsReceiverConfig, ctx: Context) -> Receiver:
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 
 
+def _sched(name: str, cfg: SchedReceiverConfig, ctx: Context) -> Receiver:
+    from otelbpf.correlate.sched import SchedCorrelator
+    from otelbpf.sensor.sched_probes import sched_family
+
+    correlator = SchedCorrelator(
+        ctx.process_info,
+        ctx.clock,
+        ctx.emit_spans,
+        lambda m: ctx.maps.read(m),
+        lambda m, keys: ctx.maps.forget(m, keys),
+        lambda fn: ctx.maps.with_bpf(fn),
+        lambda metric, n, **attrs: ctx.health.add(metric, n, receiver=name, **attrs),
+        traces=ctx.traces,
+        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
+    )
+    family = sched_family(
+        span_threshold_ns=cfg.span_threshold, ring_bytes=cfg.ring_buffer_size, thread_entries=cfg.max_threads,
+        off_entries=cfg.max_series, runq_entries=cfg.max_runqueue_series, stack_entries=cfg.stack_map_entries,
+        on_unload=correlator.on_unload,
+    )
+    return Receiver(name, family, correlator, [], cfg.ring_buffer_size)
+
+
 BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
     CudaReceiverConfig: _cuda,
     HttpReceiverConfig: _http,
     ProfilingReceiverConfig: _profiling,
     NcclReceiverConfig: _nccl,
     IbverbsReceiverConfig: _ibverbs,
+    SchedReceiverConfig: _sched,
 }
 
 

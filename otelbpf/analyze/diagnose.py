@@ -122,10 +122,11 @@ class _Span:
     span_id: str
 
 
-def _load(directory: str, partial: list[str] | None = None) -> tuple[dict, dict, dict]:
-    """(spans per process, latest metric points per process, resources); ``partial``: see
-    summary._read."""
+def _load(directory: str, partial: list[str] | None = None) -> tuple[dict, dict, dict, dict]:
+    """(CUDA spans per process, latest metric points per process, resources, off-CPU spans
+    per process); ``partial``: see summary._read."""
     spans: dict = defaultdict(list)
+    off_cpu: dict = defaultdict(list)
     procs: dict = {}
 
     def add_spans(req: dict) -> None:
@@ -134,16 +135,17 @@ def _load(directory: str, partial: list[str] | None = None) -> tuple[dict, dict,
             key = _proc_key(res)
             procs.setdefault(key, res)
             for ss in rs.get("scopeSpans", []):
-                if ss.get("scope", {}).get("name") != "otelbpf.cuda":
+                into = {"otelbpf.cuda": spans, SCHED_SCOPE: off_cpu}.get(ss.get("scope", {}).get("name"))
+                if into is None:
                     continue
                 for sp in ss.get("spans", []):
                     a = _attrs(sp.get("attributes"))
-                    spans[key].append(_Span(sp["name"], int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]),
-                                            int(a.get("thread.id", 0) or 0), a, sp.get("spanId", "")))
+                    into[key].append(_Span(sp["name"], int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]),
+                                           int(a.get("thread.id", 0) or 0), a, sp.get("spanId", "")))
 
     latest = load_metrics(directory, procs, partial)
     _read(directory, "traces", add_spans, partial)
-    return spans, latest, procs
+    return spans, latest, procs, off_cpu
 
 
 def _metric(points: dict, name: str, **match: object) -> list[tuple[dict, dict]]:
@@ -191,15 +193,19 @@ def _process_findings(label: str, spans: list[_Span], points: dict, off_cpu: lis
     by_thread: dict[int, list[_Span]] = defaultdict(list)
     for s in spans:
         by_thread[s.tid].append(s)
+    # A gap after a synchronize in which the thread was blocked on its input or on I/O is
+    # charged to that cause (input_starvation, blocking_io), not to the synchronize.
+    blocked = _blocked_intervals(off_cpu)
     syncs, gaps = [], []
-    for mine in by_thread.values():
+    for tid, mine in by_thread.items():
         mine.sort(key=lambda s: s.start)
         for i, s in enumerate(mine):
             if s.name in _SYNCS:
                 syncs.append(s)
                 nxt = next((n for n in mine[i + 1:] if n.start >= s.end), None)
                 if nxt is not None:
-                    gaps.append(min((nxt.start - s.end) / 1e9, SYNC_GAP_CAP_S))
+                    gap = (nxt.start - s.end - _overlap(s.end, nxt.start, blocked.get(tid, []))) / 1e9
+                    gaps.append(min(max(gap, 0.0), SYNC_GAP_CAP_S))
     if syncs and len(syncs) / window >= 1:
         cost = sum(gaps)
         funcs = Counter(s.name for s in syncs)
@@ -241,6 +247,21 @@ def _process_findings(label: str, spans: list[_Span], points: dict, off_cpu: lis
     if off_cpu:
         _sched_findings(spans, points, off_cpu, window, add)
     return out
+
+
+def _blocked_intervals(off_cpu: list[_Span]) -> dict[int, list[tuple[int, int]]]:
+    """Per thread, the (start, end of the blocked part) of its off-CPU intervals spent waiting
+    for input or I/O (not for the GPU, not for a CPU)."""
+    out: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for s in off_cpu:
+        if s.attrs.get("otelbpf.sched.reason") in _INPUT_WAITS | {"io"}:
+            out[s.tid].append((s.start, s.start + int(s.attrs.get("otelbpf.sched.blocked_ns", 0))))
+    return out
+
+
+def _overlap(start: int, end: int, intervals: list[tuple[int, int]]) -> int:
+    """Nanoseconds of [start, end) covered by ``intervals`` (disjoint: one thread's)."""
+    return sum(max(0, min(end, b) - max(start, a)) for a, b in intervals if a < end and b > start)
 
 
 def _launchers(spans: list[_Span]) -> set[int]:
@@ -341,13 +362,13 @@ def diagnose(directory: str, partial: list[str] | None = None) -> list[Finding]:
     """Findings of every process in ``directory``, costliest first. Raises ValueError on
     files that are not the agent's output (naming file and line). ``partial``: collects the
     lines still being written instead (summary._read)."""
-    spans, latest, procs = _load(directory, partial)
+    spans, latest, procs, off_cpu = _load(directory, partial)
     findings: list[Finding] = []
     for key, res in procs.items():
         if key[0] == "otelbpf":
             continue
         label = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
-        findings += _process_findings(label, spans.get(key, []), latest.get(key, {}))
+        findings += _process_findings(label, spans.get(key, []), latest.get(key, {}), off_cpu.get(key, []))
     return sorted(findings, key=lambda f: -f.cost_s)
 
 

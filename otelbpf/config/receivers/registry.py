@@ -30,6 +30,7 @@ from otelbpf.config.receivers.http import HttpReceiverConfig
 from otelbpf.config.receivers.ibverbs import IbverbsReceiverConfig
 from otelbpf.config.receivers.nccl import NcclReceiverConfig
 from otelbpf.config.receivers.profiling import ProfilingReceiverConfig
+from otelbpf.config.receivers.sched import SchedReceiverConfig
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ REGISTRY: dict[str, ReceiverType] = {
     "nccl": ReceiverType(NcclReceiverConfig),
     "ibverbs": ReceiverType(IbverbsReceiverConfig),
     "profiling": ReceiverType(ProfilingReceiverConfig, profiles=True),
+    "sched": ReceiverType(SchedReceiverConfig),
 }
 
 RECEIVER_TYPES: dict[str, type[ReceiverConfig]] = {name: entry.model for name, entry in REGISTRY.items()}
