@@ -7,20 +7,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from otelbpf.config import (
     DEFAULT_CONFIG_PATH,
-    DEFAULT_CONFIG_YAML,
-    BatchProcessorConfig,
     Config,
     ConfigError,
-    CudaReceiverConfig,
     FileExporterConfig,
     OtlpExporterConfig,
     OtlpHttpExporterConfig,
-    TargetsConfig,
-    TelemetryConfig,
     format_duration,
     format_size,
     load_config,
@@ -86,22 +80,6 @@ def test_default_config_is_valid_and_writes_files():
         assert [name for name, _ in config.pipeline_processors(signal)] == ["batch", "resource"]
         assert config.resource_attributes(signal) == {}
     assert config.targets.pids == []
-
-
-def test_documented_file_is_the_built_in_default():
-    assert yaml.safe_load(DOCUMENTED_DEFAULT.read_text()) == yaml.safe_load(DEFAULT_CONFIG_YAML)
-    assert load_config(DOCUMENTED_DEFAULT, env={}) == load_config(None, env={})
-
-
-def test_model_defaults_are_the_documented_defaults():
-    """Omitting an option must mean what otelbpf/config/otelbpf.yaml says its default is."""
-    config = load_config(DOCUMENTED_DEFAULT, env={})
-
-    assert config.receivers["cuda"] == CudaReceiverConfig()
-    assert config.processors["batch"] == BatchProcessorConfig()
-    assert config.exporters["file"] == FileExporterConfig()
-    assert config.service.telemetry == TelemetryConfig()
-    assert config.targets == TargetsConfig()
 
 
 def test_documented_exporter_examples_are_valid():

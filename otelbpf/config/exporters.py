@@ -231,10 +231,13 @@ def missing_endpoint(exporter: ExporterConfig | None, signal: Signal) -> str | N
         return "no endpoint: set endpoint here or PYROSCOPE_SERVER_ADDRESS"
     if isinstance(exporter, OtlpExporterConfig) and exporter.endpoint is None:
         return "no endpoint: set endpoint here or OTEL_EXPORTER_OTLP_ENDPOINT"
-    if isinstance(exporter, OtlpHttpExporterConfig) and exporter.endpoint is None:
-        if (exporter.traces_endpoint if signal == "traces" else exporter.metrics_endpoint) is None:
-            return (
-                f"no endpoint: set endpoint or {signal}_endpoint here, or OTEL_EXPORTER_OTLP_ENDPOINT / "
-                f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
-            )
+    if (
+        isinstance(exporter, OtlpHttpExporterConfig)
+        and exporter.endpoint is None
+        and (exporter.traces_endpoint if signal == "traces" else exporter.metrics_endpoint) is None
+    ):
+        return (
+            f"no endpoint: set endpoint or {signal}_endpoint here, or OTEL_EXPORTER_OTLP_ENDPOINT / "
+            f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+        )
     return None
