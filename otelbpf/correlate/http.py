@@ -16,8 +16,17 @@ fixed at once, so that what happens while it is served can point to it:
 - a client span takes as parent the server span open on its thread.
 Spans are emitted when the exchange ends.
 
+Streamed responses (chunked or ``text/event-stream`` HTTP/1, HTTP/2 and gRPC
+DATA frames) are timed as they stream (streaming.py): time to first byte,
+chunk and event, counts, and the gaps between chunks and between events (a
+histogram per process). OpenAI-compatible completions (genai.py) add the
+GenAI semantic conventions: model, token usage, and on the server side the
+``gen_ai.server.*`` histograms (time to first token, time per output token,
+request duration).
+
 Never exported: ``authorization``, ``proxy-authorization``, ``cookie``,
-``set-cookie`` and the configured ``redact_headers``; bodies; query strings;
+``set-cookie`` and the configured ``redact_headers``; bodies (prompts and
+completions only with ``capture_message_content``, clipped); query strings;
 userinfo in a target or Host and path parameter values (redact.py). Only
 headers named in ``capture_headers`` become attributes.
 
@@ -46,6 +55,8 @@ from opentelemetry.sdk.metrics.export import Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
+from otelbpf.base.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
+from otelbpf.correlate import genai
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.causality import Causality, Interval
 from otelbpf.correlate.clock import MonotonicClock
@@ -53,14 +64,20 @@ from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.links import ClientRequest, PeerLinks
 from otelbpf.correlate.netaddr import address_from_raw
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.correlate.protocols.http1 import (Exchange, Http1Connection, Message, looks_like_request, looks_like_response,
-                                               valid_target)
+from otelbpf.correlate.protocols.http1 import (
+    Exchange,
+    Http1Connection,
+    Message,
+    looks_like_request,
+    looks_like_response,
+    valid_target,
+)
 from otelbpf.correlate.protocols.http2 import H2Connection, Stream, looks_like_preface
 from otelbpf.correlate.protocols.limits import DEFAULT, Held, Limits
 from otelbpf.correlate.redact import quiet_payload_loggers, split_target, strip_userinfo
 from otelbpf.correlate.sockets import Conn, Connections
 from otelbpf.correlate.spans import make_span, new_context, scope
-from otelbpf.base.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
+from otelbpf.correlate.streaming import Gaps, ResponseWatch
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +92,8 @@ PARSE_PROBLEMS = frozenset({"desync", "headers_truncated", "gap_in_framing", "ba
 KNOWN_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE", "QUERY"})
 #: Distinct gRPC routes (service, method) with a series of their own, per process; the rest share ``_OTHER``.
 MAX_ROUTES = 256
+#: Distinct GenAI model names with series of their own, per process; the rest share ``_OTHER``.
+MAX_MODELS = 64
 OTHER = "_OTHER"
 _STATUS = re.compile(r"[1-9][0-9][0-9]")
 _GRPC_STATUS = re.compile(r"[0-9]{1,2}")
@@ -112,6 +131,8 @@ class _Open:
     interval: Interval | None = None  # server: the thread's causality interval
     link: ClientRequest | None = None  # client: registered for the server at the other end
     parent_from: str = ""             # traceparent | peer | thread
+    genai: genai.RequestFacts | None = None  # an OpenAI-compatible request's body facts
+    watch: ResponseWatch | None = None  # how its response streamed
 
 
 @dataclass
@@ -119,8 +140,10 @@ class _Proc:
     resource: Resource
     start_ns: int
     exited: bool = False  # forgotten after its next export
-    durations: dict = field(default_factory=lambda: defaultdict(m.HistogramState))  # (metric, attrs) -> histogram
+    durations: dict = field(default_factory=dict)  # (metric, attrs) -> m.HistogramState
+    gaps: dict = field(default_factory=dict)  # (metric, attrs) -> Gaps: between chunks, between events
     routes: set = field(default_factory=set)  # gRPC (service, method) pairs with their own series
+    models: set = field(default_factory=set)  # GenAI model names with their own series
 
 
 def parse_traceparent(value: str | None) -> SpanContext | None:
@@ -170,9 +193,13 @@ class HttpCorrelator:
         traces: bool = True,
         limits: Limits = DEFAULT,
         max_routes: int = MAX_ROUTES,
+        max_models: int = MAX_MODELS,
+        capture_message_content: bool = False,
     ) -> None:
         """``limits``: what one connection and one process may hold (protocols/limits.py);
-        ``max_routes``: gRPC routes with their own metric series per process."""
+        ``max_routes``, ``max_models``: gRPC routes and GenAI models with their own metric series per
+        process; ``capture_message_content``: export OpenAI-compatible prompts and completions
+        (clipped to ``limits.attribute_chars``), never done otherwise."""
         quiet_payload_loggers()
         self._info = process_info
         self._clock = clock
@@ -188,6 +215,8 @@ class HttpCorrelator:
         self._procs: dict[int, _Proc] = {}
         self._limits = limits
         self._max_routes = max_routes
+        self._max_models = max_models
+        self._content_cap = limits.attribute_chars if capture_message_content else 0
         self._held: dict[int, Held] = {}  # by pid: pending requests and open streams of its connections
         self._lock = threading.Lock()
         self._spans: list = []
@@ -388,10 +417,11 @@ class HttpCorrelator:
             held = self._held[conn.pid] = Held(self._limits.held_per_process)
         if protocol == "http1":
             conn.session = Http1Connection(on_request=lambda msg: self._request_http1(conn, msg),
+                                           on_response=self._response_http1,
                                            synchronized=synchronized, limits=self._limits, held=held)
         elif protocol == "http2":
             conn.session = H2Connection(on_request=lambda stream: self._request_http2(conn, stream),
-                                        limits=self._limits, held=held)
+                                        on_response=self._response_http2, limits=self._limits, held=held)
 
     def _report_problems(self, conn: Conn) -> None:
         for reason, n in conn.session.problems.items():
@@ -403,10 +433,39 @@ class HttpCorrelator:
     # -- requests open ----------------------------------------------------------
 
     def _request_http1(self, conn: Conn, msg: Message) -> None:
-        msg.tag = self._open(conn, msg.first, msg.head.first.get("traceparent"), 0)
+        opened = msg.tag = self._open(conn, msg.first, msg.head.first.get("traceparent"), 0)
+        msg.sink = opened.genai = self._genai_request(msg.head.method, msg.head.target)
 
     def _request_http2(self, conn: Conn, stream: Stream) -> None:
-        stream.tag = self._open(conn, stream.first, stream.header("traceparent"), stream.id)
+        opened = stream.tag = self._open(conn, stream.first, stream.header("traceparent"), stream.id)
+        stream.request_sink = opened.genai = self._genai_request(stream.header(":method") or "",
+                                                                 stream.header(":path") or "")
+
+    def _genai_request(self, method: str, target: str) -> genai.RequestFacts | None:
+        """The body reader of an OpenAI-compatible completion request, None for any other request."""
+        name = genai.operation(method, target.partition("?")[0])
+        return genai.RequestFacts(name, content_cap=self._content_cap) if name else None
+
+    def _response_http1(self, request: Message | None, response: Message) -> None:
+        """A response head: watch its body if it streams, or if it answers a GenAI request."""
+        opened = request.tag if request is not None else None
+        if opened is None:
+            return
+        head = response.head
+        sse = (head.first.get("content-type") or "").startswith("text/event-stream")
+        if sse or opened.genai is not None or "chunked" in (head.first.get("transfer-encoding") or "").lower():
+            response.sink = opened.watch = self._watch(opened, sse)
+
+    def _response_http2(self, stream: Stream) -> None:
+        """Response HEADERS (not trailers-only): every HTTP/2 response's DATA frames are timed."""
+        opened = stream.tag
+        if opened is not None:
+            sse = (stream.header("content-type", "response") or "").startswith("text/event-stream")
+            stream.response_sink = opened.watch = self._watch(opened, sse)
+
+    def _watch(self, opened: _Open, sse: bool) -> ResponseWatch:
+        facts = genai.ResponseFacts(content_cap=self._content_cap) if opened.genai is not None else None
+        return ResponseWatch(sse=sse, genai=facts)
 
     def _open(self, conn: Conn, first: Stamp, traceparent: str | None, stream_id: int) -> _Open:
         enter, exit_, tid = first
@@ -463,7 +522,8 @@ class HttpCorrelator:
             if self._capture:
                 self._header_attrs(attrs, "response", resp.head.headers)
         end = ex.at or (resp.last if resp else None) or req.last or req.first
-        self._emit_exchange(conn, req.tag, end, head.method, status, None, ex.error, None, attrs)
+        self._emit_exchange(conn, req.tag, end, head.method, status, None, ex.error, None, attrs,
+                            resp.first if resp is not None else None)
 
     def _finished_http2(self, conn: Conn, s: Stream) -> None:
         if s.tag is None:
@@ -519,7 +579,7 @@ class HttpCorrelator:
         problem = "" if s.complete else s.problem
         message = s.grpc_message
         self._emit_exchange(conn, s.tag, s.last or s.first, method, status, grpc, problem,
-                            self._clip(message) if message else message, attrs)
+                            self._clip(message) if message else message, attrs, s.response_first)
 
     def _grpc_status(self, s: Stream) -> int | None:
         """grpc-status if it is one of gRPC's codes (0-16); None, counted, if it is something else."""
@@ -579,7 +639,7 @@ class HttpCorrelator:
                 attrs[f"http.{where}.header.{name}"] = values
 
     def _emit_exchange(self, conn: Conn, opened: _Open, end: Stamp, method: str, status: int, grpc: int | None,
-                       problem: str, grpc_message: str | None, attrs: dict) -> None:
+                       problem: str, grpc_message: str | None, attrs: dict, first_byte: Stamp | None) -> None:
         server = conn.role == "server"
         start_ns = opened.start_ns
         end_ns = end[1] if end[1] > start_ns else start_ns
@@ -605,6 +665,10 @@ class HttpCorrelator:
             attrs.setdefault("error.type", str(status))
             message = message or f"HTTP {status}"
         self._record_metrics(conn, server, method, status, grpc, attrs, (end_ns - start_ns) / 1e9)
+        if opened.watch is not None:
+            self._streamed(conn, server, opened.watch, attrs, start_ns, first_byte)
+        if opened.genai is not None:
+            self._genai(conn, server, opened, attrs, start_ns, end_ns)
         if not self._traces:
             return
         if not self._budget.take(1):  # decided before the span is built: building is most of its cost
@@ -651,6 +715,78 @@ class HttpCorrelator:
                 self._series.clear()
         self._durations[(conn.pid, metric, series)].append(seconds)
 
+    def _streamed(self, conn: Conn, server: bool, w: ResponseWatch, attrs: dict, start_ns: int,
+                  first_byte: Stamp | None) -> None:
+        """Span attributes and gap histograms of a watched response."""
+        w.done()
+        for reason, n in w.problems.items():
+            self._count("otelbpf.http.problems", n, reason=reason)
+        units, events = w.units, w.events
+        if not units.n and not events.n:
+            return
+        if first_byte is not None:
+            attrs["otelbpf.http.response.time_to_first_byte"] = max(first_byte[1] - start_ns, 0) / 1e9
+        version = attrs["network.protocol.version"]
+        metric = "otelbpf.http.server.response.gap" if server else "otelbpf.http.client.response.gap"
+        if units.n:
+            attrs["otelbpf.http.response.chunks"] = units.n
+            attrs["otelbpf.http.response.time_to_first_chunk"] = max(units.first_ns - start_ns, 0) / 1e9
+            if units.gaps is not None:
+                attrs["otelbpf.http.response.chunk_gap.max"] = units.gaps.max
+                self._add_gaps(conn.pid, metric, version, "data_frame" if version == "2" else "chunk", units.gaps)
+        if w.sse is not None:
+            attrs["otelbpf.http.response.events"] = events.n
+            if events.n:
+                attrs["otelbpf.http.response.time_to_first_event"] = max(events.first_ns - start_ns, 0) / 1e9
+            if events.gaps is not None:
+                attrs["otelbpf.http.response.event_gap.max"] = events.gaps.max
+                self._add_gaps(conn.pid, metric, version, "event", events.gaps)
+
+    def _add_gaps(self, pid: int, metric: str, version: str, unit: str, gaps: Gaps) -> None:
+        key = (metric, (("network.protocol.version", version), ("otelbpf.stream.unit", unit)))
+        total = self._proc(pid).gaps.get(key)
+        if total is None:
+            total = self._proc(pid).gaps[key] = Gaps()
+        total.merge(gaps)
+
+    def _genai(self, conn: Conn, server: bool, opened: _Open, attrs: dict, start_ns: int, end_ns: int) -> None:
+        """GenAI attributes, and on a server the gen_ai.server.* histograms."""
+        request = opened.genai
+        response = opened.watch.genai if opened.watch is not None else None
+        if request.problem:
+            self._problem(f"genai_{request.problem}")
+        attrs.update(genai.attributes(request, response, self._clip))
+        if not server:
+            return
+        key = (("gen_ai.operation.name", request.operation), ("gen_ai.provider.name", genai.PROVIDER))
+        for name in ("gen_ai.request.model", "gen_ai.response.model"):
+            if name in attrs:
+                key += ((name, self._model(conn.pid, attrs[name])),)
+        if "server.port" in attrs:
+            key += (("server.port", attrs["server.port"]),)
+        error = attrs.get("error.type")
+        self._durations[(conn.pid, "gen_ai.server.request.duration",
+                         key + ((("error.type", error),) if error else ()))].append((end_ns - start_ns) / 1e9)
+        if error or response is None or response.first_token_ns is None:
+            return  # time to first token and per output token: successful streamed responses only
+        self._durations[(conn.pid, "gen_ai.server.time_to_first_token", key)].append(
+            max(response.first_token_ns - start_ns, 0) / 1e9)
+        tokens = response.output_tokens if response.output_tokens is not None else response.token_events
+        if tokens > 1:
+            self._durations[(conn.pid, "gen_ai.server.time_per_output_token", key)].append(
+                max(end_ns - response.first_token_ns, 0) / 1e9 / (tokens - 1))
+
+    def _model(self, pid: int, model: str) -> str:
+        """The model's own label while the process has fewer than ``max_models``, else ``_OTHER``."""
+        models = self._proc(pid).models
+        if model in models:
+            return model
+        if len(models) < self._max_models:
+            models.add(model)
+            return model
+        self._count("otelbpf.http.models_folded", 1)
+        return OTHER
+
     def _route(self, pid: int, service: str, method: str) -> tuple[str, str]:
         """The route's own labels while the process has fewer than ``max_routes``, else ``_OTHER``."""
         routes = self._proc(pid).routes
@@ -666,7 +802,11 @@ class HttpCorrelator:
     def _flush_durations(self) -> None:
         """Histograms take whole arrays: one numpy call per series and batch, not per request."""
         for (pid, metric, labels), values in self._durations.items():
-            self._proc(pid).durations[(metric, labels)].add(np.asarray(values))
+            durations = self._proc(pid).durations
+            hist = durations.get((metric, labels))
+            if hist is None:
+                hist = durations[(metric, labels)] = m.HistogramState(_BOUNDS.get(metric, m.DURATION_BOUNDS))
+            hist.add(np.asarray(values))
         self._durations.clear()
 
     def _proc(self, pid: int) -> _Proc:
@@ -697,6 +837,8 @@ class HttpCorrelator:
                 by_metric: dict[str, list] = defaultdict(list)
                 for (metric, labels), hist in sorted(p.durations.items(), key=lambda kv: kv[0]):
                     by_metric[metric].append(hist.point(dict(labels), p.start_ns, now))
+                for (metric, labels), gaps in sorted(p.gaps.items(), key=lambda kv: kv[0]):
+                    by_metric[metric].append(gaps.point(dict(labels), p.start_ns, now))
                 metrics = [
                     m.histogram(name, "s", _DESCRIPTIONS[name], points) for name, points in sorted(by_metric.items())
                 ]
@@ -711,6 +853,22 @@ _DESCRIPTIONS = {
     "http.client.request.duration": "Duration of HTTP client requests, request written to response read",
     "rpc.server.duration": "Duration of gRPC calls served, request read to the end of the response stream",
     "rpc.client.duration": "Duration of gRPC calls made, request written to the end of the response stream",
+    "otelbpf.http.server.response.gap": "Time between consecutive chunks, DATA frames or SSE events of responses sent",
+    "otelbpf.http.client.response.gap": "Time between consecutive chunks, DATA frames or SSE events of responses read",
+    "gen_ai.server.request.duration": "OpenAI-compatible completions served, request read to the last response byte",
+    "gen_ai.server.time_to_first_token":
+        "Request read to the first SSE event with output, for successful streamed responses",
+    "gen_ai.server.time_per_output_token":
+        "After the first output event, time per further output token, for successful streamed responses",
+}
+#: The GenAI semantic conventions' bucket boundaries; other histograms use metrics.DURATION_BOUNDS.
+_BOUNDS = {
+    "gen_ai.server.request.duration": (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                                       40.96, 81.92),
+    "gen_ai.server.time_to_first_token": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                                          2.5, 5.0, 7.5, 10.0),
+    "gen_ai.server.time_per_output_token": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                                            2.5),
 }
 
 

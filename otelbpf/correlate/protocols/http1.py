@@ -14,6 +14,11 @@ bodies (with trailers), bodiless responses (HEAD, 1xx, 204, 304), bodies
 delimited by close, keep-alive (any number of messages per connection) and
 pipelining (responses are paired with requests in order).
 
+Bodies are counted, never kept. A consumer that wants what a body carries
+(an SSE stream, a JSON payload) sets ``Message.sink`` when the head is
+parsed: the parser then hands it the body's bytes as they were captured,
+de-chunked, each chunk's start, and every gap (``BodySink``).
+
 Hostile input: framing numbers follow the RFC 9112 grammar exactly (a chunk
 size is hex digits only, at most 15; a Content-Length decimal digits only, at
 most 15, repeated values equal; a status three digits; a request target one
@@ -30,7 +35,7 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from otelbpf.correlate.protocols.limits import DEFAULT, Held, Limits
 
@@ -99,6 +104,19 @@ class Head:
 _NO_HEAD = Head("", [], {})
 
 
+class BodySink(Protocol):
+    """What a consumer of a message's body is told, in wire order (HTTP/1 and HTTP/2 alike)."""
+
+    def unit(self, stamp: Stamp) -> None:
+        """A transfer unit begins: an HTTP/1 chunk (its size line) or an HTTP/2 DATA frame."""
+
+    def data(self, data: bytes, stamp: Stamp) -> None:
+        """Body bytes (de-chunked, unpadded) captured from the syscall ``stamp``."""
+
+    def gap(self, n: int) -> None:
+        """``n`` body bytes moved but not captured: what follows does not continue what came before."""
+
+
 @dataclass(slots=True)
 class Message:
     head: Head
@@ -109,6 +127,8 @@ class Message:
     complete: bool = False
     problem: str = ""       # why it is incomplete
     tag: Any = None         # the consumer's own (the span opened for it)
+    chunks: int = 0         # chunks of a chunked body (the last, empty one not counted)
+    sink: BodySink | None = None  # the consumer's, set at its head: told the body's bytes
 
 
 def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
@@ -245,6 +265,8 @@ class MessageStream:
             msg = self._msg
             msg.size += n
             msg.body_size += n
+            if msg.sink is not None and n:
+                msg.sink.data(data[pos : pos + n], self._stamp)
             if mode != "close":
                 s.remaining -= n
                 if s.remaining == 0:
@@ -289,6 +311,10 @@ class MessageStream:
                 s.mode = "trailers"
             else:
                 s.mode, s.remaining = "chunk_data", size
+                msg = self._msg
+                msg.chunks += 1
+                if msg.sink is not None:
+                    msg.sink.unit(self._stamp)
             return end + 1
         raise AssertionError(mode)
 
@@ -360,8 +386,11 @@ class MessageStream:
         return "close", 0
 
     def _body(self, n: int) -> None:
-        self._msg.size += n
-        self._msg.body_size += n
+        msg = self._msg
+        msg.size += n
+        msg.body_size += n
+        if msg.sink is not None and n:
+            msg.sink.gap(n)
 
     def _gap(self, missing: int) -> None:
         s = self._s
@@ -469,11 +498,14 @@ class Http1Connection:
     """Both directions of one connection, with responses paired to requests in order.
 
     ``on_request(message)``: a request head was parsed (its span can open).
+    ``on_response(request, response)``: a final response head was parsed; ``request`` is the
+    one it answers (None if that one is not followed). Either may set the message's ``sink``.
     ``feed`` returns exchanges that are finished: answered, or given up on.
     """
 
-    def __init__(self, *, on_request: Callable[[Message], None] = lambda m: None, synchronized: bool = True,
-                 limits: Limits = DEFAULT, held: Held | None = None) -> None:
+    def __init__(self, *, on_request: Callable[[Message], None] = lambda m: None,
+                 on_response: Callable[[Message | None, Message], None] = lambda q, r: None,
+                 synchronized: bool = True, limits: Limits = DEFAULT, held: Held | None = None) -> None:
         #: Requests whose head was seen, not yet answered, in order; runs not followed stand in as _Skipped.
         self._pending: deque[Message | _Skipped] = deque()
         self._held_here = 0        # Messages in _pending
@@ -481,12 +513,13 @@ class Http1Connection:
         self._limits = limits
         self._held = held if held is not None else Held(limits.held_per_process)
         self._on_request = on_request
+        self._on_response = on_response
         #: Counts of what could not be followed in either direction, by reason (read after every chunk).
         self.problems: dict[str, int] = {}
         self.requests = MessageStream(True, on_head=self._request_head, synchronized=synchronized,
                                       problems=self.problems)
-        self.responses = MessageStream(False, request_method=self._answered_method, synchronized=synchronized,
-                                       problems=self.problems)
+        self.responses = MessageStream(False, request_method=self._answered_method, on_head=self._response_head,
+                                       synchronized=synchronized, problems=self.problems)
         self._out: list[Exchange] = []
 
     def _request_head(self, msg: Message) -> None:
@@ -510,6 +543,10 @@ class Http1Connection:
             last.n += 1
         else:
             self._pending.append(_Skipped())
+
+    def _response_head(self, msg: Message) -> None:
+        first = self._pending[0] if self._pending else None
+        self._on_response(first if isinstance(first, Message) else None, msg)
 
     def _answered_method(self) -> str | None:
         first = self._pending[0] if self._pending else None

@@ -34,6 +34,7 @@ decode and is counted).
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from urllib.parse import unquote
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
+from otelbpf.correlate.protocols.http1 import BodySink
 from otelbpf.correlate.protocols.limits import DEFAULT, Held, Limits
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -90,9 +92,10 @@ class Frame:
     stream_id: int
     length: int
     stamp: Stamp              # chunk that carried the frame header
-    payload: bytes = b""      # kept types only
+    payload: bytes = b""      # kept types only (and DATA its stream wants): up to the first gap
     lost: bool = False        # part of a kept payload was not captured
     end_stamp: Stamp = None   # chunk that carried the last payload byte
+    keep: bool = False        # its payload is kept
 
 
 class FrameReader:
@@ -101,9 +104,19 @@ class FrameReader:
     Whole frames inside one chunk (the common case: a sender writes whole
     frames, a reader gets what was written) are cut straight out of it; only
     a frame split across chunks goes through the carry-over buffers.
+
+    A DATA frame's payload is kept when ``wants_data(stream_id)`` says so at the
+    frame's start: frames are handed to ``on_frame`` as they end, so what an
+    earlier frame of the same chunk changed (a stream its HEADERS opened) is
+    seen by the next.
     """
 
-    def __init__(self, expect_preface: bool, keep_limit: int = DEFAULT.header_block) -> None:
+    def __init__(self, expect_preface: bool, keep_limit: int = DEFAULT.header_block, *,
+                 on_frame: Callable[[Frame], None] | None = None,
+                 wants_data: Callable[[int], bool] = lambda stream_id: False) -> None:
+        self._out: list[Frame] = []
+        self._emit = on_frame or (lambda frame: self._out.append(frame))
+        self._wants_data = wants_data
         self._preface_left = len(PREFACE) if expect_preface else 0
         #: Kept frames longer than this keep no payload (marked lost): a peer may announce 16 MiB frames.
         self._keep_limit = keep_limit
@@ -123,26 +136,27 @@ class FrameReader:
         return bool(self._hdr) or self._frame is not None or 0 < self._preface_left < len(PREFACE)
 
     def feed(self, data: bytes, missing: int, stamp: Stamp) -> list[Frame]:
-        out: list[Frame] = []
+        """Frames that ended in this chunk, in order (none when they go to ``on_frame``)."""
         pos, end = 0, len(data)
         if self._preface_left:
             pos = self._preface(data)
         while pos < end and not self.broken:
             if self._frame is not None:
-                pos = self._continue(data, pos, stamp, out)
+                pos = self._continue(data, pos, stamp)
             elif self._hdr or end - pos < 9:
-                pos = self._split_header(data, pos, stamp, out)
+                pos = self._split_header(data, pos, stamp)
             else:
-                pos = self._whole_frames(data, pos, stamp, out)
+                pos = self._whole_frames(data, pos, stamp)
         if missing and not self.broken:
-            self._gap(missing, stamp, out)
+            self._gap(missing, stamp)
+        out, self._out = self._out, []
         return out
 
-    def _whole_frames(self, data: bytes, pos: int, stamp: Stamp, out: list[Frame]) -> int:
+    def _whole_frames(self, data: bytes, pos: int, stamp: Stamp) -> int:
         """Frames that lie whole in ``data`` from ``pos``, cut straight out of it; where they end
         (a frame that runs past the chunk is begun, to be continued)."""
         end = len(data)
-        start, append = self._start, out.append
+        start, append = self._start, self._emit
         while end - pos >= 9:
             frame = start(data, pos, stamp)
             pos += 9
@@ -152,7 +166,7 @@ class FrameReader:
             if length > end - pos:
                 self._frame, self._left, self._buf = frame, length, bytearray()
                 break
-            if frame.type in _KEPT:
+            if frame.keep:
                 if length <= self._keep_limit:
                     frame.payload = bytes(data[pos : pos + length])
                 else:
@@ -191,9 +205,10 @@ class FrameReader:
                 self.broken = "invalid_frame"
                 return None
             self._first = False
-        return Frame(ftype, flags, stream_id, length, stamp, b"", False, stamp)
+        return Frame(ftype, flags, stream_id, length, stamp, b"", False, stamp,
+                     ftype in _KEPT or (ftype == DATA and self._wants_data(stream_id)))
 
-    def _split_header(self, data: bytes, pos: int, stamp: Stamp, out: list[Frame]) -> int:
+    def _split_header(self, data: bytes, pos: int, stamp: Stamp) -> int:
         """Gather a frame header that runs across chunks; start its frame once whole."""
         n = min(9 - len(self._hdr), len(data) - pos)
         self._hdr += data[pos : pos + n]
@@ -203,20 +218,21 @@ class FrameReader:
             if frame is not None:
                 self._frame, self._left, self._buf = frame, frame.length, bytearray()
                 if not frame.length:
-                    out.append(self._end_frame(stamp))
+                    self._emit(self._end_frame(stamp))
         return pos + n
 
-    def _continue(self, data: bytes, pos: int, stamp: Stamp, out: list[Frame]) -> int:
+    def _continue(self, data: bytes, pos: int, stamp: Stamp) -> int:
         """More of the payload of a frame begun in an earlier chunk."""
         n = min(self._left, len(data) - pos)
-        if self._frame.type in _KEPT:
-            if self._frame.length <= self._keep_limit:
+        frame = self._frame
+        if frame.keep:
+            if frame.length > self._keep_limit:
+                frame.lost = True
+            elif not frame.lost:  # the payload kept ends at its first gap
                 self._buf += data[pos : pos + n]
-            else:
-                self._frame.lost = True
         self._left -= n
         if self._left == 0:
-            out.append(self._end_frame(stamp))
+            self._emit(self._end_frame(stamp))
         return pos + n
 
     def _end_frame(self, stamp: Stamp) -> Frame:
@@ -227,16 +243,16 @@ class FrameReader:
         self._buf = bytearray()
         return frame
 
-    def _gap(self, missing: int, stamp: Stamp, out: list[Frame]) -> None:
+    def _gap(self, missing: int, stamp: Stamp) -> None:
         if self._frame is None or self._preface_left:
             self.broken = "gap_in_framing"
             return
         n = min(missing, self._left)
         self._left -= n
-        if self._frame.type in _KEPT:
+        if self._frame.keep:
             self._frame.lost = True
         if self._left == 0:
-            out.append(self._end_frame(stamp))
+            self._emit(self._end_frame(stamp))
         if missing > n:
             self.broken = "gap_in_framing"
 
@@ -264,6 +280,10 @@ class Stream:
     headers_lost: bool = False           # some header block of the stream could not be decoded
     problem: str = ""
     tag: Any = None                      # the consumer's own (the span opened for it)
+    response_frames: int = 0             # DATA frames with a payload, server to client
+    #: The consumer's, set when the request's (response's) HEADERS are decoded: told that body's bytes.
+    request_sink: BodySink | None = None
+    response_sink: BodySink | None = None
 
     def header(self, name: str, where: str = "request") -> str | None:
         for k, v in getattr(self, _HEADER_LISTS[where]):
@@ -361,13 +381,20 @@ class _Direction:
 class H2Connection:
     """Both directions of one HTTP/2 connection.
 
-    ``on_request(stream)`` is called when a request's HEADERS are decoded;
+    ``on_request(stream)`` is called when a request's HEADERS are decoded, ``on_response(stream)``
+    when its response's first HEADERS are (either may set the stream's body sinks);
     ``feed`` returns streams that finished.
     """
 
-    def __init__(self, *, on_request: Callable[[Stream], None] = lambda s: None, limits: Limits = DEFAULT,
+    def __init__(self, *, on_request: Callable[[Stream], None] = lambda s: None,
+                 on_response: Callable[[Stream], None] = lambda s: None, limits: Limits = DEFAULT,
                  held: Held | None = None) -> None:
         self._dirs = {True: _Direction(True, limits), False: _Direction(False, limits)}
+        for c2s, d in self._dirs.items():
+            d.reader = FrameReader(expect_preface=c2s, keep_limit=limits.header_block,
+                                   on_frame=functools.partial(self._frame, c2s, d),
+                                   wants_data=functools.partial(self._wants_data, c2s))
+        self._on_response = on_response
         self._limits = limits
         self._held = held if held is not None else Held(limits.held_per_process)
         #: Open streams, oldest first (the order evictions follow).
@@ -384,8 +411,7 @@ class H2Connection:
         d = self._dirs[client_to_server]
         if d.reader.broken:
             return []
-        for frame in d.reader.feed(data, missing, stamp):
-            self._frame(client_to_server, d, frame)
+        d.reader.feed(data, missing, stamp)  # each frame goes to _frame as it ends
         if d.reader.broken:
             self._problem(d.reader.broken)
         return self._take()
@@ -450,17 +476,44 @@ class H2Connection:
         elif ftype == SETTINGS and not f.flags & 0x1 and not f.lost:
             self._settings(c2s, f.payload)
 
+    def _wants_data(self, c2s: bool, stream_id: int) -> bool:
+        stream = self._streams.get(stream_id)
+        return stream is not None and (stream.request_sink if c2s else stream.response_sink) is not None
+
     def _data(self, c2s: bool, f: Frame) -> None:
         stream = self._streams.get(f.stream_id)
         if stream is None:
             return
         if c2s:
             stream.request_bytes += f.length
+            sink = stream.request_sink
         else:
             stream.response_first = stream.response_first or f.stamp
             stream.response_bytes += f.length
+            stream.response_frames += f.length > 0
+            sink = stream.response_sink
+        if sink is not None and f.length and f.keep:
+            sink.unit(f.stamp)
+            self._deliver(sink, f)
         if f.flags & FLAG_END_STREAM:
             self._end_stream(c2s, stream, f.end_stamp)
+
+    def _deliver(self, sink: BodySink, f: Frame) -> None:
+        """A DATA frame's content (its padding removed) to ``sink``: the bytes captured, then what was not."""
+        p, start, size = f.payload, 0, f.length
+        if f.flags & FLAG_PADDED:
+            if not p:
+                sink.gap(size)
+                return
+            start, size = 1, size - 1 - p[0]
+            if size < 0:
+                self._problem("bad_padding")
+                return
+        data = p[start : start + size]
+        if data:
+            sink.data(data, f.end_stamp)
+        if len(data) < size:
+            sink.gap(size - len(data))
 
     def _settings(self, c2s: bool, payload: bytes) -> None:
         """What the sender's SETTINGS say about the other direction: its table size and frame size limits."""
@@ -511,6 +564,8 @@ class H2Connection:
                 stream.response_headers = headers
                 if f.flags & FLAG_END_STREAM:
                     stream.trailers = [h for h in headers if h[0].startswith("grpc-")]
+                else:
+                    self._on_response(stream)
             else:
                 stream.trailers = headers
             stream.response_first = stream.response_first or f.stamp
