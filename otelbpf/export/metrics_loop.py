@@ -65,19 +65,18 @@ class MetricsLoop:
         return self._thread.ident is not None and not self._thread.is_alive() and not self._stop.is_set()
 
     def collect(self) -> MetricsData:
-        grouped: dict[tuple, ResourceMetrics] = {}
+        grouped: dict[tuple, tuple[Resource, list[ScopeMetrics]]] = {}
         for source in self._sources:
             try:
                 for resource, scope, metrics in source():
                     key = tuple(sorted((k, str(v)) for k, v in resource.attributes.items()))
-                    rm = grouped.get(key)
-                    if rm is None:
-                        rm = grouped[key] = ResourceMetrics(resource=resource, scope_metrics=[], schema_url="")
-                    rm.scope_metrics.append(ScopeMetrics(scope=scope, metrics=metrics, schema_url=""))
+                    scopes = grouped.setdefault(key, (resource, []))[1]
+                    scopes.append(ScopeMetrics(scope=scope, metrics=metrics, schema_url=""))
             except Exception:  # one broken source must not hide the others
                 log.exception("metric source failed")
                 self._health.add("otelbpf.metrics.source_errors")
-        return MetricsData(resource_metrics=list(grouped.values()))
+        return MetricsData(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=scopes, schema_url="")
+                                             for resource, scopes in grouped.values()])
 
     def export_once(self) -> None:
         data = self.collect()

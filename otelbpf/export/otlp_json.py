@@ -23,10 +23,13 @@ from __future__ import annotations
 import base64
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import msgspec
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind
 
 #: OTLP's SpanKind numbers (SPAN_KIND_INTERNAL = 1 ...).
@@ -87,7 +90,7 @@ def _sequence(value: Sequence) -> dict:
 
 #: Encoders by exact type: one dict lookup for the common cases (isinstance chains cost
 #: more than the rest of a span's encoding). Subclasses fall through to ``_any``'s checks.
-_BY_TYPE = {
+_BY_TYPE: dict[type, Callable[[Any], dict]] = {
     str: lambda v: {"stringValue": v},
     bool: lambda v: {"boolValue": v},
     int: lambda v: {"intValue": str(clamp_int(v))},
@@ -221,14 +224,18 @@ def _scope(scope) -> dict:
     return out
 
 
-def group_spans(spans: Sequence[ReadableSpan]) -> list[tuple[object, list[tuple[object, list[ReadableSpan]]]]]:
+#: One scope's spans (the SDK's spans may have no scope).
+ScopeGroup = tuple[InstrumentationScope | None, list[ReadableSpan]]
+
+
+def group_spans(spans: Sequence[ReadableSpan]) -> list[tuple[Resource, list[ScopeGroup]]]:
     """Spans by resource, then by scope, in first-seen order.
 
     Grouped by *object*: the agent keeps one Resource per process and one scope per
     receiver, and hashing a Resource (the SDK groups by value) serialises its attributes
     every time.
     """
-    groups: dict[int, tuple] = {}
+    groups: dict[int, tuple[Resource, dict[int, ScopeGroup]]] = {}
     for span in spans:
         res = span.resource
         entry = groups.get(id(res))

@@ -30,7 +30,7 @@ _SCALAR = {str: "string_value", bool: "bool_value", int: "int_value", float: "do
 def _any(value: object) -> dict:
     """An ``AnyValue``."""
     t = type(value)
-    if t is int:
+    if t is int and isinstance(value, int):  # the isinstance only narrows the type for mypy
         return {"int_value": clamp_int(value)}
     field = _SCALAR.get(t)
     if field is not None:
@@ -120,7 +120,9 @@ def encode_spans_proto(spans: Sequence[ReadableSpan]) -> ExportTraceServiceReque
             "scope_spans": [{"scope": _scope(scope), "schema_url": (scope.schema_url if scope else "") or "",
                              "spans": [_span(s) for s in members]} for scope, members in scopes],
         })
-    return ExportTraceServiceRequest(resource_spans=resource_spans)
+    # The constructor takes dicts for message fields (upb builds the messages: this module's point);
+    # the protobuf stubs list only the message types.
+    return ExportTraceServiceRequest(resource_spans=resource_spans)  # type: ignore[arg-type]
 
 
 class FastOTLPSpanExporter(OTLPSpanExporter):
