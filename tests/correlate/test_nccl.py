@@ -237,3 +237,141 @@ def test_known_communicators_say_their_rank_came_from_init():
     c.on_events(ev.array())
     assert {(s.attributes["nccl.rank.source"], s.attributes["nccl.comm.source"]) for s in ar_spans(spans)} == \
         {("init", "init")}
+
+
+# ---- two ranks whose communicator was initialised under the probes: the spans' facts
+
+
+COMM = 0x5EED_0000_0000_0042
+F16, BCAST_ROOT = 6, 1
+
+
+def init_rank(ev: Events, ts: int, pid: int, rank: int, nranks: int = 2) -> None:
+    """ncclCommInitRank entered, the communicator known (id, rank, size), returned."""
+    ev.add(ts, pid, Kind.NCCL_ENTER, NcclFunc.ncclCommInitRank, dur=pack(rank, nranks), ret=-1)
+    ev.add(ts + MS, pid, Kind.NCCL_COMM, NcclFunc.ncclCommInitRank, a1=COMM, a2=pack(rank, nranks))
+    ev.add(ts + 2 * MS, pid, Kind.NCCL_RETURN, NcclFunc.ncclCommInitRank)
+
+
+def collective(ev: Events, ts: int, pid: int, rank: int, func: NcclFunc, seq: int, *, count: int = 1024,
+               dtype: int = F32, op: int = 0, root: int = -1, ret: int = 0, nranks: int = 2) -> None:
+    """An NCCL call on COMM entered at ``ts``, returned 0.1 ms later with ``ret``."""
+    ev.add(ts, pid, Kind.NCCL_ENTER, func, dur=pack(rank, nranks), ret=root, a0=COMM, a1=seq,
+           a2=args(count, dtype, op), a3=STREAM)
+    ev.add(ts + MS // 10, pid, Kind.NCCL_RETURN, func, ret=ret)
+
+
+def stream_sync(ev: Events, ts: int, pid: int, dur: int) -> None:
+    ev.add(ts, pid, Kind.CUDA_SYNC, CudaFunc.cudaStreamSynchronize, a0=STREAM, dur=dur)
+
+
+def two_ranks() -> Events:
+    """Ranks 0 and 1 (pids 100, 101): init, then AllReduce (seq 1), AllGather (2) and Broadcast (3),
+    each waited for by a stream synchronize that returns 5 ms after the call."""
+    ev = Events()
+    for rank in range(2):
+        pid, t = 100 + rank, 1000 * MS + rank * MS // 2
+        init_rank(ev, t, pid, rank)
+        collective(ev, t + 10 * MS, pid, rank, NcclFunc.ncclAllReduce, 1, op=2)
+        stream_sync(ev, t + 11 * MS, pid, 4 * MS)
+        collective(ev, t + 20 * MS, pid, rank, NcclFunc.ncclAllGather, 2, count=256, dtype=F16)
+        stream_sync(ev, t + 21 * MS, pid, 4 * MS)
+        collective(ev, t + 30 * MS, pid, rank, NcclFunc.ncclBroadcast, 3, count=10, root=BCAST_ROOT)
+        stream_sync(ev, t + 31 * MS, pid, 4 * MS)
+    return ev
+
+
+def by_rank(spans: list) -> dict[int, dict[str, object]]:
+    """rank -> {span name: span} of the collectives."""
+    out: dict[int, dict[str, object]] = {}
+    for s in spans:
+        if "nccl.op" in s.attributes:
+            out.setdefault(s.attributes["nccl.rank"], {})[s.name] = s
+    return out
+
+
+def test_collectives_of_two_ranks_carry_op_size_sequence_and_communicator() -> None:
+    c, spans = correlator({})
+    c.on_events(two_ranks().array())
+    ranks = by_rank(spans)
+    assert set(ranks) == {0, 1}
+    for rank, calls in ranks.items():
+        assert set(calls) == {"ncclAllReduce", "ncclAllGather", "ncclBroadcast"}
+        ar, ag, bc = calls["ncclAllReduce"], calls["ncclAllGather"], calls["ncclBroadcast"]
+        common = {"nccl.comm.id": f"{COMM:016x}", "nccl.comm.source": "init", "nccl.rank": rank,
+                  "nccl.rank.source": "init", "nccl.nranks": 2, "nccl.completion": "observed",
+                  "nccl.completion.method": "stream_sync", "nccl.sync.function": "cudaStreamSynchronize",
+                  "cuda.stream": f"{STREAM:#x}", "nccl.result": "ncclSuccess"}
+        for span, expected in ((ar, {"nccl.op": "AllReduce", "nccl.seq": 1, "nccl.count": 1024,
+                                     "nccl.datatype": "float32", "nccl.bytes": 4096, "nccl.reduction": "max"}),
+                               # all-gather counts every rank's part: 256 float16 x 2 ranks
+                               (ag, {"nccl.op": "AllGather", "nccl.seq": 2, "nccl.count": 256,
+                                     "nccl.datatype": "float16", "nccl.bytes": 1024}),
+                               (bc, {"nccl.op": "Broadcast", "nccl.seq": 3, "nccl.bytes": 40,
+                                     "nccl.root": BCAST_ROOT})):
+            expected = {**common, **expected}
+            assert {k: span.attributes.get(k) for k in expected} == expected
+            assert "nccl.reduction" not in span.attributes or span is ar
+            # Entered -> the synchronize that observed it returned: 1 ms + 4 ms after the call.
+            assert span.end_time - span.start_time == 5 * MS
+            assert span.attributes["nccl.enqueue.duration"] == pytest.approx(0.1e-3)
+            assert span.attributes["nccl.wait.duration"] == pytest.approx(4.9e-3)
+            assert span.status.is_ok
+        assert ag.attributes["nccl.phase.duration"] == pytest.approx(5e-3)  # since the AllReduce completed
+    inits = [s for s in spans if s.name == "ncclCommInitRank"]
+    assert sorted(s.attributes["nccl.rank"] for s in inits) == [0, 1]
+    assert {s.attributes["nccl.comm.id"] for s in inits} == {f"{COMM:016x}"}
+
+
+def test_collective_metrics_count_calls_and_bytes_per_operation() -> None:
+    c, _ = correlator({})
+    c.on_events(two_ranks().array())
+    for resource, metrics in c.collect():
+        named = {metric.name: metric for metric in metrics}
+        calls = {p.attributes["nccl.op"]: p.value for p in named["nccl.collectives"].data.data_points}
+        sizes = {p.attributes["nccl.op"]: p.value for p in named["nccl.bytes"].data.data_points}
+        assert calls == {"AllReduce": 1, "AllGather": 1, "Broadcast": 1}, resource.attributes
+        assert sizes == {"AllReduce": 4096, "AllGather": 1024, "Broadcast": 40}
+        waits = {p.attributes["nccl.op"]: p.count for p in named["nccl.wait.duration"].data.data_points}
+        assert waits == {"AllReduce": 1, "AllGather": 1, "Broadcast": 1}
+
+
+def test_a_collective_that_returns_an_error_is_a_failed_span_and_counted() -> None:
+    ev = Events()
+    init_rank(ev, 1000 * MS, 100, 0)
+    collective(ev, 1010 * MS, 100, 0, NcclFunc.ncclAllReduce, 1, ret=4)
+    c, spans = correlator({})
+    c.on_events(ev.array())
+    [span] = [s for s in spans if s.name == "ncclAllReduce"]
+    assert span.status.status_code.name == "ERROR"
+    assert span.status.description == "ncclAllReduce returned ncclInvalidArgument (4)"
+    assert span.attributes["nccl.completion"] == "failed"
+    [(_, metrics)] = c.collect()
+    [errors] = [metric for metric in metrics if metric.name == "nccl.errors"]
+    assert [(dict(p.attributes), p.value) for p in errors.data.data_points] == [
+        ({"nccl.function": "ncclAllReduce", "nccl.result": "ncclInvalidArgument"}, 1)]
+
+
+def test_send_and_recv_in_a_group_are_children_of_one_group_span() -> None:
+    ev = Events()
+    init_rank(ev, 1000 * MS, 100, 0)
+    ev.add(1010 * MS, 100, Kind.NCCL_ENTER, NcclFunc.ncclGroupStart)
+    ev.add(1010 * MS + 1000, 100, Kind.NCCL_RETURN, NcclFunc.ncclGroupStart)
+    collective(ev, 1011 * MS, 100, 0, NcclFunc.ncclSend, 7, count=64, root=1)
+    collective(ev, 1012 * MS, 100, 0, NcclFunc.ncclRecv, 7, count=64, root=1)
+    ev.add(1013 * MS, 100, Kind.NCCL_ENTER, NcclFunc.ncclGroupEnd)
+    ev.add(1014 * MS, 100, Kind.NCCL_RETURN, NcclFunc.ncclGroupEnd)
+    stream_sync(ev, 1015 * MS, 100, 2 * MS)
+    c, spans = correlator({})
+    c.on_events(ev.array())
+    [group] = [s for s in spans if s.name == "ncclGroup"]
+    members = [s for s in spans if s.name in ("ncclSend", "ncclRecv")]
+    assert sorted(s.name for s in members) == ["ncclRecv", "ncclSend"]
+    assert all(s.parent.span_id == group.context.span_id for s in members)
+    assert group.attributes["nccl.group.size"] == 2
+    entered = {"ncclSend": 1011 * MS, "ncclRecv": 1012 * MS}
+    for s in members:
+        assert (s.attributes["nccl.peer"], s.attributes["nccl.bytes"], s.attributes["nccl.seq"]) == (1, 256, 7)
+        # Enqueued when the group ended (1014 ms): that is when NCCL launched the work.
+        assert s.attributes["nccl.enqueue.time_unix_nano"] - s.start_time == 1014 * MS - entered[s.name]
+    assert group.end_time == max(s.end_time for s in members)
