@@ -80,19 +80,26 @@ class OtlpExporterConfig(Section):
         return endpoint_scheme(self.endpoint) == "http"
 
 
+#: Where each signal goes under an OTLP/HTTP base URL (profiles: the Collector's path while the
+#: signal is in development).
+HTTP_PATHS = {"traces": "/v1/traces", "metrics": "/v1/metrics", "profiles": "/v1development/profiles"}
+
+
 class OtlpHttpExporterConfig(Section):
-    """OTLP over HTTP/protobuf. ``endpoint`` is a base URL to which ``/v1/traces`` and
-    ``/v1/metrics`` are appended; ``traces_endpoint``/``metrics_endpoint`` are used as given."""
+    """OTLP over HTTP/protobuf. ``endpoint`` is a base URL to which ``/v1/traces``,
+    ``/v1/metrics`` and ``/v1development/profiles`` are appended; ``traces_endpoint``,
+    ``metrics_endpoint`` and ``profiles_endpoint`` are used as given."""
 
     endpoint: str | None = None
     traces_endpoint: str | None = None
     metrics_endpoint: str | None = None
+    profiles_endpoint: str | None = None
     headers: Headers = {}
     tls: HttpTLSConfig = HttpTLSConfig()
     timeout: PositiveDuration = 10_000_000_000
     compression: Compression = "gzip"
 
-    @field_validator("endpoint", "traces_endpoint", "metrics_endpoint")
+    @field_validator("endpoint", "traces_endpoint", "metrics_endpoint", "profiles_endpoint")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         if value is not None:
@@ -101,14 +108,18 @@ class OtlpHttpExporterConfig(Section):
                 raise ValueError(f"{value!r} is not an http(s):// URL with a host (like http://localhost:4318)")
         return value
 
-    def url(self, signal: Signal) -> str:
+    def signal_endpoint(self, signal: Signal | Literal["profiles"]) -> str | None:
+        """The URL set for ``signal`` alone (``traces_endpoint``, ...), if any."""
+        return getattr(self, f"{signal}_endpoint")
+
+    def url(self, signal: Signal | Literal["profiles"]) -> str:
         """Where ``signal`` is POSTed."""
-        explicit = self.traces_endpoint if signal == "traces" else self.metrics_endpoint
+        explicit = self.signal_endpoint(signal)
         if explicit is not None:
             return explicit
         if self.endpoint is None:
             raise ValueError(f"the exporter has no endpoint for {signal}")
-        return self.endpoint.rstrip("/") + f"/v1/{signal}"
+        return self.endpoint.rstrip("/") + HTTP_PATHS[signal]
 
 
 def _mode(value: object) -> int:
@@ -224,7 +235,7 @@ def _grpc_target(endpoint: str) -> str:
     return f"{host}:{port}"
 
 
-def missing_endpoint(exporter: ExporterConfig | None, signal: Signal) -> str | None:
+def missing_endpoint(exporter: ExporterConfig | None, signal: Signal | Literal["profiles"]) -> str | None:
     """Why ``exporter`` has nowhere to send ``signal`` (its endpoint may come from a variable
     the loader fills in), or None."""
     if isinstance(exporter, PyroscopeExporterConfig) and exporter.endpoint is None:
@@ -234,10 +245,9 @@ def missing_endpoint(exporter: ExporterConfig | None, signal: Signal) -> str | N
     if (
         isinstance(exporter, OtlpHttpExporterConfig)
         and exporter.endpoint is None
-        and (exporter.traces_endpoint if signal == "traces" else exporter.metrics_endpoint) is None
+        and exporter.signal_endpoint(signal) is None
     ):
-        return (
-            f"no endpoint: set endpoint or {signal}_endpoint here, or OTEL_EXPORTER_OTLP_ENDPOINT / "
-            f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
-        )
+        env = (f", or OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+               if signal != "profiles" else "")  # the variables fill in traces and metrics only
+        return f"no endpoint: set endpoint or {signal}_endpoint here{env}"
     return None

@@ -56,7 +56,6 @@ from otelbpf.export.profile_export import ProfileRecord
 
 log = logging.getLogger(__name__)
 
-HTTP_PATH = "/v1development/profiles"
 #: Profile labels the resource already carries (as service.name, host.name, process.pid).
 RESOURCE_LABELS = {"service_name": "service.name", "host_name": "host.name", "process_pid": "process.pid"}
 FRAME_TYPE = "profile.frame.type"
@@ -313,9 +312,7 @@ class GrpcTransport:
 
 class HttpTransport:
     def __init__(self, cfg: OtlpHttpExporterConfig) -> None:
-        if cfg.endpoint is None:
-            raise ValueError("otlphttp exporter without endpoint")
-        self._url = cfg.endpoint.rstrip("/") + HTTP_PATH
+        self._url = cfg.url("profiles")
         self._gzip = cfg.compression == "gzip"
         self._timeout = to_seconds(cfg.timeout)
         self._session = requests.Session()

@@ -21,7 +21,6 @@ from otelbpf.config import OtlpExporterConfig, OtlpHttpExporterConfig, RetryConf
 from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
 from otelbpf.correlate.stacks import Frame
 from otelbpf.export.otlp_profiles import (
-    HTTP_PATH,
     GrpcTransport,
     HttpTransport,
     OtlpProfileExporter,
@@ -279,7 +278,7 @@ def test_http_posts_gzipped_protobuf_to_the_profiles_path_and_retries_503():
         assert health.get("otelbpf.export.retries", signal="profiles", exporter="otlphttp") == 1
         assert health.get("otelbpf.export.sent", signal="profiles", exporter="otlphttp") == 1
         [(path, headers, request)] = server.requests
-        assert path == HTTP_PATH
+        assert path == "/v1development/profiles"    # the Collector's otlphttp path for the signal
         assert headers["Content-Type"] == "application/x-protobuf" and headers["Content-Encoding"] == "gzip"
         assert headers["authorization"] == "Bearer x"
         assert {tuple(s.functions()) for s in decode(request)} >= {("memcpy", "leaf", "root")}
