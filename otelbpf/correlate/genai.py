@@ -9,9 +9,9 @@ for with ``stream_options.include_usage``) give the rest. A stream without ``usa
 events counted as an estimate of the output tokens, flagged as one.
 
 Bounded: bodies are never buffered. ``JsonScanner`` walks a document as its pieces arrive and
-keeps only its container stack (at most ``MAX_DEPTH``) and the value it is reading, if that value
-sits at a path asked for (at most a value's cap); strings are skipped in C (``re``/``bytes.find``),
-and a document longer than ``max_bytes`` is given up. A gap (bytes not captured) ends a document's
+keeps only its container stack (at most ``Limits.json_depth``) and the value it is reading, if that
+value sits at a path asked for (at most a value's cap); strings are skipped in C (``re``/``bytes.find``),
+and a document longer than ``Limits.json_document`` is given up. A gap (bytes not captured) ends a document's
 reading: nothing after it is guessed. The kernel captures at most ``payload_size`` bytes of each
 syscall, so a ``model`` written after a long prompt in the same ``send`` is not seen
 (``gen_ai.response.model`` then still is, from the response).
@@ -27,16 +27,14 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from otelbpf.correlate.protocols.limits import DEFAULT, Limits
+
 #: Path suffix → ``gen_ai.operation.name``.
 OPERATIONS = (("/v1/chat/completions", "chat"), ("/v1/completions", "text_completion"))
 #: ``gen_ai.provider.name``: the API's flavour (OpenAI's), whoever serves it (the semantic
 #: conventions call the attribute a discriminator of the telemetry's format).
 PROVIDER = "openai"
 
-#: Containers deeper than this end a document's reading (``too_deep``).
-MAX_DEPTH = 64
-#: Bytes of a document read before it is given up (``too_large``): a prompt of token ids may be long.
-MAX_DOCUMENT = 1 << 20
 #: Bytes kept of an object key (a longer key matches no path).
 MAX_KEY = 64
 #: Bytes kept of a scalar (number, true, false, null).
@@ -90,10 +88,11 @@ class JsonScanner:
     Values read before a break are kept: a caller that needs a whole document checks ``complete``.
     """
 
-    def __init__(self, targets: Targets, *, max_bytes: int = MAX_DOCUMENT) -> None:
+    def __init__(self, targets: Targets, *, limits: Limits = DEFAULT) -> None:
         self._targets = targets
         self._live = {path[:i] for path in targets for i in range(len(path))}
-        self._max_bytes = max_bytes
+        self._max_bytes = limits.json_document
+        self._max_depth = limits.json_depth
         self._stack: list[_Frame] = []
         self._string = 0           # 0: not in a string; 1: a key; 2: a value kept; 3: a value skipped
         self._escape = False       # a backslash ended the last piece
@@ -171,7 +170,7 @@ class JsonScanner:
             path = self._value_path()
             if self.broken:
                 return
-            if len(stack) >= MAX_DEPTH:
+            if len(stack) >= self._max_depth:
                 self.broken = "too_deep"
                 return
             stack.append(_Frame(c == b"{", path or (), path is not None and path in self._live))
@@ -303,10 +302,16 @@ class JsonScanner:
 
 
 def _unescape(raw: bytes) -> str:
-    """A JSON string's content (as read: possibly cut in the middle of an escape)."""
+    """A JSON string's content (as read: possibly cut in the middle of an escape, dropped then)."""
     try:
         return json.loads(b'"' + raw + b'"')
     except ValueError:
+        cut = raw.rfind(b"\\", max(len(raw) - 6, 0))
+        if cut >= 0:
+            try:
+                return json.loads(b'"' + raw[:cut] + b'"')
+            except ValueError:
+                pass
         return raw.decode("utf-8", "replace")
 
 
@@ -333,11 +338,11 @@ class RequestFacts:
 
     wants_bytes = True
 
-    def __init__(self, operation_name: str, *, content_cap: int = 0) -> None:
+    def __init__(self, operation_name: str, *, content_cap: int = 0, limits: Limits = DEFAULT) -> None:
         self.operation = operation_name
         self._content_cap = content_cap
         self._scanner = JsonScanner(_with_content(_REQUEST, _REQUEST_CONTENT, content_cap) if content_cap
-                                    else _REQUEST)
+                                    else _REQUEST, limits=limits)
 
     def unit(self, stamp: object) -> None:
         pass
@@ -384,6 +389,7 @@ class ResponseFacts:
     """An OpenAI-compatible response: one JSON body, or the data of SSE events (``event``)."""
 
     content_cap: int = 0
+    limits: Limits = DEFAULT
     model: str | None = None
     id: str | None = None
     input_tokens: int | None = None
@@ -406,7 +412,7 @@ class ResponseFacts:
 
     def data(self, data: bytes) -> None:
         if self._body is None:
-            self._body = JsonScanner(self._targets())
+            self._body = JsonScanner(self._targets(), limits=self.limits)
         self._body.feed(data)
 
     def gap(self) -> None:
@@ -430,7 +436,7 @@ class ResponseFacts:
             if self.first_token_ns is None:
                 self.first_token_ns = t_ns
         if self.model is None or usage or self.content_cap or _FINISHED.search(data):
-            scanner = JsonScanner(self._targets())
+            scanner = JsonScanner(self._targets(), limits=self.limits)
             scanner.feed(data)
             if not scanner.done and not scanner.broken:
                 scanner.broken = "bad_json"  # an event is a whole document

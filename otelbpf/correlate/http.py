@@ -444,7 +444,7 @@ class HttpCorrelator:
     def _genai_request(self, method: str, target: str) -> genai.RequestFacts | None:
         """The body reader of an OpenAI-compatible completion request, None for any other request."""
         name = genai.operation(method, target.partition("?")[0])
-        return genai.RequestFacts(name, content_cap=self._content_cap) if name else None
+        return genai.RequestFacts(name, content_cap=self._content_cap, limits=self._limits) if name else None
 
     def _response_http1(self, request: Message | None, response: Message) -> None:
         """A response head: watch its body if it streams, or if it answers a GenAI request."""
@@ -464,8 +464,9 @@ class HttpCorrelator:
             stream.response_sink = opened.watch = self._watch(opened, sse)
 
     def _watch(self, opened: _Open, sse: bool) -> ResponseWatch:
-        facts = genai.ResponseFacts(content_cap=self._content_cap) if opened.genai is not None else None
-        return ResponseWatch(sse=sse, genai=facts)
+        facts = (genai.ResponseFacts(content_cap=self._content_cap, limits=self._limits)
+                 if opened.genai is not None else None)
+        return ResponseWatch(sse=sse, genai=facts, limits=self._limits)
 
     def _open(self, conn: Conn, first: Stamp, traceparent: str | None, stream_id: int) -> _Open:
         enter, exit_, tid = first

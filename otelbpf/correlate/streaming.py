@@ -18,6 +18,7 @@ from opentelemetry.sdk.metrics.export import HistogramDataPoint
 
 from otelbpf.correlate.genai import ResponseFacts
 from otelbpf.correlate.metrics import DURATION_BOUNDS
+from otelbpf.correlate.protocols.limits import DEFAULT, Limits
 from otelbpf.correlate.protocols.sse import EventStream
 
 #: (entry ns, exit ns, thread id) of the syscall that carried a piece.
@@ -87,10 +88,10 @@ class ResponseWatch:
 
     __slots__ = ("units", "events", "sse", "genai", "problems", "wants_bytes")
 
-    def __init__(self, *, sse: bool = False, genai: ResponseFacts | None = None) -> None:
+    def __init__(self, *, sse: bool = False, genai: ResponseFacts | None = None, limits: Limits = DEFAULT) -> None:
         self.units = Pacing()
         self.events = Pacing()
-        self.sse = EventStream() if sse else None
+        self.sse = EventStream(max_line=limits.sse_line, max_data=limits.sse_data) if sse else None
         self.genai = genai
         self.wants_bytes = sse or genai is not None
         #: What could not be followed, by reason (the SSE parser's, and the GenAI reader's).

@@ -107,6 +107,9 @@ _NO_HEAD = Head("", [], {})
 class BodySink(Protocol):
     """What a consumer of a message's body is told, in wire order (HTTP/1 and HTTP/2 alike)."""
 
+    #: False: only ``unit`` and ``gap`` are wanted (the bytes are not copied out for it).
+    wants_bytes: bool
+
     def unit(self, stamp: Stamp) -> None:
         """A transfer unit begins: an HTTP/1 chunk (its size line) or an HTTP/2 DATA frame."""
 
@@ -265,7 +268,7 @@ class MessageStream:
             msg = self._msg
             msg.size += n
             msg.body_size += n
-            if msg.sink is not None and n:
+            if msg.sink is not None and n and msg.sink.wants_bytes:
                 msg.sink.data(data[pos : pos + n], self._stamp)
             if mode != "close":
                 s.remaining -= n

@@ -478,7 +478,8 @@ class H2Connection:
 
     def _wants_data(self, c2s: bool, stream_id: int) -> bool:
         stream = self._streams.get(stream_id)
-        return stream is not None and (stream.request_sink if c2s else stream.response_sink) is not None
+        sink = None if stream is None else stream.request_sink if c2s else stream.response_sink
+        return sink is not None and sink.wants_bytes
 
     def _data(self, c2s: bool, f: Frame) -> None:
         stream = self._streams.get(f.stream_id)
@@ -492,9 +493,10 @@ class H2Connection:
             stream.response_bytes += f.length
             stream.response_frames += f.length > 0
             sink = stream.response_sink
-        if sink is not None and f.length and f.keep:
+        if sink is not None and f.length:
             sink.unit(f.stamp)
-            self._deliver(sink, f)
+            if f.keep:
+                self._deliver(sink, f)
         if f.flags & FLAG_END_STREAM:
             self._end_stream(c2s, stream, f.end_stamp)
 

@@ -34,6 +34,14 @@ class Limits:
     hpack_table: int = 64 << 10
     #: Characters of one exported string attribute (a path, a Host, a user agent, a captured header).
     attribute_chars: int = 2048
+    #: Bytes of one SSE line kept (a longer line is skipped, its event marked truncated).
+    sse_line: int = 64 << 10
+    #: Bytes of one SSE event's data kept.
+    sse_data: int = 64 << 10
+    #: Containers deep a JSON body (an OpenAI-compatible request or response) is read to.
+    json_depth: int = 64
+    #: Bytes of one JSON body read before it is given up: a prompt of token ids may be long.
+    json_document: int = 1 << 20
 
 
 DEFAULT = Limits()

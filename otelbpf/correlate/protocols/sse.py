@@ -20,13 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from otelbpf.correlate.protocols.limits import DEFAULT
+
 #: Opaque per-syscall stamp of the piece that ended an event.
 Stamp = Any
 
-#: Bytes of one line kept (a longer line is skipped, its event marked truncated).
-MAX_LINE = 64 << 10
-#: Bytes of one event's data kept.
-MAX_DATA = 64 << 10
 #: Characters of an ``event:`` type kept.
 MAX_TYPE = 64
 
@@ -47,7 +45,7 @@ class EventStream:
     __slots__ = ("_line", "_data", "_lines", "_type", "_truncated", "_skip_line", "_resync", "_max_line",
                  "_max_data", "problems")
 
-    def __init__(self, *, max_line: int = MAX_LINE, max_data: int = MAX_DATA) -> None:
+    def __init__(self, *, max_line: int = DEFAULT.sse_line, max_data: int = DEFAULT.sse_data) -> None:
         self._max_line = max_line
         self._max_data = max_data
         self._line = bytearray()   # a line begun in an earlier piece
@@ -79,6 +77,11 @@ class EventStream:
                     if not self._resync:
                         continue
                     line = b"x"  # not blank: a skipped line never ends a resync
+            elif nl - pos > self._max_line:
+                self._too_long(data[pos : pos + 5])
+                self._truncated = True
+                pos = nl + 1
+                continue
             else:
                 line = data[pos:nl]
             pos = nl + 1
@@ -110,11 +113,17 @@ class EventStream:
         if self._skip_line:
             return
         if len(self._line) + len(data) - pos > self._max_line:
-            self._problem("line_too_long")
+            self._too_long(bytes(self._line[:5]) + data[pos : pos + 5])
             self._line.clear()
             self._skip_line = True
             return
         self._line += data[pos:]
+
+    def _too_long(self, start: bytes) -> None:
+        """A line over ``max_line`` is skipped; a data line still makes its event one (with its data cut)."""
+        self._problem("line_too_long")
+        if not self._resync and (start[:5] == b"data:" or start == b"data"):
+            self._data_line(b"")
 
     def _field(self, line: bytes) -> None:
         colon = line.find(b":")
@@ -124,16 +133,20 @@ class EventStream:
         if value[:1] == b" ":
             value = value[1:]
         if name == b"data":
-            if self._lines:
-                self._data += b"\n"
-            self._lines += 1
-            room = self._max_data - len(self._data)
-            if len(value) > room:
-                self._truncated = True
-                value = value[: max(room, 0)]
-            self._data += value
+            self._data_line(value)
         elif name == b"event":
             self._type = value[:MAX_TYPE].decode("utf-8", "replace")
+
+    def _data_line(self, value: bytes) -> None:
+        """A data line's value joins the event's data (after a LF if it is not the first), within ``max_data``."""
+        if self._lines:
+            value = b"\n" + value
+        self._lines += 1
+        room = self._max_data - len(self._data)
+        if len(value) > room:
+            self._truncated = True
+            value = value[: max(room, 0)]
+        self._data += value
 
     def _dispatch(self, stamp: Stamp) -> Event | None:
         """A blank line: the event ends (an event without data lines is none, as the grammar says)."""

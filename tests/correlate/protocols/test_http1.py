@@ -198,3 +198,54 @@ def test_headers_larger_than_the_capture_keep_the_request_line_and_say_so():
     assert exchange.request.head.method == "GET" and exchange.request.head.target == "/long"
     assert exchange.request.head.truncated and exchange.request.head.get("host") == "x"
     assert exchange.response.head.status == 204 and exchange.response.complete
+
+
+class _Sink:
+    """A body sink that records what it is told."""
+
+    wants_bytes = True
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def unit(self, stamp) -> None:
+        self.calls.append(("unit", stamp))
+
+    def data(self, data: bytes, stamp) -> None:
+        self.calls.append(("data", data, stamp))
+
+    def gap(self, n: int) -> None:
+        self.calls.append(("gap", n))
+
+
+def test_sinks_get_bodies_de_chunked_with_chunk_starts_and_gaps():
+    """The request sink (set at the request head) and the response sink (set when the response head
+    names the request it answers) get the bodies as captured, de-chunked, split anywhere."""
+    sinks: dict[str, _Sink] = {}
+    answered = []
+
+    def on_request(msg) -> None:
+        msg.sink = sinks["request"] = _Sink()
+
+    def on_response(request, response) -> None:
+        answered.append(request.head.target)
+        response.sink = sinks["response"] = _Sink()
+
+    request = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+    response = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n")
+    for cut in range(len(response) + 1):
+        conn = Http1Connection(on_request=on_request, on_response=on_response)
+        conn.feed(True, request, 0, "q")
+        (exchange,) = conn.feed(False, response[:cut], 0, "a") + conn.feed(False, response[cut:], 0, "b")
+        assert exchange.response.chunks == 2 and exchange.response.complete
+        body = b"".join(c[1] for c in sinks["response"].calls if c[0] == "data")
+        assert body == b"abcde" and [c[0] for c in sinks["response"].calls].count("unit") == 2, cut
+    assert sinks["request"].calls == [("data", b"hello", "q")] and set(answered) == {"/v1/completions"}
+    # A chunk cut by the capture: what was captured, then the gap; the next chunk starts clean.
+    conn = Http1Connection(on_request=on_request, on_response=on_response)
+    conn.feed(True, request, 0, "q")
+    conn.feed(False, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\na\r\n0123", 6, "a")
+    conn.feed(False, b"\r\n1\r\nz\r\n0\r\n\r\n", 0, "b")
+    assert sinks["response"].calls == [("unit", "a"), ("data", b"0123", "a"), ("gap", 6), ("unit", "b"),
+                                       ("data", b"z", "b")]

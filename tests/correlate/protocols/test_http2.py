@@ -278,3 +278,60 @@ def test_a_full_table_that_changes_but_keeps_its_length_and_newest_value_is_noti
     streams = conn.close(99)
     assert conn.problems == {}
     assert [s.request_headers[-1] for s in streams[1:]] == [("x-b", "2"), ("x-b", "2"), ("x-a", "1"), ("x-a", "1")]
+
+
+class _Sink:
+    """A body sink that records what it is told."""
+
+    wants_bytes = True
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def unit(self, stamp) -> None:
+        self.calls.append(("unit", stamp))
+
+    def data(self, data: bytes, stamp) -> None:
+        self.calls.append(("data", data, stamp))
+
+    def gap(self, n: int) -> None:
+        self.calls.append(("gap", n))
+
+
+def test_data_frames_reach_the_stream_sinks_split_padded_and_cut():
+    """Request and response sinks set by the callbacks get each DATA frame's start, its content without
+    padding (whole, split across chunks, or cut by a gap), in wire order, also when the request's
+    HEADERS and DATA come in one chunk."""
+    client, server, c0, s0 = _client_server()
+    sinks: dict[str, _Sink] = {}
+
+    def on_request(stream) -> None:
+        stream.request_sink = sinks["request"] = _Sink()
+
+    def on_response(stream) -> None:
+        stream.response_sink = sinks["response"] = _Sink()
+
+    conn = H2Connection(on_request=on_request, on_response=on_response)
+    conn.feed(True, c0, 0, 0)
+    conn.feed(False, s0, 0, 0)
+    client.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
+                            (":authority", "s")])
+    client.send_data(1, b"hello", end_stream=True, pad_length=3)
+    request = client.data_to_send()
+    conn.feed(True, request, 0, 1)
+    server.receive_data(request)
+    server.send_headers(1, [(":status", "200")])
+    server.send_data(1, b"data: a\n\n")
+    server.send_data(1, b"data: " + b"b" * 200 + b"\n\n", pad_length=10)
+    server.send_data(1, b"c" * 300)
+    s2c = server.data_to_send()
+    third = s2c.rindex(b"c" * 300)
+    split = s2c.index(b"b" * 200) + 50
+    conn.feed(False, s2c[:split], 0, 2)
+    conn.feed(False, s2c[split:third + 100], len(s2c) - third - 100, 3)  # the last frame is cut after 100 bytes
+    assert sinks["request"].calls == [("unit", 1), ("data", b"hello", 1)]
+    assert sinks["response"].calls == [
+        ("unit", 2), ("data", b"data: a\n\n", 2),
+        ("unit", 2), ("data", b"data: " + b"b" * 200 + b"\n\n", 3),
+        ("unit", 3), ("data", b"c" * 100, 3), ("gap", 200)]
+    assert conn.problems == {}
