@@ -193,8 +193,9 @@ def _process_findings(label: str, spans: list[_Span], points: dict, off_cpu: lis
     by_thread: dict[int, list[_Span]] = defaultdict(list)
     for s in spans:
         by_thread[s.tid].append(s)
-    # A gap after a synchronize in which the thread was blocked on its input or on I/O is
-    # charged to that cause (input_starvation, blocking_io), not to the synchronize.
+    # Time in a gap after a synchronize in which the thread was blocked on its input or on
+    # I/O, or waited for a CPU, is charged to that cause (input_starvation, blocking_io,
+    # host_contention), not to the synchronize.
     blocked = _blocked_intervals(off_cpu)
     syncs, gaps = [], []
     for tid, mine in by_thread.items():
@@ -250,12 +251,18 @@ def _process_findings(label: str, spans: list[_Span], points: dict, off_cpu: lis
 
 
 def _blocked_intervals(off_cpu: list[_Span]) -> dict[int, list[tuple[int, int]]]:
-    """Per thread, the (start, end of the blocked part) of its off-CPU intervals spent waiting
-    for input or I/O (not for the GPU, not for a CPU)."""
+    """Per thread, the off-CPU time another cause accounts for: the blocked part of waits for
+    input or I/O, and the run-queue part of every wait outside a CUDA call."""
     out: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for s in off_cpu:
-        if s.attrs.get("otelbpf.sched.reason") in _INPUT_WAITS | {"io"}:
-            out[s.tid].append((s.start, s.start + int(s.attrs.get("otelbpf.sched.blocked_ns", 0))))
+        reason = s.attrs.get("otelbpf.sched.reason")
+        if reason == "cuda":
+            continue
+        mid = s.start + int(s.attrs.get("otelbpf.sched.blocked_ns", 0))
+        if reason in _INPUT_WAITS or reason == "io":
+            out[s.tid].append((s.start, mid))
+        if int(s.attrs.get("otelbpf.sched.runqueue_ns", 0)):
+            out[s.tid].append((mid, s.end))
     return out
 
 

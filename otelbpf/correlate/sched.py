@@ -125,7 +125,7 @@ class SchedCorrelator:
         self._count = count
         self._traces = traces
         self._budget = SpanBudget(max_spans_per_second)
-        self._ksyms = kernel_symbols if kernel_symbols is not None else KernelSymbols()
+        self._ksyms = kernel_symbols  # read at the first stack (~0.8 s): not on the agent's start
         self._stacks: dict[int, tuple[str, ...]] = {}  # stack id -> function names, innermost first
         self._procs: dict[int, _Proc] = {}
         self._stats_seen: dict[str, int] = dict.fromkeys(STATS, 0)
@@ -193,7 +193,12 @@ class SchedCorrelator:
 
         raw = self._with_bpf(walk) or {}
         for i, addrs in raw.items():
-            self._stacks[i] = tuple(self._ksyms.lookup(a) or f"0x{a:x}" for a in addrs)
+            self._stacks[i] = self._symbolize(addrs)
+
+    def _symbolize(self, addrs: list[int]) -> tuple[str, ...]:
+        if self._ksyms is None:
+            self._ksyms = KernelSymbols()
+        return tuple(self._ksyms.lookup(a) or f"0x{a:x}" for a in addrs)
 
     def on_unload(self, bpf: Any) -> None:
         """Before the program goes: stacks the final counts name are read while they can be."""
@@ -202,7 +207,7 @@ class SchedCorrelator:
         table = bpf[STACK_MAP]
         for i in new:
             try:
-                self._stacks[i] = tuple(self._ksyms.lookup(a) or f"0x{a:x}" for a in table.walk(i))
+                self._stacks[i] = self._symbolize(list(table.walk(i)))
             except KeyError:
                 self._stacks[i] = ()
         self._read_stats(bpf)

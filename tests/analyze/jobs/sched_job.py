@@ -1,0 +1,75 @@
+"""A training loop with one planted host-side cause of GPU idle time, for the sched
+receiver's tests: its thread named ``train`` launches work through the CUDA stand-in
+runtime (ctypes) and synchronizes each step.
+
+- ``starved``: each step's batch comes from a queue fed by a slow producer thread
+  (``loader``, 20 ms per batch): the training thread waits on a futex;
+- ``contended``: each step prepares its batch on the CPU (a few ms of Python); run it
+  pinned to one core beside CPU hogs on that core (``taskset``) and it waits for a CPU;
+- ``healthy``: batches are ready at once, and the loop does nothing else.
+
+Usage: sched_job.py MODE LIBCUDART STEPS
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import sys
+import threading
+import time
+
+_libc = ctypes.CDLL("libc.so.6")
+
+
+class Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+def name_thread(name: str) -> None:
+    _libc.prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME: what the kernel calls the thread
+
+
+def main() -> int:
+    mode, lib, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    rt = ctypes.CDLL(lib)
+    rt.cudaLaunchKernel.argtypes = [ctypes.c_void_p, Dim3, Dim3, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    rt.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+    kernel = ctypes.cast(_libc.abs, ctypes.c_void_p)
+    batches: queue.Queue[int] = queue.Queue(maxsize=2)
+
+    def loader() -> None:
+        name_thread("loader")
+        for i in range(steps):
+            time.sleep(0.02)  # reading and decoding a batch, slowly
+            batches.put(i)
+
+    def prepare() -> int:
+        end = time.thread_time() + 0.004  # 4 ms of this thread's CPU time
+        n = 0
+        while time.thread_time() < end:
+            n += 1
+        return n
+
+    def train() -> None:
+        name_thread("train")
+        for _ in range(steps):
+            if mode == "starved":
+                batches.get()
+            elif mode == "contended":
+                prepare()
+            rc = rt.cudaLaunchKernel(kernel, Dim3(1, 1, 1), Dim3(32, 1, 1), None, 0, None)
+            rc = rc or rt.cudaStreamSynchronize(None)
+            if rc:
+                raise SystemExit(f"CUDA call failed: {rc}")
+
+    if mode == "starved":
+        threading.Thread(target=loader, daemon=True).start()
+    t = threading.Thread(target=train)
+    t.start()
+    t.join()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

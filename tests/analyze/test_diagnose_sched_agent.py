@@ -1,0 +1,108 @@
+"""The real agent with the cuda and sched receivers traces two training loops with one planted
+host-side cause each (jobs/sched_job.py): a training thread starved by a slow producer
+thread, and one pinned to a core shared with CPU hogs. ``otelbpf diagnose`` reads what the
+agent wrote and names each cause first; ``otelbpf report`` renders the same folder."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.agent import FAKE_CUDART, AgentProcess
+from otelbpf.analyze.diagnose import diagnose
+from otelbpf.analyze.report import render
+
+pytestmark = pytest.mark.bpf
+
+JOB = Path(__file__).parent / "jobs" / "sched_job.py"
+HOG = "import time\nwhile True:\n    pass\n"
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    """One agent run over both jobs (one after the other, each its own process); their pids."""
+    if not shutil.which("taskset"):
+        pytest.fail("taskset (util-linux) is needed to pin the contended job and its hogs to one core")
+    tmp = tmp_path_factory.mktemp("sched")
+    out = tmp / "out"
+    cfg = tmp / "otelbpf.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "receivers": {"cuda": {"search_paths": [], "min_span_duration": "0s"}, "sched": {"span_threshold": "1ms"}},
+        "processors": {"batch": {"timeout": "100ms"}},
+        "exporters": {"file": {"directory": str(out)}},
+        "service": {
+            "pipelines": {s: {"receivers": ["cuda", "sched"], "processors": ["batch"], "exporters": ["file"]}
+                          for s in ("traces", "metrics")},
+            "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms", "log_level": "info"},
+        },
+    }))
+    pids = tmp / "pids"
+    script = (f'{sys.executable} {JOB} starved {FAKE_CUDART} 60 & echo starved $! >> {pids}; wait $!; '
+              f'taskset -c 0 {sys.executable} {JOB} contended {FAKE_CUDART} 150 & echo contended $! >> {pids}; wait $!')
+    hogs = [subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", HOG]) for _ in range(2)]
+    try:
+        with AgentProcess(["-c", str(cfg), "--", "/bin/sh", "-c", script],
+                          env={"OTELBPF_DETACH": "wait"}) as agent:
+            assert agent.wait(timeout=180) == 0, agent.output
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    return out, {line.split()[0]: int(line.split()[1]) for line in pids.read_text().splitlines()}
+
+
+def _findings_of(out: Path, pid: int) -> list:
+    return [f for f in diagnose(str(out)) if f.process.endswith(f"(pid {pid})")]
+
+
+def test_a_starved_training_thread_is_told_input_starvation_first(traced) -> None:
+    out, pids = traced
+    findings = _findings_of(out, pids["starved"])
+    assert findings and findings[0].cause == "input_starvation", [(f.cause, f.cost_s) for f in findings]
+    ev = findings[0].evidence
+    # 60 batches, 20 ms each from the producer: most of the loop is waiting
+    assert ev["seconds"] > 0.6 and ev["waits"] >= 30 and ev["by_reason"].get("futex", 0) > 0.5 * ev["seconds"]
+    assert "train" in ev["threads"].values()
+    assert any("futex" in " ".join(s["kernel_stack"]) for s in ev["stacks"])
+    assert ev["other_threads"]["loader"].get("sleep", 0) > 0.6  # the producer sleeps: it is the slow one
+    assert ev["span_ids"] and all(len(s) == 16 for s in ev["span_ids"])
+    assert "sync_storm" not in [f.cause for f in findings[:1]]
+
+
+def test_a_training_thread_beside_cpu_hogs_is_told_host_contention_first(traced) -> None:
+    out, pids = traced
+    findings = _findings_of(out, pids["contended"])
+    assert findings and findings[0].cause == "host_contention", [(f.cause, f.cost_s) for f in findings]
+    ev = findings[0].evidence
+    assert ev["preempted"] >= 10 and ev["seconds"] > 0.2 and "train" in ev["threads"].values()
+    assert "input_starvation" not in [f.cause for f in findings]
+
+
+def test_the_report_of_the_real_folder_shows_the_findings(traced) -> None:
+    out, pids = traced
+    page, findings, problems = render(str(out))
+    assert problems == []
+    assert {"input_starvation", "host_contention"} <= {f.cause for f in findings}
+    assert page.index("input_starvation") < page.index("<h2>python")  # findings come first
+    assert f"(pid {pids['starved']})" in page and "cudaStreamSynchronize" in page
+    assert "off-CPU: futex" in page
+    assert "http://" not in page and "https://" not in page  # nothing to fetch
+
+
+def test_sched_metrics_name_the_reasons(traced) -> None:
+    from otelbpf.analyze.summary import load_metrics
+
+    out, pids = traced
+    procs: dict = {}
+    latest = load_metrics(str(out), procs)
+    [key] = [k for k in procs if procs[k].get("process.pid") == pids["starved"]]
+    off = {dict(a).get("thread.name") + "/" + dict(a).get("otelbpf.sched.reason"): dp
+           for (n, a), (_t, dp, _k) in latest[key].items() if n == "otelbpf.thread.off_cpu.time"}
+    assert float(off["train/futex"]["asDouble"]) > 0.6 and float(off["loader/sleep"]["asDouble"]) > 0.6
+    runq = [dp for (n, _a), (_t, dp, _k) in latest[key].items() if n == "otelbpf.thread.runqueue.latency"]
+    assert runq and sum(int(dp["count"]) for dp in runq) > 0
