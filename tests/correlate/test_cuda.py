@@ -20,10 +20,12 @@ import pytest
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric
 from opentelemetry.trace import StatusCode
 
-from otelbpf.base.events import EVENT_DTYPE, FLAG_INCOMPLETE, STREVENT_DTYPE, CudaFunc, Kind, StrKind
+from otelbpf.base.events import EVENT_DTYPE, FLAG_DRIVER, FLAG_INCOMPLETE, STREVENT_DTYPE, CudaFunc, Kind, StrKind
+from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import CudaCorrelator, SpanBudget
 from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.spans import new_context
 from otelbpf.correlate.symbolizer import Symbolizer
 
 F = CudaFunc
@@ -553,3 +555,46 @@ def test_an_event_query_that_is_not_ready_is_an_answer_not_an_error() -> None:
         (("cuda.api.function", "cudaEventQuery"),): 2, (("cuda.api.function", "cudaEventSynchronize"),): 1,
     }
     assert "cuda.api.errors" not in m
+
+
+def test_calls_made_on_a_thread_while_it_serves_a_request_are_children_of_that_request() -> None:
+    """The HTTP correlator opens an interval per server span on its thread (causality.py); a
+    CUDA call on that thread within it is that span's child, on another thread or after it not."""
+    causality = Causality()
+    h = Harness(parent_of=causality.parent)
+    serving, other = Events(tid=ME + 1), Events(tid=ME + 2)
+    other.ts = serving.ts
+    request = new_context()
+    interval = causality.open(ME, ME + 1, serving.ts + 5_000, request)
+    serving.malloc(1 << 20, 0xA000)  # +10 us: inside
+    other.malloc(1 << 20, 0xB000)  # +10 us, another thread
+    serving.launch(fn_address("getppid"))  # +20 us: inside
+    causality.close(ME, ME + 1, interval, serving.ts + 5_000)
+    serving.sync(dur=2_000)  # +30 us: after the request ended
+    h.correlator.on_events(np.concatenate([serving.array(), other.array()]))
+    spans = {(s.name, s.attributes["thread.id"]): s for s in h.spans}
+    for name in ("cudaMalloc", "cudaLaunchKernel"):
+        span = spans[(name, ME + 1)]
+        assert span.parent == request and span.context.trace_id == request.trace_id, name
+    assert spans[("cudaMalloc", ME + 2)].parent is None
+    assert spans[("cudaStreamSynchronize", ME + 1)].parent is None
+
+
+def test_driver_calls_graph_launches_event_waits_and_vmm_handles_say_what_they_are() -> None:
+    h = Harness()
+    ev = Events()
+    ev.add(Kind.CUDA_MALLOC, F.cuMemAlloc_v2, flags=FLAG_DRIVER, a0=3 << 20, a1=0xD000)
+    ev.launch(0x9999, func=F.cudaGraphLaunch, stream=0x5EED)
+    ev.add(Kind.CUDA_CALL, F.cuMemCreate, flags=FLAG_DRIVER, a0=2 << 20, a1=0xABC)
+    ev.sync(func=F.cudaEventSynchronize, stream=0xE1, a1=1)
+    ev.sync(func=F.cudaStreamSynchronize, stream=0x5EED)
+    h.correlator.on_events(ev.array())
+    alloc, graph, create, event_sync, stream_sync = h.spans
+    assert (alloc.name, alloc.attributes["cuda.api.layer"]) == ("cuMemAlloc_v2", "driver")
+    assert (alloc.attributes["cuda.memory.bytes"], alloc.attributes["cuda.memory.address"]) == (3 << 20, "0xd000")
+    assert graph.attributes["cuda.graph.exec"] == "0x9999" and graph.attributes["cuda.stream"] == "0x5eed"
+    assert "cuda.kernel.name" not in graph.attributes  # a graph is not a kernel
+    assert (create.attributes["cuda.memory.bytes"], create.attributes["cuda.memory.handle"]) == (2 << 20, "0xabc")
+    assert event_sync.attributes["cuda.event"] == "0xe1" and "cuda.stream" not in event_sync.attributes
+    assert stream_sync.attributes["cuda.stream"] == "0x5eed" and "cuda.event" not in stream_sync.attributes
+    assert [s.attributes["cuda.api.layer"] for s in h.spans] == ["driver", "runtime", "driver", "runtime", "runtime"]

@@ -124,12 +124,13 @@ class Http:
         self.spans: list = []
         self.counts: dict[tuple, int] = {}
         self.clock = MonotonicClock()
+        self.causality = Causality()
         self.correlator = HttpCorrelator(
             ProcessInfo(),
             self.clock,
             self.spans.extend,
             self._count,
-            Causality(),
+            self.causality,
             lambda name, items: None,
             ports=[SERVER_PORT],
             **options,
@@ -239,6 +240,15 @@ def test_http1_server_span_adopts_the_traceparent_it_received() -> None:
     assert (span.parent.trace_id, span.parent.span_id) == (trace_id, parent_id)
     assert span.context.trace_id == trace_id and span.context.span_id != parent_id
     assert span.attributes["otelbpf.parent.source"] == "traceparent"
+
+
+def test_a_served_request_is_the_parent_of_what_its_thread_does_meanwhile() -> None:
+    """The interval other correlators ask (causality.py): the request's thread, from its read to its write."""
+    http = served()
+    span = http.span(SpanKind.SERVER)
+    assert http.causality.parent(SERVER_PID, SERVER_PID, 10_020_000) == span.context
+    assert http.causality.parent(SERVER_PID, SERVER_PID, 10_060_000) is None  # after the response
+    assert http.causality.parent(SERVER_PID, SERVER_PID + 1, 10_020_000) is None  # another thread
 
 
 def test_http1_duration_histogram_holds_the_exchange() -> None:
