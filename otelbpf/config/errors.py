@@ -8,11 +8,11 @@ moves a nested one up a level, so that the loader can turn them all into the lin
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, get_args
+from typing import TypeAlias, get_args
 
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 from pydantic_core.core_schema import ErrorType
 
 OptionPath: TypeAlias = tuple[str | int, ...]  # keys and list indexes from the top of the config
@@ -29,7 +29,7 @@ class ConfigError(Exception):
         super().__init__(f"invalid otelbpf configuration ({source}, {count}):\n{lines}")
 
 
-def custom_error(kind: str, message: str, loc: OptionPath, value: object) -> dict[str, Any]:
+def custom_error(kind: str, message: str, loc: OptionPath, value: object) -> InitErrorDetails:
     """A validation error of our own ``kind`` (braces escaped: pydantic formats messages)."""
     template = message.replace("{", "{{").replace("}", "}}")
     return {"type": PydanticCustomError(kind, template), "loc": loc, "input": value}
@@ -38,12 +38,12 @@ def custom_error(kind: str, message: str, loc: OptionPath, value: object) -> dic
 STANDARD_ERROR_TYPES = frozenset(get_args(ErrorType))  # pydantic's own; others are ours
 
 
-def carried(error: Mapping[str, Any], prefix: OptionPath) -> dict[str, Any]:
+def carried(error: ErrorDetails, prefix: OptionPath) -> InitErrorDetails:
     """A nested validation error re-raised one level up, its location prefixed."""
     loc = (*prefix, *error["loc"])
     if error["type"] not in STANDARD_ERROR_TYPES:
         return custom_error(error["type"], error["msg"], loc, error["input"])
-    kept = {"type": error["type"], "loc": loc, "input": error["input"]}
+    kept: InitErrorDetails = {"type": error["type"], "loc": loc, "input": error["input"]}
     if "ctx" in error:
         kept["ctx"] = error["ctx"]
     return kept

@@ -8,13 +8,14 @@ from typing import Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
+from pydantic_core import ErrorDetails
 
 from otelbpf.config.errors import STANDARD_ERROR_TYPES, OptionPath, suggest
 from otelbpf.config.model import COMPONENT_KINDS, Config, component_type
 from otelbpf.config.parse import node_at
 
 
-def describe(error: Mapping[str, Any]) -> str:
+def describe(error: ErrorDetails) -> str:
     """One pydantic error as a sentence: the allowed keys for a typo, the got-value otherwise."""
     kind, message, value = error["type"], error["msg"], error.get("input")
     if kind == "extra_forbidden":

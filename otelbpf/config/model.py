@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
 from otelbpf.config.errors import carried, custom_error, suggest
 from otelbpf.config.exporters import (
@@ -22,9 +23,9 @@ from otelbpf.config.fields import Section
 from otelbpf.config.processors import PROCESSOR_TYPES, ProcessorConfig, ResourceProcessorConfig
 from otelbpf.config.receivers import PROFILE_RECEIVERS, RECEIVER_TYPES, ReceiverConfig
 from otelbpf.config.service import PipelineConfig, ServiceConfig, TargetsConfig
-from otelbpf.config.signals import PIPELINE_SIGNALS, Signal
+from otelbpf.config.signals import PIPELINE_SIGNALS, PipelineSignal
 
-COMPONENT_KINDS: dict[str, dict[str, type[BaseModel]]] = {
+COMPONENT_KINDS: dict[str, Mapping[str, type[BaseModel]]] = {
     "receivers": RECEIVER_TYPES,
     "processors": PROCESSOR_TYPES,
     "exporters": EXPORTER_TYPES,
@@ -50,7 +51,7 @@ class Config(Section):
     @classmethod
     def _components(cls, value: object, info: ValidationInfo) -> object:
         """Validate each ``type[/name]`` entry against its type's model."""
-        kind = info.field_name
+        kind = str(info.field_name)
         if value is None:
             return {}
         if not isinstance(value, Mapping):
@@ -58,7 +59,7 @@ class Config(Section):
         types = COMPONENT_KINDS[kind]
         singular = kind.removesuffix("s")
         built: dict[str, BaseModel] = {}
-        errors: list[dict[str, Any]] = []
+        errors: list[InitErrorDetails] = []
         for name, body in value.items():
             if not isinstance(name, str):
                 message = f"{singular} names are strings like 'type' or 'type/name'"
@@ -113,32 +114,33 @@ class Config(Section):
 
     # --- accessors the agent uses ---
 
-    def pipeline(self, signal: Signal) -> PipelineConfig | None:
+    def pipeline(self, signal: PipelineSignal) -> PipelineConfig | None:
         """The pipeline for ``signal``, or None if the signal is not exported."""
-        return getattr(self.service.pipelines, signal)
+        pipeline: PipelineConfig | None = getattr(self.service.pipelines, signal)
+        return pipeline
 
-    def pipeline_signals(self) -> list[Signal]:
+    def pipeline_signals(self) -> list[PipelineSignal]:
         """The signals that have a pipeline, in ``PIPELINE_SIGNALS`` order."""
-        return [s for s in PIPELINE_SIGNALS if self.pipeline(s) is not None]  # type: ignore[misc]
+        return [s for s in PIPELINE_SIGNALS if self.pipeline(s) is not None]
 
     def enabled_receivers(self) -> set[str]:
         """Receivers named by at least one pipeline: the probe families to load."""
         return {name for s in self.pipeline_signals() for name, _ in self.pipeline_receivers(s)}
 
-    def pipeline_receivers(self, signal: Signal) -> list[tuple[str, ReceiverConfig]]:
+    def pipeline_receivers(self, signal: PipelineSignal) -> list[tuple[str, ReceiverConfig]]:
         pipeline = self.pipeline(signal)
         return [(n, self.receivers[n]) for n in pipeline.receivers] if pipeline else []
 
-    def pipeline_processors(self, signal: Signal) -> list[tuple[str, ProcessorConfig]]:
+    def pipeline_processors(self, signal: PipelineSignal) -> list[tuple[str, ProcessorConfig]]:
         """The pipeline's processors in the order they run."""
         pipeline = self.pipeline(signal)
         return [(n, self.processors[n]) for n in pipeline.processors] if pipeline else []
 
-    def pipeline_exporters(self, signal: Signal) -> list[tuple[str, ExporterConfig]]:
+    def pipeline_exporters(self, signal: PipelineSignal) -> list[tuple[str, ExporterConfig]]:
         pipeline = self.pipeline(signal)
         return [(n, self.exporters[n]) for n in pipeline.exporters] if pipeline else []
 
-    def resource_attributes(self, signal: Signal) -> dict[str, str | bool | int | float]:
+    def resource_attributes(self, signal: PipelineSignal) -> dict[str, str | bool | int | float]:
         """Attributes the pipeline's ``resource`` processors add (a later processor wins a key)."""
         merged: dict[str, str | bool | int | float] = {}
         for _, processor in self.pipeline_processors(signal):
@@ -147,19 +149,21 @@ class Config(Section):
         return merged
 
 
-def reference_errors(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+def reference_errors(data: Mapping[str, Any]) -> list[InitErrorDetails]:
     """Pipelines that are missing or name components the config does not define."""
     service = data.get("service")
     pipelines = service.get("pipelines") if isinstance(service, Mapping) else None
     if not isinstance(pipelines, Mapping):
         return []  # reported as a missing or mistyped option
-    errors = []
+    errors: list[InitErrorDetails] = []
     if not any(isinstance(pipelines.get(s), Mapping) for s in PIPELINE_SIGNALS):
         message = "no pipelines: define traces, metrics and/or profiles here"
         errors.append(custom_error("no_pipelines", message, ("service", "pipelines"), None))
     for signal in PIPELINE_SIGNALS:
         pipeline = pipelines.get(signal)
-        for kind in ("receivers", "processors", "exporters") if isinstance(pipeline, Mapping) else ():
+        if not isinstance(pipeline, Mapping):
+            continue
+        for kind in ("receivers", "processors", "exporters"):
             names = pipeline.get(kind)
             section = data.get(kind)
             defined = sorted(str(n) for n in section) if isinstance(section, Mapping) else []
@@ -175,10 +179,10 @@ def reference_errors(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     return errors
 
 
-def _profile_pipeline_errors(config: Config) -> list[dict[str, Any]]:
+def _profile_pipeline_errors(config: Config) -> list[InitErrorDetails]:
     """Profiles go only from profile receivers to file or pyroscope exporters; the other
     pipelines take neither."""
-    errors = []
+    errors: list[InitErrorDetails] = []
     for signal in config.pipeline_signals():
         pipeline = config.pipeline(signal)
         profiles = signal == "profiles"
@@ -200,12 +204,12 @@ def _profile_pipeline_errors(config: Config) -> list[dict[str, Any]]:
     return errors
 
 
-def _needs_errors(config: Config) -> list[dict[str, Any]]:
+def _needs_errors(config: Config) -> list[InitErrorDetails]:
     """Settings of a receiver in use that rely on a receiver no pipeline names
     (``ReceiverConfig.needs``: CUDA memory profiles need the cuda receiver's probes)."""
     enabled = config.enabled_receivers()
     in_use = {name: cfg for s in config.pipeline_signals() for name, cfg in config.pipeline_receivers(s)}
-    errors = []
+    errors: list[InitErrorDetails] = []
     for name, cfg in in_use.items():
         for need in cfg.needs():
             if need.receiver not in enabled:

@@ -69,7 +69,7 @@ def check_shape(text: str, source: str) -> None:
             elif isinstance(event, yaml.ScalarEvent):
                 anchor, count = event.anchor, 1
             elif isinstance(event, yaml.AliasEvent):
-                anchor, count = None, anchors.get(event.anchor, 1)
+                anchor, count = None, anchors.get(event.anchor or "", 1)
             else:
                 continue
             if anchor is not None:
@@ -84,7 +84,8 @@ def check_shape(text: str, source: str) -> None:
 
 def _shape_error(source: str, event: yaml.Event, what: str) -> None:
     mark = event.start_mark
-    raise ConfigError(source, [f"{source}:{mark.line + 1}:{mark.column + 1}: {what}"])
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+    raise ConfigError(source, [f"{where}: {what}"])
 
 
 def parse_yaml(text: str, source: str) -> tuple[dict[str, Any], yaml.Node]:

@@ -32,9 +32,10 @@ class PipelineConfig(Section):
     @field_validator("receivers", "exporters")
     @classmethod
     def _not_empty(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        kind = str(info.field_name)
         if not value:
-            raise ValueError(f"a pipeline needs at least one of its {info.field_name}")
-        return unique(value, info.field_name.removesuffix("s"))
+            raise ValueError(f"a pipeline needs at least one of its {kind}")
+        return unique(value, kind.removesuffix("s"))
 
     @field_validator("processors")
     @classmethod

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal, TypeAlias
 
+#: What OTLP exporters send.
 Signal: TypeAlias = Literal["traces", "metrics"]
 SIGNALS: tuple[Signal, ...] = ("traces", "metrics")
 #: Every pipeline a config may define: the OTLP signals, and profiles (pprof: files, Pyroscope).
-PIPELINE_SIGNALS: tuple[str, ...] = (*SIGNALS, "profiles")
+PipelineSignal: TypeAlias = Literal["traces", "metrics", "profiles"]
+PIPELINE_SIGNALS: tuple[PipelineSignal, ...] = ("traces", "metrics", "profiles")

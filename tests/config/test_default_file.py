@@ -73,7 +73,7 @@ def exporter_examples() -> dict[str, Any]:
 
 @pytest.mark.parametrize("kind, types_", [("receivers", RECEIVER_TYPES), ("processors", PROCESSOR_TYPES)])
 def test_every_receiver_and_processor_is_written_with_its_defaults(kind, types_):
-    assert set(RAW[kind]) == set(types_), f"{kind} in the file differ from the registered types"
+    assert set(RAW[kind]) == set(types_), f"write every registered {kind[:-1]} under {kind}: in {DEFAULT_CONFIG_PATH}"
     for name, model in types_.items():
         assert disagreements(model, RAW[kind][name] or {}, f"{kind}.{name}") == []
         assert getattr(LOADED, kind)[name] == model()
