@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
@@ -280,11 +281,10 @@ def _launchers(spans: list[_Span]) -> set[int]:
 
 
 def _inside_cuda(interval: _Span, calls: list[_Span], starts: list[int]) -> bool:
-    """Does the off-CPU interval overlap a CUDA call of its thread (sorted by start)?"""
-    from bisect import bisect_right
-
-    i = bisect_right(starts, interval.end)
-    return any(c.end > interval.start for c in calls[max(0, i - 8):i])
+    """Does the off-CPU interval overlap a CUDA call of its thread (sorted by start)? One
+    thread's calls follow each other: only the last to start before the interval ends can."""
+    i = bisect_left(starts, interval.end)
+    return i > 0 and calls[i - 1].end > interval.start
 
 
 def _stacks(intervals: list[_Span], part: str) -> list[dict]:
