@@ -63,8 +63,8 @@ class Completions(BaseHTTPRequestHandler):
             if i:
                 time.sleep(GAP_S)
             last = i == len(TOKENS) - 1
-            self._event({"id": "cmpl-sse", "object": "chat.completion.chunk", "model": model,
-                         "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop" if last else None}]})
+            choice = {"index": 0, "delta": {"content": text}, "finish_reason": "stop" if last else None}
+            self._event({"id": "cmpl-sse", "object": "chat.completion.chunk", "model": model, "choices": [choice]})
         self._event({"id": "cmpl-sse", "object": "chat.completion.chunk", "model": model, "choices": [],
                      "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(TOKENS)}})
         self._event("[DONE]")
