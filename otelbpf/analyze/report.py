@@ -114,7 +114,7 @@ def flame_graphs(directory: str, problems: list[str]) -> list[FlameGraph]:
     return [g for g in graphs.values() if g.root.value > 0]
 
 
-def api_time(directory: str) -> dict[tuple, dict[str, ApiTime]]:
+def api_time(directory: str, partial: list[str] | None = None) -> dict[tuple, dict[str, ApiTime]]:
     """Traced time per CUDA API function, per process (from the CUDA spans)."""
     out: dict[tuple, dict[str, ApiTime]] = defaultdict(lambda: defaultdict(ApiTime))
 
@@ -131,7 +131,7 @@ def api_time(directory: str) -> dict[tuple, dict[str, ApiTime]]:
                     t.total_ns += d
                     t.max_ns = max(t.max_ns, d)
 
-    _read(directory, "traces", add)
+    _read(directory, "traces", add, partial)
     return out
 
 
@@ -168,6 +168,16 @@ document.querySelectorAll('.flame').forEach(function(g){
 """
 
 
+def _amount(value: float, unit: str) -> str:
+    """A flame graph's value as people read it (pprof units: count, nanoseconds, bytes)."""
+    kind, _, base = unit.partition("/")
+    if base == "nanoseconds":
+        return f"{value / 1e9:.3f}s {kind}"
+    if base == "bytes":
+        return f"{value / 2**20:.1f} MiB {kind}"
+    return f"{value:.0f} {kind}"
+
+
 def _e(x: object) -> str:
     return html.escape(str(x), quote=True)
 
@@ -191,7 +201,7 @@ def _flame_html(g: FlameGraph) -> str:
         if w < MIN_FRAME_SHARE:
             return
         depth_max = max(depth_max, depth)
-        title = f"{node.name}: {node.value} {g.unit} ({w:.1%})"
+        title = f"{node.name}: {_amount(node.value, g.unit)} ({w:.1%})"
         blocks.append(
             f'<div data-x="{x:.6f}" data-w="{w:.6f}" data-d="{depth}" title="{_e(title)}" '
             f'style="left:{x * 100:.4f}%;width:{w * 100:.4f}%;top:{depth * 17}px;background:{_color(node.name)}">'
@@ -258,7 +268,7 @@ def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: li
                          f"<td class='n'>{mean:.1f}</td><td class='n'>{t.max_ns / 1e3:.1f}</td></tr>")
         parts.append("</table>")
     for g in graphs:
-        parts.append(f"<h3>{_e(g.kind)} profile: {g.root.value} {_e(g.unit)} ({g.files} interval"
+        parts.append(f"<h3>{_e(g.kind)} profile: {_e(_amount(g.root.value, g.unit))} ({g.files} interval"
                      f"{'s' if g.files != 1 else ''}; click a frame to zoom, the top row to reset)</h3>")
         parts.append(_flame_html(g))
     return "\n".join(parts)
@@ -267,22 +277,24 @@ def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: li
 def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     """(the page, its findings, what could not be read)."""
     problems: list[str] = []
+    partial: list[str] = []  # last lines still being written (or cut off): skipped, and said
     try:
-        findings = diagnose(directory)
+        findings = diagnose(directory, [])
     except ValueError as exc:
         findings = []
         problems.append(f"no diagnosis: {exc}")
     procs: dict = {}
     try:
-        latest = load_metrics(directory, procs)
+        latest = load_metrics(directory, procs, partial)
     except ValueError as exc:
         latest = {}
         problems.append(f"no metrics: {exc}")
     try:
-        calls = api_time(directory)
+        calls = api_time(directory, partial)
     except ValueError as exc:
         calls = {}
         problems.append(f"no spans: {exc}")
+    problems += [f"{where}: an incomplete last line, skipped" for where in partial]
     graphs = flame_graphs(directory, problems)
     by_proc: dict[tuple, list[FlameGraph]] = defaultdict(list)
     for g in graphs:

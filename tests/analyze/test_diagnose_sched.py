@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+from test_diagnose import MS, T0, Trace
 
 from otelbpf.analyze.diagnose import diagnose
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
-from test_diagnose import MS, T0, Trace
 
 SCHED = scope("otelbpf.sched")
 TRAIN, LOADER = 7, 8  # Trace's CUDA calls are on thread 7

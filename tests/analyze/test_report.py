@@ -1,0 +1,121 @@
+"""``otelbpf report``: the HTML page over a folder the real exporters wrote (OTLP-JSON spans
+and metrics, pprof CPU profiles through the profiling receiver's file exporter), bad input
+included. The real agent's folder is rendered in test_diagnose_sched_agent.py."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+from test_diagnose import T0, steps
+
+from harness.agent import REPO
+from otelbpf.analyze.report import read_profile, render, run
+from otelbpf.base.health import Health
+from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, Profile, Sample
+from otelbpf.correlate.stacks import Frame
+from otelbpf.export.profile_export import PprofFileExporter, encoded
+
+
+def cpu_profile(pid: int, stacks: dict[tuple[str, ...], int], end_ms: int) -> Profile:
+    """``stacks``: root-first function names -> samples (10 ms each)."""
+    p = Profile("process_cpu", "cpu", {"service_name": f"job{pid}"}, pid, T0, end_ms * 1_000_000, 99,
+                CPU_SAMPLE_TYPES, "cpu")
+    for names, n in stacks.items():
+        frames = [Frame(f, "python", "train.py", 10 + i) if f.startswith("py:") else Frame(f) for i, f in enumerate(names)]
+        p.samples.append(Sample(frames[::-1], [n, n * 10_000_000], {}))
+    return p
+
+
+def write_profiles(directory: Path, pid: int) -> None:
+    ex = PprofFileExporter(str(directory), Health())
+    ex.export([encoded(cpu_profile(pid, {("main", "py:train_step", "gemm_cpu"): 60, ("main", "py:load_batch"): 30,
+                                         ("main", "py:train_step", "memcpy"): 10}, 1000)),
+               encoded(cpu_profile(pid, {("main", "py:load_batch"): 100}, 2000))])
+    ex.shutdown()
+
+
+class _Checker(HTMLParser):
+    """Well-formed enough for a browser: every opened element closed, in order; no external URL."""
+
+    VOID = {"meta", "br", "img", "input", "link", "hr"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.urls += [v for k, v in attrs if k in ("src", "href") and v]
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+
+
+def test_the_page_shows_findings_processes_api_time_and_flame_graphs(tmp_path: Path) -> None:
+    steps(11, memory="pageable", sync=True).export(tmp_path)
+    write_profiles(tmp_path, 11)
+    page, findings, problems = render(str(tmp_path))
+    assert problems == [] and "pageable_copies" in [f.cause for f in findings]
+    checker = _Checker()
+    checker.feed(page)
+    assert checker.errors == [] and checker.stack == [] and checker.urls == []
+    # findings first, in their order, each with its fix
+    positions = [page.index(f'id="finding-{i}"') for i in range(1, len(findings) + 1)]
+    assert positions == sorted(positions) and positions[-1] < page.index("<h2>job11 (pid 11)</h2>")
+    assert "Allocate host buffers pinned" in page
+    # CUDA API time per call: 100 synchronizes of 2 ms
+    row = re.search(r"<tr><td>cudaStreamSynchronize</td><td class='n'>(\d+)</td><td class='n'>(\d+)</td>"
+                    r"<td class='n'>([\d.]+)</td><td class='n'>([\d.]+)</td>", page)
+    assert row and row.groups() == ("100", "100", "200.000", "2000.0")
+    # one flame graph merging both intervals: 200 samples of 10 ms, load_batch 130 of them
+    assert "cpu profile: 2.000s cpu (2 intervals" in page
+    block = re.search(r'data-w="([\d.]+)" data-d="2" title="py:load_batch: 1.300s cpu \(65.0%\)"', page)
+    assert block and abs(float(block.group(1)) - 0.65) < 1e-6
+
+
+def test_read_profile_gives_root_first_stacks(tmp_path: Path) -> None:
+    write_profiles(tmp_path, 12)
+    [first, _] = sorted((tmp_path / "profiles").iterdir())
+    unit, samples = read_profile(str(first))
+    assert unit == "cpu/nanoseconds"  # the CPU time, as pprof shows it by default
+    assert sorted(samples) == [(["main", "py:load_batch"], 300_000_000), (["main", "py:train_step", "gemm_cpu"], 600_000_000),
+                               (["main", "py:train_step", "memcpy"], 100_000_000)]
+
+
+def test_bad_input_gives_a_partial_page_and_a_clear_message(tmp_path: Path) -> None:
+    steps(13, sync=True).export(tmp_path)
+    write_profiles(tmp_path, 13)
+    (tmp_path / "profiles" / "job13-13-cpu-3000.pb.gz").write_bytes(b"\x1f\x8b\x08\x00truncated")
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write("{not json\n")
+    with open(tmp_path / "traces.jsonl", "a") as f:
+        f.write('{"resourceSpans": [')  # the agent was killed mid-line
+    out, err = io.StringIO(), io.StringIO()
+    assert run(str(tmp_path), str(tmp_path / "r.html"), out, err) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "metrics.jsonl:2: not OTLP-JSON" in err.getvalue()
+    assert re.search(r"traces.jsonl:\d+: an incomplete last line, skipped", err.getvalue())
+    assert "job13-13-cpu-3000.pb.gz: not a readable pprof" in err.getvalue()
+    assert "class='problem'" in page and "cudaStreamSynchronize" in page and "cpu profile: 2.000s cpu" in page
+    assert run(str(tmp_path / "absent"), str(tmp_path / "x.html"), out, err) == 2
+    assert "does not exist" in err.getvalue() and not (tmp_path / "x.html").exists()
+
+
+def test_cli(tmp_path: Path) -> None:
+    steps(14, memory="pageable").export(tmp_path)
+    cli = subprocess.run([sys.executable, "-m", "otelbpf.cli", "report", str(tmp_path), "-o", str(tmp_path / "r.html")],
+                         capture_output=True, text=True, cwd=REPO)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.startswith(f"wrote {tmp_path / 'r.html'}: 1 finding")
+    assert "pageable_copies" in (tmp_path / "r.html").read_text()
