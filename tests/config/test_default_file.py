@@ -25,6 +25,7 @@ from otelbpf.config import (
     TargetsConfig,
     TelemetryConfig,
     load_config,
+    load_config_text,
 )
 
 TEXT = DEFAULT_CONFIG_YAML
@@ -111,3 +112,16 @@ def test_the_built_in_default_is_the_file():
     with open(DEFAULT_CONFIG_PATH, encoding="utf-8") as f:
         assert f.read() == DEFAULT_CONFIG_YAML
     assert load_config(None, env={}) == LOADED
+
+
+def test_the_exporter_examples_are_a_valid_config():
+    """The commented-out exporters, uncommented, load (and can be named in a pipeline)."""
+    examples = {
+        "exporters": exporter_examples(),
+        "receivers": {"cuda": None},
+        "service": {"pipelines": {"traces": {"receivers": ["cuda"], "exporters": ["otlp", "otlphttp", "otlp/tempo"]}}},
+    }
+    config = load_config_text(yaml.safe_dump(examples), source="examples", env={})
+
+    assert [name for name, _ in config.pipeline_exporters("traces")] == ["otlp", "otlphttp", "otlp/tempo"]
+    assert set(config.exporters) == {"otlp", "otlphttp", "pyroscope", "otlp/tempo"}

@@ -13,34 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from otelbpf.config import ConfigError, load_config_text
-
-MINIMAL = """\
-receivers:
-  cuda:
-exporters:
-  file:
-service:
-  pipelines:
-    traces: {receivers: [cuda], exporters: [file]}
-"""
+from harness.config_text import MINIMAL, one_error
+from otelbpf.config import load_config_text
 
 # Ten levels of nine aliases each: 9^10 (3.5 billion) strings once expanded.
 ALIAS_BOMB = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
     f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n" for p, c in zip("abcdefghi", "bcdefghij")
 )
-
-
-def errors_of(text: str, **env: str) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        load_config_text(textwrap.dedent(text), source="test.yaml", env=env)
-    return caught.value.errors
-
-
-def one_error(text: str, **env: str) -> str:
-    errors = errors_of(text, **env)
-    assert len(errors) == 1, errors
-    return errors[0]
 
 
 def _limited(mib: int):

@@ -1,0 +1,32 @@
+"""otelbpf.config.loader: loading the built-in default, a file or a text."""
+
+from __future__ import annotations
+
+from otelbpf.config import (
+    FileExporterConfig,
+    load_config,
+)
+
+
+def test_default_config_is_valid_and_writes_files():
+    config = load_config(None, env={})
+
+    # every receiver that costs nothing while unused; requests of the processes that use a GPU
+    assert config.enabled_receivers() == {"cuda", "profiling", "http", "nccl", "ibverbs"}
+    assert config.receivers["http"].processes == "gpu"
+    assert config.pipeline_signals() == ["traces", "metrics", "profiles"]
+    assert config.pipeline_exporters("profiles") == [("file", FileExporterConfig())]
+    for signal in ("traces", "metrics"):
+        assert config.pipeline_exporters(signal) == [("file", FileExporterConfig())]
+        assert [name for name, _ in config.pipeline_processors(signal)] == ["batch", "resource"]
+        assert config.resource_attributes(signal) == {}
+    assert config.targets.pids == []
+
+
+def test_default_values_read_as_documented():
+    cuda = load_config(None, env={}).receivers["cuda"]
+
+    assert cuda.libraries == ["cudart", "cuda"]
+    assert cuda.ring_buffer_size == 16 * 1024 * 1024
+    assert cuda.min_span_duration == 0
+    assert "/usr/local/cuda*/lib64/libcudart.so*" in cuda.search_paths

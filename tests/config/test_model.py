@@ -1,0 +1,106 @@
+"""otelbpf.config.model and the sections: component types and names, pipelines that name
+defined components, exporters with a destination, and the checks of single sections."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config_text import MINIMAL, errors_of, load, one_error, with_cuda, with_exporter
+from otelbpf.config import (
+    FileExporterConfig,
+    OtlpExporterConfig,
+    load_config,
+)
+
+
+def test_unknown_exporter_type_lists_the_allowed_types():
+    error = one_error(with_exporter("zipkin: {endpoint: x}"))
+
+    assert error == (
+        "test.yaml:5:3: exporters.zipkin: unknown exporter type 'zipkin'; "
+        "allowed types: file, otlp, otlphttp, pyroscope"
+    )
+
+
+def test_named_components_are_validated_by_their_type():
+    config = load(
+        """\
+        receivers: {cuda: }
+        exporters:
+          file/local: {directory: /var/log/otelbpf}
+          otlp/tempo: {endpoint: "tempo:4317"}
+        service:
+          pipelines:
+            traces: {receivers: [cuda], exporters: [file/local, otlp/tempo]}
+        """
+    )
+    assert config.pipeline_exporters("traces") == [
+        ("file/local", FileExporterConfig(directory="/var/log/otelbpf")),
+        ("otlp/tempo", OtlpExporterConfig(endpoint="tempo:4317")),
+    ]
+
+    error = one_error(with_exporter("file/local: {endpoint: x}"))
+    assert "exporters.file/local.endpoint: unknown option; allowed: directory, rotate_size" in error
+
+
+def test_receivers_take_no_instance_name():
+    error = one_error(MINIMAL.replace("cuda", "cuda/a"))
+
+    assert "receivers.cuda/a: invalid receiver name 'cuda/a': a probe family is loaded once" in error
+
+
+def test_pipeline_naming_an_undefined_component():
+    text = with_exporter("otlp/tempo: {endpoint: 't:1'}")
+    error = one_error(text.replace("exporters: [file]", "exporters: [file, otlp/tmpo]"))
+
+    assert error == (
+        "test.yaml:8:51: service.pipelines.traces.exporters[1]: exporter 'otlp/tmpo' is not defined under "
+        "exporters (did you mean 'otlp/tempo'?); defined exporters: file, otlp/tempo"
+    )
+
+
+def test_pipelines_must_exist_and_not_be_empty():
+    assert one_error(MINIMAL.replace("    traces: {receivers: [cuda], exporters: [file]}\n", "    {}\n")).endswith(
+        "service.pipelines: no pipelines: define traces, metrics and/or profiles here"
+    )
+    assert one_error(MINIMAL.replace("receivers: [cuda]", "receivers: []")).endswith(
+        "service.pipelines.traces.receivers: a pipeline needs at least one of its receivers"
+    )
+    assert errors_of(MINIMAL.replace("traces:", "logs:")) == [
+        "test.yaml:7:5: service.pipelines.logs: unknown option; allowed: traces, metrics, profiles",
+        "test.yaml:6:3: service.pipelines: no pipelines: define traces, metrics and/or profiles here",
+    ]
+
+
+def test_otlp_exporter_in_use_needs_an_endpoint():
+    error = one_error(MINIMAL.replace("  file:\n", "  otlp:\n").replace("[file]", "[otlp]"))
+
+    assert error == (
+        "test.yaml:4:3: exporters.otlp.endpoint: no endpoint: set endpoint here or OTEL_EXPORTER_OTLP_ENDPOINT "
+        "(the traces pipeline uses this exporter)"
+    )
+
+
+def test_batch_queue_must_hold_a_batch():
+    text = MINIMAL + "processors:\n  batch: {send_batch_size: 100, max_queue_size: 10}\n"
+
+    assert "max_queue_size (10) must be at least send_batch_size (100)" in one_error(text)
+
+
+def test_ring_buffer_size_must_be_a_power_of_two():
+    assert load(with_cuda("ring_buffer_size: 64KiB")).receivers["cuda"].ring_buffer_size == 65536
+    error = one_error(with_cuda("ring_buffer_size: 3MiB"))
+    assert "must be a power of two from the page size (4KiB) to 1GiB" in error and "got 3MiB" in error
+
+
+def test_search_paths_must_be_absolute():
+    error = one_error(with_cuda("search_paths: [/ok/libcudart.so*, lib/libcudart.so]"))
+
+    assert "receivers.cuda.search_paths[1]: 'lib/libcudart.so' is relative" in error
+
+
+def test_config_is_immutable():
+    config = load_config(None, env={})
+
+    with pytest.raises(ValueError, match="frozen"):
+        config.receivers["cuda"].launch_sample_every = 5  # type: ignore[misc]
