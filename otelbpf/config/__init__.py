@@ -59,7 +59,14 @@ from otelbpf.config.receivers.http import HttpReceiverConfig
 from otelbpf.config.receivers.ibverbs import IbverbsReceiverConfig
 from otelbpf.config.receivers.nccl import NcclReceiverConfig
 from otelbpf.config.receivers.profiling import ProfilingReceiverConfig
-from otelbpf.config.service import PipelineConfig, PipelinesConfig, ServiceConfig, TargetsConfig, TelemetryConfig
+from otelbpf.config.service import (
+    PipelineConfig,
+    PipelinesConfig,
+    SelfProfilingConfig,
+    ServiceConfig,
+    TargetsConfig,
+    TelemetryConfig,
+)
 from otelbpf.config.signals import PIPELINE_SIGNALS, SIGNALS, Signal
 from otelbpf.config.units import (
     MAX_DURATION_NS,
@@ -123,6 +130,7 @@ __all__ = [
     "ResourceProcessorConfig",
     "RetryConfig",
     "RingSize",
+    "SelfProfilingConfig",
     "ServiceConfig",
     "Signal",
     "Size",

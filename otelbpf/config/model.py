@@ -15,7 +15,6 @@ from otelbpf.config.errors import carried, custom_error, suggest
 from otelbpf.config.exporters import (
     EXPORTER_TYPES,
     ExporterConfig,
-    FileExporterConfig,
     PyroscopeExporterConfig,
     missing_endpoint,
 )
@@ -108,6 +107,7 @@ class Config(Section):
                     errors.append(custom_error("missing_endpoint", message, ("exporters", name, "endpoint"), None))
         errors.extend(_profile_pipeline_errors(config))
         errors.extend(_needs_errors(config))
+        errors.extend(_self_profiling_errors(config))
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return config
@@ -180,8 +180,9 @@ def reference_errors(data: Mapping[str, Any]) -> list[InitErrorDetails]:
 
 
 def _profile_pipeline_errors(config: Config) -> list[InitErrorDetails]:
-    """Profiles go only from profile receivers to file or pyroscope exporters; the other
-    pipelines take neither."""
+    """Profiles come only from profile receivers (and go to any exporter: pprof files,
+    Pyroscope, OTLP profiles); the other pipelines take neither profile receivers nor
+    pyroscope exporters."""
     errors: list[InitErrorDetails] = []
     for signal in config.pipeline_signals():
         pipeline = config.pipeline(signal)
@@ -193,15 +194,22 @@ def _profile_pipeline_errors(config: Config) -> list[InitErrorDetails]:
                 where = ("service", "pipelines", signal, "receivers", index)
                 errors.append(custom_error("wrong_signal", why, where, name))
         for index, name in enumerate(pipeline.exporters):  # type: ignore[union-attr]
-            exporter = config.exporters.get(name)
-            if profiles and not isinstance(exporter, (FileExporterConfig, PyroscopeExporterConfig)):
-                why = f"exporter {name!r} cannot export profiles: use a file or pyroscope exporter"
-            elif not profiles and isinstance(exporter, PyroscopeExporterConfig):
+            if not profiles and isinstance(config.exporters.get(name), PyroscopeExporterConfig):
                 why = f"exporter {name!r} (pyroscope) exports profiles only: name it in service.pipelines.profiles"
-            else:
-                continue
-            errors.append(custom_error("wrong_signal", why, ("service", "pipelines", signal, "exporters", index), name))
+                where = ("service", "pipelines", signal, "exporters", index)
+                errors.append(custom_error("wrong_signal", why, where, name))
     return errors
+
+
+def _self_profiling_errors(config: Config) -> list[InitErrorDetails]:
+    """Self-profiling on needs a Pyroscope: its own endpoint or the profiles pipeline's."""
+    cfg = config.service.telemetry.self_profiling
+    if not cfg.enabled or cfg.endpoint is not None:
+        return []
+    if any(isinstance(e, PyroscopeExporterConfig) and e.endpoint for _, e in config.pipeline_exporters("profiles")):
+        return []
+    why = "self_profiling is enabled with no endpoint, and no pyroscope exporter in the profiles pipeline to use"
+    return [custom_error("missing_endpoint", why, ("service", "telemetry", "self_profiling", "endpoint"), None)]
 
 
 def _needs_errors(config: Config) -> list[InitErrorDetails]:

@@ -3,6 +3,7 @@ that wire receivers through processors to exporters per signal, with the agent's
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -49,12 +50,34 @@ class PipelinesConfig(Section):
     profiles: PipelineConfig | None = None
 
 
+class SelfProfilingConfig(Section):
+    """The agent profiling its own CPU into Pyroscope with pyroscope-io, as ``otelbpf-agent``
+    (``otelbpf/export/self_profiling.py``). Off by default: a sampler thread reads the agent's
+    stacks ``sample_rate`` times a second and pushes every 10 s. ``endpoint`` (a Pyroscope
+    base URL) defaults to the profiles pipeline's pyroscope exporter's, credentials included."""
+
+    enabled: bool = False
+    endpoint: str | None = None
+    sample_rate: int = Field(100, ge=1, le=1000)  # Hz
+
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urllib.parse.urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{value!r} is not an http(s):// URL with a host (like http://localhost:4040)")
+        return value
+
+
 class TelemetryConfig(Section):
-    """The agent's own rhythm: metric export period, ring-buffer drain period, log level."""
+    """The agent's own rhythm: metric export period, ring-buffer drain period, log level; and
+    whether it profiles itself."""
 
     metrics_interval: PositiveDuration = 10_000_000_000
     drain_interval: PositiveDuration = 50_000_000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    self_profiling: SelfProfilingConfig = SelfProfilingConfig()
 
 
 class ServiceConfig(Section):

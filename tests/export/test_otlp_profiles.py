@@ -299,3 +299,42 @@ def test_http_400_is_refused_without_retry():
         assert health.get("otelbpf.export.retries", signal="profiles", exporter="otlphttp") == 0
     finally:
         server.close()
+
+
+# --- configuration: the Collector's otlp/otlphttp exporters carry profiles ------------------
+
+PIPELINE = """\
+receivers: {profiling: {cuda_memory: false}}
+exporters: EXPORTERS
+service: {pipelines: {profiles: {receivers: [profiling], exporters: [NAMES]}}}
+"""
+
+
+def profiles_config(exporters: str, names: str):
+    from otelbpf.config import load_config_text
+
+    return load_config_text(PIPELINE.replace("EXPORTERS", exporters).replace("NAMES", names))
+
+
+def test_otlp_and_otlphttp_in_the_profiles_pipeline_build_otlp_profile_exporters():
+    from otelbpf.export.profile_export import profile_exporter
+
+    config = profiles_config('{otlp: {endpoint: "localhost:4317"}, otlphttp/p: {endpoint: "http://c:4318"}}',
+                             "otlp, otlphttp/p")
+    assert config.exporters["otlphttp/p"].url("profiles") == "http://c:4318/v1development/profiles"
+    health = Health()
+    built = [profile_exporter(n, c, health) for n, c in config.pipeline_exporters("profiles")]
+    try:
+        assert [type(e) for e in built] == [OtlpProfileExporter, OtlpProfileExporter]
+    finally:
+        for e in built:
+            e.shutdown(timeout_s=0)
+
+
+def test_otlphttp_for_profiles_needs_a_base_url_or_profiles_endpoint():
+    from otelbpf.config import ConfigError
+
+    with pytest.raises(ConfigError, match="set endpoint or profiles_endpoint here \\(the profiles pipeline"):
+        profiles_config('{otlphttp: {traces_endpoint: "http://c:4318/v1/traces"}}', "otlphttp")
+    config = profiles_config('{otlphttp: {profiles_endpoint: "http://c:4318/p"}}', "otlphttp")
+    assert config.exporters["otlphttp"].url("profiles") == "http://c:4318/p"
