@@ -21,10 +21,12 @@ from hpack.exceptions import HPACKError
 from opentelemetry.sdk.resources import Resource
 
 from harness.hostile import Wire, grpc_call, h2_connection
-from otelbpf.correlate.protocols import http1, http2
+from otelbpf.correlate import genai
+from otelbpf.correlate.protocols import http1, http2, sse
 from otelbpf.correlate.protocols.limits import DEFAULT
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.export.otlp_json import INT64_MAX, INT64_MIN, encode_spans_json
+from otelbpf.correlate.streaming import ResponseWatch
 from otelbpf.export.otlp_proto import encode_spans_proto
 
 Chunk = tuple[bool, bytes, int]
@@ -60,8 +62,36 @@ def _check_http1_stream(s: http1.MessageStream) -> None:
         assert s._msg.size >= 0 and s._msg.body_size >= 0, s._msg
 
 
+class CheckingSink:
+    """A body sink that checks what a parser tells it, and passes it on to the SSE/GenAI readers."""
+
+    wants_bytes = True
+
+    def __init__(self) -> None:
+        self.watch = ResponseWatch(sse=True, genai=genai.ResponseFacts())
+
+    def unit(self, stamp: object) -> None:
+        self.watch.unit((0, stamp if isinstance(stamp, int) else 0, 0))
+
+    def data(self, data: bytes, stamp: object) -> None:
+        assert isinstance(data, bytes) and data, data
+        self.watch.data(data, (0, stamp if isinstance(stamp, int) else 0, 0))
+
+    def gap(self, n: int) -> None:
+        assert n > 0, n
+        self.watch.gap(n)
+
+
+def _sink_request(msg: http1.Message) -> None:
+    msg.sink = CheckingSink()
+
+
+def _sink_response(request: http1.Message | None, response: http1.Message) -> None:
+    response.sink = CheckingSink()
+
+
 def http1_target(data: bytes) -> None:
-    conn = http1.Http1Connection()
+    conn = http1.Http1Connection(on_request=_sink_request, on_response=_sink_response)
     done = []
     for i, (c2s, payload, gap) in enumerate(chunks(data)):
         done += conn.feed(c2s, payload, gap, i)
@@ -78,7 +108,13 @@ def http1_target(data: bytes) -> None:
 
 def http2_target(data: bytes) -> None:
     """Frames after a valid preface and SETTINGS (else nearly every input stops at the preface)."""
-    conn = http2.H2Connection()
+    def sinks(stream: http2.Stream) -> None:
+        stream.request_sink = CheckingSink()
+
+    def response_sink(stream: http2.Stream) -> None:
+        stream.response_sink = CheckingSink()
+
+    conn = http2.H2Connection(on_request=sinks, on_response=response_sink)
     conn.feed(True, http2.PREFACE + b"\0\0\0\x04\0\0\0\0\0", 0, 0)
     conn.feed(False, b"\0\0\0\x04\0\0\0\0\0", 0, 0)
     for i, (c2s, payload, gap) in enumerate(chunks(data)):
@@ -104,6 +140,42 @@ def hpack_target(data: bytes) -> None:
             return  # what _header_block catches: the direction's table is then lost
         assert d.decoder.header_table.maxsize <= DEFAULT.hpack_table
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in first)
+
+
+def sse_target(data: bytes) -> None:
+    """A response body's pieces and gaps through the SSE framing, small bounds so fuzzing reaches them."""
+    stream = sse.EventStream(max_line=64, max_data=128)
+    for i, (_, payload, gap) in enumerate(chunks(data)):
+        for event in stream.feed(payload, i):
+            assert len(event.data) <= 128 and event.stamp == i, event
+        if gap:
+            stream.gap(gap)
+        assert len(stream._line) <= 64 and len(stream._data) <= 128
+
+
+def genai_target(data: bytes) -> None:
+    """Client-to-server pieces as a completion request's JSON body, the others alternately as SSE event
+    data and as a JSON response body, gaps included; the span attributes made must be exportable."""
+    request = genai.RequestFacts("chat", content_cap=32)
+    response = genai.ResponseFacts(content_cap=32)
+    for i, (c2s, payload, gap) in enumerate(chunks(data)):
+        if c2s:
+            request.data(payload, i)
+            if gap:
+                request.gap(gap)
+        elif i % 2:
+            response.event(payload, i)
+        else:
+            response.data(payload)
+            if gap:
+                response.gap()
+    response.body_done()
+    for tokens in (response.input_tokens, response.output_tokens):
+        assert tokens is None or (type(tokens) is int and 0 <= tokens < genai.MAX_TOKENS)
+    attrs = genai.attributes(request, response, lambda v: v[:DEFAULT.attribute_chars])
+    span = make_span("fuzz", resource=_RESOURCE, scope=_SCOPE, start_ns=1, end_ns=2, attributes=attrs)
+    encode_spans_proto([span]).SerializeToString()
+    json.loads(encode_spans_json([span]))
 
 
 _WIRE: list[Wire] = []
@@ -185,6 +257,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "hpack": hpack_target,
     "grpc": grpc_target,
     "otlp": otlp_target,
+    "sse": sse_target,
+    "genai": genai_target,
 }
 
 
@@ -198,6 +272,14 @@ def seeds() -> dict[str, list[bytes]]:
     c1, s1 = grpc_call(ec, es, 1)
     c3, s3 = grpc_call(ec, es, 3, path="/pkg.Svc/Other", grpc_status="5")
     b1 = Encoder().encode([(":method", "GET"), (":path", "/"), ("cookie", "a=b")])
+    events = (b": hi\n\ndata: {\"model\": \"m\", \"choices\": []}\r\n\r\nevent: x\ndata: a\ndata: b\n\n"
+              b"data: {\"usage\": {\"prompt_tokens\": 1, \"completion_tokens\": 2}}\n\ndata: [DONE]\n\n")
+    body = json.dumps({"messages": [{"role": "user", "content": "q\"\\"}], "model": "m", "stream": True}).encode()
+    usage = json.dumps({"id": "c", "model": "m", "choices": [{"delta": {"content": "x"}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 4}}).encode()
+    sse_body = (b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body,
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events.split(b"\n\n") if e) + b"0\r\n\r\n")
     return {
         "http1": [
             encode_chunks([(True, get, 0), (False, ok, 0)]),
@@ -206,10 +288,15 @@ def seeds() -> dict[str, list[bytes]]:
                            (False, b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", 0)]),
             encode_chunks([(True, b"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nab", 3),
                            (False, b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", 0)]),
+            encode_chunks([(True, sse_body[0], 0), (False, sse_body[1], 0)]),
         ],
         "http2": [encode_chunks([(True, c1, 0), (False, s1, 0), (True, c3, 0), (False, s3, 0)])],
         "hpack": [bytes([len(b1)]) + b1 + Encoder().encode([(":status", "200"), ("grpc-status", "0")])],
         "grpc": [b"/demo.Echo/Unary\x00200\x000\x00svc:50051\x00meta", b"/a/b\x00404\x0013\x00u:p@h\x00v\x00\0\0\0"],
+        "sse": [encode_chunks([(False, events[:30], 0), (False, events[30:], 0)]),
+                encode_chunks([(False, events[:20], 9), (False, events[20:], 0)])],
+        "genai": [encode_chunks([(True, body, 0), (False, usage, 0), (False, usage, 0)]),
+                  encode_chunks([(True, body[:20], 7), (False, b"x", 0), (False, usage[:30], 0), (False, usage[30:], 0)])],
         "otlp": [bytes([0, 9]) + (1 << 70).to_bytes(9, "big") + bytes([2, 3]) + b"abc" + bytes([1, 8]) + bytes(8)
                  + bytes([4, 18]) + bytes(18) + bytes([5, 2]) + b"zz"],
     }

@@ -5,12 +5,14 @@ are the targets' own. bench/fuzz.py runs the same targets for millions of inputs
 
 from __future__ import annotations
 
+import json
 import signal
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz.targets import TARGETS, encode_chunks, grpc_target, http1_target, seeds
+from otelbpf.correlate.genai import ResponseFacts
 
 #: No example database in the working tree; short runs; a slow input is the alarm's to judge.
 FUZZ = settings(max_examples=1000, deadline=None, database=None, derandomize=False,
@@ -95,3 +97,46 @@ def test_grpc(values, tail):
 @given(data=st.one_of(st.binary(max_size=1024), _mutated("otlp")))
 def test_otlp_encoders(data):
     bounded(TARGETS["otlp"], data)
+
+
+@FUZZ
+@given(data=st.one_of(st.binary(max_size=2048), _mutated("sse")))
+def test_sse(data):
+    bounded(TARGETS["sse"], data)
+
+
+@FUZZ
+@given(data=st.one_of(st.binary(max_size=2048), _mutated("genai")))
+def test_genai(data):
+    bounded(TARGETS["genai"], data)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["model", "usage", "prompt_tokens", "completion_tokens", "id", "choices", "x", "\\\""]),
+        inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(FUZZ, max_examples=500)
+@given(doc=st.dictionaries(st.sampled_from(["model", "usage", "id", "choices", "x"]), _JSON, max_size=5),
+       cuts=st.lists(st.integers(0, 10_000), max_size=4))
+def test_genai_agrees_with_json_loads(doc, cuts):
+    """Any JSON document, split anywhere: what the scanner reads is what ``json.loads`` says is there."""
+    raw = json.dumps(doc).encode()
+    points = sorted({c % (len(raw) + 1) for c in cuts})
+    facts = ResponseFacts()
+    for a, b in zip([0, *points], [*points, len(raw)]):
+        facts.data(raw[a:b])
+    facts.body_done()
+    assert facts.problem in ("", "bad_usage")
+    model = doc.get("model")
+    assert facts.model == (model if isinstance(model, str) and model else None)
+    usage = doc.get("usage")
+    counts = [usage.get(k) for k in ("prompt_tokens", "completion_tokens")] if isinstance(usage, dict) else []
+    if counts and all(type(n) is int and 0 <= n < 1 << 40 for n in counts):
+        assert (facts.input_tokens, facts.output_tokens) == tuple(counts)
+    else:
+        assert facts.input_tokens is None and facts.output_tokens is None
