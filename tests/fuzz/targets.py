@@ -25,8 +25,8 @@ from otelbpf.correlate import genai
 from otelbpf.correlate.protocols import http1, http2, sse
 from otelbpf.correlate.protocols.limits import DEFAULT
 from otelbpf.correlate.spans import make_span, scope
-from otelbpf.export.otlp_json import INT64_MAX, INT64_MIN, encode_spans_json
 from otelbpf.correlate.streaming import ResponseWatch
+from otelbpf.export.otlp_json import INT64_MAX, INT64_MIN, encode_spans_json
 from otelbpf.export.otlp_proto import encode_spans_proto
 
 Chunk = tuple[bool, bytes, int]
@@ -296,7 +296,8 @@ def seeds() -> dict[str, list[bytes]]:
         "sse": [encode_chunks([(False, events[:30], 0), (False, events[30:], 0)]),
                 encode_chunks([(False, events[:20], 9), (False, events[20:], 0)])],
         "genai": [encode_chunks([(True, body, 0), (False, usage, 0), (False, usage, 0)]),
-                  encode_chunks([(True, body[:20], 7), (False, b"x", 0), (False, usage[:30], 0), (False, usage[30:], 0)])],
+                  encode_chunks([(True, body[:20], 7), (False, b"x", 0), (False, usage[:30], 0),
+                                 (False, usage[30:], 0)])],
         "otlp": [bytes([0, 9]) + (1 << 70).to_bytes(9, "big") + bytes([2, 3]) + b"abc" + bytes([1, 8]) + bytes(8)
                  + bytes([4, 18]) + bytes(18) + bytes([5, 2]) + b"zz"],
     }
