@@ -105,11 +105,16 @@ def estimate(
                 if known != reference:
                     base = result[known]
                     found.offset_ns += base.offset_ns
-                    found.low_ns = found.low_ns + base.low_ns if base.low_ns is not None else None
-                    found.high_ns = found.high_ns + base.high_ns if base.high_ns is not None else None
+                    found.low_ns = _plus(found.low_ns, base.low_ns)
+                    found.high_ns = _plus(found.high_ns, base.high_ns)
                     found.via = hosts[known]
                     found.consistent = found.consistent and base.consistent
                 result[other] = found
                 nxt.append(other)
         frontier = nxt
     return [result.get(i) or HostOffset(name, 0, via="unreachable") for i, name in enumerate(hosts)]
+
+
+def _plus(a: int | None, b: int | None) -> int | None:
+    """A bound through an intermediate host: unbounded when either leg is."""
+    return None if a is None or b is None else a + b

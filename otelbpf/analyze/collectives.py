@@ -229,5 +229,5 @@ def read(paths: Sequence[str], workers: int | None = None) -> Collectives:
         for (h, pid), service in part_services.items():
             services[(int(remap[h]), pid)] = service
     rows = np.concatenate(tables) if tables else np.zeros(0, dtype=_ROW)
-    return Collectives(**{name: np.ascontiguousarray(rows[name]) for name in _ROW.names}, hosts=list(hosts),
+    return Collectives(**{name: np.ascontiguousarray(rows[name]) for name in _ROW.names or ()}, hosts=list(hosts),
                        services=services, files=len(files))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,10 +157,10 @@ def read_cpu(paths: Sequence[str], processes: Iterable[Process] | None = None,
     return ranks, skipped
 
 
-def _by_function(rates: dict[Stack, float]) -> tuple[Counter[str], Counter[str]]:
+def _by_function(rates: dict[Stack, float]) -> tuple[defaultdict[str, float], defaultdict[str, float]]:
     """(self, inclusive) rate per function; a function counted once per stack for inclusive."""
-    own: Counter[str] = Counter()
-    total: Counter[str] = Counter()
+    own: defaultdict[str, float] = defaultdict(float)
+    total: defaultdict[str, float] = defaultdict(float)
     for stack, rate in rates.items():
         if not stack:
             continue

@@ -148,7 +148,7 @@ def analyze(data: Collectives, *, threshold_ns: int, min_share: float, correct_c
     shares = [np.zeros(n_parts) for _ in range(3)]
     persistent = np.zeros(n_parts, dtype=bool)   # the window test held at least once
     params = Params(floor_ns=threshold_ns)
-    detectors: dict[int, CommDetector] = {}
+    detectors: dict[int, CommDetector[int]] = {}  # comm -> detector of rank rows
     compared = 0
     for s0, n in zip(starts.tolist(), sizes.tolist()):
         if n < 2:
@@ -245,7 +245,9 @@ def render(report: Report, out: TextIO) -> None:
             elif h.via == "unreachable":
                 print(f"  {h.host}: shares no collective with the others; not corrected", file=out)
             else:
-                bounds = f"within [{h.low_ns / 1e6:.3f}, {h.high_ns / 1e6:.3f}] ms" if h.consistent else (
+                low, high = h.low_ns, h.high_ns
+                assert low is not None and high is not None  # a host measured through collectives has both
+                bounds = f"within [{low / 1e6:.3f}, {high / 1e6:.3f}] ms" if h.consistent else (
                     "the bounds contradict each other: clocks drifted during the run?")
                 via = "" if h.via == "direct" else f", through {h.via}"
                 print(f"  {h.host}: {h.offset_ns / 1e6:+.3f} ms ({bounds}; {h.collectives} collectives{via})", file=out)

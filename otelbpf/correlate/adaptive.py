@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -50,9 +51,13 @@ class Params:
     floor_ns: int = 1_000_000
 
 
+#: What names a rank: (pid, rank) in the agent, a rank's row in the offline report.
+M = TypeVar("M", bound=Hashable)
+
+
 @dataclass(frozen=True)
-class Verdict:
-    member: Hashable
+class Verdict(Generic[M]):
+    member: M
     deviation_ns: float      # entry minus the median entry of the others
     threshold_ns: float      # what late means on this collective
     spread_ns: float         # the others' robust spread over the window
@@ -62,25 +67,25 @@ class Verdict:
     window: int              # collectives of this rank in the window
 
 
-class CommDetector:
+class CommDetector(Generic[M]):
     """The test for one communicator; feed it its collectives in order."""
 
     def __init__(self, params: Params = Params()) -> None:
         self.params = params
-        self._deviations: deque[dict[Hashable, float]] = deque(maxlen=params.window)
+        self._deviations: deque[dict[M, float]] = deque(maxlen=params.window)
         self._durations: deque[float] = deque(maxlen=params.window)
-        self._late: dict[Hashable, deque[bool]] = {}
+        self._late: dict[M, deque[bool]] = {}
 
     def note_duration(self, duration_ns: float) -> None:
         """A collective's own duration: its completion minus the last rank's entry."""
         if duration_ns >= 0:
             self._durations.append(float(duration_ns))
 
-    def forget(self, member: Hashable) -> None:
+    def forget(self, member: M) -> None:
         """A rank left (its process exited): its history goes with it."""
         self._late.pop(member, None)
 
-    def add(self, entries: Mapping[Hashable, float]) -> list[Verdict]:
+    def add(self, entries: Mapping[M, float]) -> list[Verdict[M]]:
         """Verdicts for every rank of one collective (entry times, one clock); none for fewer
         than two ranks."""
         if len(entries) < 2:
@@ -95,7 +100,7 @@ class CommDetector:
         if pooled:
             everyone = np.array([v for d in self._deviations for v in d.values()])
             common = _spread(everyone)
-        out = []
+        out: list[Verdict[M]] = []
         for m in members:
             if pooled:
                 spread = common

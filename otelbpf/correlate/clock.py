@@ -12,13 +12,14 @@ import time
 
 class MonotonicClock:
     def __init__(self) -> None:
-        best = None
+        best: tuple[int, int] | None = None
         for _ in range(5):
             m0 = time.monotonic_ns()
             wall = time.time_ns()
             m1 = time.monotonic_ns()
             if best is None or m1 - m0 < best[0]:
                 best = (m1 - m0, wall - (m0 + m1) // 2)
+        assert best is not None  # the loop ran
         self.error_ns, self.offset_ns = best
 
     def to_wall(self, mono_ns: int) -> int:

@@ -183,6 +183,7 @@ class _Series:
         out = []
         for name, points in by_name.items():
             kind, unit, description = _METRICS[name]
+            data: Sum | Gauge | Histogram
             if kind == "sum":
                 dps = [NumberDataPoint(attributes=a, start_time_unix_nano=st, time_unix_nano=now, value=v)
                        for a, v, st in points]
@@ -192,11 +193,14 @@ class _Series:
                 data = Gauge(data_points=[NumberDataPoint(attributes=a, start_time_unix_nano=0, time_unix_nano=now,
                                                           value=v) for a, v, _st in points])
             else:
-                dps = [HistogramDataPoint(attributes=a, start_time_unix_nano=st, time_unix_nano=now,
-                                          count=int(c.sum()), sum=t, bucket_counts=[int(x) for x in c],
-                                          explicit_bounds=list(LATENCY_BOUNDS), min=None, max=None)
-                       for a, (c, t), st in points]
-                data = Histogram(data_points=dps, aggregation_temporality=AggregationTemporality.CUMULATIVE)
+                # The kernel's log2 buckets keep no min or max: None leaves OTLP's optional fields
+                # unset (the SDK's dataclass types them float only).
+                hdps = [HistogramDataPoint(attributes=a, start_time_unix_nano=st, time_unix_nano=now,
+                                           count=int(c.sum()), sum=t, bucket_counts=[int(x) for x in c],
+                                           explicit_bounds=list(LATENCY_BOUNDS),
+                                           min=None, max=None)  # type: ignore[arg-type]
+                        for a, (c, t), st in points]
+                data = Histogram(data_points=hdps, aggregation_temporality=AggregationTemporality.CUMULATIVE)
             out.append(Metric(name=name, description=description, unit=unit, data=data))
         return out
 
@@ -530,11 +534,13 @@ class IbverbsCorrelator:
         """The record of the live counters' QP: the current one, or a new incarnation whose
         create event is still on its way (the older one then waits for its retired counters)."""
         qp = self._current.get((pid, ctx, qpn))
-        if qp is not None and qp.gen is None:
-            qp.gen = gen  # a QP made before the agent: its counters name its incarnation
-        if qp is None or qp.gen != gen:
-            if qp is not None:
+        if qp is not None:
+            if qp.gen is None:
+                qp.gen = gen  # a QP made before the agent: its counters name its incarnation
+            elif qp.gen != gen:
                 self._retired[(pid, ctx, qpn, qp.gen)] = qp
+                qp = None
+        if qp is None:
             qp = self._current[(pid, ctx, qpn)] = _Qp(pid, ctx, qpn, gen, now)
         return qp
 

@@ -33,6 +33,7 @@ apart) make the group ``conflicted``: its collectives keep their order but are n
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -55,8 +56,9 @@ class LateCall(Protocol):
     nranks: int
     rank_source: str
     known: bool
-    late: object
-    round: object
+    late: LateComm | None
+    round: Round | None
+    signature: tuple
 
 
 @dataclass(eq=False)
@@ -87,7 +89,26 @@ class LateComm:
     group: Group | None = None
     member: Hashable = None
     position: int = 0                 # its last round; 0: not placed
-    waiting: list = field(default_factory=list)   # collectives entered while not placed, in order
+    waiting: list[LateCall] = field(default_factory=list)   # collectives entered while not placed, in order
+
+    def joined(self) -> Group:
+        """Its group: ``LateComms.identify`` places every communicator it hands out in one."""
+        if self.group is None:
+            raise RuntimeError(f"late communicator {self.pointer:#x} used before LateComms.identify")
+        return self.group
+
+
+def _late(call: LateCall) -> LateComm:
+    """The late communicator of a call ``LateComms.identify`` has seen."""
+    if call.late is None:
+        raise RuntimeError(f"collective of pid {call.pid} is not on a late communicator (LateComms.identify)")
+    return call.late
+
+
+def _completion(call: LateCall) -> int:
+    if call.completed is None:
+        raise RuntimeError(f"collective of pid {call.pid} has no completion time yet")
+    return call.completed
 
 
 class LateComms:
@@ -112,16 +133,16 @@ class LateComms:
         if nranks > 0:
             lc.nranks = nranks
 
-    def identify(self, call: LateCall, pointer: int, launch: Launch | None, anomalies) -> LateComm:
+    def identify(self, call: LateCall, pointer: int, launch: Launch | None, anomalies: Counter[str]) -> LateComm:
         """Fills the call's communicator id, rank and size; places the rank's group at first use."""
         lc = self.comm(call.pid, pointer)
         if lc.group is None:
             self._join(call.pid, lc, launch, anomalies)
-        call.comm, call.rank, call.nranks, call.rank_source = lc.group.id, lc.rank, lc.nranks, lc.rank_source
+        call.comm, call.rank, call.nranks, call.rank_source = lc.joined().id, lc.rank, lc.nranks, lc.rank_source
         call.late = lc
         return lc
 
-    def _join(self, pid: int, lc: LateComm, launch: Launch | None, anomalies) -> None:
+    def _join(self, pid: int, lc: LateComm, launch: Launch | None, anomalies: Counter[str]) -> None:
         if lc.nranks < 0 and launch is not None and launch.world_size > 0:
             lc.nranks = launch.world_size
         if lc.rank < 0 and launch is not None and launch.world_size in (lc.nranks, -1):
@@ -142,9 +163,9 @@ class LateComms:
                 anomalies["duplicate_rank"] += 1
             group.ranks[lc.rank] = pid
 
-    def enter(self, call: LateCall, signature: tuple, anomalies) -> bool:
+    def enter(self, call: LateCall, signature: tuple, anomalies: Counter[str]) -> bool:
         """A collective entered: True when it was placed in a round (its seq is set)."""
-        lc = call.late
+        lc = _late(call)
         call.signature = signature
         if lc.position and not lc.waiting:
             if self._follow(lc, call):
@@ -154,22 +175,22 @@ class LateComms:
         lc.waiting.append(call)
         return False
 
-    def completed(self, call: LateCall, anomalies) -> list[LateCall]:
+    def completed(self, call: LateCall, anomalies: Counter[str]) -> list[LateCall]:
         """Its completion was observed: the round learns it, and a rank not yet placed is
         placed now if it can be. Returns the collectives placed by this (in order)."""
-        lc = call.late
+        lc, done = _late(call), _completion(call)
         rnd = call.round
         if rnd is not None:
-            if rnd.completed is None or call.completed < rnd.completed:
-                rnd.completed = call.completed
+            if rnd.completed is None or done < rnd.completed:
+                rnd.completed = done
             return []
         if call not in lc.waiting or lc.waiting[0] is not call:
             return []  # an earlier one is still unplaced: this one follows it
-        group = lc.group
+        group = lc.joined()
         candidates = [
             r for r in group.rounds.values()
             if lc.member not in r.enters and r.signature == call.signature
-            and (r.completed is None or r.completed >= call.enter) and max(r.enters.values()) <= call.completed
+            and (r.completed is None or r.completed >= call.enter) and max(r.enters.values()) <= done
         ]
         if len(candidates) > 1:
             anomalies["late_comm_ambiguous"] += 1
@@ -177,7 +198,7 @@ class LateComms:
             return []
         rnd = candidates[0] if candidates else self._new_round(group, call.signature)
         self._place(lc, call, rnd)
-        rnd.completed = call.completed if rnd.completed is None else min(rnd.completed, call.completed)
+        rnd.completed = done if rnd.completed is None else min(rnd.completed, done)
         placed = [call]
         lc.waiting.pop(0)
         while lc.waiting:  # entered after it, while the rank was not placed: they follow in order
@@ -204,7 +225,7 @@ class LateComms:
             del self._ordinals[key]
 
     def _follow(self, lc: LateComm, call: LateCall) -> bool:
-        group, seq = lc.group, lc.position + 1
+        group, seq = lc.joined(), lc.position + 1
         rnd = group.rounds.get(seq)
         if rnd is None:
             if seq != group.next_seq:

@@ -43,8 +43,9 @@ def parse(env: dict[str, str], ppid: int) -> Launch | None:
         rank, size = _number(env.get(rank_var)), _number(env.get(size_var))
         if rank is None or rank < 0 or (size is not None and rank >= size):
             continue
+        local = _number(env.get("LOCAL_RANK"))  # not a number: as if not given
         return Launch(rank, -1 if size is None else size, f"env:{rank_var}", _job(env, ppid),
-                      _number(env.get("LOCAL_RANK")) if env.get("LOCAL_RANK") is not None else -1)
+                      -1 if local is None else local)
     return None
 
 

@@ -7,7 +7,7 @@ instruments; the OTLP and file exporters then encode them as usual.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from opentelemetry.sdk.metrics.export import (
@@ -19,8 +19,9 @@ from opentelemetry.sdk.metrics.export import (
     NumberDataPoint,
     Sum,
 )
+from opentelemetry.util.types import AttributeValue
 
-Attrs = dict[str, object]
+Attrs = Mapping[str, AttributeValue]
 
 #: Seconds. Covers a few µs (a sync on an idle stream) to tens of seconds (a
 #: checkpoint or a stalled collective).

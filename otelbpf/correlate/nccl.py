@@ -53,7 +53,7 @@ from otelbpf.correlate import metrics as m
 from otelbpf.correlate.adaptive import CommDetector, Params
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import SpanBudget
-from otelbpf.correlate.late_comms import LateComms
+from otelbpf.correlate.late_comms import LateComm, LateComms, Round
 from otelbpf.correlate.lateness import UNKNOWN, classify, components
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, new_context, scope
@@ -75,12 +75,12 @@ RESULTS = {
 }
 IN_PROGRESS = 7
 
-COLLECTIVES = {
+COLLECTIVES: dict[int, str] = {
     NcclFunc.ncclAllReduce: "AllReduce", NcclFunc.ncclAllGather: "AllGather",
     NcclFunc.ncclReduceScatter: "ReduceScatter", NcclFunc.ncclBroadcast: "Broadcast", NcclFunc.ncclReduce: "Reduce",
 }
-POINT_TO_POINT = {NcclFunc.ncclSend: "Send", NcclFunc.ncclRecv: "Recv"}
-OPS = {**COLLECTIVES, **POINT_TO_POINT}
+POINT_TO_POINT: dict[int, str] = {NcclFunc.ncclSend: "Send", NcclFunc.ncclRecv: "Recv"}
+OPS: dict[int, str] = {**COLLECTIVES, **POINT_TO_POINT}  # looked up by the events' func codes
 _ROOTED = (NcclFunc.ncclBroadcast, NcclFunc.ncclReduce)
 _REDUCING = (NcclFunc.ncclAllReduce, NcclFunc.ncclReduceScatter, NcclFunc.ncclReduce)
 _TIMES_NRANKS = (NcclFunc.ncclAllGather, NcclFunc.ncclReduceScatter)
@@ -159,8 +159,8 @@ class _Call:
     event: int = 0            # the CUDA event recorded after it, if any
     waiters: set = field(default_factory=set)  # streams made to wait on that event
     rank_source: str = ""
-    late: object = None       # late_comms.LateComm: its communicator predates the probes
-    round: object = None      # late_comms.Round it was placed in
+    late: LateComm | None = None  # its communicator predates the probes
+    round: Round | None = None    # the late communicator's round it was placed in
     signature: tuple = ()
     last_enter: int | None = None  # the last local rank's entry, once compared
     phase: int | None = None  # since the process's previous collective completed
@@ -176,6 +176,12 @@ class _Call:
             if t is not None:
                 return t
         return self.enter
+
+    def observed(self) -> tuple[int, int, int]:
+        """(enqueued, sync_start, completed): set together once its completion was observed."""
+        if self.enqueued is None or self.sync_start is None or self.completed is None:
+            raise RuntimeError(f"NCCL call of pid {self.pid} at {self.enter} has no observed completion")
+        return self.enqueued, self.sync_start, self.completed
 
     @property
     def bytes(self) -> int:
@@ -257,7 +263,7 @@ class NcclCorrelator:
         self._clock = clock
         self._emit = emit_spans
         self._params = straggler_params or Params(floor_ns=straggler_threshold_ns)
-        self._detectors: dict[int, CommDetector] = {}
+        self._detectors: dict[int, CommDetector[tuple[int, int]]] = {}  # comm id -> detector of (pid, rank)
         self._launch_of = launch_of
         self._late = LateComms(host or socket.gethostname())
         self._timeout = completion_timeout_ns
@@ -366,10 +372,11 @@ class NcclCorrelator:
 
     def _return(self, ts: int, pid: int, tid: int, func: int, ret: int) -> None:
         p = self._procs.get(pid)
-        stack = p.open.get(tid) if p else None
+        if p is None:
+            return
+        stack = p.open.get(tid)
         if not stack or all(c.func != func for c in stack):
-            if p is not None:
-                p.anomalies["return_without_entry"] += 1  # attached while the call was running
+            p.anomalies["return_without_entry"] += 1  # attached while the call was running
             return
         while stack[-1].func != func:  # calls above it lost their return record
             lost = stack.pop()
@@ -505,6 +512,7 @@ class NcclCorrelator:
             p.pending.remove(call)
             if call.late is not None:
                 for placed in self._late.completed(call, p.anomalies):
+                    assert isinstance(placed, _Call)  # LateComms hands back the calls it was given
                     self._arrive(placed)
             self._finish(p, call, OBSERVED)
         p.last_done, p.gpu_wait = end, 0
@@ -558,7 +566,7 @@ class NcclCorrelator:
         members = self._members.get(call.comm, {})
         key, who = (call.comm, call.seq), (call.pid, call.rank)
         if call.late is not None:
-            if call.late.group.conflicted:
+            if call.late.joined().conflicted:
                 return
             p = self._procs[call.pid]
             if call.comm not in p.comms:
@@ -600,11 +608,12 @@ class NcclCorrelator:
             "nccl.straggler.peers": len(others),
         }
         cls = UNKNOWN
-        if late.phase is not None and all(c.phase is not None for c in others):
+        phases = [c.phase for c in others if c.phase is not None]
+        if late.phase is not None and len(phases) == len(others):
             n = len(others)
             compute, host, communication = components(
                 late.enter, late.phase, late.gpu_wait,
-                sum(c.enter for c in others) / n, sum(c.phase for c in others) / n,
+                sum(c.enter for c in others) / n, sum(phases) / n,
                 sum(c.gpu_wait for c in others) / n,
             )
             cls = classify(compute, host, communication)
@@ -628,7 +637,7 @@ class NcclCorrelator:
         if call.late is not None and completion != OBSERVED:
             self._late.dropped(call)
         if completion == OBSERVED and call.last_enter is not None and call.comm in self._detectors:
-            self._detectors[call.comm].note_duration(call.completed - call.last_enter)
+            self._detectors[call.comm].note_duration(call.observed()[2] - call.last_enter)
         if call.func in OPS:
             name = _NAMES[call.func]
             if completion == FAILED and call.ret not in (0, IN_PROGRESS):
@@ -637,8 +646,9 @@ class NcclCorrelator:
                 p.anomalies["incomplete"] += 1
             if completion == OBSERVED:
                 op = OPS[call.func]
-                p.samples[("wait", op)].append((call.completed - call.enqueued) / 1e9)
-                elapsed = call.completed - call.enter
+                enqueued, _, completed = call.observed()
+                p.samples[("wait", op)].append((completed - enqueued) / 1e9)
+                elapsed = completed - call.enter
                 if elapsed > 0 and call.bytes:
                     p.samples[("bandwidth", op)].append(call.bytes * 1e9 / elapsed)
         elif call.ret not in (0, IN_PROGRESS):
@@ -660,7 +670,7 @@ class NcclCorrelator:
             ctx = new_context(parent.trace_id)
         children = [self._span(p, c, ctx) for c in group.members]
         end = max([group.end, *(c.end for c in group.members)])
-        attrs = {"nccl.group.size": len(group.members), "thread.id": group.tid}
+        attrs: dict[str, object] = {"nccl.group.size": len(group.members), "thread.id": group.tid}
         error = None
         if group.exited:
             attrs["otelbpf.incomplete"] = True
@@ -682,7 +692,7 @@ class NcclCorrelator:
         if call.late is not None:
             attrs["nccl.comm.address"] = f"{call.late.pointer:#x}"  # created before the probes were attached
             attrs["nccl.comm.id"] = comm_hex(call.comm)
-            attrs["nccl.comm.source"] = "conflicted" if call.late.group.conflicted else "aligned"
+            attrs["nccl.comm.source"] = "conflicted" if call.late.joined().conflicted else "aligned"
         elif call.known and call.comm:
             attrs["nccl.comm.id"] = comm_hex(call.comm)
             attrs["nccl.comm.source"] = FROM_INIT
@@ -740,10 +750,11 @@ class NcclCorrelator:
         if call.event:
             attrs["cuda.event"] = f"{call.event:#x}"
         if call.completion == OBSERVED:
+            enqueued, sync_start, completed = call.observed()
             attrs["nccl.completion.method"] = call.method
-            attrs["nccl.wait.duration"] = (call.completed - call.enqueued) / 1e9
+            attrs["nccl.wait.duration"] = (completed - enqueued) / 1e9
             attrs["nccl.sync.function"] = _SYNC_NAMES[call.sync_func]
-            attrs["nccl.sync.duration"] = (call.completed - call.sync_start) / 1e9
+            attrs["nccl.sync.duration"] = (completed - sync_start) / 1e9
         if call.phase is not None:
             attrs["nccl.phase.duration"] = call.phase / 1e9
             attrs["nccl.phase.gpu_wait"] = call.gpu_wait / 1e9

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.util.types import AttributeValue
 
 from otelbpf.correlate.container import container_attributes
 
@@ -47,7 +48,7 @@ class ProcessInfo:
     executable name, so eBPF spans land in the same service as SDK spans.
     """
 
-    def __init__(self, configured: Mapping[str, str] | None = None, max_processes: int = 8192) -> None:
+    def __init__(self, configured: Mapping[str, AttributeValue] | None = None, max_processes: int = 8192) -> None:
         self._configured = dict(configured or {})
         self._host = socket.gethostname()
         self._max = max_processes
@@ -89,7 +90,7 @@ class ProcessInfo:
             self._taken.pop(pid, None)
 
     def _build(self, pid: int) -> Resource:
-        attrs: dict[str, object] = {"host.name": self._host, "process.pid": pid}
+        attrs: dict[str, AttributeValue] = {"host.name": self._host, "process.pid": pid}
         exe = None
         try:
             exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
@@ -109,7 +110,7 @@ class ProcessInfo:
         env = self._environ(pid)
         target_attrs = _parse_kv(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
         attrs.update({k: v for k, v in target_attrs.items() if k not in attrs})
-        service = env.get("OTEL_SERVICE_NAME") or target_attrs.get("service.name")
+        service: AttributeValue = env.get("OTEL_SERVICE_NAME") or target_attrs.get("service.name")
         if not exe and not cmdline:
             attrs["otelbpf.process.exited"] = True  # gone before we could look
             if pid in self._comm:
@@ -131,11 +132,11 @@ class ProcessInfo:
         return out
 
 
-def agent_resource(configured: Mapping[str, str] | None = None) -> Resource:
+def agent_resource(configured: Mapping[str, AttributeValue] | None = None) -> Resource:
     """The agent's own resource, for its otelbpf.* health metrics."""
     from otelbpf import __version__
 
-    attrs = {
+    attrs: dict[str, AttributeValue] = {
         "service.name": "otelbpf",
         "service.version": __version__,
         "host.name": socket.gethostname(),

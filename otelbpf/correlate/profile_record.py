@@ -4,7 +4,7 @@ is the exporters' job (``otelbpf.export.pprof.encode``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from otelbpf.correlate.stacks import Frame
@@ -19,7 +19,7 @@ MEMORY_SAMPLE_TYPES = (("alloc_objects", "count"), ("alloc_space", "bytes"), ("i
 class Sample:
     frames: Sequence[Frame]              # leaf first
     values: Sequence[int]                # one per sample type
-    labels: dict[str, str | int]
+    labels: Mapping[str, str | int]
 
 
 @dataclass

@@ -85,11 +85,12 @@ class Connections:
                  local_port: int, listener_known: bool) -> Conn | None:
         self._rejected.discard((pid, fd))
         if not listener_known:
-            local_port = self._learn_listener(pid, listen_fd)
-            if local_port is not None and not self.wanted(local_port):
+            learned = self._learn_listener(pid, listen_fd)
+            if learned is not None and not self.wanted(learned):
                 self._write(STATE_MAP, pid, fd, IGNORE)
                 self._rejected.add((pid, fd))
                 return None
+            local_port = learned or 0  # 0: unknown, looked up in /proc below
         # The peer is accept()'s argument and the local port the listener's; /proc only when
         # the caller passed no address buffer or the listener's port is unknown.
         remote = address_from_raw(family, peer_port, raw_addr)

@@ -8,7 +8,7 @@ and strings are deduplicated as the format intends.
 from __future__ import annotations
 
 import gzip
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile
 from otelbpf.correlate.stacks import Frame
@@ -90,7 +90,7 @@ class ProfileBuilder:
             loc.line.add(function_id=self._function(f), line=f.line)
         return lid
 
-    def add(self, frames: Sequence[Frame], values: Sequence[int], labels: dict[str, str | int]) -> None:
+    def add(self, frames: Sequence[Frame], values: Sequence[int], labels: Mapping[str, str | int]) -> None:
         sample = self._p.sample.add(location_id=[self._location(f) for f in frames], value=list(values))
         for key, value in labels.items():
             if isinstance(value, int):
