@@ -205,22 +205,37 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u32 prev = args->prev_pid;
     u32 tgid = id >> 32;
     if (prev != 0 && sched_traced(tgid)) {
-        struct sched_thread *old = sched_threads.lookup(&prev);
-        if (old && old->tgid == 0 && old->first_runq_ns) {  /* a new task: its tgid is known now */
-            sched_add_runq(tgid, prev, old->first_runq_ns);
-            old->first_runq_ns = 0;
+        u32 state = sched_state(args->prev_state);
+        /* A preempted thread's reason is known without its stack (~0.5-1 us to read). */
+        s32 kstack = -1;
+        if (state != SCHED_PREEMPTED) {
+            kstack = sched_stacks.get_stackid(args, 0);
+            if (kstack < 0)
+                sched_count(SCHED_STAT_STACK_LOST);
         }
-        struct sched_thread t = {};
-        t.off_ts = now;
-        t.tgid = tgid;
-        t.state = sched_state(args->prev_state);
-        t.in_cuda = inflight.lookup(&id) != 0;
-        t.kstack = sched_stacks.get_stackid(args, 0);
-        if (t.kstack < 0)
-            sched_count(SCHED_STAT_STACK_LOST);
-        bpf_get_current_comm(&t.comm, sizeof(t.comm));
-        if (sched_threads.update(&prev, &t) != 0)
-            sched_count(SCHED_STAT_MAP_FULL);
+        struct sched_thread *t = sched_threads.lookup(&prev);
+        if (t) {  /* the thread's entry from its last switch-out: rewritten in place */
+            if (t->tgid == 0 && t->first_runq_ns)  /* a new task: its tgid is known now */
+                sched_add_runq(tgid, prev, t->first_runq_ns);
+            t->first_runq_ns = 0;
+            t->wake_ts = 0;
+            t->tgid = tgid;
+            t->state = state;
+            t->kstack = kstack;
+            t->in_cuda = inflight.lookup(&id) != 0;
+            bpf_get_current_comm(&t->comm, sizeof(t->comm));
+            t->off_ts = now;  /* last: a concurrent wakeup tests off_ts first */
+        } else {
+            struct sched_thread n = {};
+            n.off_ts = now;
+            n.tgid = tgid;
+            n.state = state;
+            n.kstack = kstack;
+            n.in_cuda = inflight.lookup(&id) != 0;
+            bpf_get_current_comm(&n.comm, sizeof(n.comm));
+            if (sched_threads.update(&prev, &n) != 0)
+                sched_count(SCHED_STAT_MAP_FULL);
+        }
     }
     u32 next = args->next_pid;
     if (next == 0)
