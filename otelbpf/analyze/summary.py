@@ -138,7 +138,7 @@ def summarize(directory: str, out: TextIO) -> int:
     for key in sorted(procs, key=lambda k: (k[0] == "otelbpf", str(k))):
         res = procs[key]
         points = latest.get(key, {})
-        def series(name):
+        def series(name: str, points: dict = points) -> list[tuple[dict, dict, str]]:
             return [(dict(a), dp, kind) for (n, a), (_t, dp, kind) in points.items() if n == name]
         title = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
         print(title, file=out)
@@ -171,8 +171,9 @@ def summarize(directory: str, out: TextIO) -> int:
                 print(f"    {_num(dp):>10.0f}  {a.get('cuda.kernel.name')}  [{a.get('cuda.api.function')}]", file=out)
         copies = series("cuda.memcpy.bytes")
         if copies:
+            by_direction = sorted(copies, key=lambda x: x[0]["cuda.memcpy.direction"])
             print("  bytes copied: " + ", ".join(
-                f"{a['cuda.memcpy.direction']} {_bytes(_num(dp))}" for a, dp, _k in sorted(copies, key=lambda x: x[0]['cuda.memcpy.direction'])), file=out)
+                f"{a['cuda.memcpy.direction']} {_bytes(_num(dp))}" for a, dp, _k in by_direction), file=out)
         hw = series("cuda.memory.high_water")
         use = series("cuda.memory.in_use")
         if hw:
@@ -189,13 +190,14 @@ def summarize(directory: str, out: TextIO) -> int:
         if errors:
             print("  errors:", file=out)
             for a, dp, _k in sorted(errors, key=lambda x: -_num(x[1])):
-                print(f"    {_num(dp):>10.0f}  {a['cuda.api.function']} -> {a['cuda.error.name']} ({a['cuda.error.code']})", file=out)
+                print(f"    {_num(dp):>10.0f}  {a['cuda.api.function']} -> {a['cuda.error.name']} "
+                      f"({a['cuda.error.code']})", file=out)
         st = spans.get(key)
         if st and st["count"]:
             print("  spans: " + ", ".join(f"{n} {c}" + (f" ({st['errors'][n]} errors)" if st["errors"][n] else "")
                                           for n, c in st["count"].most_common()), file=out)
             slow = sorted(st["slowest"], key=lambda x: -x[0])[:3]
-            for dur, name, attrs in slow:
+            for dur, name, _attrs in slow:
                 print(f"    slowest: {name} {dur / 1e6:.3f} ms", file=out)
         print(file=out)
     return 0
