@@ -9,6 +9,7 @@ helpers inside C macros.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from otelbpf.base.events import CudaFunc, Kind
 from otelbpf.sensor.family import LibraryKind, ProbeFamily, ProbeSpec
@@ -69,7 +70,7 @@ _PAIRED: dict[CudaFunc, tuple[str, str, str, str, str, str]] = {
     CudaFunc.cudaHostAlloc: ("EV_CUDA_HOST_ALLOC", _OUT, _P2, _P1, "0", "0"),
     CudaFunc.cudaHostUnregister: ("EV_CUDA_HOST_FREE", "0", _P1, "0", "0", "0"),
     CudaFunc.cudaFreeHost: ("EV_CUDA_HOST_FREE", "0", _P1, "0", "0", "0"),
-    CudaFunc.__cudaGetKernel: ("EV_CUDA_GET_HANDLE", _OUT, "0", _P1, _P2, "0"),  # -, &handle, host stub
+    CudaFunc["__cudaGetKernel"]: ("EV_CUDA_GET_HANDLE", _OUT, "0", _P1, _P2, "0"),  # -, &handle, host stub
     CudaFunc.cudaGetKernel: ("EV_CUDA_GET_HANDLE", _OUT, "0", _P1, _P2, "0"),
     # the driver's
     CudaFunc.cuMemAlloc_v2: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, "0", "0"),
@@ -125,7 +126,7 @@ _DESCRIBED_COPIES = {
 
 # Entry-only facts: (event kind, a0, a1).
 _FACTS = {
-    CudaFunc.__cudaRegisterFunction: ("EV_CUDA_KERNEL_NAME", _P2, _P4),  # host stub, device name
+    CudaFunc["__cudaRegisterFunction"]: ("EV_CUDA_KERNEL_NAME", _P2, _P4),  # host stub, device name
 }
 
 RETURN_PROGRAM = "uretprobe_cuda"
@@ -164,7 +165,7 @@ def _generate(launch_errors: bool) -> tuple[str, dict[CudaFunc, ProbeSpec]]:
 
 
 def cuda_family(
-    libraries: list[str],
+    libraries: Sequence[str],
     launch_sample_every: int = 0,
     launch_errors: bool = False,
     launch_map_entries: int = 65536,
