@@ -132,6 +132,7 @@ def _http(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
         ports=cfg.ports,
         capture_headers=cfg.capture_headers,
         redact_headers=cfg.redact_headers,
+        capture_message_content=cfg.capture_message_content,
         max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
         traces=ctx.traces,
     )

@@ -23,6 +23,9 @@ class HttpReceiverConfig(ReceiverConfig):
     ring_buffer_size: RingSize = 16 << 20
     capture_headers: list[str] = []
     redact_headers: list[str] = []
+    #: Export OpenAI-compatible prompts and completions (gen_ai.input.messages / gen_ai.output.messages,
+    #: clipped). Off: bodies never leave the agent, only the model and token counts read from them.
+    capture_message_content: bool = False
     max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
 
     @field_validator("ports")

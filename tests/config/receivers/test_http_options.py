@@ -43,3 +43,9 @@ def test_bad_values_name_the_option(option, message):
     with pytest.raises(ConfigError) as err:
         load_config_text(f"receivers: {{http: {{{option}}}}}\n" + PIPELINES, env={})
     assert message in str(err.value)
+
+
+def test_message_content_is_off_unless_asked_for():
+    assert HttpReceiverConfig().capture_message_content is False
+    cfg = load_config_text("receivers: {http: {capture_message_content: true}}\n" + PIPELINES, env={})
+    assert cfg.receivers["http"].capture_message_content is True
