@@ -60,6 +60,8 @@ REASONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sleep", ("hrtimer_nanosleep", "do_nanosleep", "common_nsleep", "__x64_sys_nanosleep",
                "__x64_sys_clock_nanosleep")),
 )
+#: How long an exit is remembered for a process not yet exported (its keys may still come).
+_EXIT_MEMORY_NS = 600 * 10**9
 #: Scheduler frames at the top of every off-CPU stack: they say nothing.
 _SCHED_FRAMES = ("__schedule", "schedule", "preempt_schedule", "__traceiter", "__bpf_trace", "bpf_")
 
@@ -128,18 +130,22 @@ class SchedCorrelator:
         self._ksyms = kernel_symbols  # read at the first stack (~0.8 s): not on the agent's start
         self._stacks: dict[int, tuple[str, ...]] = {}  # stack id -> function names, innermost first
         self._procs: dict[int, _Proc] = {}
+        self._exited: dict[int, int] = {}  # pid -> when its exit was seen (wall ns)
         self._stats_seen: dict[str, int] = dict.fromkeys(STATS, 0)
         self._lock = threading.Lock()
 
     # -- events ------------------------------------------------------------
 
     def on_events(self, arr: np.ndarray) -> None:
-        """Exits: a process's series are exported once more, then its kernel keys go."""
+        """Exits: a process's series are exported once more, then its kernel keys go (also
+        for a process that exits before its first export)."""
         exits = arr[arr["kind"] == int(Kind.PROC_EXIT)]
+        if not len(exits):
+            return
+        now = self._clock.now_wall()
         with self._lock:
             for pid in set(exits["pid"].tolist()):
-                if pid in self._procs:
-                    self._procs[pid].exited = True
+                self._exited[pid] = now
 
     def on_strings(self, arr: np.ndarray) -> None:
         """No string records of its own."""
@@ -257,7 +263,12 @@ class SchedCorrelator:
             for pid in set(time_by) | {p for p, _n in slots}:
                 if pid not in self._procs:
                     self._procs[pid] = _Proc(self._info.resource(pid), now)
+            # an exit seen long ago whose keys are gone is forgotten; one seen before the
+            # process's first export still marks it
+            horizon = now - _EXIT_MEMORY_NS
+            self._exited = {p: t for p, t in self._exited.items() if t > horizon or p in self._procs}
             for pid, proc in list(self._procs.items()):
+                proc.exited = proc.exited or self._exited.pop(pid, None) is not None
                 metrics = [x for x in (
                     m.cumulative_sum("otelbpf.thread.off_cpu.time", "s",
                                      "Time threads spent off the CPU, by thread name and reason",

@@ -199,3 +199,15 @@ def test_the_family_compiles_in_its_limits() -> None:
     assert {"-DSCHED_SPAN_NS=2000000ULL", "-DSCHED_RING_PAGES=256", "-DSCHED_STACK_ENTRIES=2048"} <= set(fam.cflags)
     assert [r.name for r in fam.rings] == ["schedevents"] and fam.rings[0].dtype.itemsize == 56
     assert set(fam.counting_maps) == {"sched_off", "sched_runq"}
+
+
+def test_a_process_that_exits_before_its_first_export_is_forgotten_after_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    exits = np.zeros(1, EVENT_DTYPE)
+    exits["kind"], exits["pid"], exits["tid"] = int(Kind.PROC_EXIT), ME, ME
+    rig.corr.on_events(exits)
+    rig.off_cpu(ME + 1, "train", FUTEX_STACK, State.sleeping, 10_000_000, 0)
+    assert len(rig.corr.collect()) == 1
+    assert [k.tid for k in rig.forgotten["sched_off"]] == [ME + 1]
+    rig.off.clear()
+    assert rig.corr.collect() == []
