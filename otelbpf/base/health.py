@@ -13,7 +13,7 @@ from collections import Counter
 class Health:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.counters: Counter = Counter()  # (metric name, frozenset(attrs)) -> value
+        self.counters: Counter[tuple[str, frozenset[tuple[str, object]]]] = Counter()  # (metric name, attrs) -> value
 
     def add(self, name: str, value: int = 1, **attrs: object) -> None:
         if value:
@@ -26,6 +26,6 @@ class Health:
                 return self.counters.get((name, frozenset(attrs.items())), 0)
             return sum(v for (n, _a), v in self.counters.items() if n == name)
 
-    def snapshot(self) -> list[tuple[str, dict, int]]:
+    def snapshot(self) -> list[tuple[str, dict[str, object], int]]:
         with self._lock:
             return [(n, dict(a), v) for (n, a), v in sorted(self.counters.items(), key=lambda kv: kv[0][0])]

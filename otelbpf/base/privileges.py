@@ -86,7 +86,8 @@ def require_privileges() -> None:
 def kept_mask(held: int, kernel: tuple[int, int]) -> int:
     """The capabilities, of those ``held``, that the agent keeps for its life."""
     keep = {*REQUIRED, CAP_KILL, CAP_SYSLOG, *((CAP_SYS_RESOURCE,) if kernel < (5, 11) else ())}
-    return held & sum(1 << c for c in keep)
+    mask: int = sum(1 << c for c in keep)
+    return held & mask
 
 
 def drop_unneeded() -> int:

@@ -28,9 +28,10 @@ from typing import Any
 
 import msgspec
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind
+from opentelemetry.trace import Link, SpanContext, SpanKind
+from opentelemetry.util.types import Attributes
 
 #: OTLP's SpanKind numbers (SPAN_KIND_INTERNAL = 1 ...).
 SPAN_KIND = {
@@ -44,6 +45,8 @@ SPAN_KIND = {
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 
 _encoder = msgspec.json.Encoder()
+#: A JSON object as built for the encoder (OTLP/JSON field names, values of any JSON type).
+JsonDict = dict[str, Any]
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -78,19 +81,19 @@ def clamp_int(value: int) -> int:
 
 
 
-def _float(value: float) -> dict:
+def _float(value: float) -> JsonDict:
     if math.isfinite(value):
         return {"doubleValue": value}
     return {"doubleValue": "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
 
 
-def _sequence(value: Sequence) -> dict:
+def _sequence(value: Sequence[object]) -> JsonDict:
     return {"arrayValue": {"values": [_any(v) for v in value]} if value else {}}
 
 
 #: Encoders by exact type: one dict lookup for the common cases (isinstance chains cost
 #: more than the rest of a span's encoding). Subclasses fall through to ``_any``'s checks.
-_BY_TYPE: dict[type, Callable[[Any], dict]] = {
+_BY_TYPE: dict[type, Callable[[Any], JsonDict]] = {
     str: lambda v: {"stringValue": v},
     bool: lambda v: {"boolValue": v},
     int: lambda v: {"intValue": str(clamp_int(v))},
@@ -100,7 +103,7 @@ _BY_TYPE: dict[type, Callable[[Any], dict]] = {
 }
 
 
-def _any(value: object) -> dict:
+def _any(value: object) -> JsonDict:
     """An ``AnyValue``."""
     enc = _BY_TYPE.get(type(value))
     if enc is not None:
@@ -125,12 +128,12 @@ def _any(value: object) -> dict:
 #: Encoded key-value pairs of scalar attributes, reused: most of a span's attributes repeat
 #: from span to span (addresses, ports, method, protocol, pid, thread). Bounded: when full it
 #: starts over. Entries are only read once made, so sharing them between documents is safe.
-_KV_CACHE: dict[tuple, dict] = {}
+_KV_CACHE: dict[tuple[str, type, object], JsonDict] = {}
 _KV_CACHE_MAX = 1 << 14
 _SCALARS = frozenset({str, bool, int})
 
 
-def _attributes(attrs: Mapping | None) -> list[dict]:
+def _attributes(attrs: Attributes) -> list[JsonDict]:
     if not attrs:
         return []
     cache, scalars, by_type = _KV_CACHE, _SCALARS, _BY_TYPE
@@ -154,9 +157,9 @@ def span_flags(context: SpanContext | None) -> int:
     return _HAS_IS_REMOTE | _IS_REMOTE if context is not None and context.is_remote else _HAS_IS_REMOTE
 
 
-def _span(span: ReadableSpan) -> dict:
+def _span(span: ReadableSpan) -> JsonDict:
     ctx = span.context
-    out: dict = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+    out: JsonDict = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
     if ctx.trace_state:
         out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
     if span.parent is not None:
@@ -181,7 +184,7 @@ def _span(span: ReadableSpan) -> dict:
         out["links"] = [_link(link) for link in span.links]
     if span.dropped_links:
         out["droppedLinksCount"] = span.dropped_links
-    status: dict = {}
+    status: JsonDict = {}
     if span.status.status_code.value:
         status["code"] = span.status.status_code.value
     if span.status.description:
@@ -190,8 +193,8 @@ def _span(span: ReadableSpan) -> dict:
     return out
 
 
-def _event(event) -> dict:
-    out: dict = {}
+def _event(event: Event) -> JsonDict:
+    out: JsonDict = {}
     if event.timestamp:
         out["timeUnixNano"] = str(event.timestamp)
     if event.name:
@@ -203,8 +206,8 @@ def _event(event) -> dict:
     return out
 
 
-def _link(link) -> dict:
-    out: dict = {"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}"}
+def _link(link: Link) -> JsonDict:
+    out: JsonDict = {"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}"}
     if link.attributes:
         out["attributes"] = _attributes(link.attributes)
     if link.dropped_attributes:
@@ -213,8 +216,8 @@ def _link(link) -> dict:
     return out
 
 
-def _scope(scope) -> dict:
-    out: dict = {}
+def _scope(scope: InstrumentationScope) -> JsonDict:
+    out: JsonDict = {}
     if scope.name:
         out["name"] = scope.name
     if scope.version:
@@ -255,7 +258,7 @@ def encode_spans_json(spans: Sequence[ReadableSpan]) -> bytes:
     for res, scopes in group_spans(spans):
         scope_spans = []
         for scope, members in scopes:
-            item: dict = {"scope": _scope(scope) if scope is not None else {}, "spans": [_span(s) for s in members]}
+            item: JsonDict = {"scope": _scope(scope) if scope is not None else {}, "spans": [_span(s) for s in members]}
             if scope is not None and scope.schema_url:
                 item["schemaUrl"] = scope.schema_url
             scope_spans.append(item)

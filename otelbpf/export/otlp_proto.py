@@ -17,17 +17,19 @@ from collections.abc import Mapping, Sequence
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.util.types import Attributes
 
-from otelbpf.export.otlp_json import SPAN_KIND, clamp_int, group_spans, span_flags
+from otelbpf.export.otlp_json import SPAN_KIND, JsonDict, clamp_int, group_spans, span_flags
 
 #: Encoded key-value pairs of scalar attributes, reused (as in otlp_json.py): the protobuf
 #: constructor copies them, so sharing between requests is safe. Bounded: starts over when full.
-_KV_CACHE: dict[tuple, dict] = {}
+_KV_CACHE: dict[tuple[str, type, object], JsonDict] = {}
 _KV_CACHE_MAX = 1 << 14
 _SCALAR = {str: "string_value", bool: "bool_value", int: "int_value", float: "double_value"}
 
 
-def _any(value: object) -> dict:
+def _any(value: object) -> JsonDict:
     """An ``AnyValue``."""
     t = type(value)
     if t is int and isinstance(value, int):  # the isinstance only narrows the type for mypy
@@ -52,7 +54,7 @@ def _any(value: object) -> dict:
     raise TypeError(f"attribute value of type {type(value).__name__} has no OTLP encoding")
 
 
-def _attributes(attrs: Mapping | None) -> list[dict]:
+def _attributes(attrs: Attributes) -> list[JsonDict]:
     if not attrs:
         return []
     cache, scalar = _KV_CACHE, _SCALAR
@@ -65,16 +67,17 @@ def _attributes(attrs: Mapping | None) -> list[dict]:
             if kv is None:
                 if len(cache) >= _KV_CACHE_MAX:
                     cache.clear()
-                kv = cache[key] = {"key": k, "value": {scalar[t]: clamp_int(v) if t is int else v}}
+                value = clamp_int(v) if t is int and isinstance(v, int) else v  # isinstance: narrows for mypy
+                kv = cache[key] = {"key": k, "value": {scalar[t]: value}}
             out.append(kv)
         else:
             out.append({"key": k, "value": _any(v)})
     return out
 
 
-def _span(span: ReadableSpan) -> dict:
+def _span(span: ReadableSpan) -> JsonDict:
     ctx = span.context
-    out: dict = {
+    out: JsonDict = {
         "trace_id": ctx.trace_id.to_bytes(16, "big"),
         "span_id": ctx.span_id.to_bytes(8, "big"),
         "flags": span_flags(span.parent),
@@ -104,7 +107,7 @@ def _span(span: ReadableSpan) -> dict:
     return out
 
 
-def _scope(scope) -> dict:
+def _scope(scope: InstrumentationScope | None) -> JsonDict:
     if scope is None:
         return {}
     return {"name": scope.name or "", "version": scope.version or "", "attributes": _attributes(scope.attributes)}

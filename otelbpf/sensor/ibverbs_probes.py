@@ -152,7 +152,8 @@ def context_functions(pid: int, ctx: int) -> dict[str, int]:
     raw = read_memory(pid, ctx, abi.SIZES["ibv_context"])
 
     def ptr(name: str) -> int:
-        return struct.unpack_from("<Q", raw, abi.OFFSETS[name][2])[0]
+        (value,) = struct.unpack_from("<Q", raw, abi.OFFSETS[name][2])
+        return int(value)
 
     out = {"post_send": ptr("ctx_post_send"), "post_recv": ptr("ctx_post_recv"), "poll_cq": ptr("ctx_poll_cq")}
     if ptr("ctx_abi_compat") == abi.VERBS_ABI_IS_EXTENDED:

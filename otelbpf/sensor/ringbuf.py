@@ -97,6 +97,7 @@ class RingBufferReader(_MappedRing):
             view = view[:n]
             lens = lens[:n]
         keep = (lens & _DISCARD) == 0
+        out: np.ndarray
         if not keep.all():
             self.discarded += int(n - keep.sum())
             out = view["data"][keep].copy()
