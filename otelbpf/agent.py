@@ -25,6 +25,7 @@ from opentelemetry.sdk.metrics.export import Metric
 from otelbpf import receivers
 from otelbpf.base.health import Health
 from otelbpf.base.threadname import name_os_thread
+from otelbpf.base.watchdog import Watchdog, run_checks
 from otelbpf.config import BatchProcessorConfig, Config, to_seconds
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate import symbolizer
@@ -36,8 +37,11 @@ from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.export.factory import metric_exporter, span_exporter
 from otelbpf.export.metrics_loop import MetricsLoop
 from otelbpf.export.profile_export import encoded, profile_exporter
+from otelbpf.export.self_profiling import self_profiler
 from otelbpf.export.span_queue import SpanQueue
 from otelbpf.jobguard import Job
+from otelbpf.live import endpoint as live_endpoint
+from otelbpf.live.state import LiveState
 from otelbpf.receivers import Context, MapAccess
 from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
 
@@ -94,11 +98,15 @@ class Agent:
         self.profile_exporters = [
             (n, profile_exporter(n, c, self.health)) for n, c in config.pipeline_exporters("profiles")
         ]
+        self.self_profiler = self_profiler(config)
         maps = MapAccess()
         ctx = Context(self.process_info, self.symbolizer, self.clock, self.health, self._emit_spans, maps, traces,
                       export_profiles=self._export_profiles,
                       profile_attributes=config.resource_attributes("profiles"))
         self.receivers = [receivers.build(name, cfg, ctx) for name, cfg in self._receiver_configs()]
+        # Correlators whose records open scopes others' spans nest in (torch operators) go first,
+        # so the records drained with theirs in one batch find those scopes.
+        self.receivers.sort(key=lambda r: not getattr(r.correlator, "opens_scopes", False))
         if not self.receivers:
             raise SensorError("no receiver in any pipeline: name one (e.g. `cuda`) under service.pipelines.*.receivers")
         watched = list(pids) or list(config.targets.pids)
@@ -124,10 +132,16 @@ class Agent:
         self._queued_max = processing_queue_records
         self._queued_lock = threading.Lock()
         self._processor = threading.Thread(target=self._process_loop, name="otelbpf-process", daemon=True)
+        #: says when the processing thread is stuck on one batch (base/watchdog.py)
+        self.watchdog = Watchdog("otelbpf-process", self.health)
+        self._watchdog_stop = threading.Event()
+        self.live = LiveState()  # what `otelbpf top` reads: the last metrics collected, the last spans
+        self.live_endpoint: live_endpoint.StateServer | None = None
         self.metrics: MetricsLoop | None = None
         if config.pipeline("metrics"):
             self.metrics = MetricsLoop(
-                [(n, metric_exporter(c)) for n, c in config.pipeline_exporters("metrics")],
+                [(n, metric_exporter(c)) for n, c in config.pipeline_exporters("metrics")]
+                + [("live", self.live.metrics_tap)],
                 [self._receiver_metrics, self._health_metrics],
                 self.health,
                 to_seconds(config.service.telemetry.metrics_interval),
@@ -168,6 +182,7 @@ class Agent:
             with self._queued_lock:
                 self._queued -= _weight(arr)
             for r in self.receivers:
+                self.watchdog.begin(f"{r.name} {ring}")
                 try:
                     if ring == "events":
                         r.correlator.on_events(arr)
@@ -179,6 +194,8 @@ class Agent:
                     log.exception("%s: processing a batch of %d %s failed", r.name, len(arr), ring)
                     self.health.add("otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring,
                                     receiver=r.name)
+                finally:
+                    self.watchdog.end()
 
     def sync(self, timeout_s: float = 5.0) -> bool:
         """Process every event the probes emitted before this call.
@@ -229,6 +246,7 @@ class Agent:
             exporter.export(records)
 
     def _emit_spans(self, spans: list) -> None:
+        self.live.on_spans(spans)
         if self.spans is not None:
             self.spans.offer(spans)
 
@@ -311,13 +329,18 @@ class Agent:
             )
         )
         out.append(m.gauge("process.memory.usage", "By", "Resident memory of the agent", [({}, _rss_bytes())], now))
+        out.append(m.gauge("otelbpf.agent.busy", "s", "How long each worker has been on its current item (0: idle)",
+                           [({"worker": self.watchdog.worker}, self.watchdog.busy_seconds())], now))
         return [(agent_resource(self._resource_attrs), AGENT_SCOPE, [x for x in out if x is not None])]
 
     # -- life cycle -------------------------------------------------------
 
     def start(self) -> None:
         require_root()
+        if self.self_profiler is not None:
+            self.self_profiler.start()  # first: the BCC compile and the attach are profiled too
         self._processor.start()
+        run_checks([self.watchdog], self._watchdog_stop)
         self.sensor.start()
         self._mark_library_users()
         if not self.sensor.options.pause_on_load:
@@ -333,12 +356,15 @@ class Agent:
                 self._describe_process(pid)
         if self.metrics is not None:
             self.metrics.start()
+        self.live_endpoint = live_endpoint.serve(self.live.snapshot)
         log.info(
             "otelbpf running: compiled in %.2fs, %d probes on %d libraries",
             self.sensor.compile_seconds, self.sensor.attach_stats.probes, self.sensor.attach_stats.libraries,
         )
 
     def stop(self) -> None:
+        if self.live_endpoint is not None:
+            self.live_endpoint.close()
         phases: list[tuple[str, float]] = []
         t0 = time.monotonic()
 
@@ -349,6 +375,7 @@ class Agent:
         done("sensor")
         self._work.put(None)
         self._processor.join(timeout=30)
+        self._watchdog_stop.set()
         done("processing")
         if self.spans is not None:
             self.spans.close()       # flush; what cannot go is counted before...
@@ -359,6 +386,9 @@ class Agent:
         for _name, exporter in self.profile_exporters:
             exporter.shutdown()      # after the sensor's stop made the last profiles
         done("profiles")
+        if self.self_profiler is not None:
+            self.self_profiler.stop()  # pushes the last samples, the stop's included
+            done("self_profiling")
         log.info("otelbpf stopped in %.2fs (%s)", time.monotonic() - t0,
                  ", ".join(f"{name} {took:.2f}s" for name, took in phases))
 
