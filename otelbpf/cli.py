@@ -89,6 +89,16 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("--port", type=int, default=8765, help="HTTP: the port (default 8765)")
     mcp.add_argument("--token-file", help="HTTP: a file (mode 0600) holding the bearer token")
     mcp.add_argument("--max-bytes", type=int, default=1 << 30, help="refuse folders with more telemetry than this")
+    top = sub.add_parser(
+        "top", help="a live terminal view of what an agent sees (keys: s sort, p pid filter, f freeze, q quit)",
+        description="Reads a running agent's live state over its local socket (the newest one in the run "
+        "directory, or --socket), or, with --pid, starts an agent in this process.",
+    )
+    top.add_argument("--socket", help="the agent's state socket (default: the newest in the run directory)")
+    top.add_argument("--pid", type=int, action="append", default=[],
+                     help="watch this process with an agent of its own, in this process (repeatable; needs root)")
+    top.add_argument("-c", "--config", help="with --pid: the agent's config (default: the embedded one)")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     val = sub.add_parser("validate", help="check a config file and print the effective pipelines")
     val.add_argument("-c", "--config", required=False)
     return p
@@ -124,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"otelbpf mcp: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.cmd == "top" and not args.pid:
+        from otelbpf import top
+
+        return top.run(top.Viewer(top.socket_source(args.socket)), args.interval)
+    if args.cmd == "top":  # standalone: metrics as often as the view refreshes, unless configured
+        os.environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", str(max(100, int(args.interval * 1000))))
     if args.cmd == "summary":
         from otelbpf.analyze.summary import summarize
 
@@ -145,6 +161,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{signal}: receivers={pipe.receivers} processors={pipe.processors} exporters={pipe.exporters}")
         return 0
 
+    if args.cmd == "top":
+        from otelbpf import top
+        from otelbpf.base.privileges import drop_unneeded
+        from otelbpf.sensor.sensor import SensorError
+
+        drop_unneeded()
+        try:
+            return top.standalone(config, args.pid, args.interval)
+        except SensorError as exc:
+            print(f"otelbpf top: {exc}", file=sys.stderr)
+            return 1
     logging.basicConfig(
         level=config.service.telemetry.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

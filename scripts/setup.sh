@@ -36,7 +36,8 @@ headers_present() { [[ -d "$MODDIR/build/include" ]]; }
 # libibverbs1 + ibverbs-providers + libibverbs-dev: the real RDMA verbs library the ibverbs probes
 # attach to, and the headers examples/ibverbs/ builds its provider stand-in against.
 wanted=(bpfcc-tools python3-bpfcc libbpfcc build-essential python3-venv libibverbs1 ibverbs-providers libibverbs-dev
-        golang-go)  # golang-go: `go tool pprof`, the pprof consumer the profile tests read with
+        golang-go tmux)  # golang-go: `go tool pprof`, the pprof consumer the profile tests read with;
+                         # tmux: the terminal the `otelbpf top` tests type into and read back
 missing=()
 for pkg in "${wanted[@]}"; do is_installed "$pkg" || missing+=("$pkg"); done
 

@@ -28,6 +28,8 @@ CUDA_SCOPE, NCCL_SCOPE, HTTP_SCOPE = "otelbpf.cuda", "otelbpf.nccl", "otelbpf.ht
 EVIDENCE = 5
 TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9_.-]+\.pb\.gz$")
+#: What a request's CUDA child shows besides its name and duration.
+_CHILD_ATTRS = ("cuda.memcpy.bytes", "cuda.memcpy.direction", "cuda.memcpy.host_memory", "cuda.kernel.name")
 
 
 class ToolInputError(Exception):
@@ -101,47 +103,46 @@ def list_processes(data: Data, folder: Folder, limit: int) -> dict:
 
 def gpu_summary(data: Data, pid: int | None) -> dict:
     spans = _by_proc(data)
-    out = []
-    for proc in _procs(data, pid):
-        mine = spans.get(proc, [])
-        if not _is_gpu(data, proc, mine):
-            continue
-        cites: list[dict] = []
-
-        def series(name: str) -> list[tuple[dict, dict]]:
-            got = _points(data, proc, name)
-            cites.extend(_metric_cite(name, a, t) for a, _dp, t in got)
-            return [(a, dp) for a, dp, _t in got]
-
-        launches = {a.get("cuda.api.function", "?"): int(_num(dp)) for a, dp in series("cuda.kernel.launches")}
-        calls = {a.get("cuda.api.function", "?"): int(_num(dp)) for a, dp in series("cuda.api.calls")}
-        copied = {a.get("cuda.memcpy.direction", "?"): int(_num(dp)) for a, dp in series("cuda.memcpy.bytes")}
-        host = {f"{a.get('cuda.memcpy.direction', '?')} {a.get('cuda.memcpy.host_memory', '?')}": int(_num(dp))
-                for a, dp in series("cuda.memcpy.host_bytes")}
-        syncs = {}
-        for a, dp in series("cuda.sync.duration"):
-            count = int(dp.get("count", 0))
-            if count:
-                syncs[a.get("cuda.api.function", "?")] = {
-                    "count": count, "mean_ms": round(float(dp.get("sum", 0)) / count * 1e3, 4),
-                    "max_ms": round(float(dp.get("max", 0)) * 1e3, 4)}
-        errors = [{"function": a.get("cuda.api.function"), "error": a.get("cuda.error.name"), "count": int(_num(dp))}
-                  for a, dp in series("cuda.api.errors")]
-        high = [_num(dp) for _a, dp in series("cuda.memory.high_water")]
-        in_use = [_num(dp) for _a, dp in series("cuda.memory.in_use")]
-        cuda_spans = [s for s in mine if s.scope == CUDA_SCOPE]
-        slowest = sorted(cuda_spans, key=lambda s: s.start - s.end)
-        out.append({
-            **_label(proc, data.procs[proc]),
-            "kernel_launches": launches, "api_calls": calls, "bytes_copied": copied,
-            "host_bytes_by_memory": host, "sync_waits": syncs, "errors": errors[:20],
-            "memory_high_water_bytes": int(max(high)) if high else None,
-            "memory_in_use_bytes": int(max(in_use)) if in_use else None,
-            "slowest_calls": [{"name": s.name, "duration_ms": round(s.duration_ms, 4), "trace_id": s.trace_id,
-                               "span_id": s.span_id} for s in slowest[:EVIDENCE]],
-            "evidence": {"metrics": cites[:40], "spans": _cite(slowest)},
-        })
+    out = [_gpu_process(data, proc, spans.get(proc, [])) for proc in _procs(data, pid)
+           if _is_gpu(data, proc, spans.get(proc, []))]
     return {"total": len(out), "processes": out, **_meta(data)}
+
+
+def _gpu_process(data: Data, proc: tuple, mine: list[Span]) -> dict:
+    cites: list[dict] = []
+
+    def series(name: str) -> list[tuple[dict, dict]]:
+        got = _points(data, proc, name)
+        cites.extend(_metric_cite(name, a, t) for a, _dp, t in got)
+        return [(a, dp) for a, dp, _t in got]
+
+    launches = {a.get("cuda.api.function", "?"): int(_num(dp)) for a, dp in series("cuda.kernel.launches")}
+    calls = {a.get("cuda.api.function", "?"): int(_num(dp)) for a, dp in series("cuda.api.calls")}
+    copied = {a.get("cuda.memcpy.direction", "?"): int(_num(dp)) for a, dp in series("cuda.memcpy.bytes")}
+    host = {f"{a.get('cuda.memcpy.direction', '?')} {a.get('cuda.memcpy.host_memory', '?')}": int(_num(dp))
+            for a, dp in series("cuda.memcpy.host_bytes")}
+    syncs = {}
+    for a, dp in series("cuda.sync.duration"):
+        count = int(dp.get("count", 0))
+        if count:
+            syncs[a.get("cuda.api.function", "?")] = {
+                "count": count, "mean_ms": round(float(dp.get("sum", 0)) / count * 1e3, 4),
+                "max_ms": round(float(dp.get("max", 0)) * 1e3, 4)}
+    errors = [{"function": a.get("cuda.api.function"), "error": a.get("cuda.error.name"), "count": int(_num(dp))}
+              for a, dp in series("cuda.api.errors")]
+    high = [_num(dp) for _a, dp in series("cuda.memory.high_water")]
+    in_use = [_num(dp) for _a, dp in series("cuda.memory.in_use")]
+    slowest = sorted((s for s in mine if s.scope == CUDA_SCOPE), key=lambda s: s.start - s.end)
+    return {
+        **_label(proc, data.procs[proc]),
+        "kernel_launches": launches, "api_calls": calls, "bytes_copied": copied,
+        "host_bytes_by_memory": host, "sync_waits": syncs, "errors": errors[:20],
+        "memory_high_water_bytes": int(max(high)) if high else None,
+        "memory_in_use_bytes": int(max(in_use)) if in_use else None,
+        "slowest_calls": [{"name": s.name, "duration_ms": round(s.duration_ms, 4), "trace_id": s.trace_id,
+                           "span_id": s.span_id} for s in slowest[:EVIDENCE]],
+        "evidence": {"metrics": cites[:40], "spans": _cite(slowest)},
+    }
 
 
 def top_kernels(data: Data, pid: int | None, limit: int) -> dict:
@@ -237,8 +238,7 @@ def slow_requests(data: Data, limit: int, min_duration_ms: float, route: str | N
             "error": s.error, "duration_ms": round(s.duration_ms, 4), **_label(s.proc, data.procs[s.proc]),
             "cuda_share": round(cuda_ns / max(s.end - s.start, 1), 4),
             "cuda_children": [{"name": k.name, "span_id": k.span_id, "duration_ms": round(k.duration_ms, 4),
-                               **{a: k.attrs[a] for a in ("cuda.memcpy.bytes", "cuda.memcpy.direction",
-                                                          "cuda.memcpy.host_memory", "cuda.kernel.name") if a in k.attrs}}
+                               **{a: k.attrs[a] for a in _CHILD_ATTRS if a in k.attrs}}
                               for k in sorted(cuda, key=lambda k: k.start)[:20]],
             "other_children": len(kids) - len(cuda),
         })
@@ -349,8 +349,9 @@ def compare_ranks(data: Data, a: int, b: int, comm: str | None, limit: int) -> d
             "a_entered_later": sum(g > 0 for g in gaps), "b_entered_later": sum(g < 0 for g in gaps),
             "mean_entry_gap_ms": round(statistics.fmean(gaps), 4),
             "median_entry_gap_ms": round(statistics.median(gaps), 4),
-            "evidence": {"widest_gaps": [{"seq": pa.attrs.get("nccl.seq"), "gap_ms": round((pa.start - pb.start) / 1e6, 4),
-                                          "a": _cite([pa])[0], "b": _cite([pb])[0]} for pa, pb in widest[:EVIDENCE]]},
+            "evidence": {"widest_gaps": [
+                {"seq": pa.attrs.get("nccl.seq"), "gap_ms": round((pa.start - pb.start) / 1e6, 4),
+                 "a": _cite([pa])[0], "b": _cite([pb])[0]} for pa, pb in widest[:EVIDENCE]]},
         })
     return {"a": a, "b": b, "total": len(out), "communicators": out[:limit],
             "note": "entry gap = a's entry minus b's, wall clock as exported (one host: no offset)", **_meta(data)}

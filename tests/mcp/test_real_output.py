@@ -16,10 +16,10 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
-from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from harness.agent import BUILD, REPO, WORKLOAD, AgentProcess
+from mcp import Client
 
 pytestmark = pytest.mark.bpf
 
@@ -42,8 +42,10 @@ def out(tmp_path_factory) -> Path:
     cfg = tmp / "otelbpf.yaml"
     cfg.write_text(yaml.safe_dump(doc))
     pageable = (f"{WORKLOAD} --lib {BUILD / 'fakecudart13' / 'libcudart.so.13'} --cuda13 --iterations 40 "
-                f"--host-memory pageable --h2d-bytes {8 << 20} --d2h-bytes {8 << 20} --alloc-bytes {8 << 20} >/dev/null")
-    job = f"{sys.executable} {REPO / 'deploy' / 'demo' / 'traffic.py'} --build {BUILD} --rounds 1 --requests 5 && {pageable}"
+                f"--host-memory pageable --h2d-bytes {8 << 20} --d2h-bytes {8 << 20} --alloc-bytes {8 << 20}"
+                " >/dev/null")
+    traffic = f"{sys.executable} {REPO / 'deploy' / 'demo' / 'traffic.py'} --build {BUILD} --rounds 1 --requests 5"
+    job = f"{traffic} && {pageable}"
     with AgentProcess(["-c", str(cfg), "--", "sh", "-c", job]) as agent:
         assert agent.wait(240) == 0, agent.output
     return tmp / "out"
@@ -51,7 +53,8 @@ def out(tmp_path_factory) -> Path:
 
 def ask(out: Path, *calls: tuple[str, dict]) -> list[dict]:
     async def go() -> list[dict]:
-        server = StdioServerParameters(command=sys.executable, args=["-m", "otelbpf.cli", "mcp", str(out)], cwd=str(REPO))
+        server = StdioServerParameters(command=sys.executable, args=["-m", "otelbpf.cli", "mcp", str(out)],
+                                       cwd=str(REPO))
         answers = []
         async with Client(server) as client:
             for name, args in calls:

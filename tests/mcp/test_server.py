@@ -17,12 +17,12 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
-from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanKind
 
 from harness.agent import REPO
+from mcp import Client
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.correlate.stacks import Frame
 from otelbpf.export.jsonfile import FileSpanExporter
@@ -44,8 +44,8 @@ def _write(directory: Path) -> dict:
     spans, planted = [], {}
     for i, dur in enumerate((50 * MS, 5 * MS)):
         t = T0 + i * 100 * MS
-        req = make_span("GET", resource=web, scope=http, start_ns=t, end_ns=t + dur, kind=SpanKind.SERVER,
-                        attributes={"http.request.method": "GET", "url.path": f"/r{i}", "http.response.status_code": 200})
+        req = make_span("GET", resource=web, scope=http, start_ns=t, end_ns=t + dur, kind=SpanKind.SERVER, attributes={
+            "http.request.method": "GET", "url.path": f"/r{i}", "http.response.status_code": 200})
         copy = make_span("cudaMemcpy", resource=web, scope=cuda, start_ns=t + MS, end_ns=t + 3 * MS,
                          parent=req.context, attributes={"cuda.memcpy.bytes": 4096, "cuda.memcpy.direction": "H2D"})
         spans += [req, copy]
@@ -55,7 +55,8 @@ def _write(directory: Path) -> dict:
         res = Resource({"service.name": "job", "process.pid": 20 + rank, "host.name": "h"})
         for seq in range(1, 6):
             t = T0 + seq * 200 * MS + rank * 30 * MS
-            spans.append(make_span("ncclAllReduce", resource=res, scope=nccl, start_ns=t, end_ns=T0 + seq * 200 * MS + 40 * MS,
+            end = T0 + seq * 200 * MS + 40 * MS
+            spans.append(make_span("ncclAllReduce", resource=res, scope=nccl, start_ns=t, end_ns=end,
                                    attributes={"nccl.comm.id": "00000000000000aa", "nccl.seq": seq, "nccl.rank": rank,
                                                "nccl.nranks": 2, "nccl.completion": "observed"}))
     ex = FileSpanExporter(str(directory))

@@ -1,0 +1,165 @@
+"""The agent's read-only state endpoint: a unix socket that answers each connection with one
+JSON snapshot (state.py) and closes. It reads nothing from the client, so there is no request
+to get wrong.
+
+The socket is ``<run dir>/agent-<pid>.sock``, mode 0600, in a run directory of mode 0700 owned
+by the agent's user: ``OTELBPF_RUN_DIR``, else ``/run/otelbpf`` for root, else
+``$XDG_RUNTIME_DIR/otelbpf`` or ``/tmp/otelbpf-<uid>``. A run directory that is a link, is owned
+by another user or is open to others is refused (the endpoint is off, the agent runs on).
+``OTELBPF_LIVE=off`` turns it off.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import json
+import logging
+import os
+import socket
+import stat
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+RUN_DIR_ENV = "OTELBPF_RUN_DIR"
+#: A snapshot larger than this is not sent whole: the viewer gets an error line instead.
+MAX_SNAPSHOT_BYTES = 32 << 20
+SEND_TIMEOUT_S = 2.0
+
+
+class EndpointError(Exception):
+    """No snapshot from this socket; the message says why (no agent, a stale socket, a timeout)."""
+
+
+def run_dir() -> str:
+    if os.environ.get(RUN_DIR_ENV):
+        return os.environ[RUN_DIR_ENV]
+    if os.geteuid() == 0:
+        return "/run/otelbpf"
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(base, "otelbpf") if base else f"/tmp/otelbpf-{os.geteuid()}"
+
+
+def _private_dir(path: str) -> None:
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise OSError(errno.EPERM, f"{path} must be a directory of mode 0700 owned by uid {os.geteuid()}")
+
+
+def sockets(directory: str | None = None) -> list[str]:
+    """The agents' sockets in the run directory, newest first."""
+    found = glob.glob(os.path.join(directory or run_dir(), "agent-*.sock"))
+    return sorted(found, key=lambda p: -os.stat(p).st_mtime if os.path.exists(p) else 0)
+
+
+class StateServer:
+    """Serves ``snapshot()`` on a unix socket from a daemon thread."""
+
+    def __init__(self, snapshot: Callable[[], dict], directory: str | None = None) -> None:
+        self._snapshot = snapshot
+        directory = directory or run_dir()
+        _private_dir(directory)
+        self.path = os.path.join(directory, f"agent-{os.getpid()}.sock")
+        try:
+            os.unlink(self.path)  # a socket left by an earlier process with this pid
+        except FileNotFoundError:
+            pass
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(self.path)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        self._sock.listen(8)
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="otelbpf-live", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                conn.settimeout(SEND_TIMEOUT_S)
+                try:
+                    body = json.dumps(self._snapshot(), separators=(",", ":")).encode()
+                    if len(body) > MAX_SNAPSHOT_BYTES:
+                        body = json.dumps({"error": f"snapshot of {len(body)} bytes is over the limit"}).encode()
+                    conn.sendall(body + b"\n")
+                except OSError:
+                    pass  # the viewer went away or did not read: its problem, not the agent's
+                except Exception:  # a snapshot that fails must not end the endpoint
+                    log.exception("live snapshot failed")
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def fetch(path: str, timeout_s: float = 5.0) -> dict:
+    """One snapshot from the agent at ``path``. Raises EndpointError with the reason."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    chunks = []
+    try:
+        s.connect(path)
+        size = 0
+        while True:
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_SNAPSHOT_BYTES + 1:
+                raise EndpointError(f"{path}: the snapshot is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB")
+            chunks.append(chunk)
+    except FileNotFoundError:
+        raise EndpointError(f"{path}: no such socket (is the agent running?)") from None
+    except ConnectionRefusedError:
+        raise EndpointError(f"{path}: nothing listens (a stale socket: the agent exited or restarted)") from None
+    except TimeoutError:
+        raise EndpointError(f"{path}: no snapshot within {timeout_s:g}s") from None
+    except PermissionError:
+        raise EndpointError(f"{path}: permission denied (the socket is the agent user's, mode 0600)") from None
+    except OSError as exc:
+        raise EndpointError(f"{path}: {exc.strerror or exc}") from None
+    finally:
+        s.close()
+    try:
+        snap = json.loads(b"".join(chunks))
+    except ValueError:
+        why = ("the answer was not a whole JSON snapshot (the agent stopped mid-answer?)" if chunks
+               else "the agent closed the connection without a snapshot (see its log)")
+        raise EndpointError(f"{path}: {why}") from None
+    if not isinstance(snap, dict) or "error" in snap or snap.get("version") != 1:
+        raise EndpointError(f"{path}: not a version-1 snapshot: {str(snap)[:200]}")
+    return snap
+
+
+def serve(snapshot: Callable[[], dict]) -> StateServer | None:
+    """The agent's endpoint, or None (turned off, or the run directory refused: said in the log)."""
+    if os.environ.get("OTELBPF_LIVE", "").lower() in ("0", "off", "false", "no"):
+        return None
+    try:
+        server = StateServer(snapshot)
+    except OSError as exc:
+        log.warning("no live state endpoint for `otelbpf top`: %s", exc)
+        return None
+    log.info("live state for `otelbpf top` on %s", server.path)
+    return server

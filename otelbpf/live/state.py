@@ -1,0 +1,134 @@
+"""What the agent saw lately, held for `otelbpf top`: a read-only snapshot as plain JSON.
+
+Two taps, no new collection: the metrics the metrics loop collected last (the agent adds
+``metrics_tap`` beside its exporters, so nothing is collected twice: a correlator's
+``collect()`` forgets exited processes, a second caller would steal their last values), and
+the last ``max_spans`` spans the correlators built (references kept in a ring; they are
+converted only when a snapshot is asked for). Snapshots are cached for ``min_interval_s``,
+so any number of viewers costs the agent at most a few snapshots a second.
+
+Snapshot (``version`` 1)::
+
+    {"version": 1, "agent_pid", "time_unix_nano", "metrics_time_unix_nano",
+     "processes": [{"resource": {...}, "metrics": [{"name", "kind": "sum"|"gauge"|"histogram",
+                    "points": [{"attributes", "value"} | {"attributes", "count", "sum", "max"}]}]}],
+     "spans": [{"name", "scope", "kind", "trace_id", "span_id", "parent_id", "start", "end",
+                "error", "attributes", "pid", "service"}]}
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    Histogram,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    Sum,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+
+VERSION = 1
+#: Attribute text longer than this is cut in snapshots (a URL, a kernel name).
+MAX_TEXT = 160
+
+
+def _value(v: object) -> object:
+    if isinstance(v, str):
+        return v if len(v) <= MAX_TEXT else v[:MAX_TEXT] + "..."
+    if isinstance(v, (bool, int, float)):
+        return v
+    if isinstance(v, (tuple, list)):
+        return [_value(x) for x in v[:16]]
+    return str(v)[:MAX_TEXT]
+
+
+def _attrs(attrs) -> dict:
+    return {str(k): _value(v) for k, v in (attrs or {}).items()}
+
+
+def _points(data) -> tuple[str, list[dict]]:
+    if isinstance(data, Histogram):
+        return "histogram", [{"attributes": _attrs(p.attributes), "count": p.count, "sum": p.sum, "max": p.max}
+                             for p in data.data_points]
+    kind = "sum" if isinstance(data, Sum) else "gauge" if isinstance(data, Gauge) else type(data).__name__.lower()
+    return kind, [{"attributes": _attrs(p.attributes), "value": p.value} for p in data.data_points]
+
+
+def _span(s: ReadableSpan) -> dict:
+    ctx, parent = s.context, s.parent
+    res = s.resource.attributes if s.resource else {}
+    return {
+        "name": s.name, "scope": s.instrumentation_scope.name if s.instrumentation_scope else "",
+        "kind": s.kind.value + 1,  # OTLP numbering (SDK INTERNAL=0 is OTLP 1)
+        "trace_id": f"{ctx.trace_id:032x}" if ctx else "", "span_id": f"{ctx.span_id:016x}" if ctx else "",
+        "parent_id": f"{parent.span_id:016x}" if parent else "", "start": s.start_time or 0, "end": s.end_time or 0,
+        "error": s.status.status_code.value == 2, "attributes": _attrs(s.attributes),
+        "pid": int(res.get("process.pid", 0) or 0), "service": str(res.get("service.name", "")),
+    }
+
+
+class _MetricsTap(MetricExporter):
+    """Beside the real exporters in the metrics loop: keeps the last collection."""
+
+    def __init__(self, state: LiveState) -> None:
+        super().__init__()
+        self._state = state
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        self._state.on_metrics(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        pass
+
+
+class LiveState:
+    def __init__(self, max_spans: int = 2000, min_interval_s: float = 0.25,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        """``clock``: wall-clock ns stamped on collections and snapshots (tests pass their own)."""
+        self._clock = clock
+        self._spans: deque[ReadableSpan] = deque(maxlen=max_spans)
+        self._metrics: MetricsData | None = None
+        self._metrics_at = 0
+        self._lock = threading.Lock()
+        self._cached: tuple[float, dict] | None = None
+        self._min_interval = min_interval_s
+        self.metrics_tap = _MetricsTap(self)
+
+    def on_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        """Called with every batch of spans the correlators emit (deque appends are atomic)."""
+        self._spans.extend(spans)
+
+    def on_metrics(self, data: MetricsData) -> None:
+        with self._lock:
+            self._metrics, self._metrics_at = data, self._clock()
+
+    def snapshot(self) -> dict:
+        now = time.monotonic()
+        with self._lock:
+            if self._cached and now - self._cached[0] < self._min_interval:
+                return self._cached[1]
+            data, at = self._metrics, self._metrics_at
+        processes = []
+        for rm in data.resource_metrics if data else ():
+            metrics = []
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind, points = _points(m.data)
+                    metrics.append({"name": m.name, "kind": kind, "points": points})
+            processes.append({"resource": _attrs(rm.resource.attributes), "metrics": metrics})
+        snap = {"version": VERSION, "agent_pid": os.getpid(), "time_unix_nano": self._clock(),
+                "metrics_time_unix_nano": at, "processes": processes, "spans": [_span(s) for s in self._spans.copy()]}
+        with self._lock:
+            self._cached = (now, snap)
+        return snap
