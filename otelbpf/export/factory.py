@@ -8,6 +8,8 @@ opentelemetry-exporter-otlp packages (their retry with back-off included);
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -21,6 +23,9 @@ from otelbpf.config import (
 )
 from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
 
+if TYPE_CHECKING:
+    import grpc  # at run time imported where used: only an agent with a gRPC exporter loads it
+
 
 def _read(path: str | None) -> bytes | None:
     if path is None:
@@ -29,10 +34,10 @@ def _read(path: str | None) -> bytes | None:
         return f.read()
 
 
-def _grpc_kwargs(cfg: OtlpExporterConfig) -> dict:
+def _grpc_kwargs(cfg: OtlpExporterConfig) -> dict[str, Any]:
     import grpc
 
-    kwargs: dict = {
+    kwargs: dict[str, Any] = {
         "endpoint": cfg.target,
         "insecure": cfg.insecure,
         "headers": dict(cfg.headers),
@@ -44,7 +49,7 @@ def _grpc_kwargs(cfg: OtlpExporterConfig) -> dict:
     return kwargs
 
 
-def grpc_credentials(cfg: OtlpExporterConfig):
+def grpc_credentials(cfg: OtlpExporterConfig) -> grpc.ChannelCredentials:
     """TLS credentials of a gRPC exporter: its CA and client pair, the system's roots otherwise."""
     import grpc
 
@@ -55,10 +60,10 @@ def grpc_credentials(cfg: OtlpExporterConfig):
     )
 
 
-def _http_kwargs(cfg: OtlpHttpExporterConfig, signal: Signal) -> dict:
+def _http_kwargs(cfg: OtlpHttpExporterConfig, signal: Signal) -> dict[str, Any]:
     from opentelemetry.exporter.otlp.proto.http import Compression
 
-    kwargs: dict = {
+    kwargs: dict[str, Any] = {
         "endpoint": cfg.url(signal),
         "headers": dict(cfg.headers),
         "timeout": to_seconds(cfg.timeout),

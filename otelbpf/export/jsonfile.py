@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
@@ -43,7 +44,7 @@ def _hex_ids(node: object) -> None:
             _hex_ids(v)
 
 
-def to_otlp_json(message) -> str:
+def to_otlp_json(message: Message) -> str:
     d = MessageToDict(message, use_integers_for_enums=True)
     _hex_ids(d)
     return json.dumps(d, separators=(",", ":"))
@@ -125,7 +126,7 @@ class FileMetricExporter(MetricExporter):
         super().__init__()
         self._out = _JsonLines(OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode), "metrics", rotate_bytes)
 
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
         try:
             self._out.write(to_otlp_json(encode_metrics(metrics_data)).encode())
         except OSError:
@@ -135,5 +136,5 @@ class FileMetricExporter(MetricExporter):
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return True
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
         self._out.close()

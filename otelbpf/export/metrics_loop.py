@@ -65,7 +65,7 @@ class MetricsLoop:
         return self._thread.ident is not None and not self._thread.is_alive() and not self._stop.is_set()
 
     def collect(self) -> MetricsData:
-        grouped: dict[tuple, tuple[Resource, list[ScopeMetrics]]] = {}
+        grouped: dict[tuple[tuple[str, str], ...], tuple[Resource, list[ScopeMetrics]]] = {}
         for source in self._sources:
             try:
                 for resource, scope, metrics in source():

@@ -44,9 +44,9 @@ class ProfileBuilder:
             self._p.default_sample_type = self._s(default_sample_type)
         for c in comments:
             self._p.comment.append(self._s(c))
-        self._functions: dict[tuple, int] = {}
-        self._locations: dict[tuple, int] = {}
-        self._mappings: dict[tuple, int] = {}
+        self._functions: dict[tuple[object, ...], int] = {}
+        self._locations: dict[tuple[object, ...], int] = {}
+        self._mappings: dict[tuple[object, ...], int] = {}
         self.samples = 0
 
     def _s(self, text: str) -> int:

@@ -60,7 +60,8 @@ def push_request(records: Sequence[ProfileRecord]) -> bytes:
         for name in sorted(labels):
             series.labels.add(name=name, value=labels[name])
         series.samples.add(raw_profile=r.pprof, ID=str(uuid.uuid4()))
-    return req.SerializeToString()
+    data: bytes = req.SerializeToString()
+    return data
 
 
 def ingest_name(r: ProfileRecord) -> str:
