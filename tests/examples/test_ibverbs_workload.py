@@ -20,7 +20,10 @@ WORKLOAD = BUILD / "ibverbs_workload"
 PROVIDER = BUILD / "ibverbs" / "libfakeverbs-rdmav34.so"
 FAKEDEV = ROOT / "examples" / "ibverbs" / "fakedev.sh"
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="fakedev.sh needs root (private mounts)"), pytest.mark.usefixtures("ibverbs_workload")]
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="fakedev.sh needs root (private mounts)"),
+    pytest.mark.usefixtures("ibverbs_workload"),
+]
 
 
 def workload(*args: str, env: dict | None = None) -> dict:
