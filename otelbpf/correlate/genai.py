@@ -131,6 +131,7 @@ class JsonScanner:
                 pos = self._in_string(data, pos)
                 continue
             m = _TOKEN.match(data, pos)
+            assert m is not None  # every part of it is optional
             pos = m.end()
             struct, quote, scalar = m.groups()
             if struct:
@@ -263,9 +264,9 @@ class JsonScanner:
 
     def _continue_scalar(self, data: bytes) -> int:
         m = _SCALAR_REST.match(data)
-        rest = m.group()
         scalar = self._scalar
-        scalar += rest[: MAX_SCALAR - len(scalar)]
+        assert m is not None and scalar is not None  # the pattern matches the empty string; called with one held
+        scalar += m.group()[: MAX_SCALAR - len(scalar)]
         if m.end() == len(data):
             return m.end()
         self._scalar = None

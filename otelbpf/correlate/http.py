@@ -669,7 +669,7 @@ class HttpCorrelator:
         if opened.watch is not None:
             self._streamed(conn, server, opened.watch, attrs, start_ns, first_byte)
         if opened.genai is not None:
-            self._genai(conn, server, opened, attrs, start_ns, end_ns)
+            self._genai(conn, server, opened.genai, opened.watch, attrs, start_ns, end_ns)
         if not self._traces:
             return
         if not self._budget.take(1):  # decided before the span is built: building is most of its cost
@@ -750,16 +750,17 @@ class HttpCorrelator:
             total = self._proc(pid).gaps[key] = Gaps()
         total.merge(gaps)
 
-    def _genai(self, conn: Conn, server: bool, opened: _Open, attrs: dict, start_ns: int, end_ns: int) -> None:
+    def _genai(self, conn: Conn, server: bool, request: genai.RequestFacts, watch: ResponseWatch | None, attrs: dict,
+               start_ns: int, end_ns: int) -> None:
         """GenAI attributes, and on a server the gen_ai.server.* histograms."""
-        request = opened.genai
-        response = opened.watch.genai if opened.watch is not None else None
+        response = watch.genai if watch is not None else None
         if request.problem:
             self._problem(f"genai_{request.problem}")
         attrs.update(genai.attributes(request, response, self._clip))
         if not server:
             return
-        key = (("gen_ai.operation.name", request.operation), ("gen_ai.provider.name", genai.PROVIDER))
+        key: tuple[tuple[str, object], ...] = (("gen_ai.operation.name", request.operation),
+                                               ("gen_ai.provider.name", genai.PROVIDER))
         for name in ("gen_ai.request.model", "gen_ai.response.model"):
             if name in attrs:
                 key += ((name, self._model(conn.pid, attrs[name])),)
