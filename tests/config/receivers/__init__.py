@@ -1,0 +1,1 @@
+"""Tests of otelbpf.config.receivers: one module per probe family's options."""
