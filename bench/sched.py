@@ -10,14 +10,17 @@ interleaved round by round in one invocation (drift in the machine's load hits a
 - ``none``: no BPF program;
 - ``empty``: empty programs on the three tracepoints the family uses (sched_switch,
   sched_wakeup, sched_wakeup_new): the cost of hooking them at all;
-- ``untraced``: the sched family as the agent builds it (``program.build``: common.h,
-  discovery.c, sched.c), nothing watched: what every other thread on the host pays (one
-  map lookup at switch-out, one at switch-in, one per wakeup);
+- ``discovery``: what every agent loads whatever its receivers (``program.build`` with no
+  family: common.h and discovery.c, whose ``openat`` syscall tracepoints put every syscall
+  of the host on the kernel's traced slow path): the floor the family adds to;
+- ``untraced``: the sched family as the agent builds it (discovery.c and sched.c), nothing
+  watched: what every other thread on the host pays (one map lookup at switch-out, one at
+  switch-in, one per wakeup);
 - ``traced``: the same with the workload's process watched: every switch-out reads the
   kernel stack and fills the thread's entry, every switch-in accounts an interval.
 
 Per condition: the median ns per round trip, and the added ns per context switch against
-``none`` and against ``empty`` ((median - baseline) / switches per round trip). With
+``none``, ``empty`` and ``discovery`` ((median - baseline) / switches per round trip). With
 ``kernel.bpf_stats_enabled`` on, for the BPF conditions also the kernel's own account: run
 count and mean ns per run of each program (all the host's switches, not only the
 workload's). Results: a table on stdout and bench/results/sched-<date>.json; the numbers
@@ -95,7 +98,7 @@ int main(int argc, char **argv)
 """
 
 TRACEPOINTS = ("sched_switch", "sched_wakeup", "sched_wakeup_new")
-CONDITIONS = ("none", "empty", "untraced", "traced")
+CONDITIONS = ("none", "empty", "discovery", "untraced", "traced")
 
 
 def build(workdir: Path) -> Path:
@@ -134,7 +137,8 @@ def loaded(condition: str) -> Iterator[object | None]:
 
         fam = sched_family(span_threshold_ns=1_000_000, ring_bytes=1 << 20, thread_entries=16384,
                            off_entries=16384, runq_entries=65536, stack_entries=8192)
-        text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=1 << 20)
+        families = [] if condition == "discovery" else [fam]
+        text, cflags = program.build(families, filter_pids=True, events_ring_bytes=1 << 20)
         bpf = BPF(text=text, cflags=cflags)
     try:
         yield bpf
@@ -189,14 +193,13 @@ def main() -> int:
     med = {c: statistics.median(x["ns_per_trip"] for x in runs[c]) for c in CONDITIONS}
     switches = statistics.median(x["switches_per_trip"] for c in CONDITIONS for x in runs[c])
     summary = {}
-    print(f"\n{'condition':>9} {'ns/trip':>9} {'+ns/switch vs none':>19} {'vs empty':>9}")
+    print(f"\n{'condition':>9} {'ns/trip':>9} {'+ns/switch vs none':>19} {'vs empty':>9} {'vs discovery':>12}")
     for c in CONDITIONS:
-        vs_none = (med[c] - med["none"]) / switches
-        vs_empty = (med[c] - med["empty"]) / switches
-        summary[c] = {"median_ns_per_trip": round(med[c], 1), "added_ns_per_switch_vs_none": round(vs_none, 1),
-                      "added_ns_per_switch_vs_empty": round(vs_empty, 1)}
-        print(f"{c:>9} {med[c]:>9.0f} {vs_none:>19.0f} {vs_empty:>9.0f}")
-    for c in ("empty", "untraced", "traced"):
+        added = {b: (med[c] - med[b]) / switches for b in ("none", "empty", "discovery")}
+        summary[c] = {"median_ns_per_trip": round(med[c], 1),
+                      **{f"added_ns_per_switch_vs_{b}": round(v, 1) for b, v in added.items()}}
+        print(f"{c:>9} {med[c]:>9.0f} {added['none']:>19.0f} {added['empty']:>9.0f} {added['discovery']:>12.0f}")
+    for c in ("empty", "discovery", "untraced", "traced"):
         per_prog: dict[str, list[float]] = {}
         for x in runs[c]:
             for name, st in x.get("programs", {}).items():
