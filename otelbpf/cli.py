@@ -38,14 +38,16 @@ def _parser() -> argparse.ArgumentParser:
         description="Watch the whole host (default), some pids, or a command started by the agent.",
     )
     run.add_argument("-c", "--config", help="YAML config (default: the embedded default, or OTEL_EXPORTER_OTLP_* env)")
-    run.add_argument("--pid", type=int, action="append", default=[], help="watch this process and its children (repeatable)")
+    run.add_argument("--pid", type=int, action="append", default=[],
+                     help="watch this process and its children (repeatable)")
     run.add_argument("--duration", type=float, help="stop after this many seconds")
     run.add_argument("--receivers", metavar="LIST",
                      help="comma-separated receivers for the pipelines, e.g. cuda,http,nccl (default: the config's; "
                           "also OTELBPF_RECEIVERS)")
     run.add_argument("--print-config", action="store_true",
                      help="print the effective configuration (secrets redacted) and exit")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS: start it and watch it; stop when it exits")
+    run.add_argument("command", nargs=argparse.REMAINDER,
+                     help="-- COMMAND ARGS: start it and watch it; stop when it exits")
     sub.add_parser("doctor", help="what this host can do, and which processes use CUDA/NCCL/ibverbs")
     summ = sub.add_parser("summary", help="summarize the OTLP-JSON files the file exporter wrote")
     summ.add_argument("directory", nargs="?", default="./otelbpf-out")
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "validate":
         for signal in config.pipeline_signals():
             pipe = config.pipeline(signal)
+            assert pipe is not None  # pipeline_signals lists the signals that have one
             print(f"{signal}: receivers={pipe.receivers} processors={pipe.processors} exporters={pipe.exporters}")
         return 0
 
@@ -182,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # The command's guard starts with the privileges the agent has, then the agent drops
     # what it never needs, while it is one thread: before the agent's imports start any.
-    from otelbpf.jobguard import Job
     from otelbpf.base.privileges import drop_unneeded
+    from otelbpf.jobguard import Job
 
     job = Job(command) if command else None
     drop_unneeded()
