@@ -69,6 +69,7 @@ struct strevent {
 #define EV_SOCK_UNKNOWN 44
 #define EV_SOCK_LOCAL 45        /* the local address of a connect()ed socket (bpf/sockets.c) */
 #define EV_PROFILE_PROC 50      /* first CPU sample or CUDA allocation of a process (bpf/profile.c) */
+#define EV_TORCH_OP 70          /* a torch operator returned (bpf/torch.c): a0 entry address, a1 depth, a2 exit address */
 #define EV_CUDA_FUNC_NAME 100   /* internal (cuda.c): cuModuleGetFunction / cuLibraryGetKernel: out handle, name */
 #define EV_CUDA_GET_HANDLE 101  /* internal (cuda.c): __cudaGetKernel / cudaGetKernel / cuKernelGetFunction: out handle, target */
 
@@ -91,7 +92,9 @@ struct strevent {
 #define STAT_SOCK_MAP_FULL 5   /* sock_state / sock_args full */
 #define STAT_IBV_MAP_FULL 6    /* an ibverbs per-QP, latency, error or pending-WR map full */
 #define STAT_IBV_TRUNCATED 7   /* WR chain, SGE list or polled batch longer than the probe reads */
-#define STAT_MAX 8
+#define STAT_TORCH_UNWOUND 8   /* torch operator frames left by an exception (no return seen) */
+#define STAT_TORCH_DEPTH 9     /* torch operators nested deeper than the probe tracks */
+#define STAT_MAX 10
 
 BPF_RINGBUF_OUTPUT(events, EVENTS_RING_PAGES);
 BPF_RINGBUF_OUTPUT(strevents, STR_RING_PAGES);

@@ -27,6 +27,7 @@ from otelbpf.config import (
     ReceiverConfig,
 )
 from otelbpf.config.receivers.sched import SchedReceiverConfig
+from otelbpf.config.receivers.torch import TorchReceiverConfig
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
@@ -224,6 +225,24 @@ def _sched(name: str, cfg: SchedReceiverConfig, ctx: Context) -> Receiver:
     return Receiver(name, family, correlator, [], cfg.ring_buffer_size)
 
 
+def _torch(name: str, cfg: TorchReceiverConfig, ctx: Context) -> Receiver:
+    from otelbpf.correlate.torch import TorchCorrelator
+    from otelbpf.sensor.torch_probes import torch_family
+
+    correlator = TorchCorrelator(
+        ctx.process_info,
+        ctx.symbolizer,
+        ctx.clock,
+        ctx.emit_spans,
+        ctx.causality,
+        min_span_ns=cfg.min_span_duration,
+        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
+        on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+    )
+    family = torch_family(cfg.operators, max_depth=cfg.max_depth)
+    return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
+
+
 BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
     CudaReceiverConfig: _cuda,
     HttpReceiverConfig: _http,
@@ -231,6 +250,7 @@ BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
     NcclReceiverConfig: _nccl,
     IbverbsReceiverConfig: _ibverbs,
     SchedReceiverConfig: _sched,
+    TorchReceiverConfig: _torch,
 }
 
 

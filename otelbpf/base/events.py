@@ -80,6 +80,7 @@ class Kind(enum.IntEnum):
     SOCK_LOCAL = 45     # a connect()ed socket's local address, once established (sockdata ring)
     PROFILE_PROC = 50   # first CPU sample or CUDA allocation of a process (bpf/profile.c): inspect it
     CUDA_LAUNCH_SITE = 60  # first launch of (process, API, handle): a0 handle, a1 return address, a2 its caller's
+    TORCH_OP = 70       # a torch operator returned (bpf/torch.c): a0 entry address, a1 depth, a2 exit address
 
 
 class StrKind(enum.IntEnum):
@@ -112,6 +113,8 @@ class Stat(enum.IntEnum):
     SOCK_MAP_FULL = 5
     IBV_MAP_FULL = 6
     IBV_TRUNCATED = 7
+    TORCH_UNWOUND = 8
+    TORCH_DEPTH = 9
 
 
 class _CudaFuncBase(enum.IntEnum):

@@ -12,6 +12,11 @@ assumption. What can be detected is detected: when a thread has more than one
 request open at a moment, a lookup at that moment answers "no parent" (and is
 counted) rather than picking one; the requests involved are marked. Work
 handed to another thread is not followed: its spans stay roots.
+
+Inside a request, finer scopes of work nest (a torch operator, the operators it calls):
+``scope`` records one, closed, and a lookup inside it answers the innermost scope before
+any request, so request -> operator -> CUDA call nests. Scopes on one thread nest
+properly (they come from a call stack), so the innermost is the latest-starting one.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class _Thread:
         #: Open intervals in the order they opened (a dict: closing one is not a scan of the others).
         self.open: dict[Interval, None] = {}
         self.prune_at = 0  # event time of the next prune: removing from a list's front moves all of it
+        #: Closed nested scopes (``Causality.scope``), by start.
+        self.scope_starts: list[int] = []
+        self.scopes: list[tuple[int, int, SpanContext]] = []
 
 
 class Causality:
@@ -94,12 +102,29 @@ class Causality:
             if t is not None:
                 t.open.pop(interval, None)
 
+    def scope(self, pid: int, tid: int, start_ns: int, end_ns: int, context: SpanContext) -> None:
+        """A finished scope of work on this thread (a torch operator): what the thread did
+        inside it is its child, before any request it served."""
+        with self._lock:
+            t = self._threads.get((pid, tid))
+            if t is None:
+                t = self._threads[(pid, tid)] = _Thread()
+            self._prune(t, start_ns)
+            i = bisect.bisect_right(t.scope_starts, start_ns)
+            t.scope_starts.insert(i, start_ns)
+            t.scopes.insert(i, (start_ns, end_ns, context))
+
     def parent(self, pid: int, tid: int, ts_ns: int) -> SpanContext | None:
-        """The server span open on (pid, tid) at ``ts_ns``, if exactly one was."""
+        """The innermost scope around ``ts_ns`` on (pid, tid), else the server span open
+        then, if exactly one was."""
         with self._lock:
             t = self._threads.get((pid, tid))
             if t is None:
                 return None
+            i = bisect.bisect_right(t.scope_starts, ts_ns)
+            for start, end, context in reversed(t.scopes[max(0, i - _SCAN) : i]):
+                if start <= ts_ns <= end:
+                    return context
             hits = [iv for iv in t.open if iv.contains(ts_ns)]
             i = bisect.bisect_right(t.starts, ts_ns)
             for iv in reversed(t.intervals[max(0, i - _SCAN) : i]):
@@ -122,17 +147,21 @@ class Causality:
         """Forget threads with nothing open and nothing recent (thread-per-connection servers make many)."""
         for key, t in list(self._threads.items()):
             self._prune(t, now_ns)
-            if not t.open and not t.intervals:
+            if not t.open and not t.intervals and not t.scopes:
                 del self._threads[key]
 
     def _prune(self, t: _Thread, now_ns: int) -> None:
         """Drop intervals that ended before the retention window, a few times per window (each
         prune costs the list's length, so pruning at every open would cost that per request),
         and the oldest beyond MAX_PER_THREAD."""
-        if now_ns < t.prune_at and len(t.intervals) <= MAX_PER_THREAD + MAX_PER_THREAD // 4:
+        if now_ns < t.prune_at and max(len(t.intervals), len(t.scopes)) <= MAX_PER_THREAD + MAX_PER_THREAD // 4:
             return
         t.prune_at = now_ns + self._retention // 4
         horizon = now_ns - self._retention
+        gone = max(bisect.bisect_left(t.scope_starts, horizon), len(t.scopes) - MAX_PER_THREAD)
+        if gone > 0:
+            del t.scope_starts[:gone]
+            del t.scopes[:gone]
         old = bisect.bisect_left(t.starts, horizon)  # started before the window: ended too, mostly
         keep = [iv for iv in t.intervals[:old] if iv.end_ns is None or iv.end_ns >= horizon]
         t.intervals[:old] = keep

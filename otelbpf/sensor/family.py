@@ -53,6 +53,18 @@ def _version_key(version: str | None) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class ProbeAt:
+    """One program on one address of a library, for kinds whose probe sites are found by
+    reading the file rather than named (torch: operators chosen by pattern, and the ``ret``
+    instructions of each). ``label`` names the site in errors."""
+
+    vaddr: int
+    program: str
+    label: str
+    ret: bool = False  # a uretprobe, not a uprobe
+
+
+@dataclass(frozen=True)
 class LibraryKind:
     """A library a family probes, recognised by its file name."""
 
@@ -67,6 +79,9 @@ class LibraryKind:
     #: Resolve probe symbols from ``.symtab`` as well as ``.dynsym``: a static runtime's
     #: functions are local symbols of the executable.
     symtab: bool = False
+    #: Probe sites read from the file itself (called with a path the agent can open, on the
+    #: sensor's discovery thread), in place of ``probes``.
+    find_probes: Callable[[str], list[ProbeAt]] | None = None
 
     def matches(self, basename: str) -> bool:
         return bool(self.file_pattern.match(basename))

@@ -37,7 +37,7 @@ import numpy as np
 from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
 from otelbpf.base.threadname import name_os_thread
 from otelbpf.sensor import compiler_memory, elf, libraries, program
-from otelbpf.sensor.family import MapEntries, ProbeFamily
+from otelbpf.sensor.family import LibraryKind, MapEntries, ProbeAt, ProbeFamily
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.ringbuf import RingBufferReader, VariableRingReader
 
@@ -443,7 +443,7 @@ class Sensor:
         fam = next(f for f in self.options.families if f.name == lib.family)
         kind = next(k for k in fam.libraries if k.name == lib.kind)
         try:
-            sites = elf.resolve(lib.path, kind.symbols, symtab=kind.symtab)
+            targets = _targets(kind, lib.path)
         except elf.NoSymbols as exc:
             self._unprobeable.add(lib.key)
             self._count("no_symbols", f"{lib.shown_path} ({lib.kind}): {exc}")
@@ -456,26 +456,23 @@ class Sensor:
         with self._lock:
             if self._bpf is None:
                 return True
-            for spec in kind.probes:
-                for site in spec.select(sites.get(spec.symbol, [])):
-                    for fn, attach in ((spec.entry, self._bpf.attach_uprobe), (spec.ret, self._bpf.attach_uretprobe)):
-                        if fn is None:
-                            continue
-                        total += 1
-                        probe = (*lib.key, site.probe_vaddr, fn)
-                        if probe in self._probes:
-                            continue
-                        if self._stop.is_set():  # each attach may wait ~0.1 s: never hold up stop()
-                            self.attach_stats.probes += added
-                            return False
-                        try:
-                            attach(name=lib.path, addr=site.probe_vaddr, fn_name=fn)
-                        except Exception as exc:
-                            failed += 1
-                            first_error = first_error or f"{spec.symbol}@{site.probe_vaddr:#x}: {exc}"
-                            continue
-                        self._probes.add(probe)
-                        added += 1
+            for target in targets:
+                attach = self._bpf.attach_uretprobe if target.ret else self._bpf.attach_uprobe
+                total += 1
+                probe = (*lib.key, target.vaddr, target.program)
+                if probe in self._probes:
+                    continue
+                if self._stop.is_set():  # each attach may wait ~0.1 s: never hold up stop()
+                    self.attach_stats.probes += added
+                    return False
+                try:
+                    attach(name=lib.path, addr=target.vaddr, fn_name=target.program)
+                except Exception as exc:
+                    failed += 1
+                    first_error = first_error or f"{target.label}@{target.vaddr:#x}: {exc}"
+                    continue
+                self._probes.add(probe)
+                added += 1
         self.attach_stats.probes += added
         if failed:
             self._count("attach", f"{lib.shown_path} ({lib.kind}): {total - failed} of {total} probes in place, "
@@ -601,6 +598,21 @@ def detach_in_background(bpf: Any) -> int | None:
     bpf.open_perf_events.clear()
     log.info("releasing %d probes in the background (pid %d)", len(fds), releaser.pid)
     return releaser.pid
+
+
+def _targets(kind: LibraryKind, path: str) -> list[ProbeAt]:
+    """Every (address, program) of a library of ``kind``: its named symbols' sites (every
+    version and alias, entry and return programs), or the sites the kind finds itself."""
+    if kind.find_probes is not None:
+        return kind.find_probes(path)
+    sites = elf.resolve(path, kind.symbols, symtab=kind.symtab)
+    return [
+        ProbeAt(site.probe_vaddr, fn, spec.symbol, ret)
+        for spec in kind.probes
+        for site in spec.select(sites.get(spec.symbol, []))
+        for fn, ret in ((spec.entry, False), (spec.ret, True))
+        if fn is not None
+    ]
 
 
 def _reachable(lib: LibraryFile) -> LibraryFile | None:

@@ -31,6 +31,7 @@ from otelbpf.config.receivers.ibverbs import IbverbsReceiverConfig
 from otelbpf.config.receivers.nccl import NcclReceiverConfig
 from otelbpf.config.receivers.profiling import ProfilingReceiverConfig
 from otelbpf.config.receivers.sched import SchedReceiverConfig
+from otelbpf.config.receivers.torch import TorchReceiverConfig
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ REGISTRY: dict[str, ReceiverType] = {
     "ibverbs": ReceiverType(IbverbsReceiverConfig),
     "profiling": ReceiverType(ProfilingReceiverConfig, profiles=True),
     "sched": ReceiverType(SchedReceiverConfig),
+    "torch": ReceiverType(TorchReceiverConfig),
 }
 
 RECEIVER_TYPES: dict[str, type[ReceiverConfig]] = {name: entry.model for name, entry in REGISTRY.items()}
