@@ -106,11 +106,11 @@ class Dictionary:
                       d.stack_table):
             table.add()
         self._strings: dict[str, int] = {"": 0}
-        self._mappings: dict[tuple, int] = {}
-        self._functions: dict[tuple, int] = {}
-        self._locations: dict[tuple, int] = {}
+        self._mappings: dict[tuple[object, ...], int] = {}
+        self._functions: dict[tuple[object, ...], int] = {}
+        self._locations: dict[tuple[object, ...], int] = {}
         self._stacks: dict[tuple[int, ...], int] = {}
-        self._attributes: dict[tuple, int] = {}
+        self._attributes: dict[tuple[object, ...], int] = {}
 
     def string(self, text: str) -> int:
         index = self._strings.get(text)
@@ -227,7 +227,7 @@ def encode_request(records: Sequence[ProfileRecord]) -> service_pb2.ExportProfil
 
     d = Dictionary()
     request = service_pb2.ExportProfilesServiceRequest()
-    by_resource: dict[tuple, profiles_pb2.ScopeProfiles] = {}
+    by_resource: dict[tuple[object, ...], profiles_pb2.ScopeProfiles] = {}
     for record in records:
         if record.profile is None:
             raise ValueError("a profile record without its profile cannot be sent as OTLP")
@@ -279,7 +279,8 @@ def _retry_info_s(error: grpc.RpcError) -> float | None:
         for detail in status.details:
             info = error_details_pb2.RetryInfo()
             if detail.Unpack(info):
-                return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+                delay: float = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+                return delay
     return None
 
 
@@ -298,7 +299,9 @@ class GrpcTransport:
 
     def send(self, request: service_pb2.ExportProfilesServiceRequest) -> service_pb2.ExportProfilesServiceResponse:
         try:
-            return self._export(request, timeout=self._timeout, metadata=self._metadata)
+            response: service_pb2.ExportProfilesServiceResponse = self._export(
+                request, timeout=self._timeout, metadata=self._metadata)
+            return response
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             detail = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"

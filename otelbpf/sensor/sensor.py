@@ -37,7 +37,7 @@ import numpy as np
 from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
 from otelbpf.base.threadname import name_os_thread
 from otelbpf.sensor import compiler_memory, elf, libraries, program
-from otelbpf.sensor.family import LibraryKind, MapEntries, ProbeAt, ProbeFamily
+from otelbpf.sensor.family import LibraryKind, MapEntries, ProbeAt, ProbeFamily, RingSpec
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.ringbuf import RingBufferReader, VariableRingReader
 
@@ -76,7 +76,7 @@ class AttachStats:
     #: probe), ``gone`` (the file vanished before a retry: given up), ``gave_up`` (still
     #: failing after every retry), ``no_symbols`` (a stripped executable), ``runtime``
     #: (a family's run-time targets), ``discovery`` (handling a process failed).
-    by_reason: Counter = field(default_factory=Counter)
+    by_reason: Counter[str] = field(default_factory=Counter)
     retrying: int = 0   # files waiting for a retry now
 
 
@@ -231,7 +231,7 @@ class Sensor:
             self._bpf.cleanup()
             self._bpf = None
 
-    def _family_rings(self):
+    def _family_rings(self) -> list[RingSpec]:
         return [ring for fam in self.options.families for ring in fam.rings]
 
     def _counting_maps(self) -> list[str]:
@@ -334,7 +334,8 @@ class Sensor:
             finally:
                 for pid in np.unique(mine["pid"][mine["paused"] != 0]).tolist():
                     self._resume(pid)
-        return arr[~execs]
+        rest: np.ndarray = arr[~execs]
+        return rest
 
     def _resume(self, pid: int) -> None:
         try:
