@@ -110,7 +110,12 @@ def test_a_slow_rank_is_named_with_its_class_live_and_offline(otlp_collector, tm
         for s in spans:
             a = s.attributes
             assert (a["nccl.comm.id"], a["nccl.rank"], a["nccl.nranks"]) == (f"{world:016x}", rank, 4)
-            assert (a["nccl.op"], a["nccl.count"], a["nccl.datatype"], a["nccl.bytes"]) == ("AllReduce", 1024, "float32", 4096)
+            assert (a["nccl.op"], a["nccl.count"], a["nccl.datatype"], a["nccl.bytes"]) == (
+                "AllReduce",
+                1024,
+                "float32",
+                4096,
+            )
             assert (a["nccl.reduction"], a["cuda.stream"], a["nccl.completion"]) == ("sum", "0x6000", "observed")
             assert a["nccl.sync.function"] == "cudaStreamSynchronize" and a["nccl.result"] == "ncclSuccess"
             assert s.start_ns < s.end_ns and s.status_code != "STATUS_CODE_ERROR"
@@ -276,9 +281,13 @@ def test_groups_splits_and_every_operation(otlp_collector, tmp_path):
                  "ncclRecv", "ncclAllReduce"])
             assert all(k.trace_id == g.trace_id and g.start_ns <= k.start_ns and k.end_ns <= g.end_ns for k in kids)
             assert all(k.attributes["nccl.completion"] == "observed" for k in kids)
-        on_world = sorted(s.attributes["nccl.seq"] for s in spans
-                          if s.attributes.get("nccl.comm.id") == f"{world:016x}" and s.name not in ("ncclSend", "ncclRecv")
-                          and "nccl.seq" in s.attributes)
+        on_world = sorted(
+            s.attributes["nccl.seq"]
+            for s in spans
+            if s.attributes.get("nccl.comm.id") == f"{world:016x}"
+            and s.name not in ("ncclSend", "ncclRecv")
+            and "nccl.seq" in s.attributes
+        )
         assert on_world == list(range(1, 5 * iters + 1))
         halves = [s for s in names["ncclAllReduce"] if s.attributes["nccl.comm.id"] == f"{half:016x}"]
         assert sorted(s.attributes["nccl.seq"] for s in halves) == [1, 2]

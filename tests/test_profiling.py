@@ -160,7 +160,9 @@ def test_native_program_library_names_and_deleted_binary(tmp_path):
     for name in ("spinner", "libspin.so"):
         shutil.copy(BUILT / name, work / name)
     proc_cfg = write_config(tmp_path, interval="1s")
-    with AgentProcess(["-c", str(proc_cfg), "--", "sh", "-c", f"(sleep 0.5; rm {work / 'spinner'}) & exec {work / 'spinner'} 4"]) as agent:
+    with AgentProcess(
+        ["-c", str(proc_cfg), "--", "sh", "-c", f"(sleep 0.5; rm {work / 'spinner'}) & exec {work / 'spinner'} 4"]
+    ) as agent:
         assert agent.wait(timeout=120) == 0, agent.output
     samples = merged(profiles_of_service(tmp_path, "spinner"))
     functions = {f for s in samples for f in s.functions()}
@@ -204,7 +206,12 @@ def test_cuda_memory_by_python_call_site_alloc_and_inuse(tmp_path):
     run_profiled(cfg, [sys.executable, str(EXAMPLES / "cuda_alloc.py"), str(FAKE_CUDART), "2.5"])
     raws = profiles(tmp_path, "cuda_memory")
     for r in raws:
-        assert r.sample_types == ["alloc_objects/count", "alloc_space/bytes", "inuse_objects/count", "inuse_space/bytes"]
+        assert r.sample_types == [
+            "alloc_objects/count",
+            "alloc_space/bytes",
+            "inuse_objects/count",
+            "inuse_space/bytes",
+        ]
     site = {"alloc_weights": "weights", "alloc_activations": "activations"}
     lines = {fn: marked_line(EXAMPLES / "cuda_alloc.py", m) for fn, m in site.items()}
 

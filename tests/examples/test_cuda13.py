@@ -78,7 +78,9 @@ def test_cuda13_handles_are_driver_heap_pointers_not_host_stubs() -> None:
     assert len(set(handles)) == 3 and not set(handles) & set(stubs)
     for k in s["kernels"]:
         assert k["get_kernel_rc"] == 0 and k["device_name"] == k["symbol"]
-        assert k["device_stub_symbol"].startswith("_Z") and "__device_stub__" + k["symbol"][1:] in k["device_stub_symbol"]
+        assert (
+            k["device_stub_symbol"].startswith("_Z") and "__device_stub__" + k["symbol"][1:] in k["device_stub_symbol"]
+        )
     # the runtime entered the driver once per launch, with the handles from cuLibraryGetKernel
     assert s["driver_calls"]["cuLaunchKernel"] == 12
     assert s["driver_calls"]["cuLibraryGetKernel"] == 3 and s["driver_calls"]["cuLibraryLoadData"] == 1
@@ -168,7 +170,10 @@ def test_no_driver_means_35_everywhere(tmp_path: Path) -> None:
 def test_thunks_jump_into_cudaLaunchKernel() -> None:
     out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(FAKE_CUDART13)], capture_output=True,
                          text=True, check=True).stdout
-    for thunk, target in (("__cudaLaunchKernel", "cudaLaunchKernel"), ("__cudaLaunchKernel_ptsz", "cudaLaunchKernel_ptsz")):
+    for thunk, target in (
+        ("__cudaLaunchKernel", "cudaLaunchKernel"),
+        ("__cudaLaunchKernel_ptsz", "cudaLaunchKernel_ptsz"),
+    ):
         body = out.split(f"<{thunk}>:\n")[1].split("\n\n")[0].splitlines()
         ops = [line.split("\t")[1].split()[0] for line in body if "\t" in line][:5]
         assert ops == ["endbr64", "push", "mov", "pop", "jmp"], (thunk, ops)

@@ -103,7 +103,9 @@ def test_probes_read_the_arguments_a_real_process_passes_the_real_library(real_n
     assert ran["results"] == {"ncclGetVersion": 0, "ncclGetUniqueId": 0, "ncclCommInitRank": 1, "ncclAllReduce": 4,
                               "ncclBroadcast": 4, "ncclGroupStart": 0, "ncclGroupEnd": 0}
     events = np.concatenate(batches)
-    mine = events[(events["pid"] == child.pid) & (events["kind"] >= Kind.NCCL_ENTER) & (events["kind"] <= Kind.NCCL_COMM)]
+    mine = events[
+        (events["pid"] == child.pid) & (events["kind"] >= Kind.NCCL_ENTER) & (events["kind"] <= Kind.NCCL_COMM)
+    ]
     calls = [(Kind(r["kind"]).name, NcclFunc(r["func"]).name) for r in mine]
     assert calls == [
         (k, f) for f in ("ncclCommInitRank", "ncclAllReduce", "ncclBroadcast", "ncclGroupStart", "ncclGroupEnd")
