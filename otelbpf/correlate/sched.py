@@ -131,6 +131,7 @@ class SchedCorrelator:
         self._stacks: dict[int, tuple[str, ...]] = {}  # stack id -> function names, innermost first
         self._procs: dict[int, _Proc] = {}
         self._exited: dict[int, int] = {}  # pid -> when its exit was seen (wall ns)
+        self._execs: set[int] = set()  # pids that exec'd since the last export
         self._stats_seen: dict[str, int] = dict.fromkeys(STATS, 0)
         self._lock = threading.Lock()
 
@@ -138,14 +139,22 @@ class SchedCorrelator:
 
     def on_events(self, arr: np.ndarray) -> None:
         """Exits: a process's series are exported once more, then its kernel keys go (also
-        for a process that exits before its first export)."""
-        exits = arr[arr["kind"] == int(Kind.PROC_EXIT)]
-        if not len(exits):
+        for a process that exits before its first export). Execs: the process is another
+        program from now on: its resource is read again (its counts so far carry over: the
+        kernel counts per process id)."""
+        life = arr[(arr["kind"] == int(Kind.PROC_EXIT)) | (arr["kind"] == int(Kind.PROC_EXEC))]
+        if not len(life):
             return
         now = self._clock.now_wall()
         with self._lock:
-            for pid in set(exits["pid"].tolist()):
-                self._exited[pid] = now
+            for e in life:
+                pid = int(e["pid"])
+                if int(e["kind"]) == Kind.PROC_EXIT:
+                    self._exited[pid] = now
+                else:
+                    self._exited.pop(pid, None)
+                    self._info.forget(pid, before_ns=int(e["ts_ns"]))
+                    self._execs.add(pid)
 
     def on_strings(self, arr: np.ndarray) -> None:
         """No string records of its own."""
@@ -267,6 +276,9 @@ class SchedCorrelator:
             # process's first export still marks it
             horizon = now - _EXIT_MEMORY_NS
             self._exited = {p: t for p, t in self._exited.items() if t > horizon or p in self._procs}
+            for pid in self._execs & set(self._procs):
+                self._procs[pid].resource = self._info.resource(pid)
+            self._execs.clear()
             for pid, proc in list(self._procs.items()):
                 proc.exited = proc.exited or self._exited.pop(pid, None) is not None
                 metrics = [x for x in (

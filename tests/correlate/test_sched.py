@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -211,3 +214,27 @@ def test_a_process_that_exits_before_its_first_export_is_forgotten_after_it(tmp_
     assert [k.tid for k in rig.forgotten["sched_off"]] == [ME + 1]
     rig.off.clear()
     assert rig.corr.collect() == []
+
+
+def test_an_exec_reads_the_resource_again(tmp_path: Path) -> None:
+    """A forked shell that execs the job: the series carry the job's resource after the exec."""
+    child = subprocess.Popen(["/bin/sh", "-c", f"read x; exec {sys.executable} -c 'import sys; sys.stdin.read()'"],
+                             stdin=subprocess.PIPE, text=True)
+    try:
+        rig = Rig(tmp_path)
+        rig.off.append((OffKey(child.pid, child.pid, -1, State.sleeping), OffVal(1, 10_000_000, 0, b"sh")))
+        [(res, _m)] = rig.corr.collect()
+        assert "python" not in str(res.attributes.get("process.executable.name", ""))
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 10
+        while "python" not in os.readlink(f"/proc/{child.pid}/exe") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        execs = np.zeros(1, EVENT_DTYPE)
+        execs["kind"], execs["pid"], execs["tid"], execs["ts_ns"] = int(Kind.PROC_EXEC), child.pid, child.pid, time.monotonic_ns()
+        rig.corr.on_events(execs)
+        [(res, _m)] = rig.corr.collect()
+        assert "python" in str(res.attributes.get("process.executable.name", ""))
+    finally:
+        child.kill()
+        child.wait()
