@@ -2,12 +2,14 @@
 # The project's test command: set the host up, build the example C libraries, then run the
 # tiers, fastest first:
 #   1. guard rails: the import-linter layers contract (pyproject.toml);
-#   2. the unit tier: `pytest -m "not bpf"` (no root, no eBPF);
-#   3. the BPF tier: `pytest -m bpf` (real probes on real processes), with its 25 slowest tests
+#   2. the unit tier: `pytest -m "not bpf and not heavy"` (no root, no eBPF, seconds);
+#   3. the heavy tier: `pytest -m "heavy and not bpf"` (fuzzing, wheel and manifest builds,
+#      memory bounds: no eBPF, but seconds per test);
+#   4. the BPF tier: `pytest -m bpf` (real probes on real processes), with its 25 slowest tests
 #      listed so CI logs show where the time goes.
 # Every tier runs even when an earlier one failed; the exit status is non-zero if any failed.
 #   scripts/test.sh                # = pytest -q, per tier
-#   scripts/test.sh -k doctor -x   # any pytest arguments replace the default -q, in both tiers
+#   scripts/test.sh -k doctor -x   # any pytest arguments replace the default -q, in every tier
 # Under CI=true, tests marked `bpf` must run: OTELBPF_REQUIRE_BPF=1 makes them fail instead of skip.
 set -euo pipefail
 
@@ -32,8 +34,8 @@ failed=()
 echo "test: guard rails: import-linter (one-way layers)"
 .venv/bin/lint-imports || failed+=("import-linter")
 
-# A tier that collects nothing (exit 5: the arguments selected only the other tier's tests)
-# is not a failure; both collecting nothing is.
+# A tier that collects nothing (exit 5: the arguments selected only other tiers' tests)
+# is not a failure; all of them collecting nothing is.
 empty=0
 run_tier() {
   local name=$1 rc=0
@@ -47,11 +49,12 @@ run_tier() {
   fi
 }
 
-run_tier unit -m "not bpf" "$@"
+run_tier unit -m "not bpf and not heavy" "$@"
+run_tier heavy -m "heavy and not bpf" --durations=10 "$@"
 run_tier bpf -m bpf --durations=25 "$@"
 
-if ((empty == 2)); then
-  echo "test: ERROR: pytest collected no tests in either tier (exit 5); check the arguments and tests/" >&2
+if ((empty == 3)); then
+  echo "test: ERROR: pytest collected no tests in any tier (exit 5); check the arguments and tests/" >&2
   exit 5
 fi
 if ((${#failed[@]})); then

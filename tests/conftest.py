@@ -94,6 +94,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # ---------------------------------------------------------------------------------------
 
 
+#: Folders of heavy checks that need no BPF but take seconds each (property-based fuzzing,
+#: wheel and manifest builds): their own tier, after the fast unit tier (scripts/test.sh).
+HEAVY_FOLDERS = ("fuzz", "deploy")
+#: Fixtures that make a test heavy: nvcc builds programs (seconds, once per session).
+HEAVY_FIXTURES = ("nvcc_programs",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        rel = Path(item.path).relative_to(tests) if Path(item.path).is_relative_to(tests) else None
+        fixtures = getattr(item, "fixturenames", ())
+        if (rel is not None and rel.parts[0] in HEAVY_FOLDERS) or any(f in fixtures for f in HEAVY_FIXTURES):
+            item.add_marker(pytest.mark.heavy)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("bpf") is None:
         return

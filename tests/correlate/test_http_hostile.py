@@ -217,6 +217,7 @@ def test_pipelined_requests_beyond_the_cap_are_counted_not_held_and_pairing_stay
     assert [e.request.head.target for e in done] == ["/after"]
 
 
+@pytest.mark.heavy
 def test_one_million_pipelined_requests_hold_a_bounded_amount():
     request = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
     w = Wire()
@@ -259,6 +260,7 @@ def test_streams_that_never_end_are_capped_oldest_first_and_their_spans_emitted(
     assert len(conn.session._streams) == 8
 
 
+@pytest.mark.heavy
 def test_open_streams_hold_a_bounded_amount():
     ec = Encoder()
     conn = H2Connection()

@@ -28,6 +28,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
 def test_every_instruction_gets_the_interpreters_line(version):
     found = sorted(PYENV.glob(f"{version}.*/bin/python{version}"))
