@@ -421,7 +421,8 @@ class HttpCorrelator:
                                            synchronized=synchronized, limits=self._limits, held=held)
         elif protocol == "http2":
             conn.session = H2Connection(on_request=lambda stream: self._request_http2(conn, stream),
-                                        on_response=self._response_http2, limits=self._limits, held=held)
+                                        on_response=self._response_http2, on_streaming=self._streaming_http2,
+                                        limits=self._limits, held=held)
 
     def _report_problems(self, conn: Conn) -> None:
         for reason, n in conn.session.problems.items():
@@ -443,6 +444,8 @@ class HttpCorrelator:
 
     def _genai_request(self, method: str, target: str) -> genai.RequestFacts | None:
         """The body reader of an OpenAI-compatible completion request, None for any other request."""
+        if method != "POST":  # the common case, decided first
+            return None
         name = genai.operation(method, target.partition("?")[0])
         return genai.RequestFacts(name, content_cap=self._content_cap, limits=self._limits) if name else None
 
@@ -451,17 +454,25 @@ class HttpCorrelator:
         opened = request.tag if request is not None else None
         if opened is None:
             return
-        head = response.head
-        sse = (head.first.get("content-type") or "").startswith("text/event-stream")
-        if sse or opened.genai is not None or "chunked" in (head.first.get("transfer-encoding") or "").lower():
+        first = response.head.first
+        content_type = first.get("content-type")
+        sse = content_type is not None and content_type.startswith("text/event-stream")
+        if sse or opened.genai is not None or "chunked" in first.get("transfer-encoding", "").lower():
             response.sink = opened.watch = self._watch(opened, sse)
 
     def _response_http2(self, stream: Stream) -> None:
-        """Response HEADERS (not trailers-only): every HTTP/2 response's DATA frames are timed."""
+        """Response HEADERS (not trailers-only): an SSE body, or a GenAI request's, is read from the start."""
         opened = stream.tag
         if opened is not None:
             sse = (stream.header("content-type", "response") or "").startswith("text/event-stream")
-            stream.response_sink = opened.watch = self._watch(opened, sse)
+            if sse or opened.genai is not None:
+                stream.response_sink = opened.watch = self._watch(opened, sse)
+
+    def _streaming_http2(self, stream: Stream) -> None:
+        """A second DATA frame (gRPC server streaming, say): its frames are timed from the first."""
+        opened = stream.tag
+        if opened is not None:
+            stream.response_sink = opened.watch = self._watch(opened, False)
 
     def _watch(self, opened: _Open, sse: bool) -> ResponseWatch:
         facts = (genai.ResponseFacts(content_cap=self._content_cap, limits=self._limits)
@@ -723,8 +734,8 @@ class HttpCorrelator:
         for reason, n in w.problems.items():
             self._count("otelbpf.http.problems", n, reason=reason)
         units, events = w.units, w.events
-        if not units.n and not events.n:
-            return
+        if units.n < 2 and w.sse is None:
+            return  # one chunk (or none) is no stream
         if first_byte is not None:
             attrs["otelbpf.http.response.time_to_first_byte"] = max(first_byte[1] - start_ns, 0) / 1e9
         version = attrs["network.protocol.version"]

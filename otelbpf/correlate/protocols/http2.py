@@ -281,6 +281,7 @@ class Stream:
     problem: str = ""
     tag: Any = None                      # the consumer's own (the span opened for it)
     response_frames: int = 0             # DATA frames with a payload, server to client
+    first_data: Stamp = None             # chunk with the first of them
     #: The consumer's, set when the request's (response's) HEADERS are decoded: told that body's bytes.
     request_sink: BodySink | None = None
     response_sink: BodySink | None = None
@@ -382,12 +383,14 @@ class H2Connection:
     """Both directions of one HTTP/2 connection.
 
     ``on_request(stream)`` is called when a request's HEADERS are decoded, ``on_response(stream)``
-    when its response's first HEADERS are (either may set the stream's body sinks);
-    ``feed`` returns streams that finished.
+    when its response's first HEADERS are, ``on_streaming(stream)`` at its response's second DATA
+    frame if no response sink is set by then (any may set the stream's body sinks; one set at the
+    second frame is told of the first frame's start too); ``feed`` returns streams that finished.
     """
 
     def __init__(self, *, on_request: Callable[[Stream], None] = lambda s: None,
-                 on_response: Callable[[Stream], None] = lambda s: None, limits: Limits = DEFAULT,
+                 on_response: Callable[[Stream], None] = lambda s: None,
+                 on_streaming: Callable[[Stream], None] = lambda s: None, limits: Limits = DEFAULT,
                  held: Held | None = None) -> None:
         self._dirs = {True: _Direction(True, limits), False: _Direction(False, limits)}
         for c2s, d in self._dirs.items():
@@ -395,6 +398,7 @@ class H2Connection:
                                    on_frame=functools.partial(self._frame, c2s, d),
                                    wants_data=functools.partial(self._wants_data, c2s))
         self._on_response = on_response
+        self._on_streaming = on_streaming
         self._limits = limits
         self._held = held if held is not None else Held(limits.held_per_process)
         #: Open streams, oldest first (the order evictions follow).
@@ -491,8 +495,16 @@ class H2Connection:
         else:
             stream.response_first = stream.response_first or f.stamp
             stream.response_bytes += f.length
-            stream.response_frames += f.length > 0
             sink = stream.response_sink
+            if f.length:
+                stream.response_frames += 1
+                if stream.response_frames == 1:
+                    stream.first_data = f.stamp
+                elif stream.response_frames == 2 and sink is None:  # a unary response is never watched
+                    self._on_streaming(stream)
+                    sink = stream.response_sink
+                    if sink is not None:
+                        sink.unit(stream.first_data)
         if sink is not None and f.length:
             sink.unit(f.stamp)
             if f.keep:
