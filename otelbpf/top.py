@@ -308,4 +308,5 @@ def standalone(config, pids: list[int], interval_s: float = 1.0) -> int:
     try:
         return run(viewer, interval_s)
     finally:
+        print("otelbpf top: stopping the agent (its probes are released first)", file=sys.stderr)
         agent.stop()
