@@ -20,7 +20,7 @@ from otelbpf.analyze.report import render
 pytestmark = pytest.mark.bpf
 
 JOB = Path(__file__).parent / "jobs" / "sched_job.py"
-HOG = "import time\nwhile True:\n    pass\n"
+HOG = "while True: pass"
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +42,14 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, in
         },
     }))
     pids = tmp / "pids"
-    script = (f'{sys.executable} {JOB} starved {FAKE_CUDART} 60 & echo starved $! >> {pids}; wait $!; '
-              f'taskset -c 0 {sys.executable} {JOB} contended {FAKE_CUDART} 150 & echo contended $! >> {pids}; wait $!')
-    hogs = [subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", HOG]) for _ in range(2)]
-    try:
-        with AgentProcess(["-c", str(cfg), "--", "/bin/sh", "-c", script],
-                          env={"OTELBPF_DETACH": "wait"}) as agent:
-            assert agent.wait(timeout=180) == 0, agent.output
-    finally:
-        for h in hogs:
-            h.kill()
-            h.wait()
+    # The hogs start with the contended job (not during the agent's start-up) and are the
+    # script's: a trap ends them however it ends.
+    hog = f"taskset -c 0 {sys.executable} -c '{HOG}'"
+    script = (f"{sys.executable} {JOB} starved {FAKE_CUDART} 60 & echo starved $! >> {pids}; wait $!; "
+              f"{hog} & h1=$!; {hog} & h2=$!; trap 'kill $h1 $h2' EXIT; "
+              f"taskset -c 0 {sys.executable} {JOB} contended {FAKE_CUDART} 150 & echo contended $! >> {pids}; wait $!")
+    with AgentProcess(["-c", str(cfg), "--", "/bin/sh", "-c", script]) as agent:
+        assert agent.wait(timeout=180) == 0, agent.output
     return out, {line.split()[0]: int(line.split()[1]) for line in pids.read_text().splitlines()}
 
 
