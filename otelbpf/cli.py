@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("--port", type=int, default=8765, help="HTTP: the port (default 8765)")
     mcp.add_argument("--token-file", help="HTTP: a file (mode 0600) holding the bearer token")
     mcp.add_argument("--max-bytes", type=int, default=1 << 30, help="refuse folders with more telemetry than this")
+    mcp.add_argument("--live", action="store_true",
+                     help="answer from a running agent's live state instead of a folder (see `otelbpf top`)")
+    mcp.add_argument("--socket", help="with --live: the agent's state socket (default: the newest in the run dir)")
     top = sub.add_parser(
         "top", help="a live terminal view of what an agent sees (keys: s sort, p pid filter, f freeze, q quit)",
         description="Reads a running agent's live state over its local socket (the newest one in the run "
@@ -130,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         from otelbpf.mcp.server import TokenError, serve
 
         try:
-            serve(args.directory, transport=args.transport, host=args.host, port=args.port,
-                  token_file=args.token_file, max_bytes=args.max_bytes)
+            serve(None if args.live else args.directory, transport=args.transport, host=args.host, port=args.port,
+                  token_file=args.token_file, max_bytes=args.max_bytes, live_socket=args.socket)
         except TokenError as exc:
             print(f"otelbpf mcp: {exc}", file=sys.stderr)
             return 2

@@ -1,8 +1,8 @@
 """``otelbpf mcp``: the diagnosis as MCP tools, over stdio or streamable HTTP.
 
-Read-only by construction: the tools read one output folder chosen at start (never a path
-a caller names; a profile is named by its file name, checked against the folder's list),
-and nothing runs a command. Every list is cut at ``limit`` (at most ``MAX_LIMIT``); a bad
+Read-only by construction: the tools read one output folder chosen at start, or a running
+agent's live state (``--live``, mcp/live.py), never a path a caller names (a profile is named
+by its file name, checked against the folder's list), and nothing runs a command. Every list is cut at ``limit`` (at most ``MAX_LIMIT``); a bad
 argument, an unknown id, or a folder that cannot be read comes back as a tool error that
 says what is there, and the server goes on serving.
 
@@ -24,7 +24,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from otelbpf.mcp import tools
+from otelbpf.live.endpoint import EndpointError
+from otelbpf.mcp import live, tools
 from otelbpf.mcp.folder import Folder, FolderError
 
 MAX_LIMIT = 200
@@ -41,20 +42,22 @@ class TokenError(Exception):
     """No usable bearer token for the HTTP transport."""
 
 
-def build(folder: Folder) -> MCPServer:
-    """The server with its tools over ``folder``."""
+def build(source: Folder | live.LiveSource) -> MCPServer:
+    """The server with its tools over an output folder, or over a running agent's live state."""
+    is_live = isinstance(source, live.LiveSource)
+    what = (f"the live state of the running otelbpf agent ({source.path}): its last metrics and last spans"
+            if is_live else f"telemetry otelbpf wrote to {source.path}: spans, metrics and pprof profiles")
     server = MCPServer(
         "otelbpf", version="0.1.0", log_level="WARNING",
-        instructions=f"Telemetry otelbpf wrote to {folder.path}: CUDA, NCCL and HTTP spans, metrics and pprof "
-                     "profiles. Every answer cites the span ids, trace ids, metric points or profile samples "
-                     "it rests on (`evidence`).",
+        instructions=f"CUDA, NCCL and HTTP activity from {what}. Every answer cites the span ids, trace ids, "
+                     "metric points or profile samples it rests on (`evidence`).",
     )
 
     async def answer(call: Callable[..., dict], *args: Any, with_data: bool = True) -> dict:
         def work() -> dict:
             try:
-                return call(folder.load(), *args) if with_data else call(*args)
-            except (FolderError, tools.ToolInputError) as exc:
+                return call(source.load(), *args) if with_data else call(*args)
+            except (FolderError, EndpointError, tools.ToolInputError) as exc:
                 raise ToolError(str(exc)) from None
         return await anyio.to_thread.run_sync(work)
 
@@ -65,7 +68,7 @@ def build(folder: Folder) -> MCPServer:
     async def list_processes(limit: Limit = 50) -> dict:
         """Processes in the folder, GPU processes first: service, pid, command line, spans by scope,
         kernel launches, their profile files."""
-        return await answer(lambda d: tools.list_processes(d, folder, limit))
+        return await answer(lambda d: tools.list_processes(d, source.profile_files(), limit))
 
     @tool
     async def gpu_summary(pid: Pid = None) -> dict:
@@ -82,14 +85,19 @@ def build(folder: Folder) -> MCPServer:
     async def findings(limit: Limit = 20) -> dict:
         """Why the GPU sits idle (`otelbpf diagnose`): causes ranked by estimated cost, with the fix and
         the spans that show each."""
-        return await answer(lambda d: tools.findings(folder, d, limit))
+        if is_live:
+            return await answer(lambda: live.findings(source.snapshot(), limit), with_data=False)
+        return await answer(lambda d: tools.findings(source, d, limit))
 
     @tool
     async def stragglers(threshold_ms: Annotated[float, Field(ge=0, le=60_000)] = 1.0,
                          min_share: Annotated[float, Field(ge=0, le=1)] = 0.3, limit: Limit = 20) -> dict:
         """NCCL ranks that enter collectives last (`otelbpf stragglers`): persistent stragglers, their class
-        (compute, host or communication slow), and the collectives where each entered latest."""
-        return await answer(lambda d: tools.stragglers_report(folder, d, threshold_ms, min_share, limit))
+        (compute, host or communication slow), and the collectives where each entered latest. Live: the
+        agent's own detector's counts (``threshold_ms`` and ``min_share`` apply to folders)."""
+        if is_live:
+            return await answer(lambda: _live_ranks(source, limit), with_data=False)
+        return await answer(lambda d: tools.stragglers_report(source, d, threshold_ms, min_share, limit))
 
     @tool
     async def slow_requests(limit: Limit = 10, min_duration_ms: Annotated[float, Field(ge=0)] = 0.0,
@@ -108,7 +116,9 @@ def build(folder: Folder) -> MCPServer:
                              sample_type: Annotated[str | None, Field(max_length=64)] = None) -> dict:
         """The heaviest functions of one pprof profile (a file name from list_processes' `profiles`): total
         and self value, and the samples that weigh most in each."""
-        return await answer(tools.flamegraph_top, folder, profile, n, sample_type, with_data=False)
+        if is_live:
+            raise ToolError("profiles are not in the live state: run this server over an output folder")
+        return await answer(tools.flamegraph_top, source, profile, n, sample_type, with_data=False)
 
     @tool
     async def compare_ranks(a: Annotated[int, Field(ge=0, le=1 << 20)], b: Annotated[int, Field(ge=0, le=1 << 20)],
@@ -118,6 +128,13 @@ def build(folder: Folder) -> MCPServer:
         return await answer(tools.compare_ranks, a, b, comm, limit)
 
     return server
+
+
+def _live_ranks(source: live.LiveSource, limit: int) -> dict:
+    snap = source.snapshot()
+    out = live.ranks(snap, limit)
+    tools.cite_late_entries(live.to_data(snap), out["ranks"])
+    return out
 
 
 def read_token(token_file: str | None) -> str:
@@ -161,10 +178,11 @@ def http_app(server: MCPServer, token: str, host: str) -> Any:
     return BearerAuth(server.streamable_http_app(host=host), token)
 
 
-def serve(directory: str, *, transport: str, host: str = "127.0.0.1", port: int = 8765,
-          token_file: str | None = None, max_bytes: int = 1 << 30) -> None:
-    folder = Folder(directory, max_bytes=max_bytes)
-    server = build(folder)
+def serve(directory: str | None, *, transport: str, host: str = "127.0.0.1", port: int = 8765,
+          token_file: str | None = None, max_bytes: int = 1 << 30, live_socket: str | None = None) -> None:
+    """Over ``directory``, or, with ``directory`` None, over the agent at ``live_socket`` (None:
+    the newest in the run directory)."""
+    server = build(Folder(directory, max_bytes=max_bytes) if directory is not None else live.LiveSource(live_socket))
     if transport == "stdio":
         server.run("stdio")
         return

@@ -80,9 +80,8 @@ def _meta(data: Data) -> dict:
     return {"files": data.files, "lines_still_being_written": data.partial}
 
 
-def list_processes(data: Data, folder: Folder, limit: int) -> dict:
+def list_processes(data: Data, profiles: list[str], limit: int) -> dict:
     spans = _by_proc(data)
-    profiles = folder.profile_files()
     rows = []
     for proc in _procs(data, None):
         mine = spans.get(proc, [])
@@ -207,19 +206,24 @@ def stragglers_report(folder: Folder, data: Data, threshold_ms: float, min_share
     if not len(cols):
         return {"ranks": [], "stragglers": [], "note": "no NCCL collective spans with a communicator id", **_meta(data)}
     report = stragglers.analyze(cols, threshold_ns=int(threshold_ms * 1e6), min_share=min_share)
+    out = report.to_json()
+    out["ranks"] = out["ranks"][:limit]
+    out["stragglers"] = out["stragglers"][:limit]
+    cite_late_entries(data, out["ranks"] + out["stragglers"])
+    return {**out, **_meta(data)}
+
+
+def cite_late_entries(data: Data, ranks: list[dict]) -> None:
+    """Give each rank (a dict with its ``pid``) the collectives where it entered latest."""
     late: dict[int, list[tuple[int, Span]]] = defaultdict(list)
     for group in _collectives(data).values():
         by_id = _lateness(group)
         for s in group:
             if by_id.get(s.span_id, 0) > 0:
                 late[int(data.procs[s.proc].get("process.pid", s.proc[1]) or 0)].append((by_id[s.span_id], s))
-    out = report.to_json()
-    out["ranks"] = out["ranks"][:limit]
-    out["stragglers"] = out["stragglers"][:limit]
-    for r in out["ranks"] + out["stragglers"]:
+    for r in ranks:
         mine = [s for _l, s in sorted(late.get(r["pid"], []), key=lambda x: -x[0])]
         r["evidence"] = {"latest_entries": _cite(mine)}
-    return {**out, **_meta(data)}
 
 
 def slow_requests(data: Data, limit: int, min_duration_ms: float, route: str | None) -> dict:
