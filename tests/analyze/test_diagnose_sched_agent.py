@@ -1,6 +1,7 @@
 """The real agent with the cuda and sched receivers traces two training loops with one planted
 host-side cause each (jobs/sched_job.py): a training thread starved by a slow producer
-thread, and one pinned to a core shared with CPU hogs. ``otelbpf diagnose`` reads what the
+thread, one that fsyncs a checkpoint every 5 steps, and one pinned to a core shared with
+CPU hogs. ``otelbpf diagnose`` reads what the
 agent wrote and names each cause first; ``otelbpf report`` renders the same folder."""
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, in
     # script's: a trap ends them however it ends.
     hog = f"taskset -c 0 {sys.executable} -c '{HOG}'"
     script = (f"{sys.executable} {JOB} starved {FAKE_CUDART} 60 & echo starved $! >> {pids}; wait $!; "
+              f"{sys.executable} {JOB} checkpoint {FAKE_CUDART} 30 {tmp} & echo checkpoint $! >> {pids}; wait $!; "
               f"{hog} & h1=$!; {hog} & h2=$!; trap 'kill $h1 $h2' EXIT; "
               f"taskset -c 0 {sys.executable} {JOB} contended {FAKE_CUDART} 150 & echo contended $! >> {pids}; wait $!")
     with AgentProcess(["-c", str(cfg), "--", "/bin/sh", "-c", script]) as agent:
@@ -80,11 +82,23 @@ def test_a_training_thread_beside_cpu_hogs_is_told_host_contention_first(traced)
     assert "input_starvation" not in [f.cause for f in findings]
 
 
+def test_a_synchronous_checkpoint_is_told_blocking_io_with_the_fsync_stack(traced) -> None:
+    """Found with its kernel stack; not asserted first: on a shared CI machine the run-queue
+    wait after each I/O wakeup (host_contention) can cost as much."""
+    out, pids = traced
+    by = {f.cause: f for f in _findings_of(out, pids["checkpoint"])}
+    assert "blocking_io" in by, list(by)
+    ev = by["blocking_io"].evidence
+    assert ev["waits"] >= 6 and "train" in ev["threads"].values()
+    assert any("do_fsync" in s["kernel_stack"] for s in ev["stacks"]), ev["stacks"]
+    assert "input_starvation" not in by
+
+
 def test_the_report_of_the_real_folder_shows_the_findings(traced) -> None:
     out, pids = traced
     page, findings, problems = render(str(out))
     assert problems == []
-    assert {"input_starvation", "host_contention"} <= {f.cause for f in findings}
+    assert {"input_starvation", "host_contention", "blocking_io"} <= {f.cause for f in findings}
     assert page.index("input_starvation") < page.index("<h2>python")  # findings come first
     assert f"(pid {pids['starved']})" in page and "cudaStreamSynchronize" in page
     assert "off-CPU: futex" in page

@@ -6,14 +6,17 @@ runtime (ctypes) and synchronizes each step.
   (``loader``, 20 ms per batch): the training thread waits on a futex;
 - ``contended``: each step prepares its batch on the CPU (a few ms of Python); run it
   pinned to one core beside CPU hogs on that core (``taskset``) and it waits for a CPU;
+- ``checkpoint``: every 5th step the training thread writes a 16 MiB checkpoint and fsyncs it
+  (``torch.save`` to local disk, synchronously) into DIR;
 - ``healthy``: batches are ready at once, and the loop does nothing else.
 
-Usage: sched_job.py MODE LIBCUDART STEPS
+Usage: sched_job.py MODE LIBCUDART STEPS [DIR]
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import queue
 import sys
 import threading
@@ -51,13 +54,23 @@ def main() -> int:
             n += 1
         return n
 
+    state = os.urandom(16 << 20)
+
+    def checkpoint(step: int) -> None:
+        with open(os.path.join(sys.argv[4], "checkpoint.pt"), "wb") as f:
+            f.write(state)
+            f.flush()
+            os.fsync(f.fileno())
+
     def train() -> None:
         name_thread("train")
-        for _ in range(steps):
+        for step in range(steps):
             if mode == "starved":
                 batches.get()
             elif mode == "contended":
                 prepare()
+            elif mode == "checkpoint" and step % 5 == 4:
+                checkpoint(step)
             rc = rt.cudaLaunchKernel(kernel, Dim3(1, 1, 1), Dim3(32, 1, 1), None, 0, None)
             rc = rc or rt.cudaStreamSynchronize(None)
             if rc:
