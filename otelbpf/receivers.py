@@ -26,6 +26,7 @@ from otelbpf.config import (
     ProfilingReceiverConfig,
     ReceiverConfig,
 )
+from otelbpf.config.receivers.gpu import GpuReceiverConfig
 from otelbpf.config.receivers.sched import SchedReceiverConfig
 from otelbpf.config.receivers.torch import TorchReceiverConfig
 from otelbpf.correlate.causality import Causality
@@ -243,6 +244,18 @@ def _torch(name: str, cfg: TorchReceiverConfig, ctx: Context) -> Receiver:
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 
 
+def _gpu(name: str, cfg: GpuReceiverConfig, ctx: Context) -> Receiver:
+    """NVML on a timer, no probes: a family without C whose load and unload start and stop the sampler."""
+    from otelbpf.config import to_seconds
+    from otelbpf.correlate.gpu import GpuCorrelator
+    from otelbpf.sensor.nvml import NvmlSampler, nvml_family
+
+    correlator = GpuCorrelator(ctx.process_info, ctx.health)
+    sampler = NvmlSampler(correlator.on_sample, ctx.health, interval_s=to_seconds(cfg.interval),
+                          per_process=cfg.per_process, max_processes=cfg.max_processes, xid_events=cfg.xid_events)
+    return Receiver(name, nvml_family(sampler), correlator, [], 64 << 10)
+
+
 BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
     CudaReceiverConfig: _cuda,
     HttpReceiverConfig: _http,
@@ -251,6 +264,7 @@ BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
     IbverbsReceiverConfig: _ibverbs,
     SchedReceiverConfig: _sched,
     TorchReceiverConfig: _torch,
+    GpuReceiverConfig: _gpu,
 }
 
 

@@ -132,7 +132,7 @@ class RuntimeTargets:
 @dataclass(frozen=True)
 class ProbeFamily:
     name: str
-    c_file: str                      # in bpf/
+    c_file: str                      # in bpf/; "" for a family with no C (gpu: a poller started by on_load)
     libraries: tuple[LibraryKind, ...]
     generated_c: str = ""            # per-symbol entry points
     counting_maps: tuple[str, ...] = ()  # in-kernel aggregates read for metrics

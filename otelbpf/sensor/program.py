@@ -71,7 +71,8 @@ def build(
     if any(k.content_symbol for f in families for k in f.libraries):
         cflags.append("-DEXEC_REPORT=1")  # executables are recognised by content: report execs
     for fam in families:
-        parts.append(_bpf_source(fam.c_file))
+        if fam.c_file:  # a poller family (gpu: NVML) has no C
+            parts.append(_bpf_source(fam.c_file))
         parts.append(fam.generated_c)
         cflags.extend(fam.cflags)
     return "\n".join(parts), cflags

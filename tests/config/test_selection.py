@@ -44,7 +44,7 @@ def test_a_chosen_receiver_the_file_does_not_define_runs_with_its_defaults(tmp_p
     assert config.receivers["nccl"] == REGISTRY["nccl"].model()
 
 
-@pytest.mark.parametrize("chosen", ["cuda,gpu", " , "])
+@pytest.mark.parametrize("chosen", ["cuda,tpu", " , "])
 def test_unknown_or_empty_choices_list_every_registered_receiver(chosen):
     with pytest.raises(ConfigError) as caught:
         load_config(None, env={}, receivers=chosen)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from otelbpf.config.receivers.base import ReceiverConfig
 from otelbpf.config.receivers.cuda import CudaReceiverConfig
+from otelbpf.config.receivers.gpu import GpuReceiverConfig
 from otelbpf.config.receivers.http import HttpReceiverConfig
 from otelbpf.config.receivers.ibverbs import IbverbsReceiverConfig
 from otelbpf.config.receivers.nccl import NcclReceiverConfig
@@ -52,6 +53,7 @@ REGISTRY: dict[str, ReceiverType] = {
     "profiling": ReceiverType(ProfilingReceiverConfig, profiles=True),
     "sched": ReceiverType(SchedReceiverConfig),
     "torch": ReceiverType(TorchReceiverConfig),
+    "gpu": ReceiverType(GpuReceiverConfig),
 }
 
 RECEIVER_TYPES: dict[str, type[ReceiverConfig]] = {name: entry.model for name, entry in REGISTRY.items()}
