@@ -107,9 +107,6 @@ class Agent:
         # Correlators whose records open scopes others' spans nest in (torch operators) go first,
         # so the records drained with theirs in one batch find those scopes.
         self.receivers.sort(key=lambda r: not getattr(r.correlator, "opens_scopes", False))
-        # Correlators whose records open scopes others' spans nest in (torch operators) go first,
-        # so the records drained with theirs in one batch find those scopes.
-        self.receivers.sort(key=lambda r: not getattr(r.correlator, "opens_scopes", False))
         if not self.receivers:
             raise SensorError("no receiver in any pipeline: name one (e.g. `cuda`) under service.pipelines.*.receivers")
         watched = list(pids) or list(config.targets.pids)
