@@ -19,6 +19,7 @@
 #   build/examples/ibverbs/libfakeverbs-rdmav34.so  RDMA provider for the real libibverbs
 #                                                   (examples/ibverbs/fakeverbs.c; needs libibverbs-dev)
 #   build/examples/ibverbs_workload             NCCL-like ibverbs driver (examples/ibverbs/workload.c)
+#   build/examples/fakenvml/libnvidia-ml.so.1   stand-in NVML (driver) (examples/fakenvml/fakenvml.c)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -218,5 +219,14 @@ t=$out/examples/profiling/spinner
 if stale "$t" "$prof/spinner.c" "$out/examples/profiling/libspin.so"; then
     gcc -O2 -g -fno-omit-frame-pointer "${warn[@]}" "$prof/spinner.c" -o "$t.$$" \
         -L"$out/examples/profiling" -lspin -Wl,-rpath,'$ORIGIN'
+    publish "$t.$$" "$t"
+fi
+
+# A stand-in for the driver's NVML (examples/fakenvml/fakenvml.c): the gpu receiver's tests put
+# its folder on LD_LIBRARY_PATH, where pynvml's CDLL("libnvidia-ml.so.1") finds it.
+t=$out/examples/fakenvml/libnvidia-ml.so.1
+if stale "$t" "$root/examples/fakenvml/fakenvml.c"; then
+    mkdir -p "${t%/*}"
+    gcc "${lib[@]}" -Wl,-soname,libnvidia-ml.so.1 "$root/examples/fakenvml/fakenvml.c" -o "$t.$$"
     publish "$t.$$" "$t"
 fi

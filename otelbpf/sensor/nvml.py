@@ -123,6 +123,11 @@ class _NoLibrary(Exception):
     """No libnvidia-ml.so.1 on the loader's path: no driver installed."""
 
 
+def _text(value: str | bytes) -> str:
+    """pynvml hands back str for most strings, bytes inside structs (nvmlPciInfo_t.busId)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
 def _nvml() -> ModuleType:
     """pynvml, once the driver's library is known to load: without a driver the receiver
     costs one failed dlopen (~0.3 ms), not pynvml's import (17 ms of CPU, 3.4 MiB resident)."""
@@ -208,7 +213,13 @@ class NvmlSampler:
     def _run(self) -> None:
         name_os_thread("otelbpf-gpu")
         try:
-            if not self._open():
+            try:
+                opened = self._open()
+            except Exception:  # enumerating the devices went wrong in a way not foreseen: idle, counted
+                log.exception("gpu: opening NVML failed; the gpu receiver stays idle")
+                self._health.add(FAILURES, function="open", reason="exception")
+                opened = False
+            if not opened:
                 return
             next_at = time.monotonic()
             while True:
@@ -246,7 +257,7 @@ class NvmlSampler:
                 continue
             name = self._call(None, "nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle) or ""
             pci = self._call(None, "nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle)
-            bus_id = pci.busId.decode(errors="replace") if pci is not None else ""
+            bus_id = _text(pci.busId) if pci is not None else ""
             device = Device(index, uuid, name, bus_id, version)
             self._handles.append((device, handle))
             self._by_handle[ctypes.cast(handle, ctypes.c_void_p).value] = device
