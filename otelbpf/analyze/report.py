@@ -2,8 +2,9 @@
 
 Findings first (``diagnose``, ranked by the time they cost, with their evidence and fix),
 then one section per process: what it did (CUDA launches, bytes copied, off-CPU time by
-reason), the CUDA API time per call, and a flame graph of each CPU profile the
-profiling receiver wrote (``profiles/*.pb.gz``, merged per process and kind).
+reason), the CUDA API time per call, a flame graph of each profile the profiling receiver
+wrote (``profiles/*.pb.gz``, merged per process and kind), and an off-CPU flame graph of
+the sched receiver's ``off_cpu`` spans (thread, reason, kernel stack).
 
 The page is self-contained: CSS and the little script that zooms the flame graphs are
 inline, nothing is fetched. The flame graphs are rendered here as nested blocks (each
@@ -23,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from otelbpf.analyze.diagnose import COSTS, Finding, diagnose
+from otelbpf.analyze.diagnose import COSTS, SCHED_SCOPE, Finding, diagnose
 from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read, load_metrics
 from otelbpf.export.proto import profile_pb2
 
@@ -114,25 +115,37 @@ def flame_graphs(directory: str, problems: list[str]) -> list[FlameGraph]:
     return [g for g in graphs.values() if g.root.value > 0]
 
 
-def api_time(directory: str, partial: list[str] | None = None) -> dict[tuple, dict[str, ApiTime]]:
-    """Traced time per CUDA API function, per process (from the CUDA spans)."""
-    out: dict[tuple, dict[str, ApiTime]] = defaultdict(lambda: defaultdict(ApiTime))
+def from_spans(directory: str, partial: list[str] | None = None) -> tuple[dict[tuple, dict[str, ApiTime]],
+                                                                          dict[tuple, FlameGraph]]:
+    """Per process: traced time per CUDA API function (the CUDA spans), and an off-CPU flame
+    graph (the sched receiver's ``off_cpu`` spans: thread, reason, then the kernel stack
+    outermost first, weighted by time off the CPU)."""
+    calls: dict[tuple, dict[str, ApiTime]] = defaultdict(lambda: defaultdict(ApiTime))
+    off: dict[tuple, FlameGraph] = {}
 
     def add(req: dict) -> None:
         for rs in req.get("resourceSpans", []):
             key = _proc_key(_attrs(rs.get("resource", {}).get("attributes")))
             for ss in rs.get("scopeSpans", []):
-                if ss.get("scope", {}).get("name") != "otelbpf.cuda":
-                    continue
+                scope = ss.get("scope", {}).get("name")
                 for sp in ss.get("spans", []):
-                    t = out[key][sp["name"]]
                     d = int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])
-                    t.calls += 1
-                    t.total_ns += d
-                    t.max_ns = max(t.max_ns, d)
+                    if scope == "otelbpf.cuda":
+                        t = calls[key][sp["name"]]
+                        t.calls += 1
+                        t.total_ns += d
+                        t.max_ns = max(t.max_ns, d)
+                    elif scope == SCHED_SCOPE:
+                        a = _attrs(sp.get("attributes"))
+                        g = off.setdefault(key, FlameGraph(str(key[0]), int(key[1] or 0), "off_cpu",
+                                                           "off_cpu/nanoseconds", Node("all")))
+                        stack = [str(f) for f in reversed(a.get("otelbpf.sched.kernel_stack") or [])]
+                        g.root.add([f"thread {a.get('thread.name', '?')}", str(a.get("otelbpf.sched.reason", "?")),
+                                    *stack], d)
+                        g.files = 1
 
     _read(directory, "traces", add, partial)
-    return out
+    return calls, off
 
 
 # -- HTML -------------------------------------------------------------------------
@@ -268,8 +281,10 @@ def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: li
                          f"<td class='n'>{mean:.1f}</td><td class='n'>{t.max_ns / 1e3:.1f}</td></tr>")
         parts.append("</table>")
     for g in graphs:
-        parts.append(f"<h3>{_e(g.kind)} profile: {_e(_amount(g.root.value, g.unit))} ({g.files} interval"
-                     f"{'s' if g.files != 1 else ''}; click a frame to zoom, the top row to reset)</h3>")
+        source = ("off_cpu spans: thread, reason, kernel stack" if g.kind == "off_cpu"
+                  else f"{g.files} interval{'s' if g.files != 1 else ''}")
+        parts.append(f"<h3>{_e(g.kind)} profile: {_e(_amount(g.root.value, g.unit))} ({_e(source)}; "
+                     "click a frame to zoom, the top row to reset)</h3>")
         parts.append(_flame_html(g))
     return "\n".join(parts)
 
@@ -290,9 +305,9 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
         latest = {}
         problems.append(f"no metrics: {exc}")
     try:
-        calls = api_time(directory, partial)
+        calls, off_cpu = from_spans(directory, partial)
     except ValueError as exc:
-        calls = {}
+        calls, off_cpu = {}, {}
         problems.append(f"no spans: {exc}")
     problems += [f"{where}: an incomplete last line, skipped" for where in partial]
     graphs = flame_graphs(directory, problems)
@@ -303,6 +318,9 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
         by_proc[key].append(g)
     for key in calls:
         procs.setdefault(key, {"service.name": key[0], "process.pid": key[1]})
+    for key, g in off_cpu.items():
+        procs.setdefault(key, {"service.name": key[0], "process.pid": key[1]})
+        by_proc[key].append(g)
     body = [f"<h1>otelbpf report: {_e(os.path.abspath(directory))}</h1>"]
     body += [f"<p class='problem'>{_e(p)}</p>" for p in problems]
     body.append("<h2>Findings</h2>")

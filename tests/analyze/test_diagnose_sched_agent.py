@@ -101,7 +101,7 @@ def test_the_report_of_the_real_folder_shows_the_findings(traced) -> None:
     assert {"input_starvation", "host_contention", "blocking_io"} <= {f.cause for f in findings}
     assert page.index("input_starvation") < page.index("<h2>python")  # findings come first
     assert f"(pid {pids['starved']})" in page and "cudaStreamSynchronize" in page
-    assert "off-CPU: futex" in page
+    assert "off-CPU: futex" in page and "off_cpu profile:" in page and 'title="thread train: ' in page
     assert "http://" not in page and "https://" not in page  # nothing to fetch
 
 

@@ -119,3 +119,15 @@ def test_cli(tmp_path: Path) -> None:
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.startswith(f"wrote {tmp_path / 'r.html'}: 1 finding")
     assert "pageable_copies" in (tmp_path / "r.html").read_text()
+
+
+def test_an_off_cpu_flame_graph_from_the_sched_spans(tmp_path: Path) -> None:
+    from test_diagnose_sched import FUTEX, job
+
+    job(15, n=20, starved=True).export(tmp_path)
+    page, findings, _problems = render(str(tmp_path))
+    assert findings[0].cause == "input_starvation"
+    assert "off_cpu profile: 0.400s off_cpu (off_cpu spans: thread, reason, kernel stack" in page
+    # thread, then reason, then the stack from its outermost frame
+    for depth, name in enumerate(["thread train", "futex", *reversed(FUTEX)], start=1):
+        assert re.search(rf'data-d="{depth}" title="{re.escape(name)}: 0.400s off_cpu \(100.0%\)"', page), name
