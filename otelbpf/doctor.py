@@ -482,6 +482,18 @@ def bcc_checks(bpf_loads: bool) -> Iterator[Check]:
     yield _guarded("fentry", check_fentry, bcc)
 
 
+def check_nvml() -> Check:
+    """The gpu receiver's source: can NVML (the driver's libnvidia-ml.so.1) be opened?"""
+    from otelbpf.sensor.nvml import probe
+
+    opened, detail = probe()
+    if opened:
+        return Check("NVML", OK, f"{detail}: the gpu receiver reads them", required=False)
+    why = "no driver" if detail in ("library_not_found", "driver_not_loaded") else f"cannot be opened ({detail})"
+    return Check("NVML", MISSING, f"{why} — the gpu receiver stays idle",
+                 "install the NVIDIA driver (libnvidia-ml.so.1) where there is a GPU", required=False)
+
+
 def host_checks() -> Iterator[Check]:
     yield check_privileges()
     bpf_syscall = check_bpf_syscall()
@@ -491,6 +503,7 @@ def host_checks() -> Iterator[Check]:
     yield check_tracefs()
     yield check_headers()
     yield from bcc_checks(bpf_syscall.status == OK)
+    yield check_nvml()
 
 
 # --- processes mapping GPU / RDMA libraries ------------------------------------------------------
