@@ -158,7 +158,8 @@ def _ids(spans: list[_Span]) -> list[str]:
     return [s.span_id for s in sorted(spans, key=lambda s: s.start - s.end)[:EVIDENCE_SPANS]]
 
 
-def _process_findings(label: str, spans: list[_Span], points: dict, off_cpu: list[_Span] = ()) -> list[Finding]:
+def _process_findings(label: str, spans: list[_Span], points: dict,
+                      off_cpu: list[_Span] | None = None) -> list[Finding]:
     if not spans:
         return []
     window = max(1, max(s.end for s in spans) - min(s.start for s in spans)) / 1e9
@@ -197,7 +198,7 @@ def _process_findings(label: str, spans: list[_Span], points: dict, off_cpu: lis
     # Time in a gap after a synchronize in which the thread was blocked on its input or on
     # I/O, or waited for a CPU, is charged to that cause (input_starvation, blocking_io,
     # host_contention), not to the synchronize.
-    blocked = _blocked_intervals(off_cpu)
+    blocked = _blocked_intervals(off_cpu or [])
     syncs, gaps = [], []
     for tid, mine in by_thread.items():
         mine.sort(key=lambda s: s.start)
@@ -272,6 +273,10 @@ def _overlap(start: int, end: int, intervals: list[tuple[int, int]]) -> int:
     return sum(max(0, min(end, b) - max(start, a)) for a, b in intervals if a < end and b > start)
 
 
+def _by_value(d: dict[str, float]) -> list[tuple[str, float]]:
+    return sorted(d.items(), key=lambda kv: -kv[1])
+
+
 def _launchers(spans: list[_Span]) -> set[int]:
     """The threads that issue the process's CUDA work: the busiest, and those with at least
     LAUNCHER_SHARE of its calls."""
@@ -335,14 +340,14 @@ def _sched_findings(spans: list[_Span], points: dict, off_cpu: list[_Span], wind
     starved = [s for s in outside if s.attrs.get("otelbpf.sched.reason") in _INPUT_WAITS]
     if starved:
         cost = sum(blocked(s) for s in starved)
-        reasons = Counter()
+        reasons: dict[str, float] = defaultdict(float)
         for s in starved:
             reasons[s.attrs["otelbpf.sched.reason"]] += blocked(s)
         add("input_starvation", cost,
             f"the launching thread waited {cost:.3f}s in {len(starved)} waits on other threads or processes "
-            f"({', '.join(f'{r} {v:.3f}s' for r, v in reasons.most_common())}) while no CUDA call was in progress",
+            f"({', '.join(f'{r} {v:.3f}s' for r, v in _by_value(reasons))}) while no CUDA call was in progress",
             {"waits": len(starved), "seconds": round(cost, 6),
-             "by_reason": {r: round(v, 6) for r, v in reasons.most_common()},
+             "by_reason": {r: round(v, 6) for r, v in _by_value(reasons)},
              "threads": names, "stacks": _stacks(starved, "otelbpf.sched.blocked_ns"),
              "other_threads": _other_threads(points, set(names.values())), "span_ids": _ids(starved)})
     io = [s for s in outside if s.attrs.get("otelbpf.sched.reason") == "io"]

@@ -259,7 +259,7 @@ def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: li
     errors = sum(_num(dp) for _a, dp in _series(points, "cuda.api.errors"))
     if errors:
         facts.append(("failed CUDA calls", f"{errors:.0f}"))
-    off = defaultdict(float)
+    off: dict[str, float] = defaultdict(float)
     for a, dp in _series(points, "otelbpf.thread.off_cpu.time"):
         off[str(a.get("otelbpf.sched.reason"))] += _num(dp)
     for reason, s in sorted(off.items(), key=lambda kv: -kv[1]):

@@ -109,7 +109,7 @@ class SchedCorrelator:
         process_info: ProcessInfo,
         clock: MonotonicClock,
         emit_spans: Callable[[list], None],
-        read_map: Callable[[str], list[tuple[object, Any]]],
+        read_map: Callable[[str], list[tuple[Any, Any]]],
         forget: Callable[[str, list[object]], None],
         with_bpf: Callable[[Callable[[Any], Any]], Any],
         count: Callable[..., None],
