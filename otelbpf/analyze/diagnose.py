@@ -189,7 +189,8 @@ def _process_findings(label: str, spans: list[_Span], points: dict,
                                                           **{"cuda.memcpy.host_memory": "pageable"}))
         nbytes = max(metric_bytes, sum(int(s.attrs.get("cuda.memcpy.bytes", 0)) for s in pageable))
         cost = sum(s.end - s.start for s in pageable) / 1e9
-        add("pageable_copies", cost, f"{len(pageable)} copies ({nbytes / 2**20:.1f} MiB) from or to pageable host memory",
+        add("pageable_copies", cost,
+            f"{len(pageable)} copies ({nbytes / 2**20:.1f} MiB) from or to pageable host memory",
             {"copies": len(pageable), "bytes": int(nbytes), "seconds": round(cost, 6), "span_ids": _ids(pageable)})
 
     by_thread: dict[int, list[_Span]] = defaultdict(list)
@@ -236,7 +237,8 @@ def _process_findings(label: str, spans: list[_Span], points: dict,
         add("memory_churn", cost,
             f"{len(allocs)} device allocations and frees ({len(allocs) / window:.1f}/s)"
             + (f", {sizes.most_common(1)[0][1]} of {sizes.most_common(1)[0][0]} bytes" if sizes else ""),
-            {"calls": int(sum(calls.values())) or len(allocs), "by_function": calls or dict(Counter(s.name for s in allocs)),
+            {"calls": int(sum(calls.values())) or len(allocs),
+             "by_function": calls or dict(Counter(s.name for s in allocs)),
              "repeated_sizes": dict(sizes.most_common(3)), "seconds": round(cost, 6), "span_ids": _ids(allocs)})
 
     launches = sum(_num(dp) for _a, dp in _metric(points, "cuda.kernel.launches"))

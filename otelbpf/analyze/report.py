@@ -153,7 +153,8 @@ def from_spans(directory: str, partial: list[str] | None = None) -> tuple[dict[t
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px}
 h1{font-size:1.5em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ccc}h3{font-size:1.05em}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .finding{border-left:4px solid #c0392b;padding:.3em .8em;margin:.8em 0;background:#fdf3f2}
 .finding h3{margin:.2em 0}.fix{background:#eef7ee;padding:.3em .6em}.muted{color:#777}

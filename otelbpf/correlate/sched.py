@@ -178,7 +178,7 @@ class SchedCorrelator:
                 "thread.id": int(r["tid"]),
                 "thread.name": _comm(bytes(r["comm"])),
                 "otelbpf.sched.reason": classify(state, frames),
-                "otelbpf.sched.state": State(state & 0xFF).name if (state & 0xFF) in State._value2member_map_ else "other",
+                "otelbpf.sched.state": _state_name(state),
                 "otelbpf.sched.blocked_ns": blocked,
                 "otelbpf.sched.runqueue_ns": runq,
             }
@@ -298,6 +298,11 @@ class SchedCorrelator:
                     self._forget(OFF_MAP, keys.get(pid, []))
                     self._forget(RUNQ_MAP, runq_keys.get(pid, []))
         return out
+
+
+def _state_name(state: int) -> str:
+    base = state & 0xFF
+    return State(base).name if base in State._value2member_map_ else "other"
 
 
 def _useful(frames: tuple[str, ...]) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import numpy as np
 from otelbpf.sensor.family import ProbeFamily, RingSpec
 
 RING = "schedevents"
-OFF_MAP, RUNQ_MAP, STACK_MAP, THREAD_MAP, STATS_MAP = "sched_off", "sched_runq", "sched_stacks", "sched_threads", "sched_stats"
+OFF_MAP, RUNQ_MAP, STACK_MAP, STATS_MAP = "sched_off", "sched_runq", "sched_stacks", "sched_stats"
 #: bpf/sched.c SCHED_SLOTS: run-queue histogram buckets, floor(log2(ns)).
 SLOTS = 40
 #: ``state`` bit: the thread left the CPU inside a CUDA API call (``inflight`` held one).
