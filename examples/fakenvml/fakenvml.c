@@ -9,7 +9,7 @@
  *
  * The script, with t the milliseconds since nvmlInitWithFlags:
  *   GPU 0  "NVIDIA H100 80GB HBM3", GPU-00000000-0000-4000-8000-000000000000, 00000000:3B:00.0
- *          utilization ramps 0, 10, ... 100 % (+10 every 200 ms, 100 from t = 2 s); memory
+ *          utilization ramps 0, 10, ... 100 % (+10 every step_ms, 200 by default); memory
  *          controller half of it; 80 GiB, 3 GiB used (by the one process); 300 W, energy
  *          300 mJ per ms; SM 1980 MHz, memory 2619 MHz; 40 C + utilization / 10; PCIe TX
  *          1000 KB/s, RX 2000 KB/s; NVLink data TX t KiB, RX 2t KiB (all links).
@@ -19,7 +19,7 @@
  *          idle (0 %), nothing used; power NVML_ERROR_NOT_SUPPORTED, no NVLink (each field
  *          NOT_SUPPORTED); energy 70 mJ per ms; 35 C; one XID 79 event from t = 300 ms; with
  *          FAKENVML="lost_ms=M" every call on it fails with NVML_ERROR_GPU_IS_LOST from t = M.
- * FAKENVML is a comma-separated list of key=value (pid, lost_ms); both optional.
+ * FAKENVML is a comma-separated list of key=value (pid, lost_ms, step_ms); all optional.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -120,6 +120,7 @@ static int initialized;
 static struct timespec started;
 static unsigned int script_pid;
 static long long lost_ms = -1;
+static long long step_ms = 200;
 
 static long long elapsed_ms(void)
 {
@@ -137,7 +138,7 @@ static unsigned long long wall_us(void)
 
 static unsigned int gpu0_utilization(void)
 {
-    long long step = elapsed_ms() / 200;
+    long long step = elapsed_ms() / step_ms;
     return step >= 10 ? 100 : (unsigned int)(step * 10);
 }
 
@@ -149,6 +150,8 @@ static void read_script(void)
             script_pid = (unsigned int)strtoul(s + 4, NULL, 10);
         else if (strncmp(s, "lost_ms=", 8) == 0)
             lost_ms = strtoll(s + 8, NULL, 10);
+        else if (strncmp(s, "step_ms=", 8) == 0 && strtoll(s + 8, NULL, 10) > 0)
+            step_ms = strtoll(s + 8, NULL, 10);
         s = strchr(s, ',');
         if (s)
             s++;
