@@ -149,3 +149,35 @@ def test_metrics_count_every_call(world):
     exit_[0]["pid"], exit_[0]["kind"] = PID, int(Kind.PROC_EXIT)
     torch.on_events(exit_)
     assert len(torch.collect()) == 1 and torch.collect() == []
+
+
+def test_a_cuda_call_in_the_same_batch_nests_under_the_operator(world):
+    """What the agent does with one drained batch: the torch correlator first (opens_scopes),
+    then the CUDA correlator, whose parent lookup is Causality's."""
+    from otelbpf.base.events import CudaFunc
+    from otelbpf.correlate.cuda import CudaCorrelator
+    from otelbpf.correlate.symbolizer import Symbolizer
+
+    make, spans, causality, _ = world
+    request = new_context()
+    causality.open(PID, TID, 0, request)
+    torch = make()
+    cuda = CudaCorrelator(ProcessInfo(), Symbolizer(), MonotonicClock(), spans.extend, lambda name: [],
+                          lambda name, keys: None, parent_of=causality.parent)
+    assert torch.opens_scopes and not getattr(cuda, "opens_scopes", False)
+    batch = np.concatenate([records((_SOFTMAX, 2 * MS, 5 * MS, 1)), records((SOFTMAX, 1 * MS, 7 * MS, 0))])
+    sync = np.zeros(2, EVENT_DTYPE)
+    for rec, start in zip(sync, (3 * MS, 15 * MS), strict=True):  # inside _softmax; after both operators
+        rec["ts_ns"], rec["duration_ns"], rec["pid"], rec["tid"] = start, MS, PID, TID
+        rec["kind"], rec["func"] = int(Kind.CUDA_SYNC), int(CudaFunc.cudaDeviceSynchronize)
+    batch = np.concatenate([sync[:1], batch, sync[1:]])  # ring order: the CUDA call returns first
+    torch.on_events(batch)
+    cuda.on_events(batch)
+    by_name: dict[str, list] = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    inner, outer = by_name["_softmax"][0], by_name["softmax_int"][0]
+    inside, after = sorted(by_name["cudaDeviceSynchronize"], key=lambda s: s.start_time)
+    assert inside.parent == inner.context and inside.context.trace_id == request.trace_id
+    assert inner.parent == outer.context and outer.parent == request
+    assert after.parent == request
