@@ -34,7 +34,8 @@ from otelbpf.sensor.family import LibraryKind, ProbeAt, ProbeFamily
 ENTRY_PROGRAM = "uprobe_torch_enter"
 EXIT_PROGRAM = "uprobe_torch_exit"
 
-_OPS_CALL = re.compile(r"_ZN2at4_ops([0-9]+)")
+_OPS_PREFIX = "_ZN2at4_ops"
+_OPS_CALL = re.compile(_OPS_PREFIX + r"([0-9]+)")
 _LIBRARY = re.compile(r"^libtorch_cpu\.so(\.[0-9]+)*$")
 
 
@@ -80,19 +81,17 @@ def return_sites(code: bytes, vaddr: int) -> tuple[int, ...]:
 def operator_sites(path: str, patterns: Sequence[str]) -> list[OperatorSite]:
     """The probe sites of the operators of ``path`` that ``patterns`` select; an operator
     whose code has no ``ret`` (it only tail-calls) is left out: its end cannot be seen."""
-    chosen = select_operators(elf.function_names(path), patterns)
-    sites = elf.resolve(path, sorted(chosen.values()))
-    by_symbol = {v: k for k, v in chosen.items()}
+    sites = elf.exported_sites(path, _OPS_PREFIX)
     out = []
     with open(path, "rb") as f:
-        for symbol, found in sites.items():
-            for site in found:
+        for op, symbol in select_operators(list(sites), patterns).items():
+            for site in sites[symbol]:
                 if site.size <= 0:
                     continue
                 f.seek(site.file_offset)
                 exits = return_sites(f.read(site.size), site.vaddr)
                 if exits:
-                    out.append(OperatorSite(by_symbol[symbol], site.probe_vaddr, exits))
+                    out.append(OperatorSite(op, site.probe_vaddr, exits))
     return sorted(out, key=lambda s: s.operator)
 
 

@@ -91,9 +91,12 @@ def ops_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sites_of_the_selected_operators(ops_library: Path):
     sites = {s.operator: s for s in operator_sites(str(ops_library), ["mm", "softmax*"])}
     assert set(sites) == {"mm", "softmax_int"}  # not embedding, not the redispatch
-    mangled = next(n for n in elf.function_names(str(ops_library)) if operator_of(n) == "mm")
-    mm = elf.resolve(str(ops_library), [mangled])
-    (site,) = next(iter(mm.values()))
+    exported = elf.exported_sites(str(ops_library), "_ZN2at4_ops")
+    assert {operator_of(n) for n in exported} == {"mm", "softmax_int", "embedding", None}  # None: redispatch
+    mangled = next(n for n in exported if operator_of(n) == "mm")
+    (site,) = exported[mangled]
+    (named,) = elf.resolve(str(ops_library), [mangled])[mangled]  # the same site as by name
+    assert (site.vaddr, site.probe_vaddr, site.file_offset) == (named.vaddr, named.probe_vaddr, named.file_offset)
     assert sites["mm"].entry == site.probe_vaddr
     assert sites["mm"].exits and all(site.vaddr < e < site.vaddr + site.size for e in sites["mm"].exits)
     with open(ops_library, "rb") as f:
