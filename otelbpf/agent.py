@@ -140,11 +140,11 @@ class Agent:
         self.metrics: MetricsLoop | None = None
         if config.pipeline("metrics"):
             self.metrics = MetricsLoop(
-                [(n, metric_exporter(c)) for n, c in config.pipeline_exporters("metrics")]
-                + [("live", self.live.metrics_tap)],
+                [(n, metric_exporter(c)) for n, c in config.pipeline_exporters("metrics")],
                 [self._receiver_metrics, self._health_metrics],
                 self.health,
                 to_seconds(config.service.telemetry.metrics_interval),
+                on_collect=self.live.on_metrics,
             )
 
     def _receiver_configs(self):

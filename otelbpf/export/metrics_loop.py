@@ -39,7 +39,11 @@ class MetricsLoop:
         sources: Sequence[Source],
         health: Health,
         interval_s: float,
+        on_collect: Callable[[MetricsData], None] | None = None,
     ) -> None:
+        """``on_collect``: also given each collection (the live view, live/state.py): the same
+        one the exporters get, since a source's collect() forgets the processes that exited."""
+        self._on_collect = on_collect
         self._exporters = list(exporters)
         self._sources = list(sources)
         self._health = health
@@ -80,6 +84,8 @@ class MetricsLoop:
 
     def export_once(self) -> None:
         data = self.collect()
+        if self._on_collect is not None:
+            self._on_collect(data)
         if not data.resource_metrics:
             return
         for name, exporter in self._exporters:

@@ -1,8 +1,8 @@
 """What the agent saw lately, held for `otelbpf top`: a read-only snapshot as plain JSON.
 
-Two taps, no new collection: the metrics the metrics loop collected last (the agent adds
-``metrics_tap`` beside its exporters, so nothing is collected twice: a correlator's
-``collect()`` forgets exited processes, a second caller would steal their last values), and
+Two taps, no new collection: the metrics the metrics loop collected last (its ``on_collect``,
+so nothing is collected twice: a correlator's ``collect()`` forgets exited processes, a
+second caller would steal their last values), and
 the last ``max_spans`` spans the correlators built (references kept in a ring; they are
 converted only when a snapshot is asked for). Snapshots are cached for ``min_interval_s``,
 so any number of viewers costs the agent at most a few snapshots a second.
@@ -24,14 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from opentelemetry.sdk.metrics.export import (
-    Gauge,
-    Histogram,
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
-    Sum,
-)
+from opentelemetry.sdk.metrics.export import Gauge, Histogram, MetricsData, Sum
 from opentelemetry.sdk.trace import ReadableSpan
 
 VERSION = 1
@@ -74,24 +67,6 @@ def _span(s: ReadableSpan) -> dict:
     }
 
 
-class _MetricsTap(MetricExporter):
-    """Beside the real exporters in the metrics loop: keeps the last collection."""
-
-    def __init__(self, state: LiveState) -> None:
-        super().__init__()
-        self._state = state
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
-        self._state.on_metrics(metrics_data)
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
-        pass
-
-
 class LiveState:
     def __init__(self, max_spans: int = 2000, min_interval_s: float = 0.25,
                  clock: Callable[[], int] = time.time_ns) -> None:
@@ -103,7 +78,6 @@ class LiveState:
         self._lock = threading.Lock()
         self._cached: tuple[float, dict] | None = None
         self._min_interval = min_interval_s
-        self.metrics_tap = _MetricsTap(self)
 
     def on_spans(self, spans: Sequence[ReadableSpan]) -> None:
         """Called with every batch of spans the correlators emit (deque appends are atomic)."""

@@ -135,3 +135,14 @@ def test_a_broken_source_never_stops_the_timer() -> None:
         loop.stop()
     assert health.get("otelbpf.metrics.source_errors") >= 3
     assert all(summary(d) == {"job": {"otelbpf.cuda": ["a"]}} for d in rec.exports)
+
+
+def test_on_collect_gets_the_collection_the_exporters_get_and_counts_as_no_export() -> None:
+    health, rec, seen = Health(), Recording(), []
+    calls = iter(range(1, 100))
+    loop = MetricsLoop([("rec", rec)], [lambda: [(JOB, CUDA, [counter("a", next(calls))])]], health, interval_s=60,
+                       on_collect=seen.append)
+    loop.export_once()
+    assert seen == rec.exports and len(seen) == 1  # one collect() for both: a source is asked once
+    assert health.get("otelbpf.export.sent", signal="metrics", exporter="rec") == 1
+    assert [n for n, _a, _v in health.snapshot()] == ["otelbpf.export.sent"]

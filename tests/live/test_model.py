@@ -92,11 +92,11 @@ def spans() -> list:
 def state_with_two_collections() -> tuple[dict, dict]:
     clock = Clock()
     state = LiveState(min_interval_s=0, clock=clock)
-    state.metrics_tap.export(collection(1))
+    state.on_metrics(collection(1))
     first = state.snapshot()
     clock.now += 2 * S
     state.on_spans(spans())
-    state.metrics_tap.export(collection(3))
+    state.on_metrics(collection(3))
     return first, state.snapshot()
 
 

@@ -46,7 +46,7 @@ def agent_state() -> tuple[LiveState, dict]:
                 "nccl.comm.id": "00000000000000aa", "nccl.seq": seq, "nccl.rank": rank, "nccl.nranks": 2}))
     state.on_spans(spans)
     ids["request"] = (f"{req.context.trace_id:032x}", f"{req.context.span_id:016x}")
-    state.metrics_tap.export(MetricsData([
+    state.on_metrics(MetricsData([
         ResourceMetrics(WEB, [ScopeMetrics(CUDA, [m.cumulative_sum(
             "cuda.memcpy.bytes", "By", "", [({"cuda.memcpy.direction": "H2D"}, 20 << 20)], T0, T0)], "")], ""),
         *[ResourceMetrics(res, [ScopeMetrics(NCCL, [m.cumulative_sum(
