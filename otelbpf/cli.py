@@ -130,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return report(args.directory, args.output, sys.stdout, sys.stderr)
     if args.cmd == "mcp":
-        from otelbpf.mcp.server import TokenError, serve
-
+        try:
+            from otelbpf.mcp.server import TokenError, serve
+        except ModuleNotFoundError as exc:
+            print(f"otelbpf mcp: {exc.name} is not installed: pip install 'otelbpf[mcp]'", file=sys.stderr)
+            return 1
         try:
             serve(None if args.live else args.directory, transport=args.transport, host=args.host, port=args.port,
                   token_file=args.token_file, max_bytes=args.max_bytes, live_socket=args.socket)
