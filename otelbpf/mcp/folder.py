@@ -111,12 +111,18 @@ class Folder:
             if size > self.max_bytes:
                 raise FolderError(f"{self.path} holds {size / 2**20:.0f} MiB of telemetry, more than the "
                                   f"{self.max_bytes / 2**20:.0f} MiB this server reads (--max-bytes)")
-            try:
-                data = self._read()
-            except ValueError as exc:
-                raise FolderError(str(exc)) from None
-            except OSError as exc:
-                raise FolderError(f"{exc.filename or self.path}: {exc.strerror}") from None
+            for attempt in range(2):
+                try:
+                    data = self._read()
+                    break
+                except FileNotFoundError as exc:
+                    if attempt:  # rotated away between the listing and the open: list again once
+                        raise FolderError(f"{exc.filename or self.path}: {exc.strerror}") from None
+                    signature = self._stat()
+                except ValueError as exc:
+                    raise FolderError(str(exc)) from None
+                except OSError as exc:
+                    raise FolderError(f"{exc.filename or self.path}: {exc.strerror}") from None
             self._data, self._signature = data, signature
             return data
 

@@ -253,3 +253,18 @@ def test_bearer_auth_passes_lifespan_through() -> None:
 
     anyio.run(BearerAuth(app, "x" * 16), {"type": "lifespan"}, None, None)
     assert seen == ["lifespan"]
+
+
+def test_a_file_rotated_away_during_a_read_is_listed_again(folder, monkeypatch) -> None:
+    directory = folder[0]
+    real_open, rotated = open, []
+
+    def rotating_open(path, *args, **kwargs):
+        if str(path).endswith("traces.jsonl") and not rotated:  # the agent rotates it just before our open
+            rotated.append(directory / "traces-20260101T000000-1-000001.jsonl")
+            os.rename(path, rotated[0])
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", rotating_open)
+    data = Folder(str(directory)).load()
+    assert rotated and len(data.spans) == 14 and data.files == [rotated[0].name]
