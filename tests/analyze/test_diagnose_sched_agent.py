@@ -1,7 +1,7 @@
 """The real agent with the cuda and sched receivers traces two training loops with one planted
 host-side cause each (jobs/sched_job.py): a training thread starved by a slow producer
-thread, one that fsyncs a checkpoint every 5 steps, and one pinned to a core shared with
-CPU hogs. ``otelbpf diagnose`` reads what the
+thread, one that fsyncs a checkpoint every 5 steps, one pinned to a core shared with CPU
+hogs, and one that waits for nothing. ``otelbpf diagnose`` reads what the
 agent wrote and names each cause first; ``otelbpf report`` renders the same folder."""
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, in
     hog = f"taskset -c 0 {sys.executable} -c '{HOG}'"
     script = (f"{sys.executable} {JOB} starved {FAKE_CUDART} 60 & echo starved $! >> {pids}; wait $!; "
               f"{sys.executable} {JOB} checkpoint {FAKE_CUDART} 30 {tmp} & echo checkpoint $! >> {pids}; wait $!; "
+              f"{sys.executable} {JOB} healthy {FAKE_CUDART} 2000 & echo healthy $! >> {pids}; wait $!; "
               f"{hog} & h1=$!; {hog} & h2=$!; trap 'kill $h1 $h2' EXIT; "
               f"taskset -c 0 {sys.executable} {JOB} contended {FAKE_CUDART} 150 & echo contended $! >> {pids}; wait $!")
     with AgentProcess(["-c", str(cfg), "--", "/bin/sh", "-c", script]) as agent:
@@ -92,6 +93,14 @@ def test_a_synchronous_checkpoint_is_told_blocking_io_with_the_fsync_stack(trace
     assert ev["waits"] >= 6 and "train" in ev["threads"].values()
     assert any("do_fsync" in s["kernel_stack"] for s in ev["stacks"]), ev["stacks"]
     assert "input_starvation" not in by
+
+
+def test_a_loop_that_never_waits_gets_none_of_these_causes(traced) -> None:
+    """Its launching thread blocks on nothing; host_contention is not asserted absent: the
+    machine's own load may show as run-queue waits."""
+    out, pids = traced
+    causes = {f.cause for f in _findings_of(out, pids["healthy"])}
+    assert not causes & {"input_starvation", "blocking_io"}, causes
 
 
 def test_the_report_of_the_real_folder_shows_the_findings(traced) -> None:
