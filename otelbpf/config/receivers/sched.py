@@ -11,7 +11,9 @@ from otelbpf.config.units import PositiveDuration, RingSize
 
 class SchedReceiverConfig(ReceiverConfig):
     """Why the traced threads are off the CPU (waiting for a lock, a queue, a pipe, I/O, the
-    GPU) and how long they wait for a CPU once runnable; aggregated in the kernel."""
+    GPU) and how long they wait for a CPU once runnable; aggregated in the kernel. Traced: the
+    ``--pid``/``run --`` targets, or in host mode the processes that use a library another
+    receiver probes (CUDA, NCCL, ibverbs) and their children."""
 
     #: Off-CPU intervals at least this long become ``off_cpu`` spans (the diagnosis reads
     #: them); shorter ones are only counted in the metrics.
