@@ -114,6 +114,7 @@ def _cuda(name: str, cfg: CudaReceiverConfig, ctx: Context) -> Receiver:
         max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
         on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
         parent_of=ctx.causality.parent,
+        in_flight=ctx.causality.in_flight,
     )
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 

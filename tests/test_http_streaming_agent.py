@@ -1,9 +1,12 @@
-"""End to end: streamed responses and OpenAI-compatible completions through the real agent.
+"""End to end: streamed responses, OpenAI-compatible completions, and a batching engine's CUDA
+step linked to the requests it served, through the real agent.
 
 Real servers in their own processes (harness/streaming_apps.py: a stdlib HTTP/1.1 server streaming
-SSE in chunked encoding with known gaps and a final ``usage`` event, and a grpcio server-streaming
-method with the same pacing), real clients in this process, the real agent (`otelbpf run`, one for
-the module) and the real OTLP collector (rotel) receiving what it exports.
+SSE in chunked encoding with known gaps and a final ``usage`` event, a grpcio server-streaming
+method with the same pacing, and an asyncio server handing requests to a batching thread that
+calls the CUDA stand-in once per batch), real clients in this process, the real agent
+(`otelbpf run --pid` on the three services, one for the module) and the real OTLP collector
+(rotel) receiving what it exports.
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import yaml
 
-from harness.agent import REPO, AgentProcess
+from harness.agent import FAKE_CUDART, REPO, AgentProcess
 from harness.otlp import OtlpCollector
-from harness.streaming_apps import FIRST_S, GAP_S, TOKENS, generate
+from harness.streaming_apps import BATCH_WINDOW_S, FIRST_S, GAP_S, TOKENS, generate
 
 pytestmark = pytest.mark.bpf
 
@@ -30,8 +35,9 @@ SLACK = 0.25
 
 
 @contextlib.contextmanager
-def service(kind: str, port: int):
-    proc = subprocess.Popen([sys.executable, "-m", "harness.streaming_apps", kind, str(port)], stdout=subprocess.PIPE,
+def service(kind: str, port: int, *args: str):
+    proc = subprocess.Popen([sys.executable, "-m", "harness.streaming_apps", kind, str(port), *args],
+                            stdout=subprocess.PIPE,
                             text=True, cwd=REPO / "tests", env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
     try:
         assert proc.stdout.readline().startswith("ready"), f"{kind} service did not start"
@@ -44,27 +50,30 @@ def service(kind: str, port: int):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """The collector, both services and one agent watching their ports, for every test here."""
-    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
-    sse_port, grpc_port = (s.getsockname()[1] for s in socks)
+    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]
+    sse_port, grpc_port, batch_port = (s.getsockname()[1] for s in socks)
     for s in socks:
         s.close()
     tmp = tmp_path_factory.mktemp("streaming")
     with OtlpCollector() as collector:
         doc = {
-            "receivers": {"http": {"processes": "all", "ports": [sse_port, grpc_port]}},
+            "receivers": {"http": {"processes": "all", "ports": [sse_port, grpc_port, batch_port]},
+                          "cuda": {"search_paths": []}},
             "processors": {"batch": {"timeout": "100ms"}},
             "exporters": {"otlp": {"endpoint": collector.grpc_endpoint, "timeout": "2s"}},
             "service": {
-                "pipelines": {p: {"receivers": ["http"], "processors": ["batch"], "exporters": ["otlp"]}
+                "pipelines": {p: {"receivers": ["http", "cuda"], "processors": ["batch"], "exporters": ["otlp"]}
                               for p in ("traces", "metrics")},
                 "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms"},
             },
         }
         (tmp / "otelbpf.yaml").write_text(yaml.safe_dump(doc))
         with service("sse", sse_port) as sse, service("grpc", grpc_port) as grpc_server, \
-                AgentProcess(["-c", str(tmp / "otelbpf.yaml")]) as agent:
+                service("batch", batch_port, str(FAKE_CUDART)) as batch, \
+                AgentProcess(["-c", str(tmp / "otelbpf.yaml"),  # the services only: not others' CUDA on the host
+                              *(arg for p in (sse, grpc_server, batch) for arg in ("--pid", str(p.pid)))]) as agent:
             agent.wait_ready()
-            yield collector, (sse_port, sse.pid), (grpc_port, grpc_server.pid)
+            yield collector, (sse_port, sse.pid), (grpc_port, grpc_server.pid), (batch_port, batch.pid)
             assert agent.proc.poll() is None, agent.output
             assert agent.stop(timeout=120) == 0, agent.output
 
@@ -85,7 +94,7 @@ def completion(port: int, stream: bool) -> bytes:
 
 
 def test_sse_completion_time_to_first_token_chunks_usage_and_metrics(stack):
-    c, (port, pid), _ = stack
+    c, (port, pid), _, _ = stack
     for stream in (True, True, False):
         assert completion(port, stream)
     spans = c.wait_for(lambda: len(server_spans(c, pid)) == 3 and server_spans(c, pid), timeout=20,
@@ -121,7 +130,7 @@ def test_sse_completion_time_to_first_token_chunks_usage_and_metrics(stack):
 
 
 def test_grpc_server_streaming_messages_are_timed(stack):
-    c, _, (port, pid) = stack
+    c, _, (port, pid), _ = stack
     assert generate(port) == [t.encode() for t in TOKENS]
     [span] = c.wait_for(lambda: server_spans(c, pid, "demo.Tokens/Generate"), timeout=20, what="the gRPC span")
     a = span.attributes
@@ -132,3 +141,32 @@ def test_grpc_server_streaming_messages_are_timed(stack):
                                               **{"process.pid": pid, "otelbpf.stream.unit": "data_frame"}),
                       what="DATA frame gaps")
     assert gaps[0].count == len(TOKENS) - 1
+
+
+def test_a_batching_engine_step_is_linked_to_every_request_in_its_batch(stack):
+    """Three requests read by an asyncio loop, served by one CUDA step on the engine thread: the step's
+    CUDA spans have no parent (no request owns them) and a link to each of the three server spans."""
+    c, _, _, (port, pid) = stack
+    time.sleep(0.5)  # the agent's first /proc scan attaches the CUDA probes to the service
+
+    def call() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/generate")
+        assert conn.getresponse().read() == b"batched"
+        conn.close()
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+        time.sleep(BATCH_WINDOW_S / 10)  # all within the window: one batch
+    for t in threads:
+        t.join()
+    served = c.wait_for(lambda: len(server_spans(c, pid)) == 3 and server_spans(c, pid), timeout=20,
+                        what="3 server spans")
+    [malloc] = c.wait_for(lambda: [s for s in c.spans("cudaMalloc") if s.resource["process.pid"] == pid],
+                          timeout=20, what="the batch's cudaMalloc span")
+    assert malloc.parent_span_id == ""
+    assert sorted(span_id for _, span_id, _ in malloc.links) == sorted(s.span_id for s in served)
+    assert {trace_id for trace_id, _, _ in malloc.links} == {s.trace_id for s in served}
+    assert malloc.attributes["otelbpf.links.in_flight"] == 3
+    assert all(s.attributes["thread.id"] != malloc.attributes["thread.id"] for s in served)

@@ -11,7 +11,13 @@ completion queues) serving several requests on one thread, break that
 assumption. What can be detected is detected: when a thread has more than one
 request open at a moment, a lookup at that moment answers "no parent" (and is
 counted) rather than picking one; the requests involved are marked. Work
-handed to another thread is not followed: its spans stay roots.
+handed to another thread is not followed to one parent either.
+
+Instead, what has no single parent is linked: ``in_flight`` answers every request
+of the process open at that moment, on any thread, so a CUDA call made by an
+event loop's step or a batching engine's loop (which serves every request in
+its batch at once) gets an OTel span link to each, rather than an invented
+parent. At most ``MAX_LINKS``, the most recent first.
 
 Inside a request, finer scopes of work nest (a torch operator, the operators it calls):
 ``scope`` records one, closed, and a lookup inside it answers the innermost scope before
@@ -35,6 +41,8 @@ RETENTION_NS = 30 * 10**9
 MAX_PER_THREAD = 1 << 16
 #: A lookup inspects at most this many closed intervals before the time asked.
 _SCAN = 64
+#: Requests in flight a span is linked to, at most (the most recently started).
+MAX_LINKS = 32
 
 
 @dataclass(slots=True, eq=False)
@@ -69,6 +77,8 @@ class Causality:
     def __init__(self, retention_ns: int = RETENTION_NS) -> None:
         self._retention = retention_ns
         self._threads: dict[tuple[int, int], _Thread] = {}
+        #: Every thread's intervals of a process together (by pid), for ``in_flight``.
+        self._procs: dict[int, _Thread] = {}
         self._lock = threading.Lock()
         #: Lookups that found several open requests and so gave no parent.
         self.ambiguous_lookups = 0
@@ -89,18 +99,26 @@ class Causality:
                 # Once two are open every open interval is marked: only a lone one can be unmarked
                 # (the first), so an event loop's many open requests are not all visited per request.
                 next(iter(t.open)).concurrent = interval.concurrent = True
-            t.open[interval] = None
-            i = bisect.bisect_right(t.starts, start_ns)
-            t.starts.insert(i, start_ns)
-            t.intervals.insert(i, interval)
+            for rec in (t, self._process(pid, start_ns)):
+                rec.open[interval] = None
+                i = bisect.bisect_right(rec.starts, start_ns)
+                rec.starts.insert(i, start_ns)
+                rec.intervals.insert(i, interval)
         return interval
+
+    def _process(self, pid: int, now_ns: int) -> _Thread:
+        p = self._procs.get(pid)
+        if p is None:
+            p = self._procs[pid] = _Thread()
+        self._prune(p, now_ns)
+        return p
 
     def close(self, pid: int, tid: int, interval: Interval, end_ns: int) -> None:
         with self._lock:
             interval.end_ns = end_ns if end_ns > interval.start_ns else interval.start_ns
-            t = self._threads.get((pid, tid))
-            if t is not None:
-                t.open.pop(interval, None)
+            for rec in (self._threads.get((pid, tid)), self._procs.get(pid)):
+                if rec is not None:
+                    rec.open.pop(interval, None)
 
     def scope(self, pid: int, tid: int, start_ns: int, end_ns: int, context: SpanContext) -> None:
         """A finished scope of work on this thread (a torch operator): what the thread did
@@ -138,10 +156,34 @@ class Causality:
                     iv.concurrent = True
             return None
 
+    def in_flight(self, pid: int, tid: int, ts_ns: int) -> list[SpanContext]:
+        """The requests of process ``pid`` open at ``ts_ns`` on any thread (what a step that serves
+        many at once serves), the most recent first, at most MAX_LINKS: the links of what (pid,
+        tid) did then, asked where ``parent`` gave none. ``tid`` is not used to choose: a batching
+        thread serves requests other threads read."""
+        with self._lock:
+            p = self._procs.get(pid)
+            if p is None:
+                return []
+            hits = []
+            for iv in reversed(p.open):  # newest first; an event loop may hold thousands
+                if iv.contains(ts_ns):
+                    hits.append(iv)
+                    if len(hits) == MAX_LINKS:
+                        break
+            i = bisect.bisect_right(p.starts, ts_ns)
+            for iv in reversed(p.intervals[max(0, i - _SCAN) : i]):
+                if len(hits) >= MAX_LINKS:
+                    break
+                if iv.end_ns is not None and iv.contains(ts_ns):
+                    hits.append(iv)
+        return [iv.context for iv in hits]
+
     def forget_process(self, pid: int) -> None:
         with self._lock:
             for key in [k for k in self._threads if k[0] == pid]:
                 del self._threads[key]
+            self._procs.pop(pid, None)
 
     def _sweep(self, now_ns: int) -> None:
         """Forget threads with nothing open and nothing recent (thread-per-connection servers make many)."""
@@ -149,6 +191,10 @@ class Causality:
             self._prune(t, now_ns)
             if not t.open and not t.intervals and not t.scopes:
                 del self._threads[key]
+        for pid, p in list(self._procs.items()):
+            self._prune(p, now_ns)
+            if not p.open and not p.intervals:
+                del self._procs[pid]
 
     def _prune(self, t: _Thread, now_ns: int) -> None:
         """Drop intervals that ended before the retention window, a few times per window (each

@@ -21,7 +21,7 @@ import numpy as np
 from opentelemetry.sdk.metrics.export import Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import Link, SpanContext
 
 from otelbpf.base.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
 from otelbpf.correlate import metrics as m
@@ -123,6 +123,7 @@ class CudaCorrelator:
         max_spans_per_second: int = 20_000,
         on_sampled_out: Callable[[int], None] = lambda n: None,
         parent_of: Callable[[int, int, int], SpanContext | None] = lambda pid, tid, ts: None,
+        in_flight: Callable[[int, int, int], list[SpanContext]] = lambda pid, tid, ts: [],
     ) -> None:
         self._info = process_info
         self._sym = symbolizer
@@ -137,6 +138,8 @@ class CudaCorrelator:
         self._on_sampled_out = on_sampled_out
         #: (pid, tid, monotonic ns) -> the request being served then (causality.py)
         self._parent_of = parent_of
+        #: (pid, tid, monotonic ns) -> the requests in flight then: links of a span with no parent
+        self._in_flight = in_flight
         self._procs: dict[int, _Process] = {}
         #: pid -> wall time its last metrics were exported after it exited; its
         #: map keys may still be read once more (final snapshot) and are ignored.
@@ -363,6 +366,11 @@ class CudaCorrelator:
                 attrs["cuda.error.name"] = error_name(fname, ret)
                 error = f"{attrs['cuda.error.name']} ({ret})"
         start = self._clock.to_wall(ts)
+        parent = self._parent_of(pid, tid, ts)
+        # No single request: an event loop's or a batching engine's step serves all those in flight.
+        links = [Link(c) for c in self._in_flight(pid, tid, ts)] if parent is None else ()
+        if links:
+            attrs["otelbpf.links.in_flight"] = len(links)
         return make_span(
             fname,
             resource=self._proc(pid).resource,
@@ -371,7 +379,8 @@ class CudaCorrelator:
             end_ns=start + dur,
             attributes=attrs,
             error=error,
-            parent=self._parent_of(pid, tid, ts),
+            parent=parent,
+            links=links,
         )
 
     def _launch_attrs(self, pid: int, func: int, fn: int, grid: int, block: int, stream: int) -> dict[str, object]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from otelbpf import __version__
@@ -47,6 +47,7 @@ def make_span(
     kind: SpanKind = SpanKind.INTERNAL,
     context: SpanContext | None = None,
     events: Sequence[Event] = (),
+    links: Sequence[Link] = (),
 ) -> ReadableSpan:
     """``context``: the span's own, when it was chosen before the span ended
     (children may have been made with it as their parent already)."""
@@ -64,4 +65,5 @@ def make_span(
         end_time=end_ns,
         instrumentation_scope=scope,
         events=tuple(events),
+        links=tuple(links),
     )

@@ -10,13 +10,22 @@
 ``python -m harness.streaming_apps grpc PORT``
     A gRPC server-streaming ``demo.Tokens/Generate`` (grpcio, raw bytes): ``len(TOKENS)``
     messages, the first ``FIRST_S`` after the call, then ``GAP_S`` apart.
+``python -m harness.streaming_apps batch PORT CUDART``
+    An asyncio HTTP/1.1 server whose handlers hand each request to a batching engine thread (as
+    vLLM's engine loop serves its API server): the engine waits ``BATCH_WINDOW_S`` after a batch's
+    first request, then runs one step for the whole batch (``cudaMalloc``, ``cudaMemcpy``,
+    ``cudaFree`` through the library at CUDART) and answers every request in it with 200 ``batched``.
 Each prints ``ready`` once listening.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
 import json
+import queue
 import sys
+import threading
 import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,6 +36,7 @@ TOKENS = ["The", " answer", " is", " forty", "-two"]
 FIRST_S = 0.15
 GAP_S = 0.04
 GRPC_SERVICE = "demo.Tokens"
+BATCH_WINDOW_S = 0.3
 
 
 class Completions(BaseHTTPRequestHandler):
@@ -101,9 +111,49 @@ def generate(port: int) -> list[bytes]:
         return list(channel.unary_stream(f"/{GRPC_SERVICE}/Generate")(b"prompt", timeout=10))
 
 
+def _engine(requests: queue.Queue, cudart: ctypes.CDLL) -> None:
+    """Batches: the requests that arrive within BATCH_WINDOW_S of the first, one CUDA step for all."""
+    while True:
+        batch = [requests.get()]
+        deadline = time.monotonic() + BATCH_WINDOW_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                batch.append(requests.get(timeout=left))
+            except queue.Empty:
+                break
+        ptr, host = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+        assert cudart.cudaMalloc(ctypes.byref(ptr), 4096) == 0
+        assert cudart.cudaMemcpy(ptr, host, 4096, 1) == 0
+        assert cudart.cudaFree(ptr) == 0
+        for loop, done in batch:
+            loop.call_soon_threadsafe(done.set_result, len(batch))
+
+
+async def _batching_server(port: int, cudart: ctypes.CDLL) -> None:
+    requests: queue.Queue = queue.Queue()
+    threading.Thread(target=_engine, args=(requests, cudart), daemon=True).start()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                done = asyncio.get_running_loop().create_future()
+                requests.put((asyncio.get_running_loop(), done))
+                await done
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nbatched")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    print("ready", flush=True)
+    await server.serve_forever()
+
+
 if __name__ == "__main__":
     kind, port = sys.argv[1], int(sys.argv[2])
-    if kind == "sse":
+    if kind == "batch":
+        asyncio.run(_batching_server(port, ctypes.CDLL(sys.argv[3])))
+    elif kind == "sse":
         httpd = ThreadingHTTPServer(("127.0.0.1", port), Completions)
         print("ready", flush=True)
         httpd.serve_forever()
