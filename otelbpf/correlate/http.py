@@ -492,7 +492,8 @@ class HttpCorrelator:
         start = enter
         parent = self._causality.parent(conn.pid, tid, start)
         ctx = new_context(parent.trace_id if parent else None)
-        link = self._links.add(conn.local, conn.remote[1], stream_id, start, ctx) if conn.local and conn.remote else None
+        link = (self._links.add(conn.local, conn.remote[1], stream_id, start, ctx) if conn.local and conn.remote
+                else None)
         return _Open(ctx, parent, start, tid, link=link, parent_from="thread" if parent else "")
 
     # -- exchanges done -----------------------------------------------------------

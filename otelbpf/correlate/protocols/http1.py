@@ -419,9 +419,7 @@ class MessageStream:
             s.buf.clear()
             if self._s.mode != "desync":
                 self._desync("headers_truncated")
-        elif s.mode == "start":
-            self._desync("gap_in_framing")
-        elif s.mode != "desync":
+        elif s.mode != "desync":  # start, chunk-size line, CRLF, trailers: framing was lost
             self._desync("gap_in_framing")
 
     def _desync(self, reason: str) -> None:

@@ -185,7 +185,8 @@ class FrameReader:
         return n
 
     def _start(self, header: bytes | bytearray, at: int, stamp: Stamp) -> Frame | None:
-        """The frame whose 9-byte header is at ``header[at:]``, or None (and broken) if no valid HTTP/2 frame starts there."""
+        """The frame whose 9-byte header is at ``header[at:]``, or None (and broken) if no valid HTTP/2
+        frame starts there."""
         hi, lo, ftype, flags, stream_id = _FRAME_HEADER.unpack_from(header, at)
         length = hi << 16 | lo
         stream_id &= 0x7FFFFFFF
@@ -444,7 +445,7 @@ class H2Connection:
             d.block = []
         if ftype == DATA:
             self._data(c2s, f)
-        elif ftype == HEADERS or ftype == PUSH_PROMISE or ftype == CONTINUATION:
+        elif ftype in (HEADERS, PUSH_PROMISE, CONTINUATION):
             if ftype == CONTINUATION and not d.block:
                 self._lose_hpack(d, "orphan_continuation")
                 return
