@@ -54,8 +54,13 @@ def _private_dir(path: str) -> None:
 
 def sockets(directory: str | None = None) -> list[str]:
     """The agents' sockets in the run directory, newest first."""
-    found = glob.glob(os.path.join(directory or run_dir(), "agent-*.sock"))
-    return sorted(found, key=lambda p: -os.stat(p).st_mtime if os.path.exists(p) else 0)
+    def mtime(path: str) -> float:
+        try:
+            return os.stat(path).st_mtime
+        except OSError:
+            return 0.0  # removed since the listing: an agent that just stopped
+
+    return sorted(glob.glob(os.path.join(directory or run_dir(), "agent-*.sock")), key=mtime, reverse=True)
 
 
 class StateServer:
