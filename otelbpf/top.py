@@ -250,16 +250,8 @@ class _Notes(logging.Handler):
 
 
 def socket_source(path: str | None) -> Callable[[], dict]:
-    def fetch() -> dict:
-        where = path
-        if where is None:
-            found = endpoint.sockets()
-            if not found:
-                raise endpoint.EndpointError(f"no agent socket in {endpoint.run_dir()} (is `otelbpf run` running, "
-                                             "as this user? or give --socket / --pid)")
-            where = found[0]
-        return endpoint.fetch(where)
-    return fetch
+    """Snapshots from ``path``, or from the newest agent that answers in the run directory."""
+    return (lambda: endpoint.fetch(path)) if path else endpoint.fetch_newest
 
 
 def run(viewer: Viewer, interval_s: float = 1.0) -> int:

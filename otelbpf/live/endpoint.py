@@ -157,6 +157,21 @@ def fetch(path: str, timeout_s: float = 5.0) -> dict:
     return snap
 
 
+def fetch_newest(directory: str | None = None, timeout_s: float = 5.0) -> dict:
+    """A snapshot from the newest agent in the run directory that answers: a socket left by an
+    agent killed with -9 is passed over. Raises EndpointError naming the first failure."""
+    directory = directory or run_dir()
+    errors = []
+    for path in sockets(directory):
+        try:
+            return fetch(path, timeout_s)
+        except EndpointError as exc:
+            errors.append(str(exc))
+    if not errors:
+        raise EndpointError(f"no agent socket in {directory} (is `otelbpf run` running, as this user?)")
+    raise EndpointError(errors[0] + (f" (and {len(errors) - 1} more sockets)" if len(errors) > 1 else ""))
+
+
 def serve(snapshot: Callable[[], dict]) -> StateServer | None:
     """The agent's endpoint, or None (turned off, or the run directory refused: said in the log)."""
     if os.environ.get("OTELBPF_LIVE", "").lower() in ("0", "off", "false", "no"):

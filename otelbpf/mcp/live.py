@@ -18,13 +18,7 @@ class LiveSource:
 
     def snapshot(self) -> dict:
         """Raises EndpointError (no agent, a stale socket, a timeout)."""
-        path = self.socket_path
-        if path is None:
-            found = endpoint.sockets()
-            if not found:
-                raise endpoint.EndpointError(f"no agent socket in {endpoint.run_dir()} (is `otelbpf run` running?)")
-            path = found[0]
-        return endpoint.fetch(path)
+        return endpoint.fetch(self.socket_path) if self.socket_path else endpoint.fetch_newest()
 
     def profile_files(self) -> list[str]:
         return []

@@ -115,3 +115,20 @@ def test_a_run_directory_open_to_others_is_refused_and_the_agent_runs_on(run_dir
 def test_turned_off(run_dir: Path, monkeypatch) -> None:
     monkeypatch.setenv("OTELBPF_LIVE", "off")
     assert endpoint.serve(lambda: SNAP) is None and not run_dir.exists()
+
+
+def test_the_newest_agent_that_answers_is_taken_over_a_stale_socket(run_dir: Path) -> None:
+    with pytest.raises(EndpointError, match="no agent socket in"):
+        endpoint.fetch_newest()
+    server = StateServer(lambda: SNAP)
+    stale = run_dir / "agent-999999.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(stale))  # newer than the live one: an agent killed with -9 after it started
+    s.close()
+    try:
+        assert endpoint.sockets()[0] == str(stale)
+        assert endpoint.fetch_newest() == SNAP
+    finally:
+        server.close()
+    with pytest.raises(EndpointError, match="stale socket"):
+        endpoint.fetch_newest()
