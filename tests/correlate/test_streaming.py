@@ -215,3 +215,35 @@ def test_gaps_histogram_buckets_like_otel():
     for t in (10, 30, 35):
         p.add(t)
     assert (p.n, p.first_ns, p.last_ns, p.gaps.n, p.gaps.max) == (3, 10, 35, 2, 20e-9)
+
+
+def test_http2_sse_completion_is_read_from_data_frames():
+    """An OpenAI-compatible completion over HTTP/2 (h2c): the request body and the SSE events are read
+    from DATA frames, HEADERS and DATA of the request in one chunk."""
+    enc_c, enc_s = Encoder(), Encoder()
+    body = json.dumps({"model": "h2-model", "stream": True, "messages": []}).encode()
+    request = [(":method", "POST"), (":scheme", "http"), (":path", "/v1/chat/completions"), (":authority", "api"),
+               ("content-type", "application/json")]
+    c2s = headers_frame(enc_c.encode(request), 1) + data_frame(body, 1, end_stream=True)
+    client, server_preface = h2_connection([(c2s, b"")])
+    w = Wire()
+    w.accept(7)
+    w.client_sent(7, client)
+    w.server_sent(7, server_preface)
+    w._t += 30 * MS
+    w.server_sent(7, headers_frame(enc_s.encode([(":status", "200"), ("content-type", "text/event-stream")]), 1))
+    for i in range(3):
+        w._t += 10 * MS
+        w.server_sent(7, data_frame(sse_event(token(i)), 1))
+    usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}
+    w.server_sent(7, data_frame(sse_event(usage) + sse_event(b"[DONE]"), 1, end_stream=True))
+    w.close(7)
+    w.flush()
+    (span,) = w.spans
+    a = span.attributes
+    assert (a["gen_ai.request.model"], a["gen_ai.response.model"], a["gen_ai.usage.input_tokens"],
+            a["gen_ai.usage.output_tokens"]) == ("h2-model", "llama-3-8b-instruct", 4, 3)
+    assert a["otelbpf.http.response.events"] == 5 and a["otelbpf.http.response.chunks"] == 4
+    assert a["otelbpf.http.response.time_to_first_event"] == pytest.approx(0.040, abs=1e-4)
+    (ttft,) = metric_points(w, "gen_ai.server.time_to_first_token")
+    assert ttft.sum == pytest.approx(0.040, abs=1e-4)
