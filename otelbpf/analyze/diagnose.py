@@ -42,6 +42,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
+from otelbpf.analyze.gpu_idle import gpu_idle, write_gpu_idle
 from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read, load_metrics
 
 #: How each cause's cost is estimated (printed with --explain, and in docs).
@@ -414,8 +415,11 @@ def run(directory: str, out: TextIO, err: TextIO, as_json: bool = False) -> int:
         return 2
     try:
         findings = diagnose(directory)
+        idle = gpu_idle(directory)  # the GPU's own account (NVML) before the causes
     except ValueError as exc:
         err.write(f"otelbpf diagnose: {exc}\n")
         return 2
+    if not as_json:
+        write_gpu_idle(idle, out)
     write_report(findings, out, as_json)
     return 1 if findings else 0
