@@ -574,17 +574,20 @@ def detach_in_background(bpf: Any) -> int | None:
     Releasing a uprobe's perf event waits out an RCU grace period under the kernel's global
     trace event mutex: ~0.1 s each on this VM under load, one after another, so 700 probes
     (the default receivers on a host with a dozen CUDA/NCCL libraries) held SIGTERM for 88 s.
-    The releaser is ``/bin/true`` started with those fds (vfork+exec: no fork handlers run in
-    this threaded process) in its own session: its exit closes them, in the kernel, and the
-    agent's own copies are then not the last references. Until it is gone the probes still
-    fire (their events reach no reader): the traced programs pay their cost for that long.
+    The releaser is ``cat`` started with those fds (vfork+exec: no fork handlers run in this
+    threaded process) in its own session, reading a pipe from the agent: the agent closes its
+    own copies first (cheap: they are not the last references), then the pipe; ``cat`` exits
+    at the end of its input and its exit releases the probes, in the kernel. (A releaser that
+    exited at once could beat the agent's closes and leave the slow last close to the agent.)
+    Until it is gone the probes still fire (their events reach no reader): the traced
+    programs pay their cost for that long.
     ``OTELBPF_DETACH=wait`` detaches in place instead. Returns the releaser's pid."""
     fds = [*bpf.uprobe_fds.values(), *bpf.tracepoint_fds.values(),
            *(fd for per_cpu in bpf.open_perf_events.values() for fd in per_cpu.values())]
     if not fds:
         return None
     try:
-        releaser = subprocess.Popen(["/bin/true"], pass_fds=fds, start_new_session=True, stdin=subprocess.DEVNULL,
+        releaser = subprocess.Popen(["cat"], pass_fds=fds, start_new_session=True, stdin=subprocess.PIPE,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError as exc:
         log.warning("cannot release probes in the background (%s): detaching in place", exc)
@@ -597,6 +600,8 @@ def detach_in_background(bpf: Any) -> int | None:
     bpf.uprobe_fds.clear()
     bpf.tracepoint_fds.clear()
     bpf.open_perf_events.clear()
+    if releaser.stdin is not None:
+        releaser.stdin.close()  # the end of its input: it exits, and its exit releases the probes
     log.info("releasing %d probes in the background (pid %d)", len(fds), releaser.pid)
     return releaser.pid
 
