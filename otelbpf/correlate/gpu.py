@@ -140,7 +140,7 @@ class GpuCorrelator:
 
     def _device_metrics(self, devices: list[DeviceSample], means: dict[tuple[str, str], float | None],
                         xids: dict[tuple[Device, int], int], now: int) -> list[Metric]:
-        def points(value: Callable[[DeviceSample], float | None], **extra: object) -> list[tuple[Attrs, float]]:
+        def points(value: Callable[[DeviceSample], float | None], **extra: str) -> list[tuple[Attrs, float]]:
             return [({**device_attributes(d.device), **extra}, v) for d in devices if (v := value(d)) is not None]
 
         def mean(what: str) -> Callable[[DeviceSample], float | None]:
