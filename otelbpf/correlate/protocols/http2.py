@@ -317,8 +317,11 @@ class Stream:
 class _Direction:
     """One direction's frames and HPACK decoding state."""
 
-    def __init__(self, client_to_server: bool, limits: Limits = DEFAULT) -> None:
-        self.reader = FrameReader(expect_preface=client_to_server, keep_limit=limits.header_block)
+    def __init__(self, client_to_server: bool, limits: Limits = DEFAULT, *,
+                 on_frame: Callable[[Frame], None] | None = None,
+                 wants_data: Callable[[int], bool] = lambda stream_id: False) -> None:
+        self.reader = FrameReader(expect_preface=client_to_server, keep_limit=limits.header_block,
+                                  on_frame=on_frame, wants_data=wants_data)
         self.decoder = Decoder()
         self.decoder.max_header_list_size = limits.header_block
         self._table_cap = limits.hpack_table
@@ -393,11 +396,9 @@ class H2Connection:
                  on_response: Callable[[Stream], None] = lambda s: None,
                  on_streaming: Callable[[Stream], None] = lambda s: None, limits: Limits = DEFAULT,
                  held: Held | None = None) -> None:
-        self._dirs = {True: _Direction(True, limits), False: _Direction(False, limits)}
-        for c2s, d in self._dirs.items():
-            d.reader = FrameReader(expect_preface=c2s, keep_limit=limits.header_block,
-                                   on_frame=functools.partial(self._frame, c2s, d),
-                                   wants_data=functools.partial(self._wants_data, c2s))
+        self._dirs = {c2s: _Direction(c2s, limits, on_frame=functools.partial(self._on_frame, c2s),
+                                      wants_data=functools.partial(self._wants_data, c2s))
+                      for c2s in (True, False)}
         self._on_response = on_response
         self._on_streaming = on_streaming
         self._limits = limits
@@ -436,6 +437,9 @@ class H2Connection:
         return self._dirs[True].reader.broken or self._dirs[False].reader.broken
 
     # -- frames ------------------------------------------------------------
+
+    def _on_frame(self, c2s: bool, f: Frame) -> None:
+        self._frame(c2s, self._dirs[c2s], f)
 
     def _frame(self, c2s: bool, d: _Direction, f: Frame) -> None:
         ftype = f.type
