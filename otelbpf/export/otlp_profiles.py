@@ -30,10 +30,7 @@ from __future__ import annotations
 
 import gzip
 import logging
-import threading
-import time
 import uuid
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -47,12 +44,12 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
 from otelbpf.base.health import Health
-from otelbpf.base.threadname import name_os_thread
 from otelbpf.config import OtlpExporterConfig, OtlpHttpExporterConfig, RetryConfig, to_seconds
 from otelbpf.correlate.profile_record import Profile
 from otelbpf.correlate.profiles import SCOPE
 from otelbpf.correlate.stacks import Frame
 from otelbpf.export.profile_export import ProfileRecord
+from otelbpf.export.sender import Permanent, QueuedSender, Retry, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -246,19 +243,9 @@ def encode_request(records: Sequence[ProfileRecord]) -> service_pb2.ExportProfil
 # --- transports -------------------------------------------------------------------------------
 
 
-class _Permanent(Exception):
-    """The server refused the request for good."""
-
-
-class _Retry(Exception):
-    def __init__(self, message: str, after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.after_s = after_s
-
-
 class Transport(Protocol):
     def send(self, request: service_pb2.ExportProfilesServiceRequest) -> service_pb2.ExportProfilesServiceResponse:
-        """Send once; raise ``_Retry`` or ``_Permanent`` when it did not go."""
+        """Send once; raise ``Retry`` or ``Permanent`` when it did not go."""
 
     def close(self) -> None: ...
 
@@ -306,8 +293,8 @@ class GrpcTransport:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             detail = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
             if code in _RETRY_CODES:
-                raise _Retry(detail, _retry_info_s(exc)) from None
-            raise _Permanent(detail) from None
+                raise Retry(detail, _retry_info_s(exc)) from None
+            raise Permanent(detail) from None
 
     def close(self) -> None:
         self._channel.close()
@@ -334,7 +321,7 @@ class HttpTransport:
             resp = self._session.post(self._url, data=gzip.compress(body, 6) if self._gzip else body,
                                       timeout=self._timeout)
         except requests.RequestException as exc:
-            raise _Retry(str(exc)) from None
+            raise Retry(str(exc)) from None
         if resp.status_code < 300:
             answer = service_pb2.ExportProfilesServiceResponse()
             if resp.content and "protobuf" in resp.headers.get("Content-Type", ""):
@@ -345,20 +332,11 @@ class HttpTransport:
             return answer
         detail = f"HTTP {resp.status_code}: {resp.text[:200].strip()}"
         if resp.status_code in _RETRY_HTTP:
-            raise _Retry(detail, _retry_after(resp.headers.get("Retry-After")))
-        raise _Permanent(detail)
+            raise Retry(detail, retry_after(resp.headers.get("Retry-After")))
+        raise Permanent(detail)
 
     def close(self) -> None:
         self._session.close()
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        return None
 
 
 def transport_for(cfg: OtlpExporterConfig | OtlpHttpExporterConfig) -> Transport:
@@ -375,99 +353,31 @@ class OtlpProfileExporter:
                  max_queue_size: int = DEFAULT_QUEUE_SIZE) -> None:
         self.name = name
         self._transport = transport
-        self._health = health
-        self._retry = retry or RetryConfig()
-        self._max = max_queue_size
-        self._queue: deque[ProfileRecord] = deque()
-        self._cv = threading.Condition()
-        self._closing = False
-        self._deadline = float("inf")  # when closing: give up sending after this
-        self._thread = threading.Thread(target=self._run, name=f"otelbpf-{name}", daemon=True)
-        self._thread.start()
+        self._sender: QueuedSender[ProfileRecord] = QueuedSender(
+            name, "profiles", health, self._send, retry=retry or RetryConfig(), max_queue_size=max_queue_size,
+            batch_size=BATCH_RECORDS, on_close=transport.close)
 
     def export(self, records: Sequence[ProfileRecord]) -> None:
-        dropped = 0
-        with self._cv:
-            for r in records:
-                if len(self._queue) >= self._max:
-                    self._queue.popleft()
-                    dropped += 1
-                self._queue.append(r)
-            self._cv.notify()
-        if dropped:
-            self._drop(dropped, "queue_full")
+        self._sender.export(records)
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._sender)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Send what is queued for at most ``timeout_s``; what is left is dropped and counted."""
-        with self._cv:
-            self._closing = True
-            self._deadline = time.monotonic() + timeout_s
-            self._cv.notify()
-        self._thread.join(timeout_s + 1)
-        with self._cv:
-            left = len(self._queue)
-            self._queue.clear()
-        if left:
-            self._drop(left, "shutdown")
-        self._transport.close()
+        self._sender.shutdown(timeout_s)
 
-    def _drop(self, n: int, reason: str) -> None:
-        self._health.add("otelbpf.export.dropped", n, signal="profiles", reason=reason, exporter=self.name)
-
-    def _run(self) -> None:
-        name_os_thread(f"otelbpf-{self.name}"[:15])
-        while True:
-            with self._cv:
-                while not self._queue and not self._closing:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH_RECORDS))]
-            try:
-                request = encode_request(batch)
-            except (ValueError, TypeError) as exc:
-                log.warning("otlp profiles exporter %s: %d profiles not encodable: %s", self.name, len(batch), exc)
-                self._drop(len(batch), "unencodable")
-                continue
-            self._send_with_retries(request, len(batch))
-
-    def _send_with_retries(self, request: service_pb2.ExportProfilesServiceRequest, records: int) -> None:
-        delay = to_seconds(self._retry.initial_interval)
-        give_up = time.monotonic() + to_seconds(self._retry.max_elapsed_time)
-        while True:
-            try:
-                answer = self._transport.send(request)
-            except _Permanent as exc:
-                log.warning("otlp profiles exporter %s: profiles refused: %s", self.name, exc)
-                reason = "refused"
-            except _Retry as exc:
-                wait = exc.after_s if exc.after_s is not None else delay
-                if time.monotonic() + wait < min(give_up, self._deadline):
-                    self._health.add("otelbpf.export.retries", 1, signal="profiles", exporter=self.name)
-                    log.info("otlp profiles exporter %s: %s; retrying in %.1fs", self.name, exc, wait)
-                    self._sleep(wait)
-                    delay = min(delay * 2, to_seconds(self._retry.max_interval))
-                    continue
-                log.warning("otlp profiles exporter %s: giving up on %d profiles: %s", self.name, records, exc)
-                reason = "export_failed"
-            else:
-                self._health.add("otelbpf.export.sent", records, signal="profiles", exporter=self.name)
-                rejected = answer.partial_success.rejected_profiles
-                if rejected:
-                    log.warning("otlp profiles exporter %s: the server rejected %d profiles: %s", self.name, rejected,
-                                answer.partial_success.error_message[:200])
-                    self._drop(rejected, "rejected")
-                return
-            self._health.add("otelbpf.export.failures", 1, signal="profiles", exporter=self.name)
-            self._drop(records, reason)
-            return
-
-    def _sleep(self, seconds: float) -> None:
-        with self._cv:
-            self._cv.wait_for(lambda: time.monotonic() >= self._deadline, timeout=seconds)
+    def _send(self, batch: list[ProfileRecord]) -> None:
+        try:
+            request = encode_request(batch)
+        except (ValueError, TypeError) as exc:
+            raise Permanent(f"not encodable: {exc}", reason="unencodable") from None
+        answer = self._transport.send(request)
+        rejected = answer.partial_success.rejected_profiles
+        if rejected:
+            log.warning("otlp profiles exporter %s: the server rejected %d profiles: %s", self.name, rejected,
+                        answer.partial_success.error_message[:200])
+            self._sender.drop(rejected, "rejected")
 
 
 def otlp_profile_exporter(name: str, cfg: OtlpExporterConfig | OtlpHttpExporterConfig, health: Health,

@@ -19,36 +19,23 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
-import time
 import urllib.parse
 import uuid
-from collections import deque
 from collections.abc import Sequence
 
 import requests
 
 from otelbpf.base.health import Health
-from otelbpf.base.threadname import name_os_thread
 from otelbpf.config import PyroscopeExporterConfig, to_seconds
 from otelbpf.export.profile_export import ProfileRecord
 from otelbpf.export.proto.push.v1 import push_pb2
+from otelbpf.export.sender import Permanent, QueuedSender, Retry, retry_after
 
 log = logging.getLogger(__name__)
 
 PUSH_PATH = "/push.v1.PusherService/Push"
 INGEST_PATH = "/ingest"
 SPY_NAME = "otelbpf"
-
-
-class _Permanent(Exception):
-    """The server refused the request for good (a 4xx other than 429)."""
-
-
-class _Retry(Exception):
-    def __init__(self, message: str, after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.after_s = after_s
 
 
 def push_request(records: Sequence[ProfileRecord]) -> bytes:
@@ -77,7 +64,6 @@ class PyroscopeExporter:
             raise ValueError("pyroscope exporter without endpoint")
         self.name = name
         self.cfg = cfg
-        self._health = health
         self._base = cfg.endpoint.rstrip("/")
         self._session = requests.Session()
         self._session.headers.update(cfg.headers)
@@ -88,91 +74,29 @@ class PyroscopeExporter:
             self._session.headers["Authorization"] = f"Bearer {cfg.bearer_token}"
         if cfg.tenant_id:
             self._session.headers["X-Scope-OrgID"] = cfg.tenant_id
-        self._queue: deque[ProfileRecord] = deque()
-        self._cv = threading.Condition()
-        self._closing = False
-        self._deadline = float("inf")  # when closing: give up sending after this
-        self._thread = threading.Thread(target=self._run, name=f"otelbpf-{name}", daemon=True)
-        self._thread.start()
-
-    # -- queue ---------------------------------------------------------------
+        self._sender: QueuedSender[ProfileRecord] = QueuedSender(
+            name, "profiles", health, self._send, retry=cfg.retry, max_queue_size=cfg.max_queue_size,
+            on_close=self._session.close)
 
     def export(self, records: Sequence[ProfileRecord]) -> None:
-        dropped = 0
-        with self._cv:
-            for r in records:
-                if len(self._queue) >= self.cfg.max_queue_size:
-                    self._queue.popleft()
-                    dropped += 1
-                self._queue.append(r)
-            self._cv.notify()
-        if dropped:
-            self._health.add(
-                "otelbpf.export.dropped", dropped, signal="profiles", reason="queue_full", exporter=self.name
-            )
+        self._sender.export(records)
 
     def __len__(self) -> int:
-        return len(self._queue)
-
-    def _run(self) -> None:
-        name_os_thread(f"otelbpf-{self.name}"[:15])
-        while True:
-            with self._cv:
-                while not self._queue and not self._closing:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                record = self._queue.popleft()
-            self._send_with_retries(record)
+        return len(self._sender)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Send what is queued for at most ``timeout_s``; what is left is dropped and counted."""
-        with self._cv:
-            self._closing = True
-            self._deadline = time.monotonic() + timeout_s
-            self._cv.notify()
-        self._thread.join(timeout_s + 1)
-        with self._cv:
-            left = len(self._queue)
-            self._queue.clear()
-        if left:
-            self._health.add("otelbpf.export.dropped", left, signal="profiles", reason="shutdown", exporter=self.name)
-        self._session.close()
+        self._sender.shutdown(timeout_s)
 
-    # -- sending -------------------------------------------------------------
+    def _send(self, batch: list[ProfileRecord]) -> None:
+        """One profile per request (the sender's batch size is 1)."""
+        try:
+            for r in batch:
+                self._post(r)
+        except requests.RequestException as exc:
+            raise Retry(str(exc)) from None
 
-    def _send_with_retries(self, record: ProfileRecord) -> None:
-        retry = self.cfg.retry
-        delay = to_seconds(retry.initial_interval)
-        give_up = time.monotonic() + to_seconds(retry.max_elapsed_time)
-        while True:
-            try:
-                self._send(record)
-                self._health.add("otelbpf.export.sent", 1, signal="profiles", exporter=self.name)
-                return
-            except _Permanent as exc:
-                log.warning("pyroscope exporter %s: profile refused: %s", self.name, exc)
-                reason = "refused"
-            except (_Retry, requests.RequestException) as exc:
-                wait = getattr(exc, "after_s", None) or delay
-                now = time.monotonic()
-                if now + wait < min(give_up, self._deadline):
-                    self._health.add("otelbpf.export.retries", 1, signal="profiles", exporter=self.name)
-                    log.info("pyroscope exporter %s: %s; retrying in %.1fs", self.name, exc, wait)
-                    self._sleep(wait)
-                    delay = min(delay * 2, to_seconds(retry.max_interval))
-                    continue
-                log.warning("pyroscope exporter %s: giving up on a profile: %s", self.name, exc)
-                reason = "export_failed"
-            self._health.add("otelbpf.export.failures", 1, signal="profiles", exporter=self.name)
-            self._health.add("otelbpf.export.dropped", 1, signal="profiles", reason=reason, exporter=self.name)
-            return
-
-    def _sleep(self, seconds: float) -> None:
-        with self._cv:
-            self._cv.wait_for(lambda: time.monotonic() >= self._deadline, timeout=seconds)
-
-    def _send(self, r: ProfileRecord) -> None:
+    def _post(self, r: ProfileRecord) -> None:
         timeout = to_seconds(self.cfg.timeout)
         if self.cfg.protocol == "push":
             resp = self._session.post(
@@ -195,14 +119,6 @@ class PyroscopeExporter:
             return
         detail = f"HTTP {resp.status_code}: {resp.text[:200].strip()}"
         if resp.status_code == 429 or resp.status_code >= 500:
-            raise _Retry(detail, _retry_after(resp.headers.get("Retry-After")))
-        raise _Permanent(detail)
+            raise Retry(detail, retry_after(resp.headers.get("Retry-After")))
+        raise Permanent(detail)
 
-
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        return None
