@@ -149,5 +149,7 @@ def test_the_stand_in_drivers_values_arrive_exactly(otlp_collector, tmp_path, gp
                 for p in c.latest_points("otelbpf.gpu.nvml.failures")}
     assert failures == {("nvmlDeviceGetPowerUsage", "not_supported"): 1,
                         ("nvmlDeviceGetFieldValues.nvlink", "not_supported"): 2}
+    assert {(p.attributes["hw.id"], p.attributes["hw.state"], p.value) for p in c.latest_points("hw.status")} == {
+        (GPU0, "ok", 1), (GPU0, "failed", 0), (GPU1, "ok", 1), (GPU1, "failed", 0)}
     assert "XID 79 on GPU 1" in agent.output
     assert os.path.exists(f"/proc/{gpu_process}")  # the process NVML named was only read

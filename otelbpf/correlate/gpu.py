@@ -127,6 +127,9 @@ class GpuCorrelator:
         now = time.time_ns()
         out: list[tuple[Resource, list[Metric]]] = []
         device_metrics = self._device_metrics(sample.devices, means, xids, now)
+        status = self._status(sample, now)
+        if status is not None:
+            device_metrics.append(status)
         if device_metrics:
             out.append((self._resource(), device_metrics))
         by_pid: dict[int, list[ProcessSample]] = {}
@@ -184,6 +187,15 @@ class GpuCorrelator:
                              start, now),
         ]
         return [x for x in found if x is not None]
+
+    def _status(self, sample: Sample, now: int) -> Metric | None:
+        """``hw.status`` per device: 1 for its state (``ok`` while read, ``failed`` once lost), 0 for the other."""
+        states = [(d.device, "ok") for d in sample.devices] + [(d, "failed") for d in sample.lost]
+        return m.cumulative_sum(
+            "hw.status", "1", "Operational status of the GPU: 1 for its state, 0 for the other",
+            [({**device_attributes(dev), "hw.state": state}, int(state == current))
+             for dev, current in sorted(states, key=lambda s: s[0].index) for state in ("ok", "failed")],
+            self._start_ns, now, monotonic=False)
 
     def _process_metrics(self, procs: list[ProcessSample], means: dict[tuple[str, int, str], float | None],
                          now: int) -> list[Metric]:

@@ -105,6 +105,7 @@ class Sample:
     devices: list[DeviceSample] = field(default_factory=list)
     processes: list[ProcessSample] = field(default_factory=list)
     xids: list[XidEvent] = field(default_factory=list)
+    lost: list[Device] = field(default_factory=list)  # NVML_ERROR_GPU_IS_LOST: no longer read
 
 
 def _reason(exc: BaseException) -> str:
@@ -297,10 +298,9 @@ class NvmlSampler:
         """Read every device once (the sampler thread's work; callable directly)."""
         out = Sample(time.time_ns())
         for device, handle in self._handles:
-            if device.index in self._lost:
-                continue
-            reading = self._device(device, handle)
-            if device.index in self._lost:  # lost while being read: nothing of it is reported
+            reading = None if device.index in self._lost else self._device(device, handle)
+            if reading is None or device.index in self._lost:  # lost, maybe while being read
+                out.lost.append(device)
                 continue
             out.devices.append(reading)
             if self._per_process:

@@ -69,6 +69,7 @@ def test_every_device_metric_with_its_convention_name_unit_kind_and_identity():
         "hw.temperature": ("Cel", Gauge, None),
         "otelbpf.gpu.pcie.throughput": ("By/s", Gauge, None),
         "hw.gpu.io": ("By", Sum, True),
+        "hw.status": ("1", Sum, False),
     }
     assert set(got) == set(expected)
     for name, (unit, kind, monotonic) in expected.items():
@@ -107,7 +108,7 @@ def test_values_nvml_could_not_give_are_left_out_not_zero():
     c.on_sample(Sample(1, devices=[DeviceSample(GPU1, utilization=0.0, memory_used=0, memory_total=80 << 30)]))
     collected = c.collect()
     assert set(by_name(collected)) == {"hw.gpu.utilization", "hw.gpu.memory.usage", "hw.gpu.memory.limit",
-                                       "hw.gpu.memory.utilization"}
+                                       "hw.gpu.memory.utilization", "hw.status"}
     assert [v for _a, v in points(collected, "hw.gpu.utilization")] == [0.0]
 
 
@@ -173,3 +174,17 @@ def test_xid_series_are_bounded_and_the_excess_counted(monkeypatch):
                                             XidEvent(GPU0, 13)]))
     assert sorted(a["otelbpf.gpu.xid"] for a, _v in points(c.collect(), "hw.errors")) == [13, 31]
     assert health.get("otelbpf.gpu.xid.dropped") == 1
+
+
+def test_a_lost_gpu_is_failed_in_hw_status_and_its_readings_stop():
+    c, _ = correlator()
+    c.on_sample(Sample(1, devices=[full(GPU0, 0.5), full(GPU1, 0.5)]))
+    before = points(c.collect(), "hw.status")
+    assert sorted((a["hw.id"], a["hw.state"], v) for a, v in before) == [
+        ("GPU-aaaa", "failed", 0), ("GPU-aaaa", "ok", 1), ("GPU-bbbb", "failed", 0), ("GPU-bbbb", "ok", 1)]
+    c.on_sample(Sample(2, devices=[full(GPU0, 0.5)], lost=[GPU1]))
+    collected = c.collect()
+    assert sorted((a["hw.id"], a["hw.state"], v) for a, v in points(collected, "hw.status")) == [
+        ("GPU-aaaa", "failed", 0), ("GPU-aaaa", "ok", 1), ("GPU-bbbb", "failed", 1), ("GPU-bbbb", "ok", 0)]
+    assert {a["hw.id"] for a, _v in points(collected, "hw.gpu.utilization")} == {"GPU-aaaa"}
+    assert all(a["hw.type"] == "gpu" for a, _v in points(collected, "hw.status"))

@@ -77,7 +77,8 @@ SAMPLE_FOR = textwrap.dedent("""
         "devices": [d.__dict__ for d in sampler.devices],
         "samples": [{"devices": [{**d.__dict__, "device": d.device.index} for d in s.devices],
                      "processes": [{**p.__dict__, "device": p.device.index} for p in s.processes],
-                     "xids": [(x.device.index, x.xid) for x in s.xids]} for s in samples],
+                     "xids": [(x.device.index, x.xid) for x in s.xids],
+                     "lost": [d.index for d in s.lost]} for s in samples],
         "health": health.snapshot(),
     }))
 """)
@@ -136,6 +137,7 @@ def test_gpu1_unsupported_calls_are_asked_once_and_its_loss_ends_its_reading(fak
     assert all(d["utilization"] == 0.0 and d["memory_used"] == 0 for d in gpu1)
     assert fake_run["samples"][-1]["devices"][-1]["device"] == 0  # lost at 1.2 s: no longer in samples
     assert len(gpu1) < len(fake_run["samples"])
+    assert [s["lost"] for s in fake_run["samples"]] == [[]] * len(gpu1) + [[1]] * (len(fake_run["samples"]) - len(gpu1))
     failures = {(a["function"], a["reason"]): n for name, a, n in fake_run["health"]}
     assert failures == {
         ("nvmlDeviceGetPowerUsage", "not_supported"): 1,
