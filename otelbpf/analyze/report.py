@@ -2,51 +2,41 @@
 
 Findings first (``diagnose``, ranked by the time they cost, with their evidence and fix),
 then one section per process: what it did (CUDA launches, bytes copied, off-CPU time by
-reason), the CUDA API time per call, a flame graph of each profile the profiling receiver
-wrote (``profiles/*.pb.gz``, merged per process and kind), and an off-CPU flame graph of
-the sched receiver's ``off_cpu`` spans (thread, reason, kernel stack).
+reason), the CUDA API time per call, a timeline of its spans (lanes: off-CPU, CUDA API,
+syncs, copies, NCCL; ``report_timeline``), the AI flame graph (CUDA calls and kernels on
+top of the code that made them, weights switchable: ``report_ai``), and a flame graph of
+each profile the profiling receiver wrote (``profiles/*.pb.gz``: CPU merged over every
+interval, CUDA memory in use at the last one) and of the sched receiver's ``off_cpu`` spans
+(thread, reason, kernel stack).
 
-The page is self-contained: CSS and the little script that zooms the flame graphs are
-inline, nothing is fetched. The flame graphs are rendered here as nested blocks (each
-frame's width its share of the samples), so the page shows them without a script too.
-A folder that is partly unreadable gives a partial report with the reason, never a
-traceback.
+The page is self-contained and works offline: the charts are drawn by d3 and
+d3-flame-graph, vendored in ``report_assets/`` (versions and licenses in its README) and
+inlined with the data (one JSON block); CSS is inline; nothing is fetched. The findings and
+tables are plain HTML, readable without the scripts. A folder that is partly unreadable
+gives a partial report with the reason, never a traceback.
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
 import html
+import json
 import os
-import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from importlib import resources
 from typing import TextIO
 
+from otelbpf.analyze import report_ai
 from otelbpf.analyze.diagnose import COSTS, SCHED_SCOPE, Finding, diagnose
+from otelbpf.analyze.report_ai import PROFILE_NAME, AiSpans, Weight
+from otelbpf.analyze.report_timeline import Timeline
+from otelbpf.analyze.report_tree import Node, read_profile
 from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read, load_metrics
-from otelbpf.export.proto import profile_pb2
 
-#: Frames narrower than this share of a flame graph's total are left out (unreadable anyway).
-MIN_FRAME_SHARE = 0.002
-MAX_DEPTH = 128
-_PROFILE_NAME = re.compile(r"^(?P<service>.+)-(?P<pid>\d+)-(?P<kind>[a-z_]+)-(?P<ms>\d+)\.pb\.gz$")
-
-
-@dataclass
-class Node:
-    name: str
-    value: int = 0
-    children: dict[str, Node] = field(default_factory=dict)
-
-    def add(self, frames: list[str], value: int) -> None:
-        """``frames`` root first."""
-        self.value += value
-        node = self
-        for f in frames[:MAX_DEPTH]:
-            node = node.children.setdefault(f, Node(f))
-            node.value += value
+#: The vendored scripts, inlined in this order (d3-flame-graph takes its modules from ``d3``).
+ASSETS = ("d3.min.js", "d3-flamegraph.min.js")
+__all__ = ["read_profile", "render", "run"]
 
 
 @dataclass
@@ -54,9 +44,10 @@ class FlameGraph:
     service: str
     pid: int
     kind: str
-    unit: str                # what the values count ("samples", "bytes", ...)
+    unit: str                # pprof-style "type/unit" of the values ("cpu/nanoseconds", ...)
     root: Node
     files: int = 0
+    note: str = ""           # what the graph is made of, for its heading
 
 
 @dataclass
@@ -66,62 +57,56 @@ class ApiTime:
     max_ns: int = 0
 
 
-def read_profile(path: str) -> tuple[str, list[tuple[list[str], int]]]:
-    """(sample type, [(frames root first, value)]) of one pprof file: the CPU profile's
-    ``cpu`` values if it has them, else its first sample type."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    prof = profile_pb2.Profile()
-    prof.ParseFromString(data)
-    strings = list(prof.string_table)
-    types = [f"{strings[t.type]}/{strings[t.unit]}" for t in prof.sample_type]
-    index = next((i for i, t in enumerate(types) if t.startswith("cpu/")), 0)
-    functions = {fn.id: strings[fn.name] for fn in prof.function}
-    locations: dict[int, list[str]] = {}
-    for loc in prof.location:
-        # lines are innermost first within one location (inlined calls)
-        names = [functions.get(line.function_id, "?") for line in loc.line] or [f"0x{loc.address:x}"]
-        locations[loc.id] = names
-    samples = []
-    for s in prof.sample:
-        if index >= len(s.value):
-            continue
-        frames: list[str] = []
-        for lid in s.location_id:  # leaf first
-            frames.extend(locations.get(lid, ["?"]))
-        samples.append((frames[::-1], int(s.value[index])))
-    return (types[index] if types else "samples/count"), samples
-
-
 def flame_graphs(directory: str, problems: list[str]) -> list[FlameGraph]:
-    """One graph per (process, kind), every interval's file merged."""
+    """One graph per (process, kind): CPU merged over every interval; CUDA memory in use as
+    the last interval saw it (a balance, not a sum over intervals)."""
     graphs: dict[tuple[str, int, str], FlameGraph] = {}
-    for path in sorted(glob.glob(os.path.join(directory, "profiles", "*.pb.gz"))):
-        m = _PROFILE_NAME.match(os.path.basename(path))
+    for path in sorted(glob.glob(os.path.join(directory, "profiles", "*.pb.gz")),
+                       key=lambda p: int(m["ms"]) if (m := PROFILE_NAME.match(os.path.basename(p))) else 0):
+        m = PROFILE_NAME.match(os.path.basename(path))
         if not m:
             continue
         try:
             unit, samples = read_profile(path)
-        except Exception as exc:  # a truncated or foreign file: say so, go on
+        except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: say so, go on
             problems.append(f"{path}: not a readable pprof profile ({type(exc).__name__}: {exc})")
             continue
         key = (m["service"], int(m["pid"]), m["kind"])
+        if unit.startswith("inuse_"):  # newer interval replaces the older
+            graphs.pop(key, None)
         g = graphs.setdefault(key, FlameGraph(key[0], key[1], key[2], unit, Node("all")))
         g.files += 1
+        g.note = ("in use at the last interval" if unit.startswith("inuse_")
+                  else f"{g.files} interval{'s' if g.files != 1 else ''}")
         for frames, value in samples:
             g.root.add(frames, value)
     return [g for g in graphs.values() if g.root.value > 0]
 
 
-def from_spans(directory: str, partial: list[str] | None = None) -> tuple[dict[tuple, dict[str, ApiTime]],
-                                                                          dict[tuple, FlameGraph]]:
-    """Per process: traced time per CUDA API function (the CUDA spans), and an off-CPU flame
-    graph (the sched receiver's ``off_cpu`` spans: thread, reason, then the kernel stack
-    outermost first, weighted by time off the CPU)."""
-    calls: dict[tuple, dict[str, ApiTime]] = defaultdict(lambda: defaultdict(ApiTime))
-    off: dict[tuple, FlameGraph] = {}
+class _Spans:
+    """Span visitor: traced time per CUDA API function, and the off-CPU flame graph (the sched
+    receiver's ``off_cpu`` spans: thread, reason, then the kernel stack outermost first,
+    weighted by time off the CPU)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple, dict[str, ApiTime]] = defaultdict(lambda: defaultdict(ApiTime))
+        self.off: dict[tuple, FlameGraph] = {}
+
+    def span(self, key: tuple, scope: str | None, sp: dict, a: dict, d: int) -> None:
+        if scope == "otelbpf.cuda":
+            t = self.calls[key][sp["name"]]
+            t.calls += 1
+            t.total_ns += d
+            t.max_ns = max(t.max_ns, d)
+        elif scope == SCHED_SCOPE:
+            g = self.off.setdefault(key, FlameGraph(str(key[0]), int(key[1] or 0), "off_cpu", "off_cpu/nanoseconds",
+                                                    Node("all"), 1, "off_cpu spans: thread, reason, kernel stack"))
+            stack = [str(f) for f in reversed(a.get("otelbpf.sched.kernel_stack") or [])]
+            g.root.add([f"thread {a.get('thread.name', '?')}", str(a.get("otelbpf.sched.reason", "?")), *stack], d)
+
+
+def read_spans(directory: str, visitors: list, partial: list[str] | None = None) -> None:
+    """Every span of the folder, once, to each visitor's ``span(process key, scope, span, attributes, ns)``."""
 
     def add(req: dict) -> None:
         for rs in req.get("resourceSpans", []):
@@ -130,22 +115,11 @@ def from_spans(directory: str, partial: list[str] | None = None) -> tuple[dict[t
                 scope = ss.get("scope", {}).get("name")
                 for sp in ss.get("spans", []):
                     d = int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])
-                    if scope == "otelbpf.cuda":
-                        t = calls[key][sp["name"]]
-                        t.calls += 1
-                        t.total_ns += d
-                        t.max_ns = max(t.max_ns, d)
-                    elif scope == SCHED_SCOPE:
-                        a = _attrs(sp.get("attributes"))
-                        g = off.setdefault(key, FlameGraph(str(key[0]), int(key[1] or 0), "off_cpu",
-                                                           "off_cpu/nanoseconds", Node("all")))
-                        stack = [str(f) for f in reversed(a.get("otelbpf.sched.kernel_stack") or [])]
-                        g.root.add([f"thread {a.get('thread.name', '?')}", str(a.get("otelbpf.sched.reason", "?")),
-                                    *stack], d)
-                        g.files = 1
+                    a = _attrs(sp.get("attributes"))
+                    for v in visitors:
+                        v.span(key, scope, sp, a, d)
 
     _read(directory, "traces", add, partial)
-    return calls, off
 
 
 # -- HTML -------------------------------------------------------------------------
@@ -159,31 +133,78 @@ th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .finding{border-left:4px solid #c0392b;padding:.3em .8em;margin:.8em 0;background:#fdf3f2}
 .finding h3{margin:.2em 0}.fix{background:#eef7ee;padding:.3em .6em}.muted{color:#777}
 pre{background:#f7f7f7;padding:.5em;overflow:auto;max-height:20em;font-size:12px}
-.problem{color:#a00}
-.flame{position:relative;width:100%;border:1px solid #ddd;font:11px monospace;overflow:hidden}
-.flame div{position:absolute;height:16px;box-sizing:border-box;border:1px solid #fff;overflow:hidden;
-white-space:nowrap;cursor:pointer;padding-left:2px}
+.problem{color:#a00}.legend{font-size:12px;color:#444;margin:.2em 0}
+.chart{width:100%;border:1px solid #ddd;min-height:20px}.details{font:12px monospace;min-height:1.4em;color:#333}
+.timeline rect{fill-opacity:.85}.timeline text{font:11px system-ui,sans-serif}
 """
 
-_JS = """
-document.querySelectorAll('.flame').forEach(function(g){
-  g.addEventListener('click',function(e){
-    var t=e.target; if(!t.dataset||t.dataset.x===undefined)return;
-    var x0=+t.dataset.x,w0=+t.dataset.w,d0=+t.dataset.d;
-    g.querySelectorAll('div').forEach(function(b){
-      var x=+b.dataset.x,w=+b.dataset.w,d=+b.dataset.d;
-      var inside=x>=x0-1e-9&&x+w<=x0+w0+1e-9;
-      if(d<d0){inside=x<=x0+1e-9&&x+w>=x0+w0-1e-9;}
-      b.style.display=inside?'':'none';
-      if(inside){var nx=d<d0?0:(x-x0)/w0,nw=d<d0?1:w/w0;b.style.left=(nx*100)+'%';b.style.width=(nw*100)+'%';}
-    });
-  });
+#: Draws every chart from the one JSON block; a chart that fails is replaced by its error
+#: (thrown on, so a broken page shows in the console and the Chromium test).
+_JS = r"""
+(function(){
+var data=JSON.parse(document.getElementById('otelbpf-data').textContent);
+function amount(v,unit){var p=unit.split('/'),k=p[0],b=p[1];
+  if(b==='nanoseconds')return (v/1e9).toFixed(3)+'s '+k;
+  if(b==='bytes')return (v/1048576).toFixed(1)+' MiB '+k;
+  return Math.round(v)+' '+k;}
+data.flames.forEach(function(f){
+  var el=document.getElementById(f.id),legend=document.getElementById(f.id+'-legend');
+  var details=document.getElementById(f.id+'-details'),sel=document.getElementById(f.id+'-weight');
+  var w=f.weights[0];
+  var chart=flamegraph.default().width(el.clientWidth||1000).cellHeight(18).minFrameSize(2)
+    .transitionDuration(250).sort(true).setDetailsElement(details)
+    .setLabelHandler(function(d){var root=d;while(root.parent)root=root.parent;
+      return d.data.name+': '+amount(d.value,w.unit)+' ('+(100*d.value/root.value).toFixed(1)+'%)';});
+  function show(i){w=f.weights[i];
+    legend.textContent='weight: '+w.label+' ('+amount(w.tree.value,w.unit)+'). Rests on: '+w.rests_on+
+      (w.coverage?'. '+w.coverage:'');}
+  show(0);
+  d3.select(el).datum(f.weights[0].tree).call(chart);
+  el.dataset.drawn=String(el.querySelectorAll('rect').length);
+  if(sel)sel.addEventListener('change',function(){show(+sel.value);chart.update(f.weights[+sel.value].tree);});
 });
+data.timelines.forEach(function(t){
+  var el=document.getElementById(t.id),width=el.clientWidth||1000,lh=22,left=70,top=4;
+  var h=top+t.lanes.length*lh+24;
+  var x=d3.scaleLinear().domain([0,Math.max(t.end,1e-3)]).range([left,width-10]);
+  var color={'off-CPU':'#7f8c8d','CUDA API':'#2e86c1','sync':'#c0392b','copies':'#d68910','NCCL':'#8e44ad'};
+  var svg=d3.select(el).append('svg').attr('width',width).attr('height',h).attr('class','timeline');
+  var g=svg.append('g');
+  t.lanes.forEach(function(l,i){var y=top+i*lh;
+    svg.append('text').attr('x',2).attr('y',y+14).text(l.name);
+    g.selectAll(null).data(l.spans).enter().append('rect')
+      .attr('data-x',function(s){return s[0];}).attr('data-w',function(s){return s[1];})
+      .attr('y',y+2).attr('height',lh-6).attr('fill',color[l.name]||'#555')
+      .append('title').text(function(s){return s[2]+': '+s[1].toFixed(3)+' ms at +'+s[0].toFixed(3)+' ms';});
+  });
+  var axis=svg.append('g').attr('transform','translate(0,'+(top+t.lanes.length*lh)+')');
+  function draw(sx){
+    g.selectAll('rect').attr('x',function(){return sx(+this.dataset.x);})
+      .attr('width',function(){return Math.max(1,sx(+this.dataset.x+ +this.dataset.w)-sx(+this.dataset.x));});
+    axis.call(d3.axisBottom(sx).ticks(8).tickFormat(function(v){return v+' ms';}));}
+  draw(x);
+  svg.call(d3.zoom().scaleExtent([1,1e6]).translateExtent([[left,0],[width-10,h]]).extent([[left,0],[width-10,h]])
+    .on('zoom',function(e){draw(e.transform.rescaleX(x));}));
+});
+document.body.dataset.charts='drawn';
+})();
 """
+
+
+def _vendored() -> str:
+    """The vendored scripts as inline ``<script>`` elements (read from the package)."""
+    folder = resources.files("otelbpf.analyze") / "report_assets"
+    parts = []
+    for name in ASSETS:
+        text = (folder / name).read_text(encoding="utf-8")
+        if "</script" in text.lower():  # an inline script ends there: never true of the pinned versions
+            raise ValueError(f"report_assets/{name} cannot be inlined: it contains '</script'")
+        parts.append(f"<script>{text}</script>")
+    return "".join(parts)
 
 
 def _amount(value: float, unit: str) -> str:
-    """A flame graph's value as people read it (pprof units: count, nanoseconds, bytes)."""
+    """A value as people read it (pprof units: count, nanoseconds, bytes)."""
     kind, _, base = unit.partition("/")
     if base == "nanoseconds":
         return f"{value / 1e9:.3f}s {kind}"
@@ -196,37 +217,44 @@ def _e(x: object) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _color(name: str) -> str:
-    """Warm colours, stable per function name; Python frames greener."""
-    h = sum(ord(c) * (i + 1) for i, c in enumerate(name[:40])) % 55
-    if name.endswith(".py") or ".py:" in name or name.startswith("<"):
-        return f"hsl({90 + h},45%,60%)"
-    return f"hsl({h},75%,62%)"
+class _Charts:
+    """Collects what the script draws (one JSON block) and hands out element ids."""
+
+    def __init__(self) -> None:
+        self.flames: list[dict] = []
+        self.timelines: list[dict] = []
+
+    def flame(self, heading: str, weights: list[dict]) -> str:
+        fid = f"flame-{len(self.flames)}"
+        self.flames.append({"id": fid, "weights": weights})
+        switch = ""
+        if len(weights) > 1:
+            switch = (f"<label>weight: <select id='{fid}-weight'>"
+                      + "".join(f"<option value='{i}'>{_e(w['label'])}</option>" for i, w in enumerate(weights))
+                      + "</select></label>")
+        return (f"<h3>{_e(heading)}</h3>{switch}<p class='legend' id='{fid}-legend'></p>"
+                f"<div class='chart flame' id='{fid}'></div><div class='details' id='{fid}-details'></div>")
+
+    def timeline(self, data: dict) -> str:
+        tid = f"timeline-{len(self.timelines)}"
+        self.timelines.append({"id": tid, **data})
+        notes = [f"{lane['name']}: the {lane['shown']} longest of {lane['total']} spans" for lane in data["lanes"]
+                 if lane["shown"] < lane["total"]]
+        bound = ("<p class='legend'>Bounded: " + _e("; ".join(notes)) + ".</p>") if notes else ""
+        return (f"<h3>Timeline (ms after the first span; drag to pan, wheel to zoom)</h3>{bound}"
+                f"<div class='chart' id='{tid}'></div>")
+
+    def script(self) -> str:
+        blob = json.dumps({"flames": self.flames, "timelines": self.timelines}, separators=(",", ":"))
+        return (f"<script type='application/json' id='otelbpf-data'>{blob.replace('<', chr(92) + 'u003c')}</script>"
+                f"{_vendored()}<script>{_JS}</script>")
 
 
-def _flame_html(g: FlameGraph) -> str:
-    total = g.root.value
-    blocks: list[str] = []
-    depth_max = 0
-
-    def walk(node: Node, x: float, depth: int) -> None:
-        nonlocal depth_max
-        w = node.value / total
-        if w < MIN_FRAME_SHARE:
-            return
-        depth_max = max(depth_max, depth)
-        title = f"{node.name}: {_amount(node.value, g.unit)} ({w:.1%})"
-        blocks.append(
-            f'<div data-x="{x:.6f}" data-w="{w:.6f}" data-d="{depth}" title="{_e(title)}" '
-            f'style="left:{x * 100:.4f}%;width:{w * 100:.4f}%;top:{depth * 17}px;background:{_color(node.name)}">'
-            f"{_e(node.name)}</div>")
-        cx = x
-        for child in sorted(node.children.values(), key=lambda n: -n.value):
-            walk(child, cx, depth + 1)
-            cx += child.value / total
-
-    walk(g.root, 0.0, 0)
-    return (f'<div class="flame" style="height:{(depth_max + 1) * 17 + 2}px">' + "".join(blocks) + "</div>")
+def _weight_json(w: Weight) -> dict:
+    return {"key": w.key, "label": w.label, "unit": w.unit, "rests_on": w.rests_on, "tree": w.root.to_json(),
+            "coverage": (f"The spans hold {w.root.value / w.counted:.0%} of what the metrics counted "
+                         f"({_amount(w.counted, w.unit)}): the rest were sampled out or too short to be spans"
+                         if w.counted else "")}
 
 
 def _finding_html(i: int, f: Finding) -> str:
@@ -246,7 +274,16 @@ def _series(points: dict, name: str) -> list[tuple[dict, dict]]:
     return [(dict(a), dp) for (n, a), (_t, dp, _k) in points.items() if n == name]
 
 
-def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: list[FlameGraph]) -> str:
+def _counted(points: dict) -> dict[str, float]:
+    """What the metrics counted of the span-based AI weights (so the page can say how much the spans hold)."""
+    sync_s = sum(float(dp.get("sum", 0)) for _a, dp in _series(points, "cuda.sync.duration"))
+    return {"launches": sum(_num(dp) for _a, dp in _series(points, "cuda.kernel.launches")),
+            "copied": sum(_num(dp) for _a, dp in _series(points, "cuda.memcpy.bytes")),
+            "sync": sync_s * 1e9}
+
+
+def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: list[FlameGraph],
+                  ai: list[Weight], timeline: dict | None, charts: _Charts) -> str:
     title = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
     parts = [f"<h2>{_e(title)}</h2>"]
     if res.get("process.command_line"):
@@ -281,12 +318,20 @@ def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: li
                          f"<td class='n'>{t.calls}</td><td class='n'>{t.total_ns / 1e6:.3f}</td>"
                          f"<td class='n'>{mean:.1f}</td><td class='n'>{t.max_ns / 1e3:.1f}</td></tr>")
         parts.append("</table>")
+    if timeline:
+        parts.append(charts.timeline(timeline))
+    if ai:
+        counted = _counted(points)
+        for w in ai:
+            w.counted = counted.get(w.key) or None
+        parts.append(charts.flame("AI flame graph: CUDA calls and kernels on top of the code that made them "
+                                  "(click a frame to zoom; the switch picks the weight)",
+                                  [_weight_json(w) for w in ai]))
     for g in graphs:
-        source = ("off_cpu spans: thread, reason, kernel stack" if g.kind == "off_cpu"
-                  else f"{g.files} interval{'s' if g.files != 1 else ''}")
-        parts.append(f"<h3>{_e(g.kind)} profile: {_e(_amount(g.root.value, g.unit))} ({_e(source)}; "
-                     "click a frame to zoom, the top row to reset)</h3>")
-        parts.append(_flame_html(g))
+        parts.append(charts.flame(f"{g.kind} profile: {_amount(g.root.value, g.unit)} ({g.note}; click a frame to "
+                                  "zoom, the bottom row to reset)",
+                                  [{"key": g.kind, "label": g.unit.partition("/")[0], "unit": g.unit,
+                                    "rests_on": g.note, "coverage": "", "tree": g.root.to_json()}]))
     return "\n".join(parts)
 
 
@@ -305,23 +350,30 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     except ValueError as exc:
         latest = {}
         problems.append(f"no metrics: {exc}")
+    spans, ai_spans, timeline = _Spans(), AiSpans(), Timeline()
     try:
-        calls, off_cpu = from_spans(directory, partial)
+        read_spans(directory, [spans, ai_spans, timeline], partial)
     except ValueError as exc:
-        calls, off_cpu = {}, {}
-        problems.append(f"no spans: {exc}")
+        problems.append(f"no spans (or only some): {exc}")
     problems += [f"{where}: an incomplete last line, skipped" for where in partial]
     graphs = flame_graphs(directory, problems)
+    ai = report_ai.merge(ai_spans.weights(), report_ai.from_profiles(directory))
     by_proc: dict[tuple, list[FlameGraph]] = defaultdict(list)
+
+    def key_of(service: str, pid: int) -> tuple:
+        key = next((k for k, r in procs.items() if int(r.get("process.pid", -1) or -1) == pid), (service, pid))
+        procs.setdefault(key, {"service.name": service, "process.pid": pid})
+        return key
+
     for g in graphs:
-        key = next((k for k, r in procs.items() if int(r.get("process.pid", -1) or -1) == g.pid), (g.service, g.pid))
-        procs.setdefault(key, {"service.name": g.service, "process.pid": g.pid})
-        by_proc[key].append(g)
-    for key in calls:
-        procs.setdefault(key, {"service.name": key[0], "process.pid": key[1]})
-    for key, g in off_cpu.items():
-        procs.setdefault(key, {"service.name": key[0], "process.pid": key[1]})
-        by_proc[key].append(g)
+        by_proc[key_of(g.service, g.pid)].append(g)
+    for key in spans.calls:
+        key_of(key[0], int(key[1] or 0))
+    for key, g in spans.off.items():
+        by_proc[key_of(key[0], int(key[1] or 0))].append(g)
+    for pid in ai:
+        key_of("?", pid)
+    charts = _Charts()
     body = [f"<h1>otelbpf report: {_e(os.path.abspath(directory))}</h1>"]
     body += [f"<p class='problem'>{_e(p)}</p>" for p in problems]
     body.append("<h2>Findings</h2>")
@@ -330,9 +382,11 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     else:
         body.append("<p>No cause of GPU idle time above 1% of a process's traced window.</p>")
     for key in sorted(procs, key=lambda k: (k[0] == "otelbpf", str(k))):
-        body.append(_process_html(procs[key], latest.get(key, {}), calls.get(key, {}), by_proc.get(key, [])))
+        pid = int(procs[key].get("process.pid", 0) or 0)
+        body.append(_process_html(procs[key], latest.get(key, {}), spans.calls.get(key, {}), by_proc.get(key, []),
+                                  ai.get(pid, []), timeline.to_json(pid), charts))
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>otelbpf report</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(body)}<script>{_JS}</script></body></html>")
+            f"<style>{_CSS}</style></head><body>{''.join(body)}{charts.script()}</body></html>")
     return page, findings, problems
 
 

@@ -1,10 +1,13 @@
 """``otelbpf report``: the HTML page over a folder the real exporters wrote (OTLP-JSON spans
-and metrics, pprof CPU profiles through the profiling receiver's file exporter), bad input
-included. The real agent's folder is rendered in test_diagnose_sched_agent.py."""
+and metrics, pprof CPU and CUDA memory profiles through the profiling receiver's file
+exporter), bad input included: the HTML and the JSON its charts are drawn from. The page
+drawn in a real browser: tests/test_report_chromium.py; the real agent's folder is rendered
+in test_diagnose_sched_agent.py."""
 
 from __future__ import annotations
 
 import io
+import json
 import re
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from pathlib import Path
 from test_diagnose import T0, steps
 
 from harness.agent import REPO
+from otelbpf.analyze import report_timeline
 from otelbpf.analyze.report import read_profile, render, run
 from otelbpf.base.health import Health
 from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, Profile, Sample
@@ -37,6 +41,25 @@ def write_profiles(directory: Path, pid: int) -> None:
                                          ("main", "py:train_step", "memcpy"): 10}, 1000)),
                encoded(cpu_profile(pid, {("main", "py:load_batch"): 100}, 2000))])
     ex.shutdown()
+
+
+def charts(page: str) -> dict:
+    """The JSON block the page's script draws from."""
+    m = re.search(r"<script type='application/json' id='otelbpf-data'>(.*?)</script>", page, re.S)
+    assert m, "no chart data"
+    return json.loads(m.group(1))
+
+
+def flame(page: str, key: str) -> dict:
+    """The first flame graph whose first weight is ``key`` (cpu, off_cpu, launches, ...)."""
+    (f,) = [f for f in charts(page)["flames"] if f["weights"][0]["key"] == key][:1]
+    return f
+
+
+def node(tree: dict, *names: str) -> dict:
+    for name in names:
+        (tree,) = [c for c in tree["children"] if c["name"] == name]
+    return tree
 
 
 class _Checker(HTMLParser):
@@ -80,8 +103,11 @@ def test_the_page_shows_findings_processes_api_time_and_flame_graphs(tmp_path: P
     assert row and row.groups() == ("100", "100", "200.000", "2000.0")
     # one flame graph merging both intervals: 200 samples of 10 ms, load_batch 130 of them
     assert "cpu profile: 2.000s cpu (2 intervals" in page
-    block = re.search(r'data-w="([\d.]+)" data-d="2" title="py:load_batch: 1.300s cpu \(65.0%\)"', page)
-    assert block and abs(float(block.group(1)) - 0.65) < 1e-6
+    tree = flame(page, "cpu")["weights"][0]["tree"]
+    assert tree["value"] == 2_000_000_000 and node(tree, "main", "py:load_batch")["value"] == 1_300_000_000
+    assert node(tree, "main", "py:train_step", "gemm_cpu")["value"] == 600_000_000
+    # the vendored component, inlined: no URL, and the page's own script after it
+    assert "d3js.org v7.9.2" in page and "flamegraph" in page and page.index("d3js.org") < page.index("data.flames.forEach")
 
 
 def test_read_profile_gives_root_first_stacks(tmp_path: Path) -> None:
@@ -129,5 +155,6 @@ def test_an_off_cpu_flame_graph_from_the_sched_spans(tmp_path: Path) -> None:
     assert findings[0].cause == "input_starvation"
     assert "off_cpu profile: 0.400s off_cpu (off_cpu spans: thread, reason, kernel stack" in page
     # thread, then reason, then the stack from its outermost frame
-    for depth, name in enumerate(["thread train", "futex", *reversed(FUTEX)], start=1):
-        assert re.search(rf'data-d="{depth}" title="{re.escape(name)}: 0.400s off_cpu \(100.0%\)"', page), name
+    tree = flame(page, "off_cpu")["weights"][0]["tree"]
+    leaf = node(tree, "thread train", "futex", *reversed(FUTEX))
+    assert leaf["value"] == tree["value"] and round(leaf["value"] / 1e9, 3) == 0.4  # all of it, in one path

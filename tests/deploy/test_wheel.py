@@ -77,6 +77,8 @@ def test_wheel_carries_every_module_and_bpf_source(wheel):
     package = REPO / "otelbpf"
     wanted = [str(p.relative_to(REPO)) for p in package.rglob("*.py") if "__pycache__" not in p.parts]
     wanted.append("otelbpf/config/otelbpf.yaml")  # the built-in default config, read as package data
+    wanted += [f"otelbpf/analyze/report_assets/{p.name}"  # the report's vendored scripts and their licenses
+               for p in (package / "analyze" / "report_assets").iterdir()]
     sources = [f"otelbpf/bpf/{p.name}" for p in (REPO / "bpf").iterdir() if p.suffix in (".c", ".h")]
     assert any(s.endswith(".c") for s in sources) and any(s.endswith(".h") for s in sources)
     missing = [name for name in wanted + sources if name not in names]

@@ -1,0 +1,152 @@
+"""The report's AI flame graph: CUDA API calls and kernels on top of the code that made them,
+one graph per process with a switch between weights. What each weight rests on differs, and
+the page says so in its legend (``Weight.rests_on``):
+
+- ``launches``, ``copied``, ``sync``: the CUDA spans (sampled launches scaled by
+  ``otelbpf.sample_every``; copies with their bytes; synchronize calls and blocking copies
+  with the time they waited). CUDA spans carry no user stack, so the frames under the CUDA
+  call are its span ancestry (the thread, the request it served, the torch operators around
+  it: ``parentSpanId``), not Python lines. Spans are budgeted and short calls are not
+  spans, so these graphs hold part of what the metrics counted (``Weight.counted``).
+- ``allocated``: the profiling receiver's ``cuda_memory`` profiles: bytes allocated by
+  each merged Python + native stack, with the allocating CUDA function as its leaf.
+- ``cpu_in_cuda``: the CPU profiles' samples that were inside a CUDA, cuBLAS, cuDNN or NCCL
+  API function: host CPU time spent launching, copying or spinning in a synchronize, on the
+  full Python + native stack (time blocked off the CPU is not sampled).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from otelbpf.analyze.diagnose import _SYNCS
+from otelbpf.analyze.report_tree import Node, read_profile
+
+#: A frame inside a GPU library's API (CPU samples whose stack holds one are kept).
+CUDA_API = re.compile(r"^(cuda|cu[A-Z]|nccl|cublas|cudnn)\w*$")
+PROFILE_NAME = re.compile(r"^(?P<service>.+)-(?P<pid>\d+)-(?P<kind>[a-z_]+)-(?P<ms>\d+)\.pb\.gz$")
+#: Span ancestry walked at most this deep (a parent missing from the folder ends it).
+MAX_ANCESTRY = 32
+_CUDA, _SCHED = "otelbpf.cuda", "otelbpf.sched"
+
+#: key -> (label, pprof-style unit, what it rests on); the switch's order.
+WEIGHTS = {
+    "launches": ("kernel launches", "launches/count",
+                 "CUDA launch spans (sampled ones scaled by their sample_every); frames under the CUDA call are "
+                 "the span's ancestry (thread, request, torch operators), not a Python stack: CUDA spans carry none"),
+    "copied": ("bytes copied", "copied/bytes",
+               "cudaMemcpy* spans and their bytes, by direction and host memory; frames: the span's ancestry"),
+    "sync": ("time waiting for the GPU", "sync/nanoseconds",
+             "synchronize calls and blocking (not async) copies: the time each waited; frames: the span's ancestry"),
+    "allocated": ("bytes allocated", "allocated/bytes",
+                  "the profiling receiver's CUDA memory profiles: merged Python + native stacks, the allocating CUDA "
+                  "function on top"),
+    "cpu_in_cuda": ("CPU time in CUDA calls", "cpu/nanoseconds",
+                    "CPU profile samples inside a CUDA/cuBLAS/cuDNN/NCCL API function, on their merged Python + "
+                    "native stacks (time blocked off the CPU is not sampled)"),
+}
+
+
+@dataclass
+class Weight:
+    key: str
+    root: Node = field(default_factory=lambda: Node("all"))
+    counted: float | None = None   # the same quantity as the metrics counted it (spans are a subset)
+
+    @property
+    def label(self) -> str:
+        return WEIGHTS[self.key][0]
+
+    @property
+    def unit(self) -> str:
+        return WEIGHTS[self.key][1]
+
+    @property
+    def rests_on(self) -> str:
+        return WEIGHTS[self.key][2]
+
+
+class AiSpans:
+    """Visits every span of the folder once; CUDA spans become (ancestry + CUDA frames, weight),
+    resolved at the end since a parent may come after its child in the file."""
+
+    def __init__(self) -> None:
+        self._parents: dict[str, tuple[str, str]] = {}  # span id -> (name, parent span id)
+        self._pending: list[tuple[int, str, str, list[str], int]] = []  # pid, weight, parent, top frames, value
+
+    def span(self, key: tuple, scope: str | None, sp: dict, attrs: dict, duration_ns: int) -> None:
+        if scope == _SCHED:
+            return
+        if scope != _CUDA:
+            self._parents[sp.get("spanId", "")] = (str(sp.get("name", "?")), sp.get("parentSpanId", ""))
+            return
+        pid, name, parent = int(key[1] or 0), str(sp.get("name", "?")), sp.get("parentSpanId", "")
+        thread = attrs.get("thread.name") or attrs.get("thread.id")
+        top = [f"thread {thread}"] if thread is not None else []
+        if "cuda.kernel.name" in attrs or "cuda.graph.exec" in attrs:
+            kernel = attrs.get("cuda.kernel.name") or f"graph {attrs.get('cuda.graph.exec')}"
+            self._pending.append((pid, "launches", parent, [*top, name, str(kernel)],
+                                  int(attrs.get("otelbpf.sample_every", 1) or 1)))
+        elif "cuda.memcpy.bytes" in attrs:
+            where = " ".join(str(x) for x in (attrs.get("cuda.memcpy.direction"), attrs.get("cuda.memcpy.host_memory"))
+                             if x)
+            self._pending.append((pid, "copied", parent, [*top, name, where or "?"], int(attrs["cuda.memcpy.bytes"])))
+            if not attrs.get("cuda.memcpy.async"):
+                self._pending.append((pid, "sync", parent, [*top, name, where or "?"], duration_ns))
+        elif name in _SYNCS:
+            self._pending.append((pid, "sync", parent, [*top, name], duration_ns))
+
+    def _ancestry(self, parent: str) -> list[str]:
+        names: list[str] = []
+        while parent and parent in self._parents and len(names) < MAX_ANCESTRY:
+            name, parent = self._parents[parent]
+            names.append(name)
+        return names[::-1]
+
+    def weights(self) -> dict[int, dict[str, Weight]]:
+        out: dict[int, dict[str, Weight]] = defaultdict(dict)
+        for pid, key, parent, top, value in self._pending:
+            frames = [*top[:1], *self._ancestry(parent), *top[1:]]
+            out[pid].setdefault(key, Weight(key)).root.add(frames, value)
+        return out
+
+
+def from_profiles(directory: str) -> dict[int, dict[str, Weight]]:
+    """``allocated`` and ``cpu_in_cuda`` per process from the pprof files (a file that cannot be
+    read is left out here: the CPU flame graphs already name it as a problem)."""
+    out: dict[int, dict[str, Weight]] = defaultdict(dict)
+    for path in sorted(glob.glob(os.path.join(directory, "profiles", "*.pb.gz"))):
+        m = PROFILE_NAME.match(os.path.basename(path))
+        if not m or m["kind"] not in ("cpu", "cuda_memory"):
+            continue
+        try:
+            unit, samples = read_profile(path, prefer="alloc_space" if m["kind"] == "cuda_memory" else "cpu")
+        except Exception:  # noqa: BLE001 - reported by the CPU flame graphs' reader
+            continue
+        pid = int(m["pid"])
+        if m["kind"] == "cuda_memory":
+            if unit != "alloc_space/bytes":
+                continue
+            w = out[pid].setdefault("allocated", Weight("allocated"))
+            for frames, value in samples:
+                w.root.add(frames, value)
+        else:
+            w = out[pid].setdefault("cpu_in_cuda", Weight("cpu_in_cuda"))
+            for frames, value in samples:
+                if any(CUDA_API.match(f) for f in frames):
+                    w.root.add(frames, value)
+    return {pid: {k: w for k, w in ws.items() if w.root.value > 0} for pid, ws in out.items()}
+
+
+def merge(*parts: dict[int, dict[str, Weight]]) -> dict[int, list[Weight]]:
+    """Per process, its weights in the switch's order (those with no data left out)."""
+    by_pid: dict[int, dict[str, Weight]] = defaultdict(dict)
+    for part in parts:
+        for pid, ws in part.items():
+            by_pid[pid].update(ws)
+    order = list(WEIGHTS)
+    return {pid: sorted(ws.values(), key=lambda w: order.index(w.key)) for pid, ws in by_pid.items() if ws}
