@@ -229,8 +229,9 @@ class NvmlSampler:
                     log.exception("gpu: an NVML sample failed")
                     self._health.add(FAILURES, function="sample", reason="exception")
                 self.ready.set()
-                next_at += self._interval_s
-                if self._stop.wait(max(0.0, next_at - time.monotonic())):
+                # on the interval's grid; a read slower than the interval skips ticks, never bursts
+                next_at = max(next_at + self._interval_s, time.monotonic())
+                if self._stop.wait(next_at - time.monotonic()):
                     return
         finally:
             self.ready.set()
