@@ -142,3 +142,37 @@ static __always_inline void emit(struct event *e)
     if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP) != 0)
         count_stat(STAT_EVENTS_LOST);
 }
+
+/* Entry half of a paired call, shared by the families: a half-filled event in `inflight`
+ * until the return probe completes and emits it. */
+static __always_inline void remember_call(u64 pid_tgid, u8 kind, u8 func, u16 flags, u64 a0, u64 a1, u64 a2,
+                                          u64 a3)
+{
+    struct event e = {};
+    new_event(&e, pid_tgid, kind, func);
+    e.flags = flags;
+    e.a0 = a0;
+    e.a1 = a1;
+    e.a2 = a2;
+    e.a3 = a3;
+    if (inflight.update(&pid_tgid, &e) != 0)
+        count_stat(STAT_INFLIGHT_FULL);
+}
+
+#ifdef PAUSE_ON_LOAD
+#define PAUSE_ON_LOAD_ON 1
+#else
+#define PAUSE_ON_LOAD_ON 0
+#endif
+
+/* Hand user space a library open (or an RDMA context) at once: submitted with a wake-up,
+ * and, when ``pause`` (only where the agent started the process itself), the process is
+ * stopped (SIGSTOP) before it can call into the library; user space attaches, then sends
+ * SIGCONT (sensor.py). */
+static __always_inline void submit_open(struct strevent *s, int pause)
+{
+    s->paused = pause;
+    if (pause)
+        bpf_send_signal(19 /* SIGSTOP */);
+    strevents.ringbuf_submit(s, 0);
+}

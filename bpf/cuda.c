@@ -265,15 +265,7 @@ static __always_inline int on_entry(u8 kind, u8 func, u16 flags, u64 a0, u64 a1,
         if (open && !(open->flags & EVF_DRIVER) && cuda_kind(open->kind))
             return 0;  /* the runtime's call, in flight on this thread, is the one counted */
     }
-    struct event e = {};
-    new_event(&e, id, kind, func);
-    e.flags = flags;
-    e.a0 = a0;
-    e.a1 = a1;
-    e.a2 = a2;
-    e.a3 = a3;
-    if (inflight.update(&id, &e) != 0)
-        count_stat(STAT_INFLIGHT_FULL);
+    remember_call(id, kind, func, flags, a0, a1, a2, a3);
     return 0;
 }
 

@@ -49,13 +49,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     s->a0 = bpf_ktime_get_ns();
     s->exec = 1;
     bpf_probe_read_kernel_str(s->s, sizeof(s->s), (void *)args + (args->data_loc_filename & 0xFFFF));
-#ifdef PAUSE_ON_LOAD
-    s->paused = 1;
-    bpf_send_signal(19 /* SIGSTOP */);
-#else
-    s->paused = 0;
-#endif
-    strevents.ringbuf_submit(s, 0);
+    submit_open(s, PAUSE_ON_LOAD_ON);
 #endif
     return 0;
 }
@@ -121,16 +115,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
     s->a0 = bpf_ktime_get_ns();
     s->exec = 0;
     __builtin_memcpy(s->s, p->s, sizeof(s->s));
-#ifdef PAUSE_ON_LOAD
-    /* Stop the process before it can map and call into the library; user
-     * space attaches, then sends SIGCONT (sensor.py). Only used where the
-     * agent started the process itself. */
-    s->paused = 1;
-    bpf_send_signal(19 /* SIGSTOP */);
-#else
-    s->paused = 0;
-#endif
-    strevents.ringbuf_submit(s, 0);  /* wake the discovery thread at once */
+    submit_open(s, PAUSE_ON_LOAD_ON);  /* wakes the discovery thread at once */
     opening.delete(&id);
     return 0;
 }

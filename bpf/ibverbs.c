@@ -442,14 +442,7 @@ static __always_inline int on_ibv_entry(u8 kind, u8 func, u64 a0, u64 a1, u64 a2
     if (open && open->kind >= EV_IBV_OPEN && open->kind <= EV_IBV_COMPLETION &&
         bpf_ktime_get_ns() - open->ts_ns < IBV_NEST_NS)
         return 0;
-    struct event e = {};
-    new_event(&e, id, kind, func);
-    e.a0 = a0;
-    e.a1 = a1;
-    e.a2 = a2;
-    e.a3 = a3;
-    if (inflight.update(&id, &e) != 0)
-        count_stat(STAT_INFLIGHT_FULL);
+    remember_call(id, kind, func, 0, a0, a1, a2, a3);
     return 0;
 }
 
@@ -513,13 +506,7 @@ static __always_inline void report_context(struct event *e)
     s->a0 = e->a1;
     u64 dev = read_u64(e->a1 + IBV_CTX_DEVICE);
     bpf_probe_read_user_str(s->s, 64, (void *)(dev + IBV_DEVICE_NAME));
-#if defined(PAUSE_ON_LOAD) && IBV_DATA_PATH
-    s->paused = 1;
-    bpf_send_signal(19 /* SIGSTOP */);
-#else
-    s->paused = 0;
-#endif
-    strevents.ringbuf_submit(s, 0);  /* wake the discovery thread at once */
+    submit_open(s, PAUSE_ON_LOAD_ON && IBV_DATA_PATH);
 }
 
 /* Return half, shared by every control-path function. */

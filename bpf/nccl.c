@@ -108,15 +108,6 @@ static __always_inline struct nccl_comm_info *nccl_comm(u32 tgid, u64 comm)
     return nccl_comms.lookup(&k);
 }
 
-static __always_inline void nccl_begin(struct event *e, u64 id, u8 kind, u8 func)
-{
-    e->ts_ns = bpf_ktime_get_ns();
-    e->pid = id >> 32;
-    e->tid = (u32)id;
-    e->kind = kind;
-    e->func = func;
-}
-
 /* Communicator fields of an ENTER record. */
 static __always_inline void nccl_describe(struct event *e, struct nccl_comm_info *c, u64 comm)
 {
@@ -146,7 +137,7 @@ static __always_inline int nccl_collective(u8 func, u64 comm, u64 count, u64 dty
     if (!is_watched(tgid))
         return 0;
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_ENTER, func);
+    new_event(&e, id, EV_NCCL_ENTER, func);
     struct nccl_comm_info *c = nccl_comm(tgid, comm);
     nccl_describe(&e, c, comm);
     if (c)
@@ -165,7 +156,7 @@ static __always_inline int nccl_point_to_point(u8 func, u64 comm, u64 count, u64
     if (!is_watched(tgid))
         return 0;
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_ENTER, func);
+    new_event(&e, id, EV_NCCL_ENTER, func);
     struct nccl_comm_info *c = nccl_comm(tgid, comm);
     nccl_describe(&e, c, comm);
     if (c) {
@@ -207,7 +198,7 @@ static __always_inline int nccl_init_rank(struct pt_regs *ctx, u8 func)
                              .nranks = (s32)PT_REGS_PARM2(ctx)};
     nccl_calls.update(&id, &call);
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_ENTER, func);
+    new_event(&e, id, EV_NCCL_ENTER, func);
     e.a0 = h;
     e.duration_ns = nccl_pack_rank(call.rank, call.nranks);
     emit(&e);
@@ -223,7 +214,7 @@ static __always_inline int nccl_init_all(struct pt_regs *ctx, u8 func)
     struct nccl_call call = {.out = PT_REGS_PARM1(ctx), .rank = -1, .nranks = (s32)PT_REGS_PARM2(ctx)};
     nccl_calls.update(&id, &call);
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_ENTER, func);
+    new_event(&e, id, EV_NCCL_ENTER, func);
     e.duration_ns = nccl_pack_rank(-1, call.nranks);
     emit(&e);
     return 0;
@@ -239,7 +230,7 @@ static __always_inline int nccl_split(struct pt_regs *ctx, u8 func)
     if (!is_watched(tgid))
         return 0;
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_ENTER, func);
+    new_event(&e, id, EV_NCCL_ENTER, func);
     struct nccl_call call = {.out = PT_REGS_PARM4(ctx), .rank = -1, .nranks = -1};
     struct nccl_comm_info *parent = nccl_comm(tgid, PT_REGS_PARM1(ctx));
     if (parent) {
@@ -267,7 +258,7 @@ static __always_inline int nccl_end(struct pt_regs *ctx, u8 func)
         return 0;
     u64 comm = PT_REGS_PARM1(ctx);
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_ENTER, func);
+    new_event(&e, id, EV_NCCL_ENTER, func);
     nccl_describe(&e, nccl_comm(tgid, comm), comm);
     emit(&e);
     struct nccl_comm_key k = {.pid = tgid, .comm = comm};
@@ -281,7 +272,7 @@ static __always_inline int nccl_group(u8 func)
     if (!is_watched(id >> 32))
         return 0;
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_ENTER, func);
+    new_event(&e, id, EV_NCCL_ENTER, func);
     emit(&e);
     return 0;
 }
@@ -300,7 +291,7 @@ static __always_inline int nccl_query(struct pt_regs *ctx)
 static __always_inline void nccl_emit_return(u64 id, u8 func, s32 ret)
 {
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_RETURN, func);
+    new_event(&e, id, EV_NCCL_RETURN, func);
     e.ret = ret;
     emit(&e);
 }
@@ -342,7 +333,7 @@ static __always_inline int nccl_init_return(struct pt_regs *ctx, u8 func)
     }
     /* The communicator records come first, so the call is complete when its return is read. */
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_COMM, func);
+    new_event(&e, id, EV_NCCL_COMM, func);
     e.ret = ret;
     struct nccl_comm_info info = {.id = call.id, .rank = call.rank, .nranks = call.nranks};
     u64 comm = 0;
@@ -395,7 +386,7 @@ static __always_inline int nccl_query_return(struct pt_regs *ctx, u8 func, int i
     if (!c) {
         /* Created before the probes: user space learns its rank or size (a1 0: no id). */
         struct event u = {};
-        nccl_begin(&u, id, EV_NCCL_COMM, func);
+        new_event(&u, id, EV_NCCL_COMM, func);
         u.flags = EVF_NCCL_UNKNOWN_COMM;
         u.a0 = call.comm;
         u.a2 = is_rank ? nccl_pack_rank(value, -1) : nccl_pack_rank(-1, value);
@@ -409,7 +400,7 @@ static __always_inline int nccl_query_return(struct pt_regs *ctx, u8 func, int i
     else
         c->nranks = value;
     struct event e = {};
-    nccl_begin(&e, id, EV_NCCL_COMM, func);
+    new_event(&e, id, EV_NCCL_COMM, func);
     e.a0 = call.comm;
     e.a1 = c->id;
     e.a2 = nccl_pack_rank(c->rank, c->nranks);
