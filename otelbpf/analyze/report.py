@@ -251,10 +251,14 @@ class _Charts:
 
 
 def _weight_json(w: Weight) -> dict:
+    coverage = ""
+    if w.counted:
+        coverage = (f"The spans hold {w.root.value / w.counted:.0%} of what the metrics counted "
+                    f"({_amount(w.counted, w.unit)})")
+        if w.root.value < 0.995 * w.counted:
+            coverage += ": the rest were sampled out or too short to be spans"
     return {"key": w.key, "label": w.label, "unit": w.unit, "rests_on": w.rests_on, "tree": w.root.to_json(),
-            "coverage": (f"The spans hold {w.root.value / w.counted:.0%} of what the metrics counted "
-                         f"({_amount(w.counted, w.unit)}): the rest were sampled out or too short to be spans"
-                         if w.counted else "")}
+            "coverage": coverage}
 
 
 def _finding_html(i: int, f: Finding) -> str:
