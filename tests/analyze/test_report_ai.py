@@ -79,7 +79,8 @@ def test_each_weight_its_tree_and_what_it_rests_on(tmp_path: Path) -> None:
     # launches: sampled spans scaled by sample_every; 40 of the 80 the metrics counted
     assert node(w["launches"]["tree"], *under, "cudaLaunchKernel", "gemm")["value"] == 30
     assert node(w["launches"]["tree"], "thread 7", "cudaLaunchKernel", "warmup")["value"] == 10
-    assert w["launches"]["coverage"].startswith("The spans hold 50% of what the metrics counted (80 launches): the rest")
+    assert w["launches"]["coverage"].startswith("The spans hold 50% of what the metrics counted (80 launches): "
+                                                "the rest")
     assert "not a Python stack" in w["launches"]["rests_on"]
     # bytes copied, by direction and host memory
     assert node(w["copied"]["tree"], *under, "cudaMemcpyAsync", "H2D pageable")["value"] == 1 << 20
