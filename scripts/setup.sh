@@ -4,7 +4,7 @@
 # What it does, and why:
 #   1. apt packages: BCC (bpfcc-tools, python3-bpfcc, libbpfcc), a C toolchain for the example
 #      libraries (build-essential), python3-venv, libibverbs (libibverbs1, ibverbs-providers,
-#      libibverbs-dev).  apt-get runs only when something is missing.
+#      libibverbs-dev), golang-go, tmux, chromium (test tools).  apt-get runs only when something is missing.
 #   2. kernel headers BCC compiles against: linux-headers-$(uname -r) when Debian has it; otherwise
 #      (custom kernels such as this 6.18 VM) linux-headers-<arch> and /lib/modules/$(uname -r)/{build,source}
 #      linked to the newest installed ones.  That is a fallback: struct layouts in those headers are
@@ -36,8 +36,10 @@ headers_present() { [[ -d "$MODDIR/build/include" ]]; }
 # libibverbs1 + ibverbs-providers + libibverbs-dev: the real RDMA verbs library the ibverbs probes
 # attach to, and the headers examples/ibverbs/ builds its provider stand-in against.
 wanted=(bpfcc-tools python3-bpfcc libbpfcc build-essential python3-venv libibverbs1 ibverbs-providers libibverbs-dev
-        golang-go tmux)  # golang-go: `go tool pprof`, the pprof consumer the profile tests read with;
-                         # tmux: the terminal the `otelbpf top` tests type into and read back
+        golang-go tmux chromium)  # golang-go: `go tool pprof`, the pprof consumer the profile tests read with;
+                         # tmux: the terminal the `otelbpf top` tests type into and read back;
+                         # chromium: the headless browser the report page is drawn in (tests/test_report_chromium.py;
+                         # 113 MB download, 414 MB on disk, ~14 s to install here)
 missing=()
 for pkg in "${wanted[@]}"; do is_installed "$pkg" || missing+=("$pkg"); done
 
