@@ -439,8 +439,9 @@ class HttpCorrelator:
 
     def _request_http2(self, conn: Conn, stream: Stream) -> None:
         opened = stream.tag = self._open(conn, stream.first, stream.header("traceparent"), stream.id)
-        stream.request_sink = opened.genai = self._genai_request(stream.header(":method") or "",
-                                                                 stream.header(":path") or "")
+        method = stream.header(":method")
+        if method == "POST":  # gRPC calls are too: the path decides
+            stream.request_sink = opened.genai = self._genai_request(method, stream.header(":path") or "")
 
     def _genai_request(self, method: str, target: str) -> genai.RequestFacts | None:
         """The body reader of an OpenAI-compatible completion request, None for any other request."""

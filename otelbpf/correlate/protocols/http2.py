@@ -96,6 +96,9 @@ class Frame:
     lost: bool = False        # part of a kept payload was not captured
     end_stamp: Stamp = None   # chunk that carried the last payload byte
     keep: bool = False        # its payload is kept
+    #: A whole DATA frame's chunk, its payload at ``at``: cut out only if a sink wants it.
+    src: bytes | None = None
+    at: int = 0
 
 
 class FrameReader:
@@ -105,18 +108,17 @@ class FrameReader:
     frames, a reader gets what was written) are cut straight out of it; only
     a frame split across chunks goes through the carry-over buffers.
 
-    A DATA frame's payload is kept when ``wants_data(stream_id)`` says so at the
-    frame's start: frames are handed to ``on_frame`` as they end, so what an
-    earlier frame of the same chunk changed (a stream its HEADERS opened) is
-    seen by the next.
+    Frames are handed to ``on_frame`` as they end (``deliver_to``), so what an
+    earlier frame of the same chunk changed (a stream its HEADERS opened) is seen
+    by the next. A whole DATA frame refers to its chunk (nothing copied); a DATA
+    frame split across chunks keeps its payload only if ``wants_data(stream_id)``
+    says so at its start.
     """
 
-    def __init__(self, expect_preface: bool, keep_limit: int = DEFAULT.header_block, *,
-                 on_frame: Callable[[Frame], None] | None = None,
-                 wants_data: Callable[[int], bool] = lambda stream_id: False) -> None:
+    def __init__(self, expect_preface: bool, keep_limit: int = DEFAULT.header_block) -> None:
         self._out: list[Frame] = []
-        self._emit = on_frame or (lambda frame: self._out.append(frame))
-        self._wants_data = wants_data
+        self._emit: Callable[[Frame], None] = self._out.append
+        self._wants_data: Callable[[int], bool] = lambda stream_id: False
         self._preface_left = len(PREFACE) if expect_preface else 0
         #: Kept frames longer than this keep no payload (marked lost): a peer may announce 16 MiB frames.
         self._keep_limit = keep_limit
@@ -129,6 +131,11 @@ class FrameReader:
         self._buf = bytearray()           # its payload so far (kept types)
         #: Why this direction can no longer be read ("" while it can).
         self.broken = ""
+
+    def deliver_to(self, on_frame: Callable[[Frame], None], wants_data: Callable[[int], bool]) -> None:
+        """Hand each frame to ``on_frame`` as it ends (``feed`` then returns none), and keep the
+        payload of the DATA frames whose stream ``wants_data``."""
+        self._emit, self._wants_data = on_frame, wants_data
 
     @property
     def mid_frame(self) -> bool:
@@ -149,7 +156,8 @@ class FrameReader:
                 pos = self._whole_frames(data, pos, stamp)
         if missing and not self.broken:
             self._gap(missing, stamp)
-        out, self._out = self._out, []
+        out = self._out[:]  # the list _emit appends to stays the same one
+        self._out.clear()
         return out
 
     def _whole_frames(self, data: bytes, pos: int, stamp: Stamp) -> int:
@@ -164,13 +172,15 @@ class FrameReader:
                 break
             length = frame.length
             if length > end - pos:
-                self._frame, self._left, self._buf = frame, length, bytearray()
+                self._begin(frame)
                 break
             if frame.keep:
                 if length <= self._keep_limit:
                     frame.payload = bytes(data[pos : pos + length])
                 else:
                     frame.lost = True
+            elif frame.type == DATA:
+                frame.src, frame.at = data, pos
             append(frame)
             pos += length
         return pos
@@ -206,8 +216,13 @@ class FrameReader:
                 self.broken = "invalid_frame"
                 return None
             self._first = False
-        return Frame(ftype, flags, stream_id, length, stamp, b"", False, stamp,
-                     ftype in _KEPT or (ftype == DATA and self._wants_data(stream_id)))
+        return Frame(ftype, flags, stream_id, length, stamp, b"", False, stamp, ftype in _KEPT)
+
+    def _begin(self, frame: Frame) -> None:
+        """A frame whose payload runs into later chunks: carried over (a DATA frame's only if wanted)."""
+        if frame.type == DATA and self._wants_data(frame.stream_id):
+            frame.keep = True
+        self._frame, self._left, self._buf = frame, frame.length, bytearray()
 
     def _split_header(self, data: bytes, pos: int, stamp: Stamp) -> int:
         """Gather a frame header that runs across chunks; start its frame once whole."""
@@ -217,7 +232,7 @@ class FrameReader:
             frame = self._start(self._hdr, 0, stamp)
             self._hdr.clear()
             if frame is not None:
-                self._frame, self._left, self._buf = frame, frame.length, bytearray()
+                self._begin(frame)
                 if not frame.length:
                     self._emit(self._end_frame(stamp))
         return pos + n
@@ -317,11 +332,8 @@ class Stream:
 class _Direction:
     """One direction's frames and HPACK decoding state."""
 
-    def __init__(self, client_to_server: bool, limits: Limits = DEFAULT, *,
-                 on_frame: Callable[[Frame], None] | None = None,
-                 wants_data: Callable[[int], bool] = lambda stream_id: False) -> None:
-        self.reader = FrameReader(expect_preface=client_to_server, keep_limit=limits.header_block,
-                                  on_frame=on_frame, wants_data=wants_data)
+    def __init__(self, client_to_server: bool, limits: Limits = DEFAULT) -> None:
+        self.reader = FrameReader(expect_preface=client_to_server, keep_limit=limits.header_block)
         self.decoder = Decoder()
         self.decoder.max_header_list_size = limits.header_block
         self._table_cap = limits.hpack_table
@@ -396,9 +408,9 @@ class H2Connection:
                  on_response: Callable[[Stream], None] = lambda s: None,
                  on_streaming: Callable[[Stream], None] = lambda s: None, limits: Limits = DEFAULT,
                  held: Held | None = None) -> None:
-        self._dirs = {c2s: _Direction(c2s, limits, on_frame=functools.partial(self._on_frame, c2s),
-                                      wants_data=functools.partial(self._wants_data, c2s))
-                      for c2s in (True, False)}
+        self._dirs = {c2s: _Direction(c2s, limits) for c2s in (True, False)}
+        for c2s, d in self._dirs.items():
+            d.reader.deliver_to(functools.partial(self._frame, c2s, d), functools.partial(self._wants_data, c2s))
         self._on_response = on_response
         self._on_streaming = on_streaming
         self._limits = limits
@@ -437,9 +449,6 @@ class H2Connection:
         return self._dirs[True].reader.broken or self._dirs[False].reader.broken
 
     # -- frames ------------------------------------------------------------
-
-    def _on_frame(self, c2s: bool, f: Frame) -> None:
-        self._frame(c2s, self._dirs[c2s], f)
 
     def _frame(self, c2s: bool, d: _Direction, f: Frame) -> None:
         ftype = f.type
@@ -512,14 +521,14 @@ class H2Connection:
                         sink.unit(stream.first_data)
         if sink is not None and f.length:
             sink.unit(f.stamp)
-            if f.keep:
+            if sink.wants_bytes and (f.keep or f.src is not None):
                 self._deliver(sink, f)
         if f.flags & FLAG_END_STREAM:
             self._end_stream(c2s, stream, f.end_stamp)
 
     def _deliver(self, sink: BodySink, f: Frame) -> None:
         """A DATA frame's content (its padding removed) to ``sink``: the bytes captured, then what was not."""
-        p, start, size = f.payload, 0, f.length
+        p, start, size = f.payload if f.src is None else f.src[f.at : f.at + f.length], 0, f.length
         if f.flags & FLAG_PADDED:
             if not p:
                 sink.gap(size)
