@@ -257,6 +257,8 @@ def _weight_json(w: Weight) -> dict:
                     f"({_amount(w.counted, w.unit)})")
         if w.root.value < 0.995 * w.counted:
             coverage += ": the rest were sampled out or too short to be spans"
+        elif w.root.value > 1.005 * w.counted:
+            coverage += ": sampled launches scaled by their sample_every are an estimate"
     return {"key": w.key, "label": w.label, "unit": w.unit, "rests_on": w.rests_on, "tree": w.root.to_json(),
             "coverage": coverage}
 
