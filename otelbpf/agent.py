@@ -42,7 +42,7 @@ from otelbpf.export.span_queue import SpanQueue
 from otelbpf.jobguard import Job
 from otelbpf.live import endpoint as live_endpoint
 from otelbpf.live.state import LiveState
-from otelbpf.receivers import Context, MapAccess
+from otelbpf.receivers import Context, MapAccess, RingCorrelator
 from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,8 @@ class Agent:
                     elif ring == "strevents":
                         r.correlator.on_strings(arr)
                     elif any(spec.name == ring for spec in r.family.rings):
+                        if not isinstance(r.correlator, RingCorrelator):
+                            raise TypeError(f"{r.name}: its family has the ring {ring}, its correlator no on_ring")
                         r.correlator.on_ring(ring, arr)
                 except Exception:  # a bad batch is counted, the agent goes on
                     log.exception("%s: processing a batch of %d %s failed", r.name, len(arr), ring)

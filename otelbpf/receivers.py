@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from opentelemetry.sdk.metrics.export import Metric
@@ -33,7 +33,7 @@ from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.sensor.family import ProbeFamily
+from otelbpf.sensor.family import MapReader, ProbeFamily
 
 
 class MapAccess:
@@ -41,7 +41,7 @@ class MapAccess:
     the receivers that describe its program)."""
 
     def __init__(self) -> None:
-        self.read: Callable[[str], list[tuple[object, int]]] = lambda name: []
+        self.read: MapReader = lambda name: []
         self.forget: Callable[[str, list[object]], None] = lambda name, keys: None
         self.update: Callable[[str, list[tuple[int, int]]], None] = lambda name, items: None
         #: Run a function with the loaded BCC object, under the sensor's lock (None once unloaded).
@@ -77,10 +77,14 @@ class Correlator(Protocol):
 
     def on_strings(self, arr: np.ndarray) -> None: ...
 
-    # Families with rings of their own (ProbeFamily.rings) also implement
-    # on_ring(name: str, arr: np.ndarray) -> None.
-
     def collect(self) -> list[tuple[Resource, list[Metric]]]: ...
+
+
+@runtime_checkable
+class RingCorrelator(Correlator, Protocol):
+    """The correlator of a family with rings of its own (ProbeFamily.rings)."""
+
+    def on_ring(self, name: str, arr: np.ndarray) -> None: ...
 
 
 @dataclass
@@ -257,7 +261,8 @@ def _gpu(name: str, cfg: GpuReceiverConfig, ctx: Context) -> Receiver:
     return Receiver(name, nvml_family(sampler), correlator, [], 64 << 10)
 
 
-BUILDERS: dict[type, Callable[[str, ReceiverConfig, Context], Receiver]] = {
+#: Each builder takes the config class it is keyed by (a dependency Python's types cannot spell: Any).
+BUILDERS: dict[type[ReceiverConfig], Callable[[str, Any, Context], Receiver]] = {
     CudaReceiverConfig: _cuda,
     HttpReceiverConfig: _http,
     ProfilingReceiverConfig: _profiling,
