@@ -20,12 +20,13 @@ import os
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import BinaryIO, Generic, TypeVar
 
 import numpy as np
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerSymSection
 from elftools.elf.sections import SymbolTableSection
+from elftools.elf.segments import Segment
 
 #: endbr64: CET-enabled code starts every function with it. A uprobe on it is
 #: single-stepped (~3.6 µs here); the instruction after it is usually emulated
@@ -205,7 +206,7 @@ class _Image:
     every section, parsing a large .gnu.hash entry by entry (0.37 s on a
     library with 211k symbols)."""
 
-    def __init__(self, path: str, f) -> None:
+    def __init__(self, path: str, f: BinaryIO) -> None:
         self.path = path
         self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""
         if self.mm[:4] != b"\x7fELF" or len(self.mm) < _EHDR.itemsize:
@@ -321,7 +322,7 @@ def content(path: str, symbol: str) -> Content:
         return Content(False, False, named, img.needed() if named else ())
 
 
-def _loads(elf: ELFFile) -> list:
+def _loads(elf: ELFFile) -> list[Segment]:
     return [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
 
 
@@ -337,11 +338,12 @@ def _version_names(elf: ELFFile) -> dict[int, str]:
     return names
 
 
-def _vaddr_to_offset(loads: list, vaddr: int) -> int:
+def _vaddr_to_offset(loads: list[Segment], vaddr: int) -> int:
     for seg in loads:
-        start = seg["p_vaddr"]
+        start: int = seg["p_vaddr"]
         if start <= vaddr < start + seg["p_filesz"]:
-            return vaddr - start + seg["p_offset"]
+            offset: int = vaddr - start + seg["p_offset"]
+            return offset
     raise ElfError(f"address {vaddr:#x} is in no loadable segment")
 
 
