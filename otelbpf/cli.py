@@ -201,12 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     from otelbpf.sensor.sensor import SensorError
 
     try:
-        return run(config, pids=args.pid, job=job, duration_s=args.duration)
+        rc = run(config, pids=args.pid, job=job, duration_s=args.duration)
     except (SensorError, UnsafeOutput) as exc:
         if job is not None:
             job.close()
         print(f"otelbpf: {exc}", file=sys.stderr)
         return 1
+    import signal
+
+    from otelbpf.analyze.report import after_run
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the run is over: a signal now ends the report, not ignored
+        signal.signal(sig, signal.SIG_DFL)
+    after_run(config, sys.stderr)  # report.html beside the file exporter's output (its `report` option)
+    return rc
 
 
 def entry() -> None:

@@ -33,10 +33,14 @@ from otelbpf.analyze.report_ai import PROFILE_NAME, AiSpans, Weight
 from otelbpf.analyze.report_timeline import Timeline
 from otelbpf.analyze.report_tree import Node, read_profile
 from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read, load_metrics
+from otelbpf.config import Config, FileExporterConfig
+from otelbpf.export.safe_files import OutputDir
 
 #: The vendored scripts, inlined in this order (d3-flame-graph takes its modules from ``d3``).
 ASSETS = ("d3.min.js", "d3-flamegraph.min.js")
-__all__ = ["read_profile", "render", "run"]
+#: The page ``otelbpf run`` writes into each file exporter's directory when it ends.
+RUN_REPORT = "report.html"
+__all__ = ["after_run", "read_profile", "render", "run"]
 
 
 @dataclass
@@ -408,3 +412,32 @@ def run(directory: str, output: str, out: TextIO, err: TextIO) -> int:
         f.write(page)
     out.write(f"wrote {output}: {len(findings)} finding{'s' if len(findings) != 1 else ''}\n")
     return 0
+
+
+def after_run(config: Config, err: TextIO) -> list[str]:
+    """The end of ``otelbpf run``: ``report.html`` in the directory of every file exporter a
+    pipeline uses whose ``report`` is on, written as the exporter writes its files (owner-only,
+    never through a link). Returns the paths written. A report that cannot be written is said
+    on ``err`` and never changes how the run ends."""
+    pipelines = [config.pipeline(signal) for signal in config.pipeline_signals()]
+    used = {name for p in pipelines if p is not None for name in p.exporters}
+    written = []
+    for name in sorted(used):
+        cfg = config.exporters.get(name)
+        if not isinstance(cfg, FileExporterConfig) or not cfg.report or not os.path.isdir(cfg.directory):
+            continue
+        path = os.path.join(cfg.directory, RUN_REPORT)
+        try:
+            page, findings, problems = render(cfg.directory)
+            out = OutputDir(cfg.directory, dir_mode=cfg.dir_mode, file_mode=cfg.file_mode)
+            try:
+                out.write_whole(RUN_REPORT, page.encode("utf-8"))
+            finally:
+                out.close()
+        except Exception as exc:  # noqa: BLE001 - the run's telemetry is already written; the page is extra
+            err.write(f"otelbpf: no {path}: {type(exc).__name__}: {exc}\n")
+            continue
+        written.append(path)
+        err.write(f"otelbpf: wrote {path}: {len(findings)} finding{'s' if len(findings) != 1 else ''}"
+                  f"{f' ({len(problems)} problems reading the folder)' if problems else ''}\n")
+    return written

@@ -144,6 +144,8 @@ class FileExporterConfig(Section):
     rotate_size: Size = 64 << 20
     file_mode: Mode = 0o600
     dir_mode: Mode = 0o700
+    #: ``otelbpf run`` ends by writing ``report.html`` (``otelbpf report``) into ``directory``.
+    report: bool = True
 
     @model_validator(mode="after")
     def _owner_can_use(self) -> FileExporterConfig:

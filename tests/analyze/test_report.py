@@ -158,3 +158,48 @@ def test_an_off_cpu_flame_graph_from_the_sched_spans(tmp_path: Path) -> None:
     tree = flame(page, "off_cpu")["weights"][0]["tree"]
     leaf = node(tree, "thread train", "futex", *reversed(FUTEX))
     assert leaf["value"] == tree["value"] and round(leaf["value"] / 1e9, 3) == 0.4  # all of it, in one path
+
+
+def test_after_run_writes_the_page_into_the_file_exporters_folder_unless_told_not_to(tmp_path: Path) -> None:
+    from otelbpf.analyze.report import after_run
+    from otelbpf.config import load_config_text
+
+    on, off = tmp_path / "on", tmp_path / "off"
+    for d in (on, off):
+        steps(16, memory="pageable").export(d)
+    text = f"""
+receivers: {{cuda: {{}}}}
+exporters:
+  file: {{directory: {on}}}
+  file/quiet: {{directory: {off}, report: false}}
+  file/absent: {{directory: {tmp_path / 'never-written'}}}
+service:
+  pipelines:
+    traces: {{receivers: [cuda], exporters: [file, file/quiet, file/absent]}}
+"""
+    err = io.StringIO()
+    assert after_run(load_config_text(text, env={}), err) == [str(on / "report.html")]
+    page = (on / "report.html").read_text()
+    assert (on / "report.html").stat().st_mode & 0o777 == 0o600  # as the exporter writes its files
+    assert 'id="finding-1"><h3>1. pageable_copies: job16' in page
+    assert err.getvalue() == f"otelbpf: wrote {on / 'report.html'}: 1 finding\n"
+    assert not (off / "report.html").exists() and not (tmp_path / "never-written").exists()
+    # a link where the page goes is replaced, never written through
+    (on / "report.html").unlink()
+    (on / "report.html").symlink_to(tmp_path / "elsewhere.html")
+    assert after_run(load_config_text(text, env={}), io.StringIO()) == [str(on / "report.html")]
+    assert not (on / "report.html").is_symlink() and not (tmp_path / "elsewhere.html").exists()
+    # a folder that cannot be read: said, and the run is not failed for it
+    (on / "traces.jsonl").write_text("{not json\n")
+    (on / "metrics.jsonl").unlink()
+    err = io.StringIO()
+    assert after_run(load_config_text(text, env={}), err) == [str(on / "report.html")]
+    assert "(2 problems reading the folder)" in err.getvalue(), err.getvalue()
+    # an output folder that is a link (as the exporter refuses it): no page, said, no traceback
+    (on / "report.html").unlink()
+    on.rename(tmp_path / "real")
+    on.symlink_to(tmp_path / "real")
+    err = io.StringIO()
+    assert after_run(load_config_text(text, env={}), err) == []
+    assert err.getvalue().startswith(f"otelbpf: no {on / 'report.html'}: UnsafeOutput: "), err.getvalue()
+    assert not (tmp_path / "real" / "report.html").exists()
