@@ -159,14 +159,9 @@ static __always_inline void remember_call(u64 pid_tgid, u8 kind, u8 func, u16 fl
         count_stat(STAT_INFLIGHT_FULL);
 }
 
-#ifdef PAUSE_ON_LOAD
-#define PAUSE_ON_LOAD_ON 1
-#else
-#define PAUSE_ON_LOAD_ON 0
-#endif
-
 /* Hand user space a library open (or an RDMA context) at once: submitted with a wake-up,
- * and, when ``pause`` (only where the agent started the process itself), the process is
+ * and, when ``pause`` (PAUSE_ON_LOAD, 0 or 1 from user space: only where the agent started
+ * the process itself), the process is
  * stopped (SIGSTOP) before it can call into the library; user space attaches, then sends
  * SIGCONT (sensor.py). */
 static __always_inline void submit_open(struct strevent *s, int pause)

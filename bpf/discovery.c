@@ -49,7 +49,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     s->a0 = bpf_ktime_get_ns();
     s->exec = 1;
     bpf_probe_read_kernel_str(s->s, sizeof(s->s), (void *)args + (args->data_loc_filename & 0xFFFF));
-    submit_open(s, PAUSE_ON_LOAD_ON);
+    submit_open(s, PAUSE_ON_LOAD);
 #endif
     return 0;
 }
@@ -115,7 +115,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
     s->a0 = bpf_ktime_get_ns();
     s->exec = 0;
     __builtin_memcpy(s->s, p->s, sizeof(s->s));
-    submit_open(s, PAUSE_ON_LOAD_ON);  /* wakes the discovery thread at once */
+    submit_open(s, PAUSE_ON_LOAD);  /* wakes the discovery thread at once */
     opening.delete(&id);
     return 0;
 }

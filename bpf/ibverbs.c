@@ -506,7 +506,7 @@ static __always_inline void report_context(struct event *e)
     s->a0 = e->a1;
     u64 dev = read_u64(e->a1 + IBV_CTX_DEVICE);
     bpf_probe_read_user_str(s->s, 64, (void *)(dev + IBV_DEVICE_NAME));
-    submit_open(s, PAUSE_ON_LOAD_ON && IBV_DATA_PATH);
+    submit_open(s, PAUSE_ON_LOAD && IBV_DATA_PATH);
 }
 
 /* Return half, shared by every control-path function. */

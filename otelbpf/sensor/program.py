@@ -66,8 +66,7 @@ def build(
     ]
     if filter_pids:
         cflags.append("-DFILTER_PIDS=1")
-    if pause_on_load:
-        cflags.append("-DPAUSE_ON_LOAD=1")
+    cflags.append(f"-DPAUSE_ON_LOAD={int(pause_on_load)}")  # 1: stop a process at its library open
     if any(k.content_symbol for f in families for k in f.libraries):
         cflags.append("-DEXEC_REPORT=1")  # executables are recognised by content: report execs
     for fam in families:
