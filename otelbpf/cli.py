@@ -164,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         print(printable(config), end="")
         return 0
     if args.cmd == "validate":
-        for signal in config.pipeline_signals():
-            pipe = config.pipeline(signal)
+        for name in config.pipeline_signals():
+            pipe = config.pipeline(name)
             assert pipe is not None  # pipeline_signals lists the signals that have one
-            print(f"{signal}: receivers={pipe.receivers} processors={pipe.processors} exporters={pipe.exporters}")
+            print(f"{name}: receivers={pipe.receivers} processors={pipe.processors} exporters={pipe.exporters}")
         return 0
 
     if args.cmd == "top":
