@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -151,7 +151,7 @@ def _float(v: _Value | None) -> float:
     return float(v.intValue) if v.intValue is not None else _NAN
 
 
-def _requests(path: str):
+def _requests(path: str) -> Iterator[_Request]:
     decoder = msgspec.json.Decoder(_Request)
     with open(path, "rb") as f:
         if path.endswith(".json"):
@@ -170,7 +170,7 @@ def _requests(path: str):
 
 
 def _read_one(path: str) -> tuple[np.ndarray, list[str], dict[tuple[int, int], str]]:
-    rows: list[tuple] = []
+    rows: list[tuple[object, ...]] = []
     hosts: dict[str, int] = {}
     services: dict[tuple[int, int], str] = {}
     for req in _requests(path):

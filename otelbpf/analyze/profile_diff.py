@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -80,7 +81,7 @@ class ProfileDiff:
     frames: list[FrameDelta]
     slow_files: list[str]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "slow_pid": self.slow_pid, "base_pids": self.base_pids,
             "slow_seconds": round(self.slow_seconds, 3), "base_seconds": round(self.base_seconds, 3),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class RankReport:
     cls: str
     persistent: bool
     #: functions where it burnt more CPU than the healthy ranks (profile_diff.FrameDelta as dicts)
-    explaining_frames: list[dict] = field(default_factory=list)
+    explaining_frames: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -81,13 +81,13 @@ class Report:
     ranks: list[RankReport]
     stopped: list[Stopped] = field(default_factory=list)
     #: per straggler, what the differential CPU profile says (profile_diff.ProfileDiff.to_json)
-    profile_diffs: list[dict] = field(default_factory=list)
+    profile_diffs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def stragglers(self) -> list[RankReport]:
         return [r for r in self.ranks if r.persistent]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["stragglers"] = [asdict(r) for r in self.stragglers]
         out["hosts"] = [

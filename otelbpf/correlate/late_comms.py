@@ -40,6 +40,9 @@ from typing import Protocol
 
 from otelbpf.correlate.launch_env import Launch
 
+#: What every rank's collective *k* must agree on: (operation, count, datatype, reduction, root).
+Signature = tuple[int, ...]
+
 #: Rounds kept per group: a rank placed further back than this is re-placed.
 MAX_ROUNDS = 256
 
@@ -58,13 +61,13 @@ class LateCall(Protocol):
     known: bool
     late: LateComm | None
     round: Round | None
-    signature: tuple
+    signature: Signature
 
 
 @dataclass(eq=False)
 class Round:
     seq: int
-    signature: tuple
+    signature: Signature
     enters: dict[Hashable, int] = field(default_factory=dict)
     completed: int | None = None   # the earliest completion any member observed
 
@@ -114,9 +117,9 @@ def _completion(call: LateCall) -> int:
 class LateComms:
     def __init__(self, host: str) -> None:
         self._host = host
-        self._groups: dict[tuple, Group] = {}
+        self._groups: dict[tuple[str, int, int], Group] = {}  # (job, size, ordinal) -> group
         self._procs: dict[int, dict[int, LateComm]] = {}
-        self._ordinals: dict[tuple, int] = {}
+        self._ordinals: dict[tuple[int, str, int], int] = {}  # (pid, job, size) -> ordinals handed out
 
     def comm(self, pid: int, pointer: int) -> LateComm:
         comms = self._procs.setdefault(pid, {})
@@ -163,7 +166,7 @@ class LateComms:
                 anomalies["duplicate_rank"] += 1
             group.ranks[lc.rank] = pid
 
-    def enter(self, call: LateCall, signature: tuple, anomalies: Counter[str]) -> bool:
+    def enter(self, call: LateCall, signature: Signature, anomalies: Counter[str]) -> bool:
         """A collective entered: True when it was placed in a round (its seq is set)."""
         lc = _late(call)
         call.signature = signature
@@ -238,7 +241,7 @@ class LateComms:
         self._place(lc, call, rnd)
         return True
 
-    def _new_round(self, group: Group, signature: tuple) -> Round:
+    def _new_round(self, group: Group, signature: Signature) -> Round:
         rnd = group.rounds[group.next_seq] = Round(group.next_seq, signature)
         group.next_seq += 1
         group.rounds.pop(group.next_seq - 1 - MAX_ROUNDS, None)

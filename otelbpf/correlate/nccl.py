@@ -53,7 +53,7 @@ from otelbpf.correlate import metrics as m
 from otelbpf.correlate.adaptive import CommDetector, Params
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import SpanBudget
-from otelbpf.correlate.late_comms import LateComm, LateComms, Round
+from otelbpf.correlate.late_comms import LateComm, LateComms, Round, Signature
 from otelbpf.correlate.lateness import UNKNOWN, classify, components
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, new_context, scope
@@ -161,7 +161,7 @@ class _Call:
     rank_source: str = ""
     late: LateComm | None = None  # its communicator predates the probes
     round: Round | None = None    # the late communicator's round it was placed in
-    signature: tuple = ()
+    signature: Signature = ()
     last_enter: int | None = None  # the last local rank's entry, once compared
     phase: int | None = None  # since the process's previous collective completed
     gpu_wait: int = 0         # of that, time in synchronize calls

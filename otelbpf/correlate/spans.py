@@ -9,7 +9,8 @@ Tracer, which would stamp the agent's clock and the agent's resource.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -41,7 +42,7 @@ def make_span(
     scope: InstrumentationScope,
     start_ns: int,
     end_ns: int,
-    attributes: dict,
+    attributes: Mapping[str, Any],  # as each correlator builds them; the SDK checks the values
     error: str | None = None,
     parent: SpanContext | None = None,
     kind: SpanKind = SpanKind.INTERNAL,

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import cxxfilt
 import numpy as np
@@ -36,7 +36,8 @@ def demangle(name: str) -> str:
     if not name.startswith("_Z"):
         return name
     try:
-        return cxxfilt.demangle(name)
+        demangled: str = cxxfilt.demangle(name)
+        return demangled
     except cxxfilt.InvalidName:
         return name
 
@@ -189,7 +190,7 @@ class _SymbolTable:
 #: Cache evictions, by cache (``tables``: symbol tables; ``processes``: maps snapshots;
 #: ``names``: resolved addresses), exported as ``otelbpf.cache.evictions`` by whoever holds a
 #: Health (see ``Symbolizer``). Module-wide, as the table cache is.
-EVICTIONS: Counter = Counter()
+EVICTIONS: Counter[str] = Counter()
 
 
 class _TableCache:
@@ -230,7 +231,7 @@ class _TableCache:
                 self._put(self._by_build_id, key, table)
         return table
 
-    def _put(self, cache: OrderedDict, key: object, table: _SymbolTable) -> None:
+    def _put(self, cache: OrderedDict[Any, _SymbolTable], key: object, table: _SymbolTable) -> None:
         cache[key] = table
         cache.move_to_end(key)
         while len(cache) > self.max_tables:
