@@ -18,8 +18,10 @@ import logging
 import mmap
 import os
 import struct
+import sys
 import threading
 import time
+from array import array
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -158,9 +160,11 @@ class _SymbolTable:
             self._file = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if values and size else None
         if values:
             self.addrs, first = np.unique(np.concatenate(values), return_index=True)  # first: setdefault order
-            self._sizes, self._names = np.concatenate(sizes)[first], np.concatenate(names)[first]
+            self._sizes, self._names = _narrow(np.concatenate(sizes)[first]), _narrow(np.concatenate(names)[first])
         else:
             self.addrs = self._sizes = self._names = np.zeros(0, dtype=np.uint64)
+        #: what the table holds in the heap (its names stay in the file's pages)
+        self.nbytes = self.addrs.nbytes + self._sizes.nbytes + self._names.nbytes
 
     def vaddr(self, file_offset: int) -> int | None:
         for off, vaddr, size in self.loads:
@@ -187,6 +191,12 @@ class _SymbolTable:
         return None
 
 
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """``values`` (uint64) as uint32 when they all fit: sizes and string offsets do in any file
+    under 4 GiB, a third of a table's heap."""
+    return values.astype(np.uint32) if not len(values) or int(values.max()) < 1 << 32 else values
+
+
 #: Cache evictions, by cache (``tables``: symbol tables; ``processes``: maps snapshots;
 #: ``names``: resolved addresses), exported as ``otelbpf.cache.evictions`` by whoever holds a
 #: Health (see ``Symbolizer``). Module-wide, as the table cache is.
@@ -194,23 +204,39 @@ EVICTIONS: Counter[str] = Counter()
 
 
 class _TableCache:
-    """Symbol tables by inode (a replaced file is read again), then by build id and size (a
-    library seen under several paths or inodes is parsed once; the size tells a stripped copy,
-    which keeps the build id, from the original). LRU, at most ``max_tables`` of each: one
-    table can be tens of MiB (libtorch_cuda.so: 211k functions)."""
+    """Symbol tables by inode (a replaced file is read again; one library mapped by many
+    processes, each read through its own /proc/PID/map_files link, is one entry), then by build
+    id and size (a library seen under several inodes is parsed once; the size tells a stripped
+    copy, which keeps the build id, from the original).
 
-    def __init__(self, max_tables: int) -> None:
+    LRU, bounded twice: at most ``max_tables`` entries of each kind, and at most ``max_bytes`` of
+    table arrays held (one table can be several MiB: libtorch_cuda.so has 211k functions, 16
+    bytes each here, and a count alone does not bound what a few such libraries cost). Every
+    table dropped from the inode side is counted in ``EVICTIONS["tables"]``."""
+
+    def __init__(self, max_tables: int, max_bytes: int = 64 << 20) -> None:
         self.max_tables = max_tables
-        self._by_inode: OrderedDict[tuple[str, int, int, int], _SymbolTable] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._by_inode: OrderedDict[tuple[int, int, int], _SymbolTable] = OrderedDict()
         self._by_build_id: OrderedDict[tuple[str, int], _SymbolTable] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._by_inode)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the distinct tables held (a table is shared by its inode and build id entries)."""
+        with self._lock:
+            return self._held_bytes()
+
+    def _held_bytes(self) -> int:
+        tables = {id(t): t for d in (self._by_inode, self._by_build_id) for t in d.values()}
+        return sum(t.nbytes for t in tables.values())
+
     def get(self, path: str, dev: int, ino: int, mtime: int) -> _SymbolTable:
         """The file's table; raises on failure (failures are not cached: see ``_table``)."""
-        inode = (path, dev, ino, mtime)
+        inode = (dev, ino, mtime)
         with self._lock:
             table = self._by_inode.get(inode)
             if table is not None:
@@ -229,15 +255,33 @@ class _TableCache:
             self._put(self._by_inode, inode, table)
             if key[0]:
                 self._put(self._by_build_id, key, table)
+            self._fit_bytes(table)
         return table
 
-    def _put(self, cache: OrderedDict[Any, _SymbolTable], key: object, table: _SymbolTable) -> None:
+    def _put(self, cache: OrderedDict, key: object, table: _SymbolTable) -> None:
         cache[key] = table
         cache.move_to_end(key)
         while len(cache) > self.max_tables:
             cache.popitem(last=False)
             if cache is self._by_inode:
                 EVICTIONS["tables"] += 1
+
+    def _fit_bytes(self, newest: _SymbolTable) -> None:
+        """Least recently used tables out, from both sides, until what is held fits ``max_bytes``
+        (the newest stays, alone if it is larger than the budget: it is being used)."""
+        held = self._held_bytes()
+        while held > self.max_bytes:
+            victim = next((t for t in self._by_inode.values() if t is not newest), None)
+            if victim is None:
+                victim = next((t for t in self._by_build_id.values() if t is not newest), None)
+                if victim is None:
+                    return
+            for cache in (self._by_inode, self._by_build_id):
+                for k in [k for k, t in cache.items() if t is victim]:
+                    del cache[k]
+                    if cache is self._by_inode:
+                        EVICTIONS["tables"] += 1
+            held -= victim.nbytes
 
     def clear(self) -> None:
         with self._lock:
@@ -306,10 +350,9 @@ def _read_process(pid: int, addr: int, limit: int) -> bytes | None:
 
 
 def _read_mapped_file(pid: int, snap: _Snapshot, addr: int, limit: int) -> bytes | None:
-    i = bisect.bisect_right(snap.file_starts, addr) - 1
-    if i < 0 or addr >= snap.files[i].end:
+    m = snap.file_at(addr)
+    if m is None:
         return None
-    m = snap.files[i]
     path = m.path.removesuffix(" (deleted)")
     if path != m.path:
         return None  # whatever is at that path now is another file
@@ -326,23 +369,55 @@ def _read_mapped_file(pid: int, snap: _Snapshot, addr: int, limit: int) -> bytes
 
 
 class _Snapshot:
-    """One read of a process's maps: its code mappings sorted by address (a lookup is a
-    bisection, not a scan of hundreds of mappings), and the symbol tables found for them
-    so far. A new snapshot starts with none: a range may now map another file."""
+    """One read of a process's maps: its file mappings sorted by address, held as flat
+    arrays (a lookup is a bisection, not a scan of hundreds of mappings), and the symbol tables
+    found for its code mappings so far. A new snapshot starts with none: a range may now map
+    another file.
+
+    Flat because there are thousands: the agent snapshots every process it sees start, and a
+    snapshot outlives its process (names are read after it exits). As ``Mapping`` objects one
+    mapping cost ~400 bytes (4096 snapshots of ~70 mappings: ~110 MiB); here it is ~40, paths
+    interned (every process maps the same libraries), ``Mapping``s made on lookup."""
+
+    __slots__ = ("file_starts", "_ends", "_offsets", "_path_ix", "_paths", "_exec", "_code_ix", "starts",
+                 "taken_ns", "tables", "_made")
 
     def __init__(self, maps: list[Mapping], taken_ns: int) -> None:
-        self.code = sorted((m for m in maps if m.executable), key=lambda m: m.start)
-        self.starts = [m.start for m in self.code]
+        files = sorted(maps, key=lambda m: m.start)
+        paths: dict[str, int] = {}
         #: every file mapping, for reading constant data (strings in .rodata) from the file
         #: once the process is gone
-        self.files = sorted(maps, key=lambda m: m.start)
-        self.file_starts = [m.start for m in self.files]
+        self.file_starts = array("Q", [m.start for m in files])
+        self._ends = array("Q", [m.end for m in files])
+        self._offsets = array("Q", [m.offset for m in files])
+        self._path_ix = array("I", [paths.setdefault(m.path, len(paths)) for m in files])
+        self._paths = tuple(sys.intern(p) for p in paths)
+        self._exec = bytes(m.executable for m in files)
+        self._code_ix = array("I", [i for i, m in enumerate(files) if m.executable])
+        self.starts = array("Q", [files[i].start for i in self._code_ix])  # code mappings only
         self.taken_ns = taken_ns  # CLOCK_MONOTONIC
-        self.tables: dict[Mapping, _SymbolTable] = {}
+        self.tables: dict[int, _SymbolTable] = {}  # by file mapping index
+        self._made: dict[int, Mapping] = {}
 
-    def find(self, addr: int) -> Mapping | None:
-        i = bisect.bisect_right(self.starts, addr) - 1
-        return self.code[i] if i >= 0 and addr < self.code[i].end else None
+    def mapping(self, i: int) -> Mapping:
+        m = self._made.get(i)
+        if m is None:
+            m = self._made[i] = Mapping(self.file_starts[i], self._ends[i], self._offsets[i],
+                                        self._paths[self._path_ix[i]], bool(self._exec[i]))
+        return m
+
+    def find(self, addr: int) -> int | None:
+        """The index of the code mapping holding ``addr`` (see ``mapping``), if any."""
+        j = bisect.bisect_right(self.starts, addr) - 1
+        if j < 0:
+            return None
+        i = self._code_ix[j]
+        return i if addr < self._ends[i] else None
+
+    def file_at(self, addr: int) -> Mapping | None:
+        """The file mapping (code or data) holding ``addr``."""
+        i = bisect.bisect_right(self.file_starts, addr) - 1
+        return self.mapping(i) if i >= 0 and addr < self._ends[i] else None
 
 
 class Symbolizer:
@@ -400,8 +475,8 @@ class Symbolizer:
                 EVICTIONS["names"] += 1
         return name
 
-    def _find(self, pid: int, addr: int, fresh_after_ns: int | None) -> tuple[Mapping | None, _Snapshot | None]:
-        """The code mapping holding ``addr``, and the snapshot it is in. Only executable
+    def _find(self, pid: int, addr: int, fresh_after_ns: int | None) -> tuple[int | None, _Snapshot | None]:
+        """The code mapping holding ``addr`` (its index), and the snapshot it is in. Only executable
         mappings count: the addresses resolved here are code, and a snapshot's data mappings
         go stale as they are unmapped and their range reused by code (ld.so.cache, mapped
         while dlopen() runs, is gone once the library it found is loaded, often in the same
@@ -443,16 +518,17 @@ class Symbolizer:
         Not cached per address: profiles resolve many, and the tables are cached.
         ``fresh_after_ns``: see ``_find`` (profiles pass the time their samples were read,
         so addresses in no file cost one read of the maps per process, not one each)."""
-        m, snap = self._find(pid, addr, fresh_after_ns)
-        if m is None or snap is None:
+        i, snap = self._find(pid, addr, fresh_after_ns)
+        if i is None or snap is None:
             return NativeFrame(None, "[unknown]", addr, "", None)
+        m = snap.mapping(i)
         file_offset = addr - m.start + m.offset
         path = m.path.removesuffix(" (deleted)")
-        table = snap.tables.get(m)
+        table = snap.tables.get(i)
         if table is None:
             table = _mapped_table(pid, m, deleted=path != m.path)
             if table is not None:  # failures are not kept: see _table
-                snap.tables[m] = table
+                snap.tables[i] = table
         module = os.path.basename(path)
         if table is None:
             return NativeFrame(None, module, file_offset, "", m)

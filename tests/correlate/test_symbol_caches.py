@@ -71,11 +71,63 @@ def test_symbol_tables_are_bounded_and_evictions_counted():
     assert EVICTIONS["tables"] - before == 2
 
 
+def test_symbol_tables_fit_a_byte_budget_and_evictions_counted():
+    sizes = {}
+    for path in LIBS[:3]:
+        st = os.stat(path)
+        sizes[path] = _TableCache(8).get(path, st.st_dev, st.st_ino, int(st.st_mtime)).nbytes
+    assert all(sizes.values()), sizes
+    budget = sizes[LIBS[1]] + sizes[LIBS[2]]  # the two most recent fit, not the first as well
+    cache = _TableCache(128, max_bytes=budget)
+    before = EVICTIONS["tables"]
+    tables = []
+    for path in LIBS[:3]:
+        st = os.stat(path)
+        tables.append(cache.get(path, st.st_dev, st.st_ino, int(st.st_mtime)))
+    assert cache.nbytes == budget
+    assert len(cache) == 2
+    assert EVICTIONS["tables"] - before == 1
+    st = os.stat(LIBS[0])
+    again = cache.get(LIBS[0], st.st_dev, st.st_ino, int(st.st_mtime))
+    assert again is not tables[0] and (again.addrs == tables[0].addrs).all()  # evicted: read anew
+    assert cache.nbytes <= budget or (len(cache) == 1 and cache.nbytes == again.nbytes)  # alone when larger
+
+
+def test_a_table_larger_than_the_budget_is_still_kept_while_used():
+    st = os.stat(LIBS[0])
+    cache = _TableCache(128, max_bytes=1)
+    table = cache.get(LIBS[0], st.st_dev, st.st_ino, int(st.st_mtime))
+    assert cache.get(LIBS[0], st.st_dev, st.st_ino, int(st.st_mtime)) is table
+    assert cache.nbytes == table.nbytes > 1
+
+
+def test_one_library_through_many_map_files_links_is_one_entry():
+    """Profiles read each process's libraries through /proc/PID/map_files: the cache keys
+    them by inode, not by that per-process path, so they neither evict each other nor count."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(3)]
+    try:
+        cache = _TableCache(2)
+        before = EVICTIONS["tables"]
+        got = set()
+        for p in procs:
+            [m] = [m for m in read_maps(p.pid) if "libc.so" in m.path and m.executable]
+            link = f"/proc/{p.pid}/map_files/{m.range_name}"
+            st = os.stat(link)
+            got.add(id(cache.get(link, st.st_dev, st.st_ino, int(st.st_mtime))))
+        assert len(got) == 1 and len(cache) == 1
+        assert EVICTIONS["tables"] == before
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_cache_sizes_come_from_the_config():
     cfg = load_config_text(DEFAULT_CONFIG_YAML)
     assert cfg.receivers["cuda"].symbol_names == 65536
     assert cfg.receivers["cuda"].symbol_tables == 128
     assert cfg.receivers["profiling"].symbol_tables == 128
+    assert cfg.receivers["profiling"].symbol_table_bytes == 64 << 20
     small = DEFAULT_CONFIG_YAML.replace("    symbol_names: 65536\n", "    symbol_names: 16\n", 1)
     with pytest.raises(ConfigError, match="symbol_names"):
         load_config_text(small)
@@ -88,7 +140,27 @@ def test_the_agent_sizes_its_caches_from_the_config(monkeypatch, tmp_path):
 
     text = DEFAULT_CONFIG_YAML.replace("    symbol_names: 65536\n", "    symbol_names: 2048\n", 1)
     text = text.replace("    symbol_tables: 128\n", "    symbol_tables: 300\n")
+    text = text.replace("    symbol_table_bytes: 64MiB\n", "    symbol_table_bytes: 24MiB\n")
     monkeypatch.setattr(symbolizer.TABLES, "max_tables", symbolizer.TABLES.max_tables)
+    monkeypatch.setattr(symbolizer.TABLES, "max_bytes", symbolizer.TABLES.max_bytes)
     agent = Agent(load_config_text(text))
     assert agent.symbolizer._max_names == 2048
     assert symbolizer.TABLES.max_tables == 300
+    assert symbolizer.TABLES.max_bytes == 24 << 20
+
+
+def test_a_snapshot_holds_mappings_flat_and_gives_the_same_ones_back():
+    maps = read_maps(os.getpid())
+    snap = symbolizer._Snapshot(maps, 0)
+    code = sorted((m for m in maps if m.executable), key=lambda m: m.start)
+    for m in code:
+        for addr in (m.start, m.end - 1):
+            i = snap.find(addr)
+            assert i is not None and snap.mapping(i) == m
+        assert snap.find(m.end) is None or snap.mapping(snap.find(m.end)).start == m.end
+    for m in maps:
+        assert snap.file_at(m.start) == m
+    assert snap.find(0) is None and snap.file_at(0) is None
+    # paths are interned: one string however many snapshots name it
+    other = symbolizer._Snapshot(read_maps(os.getpid()), 0)
+    assert snap.mapping(snap.find(code[0].start)).path is other.mapping(other.find(code[0].start)).path

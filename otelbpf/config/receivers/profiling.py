@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from otelbpf.config.receivers.base import Need, ReceiverConfig
-from otelbpf.config.units import PositiveDuration
+from otelbpf.config.units import PositiveDuration, Size
 
 
 class ProfilingReceiverConfig(ReceiverConfig):
@@ -21,6 +21,7 @@ class ProfilingReceiverConfig(ReceiverConfig):
     code_map_entries: int = Field(16384, ge=1024, le=1 << 20)
     live_allocations: int = Field(262144, ge=1024, le=1 << 24)
     symbol_tables: int = Field(128, ge=8, le=4096)
+    symbol_table_bytes: Size = Field(64 << 20, ge=1 << 20, le=4 << 30)
 
     @field_validator("max_python_frames")
     @classmethod
