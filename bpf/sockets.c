@@ -353,7 +353,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { return data_exit(args->ret); }
 
 /* ---- connection life cycle --------------------------------------------- */
 
-static __always_inline int remember_call(u8 func, s32 fd, u64 uaddr, u64 aux, int read_addr_now)
+static __always_inline int remember_sock_call(u8 func, s32 fd, u64 uaddr, u64 aux, int read_addr_now)
 {
     u64 id = bpf_get_current_pid_tgid();
     if (sock_ignored_pid(id >> 32))
@@ -382,7 +382,7 @@ static __always_inline struct sock_args *take_call(u8 func, struct sock_args *ou
 
 TRACEPOINT_PROBE(syscalls, sys_enter_connect)
 {
-    return remember_call(SF_CONNECT, args->fd, (u64)args->uservaddr, 0, 1);
+    return remember_sock_call(SF_CONNECT, args->fd, (u64)args->uservaddr, 0, 1);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_connect)
@@ -456,7 +456,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_bind)
 {
-    return remember_call(SF_BIND, args->fd, (u64)args->umyaddr, 0, 1);
+    return remember_sock_call(SF_BIND, args->fd, (u64)args->umyaddr, 0, 1);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_bind)
@@ -518,14 +518,14 @@ static __always_inline int accept_exit(u8 func, long ret)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_accept)
 {
-    return remember_call(SF_ACCEPT, args->fd, (u64)args->upeer_sockaddr, 0, 0);
+    return remember_sock_call(SF_ACCEPT, args->fd, (u64)args->upeer_sockaddr, 0, 0);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_accept) { return accept_exit(SF_ACCEPT, args->ret); }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_accept4)
 {
-    return remember_call(SF_ACCEPT4, args->fd, (u64)args->upeer_sockaddr, 0, 0);
+    return remember_sock_call(SF_ACCEPT4, args->fd, (u64)args->upeer_sockaddr, 0, 0);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { return accept_exit(SF_ACCEPT4, args->ret); }
