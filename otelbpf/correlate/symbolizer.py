@@ -258,7 +258,7 @@ class _TableCache:
             self._fit_bytes(table)
         return table
 
-    def _put(self, cache: OrderedDict, key: object, table: _SymbolTable) -> None:
+    def _put(self, cache: OrderedDict[Any, _SymbolTable], key: object, table: _SymbolTable) -> None:
         cache[key] = table
         cache.move_to_end(key)
         while len(cache) > self.max_tables:
@@ -276,11 +276,11 @@ class _TableCache:
                 victim = next((t for t in self._by_build_id.values() if t is not newest), None)
                 if victim is None:
                     return
-            for cache in (self._by_inode, self._by_build_id):
-                for k in [k for k, t in cache.items() if t is victim]:
-                    del cache[k]
-                    if cache is self._by_inode:
-                        EVICTIONS["tables"] += 1
+            for inode in [k for k, t in self._by_inode.items() if t is victim]:
+                del self._by_inode[inode]
+                EVICTIONS["tables"] += 1
+            for key in [k for k, t in self._by_build_id.items() if t is victim]:
+                del self._by_build_id[key]
             held -= victim.nbytes
 
     def clear(self) -> None:
