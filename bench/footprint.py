@@ -1,6 +1,7 @@
 """The agent's own footprint: RSS, CPU, start and stop time, idle and under load (issue 14).
 
     sudo .venv/bin/python bench/footprint.py [--seconds 20] [--rate 50000] [--quick] [--out FILE]
+    sudo .venv/bin/python bench/footprint.py --churn [--seconds 600] [--every 5] [--configs all]
 
 Two agents, one after the other, each in host mode and stopped with SIGTERM:
 
@@ -21,6 +22,17 @@ Start time is Popen to the agent's "otelbpf running" line (with the compile time
 stop time is SIGTERM to exit, with the phases Agent.stop logs ("otelbpf stopped in ...": see
 also bench/stop_time.py for --pid and command modes). The RSS growth over the load windows
 (least squares, MiB per minute) says whether memory is flat.
+
+``--churn``: is memory flat? One long window per config (``--seconds``, 600 for 10 minutes)
+under bench/churn.py's load: a PyTorch-like job (torch on the CPU, libtorch_cpu.so's symbols),
+``cuda_workload`` in a loop, and a stream of short-lived Python processes that each load other
+libraries (what grows an agent: each new process is described, its maps snapshotted, its
+libraries' symbol tables read when the profiler samples it). RssAnon and RssFile
+(/proc/PID/status) every ``--every`` seconds; reported at "running", after 1, 5 and 10 minutes,
+with the least-squares slope over the whole run and over its second half. File-backed pages
+(RssFile: the agent's code and libraries, ELF files' name pages read through mappings) are
+clean, shared with every process mapping the same file and dropped first under pressure; the
+anonymous ones (RssAnon) are the agent's own.
 
 The machine's load average and the CPU of processes not ours are recorded with every window:
 on a shared machine the CPU and start/stop figures move with them (memory much less). Results:
@@ -80,12 +92,20 @@ def rss_kib(pid: int) -> int:
     return int(m.group(1)) if m else 0
 
 
+def rss_split_kib(pid: int) -> tuple[int, int]:
+    """(RssAnon, RssFile) of ``pid``, KiB."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return tuple(int(m.group(1)) if (m := re.search(rf"^{k}:\s*(\d+)", text, re.M)) else 0  # type: ignore[return-value]
+                 for k in ("RssAnon", "RssFile"))
+
+
 class RssSampler:
     """VmRSS of one process every ``period`` seconds, on a thread, as (seconds since start, KiB)."""
 
     def __init__(self, pid: int, period: float = 1.0) -> None:
         self.pid, self.period, self.t0 = pid, period, time.monotonic()
         self.samples: list[tuple[float, int]] = []
+        self.split: list[tuple[float, int, int]] = []  # (seconds, RssAnon KiB, RssFile KiB)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -93,7 +113,9 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.wait(self.period):
             try:
-                self.samples.append((round(time.monotonic() - self.t0, 1), rss_kib(self.pid)))
+                t = round(time.monotonic() - self.t0, 1)
+                self.samples.append((t, rss_kib(self.pid)))
+                self.split.append((t, *rss_split_kib(self.pid)))
             except OSError:
                 return
 
@@ -307,6 +329,68 @@ def measure(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespac
     return out
 
 
+def at_minutes(rss: RssSampler, t_running: float, minutes: float) -> dict | None:
+    """RssAnon/RssFile (MiB) of the sample nearest ``minutes`` after "running"."""
+    if not rss.split:
+        return None
+    t, anon, file = min(rss.split, key=lambda s: abs(s[0] - t_running - minutes * 60))
+    if abs(t - t_running - minutes * 60) > 30:
+        return None  # the run was shorter
+    return {"t_s": t, "anon_mib": round(anon / 1024, 1), "file_mib": round(file / 1024, 1),
+            "rss_mib": round((anon + file) / 1024, 1)}
+
+
+def measure_churn(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespace, log) -> dict:
+    """One long window under bench/churn.py's load, RssAnon/RssFile sampled throughout."""
+    from churn import Churn
+
+    cfg = config_for(name, workdir, lib, port)
+    agent = AgentRun(name, cfg, workdir / name)
+    agent.wait_running()
+    rss = RssSampler(agent.proc.pid, a.every)
+    anon, file = rss_split_kib(agent.proc.pid)
+    out: dict = {"config": name, "mode": "churn", "start": {"to_running_s": round(agent.start_s, 2),
+                                                            "bpf_compile_s": agent.compile_s()},
+                 "at_running": {"anon_mib": round(anon / 1024, 1), "file_mib": round(file / 1024, 1)}}
+    churn = Churn(workdir / name / "churn")
+    try:
+        churn.start()
+        t_end = time.monotonic() + a.seconds
+        while time.monotonic() < t_end:
+            time.sleep(min(60.0, max(t_end - time.monotonic(), 0)))
+            t, anon, file = rss.split[-1] if rss.split else (0, 0, 0)
+            log(f"  {name} {t:6.0f} s: anon {anon / 1024:.1f} MiB, file {file / 1024:.1f} MiB, "
+                f"{churn.started} short-lived processes, load {load()[0]}")
+    finally:
+        churn.stop()
+        rss.stop()
+        out["stop"] = agent.stop()
+    out["short_lived_processes"] = churn.started
+    out["at_minutes"] = {str(m): at_minutes(rss, 0.0, m) for m in (1, 5, 10)}
+    anon_series = [(t, k) for t, k, _ in rss.split]
+    total_series = [(t, k + f) for t, k, f in rss.split]
+    half = rss.split[-1][0] / 2 if rss.split else 0
+    out["slope_mib_per_min"] = {
+        "rss": slope_mib_per_min(total_series), "anon": slope_mib_per_min(anon_series),
+        "rss_second_half": slope_mib_per_min([s for s in total_series if s[0] >= half]),
+        "anon_second_half": slope_mib_per_min([s for s in anon_series if s[0] >= half]),
+    }
+    out["max_mib"] = {"anon": round(max(k for _, k, _ in rss.split) / 1024, 1) if rss.split else None,
+                      "rss": round(max(k + f for _, k, f in rss.split) / 1024, 1) if rss.split else None}
+    out["rss_split_series"] = rss.split
+    out["load_average_end"] = load()
+    return out
+
+
+def report_churn(res: dict) -> None:
+    print(f"\nFootprint under churn (load average before: {res['load_average_before']})")
+    for r in res["runs"]:
+        marks = ", ".join(f"{m} min {v['anon_mib']}+{v['file_mib']}" for m, v in r["at_minutes"].items() if v)
+        print(f"{r['config']}: running {r['at_running']['anon_mib']}+{r['at_running']['file_mib']} MiB "
+              f"(anon+file), {marks}; max {r['max_mib']}; slope MiB/min {r['slope_mib_per_min']}; "
+              f"{r['short_lived_processes']} short-lived processes")
+
+
 def report(res: dict) -> None:
     print(f"\nFootprint (load average before: {res['load_average_before']}, {res['machine']['cpus']} CPUs)")
     print(f"{'config':8} {'window':9} {'cpu %':>6} {'rss MiB min/max/end':>22} {'slope':>6} {'others %':>8}  load")
@@ -329,6 +413,8 @@ def main() -> int:
     p.add_argument("--http-rate", type=int, default=500, help="HTTP requests per second in the mixed window")
     p.add_argument("--configs", default="default,all")
     p.add_argument("--quick", action="store_true", help="5 s windows: a smoke check, not numbers to report")
+    p.add_argument("--churn", action="store_true", help="one long window under process churn (see bench/churn.py)")
+    p.add_argument("--every", type=float, default=1.0, help="RSS sampling period, seconds")
     p.add_argument("--out", type=Path)
     p.add_argument("--keep-workdir", action="store_true")
     a = p.parse_args()
@@ -350,20 +436,22 @@ def main() -> int:
     port = free_port()
     server = subprocess.Popen([str(HTTP_SERVER), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     res: dict = {"date": dt.date.today().isoformat(), "machine": machine(), "load_average_before": load(),
-                 "plan": {"seconds": a.seconds, "rate": a.rate, "http_rate": a.http_rate, "quick": a.quick},
+                 "plan": {"seconds": a.seconds, "rate": a.rate, "http_rate": a.http_rate, "quick": a.quick,
+                          "churn": a.churn, "every": a.every},
                  "runs": []}
     try:
         time.sleep(0.3)
         for name in a.configs.split(","):
             log(f"{name}:")
-            res["runs"].append(measure(name, workdir, lib, port, a, log))
+            res["runs"].append((measure_churn if a.churn else measure)(name, workdir, lib, port, a, log))
     finally:
         server.terminate()
         server.wait()
         if not a.keep_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    report(res)
-    out = a.out or RESULTS / f"footprint-{res['date']}{'-quick' if a.quick else ''}.json"
+    (report_churn if a.churn else report)(res)
+    mode = "-churn" if a.churn else "-quick" if a.quick else ""
+    out = a.out or RESULTS / f"footprint-{res['date']}{mode}.json"
     out.write_text(json.dumps(res, indent=1) + "\n")
     log(f"results: {out}")
     return 0
