@@ -257,11 +257,12 @@ class _Charts:
 def _weight_json(w: Weight) -> dict:
     coverage = ""
     if w.counted:
-        coverage = (f"The spans hold {w.root.value / w.counted:.0%} of what the metrics counted "
+        part = "The spans" if w.comparable == w.root.value else "Its synchronize calls"
+        coverage = (f"{part} hold {w.comparable / w.counted:.0%} of what the metrics counted "
                     f"({_amount(w.counted, w.unit)})")
-        if w.root.value < 0.995 * w.counted:
+        if w.comparable < 0.995 * w.counted:
             coverage += ": the rest were sampled out or too short to be spans"
-        elif w.root.value > 1.005 * w.counted:
+        elif w.comparable > 1.005 * w.counted:
             coverage += ": sampled launches scaled by their sample_every are an estimate"
     return {"key": w.key, "label": w.label, "unit": w.unit, "rests_on": w.rests_on, "tree": w.root.to_json(),
             "coverage": coverage}

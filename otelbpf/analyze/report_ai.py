@@ -56,6 +56,7 @@ class Weight:
     key: str
     root: Node = field(default_factory=lambda: Node("all"))
     counted: float | None = None   # the same quantity as the metrics counted it (spans are a subset)
+    comparable: int = 0            # the part of root.value the metrics count too (sync: not blocking copies)
 
     @property
     def label(self) -> str:
@@ -76,7 +77,8 @@ class AiSpans:
 
     def __init__(self) -> None:
         self._parents: dict[str, tuple[str, str]] = {}  # span id -> (name, parent span id)
-        self._pending: list[tuple[int, str, str, list[str], int]] = []  # pid, weight, parent, top frames, value
+        #: pid, weight, parent span id, frames above the ancestry, value, whether the metrics count it too
+        self._pending: list[tuple[int, str, str, list[str], int, bool]] = []
 
     def span(self, key: tuple, scope: str | None, sp: dict, attrs: dict, duration_ns: int) -> None:
         if scope == _SCHED:
@@ -90,15 +92,16 @@ class AiSpans:
         if "cuda.kernel.name" in attrs or "cuda.graph.exec" in attrs:
             kernel = attrs.get("cuda.kernel.name") or f"graph {attrs.get('cuda.graph.exec')}"
             self._pending.append((pid, "launches", parent, [*top, name, str(kernel)],
-                                  int(attrs.get("otelbpf.sample_every", 1) or 1)))
+                                  int(attrs.get("otelbpf.sample_every", 1) or 1), True))
         elif "cuda.memcpy.bytes" in attrs:
             where = " ".join(str(x) for x in (attrs.get("cuda.memcpy.direction"), attrs.get("cuda.memcpy.host_memory"))
                              if x)
-            self._pending.append((pid, "copied", parent, [*top, name, where or "?"], int(attrs["cuda.memcpy.bytes"])))
+            frames = [*top, name, where or "?"]
+            self._pending.append((pid, "copied", parent, frames, int(attrs["cuda.memcpy.bytes"]), True))
             if not attrs.get("cuda.memcpy.async"):
-                self._pending.append((pid, "sync", parent, [*top, name, where or "?"], duration_ns))
+                self._pending.append((pid, "sync", parent, frames, duration_ns, False))  # no metric times these
         elif name in _SYNCS:
-            self._pending.append((pid, "sync", parent, [*top, name], duration_ns))
+            self._pending.append((pid, "sync", parent, [*top, name], duration_ns, True))
 
     def _ancestry(self, parent: str) -> list[str]:
         names: list[str] = []
@@ -109,9 +112,10 @@ class AiSpans:
 
     def weights(self) -> dict[int, dict[str, Weight]]:
         out: dict[int, dict[str, Weight]] = defaultdict(dict)
-        for pid, key, parent, top, value in self._pending:
-            frames = [*top[:1], *self._ancestry(parent), *top[1:]]
-            out[pid].setdefault(key, Weight(key)).root.add(frames, value)
+        for pid, key, parent, top, value, comparable in self._pending:
+            w = out[pid].setdefault(key, Weight(key))
+            w.root.add([*top[:1], *self._ancestry(parent), *top[1:]], value)
+            w.comparable += value if comparable else 0
         return out
 
 
