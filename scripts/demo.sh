@@ -17,6 +17,7 @@ echo "demo: why the GPU would sit idle (otelbpf diagnose otelbpf-out):"
 echo
 .venv/bin/otelbpf diagnose otelbpf-out || [[ $? -eq 1 ]]  # 1: there are findings
 echo
+echo "demo: the report (findings, timelines, flame graphs; opens offline): otelbpf-out/report.html"
 echo "demo: raw OTLP-JSON lines are in otelbpf-out/ (traces.jsonl, metrics.jsonl)"
 echo "demo: pprof profiles (CPU, CUDA memory by stack) are in otelbpf-out/profiles/:"
 echo "      go tool pprof -top otelbpf-out/profiles/cuda_workload-*-cuda_memory-*.pb.gz"
