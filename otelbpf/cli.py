@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     diag.add_argument("directory", nargs="?", default="./otelbpf-out")
     diag.add_argument("--json", action="store_true", help="print the findings as JSON")
     rep = sub.add_parser("report", help="one self-contained HTML page: findings, per-process summary, CUDA API "
-                         "time per call, CPU flame graphs")
+                         "time per call, timelines, flame graphs (CPU, off-CPU, CUDA memory, AI); otelbpf run "
+                         "writes it into the file exporter's folder as it ends")
     rep.add_argument("directory", nargs="?", default="./otelbpf-out")
     rep.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
     strag = sub.add_parser(
