@@ -424,14 +424,25 @@ class Symbolizer:
     """Per-process address resolution with caches for maps and results.
 
     Both caches are LRU and bounded (``max_processes`` maps snapshots, ``max_names``
-    resolved addresses); what they evict is counted in ``EVICTIONS``."""
+    resolved addresses); what they evict is counted in ``EVICTIONS``.
 
-    def __init__(self, max_processes: int = 4096, max_names: int = 65536) -> None:
+    A snapshot outlives its process (its last events and samples are named after it exits),
+    but not by more than ``gone_grace_s``: at most every ``sweep_s``, snapshots of processes
+    found gone that long are released with their resolved names. Without it, on a host that
+    starts processes all day, the snapshots of exited ones filled the LRU to its bound and
+    memory grew for the hour that took."""
+
+    def __init__(self, max_processes: int = 4096, max_names: int = 65536, *, gone_grace_s: float = 120.0,
+                 sweep_s: float = 10.0) -> None:
         self._max = max_processes
         self._max_names = max_names
         self._maps: OrderedDict[int, _Snapshot] = OrderedDict()  # LRU: bounded on busy hosts
         self._names: OrderedDict[tuple[int, int], str] = OrderedDict()
         self._lock = threading.Lock()
+        self._grace_ns = int(gone_grace_s * 1e9)
+        self._sweep_ns = int(sweep_s * 1e9)
+        self._swept_ns = time.monotonic_ns()
+        self._gone_since: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns it was first found gone
 
     def remember(self, pid: int) -> None:
         """Snapshot a process's maps now, while it is alive."""
@@ -444,9 +455,30 @@ class Symbolizer:
         with self._lock:
             self._maps[pid] = snap
             self._maps.move_to_end(pid)
+            self._gone_since.pop(pid, None)
             while len(self._maps) > self._max:
                 self._maps.popitem(last=False)
                 EVICTIONS["processes"] += 1
+        if snap.taken_ns - self._swept_ns >= self._sweep_ns:
+            self.release_exited(snap.taken_ns)
+
+    def release_exited(self, now_ns: int) -> None:
+        """Release what is known of processes found gone ``gone_grace_s`` ago or more (a pid
+        alive again keeps its snapshot: its exec will replace it)."""
+        self._swept_ns = now_ns
+        with self._lock:
+            pids = list(self._maps)
+        gone = {pid for pid in pids if not os.path.exists(f"/proc/{pid}")}
+        with self._lock:
+            self._gone_since = {pid: self._gone_since.get(pid, now_ns) for pid in gone if pid in self._maps}
+            expired = {pid for pid, since in self._gone_since.items() if now_ns - since >= self._grace_ns}
+            if not expired:
+                return
+            for pid in expired:
+                self._maps.pop(pid, None)
+                del self._gone_since[pid]
+            for key in [k for k in self._names if k[0] in expired]:
+                del self._names[key]
 
     def forget(self, pid: int, before_ns: int | None = None) -> None:
         """Drop what is known of ``pid`` (only if learnt before ``before_ns``,

@@ -6,6 +6,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -164,3 +165,28 @@ def test_a_snapshot_holds_mappings_flat_and_gives_the_same_ones_back():
     # paths are interned: one string however many snapshots name it
     other = symbolizer._Snapshot(read_maps(os.getpid()), 0)
     assert snap.mapping(snap.find(code[0].start)).path is other.mapping(other.find(code[0].start)).path
+
+
+def test_snapshots_of_exited_processes_are_released_after_a_grace():
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    live, dead = procs
+    try:
+        sym = Symbolizer(gone_grace_s=60, sweep_s=3600)
+        for p in procs:
+            sym.remember(p.pid)
+        sym.resolve(dead.pid, function_addresses(1)[0])
+        assert any(k[0] == dead.pid for k in sym._names)
+        dead.kill()
+        dead.wait()
+        t0 = time.monotonic_ns()
+        sym.release_exited(t0)  # found gone now: its names are still wanted for a while
+        assert set(sym._maps) == {live.pid, dead.pid}
+        sym.release_exited(t0 + 59 * 10**9)
+        assert dead.pid in sym._maps
+        sym.release_exited(t0 + 60 * 10**9)
+        assert list(sym._maps) == [live.pid]
+        assert not any(k[0] == dead.pid for k in sym._names)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
