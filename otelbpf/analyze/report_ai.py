@@ -77,8 +77,9 @@ class AiSpans:
 
     def __init__(self) -> None:
         self._parents: dict[str, tuple[str, str]] = {}  # span id -> (name, parent span id)
-        #: pid, weight, parent span id, frames above the ancestry, value, whether the metrics count it too
-        self._pending: list[tuple[int, str, str, list[str], int, bool]] = []
+        #: (pid, weight, thread frame or "", parent span id, frames above the ancestry, whether the metrics
+        #: count it too) -> value: calls of one parent with the same frames summed as they come
+        self._pending: dict[tuple[int, str, str, str, tuple[str, ...], bool], int] = defaultdict(int)
 
     def span(self, key: tuple, scope: str | None, sp: dict, attrs: dict, duration_ns: int) -> None:
         if scope == _SCHED:
@@ -88,20 +89,20 @@ class AiSpans:
             return
         pid, name, parent = int(key[1] or 0), str(sp.get("name", "?")), sp.get("parentSpanId", "")
         thread = attrs.get("thread.name") or attrs.get("thread.id")
-        top = [f"thread {thread}"] if thread is not None else []
+        head = f"thread {thread}" if thread is not None else ""
         if "cuda.kernel.name" in attrs or "cuda.graph.exec" in attrs:
             kernel = attrs.get("cuda.kernel.name") or f"graph {attrs.get('cuda.graph.exec')}"
-            self._pending.append((pid, "launches", parent, [*top, name, str(kernel)],
-                                  int(attrs.get("otelbpf.sample_every", 1) or 1), True))
+            self._pending[pid, "launches", head, parent, (name, str(kernel)), True] += int(
+                attrs.get("otelbpf.sample_every", 1) or 1)
         elif "cuda.memcpy.bytes" in attrs:
             where = " ".join(str(x) for x in (attrs.get("cuda.memcpy.direction"), attrs.get("cuda.memcpy.host_memory"))
                              if x)
-            frames = [*top, name, where or "?"]
-            self._pending.append((pid, "copied", parent, frames, int(attrs["cuda.memcpy.bytes"]), True))
+            frames = (name, where or "?")
+            self._pending[pid, "copied", head, parent, frames, True] += int(attrs["cuda.memcpy.bytes"])
             if not attrs.get("cuda.memcpy.async"):
-                self._pending.append((pid, "sync", parent, frames, duration_ns, False))  # no metric times these
+                self._pending[pid, "sync", head, parent, frames, False] += duration_ns  # no metric times these
         elif name in _SYNCS:
-            self._pending.append((pid, "sync", parent, [*top, name], duration_ns, True))
+            self._pending[pid, "sync", head, parent, (name,), True] += duration_ns
 
     def _ancestry(self, parent: str) -> list[str]:
         names: list[str] = []
@@ -112,9 +113,9 @@ class AiSpans:
 
     def weights(self) -> dict[int, dict[str, Weight]]:
         out: dict[int, dict[str, Weight]] = defaultdict(dict)
-        for pid, key, parent, top, value, comparable in self._pending:
+        for (pid, key, head, parent, top, comparable), value in self._pending.items():
             w = out[pid].setdefault(key, Weight(key))
-            w.root.add([*top[:1], *self._ancestry(parent), *top[1:]], value)
+            w.root.add([*([head] if head else []), *self._ancestry(parent), *top], value)
             w.comparable += value if comparable else 0
         return out
 

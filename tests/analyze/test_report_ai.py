@@ -32,10 +32,11 @@ def spans(directory: Path) -> None:
     t.spans.append(make_span("aten::linear", resource=t.res, scope=TORCH, start_ns=T0 + MS, end_ns=T0 + 40 * MS,
                              attributes={}, context=op, parent=request))
 
-    def cuda(name: str, start_ms: int, dur_ns: int, parent=op, **attrs) -> None:
+    def cuda(name: str, start_ms: int, dur_ns: int, parent=op, thread: int | None = 7, **attrs) -> None:
+        thread_attr = {} if thread is None else {"thread.id": thread}
         t.spans.append(make_span(name, resource=t.res, scope=CUDA, start_ns=T0 + start_ms * MS,
                                  end_ns=T0 + start_ms * MS + dur_ns, parent=parent,
-                                 attributes={"cuda.api.function": name, "thread.id": 7, **attrs}))
+                                 attributes={"cuda.api.function": name, **thread_attr, **attrs}))
 
     for i in range(3):
         cuda("cudaLaunchKernel", 2 + i, 5_000, **{"cuda.kernel.name": "gemm", "otelbpf.sample_every": 10})
@@ -45,6 +46,7 @@ def spans(directory: Path) -> None:
     cuda("cudaMemcpy", 20, 1 * MS, **{"cuda.memcpy.bytes": 4, "cuda.memcpy.direction": "D2H",
                                        "cuda.memcpy.async": False})
     cuda("cudaStreamSynchronize", 30, 2 * MS)
+    cuda("cudaStreamSynchronize", 35, 1 * MS, thread=None)  # no thread named: the ancestry is the root
     t.t = T0 + 100 * MS
     t.export(directory, launches=80)
 
@@ -90,7 +92,8 @@ def test_each_weight_its_tree_and_what_it_rests_on(tmp_path: Path) -> None:
     # waiting for the GPU: the synchronize and the blocking copy, not the async one
     sync = w["sync"]["tree"]
     assert node(sync, *under, "cudaStreamSynchronize")["value"] == 2 * MS
-    assert node(sync, *under, "cudaMemcpy", "D2H")["value"] == 1 * MS and sync["value"] == 3 * MS
+    assert node(sync, *under, "cudaMemcpy", "D2H")["value"] == 1 * MS and sync["value"] == 4 * MS
+    assert node(sync, "POST /infer", "aten::linear", "cudaStreamSynchronize")["value"] == 1 * MS
     # allocations: every interval's, on the merged stack with the CUDA function on top
     assert node(w["allocated"]["tree"], "main", "py:alloc", "cudaMalloc")["value"] == 4 << 20
     assert "Python + native stacks" in w["allocated"]["rests_on"]
