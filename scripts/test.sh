@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: set the host up, build the example C libraries, then run the
 # tiers, fastest first:
-#   1. guard rails: the import-linter layers contract (pyproject.toml);
+#   1. guard rails: the import-linter layers contract, ruff and mypy (all configured in pyproject.toml);
 #   2. the unit tier: `pytest -m "not bpf and not heavy"` (no root, no eBPF, seconds);
 #   3. the heavy tier: `pytest -m "heavy and not bpf"` (fuzzing, wheel and manifest builds,
 #      memory bounds: no eBPF, but seconds per test);
@@ -31,8 +31,10 @@ fi
 (($#)) || set -- -q
 failed=()
 
-echo "test: guard rails: import-linter (one-way layers)"
+echo "test: guard rails: import-linter (one-way layers), ruff (lint), mypy (types)"
 .venv/bin/lint-imports || failed+=("import-linter")
+.venv/bin/ruff check otelbpf tests bench || failed+=("ruff check")
+.venv/bin/mypy || failed+=("mypy")
 
 # A tier that collects nothing (exit 5: the arguments selected only other tiers' tests)
 # is not a failure; all of them collecting nothing is.
