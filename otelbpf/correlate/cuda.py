@@ -11,8 +11,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import logging
-import threading
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from opentelemetry.trace import Link, SpanContext
 
 from otelbpf.base.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
 from otelbpf.correlate import metrics as m
+from otelbpf.correlate.base import CorrelatorBase
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda_errors import error_name
 from otelbpf.correlate.kernel_names import KernelNames
@@ -54,23 +53,6 @@ CUDA_KINDS = (Kind.CUDA_LAUNCH, Kind.CUDA_KERNEL_ALIAS)
 _NOT_READY = 600
 _QUERIES = frozenset({CudaFunc.cudaEventQuery, CudaFunc.cuEventQuery})
 _HOST_SIDED = {1: "H2D", 2: "D2H"}
-
-
-class SpanBudget:
-    """Token bucket: at most ``rate`` spans per second, bursts up to one second's worth."""
-
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        self._tokens = float(rate)
-        self._last = time.monotonic()
-
-    def take(self, n: int) -> int:
-        now = time.monotonic()
-        self._tokens = min(float(self.rate), self._tokens + (now - self._last) * self.rate)
-        self._last = now
-        granted = min(n, int(self._tokens))
-        self._tokens -= granted
-        return granted
 
 
 @dataclass
@@ -105,7 +87,7 @@ class _Process:
         return "pageable"
 
 
-class CudaCorrelator:
+class CudaCorrelator(CorrelatorBase[_Process]):
     scope = SCOPE
 
     def __init__(
@@ -125,45 +107,35 @@ class CudaCorrelator:
         parent_of: Callable[[int, int, int], SpanContext | None] = lambda pid, tid, ts: None,
         in_flight: Callable[[int, int, int], list[SpanContext]] = lambda pid, tid, ts: [],
     ) -> None:
-        self._info = process_info
+        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
         self._sym = symbolizer
-        self._clock = clock
-        self._emit = emit_spans
         self._read_map = read_map
         self._forget_keys = forget_keys
         self._min_span_ns = min_span_ns
         self._top = top_kernels
         self._sample_every = launch_sample_every
-        self._budget = SpanBudget(max_spans_per_second)
         self._on_sampled_out = on_sampled_out
         #: (pid, tid, monotonic ns) -> the request being served then (causality.py)
         self._parent_of = parent_of
         #: (pid, tid, monotonic ns) -> the requests in flight then: links of a span with no parent
         self._in_flight = in_flight
-        self._procs: dict[int, _Process] = {}
         #: pid -> wall time its last metrics were exported after it exited; its
         #: map keys may still be read once more (final snapshot) and are ignored.
         self._finished: dict[int, int] = {}
         #: pid -> wall time its exit was seen, for every process (one that only
         #: launched kernels has no state until a collect reads the launch map).
         self._exited: dict[int, int] = {}
-        self._lock = threading.Lock()
         #: (pid, ts) of a free in the batch being handled -> the bytes it released
         self._freed: dict[tuple[int, int], int] = {}
         #: (pid, ts) of a host<->device copy in the batch being handled -> pinned | pageable
         self._copy_memory: dict[tuple[int, int], str] = {}
-        self.spans_emitted = 0
 
     # -- events -----------------------------------------------------------
 
-    def _proc(self, pid: int) -> _Process:
-        p = self._procs.get(pid)
-        if p is None:
-            self._sym.remember(pid)
-            p = self._procs[pid] = _Process(self._info.resource(pid), self._clock.now_wall())
-            # Late events of a process already gone: export them once, then forget it again.
-            p.exited = pid in self._exited or pid in self._finished
-        return p
+    def _new_process(self, pid: int, resource: Resource, start_ns: int) -> _Process:
+        self._sym.remember(pid)
+        # Late events of a process already gone: export them once, then forget it again.
+        return _Process(resource, start_ns, exited=pid in self._exited or pid in self._finished)
 
     def on_strings(self, arr: np.ndarray) -> None:
         names = arr[arr["kind"] == StrKind.CUDA_FUNC_NAME]
@@ -187,9 +159,7 @@ class CudaCorrelator:
                 span = self._span(rec)
                 if span is not None:
                     spans.append(span)
-        if spans:
-            self.spans_emitted += len(spans)
-            self._emit(spans)
+        self._send(spans)
 
     def _aggregate(self, arr: np.ndarray) -> None:
         """Vectorised metric updates for one drained batch."""

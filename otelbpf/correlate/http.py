@@ -44,7 +44,6 @@ from __future__ import annotations
 import errno
 import logging
 import re
-import threading
 import traceback
 from collections import defaultdict
 from collections.abc import Callable
@@ -58,9 +57,9 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from otelbpf.base.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
 from otelbpf.correlate import genai
 from otelbpf.correlate import metrics as m
+from otelbpf.correlate.base import CorrelatorBase
 from otelbpf.correlate.causality import Causality, Interval
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.links import ClientRequest, PeerLinks
 from otelbpf.correlate.netaddr import address_from_raw
 from otelbpf.correlate.process_info import ProcessInfo
@@ -174,7 +173,7 @@ def status_class(status: int) -> str:
     return _STATUS_CLASSES.get(status, "other")
 
 
-class HttpCorrelator:
+class HttpCorrelator(CorrelatorBase[_Proc]):
     scope = SCOPE
 
     def __init__(
@@ -201,29 +200,23 @@ class HttpCorrelator:
         process; ``capture_message_content``: export OpenAI-compatible prompts and completions
         (clipped to ``limits.attribute_chars``), never done otherwise."""
         quiet_payload_loggers()
-        self._info = process_info
-        self._clock = clock
-        self._emit = emit_spans
+        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
         self._count = count  # (metric name, value, **attributes): the agent's own otelbpf.* counters
         self._causality = causality
         self._conns = Connections(ports, update_map)
         self._links = PeerLinks()
         redacted = ALWAYS_REDACTED | {h.lower() for h in redact_headers}
         self._capture = [h.lower() for h in capture_headers if h.lower() not in redacted]
-        self._budget = SpanBudget(max_spans_per_second)
         self._traces = traces
-        self._procs: dict[int, _Proc] = {}
         self._limits = limits
         self._max_routes = max_routes
         self._max_models = max_models
         self._content_cap = limits.attribute_chars if capture_message_content else 0
         self._held: dict[int, Held] = {}  # by pid: pending requests and open streams of its connections
-        self._lock = threading.Lock()
         self._spans: list = []
         self._durations: dict[tuple, list[float]] = defaultdict(list)  # (pid, metric, labels) -> seconds, this batch
         self._series: dict[tuple, tuple] = {}  # labels in insertion order -> sorted (the series key)
         self._sampled_out = 0
-        self.spans_emitted = 0
 
     # -- input ------------------------------------------------------------------
 
@@ -267,8 +260,7 @@ class HttpCorrelator:
                     # A record can finish hundreds of streams (evicted by a flood): hand spans over
                     # within the batch rather than hold a whole ring's worth (the queue never blocks).
                     spans, self._spans = self._spans, []
-                    self.spans_emitted += len(spans)
-                    self._emit(spans)
+                    self._send(spans)
             self._conns.flush()
             self._flush_durations()
         self._flush_spans()
@@ -824,11 +816,8 @@ class HttpCorrelator:
             hist.add(np.asarray(values))
         self._durations.clear()
 
-    def _proc(self, pid: int) -> _Proc:
-        p = self._procs.get(pid)
-        if p is None:
-            p = self._procs[pid] = _Proc(self._info.resource(pid), self._clock.now_wall())
-        return p
+    def _new_process(self, pid: int, resource: Resource, start_ns: int) -> _Proc:
+        return _Proc(resource, start_ns)
 
     def _flush_spans(self) -> None:
         with self._lock:
@@ -836,9 +825,7 @@ class HttpCorrelator:
             sampled_out, self._sampled_out = self._sampled_out, 0
         if sampled_out:
             self._count("otelbpf.spans.sampled_out", sampled_out)
-        if spans:
-            self.spans_emitted += len(spans)
-            self._emit(spans)
+        self._send(spans)
 
     # -- metrics ----------------------------------------------------------------
 

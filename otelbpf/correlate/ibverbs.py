@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,8 +37,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 
 from otelbpf.base.events import FLAG_IBV_POSTED, FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
+from otelbpf.correlate.base import CorrelatorBase
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.sensor import ibverbs_abi as abi
@@ -218,7 +217,7 @@ class _Process:
     carry: _Series = field(default_factory=lambda: _Series())  # counts of QPs destroyed and exported
 
 
-class IbverbsCorrelator:
+class IbverbsCorrelator(CorrelatorBase[_Process]):
     scope = SCOPE
 
     def __init__(
@@ -234,32 +233,23 @@ class IbverbsCorrelator:
         on_sampled_out: Callable[[int], None] = lambda n: None,
         sync: Callable[[], object] = lambda: None,
     ) -> None:
-        self._info = process_info
+        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
         self._sync = sync
-        self._clock = clock
-        self._emit = emit_spans
         self._read_map = read_map
         self._forget_keys = forget_keys
         self._traces = traces
-        self._budget = SpanBudget(max_spans_per_second)
         self._on_sampled_out = on_sampled_out
-        self._lock = threading.Lock()
-        self._procs: dict[int, _Process] = {}
         self._devices: dict[tuple[int, int], str] = {}      # (pid, context) -> device name
         self._current: dict[QpKey, _Qp] = {}                 # the latest incarnation of each QP number
         self._retired: dict[tuple[int, int, int, int], _Qp] = {}  # destroyed, counters not yet exported
         #: pid -> wall time its last metrics were exported after it exited: its map keys may be
         #: read once more (the sensor's final snapshot) and are ignored then.
         self._finished: dict[int, int] = {}
-        self.spans_emitted = 0
 
     # -- input ------------------------------------------------------------
 
-    def _proc(self, pid: int) -> _Process:
-        p = self._procs.get(pid)
-        if p is None:
-            p = self._procs[pid] = _Process(pid, self._info.resource(pid), self._clock.now_wall())
-        return p
+    def _new_process(self, pid: int, resource: Resource, start_ns: int) -> _Process:
+        return _Process(pid, resource, start_ns)
 
     def on_strings(self, arr: np.ndarray) -> None:
         mine = arr[arr["kind"] == StrKind.IBV_CONTEXT]

@@ -36,7 +36,6 @@ completed (``nccl.phase.duration``) and how much of it the host spent waiting on
 from __future__ import annotations
 
 import socket
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,8 +50,8 @@ from otelbpf.base.events import FLAG_INCOMPLETE, FLAG_NCCL_UNKNOWN_COMM, CudaFun
 from otelbpf.correlate import launch_env
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.adaptive import CommDetector, Params
+from otelbpf.correlate.base import CorrelatorBase
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.late_comms import LateComm, LateComms, Round, Signature
 from otelbpf.correlate.lateness import UNKNOWN, classify, components
 from otelbpf.correlate.process_info import ProcessInfo
@@ -239,7 +238,7 @@ class _Process:
         self.samples.clear()
 
 
-class NcclCorrelator:
+class NcclCorrelator(CorrelatorBase[_Process]):
     scope = SCOPE
 
     def __init__(
@@ -259,25 +258,19 @@ class NcclCorrelator:
     ) -> None:
         """``straggler_threshold_ns``: the adaptive test's floor (correlate/adaptive.py); lateness
         must also beat the other ranks' spread and a share of the collective's duration."""
-        self._info = process_info
-        self._clock = clock
-        self._emit = emit_spans
+        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
         self._params = straggler_params or Params(floor_ns=straggler_threshold_ns)
         self._detectors: dict[int, CommDetector[tuple[int, int]]] = {}  # comm id -> detector of (pid, rank)
         self._launch_of = launch_of
         self._late = LateComms(host or socket.gethostname())
         self._timeout = completion_timeout_ns
-        self._budget = SpanBudget(max_spans_per_second)
         self._on_sampled_out = on_sampled_out
         self._parent_of = parent_of
-        self._procs: dict[int, _Process] = {}
         #: comm id -> local (pid, rank) -> the first seq it takes part in
         self._members: dict[int, dict[tuple[int, int], int]] = defaultdict(dict)
         self._arrivals: dict[tuple[int, int], dict[tuple[int, int], _Call]] = {}  # (comm, seq) -> ...
         self._ready: list[list[ReadableSpan]] = []   # built this batch: a span, or a group and its calls
         self._now = 0
-        self._lock = threading.Lock()
-        self.spans_emitted = 0
 
     # -- events -----------------------------------------------------------
 
@@ -307,16 +300,10 @@ class NcclCorrelator:
                 self._on_sampled_out(len(unit))
                 continue
             spans.extend(unit)
-        if spans:
-            self.spans_emitted += len(spans)
-            self._emit(spans)
+        self._send(spans)
 
-    def _proc(self, pid: int) -> _Process:
-        p = self._procs.get(pid)
-        if p is None:
-            p = self._procs[pid] = _Process(self._info.resource(pid), self._clock.now_wall())
-            p.launch = self._launch_of(pid)
-        return p
+    def _new_process(self, pid: int, resource: Resource, start_ns: int) -> _Process:
+        return _Process(resource, start_ns, launch=self._launch_of(pid))
 
     def _dispatch(self, rec: tuple) -> None:
         ts, dur, pid, tid, kind, func, flags, ret, a0, a1, a2, a3 = rec

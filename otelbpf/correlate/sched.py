@@ -20,7 +20,6 @@ joins them with the CUDA spans of the thread that launches GPU work.
 
 from __future__ import annotations
 
-import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,8 +31,8 @@ from opentelemetry.sdk.resources import Resource
 
 from otelbpf.base.events import Kind
 from otelbpf.correlate import metrics as m
+from otelbpf.correlate.base import CorrelatorBase
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.kallsyms import KernelSymbols
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
@@ -101,7 +100,7 @@ class _Read:
     stats: dict[str, int] = field(default_factory=dict)
 
 
-class SchedCorrelator:
+class SchedCorrelator(CorrelatorBase[_Proc]):
     scope = SCOPE
 
     def __init__(
@@ -118,22 +117,17 @@ class SchedCorrelator:
         max_spans_per_second: int,
         kernel_symbols: KernelSymbols | None = None,
     ) -> None:
-        self._info = process_info
-        self._clock = clock
-        self._emit = emit_spans
+        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
         self._read_map = read_map
         self._forget = forget
         self._with_bpf = with_bpf
         self._count = count
         self._traces = traces
-        self._budget = SpanBudget(max_spans_per_second)
         self._ksyms = kernel_symbols  # read at the first stack (~0.8 s): not on the agent's start
         self._stacks: dict[int, tuple[str, ...]] = {}  # stack id -> function names, innermost first
-        self._procs: dict[int, _Proc] = {}
         self._exited: dict[int, int] = {}  # pid -> when its exit was seen (wall ns)
         self._execs: set[int] = set()  # pids that exec'd since the last export
         self._stats_seen: dict[str, int] = dict.fromkeys(STATS, 0)
-        self._lock = threading.Lock()
 
     # -- events ------------------------------------------------------------
 
@@ -186,7 +180,7 @@ class SchedCorrelator:
                 attrs["otelbpf.sched.kernel_stack"] = list(_useful(frames)[:SPAN_FRAMES])
             spans.append(make_span(SPAN_NAME, resource=self._info.resource(int(r["tgid"])), scope=SCOPE,
                                    start_ns=start, end_ns=start + blocked + runq, attributes=attrs))
-        self._emit(spans)
+        self._send(spans)
 
     # -- kernel stacks -------------------------------------------------------
 

@@ -22,7 +22,6 @@ Metrics count every call, whatever the span budget or ``min_span_ns`` leave out.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,9 +33,9 @@ from opentelemetry.trace import SpanContext
 
 from otelbpf.base.events import Kind
 from otelbpf.correlate import metrics as m
+from otelbpf.correlate.base import CorrelatorBase
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.cuda import SpanBudget
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.correlate.symbolizer import Symbolizer
@@ -86,7 +85,7 @@ class _Process:
     exited: bool = False
 
 
-class TorchCorrelator:
+class TorchCorrelator(CorrelatorBase[_Process]):
     scope = SCOPE
     #: Its records open scopes other correlators' spans nest in: processed first (agent.py).
     opens_scopes = True
@@ -103,19 +102,13 @@ class TorchCorrelator:
         max_spans_per_second: int = 10_000,
         on_sampled_out: Callable[[int], None] = lambda n: None,
     ) -> None:
-        self._info = process_info
+        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
         self._sym = symbolizer
-        self._clock = clock
-        self._emit = emit_spans
         self._causality = causality
         self._min_span_ns = min_span_ns
-        self._budget = SpanBudget(max_spans_per_second)
         self._spans_on = max_spans_per_second > 0
         self._on_sampled_out = on_sampled_out
-        self._procs: dict[int, _Process] = {}
         self._waiting: dict[tuple[int, int], list[Call]] = {}
-        self._lock = threading.Lock()
-        self.spans_emitted = 0
 
     def on_strings(self, arr: np.ndarray) -> None:
         pass
@@ -136,21 +129,16 @@ class TorchCorrelator:
             if len(calls):
                 newest = int(calls["ts_ns"].max())
                 self._flush(lambda c: c.end_ns < newest - ORPHAN_NS, spans)
-        if spans:
-            self.spans_emitted += len(spans)
-            self._emit(spans)
+        self._send(spans)
 
     # -- metrics ----------------------------------------------------------
 
     def _name(self, pid: int, entry: int) -> str:
         return operator_name(self._sym.resolve(pid, entry))
 
-    def _proc(self, pid: int) -> _Process:
-        p = self._procs.get(pid)
-        if p is None:
-            self._sym.remember(pid)
-            p = self._procs[pid] = _Process(self._info.resource(pid), self._clock.now_wall())
-        return p
+    def _new_process(self, pid: int, resource: Resource, start_ns: int) -> _Process:
+        self._sym.remember(pid)
+        return _Process(resource, start_ns)
 
     def _aggregate(self, calls: np.ndarray) -> None:
         keys = np.stack([calls["pid"].astype(np.uint64), calls["a0"]], axis=1)

@@ -23,7 +23,7 @@ from opentelemetry.trace import StatusCode
 from otelbpf.base.events import EVENT_DTYPE, FLAG_DRIVER, FLAG_INCOMPLETE, STREVENT_DTYPE, CudaFunc, Kind, StrKind
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.cuda import CudaCorrelator, SpanBudget
+from otelbpf.correlate.cuda import CudaCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import new_context
 from otelbpf.correlate.symbolizer import Symbolizer
@@ -330,15 +330,6 @@ def test_span_budget_caps_spans_and_reports_what_it_sampled_out() -> None:
     assert h.sampled_out == [7]
     # Sampling never touches the metrics.
     assert points(h.collect()[ME]["cuda.memcpy.bytes"]) == {(("cuda.memcpy.direction", "H2D"),): 78}
-
-
-def test_span_budget_refills_at_its_rate() -> None:
-    budget = SpanBudget(100)
-    time.sleep(0.1)  # already full: a burst never exceeds one second's worth
-    assert budget.take(1000) == 100
-    assert budget.take(10) == 0
-    time.sleep(0.05)  # ~5 tokens
-    assert 4 <= budget.take(100) <= 10
 
 
 def test_launch_counts_and_a_bounded_top_n() -> None:
