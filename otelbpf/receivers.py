@@ -33,7 +33,7 @@ from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.symbolizer import Symbolizer
-from otelbpf.sensor.family import MapReader, ProbeFamily
+from otelbpf.sensor.family import MapEntries, MapReader, ProbeFamily
 
 
 class MapAccess:
@@ -68,6 +68,25 @@ class Context:
     #: Profiles pipeline: where finished profiles go, and its resource attributes (labels).
     export_profiles: Callable[[list], None] = lambda records: None
     profile_attributes: dict = field(default_factory=dict)
+
+    # Bound methods, not ``maps.read`` itself: the maps are bound after the correlators are built.
+    def read_map(self, name: str) -> MapEntries:
+        return self.maps.read(name)
+
+    def forget_keys(self, name: str, keys: list[object]) -> None:
+        self.maps.forget(name, keys)
+
+    def span_rate(self, configured: int) -> int:
+        """A receiver's span budget: none where no traces pipeline would take the spans."""
+        return configured if self.traces else 0
+
+    def counter(self, receiver: str) -> Callable[..., None]:
+        """``(metric, n, **attributes)`` into the agent's own counters, labelled with ``receiver``."""
+        return lambda metric, n, **attrs: self.health.add(metric, n, receiver=receiver, **attrs)
+
+    def sampled_out(self, receiver: str) -> Callable[[int], None]:
+        """Spans the budget dropped, counted for ``receiver``."""
+        return lambda n: self.health.add("otelbpf.spans.sampled_out", n, receiver=receiver)
 
 
 class Correlator(Protocol):
@@ -110,13 +129,13 @@ def _cuda(name: str, cfg: CudaReceiverConfig, ctx: Context) -> Receiver:
         ctx.symbolizer,
         ctx.clock,
         ctx.emit_spans,
-        lambda m: ctx.maps.read(m),
-        lambda m, keys: ctx.maps.forget(m, keys),
+        ctx.read_map,
+        ctx.forget_keys,
         min_span_ns=cfg.min_span_duration,
         top_kernels=cfg.top_kernels,
         launch_sample_every=cfg.launch_sample_every,
-        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
-        on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+        max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
+        on_sampled_out=ctx.sampled_out(name),
         parent_of=ctx.causality.parent,
         in_flight=ctx.causality.in_flight,
     )
@@ -133,14 +152,14 @@ def _http(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
         ctx.process_info,
         ctx.clock,
         ctx.emit_spans,
-        lambda metric, n, **attrs: ctx.health.add(metric, n, receiver=name, **attrs),
+        ctx.counter(name),
         ctx.causality,
         lambda m, items: ctx.maps.update(m, items),
         ports=cfg.ports,
         capture_headers=cfg.capture_headers,
         redact_headers=cfg.redact_headers,
         capture_message_content=cfg.capture_message_content,
-        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
+        max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
         traces=ctx.traces,
     )
     return Receiver(name, family, correlator, [], 256 << 10)
@@ -156,8 +175,8 @@ def _nccl(name: str, cfg: NcclReceiverConfig, ctx: Context) -> Receiver:
         ctx.emit_spans,
         straggler_threshold_ns=cfg.straggler_threshold,
         completion_timeout_ns=cfg.completion_timeout,
-        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
-        on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+        max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
+        on_sampled_out=ctx.sampled_out(name),
         parent_of=ctx.causality.parent,
     )
     return Receiver(name, nccl_family(), correlator, list(cfg.search_paths), cfg.ring_buffer_size)
@@ -198,11 +217,11 @@ def _ibverbs(name: str, cfg: IbverbsReceiverConfig, ctx: Context) -> Receiver:
         ctx.process_info,
         ctx.clock,
         ctx.emit_spans,
-        lambda m: ctx.maps.read(m),
-        lambda m, keys: ctx.maps.forget(m, keys),
+        ctx.read_map,
+        ctx.forget_keys,
         traces=ctx.traces,
-        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
-        on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+        max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
+        on_sampled_out=ctx.sampled_out(name),
         sync=lambda: ctx.sync(),
     )
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
@@ -216,12 +235,12 @@ def _sched(name: str, cfg: SchedReceiverConfig, ctx: Context) -> Receiver:
         ctx.process_info,
         ctx.clock,
         ctx.emit_spans,
-        lambda m: ctx.maps.read(m),
-        lambda m, keys: ctx.maps.forget(m, keys),
+        ctx.read_map,
+        ctx.forget_keys,
         lambda fn: ctx.maps.with_bpf(fn),
-        lambda metric, n, **attrs: ctx.health.add(metric, n, receiver=name, **attrs),
+        ctx.counter(name),
         traces=ctx.traces,
-        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
+        max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
     )
     family = sched_family(
         span_threshold_ns=cfg.span_threshold, ring_bytes=cfg.ring_buffer_size, thread_entries=cfg.max_threads,
@@ -242,8 +261,8 @@ def _torch(name: str, cfg: TorchReceiverConfig, ctx: Context) -> Receiver:
         ctx.emit_spans,
         ctx.causality,
         min_span_ns=cfg.min_span_duration,
-        max_spans_per_second=cfg.max_spans_per_second if ctx.traces else 0,
-        on_sampled_out=lambda n: ctx.health.add("otelbpf.spans.sampled_out", n, receiver=name),
+        max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
+        on_sampled_out=ctx.sampled_out(name),
     )
     family = torch_family(cfg.operators, max_depth=cfg.max_depth)
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
