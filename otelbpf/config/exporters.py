@@ -9,7 +9,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 
-from otelbpf.config.fields import FilePath, GrpcHeaders, Headers, HeaderValue, Section
+from otelbpf.config.fields import FilePath, GrpcHeaders, Headers, HeaderValue, Section, http_url
 from otelbpf.config.signals import Signal
 from otelbpf.config.units import PositiveDuration, Size
 
@@ -102,11 +102,7 @@ class OtlpHttpExporterConfig(Section):
     @field_validator("endpoint", "traces_endpoint", "metrics_endpoint", "profiles_endpoint")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None:
-            parts = urllib.parse.urlsplit(value)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"{value!r} is not an http(s):// URL with a host (like http://localhost:4318)")
-        return value
+        return http_url(value, "http://localhost:4318")
 
     def signal_endpoint(self, signal: Signal | Literal["profiles"]) -> str | None:
         """The URL set for ``signal`` alone (``traces_endpoint``, ...), if any."""
@@ -188,11 +184,7 @@ class PyroscopeExporterConfig(Section):
     @field_validator("endpoint")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None:
-            parts = urllib.parse.urlsplit(value)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"{value!r} is not an http(s):// URL with a host (like http://localhost:4040)")
-        return value
+        return http_url(value, "http://localhost:4040")
 
     @model_validator(mode="after")
     def _one_auth(self) -> PyroscopeExporterConfig:

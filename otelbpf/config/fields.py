@@ -1,10 +1,11 @@
 """What every section of the config shares: the ``Section`` base (unknown keys are errors,
 loaded configs are frozen), and the checks that more than one section runs on its values
-(repeated items, absolute search globs, HTTP header names and values, file paths)."""
+(repeated items, absolute search globs, http(s) URLs, HTTP header names and values, file paths)."""
 
 from __future__ import annotations
 
 import re
+import urllib.parse
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
@@ -28,6 +29,15 @@ def absolute_glob(pattern: str) -> str:
     if not pattern.startswith("/"):
         raise ValueError(f"{pattern!r} is relative: search paths are absolute globs (the working directory varies)")
     return pattern
+
+
+def http_url(value: str | None, example: str) -> str | None:
+    """``value`` as it is when unset or an http(s):// URL with a host, else an error showing ``example``."""
+    if value is not None:
+        parts = urllib.parse.urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an http(s):// URL with a host (like {example})")
+    return value
 
 
 #: A library search path: an absolute glob (``/usr/lib/*/libnccl.so*``).

@@ -3,12 +3,11 @@ that wire receivers through processors to exporters per signal, with the agent's
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from otelbpf.config.fields import Section, unique
+from otelbpf.config.fields import Section, http_url, unique
 from otelbpf.config.units import PositiveDuration
 
 
@@ -63,11 +62,7 @@ class SelfProfilingConfig(Section):
     @field_validator("endpoint")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None:
-            parts = urllib.parse.urlsplit(value)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"{value!r} is not an http(s):// URL with a host (like http://localhost:4040)")
-        return value
+        return http_url(value, "http://localhost:4040")
 
 
 class TelemetryConfig(Section):
