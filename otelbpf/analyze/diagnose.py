@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 from otelbpf.analyze.gpu_idle import gpu_idle, write_gpu_idle
-from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read, load_metrics
+from otelbpf.analyze.summary import _attrs, _num, _read, load_metrics, scoped
 
 #: How each cause's cost is estimated (printed with --explain, and in docs).
 COSTS = {
@@ -132,18 +132,14 @@ def _load(directory: str, partial: list[str] | None = None) -> tuple[dict, dict,
     procs: dict = {}
 
     def add_spans(req: dict) -> None:
-        for rs in req.get("resourceSpans", []):
-            res = _attrs(rs.get("resource", {}).get("attributes"))
-            key = _proc_key(res)
-            procs.setdefault(key, res)
-            for ss in rs.get("scopeSpans", []):
-                into = {"otelbpf.cuda": spans, SCHED_SCOPE: off_cpu}.get(ss.get("scope", {}).get("name"))
-                if into is None:
-                    continue
-                for sp in ss.get("spans", []):
-                    a = _attrs(sp.get("attributes"))
-                    into[key].append(_Span(sp["name"], int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]),
-                                           int(a.get("thread.id", 0) or 0), a, sp.get("spanId", "")))
+        for key, ss in scoped(req, "Spans", procs):
+            into = {"otelbpf.cuda": spans, SCHED_SCOPE: off_cpu}.get(ss.get("scope", {}).get("name"))
+            if into is None:
+                continue
+            for sp in ss.get("spans", []):
+                a = _attrs(sp.get("attributes"))
+                into[key].append(_Span(sp["name"], int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]),
+                                       int(a.get("thread.id", 0) or 0), a, sp.get("spanId", "")))
 
     latest = load_metrics(directory, procs, partial)
     _read(directory, "traces", add_spans, partial)

@@ -8,7 +8,7 @@ import glob
 import json
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 
@@ -60,26 +60,33 @@ def _proc_key(res: dict) -> tuple:
     return (res.get("service.name", "?"), res.get("process.pid", 0))
 
 
+def scoped(req: dict, signal: str, procs: dict) -> Iterator[tuple[tuple, dict]]:
+    """(process key, scope block) of each ``scope<signal>`` in one OTLP-JSON request
+    (``signal``: "Spans" or "Metrics"); ``procs`` gains each process's resource attributes."""
+    for r in req.get(f"resource{signal}", []):
+        res = _attrs(r.get("resource", {}).get("attributes"))
+        key = _proc_key(res)
+        procs.setdefault(key, res)
+        for block in r.get(f"scope{signal}", []):
+            yield key, block
+
+
 def load_metrics(directory: str, procs: dict, partial: list[str] | None = None) -> dict:
     """The latest point of every series, per process: proc -> {(metric, attrs tuple): (time,
     point, kind)}; ``procs`` gains each process's resource attributes. ``partial``: see _read."""
     latest: dict = defaultdict(dict)
 
     def add_metrics(req: dict) -> None:
-        for rm in req.get("resourceMetrics", []):
-            res = _attrs(rm.get("resource", {}).get("attributes"))
-            key = _proc_key(res)
-            procs.setdefault(key, res)
-            for sm in rm.get("scopeMetrics", []):
-                for metric in sm.get("metrics", []):
-                    for kind in ("sum", "gauge", "histogram"):
-                        if kind in metric:
-                            for dp in metric[kind].get("dataPoints", []):
-                                a = tuple(sorted(_attrs(dp.get("attributes")).items()))
-                                t = int(dp.get("timeUnixNano", 0))
-                                slot = (metric["name"], a)
-                                if slot not in latest[key] or latest[key][slot][0] <= t:
-                                    latest[key][slot] = (t, dp, kind)
+        for key, sm in scoped(req, "Metrics", procs):
+            for metric in sm.get("metrics", []):
+                for kind in ("sum", "gauge", "histogram"):
+                    if kind in metric:
+                        for dp in metric[kind].get("dataPoints", []):
+                            a = tuple(sorted(_attrs(dp.get("attributes")).items()))
+                            t = int(dp.get("timeUnixNano", 0))
+                            slot = (metric["name"], a)
+                            if slot not in latest[key] or latest[key][slot][0] <= t:
+                                latest[key][slot] = (t, dp, kind)
 
     _read(directory, "metrics", add_metrics, partial)
     return latest
@@ -92,18 +99,14 @@ def load(directory: str) -> tuple[dict, dict, dict]:
     latest = load_metrics(directory, procs)
 
     def add_spans(req: dict) -> None:
-        for rs in req.get("resourceSpans", []):
-            res = _attrs(rs.get("resource", {}).get("attributes"))
-            key = _proc_key(res)
-            procs.setdefault(key, res)
-            for ss in rs.get("scopeSpans", []):
-                for sp in ss.get("spans", []):
-                    st = spans[key]
-                    st["count"][sp["name"]] += 1
-                    if sp.get("status", {}).get("code") == 2:
-                        st["errors"][sp["name"]] += 1
-                    dur = int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])
-                    st["slowest"].append((dur, sp["name"], _attrs(sp.get("attributes"))))
+        for key, ss in scoped(req, "Spans", procs):
+            for sp in ss.get("spans", []):
+                st = spans[key]
+                st["count"][sp["name"]] += 1
+                if sp.get("status", {}).get("code") == 2:
+                    st["errors"][sp["name"]] += 1
+                dur = int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])
+                st["slowest"].append((dur, sp["name"], _attrs(sp.get("attributes"))))
 
     _read(directory, "traces", add_spans)
     return latest, spans, procs
