@@ -24,19 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Gauge,
-    Histogram,
-    HistogramDataPoint,
-    Metric,
-    NumberDataPoint,
-    Sum,
-)
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 
 from otelbpf.base.events import FLAG_IBV_POSTED, FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
+from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
@@ -182,15 +175,11 @@ class _Series:
         out = []
         for name, points in by_name.items():
             kind, unit, description = _METRICS[name]
-            data: Sum | Gauge | Histogram
+            metric: Metric | None
             if kind == "sum":
-                dps = [NumberDataPoint(attributes=a, start_time_unix_nano=st, time_unix_nano=now, value=v)
-                       for a, v, st in points]
-                data = Sum(data_points=dps, aggregation_temporality=AggregationTemporality.CUMULATIVE,
-                           is_monotonic=True)
+                metric = m.cumulative_sum_since(name, unit, description, points, now)
             elif kind == "gauge":
-                data = Gauge(data_points=[NumberDataPoint(attributes=a, start_time_unix_nano=0, time_unix_nano=now,
-                                                          value=v) for a, v, _st in points])
+                metric = m.gauge(name, unit, description, [(a, v) for a, v, _st in points], now)
             else:
                 # The kernel's log2 buckets keep no min or max: None leaves OTLP's optional fields
                 # unset (the SDK's dataclass types them float only).
@@ -199,8 +188,9 @@ class _Series:
                                            explicit_bounds=list(LATENCY_BOUNDS),
                                            min=None, max=None)  # type: ignore[arg-type]
                         for a, (c, t), st in points]
-                data = Histogram(data_points=hdps, aggregation_temporality=AggregationTemporality.CUMULATIVE)
-            out.append(Metric(name=name, description=description, unit=unit, data=data))
+                metric = m.histogram(name, unit, description, hdps)
+            if metric is not None:  # never None: a name is here for its points
+                out.append(metric)
         return out
 
 

@@ -70,8 +70,17 @@ def cumulative_sum(
     name: str, unit: str, description: str, points: Iterable[tuple[Attrs, float]], start_ns: int, now_ns: int,
     monotonic: bool = True,
 ) -> Metric | None:
+    return cumulative_sum_since(name, unit, description, ((a, v, start_ns) for a, v in points), now_ns, monotonic)
+
+
+def cumulative_sum_since(
+    name: str, unit: str, description: str, points: Iterable[tuple[Attrs, float, int]], now_ns: int,
+    monotonic: bool = True,
+) -> Metric | None:
+    """A cumulative sum whose points each carry their own start (a series that began later, or
+    whose counts were carried over from an earlier incarnation: ibverbs' queue pairs)."""
     dps = [
-        NumberDataPoint(attributes=a, start_time_unix_nano=start_ns, time_unix_nano=now_ns, value=v) for a, v in points
+        NumberDataPoint(attributes=a, start_time_unix_nano=st, time_unix_nano=now_ns, value=v) for a, v, st in points
     ]
     if not dps:
         return None
