@@ -22,8 +22,11 @@ class Sample:
     labels: Mapping[str, str | int]
 
 
-@dataclass
-class Profile:
+@dataclass(frozen=True)
+class ProfileMeta:
+    """What a profile is of: the process, the kind, the interval; the stacks and the encoded
+    record (``export.profile_export.ProfileRecord``) both carry it."""
+
     name: str                 # Pyroscope profile name (__name__): process_cpu, memory
     kind: str                 # cpu | cuda_memory
     labels: dict[str, str]    # service_name, host_name, process_pid, configured ones
@@ -31,6 +34,10 @@ class Profile:
     start_ns: int             # wall clock, the interval it covers
     end_ns: int
     sample_rate: int          # Hz for CPU profiles, 0 otherwise
+
+
+@dataclass(frozen=True)
+class Profile(ProfileMeta):
     sample_types: Sequence[tuple[str, str]]
     default_sample_type: str
     period_type: tuple[str, str] | None = None

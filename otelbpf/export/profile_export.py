@@ -9,7 +9,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from otelbpf.base.health import Health
@@ -20,7 +20,7 @@ from otelbpf.config import (
     OtlpHttpExporterConfig,
     PyroscopeExporterConfig,
 )
-from otelbpf.correlate.profile_record import Profile
+from otelbpf.correlate.profile_record import Profile, ProfileMeta
 from otelbpf.export import pprof
 from otelbpf.export.safe_files import OutputDir
 
@@ -28,14 +28,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ProfileRecord:
-    name: str                 # Pyroscope profile name (__name__): process_cpu, memory
-    kind: str                 # cpu | cuda_memory
-    labels: dict[str, str]    # service_name, host_name, process_pid, configured ones
-    pid: int
-    start_ns: int             # wall clock, the interval it covers
-    end_ns: int
-    sample_rate: int          # Hz for CPU profiles, 0 otherwise
+class ProfileRecord(ProfileMeta):
     pprof: bytes              # gzipped profile.proto
     profile: Profile | None = None     # the stacks themselves, for encoders other than pprof (OTLP)
     resource: Mapping[str, object] = field(default_factory=dict)  # the process's, as its spans carry it
@@ -43,8 +36,8 @@ class ProfileRecord:
 
 def encoded(profile: Profile, resource: Mapping[str, object] | None = None) -> ProfileRecord:
     """The profiler's profile as exporters send it: encoded once, whatever the number of exporters."""
-    return ProfileRecord(profile.name, profile.kind, profile.labels, profile.pid, profile.start_ns, profile.end_ns,
-                         profile.sample_rate, pprof.encode(profile), profile, resource or {})
+    meta = {f.name: getattr(profile, f.name) for f in fields(ProfileMeta)}
+    return ProfileRecord(**meta, pprof=pprof.encode(profile), profile=profile, resource=resource or {})
 
 
 class ProfileExporter(Protocol):
