@@ -49,7 +49,7 @@ from otelbpf.correlate.profile_record import Profile
 from otelbpf.correlate.profiles import SCOPE
 from otelbpf.correlate.stacks import Frame
 from otelbpf.export.profile_export import ProfileRecord
-from otelbpf.export.sender import Permanent, QueuedSender, Retry, retry_after
+from otelbpf.export.sender import Permanent, QueuedExporter, QueuedSender, Retry, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,7 @@ def transport_for(cfg: OtlpExporterConfig | OtlpHttpExporterConfig) -> Transport
 # --- the exporter -----------------------------------------------------------------------------
 
 
-class OtlpProfileExporter:
+class OtlpProfileExporter(QueuedExporter[ProfileRecord]):
     """Queue, batch, send with retries; never blocks the caller (see the module doc)."""
 
     def __init__(self, name: str, transport: Transport, health: Health, *, retry: RetryConfig | None = None,
@@ -356,16 +356,6 @@ class OtlpProfileExporter:
         self._sender: QueuedSender[ProfileRecord] = QueuedSender(
             name, "profiles", health, self._send, retry=retry or RetryConfig(), max_queue_size=max_queue_size,
             batch_size=BATCH_RECORDS, on_close=transport.close)
-
-    def export(self, records: Sequence[ProfileRecord]) -> None:
-        self._sender.export(records)
-
-    def __len__(self) -> int:
-        return len(self._sender)
-
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Send what is queued for at most ``timeout_s``; what is left is dropped and counted."""
-        self._sender.shutdown(timeout_s)
 
     def _send(self, batch: list[ProfileRecord]) -> None:
         try:

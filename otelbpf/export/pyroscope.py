@@ -29,7 +29,7 @@ from otelbpf.base.health import Health
 from otelbpf.config import PyroscopeExporterConfig, to_seconds
 from otelbpf.export.profile_export import ProfileRecord
 from otelbpf.export.proto.push.v1 import push_pb2
-from otelbpf.export.sender import Permanent, QueuedSender, Retry, retry_after
+from otelbpf.export.sender import Permanent, QueuedExporter, QueuedSender, Retry, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def ingest_name(r: ProfileRecord) -> str:
     return f"{r.labels.get('service_name', 'unknown')}{{{body}}}"
 
 
-class PyroscopeExporter:
+class PyroscopeExporter(QueuedExporter[ProfileRecord]):
     def __init__(self, name: str, cfg: PyroscopeExporterConfig, health: Health) -> None:
         if cfg.endpoint is None:
             raise ValueError("pyroscope exporter without endpoint")
@@ -77,16 +77,6 @@ class PyroscopeExporter:
         self._sender: QueuedSender[ProfileRecord] = QueuedSender(
             name, "profiles", health, self._send, retry=cfg.retry, max_queue_size=cfg.max_queue_size,
             on_close=self._session.close)
-
-    def export(self, records: Sequence[ProfileRecord]) -> None:
-        self._sender.export(records)
-
-    def __len__(self) -> int:
-        return len(self._sender)
-
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Send what is queued for at most ``timeout_s``; what is left is dropped and counted."""
-        self._sender.shutdown(timeout_s)
 
     def _send(self, batch: list[ProfileRecord]) -> None:
         """One profile per request (the sender's batch size is 1)."""

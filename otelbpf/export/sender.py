@@ -148,3 +148,20 @@ class QueuedSender(Generic[T]):
     def _sleep(self, seconds: float) -> None:
         with self._cv:
             self._cv.wait_for(lambda: time.monotonic() >= self._deadline, timeout=seconds)
+
+
+class QueuedExporter(Generic[T]):
+    """An exporter whose ``export``, length and ``shutdown`` are its ``QueuedSender``'s (set
+    ``self._sender`` in ``__init__``): what it adds is how one batch is sent."""
+
+    _sender: QueuedSender[T]
+
+    def export(self, records: Sequence[T]) -> None:
+        self._sender.export(records)
+
+    def __len__(self) -> int:
+        return len(self._sender)
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Send what is queued for at most ``timeout_s``; what is left is dropped and counted."""
+        self._sender.shutdown(timeout_s)
