@@ -14,7 +14,9 @@ start* and *completion observed* (span end): the first of, after enqueued,
   ProcessGroupNCCL watches its work);
 - a synchronize of its stream, of the device, or of a stream made to wait for such an event
   (``cudaStreamWaitEvent``, PyTorch's ``work.wait()``): the wait is on the GPU, and the
-  host sees the collective done when it next synchronizes that stream.
+  host sees the collective done when it next synchronizes that stream. That synchronize
+  also waits for the work queued behind the wait, so the span's end is only an upper bound
+  of the completion (``nccl.completion.bound=upper``).
 
 ``nccl.completion.method`` says which. A collective whose completion is never observed ends at
 enqueued, marked so.
@@ -113,6 +115,15 @@ EVENT_SYNC = "event_sync"       # cudaEventSynchronize of that event returned
 STREAM_WAIT = "stream_wait"     # a stream made to wait on that event was synchronized
 STREAM_SYNC = "stream_sync"     # its own stream was synchronized
 DEVICE_SYNC = "device_sync"     # the device was synchronized
+#: Methods whose observation may lag the completion by more than the observing call's own
+#: wait: the synchronize of a stream made to wait also waits for that stream's later work, so
+#: the collective ended at some time between its enqueue and ``completed`` (docs/design-notes.md).
+UPPER_BOUND = frozenset({STREAM_WAIT})
+
+#: nccl.comm.source of a communicator created before the probes (late_comms.py): its
+#: collectives placed in rounds across ranks; not placed (yet: the placement was ambiguous, or
+#: contradicted); two processes claiming one rank.
+ALIGNED, UNALIGNED, CONFLICTED = "aligned", "unaligned", "conflicted"
 
 #: nccl.rank.source for a communicator whose init was seen
 FROM_INIT = "init"
@@ -679,7 +690,8 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         if call.late is not None:
             attrs["nccl.comm.address"] = f"{call.late.pointer:#x}"  # created before the probes were attached
             attrs["nccl.comm.id"] = comm_hex(call.comm)
-            attrs["nccl.comm.source"] = "conflicted" if call.late.joined().conflicted else "aligned"
+            attrs["nccl.comm.source"] = (
+                CONFLICTED if call.late.joined().conflicted else ALIGNED if call.round is not None else UNALIGNED)
         elif call.known and call.comm:
             attrs["nccl.comm.id"] = comm_hex(call.comm)
             attrs["nccl.comm.source"] = FROM_INIT
@@ -739,6 +751,8 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         if call.completion == OBSERVED:
             enqueued, sync_start, completed = call.observed()
             attrs["nccl.completion.method"] = call.method
+            if call.method in UPPER_BOUND:
+                attrs["nccl.completion.bound"] = "upper"
             attrs["nccl.wait.duration"] = (completed - enqueued) / 1e9
             attrs["nccl.sync.function"] = _SYNC_NAMES[call.sync_func]
             attrs["nccl.sync.duration"] = (completed - sync_start) / 1e9

@@ -90,6 +90,8 @@ def test_completion_is_observed_through_the_event_recorded_after_the_collective(
     assert (a["nccl.completion"], a["nccl.completion.method"], a["cuda.event"]) == ("observed", method, "0xe1")
     assert a["nccl.sync.function"] == {"query": "cudaEventQuery", "sync": "cudaEventSynchronize",
                                         "wait": "cudaStreamSynchronize"}[how]
+    # the compute stream's synchronize also waited for the work behind the wait: only a bound
+    assert a.get("nccl.completion.bound") == ("upper" if how == "wait" else None)
     assert span.end_time - span.start_time == 50 * MS + 2000
     assert a["nccl.enqueue.time_unix_nano"] - span.start_time == MS // 10
 
@@ -125,11 +127,36 @@ def test_launcher_environment_is_parsed():
     assert parse({"RANK": "x"}, 7) is None and parse({}, 7) is None
 
 
+#: --completion of examples/nccl/nccl_job.c -> nccl.completion.method
+METHODS = {"query": "event_query", "sync": "event_sync", "wait": "stream_wait", "stream": "stream_sync"}
+
+
+def observe(ev: Events, how: str, pid: int, enqueued: int, done: int, event: int) -> None:
+    """How a rank learns that its collective (enqueued at ``enqueued``) completed, as
+    ProcessGroupNCCL does: the synchronize or query that sees it returns at ``done``."""
+    if how == "stream":
+        ev.add(enqueued + MS, pid, Kind.CUDA_SYNC, CudaFunc.cudaStreamSynchronize, a0=STREAM, dur=done - enqueued - MS)
+        return
+    ev.add(enqueued + MS // 2, pid, Kind.CUDA_CALL, CudaFunc.cudaEventRecord, a0=event, a2=STREAM, dur=1000)
+    if how == "query":
+        ev.add(enqueued + MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventQuery, a0=event, ret=600, dur=1000)  # not ready
+        ev.add(done - 10_000, pid, Kind.CUDA_CALL, CudaFunc.cudaEventQuery, a0=event, dur=10_000)
+    elif how == "sync":
+        ev.add(enqueued + MS, pid, Kind.CUDA_SYNC, CudaFunc.cudaEventSynchronize, a0=event, a1=1,
+               dur=done - enqueued - MS)
+    else:  # wait: the compute stream waits; the host learns at its next compute synchronize
+        ev.add(enqueued + MS, pid, Kind.CUDA_CALL, CudaFunc.cudaStreamWaitEvent, a0=event, a2=COMPUTE, dur=1000)
+        ev.add(done - 10_000, pid, Kind.CUDA_SYNC, CudaFunc.cudaStreamSynchronize, a0=COMPUTE, dur=10_000)
+
+
 def late_job(iterations: int, late_ms: float, *, slow: int = 2, ranks: int = 4, skip: dict | None = None,
-             period_ms: float = 300, duration_ms: float = 200, jitter=None) -> Events:
+             period_ms: float = 300, duration_ms: float = 200, jitter=None, how: str = "query",
+             lag_ms=None) -> Events:
     """``ranks`` processes (pids 100+r), each with its own comm pointer, none seen at init;
     rank ``slow`` enters late_ms after the others; all observe completion duration_ms after the
-    last entry. ``skip``: rank -> collectives it made before the probes (not in the events)."""
+    last entry (``how``: the way they observe it), plus ``lag_ms(r)`` for an observation that
+    comes later than the completion (``wait``: the compute synchronize after more work).
+    ``skip``: rank -> collectives it made before the probes (not in the events)."""
     ev = Events()
     skip = skip or {}
     for k in range(iterations):
@@ -141,13 +168,17 @@ def late_job(iterations: int, late_ms: float, *, slow: int = 2, ranks: int = 4, 
                 continue
             pid = 100 + r
             ev.allreduce(int(t), pid, 0xC000 + r)
-            ev.add(int(t) + MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventRecord, a0=0xE000 + r, a2=STREAM)
-            ev.add(int(done) + 50_000 * r, pid, Kind.CUDA_CALL, CudaFunc.cudaEventQuery, a0=0xE000 + r, dur=10_000)
+            seen = int(done) + 50_000 * r + int((lag_ms(r) if lag_ms else 0) * MS)
+            observe(ev, how, pid, int(t) + MS // 10, seen, 0xE000 + r)
     return ev
 
 
-def test_late_attached_ranks_are_identified_from_the_environment_and_compared():
-    ev = late_job(12, 40, skip={3: 2})  # rank 3 attached two collectives later than the others
+@pytest.mark.parametrize("how", sorted(METHODS))
+def test_late_attached_ranks_are_identified_from_the_environment_and_compared(how):
+    """Whichever way the ranks learn of completion; with ``wait`` each observes 5 ms after the
+    collective ended (the compute work queued behind the wait), which alignment tolerates."""
+    # rank 3 attached two collectives later than the others
+    ev = late_job(12, 40, skip={3: 2}, how=how, lag_ms=(lambda r: 5) if how == "wait" else None)
     c, spans = correlator({100 + r: torchrun(r) for r in range(4)})
     c.on_events(ev.array())
     by_pid = {pid: sorted(ar_spans(spans, pid), key=lambda s: s.start_time) for pid in range(100, 104)}
@@ -159,6 +190,8 @@ def test_late_attached_ranks_are_identified_from_the_environment_and_compared():
         assert all((s.attributes["nccl.rank"], s.attributes["nccl.nranks"], s.attributes["nccl.rank.source"],
                     s.attributes["nccl.comm.source"]) == (r, 4, "env:RANK", "aligned") for s in ss)
         assert ss[0].attributes["nccl.comm.address"] == f"{0xC000 + r:#x}"
+        assert {(s.attributes["nccl.completion.method"], s.attributes.get("nccl.completion.bound")) for s in ss} \
+            == {(METHODS[how], "upper" if how == "wait" else None)}
     found = findings(spans)
     assert found and {pid for pid, _ in found} == {102}
     assert len(found) >= 12 - 5
@@ -167,13 +200,40 @@ def test_late_attached_ranks_are_identified_from_the_environment_and_compared():
     assert f["nccl.straggler.peers"] == 3
 
 
-def test_a_healthy_jittery_job_has_no_straggler():
+@pytest.mark.parametrize("how", ["query", "wait"])
+def test_a_healthy_jittery_job_has_no_straggler(how):
     rnd = np.random.default_rng(3)
     table = rnd.uniform(0, 30 * MS, size=(60, 4))
-    ev = late_job(60, 0, jitter=lambda k, r: table[k, r])
+    lags = rnd.uniform(0, 20, size=4)  # wait: each rank's compute after the wait, observed late by it
+    ev = late_job(60, 0, jitter=lambda k, r: table[k, r], how=how,
+                  lag_ms=(lambda r: lags[r]) if how == "wait" else None)
     c, spans = correlator({100 + r: torchrun(r) for r in range(4)})
     c.on_events(ev.array())
     assert len(ar_spans(spans)) == 240 and not findings(spans)
+
+
+def test_a_rank_that_observes_completion_after_the_others_entered_the_next_round_is_not_aligned():
+    """``wait``: the slow rank learns of each collective 100 ms after it ended, by when the others
+    have entered the next one: its collective fits either round (nothing the probes see tells
+    a rank 40 ms late from one a whole collective ahead), so it is left unaligned, says so, and
+    is compared with nobody; the other ranks are aligned and compared among themselves."""
+    ev = late_job(12, 40, how="wait", lag_ms=lambda r: 100 if r == 2 else 2)
+    c, spans = correlator({100 + r: torchrun(r) for r in range(4)})
+    c.on_events(ev.array())
+    *slow, last = sorted(ar_spans(spans, 102), key=lambda s: s.start_time)
+    assert len(slow) == 11
+    assert {s.attributes["nccl.comm.source"] for s in slow} == {"unaligned"}
+    assert not any("nccl.seq" in s.attributes for s in slow)
+    assert {s.attributes["nccl.completion.bound"] for s in slow} == {"upper"}
+    # the others made no 13th: the last fits one round only, and is placed in it
+    assert (last.attributes["nccl.comm.source"], last.attributes["nccl.seq"]) == ("aligned", 12)
+    for pid in (100, 101, 103):
+        assert [s.attributes["nccl.seq"] for s in sorted(ar_spans(spans, pid), key=lambda s: s.start_time)] == \
+            list(range(1, 13))
+    assert not findings(spans), "no straggler invented from a rank that cannot be placed"
+    anomalies = {dict(dp.attributes)["reason"]: dp.value for _, ms in c.collect() for m in ms
+                 if m.name == "otelbpf.nccl.anomalies" for dp in m.data.data_points}
+    assert anomalies.get("late_comm_ambiguous") == 11
 
 
 def test_two_jobs_with_the_same_ranks_on_one_host_are_kept_apart():
