@@ -218,3 +218,34 @@ def write_pprof(slow: RankCpu, healthy: Sequence[RankCpu], out_dir: str) -> tupl
             f.write(data)
         os.replace(tmp, path)
     return paths
+
+
+def diff_tree(slow: RankCpu, healthy: Sequence[RankCpu], *, min_share: float = 0.002,
+              max_depth: int = 128) -> dict[str, object]:
+    """The slow rank's CPU call tree as d3-flame-graph draws it (``{name, value, children}``,
+    value: its CPU nanoseconds) with ``delta`` on every node: its value minus the healthy
+    ranks' mean over the same duration (red where the slow rank burns more, blue where less,
+    with d3-flame-graph's differential colours). Frames below ``min_share`` of the total are
+    left out; functions the slow rank never ran have no width to draw and are not shown."""
+    base_rate = _mean([h.rate() for h in healthy if h.seconds > 0])
+    values: Counter[Stack] = Counter()
+    deltas: dict[Stack, float] = defaultdict(float)
+    for stack, ns in slow.stacks.items():
+        for depth in range(min(len(stack), max_depth) + 1):
+            values[stack[:depth]] += ns
+            deltas[stack[:depth]] += ns
+    for stack, rate in base_rate.items():
+        for depth in range(min(len(stack), max_depth) + 1):
+            deltas[stack[:depth]] -= rate * slow.seconds
+    floor = values[()] * min_share
+    children: dict[Stack, list[Stack]] = {}
+    for path in values:
+        if path and values[path] >= floor:
+            children.setdefault(path[:-1], []).append(path)
+
+    def walk(path: Stack) -> dict[str, object]:
+        kids = sorted(children.get(path, []), key=lambda p: -values[p])
+        return {"name": path[-1] if path else "all", "value": int(values[path]), "delta": int(round(deltas[path])),
+                "children": [walk(k) for k in kids]}
+
+    return walk(())

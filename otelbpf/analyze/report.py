@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TextIO
 
-from otelbpf.analyze import report_ai
+from otelbpf.analyze import collectives, profile_diff, report_ai, stragglers
 from otelbpf.analyze.diagnose import COSTS, SCHED_SCOPE, Finding, diagnose
 from otelbpf.analyze.report_ai import PROFILE_NAME, AiSpans, Weight
 from otelbpf.analyze.report_timeline import Timeline
@@ -163,6 +163,7 @@ data.flames.forEach(function(f){
     legend.textContent='weight: '+w.label+' ('+amount(w.tree.value,w.unit)+'). Rests on: '+w.rests_on+
       (w.coverage?'. '+w.coverage:'');}
   show(0);
+  if(f.differential)chart.setColorMapper(flamegraph.colorMapper.differentialColorMapper);
   d3.select(el).datum(f.weights[0].tree).call(chart);
   el.dataset.drawn=String(el.querySelectorAll('rect').length);
   if(sel)sel.addEventListener('change',function(){show(+sel.value);chart.update(f.weights[+sel.value].tree);});
@@ -228,9 +229,9 @@ class _Charts:
         self.flames: list[dict] = []
         self.timelines: list[dict] = []
 
-    def flame(self, heading: str, weights: list[dict]) -> str:
+    def flame(self, heading: str, weights: list[dict], differential: bool = False) -> str:
         fid = f"flame-{len(self.flames)}"
-        self.flames.append({"id": fid, "weights": weights})
+        self.flames.append({"id": fid, "weights": weights, "differential": differential})
         switch = ""
         if len(weights) > 1:
             switch = (f"<label>weight: <select id='{fid}-weight'>"
@@ -346,6 +347,49 @@ def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: li
     return "\n".join(parts)
 
 
+def _stragglers_html(directory: str, charts: _Charts, problems: list[str]) -> list[str]:
+    """NCCL stragglers (``otelbpf stragglers``) and, where the folder has CPU profiles of the
+    ranks, each straggler's differential flame graph against the healthy ranks."""
+    try:
+        data = collectives.read([directory])
+    except (collectives.ReadError, OSError):
+        return []  # the span readers above already said what they could not read
+    if not len(data):
+        return []
+    report = stragglers.analyze(data, threshold_ns=1_000_000, min_share=0.3)
+    if not report.stragglers:
+        return [f"<h2>NCCL</h2><p>{report.collectives_compared} collectives of {len(report.ranks)} ranks compared: "
+                "no persistent straggler.</p>"]
+    window = (int(data.start.min()), int(data.end.max()))
+    ranks, skipped = profile_diff.read_cpu([directory], {(r.host, r.pid) for r in report.ranks}, window)
+    problems += [f"skipped a profile: {s}" for s in skipped]
+    slow_keys = {(r.host, r.pid) for r in report.stragglers}
+    healthy = [cpu for key, cpu in ranks.items() if key not in slow_keys]
+    parts = ["<h2>NCCL stragglers</h2>"]
+    for r in report.stragglers:
+        parts.append(f"<p><b>rank {r.rank}</b> ({_e(r.host)}, pid {r.pid}, {_e(r.service)}): {_e(r.cls)}, last in "
+                     f"{r.straggled} of {r.collectives} collectives, late by {r.lateness_mean_ms:.1f} ms on average "
+                     f"(GPU wait {r.compute_ms:.1f} ms, host {r.host_ms:.1f} ms, previous collective "
+                     f"{r.communication_ms:.1f} ms, summed).</p>")
+        slow = ranks.get((r.host, r.pid))
+        if slow is None or not healthy:
+            parts.append("<p class='muted'>No CPU profiles of this rank and the others in the folder: run the "
+                         "profiling receiver beside nccl for the differential flame graph.</p>")
+            continue
+        frames = profile_diff.diff(slow, healthy).frames[:5]
+        if frames:
+            parts.append("<p>On the CPU more than the healthy ranks (CPU ms per second): "
+                         + _e(", ".join(f"{f.function} +{f.self_ms_per_s:.1f}" for f in frames)) + "</p>")
+        tree = profile_diff.diff_tree(slow, healthy)
+        parts.append(charts.flame(
+            f"Differential CPU flame graph of rank {r.rank} against {len(healthy)} healthy ranks (width: its CPU "
+            "time; red: more than the healthy ranks' mean per second, blue: less)",
+            [{"key": "cpu", "label": "cpu", "unit": "cpu/nanoseconds", "coverage": "",
+              "rests_on": f"CPU profiles over the job's window ({slow.seconds:.0f} s of this rank's profiles)",
+              "tree": tree}], differential=True))
+    return parts
+
+
 def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     """(the page, its findings, what could not be read)."""
     problems: list[str] = []
@@ -392,6 +436,7 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
         body += [_finding_html(i, f) for i, f in enumerate(findings, 1)]
     else:
         body.append("<p>No cause of GPU idle time above 1% of a process's traced window.</p>")
+    body += _stragglers_html(directory, charts, problems)
     for key in sorted(procs, key=lambda k: (k[0] == "otelbpf", str(k))):
         pid = int(procs[key].get("process.pid", 0) or 0)
         body.append(_process_html(procs[key], latest.get(key, {}), spans.calls.get(key, {}), by_proc.get(key, []),

@@ -111,3 +111,16 @@ def test_the_pprof_pair_reads_back_as_a_diff_in_go_tool_pprof(tmp_path):
     by_name = {r[-1]: r for r in rows}
     assert by_name["prepare_batch_on_host"][0] == "4000ms"         # +4 s flat on the slow rank
     assert by_name["launch"][0].startswith("-")                   # a little less than the healthy mean
+
+
+def test_the_differential_tree_is_the_slow_ranks_tree_coloured_by_its_excess(tmp_path):
+    out = job(tmp_path)
+    ranks, _ = profile_diff.read_cpu([str(out)])
+    tree = profile_diff.diff_tree(ranks[("node1", 102)], [ranks[("node1", 100)], ranks[("node1", 101)]])
+    assert tree["name"] == "all" and tree["value"] == 6500 * MS
+    [main] = tree["children"]
+    step = next(c for c in main["children"] if c["name"] == "train_step")
+    by_name = {c["name"]: c for c in step["children"]}
+    assert by_name["prepare_batch_on_host"]["delta"] == 4000 * MS          # the healthy ranks never ran it
+    assert by_name["launch"]["delta"] == (2000 - 2100) * MS                # 2.0 s against a 2.1 s mean
+    assert "launch" in by_name and set(by_name) == {"prepare_batch_on_host", "launch"}
