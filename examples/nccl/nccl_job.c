@@ -15,14 +15,19 @@
  *           cudaEventQuery every 100 us until it returns 0 (work.isCompleted() polling);
  *   sync    cudaEventRecord, then cudaEventSynchronize (work.synchronize() with blocking wait);
  *   wait    cudaEventRecord, then cudaStreamWaitEvent(compute stream, event) (work.wait()):
- *           the host does not block; the next compute synchronize observes the collective.
+ *           the host does not block; a compute synchronize at the start of the next iteration
+ *           (PyTorch's loss.item()) observes the collective, and that iteration's host work
+ *           (a host-slow rank's gaps) follows it, so a slow host delays the next collective
+ *           as it does in a training loop rather than hiding behind the one in flight.
  *
  * Each rank gets the environment a launcher gives it (--launcher): torchrun (RANK, LOCAL_RANK,
  * WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, the
  * default), slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_ID), ompi
  * (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK), bare (RANK and WORLD_SIZE only) or none. --job-id
  * sets the run or job id (default: from the unique id). --hold-ms X sleeps X ms after init,
- * before the first iteration (time for an agent started later to attach: it sees no init).
+ * before the first iteration (time for an agent started later to attach: it sees no init), or
+ * until SIGUSR1 reaches the job's process group (kill -USR1 -PGID), whichever comes first: a
+ * test releases the ranks once its agent is attached, however long its compile took.
  * --jitter-ms J: every rank sleeps a random 0..J ms before each iteration's collectives.
  *
  * One rank can be made slow, the way operators classify stragglers:
@@ -229,6 +234,14 @@ static int pick(const char *flag, const char *v, const char *const *names, int n
     exit(2);
 }
 
+static volatile sig_atomic_t released; /* SIGUSR1 came: --hold-ms ends now */
+
+static void on_release(int sig)
+{
+    (void)sig;
+    released = 1;
+}
+
 /* ---- one rank ------------------------------------------------------------------------ */
 
 struct rank_state {
@@ -347,12 +360,19 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
     void *event = NULL;
     if (o->completion != WAIT_STREAM && api.EventCreate(&event) != 0)
         die("cudaEventCreate failed in %s", o->cudart);
-    if (o->hold_ms)
-        sleep_us((long)o->hold_ms * 1000);
+    for (long until = now_us() + (long)o->hold_ms * 1000; !released && now_us() < until;)
+        sleep_us(1000);
     unsigned seed = (unsigned)getpid();
     dim3 grid = {64, 1, 1}, block = {256, 1, 1};
     long gap_us = o->slow_kind == SLOW_HOST && rank == o->slow_rank ? (long)o->slow_ms * 1000 / o->kernels : 0;
     for (int it = 0; it < o->iterations; it++) {
+        if (o->completion == WAIT_EVENT && it > 0) {
+            /* loss.item(): the compute stream waited on the previous collective's event, so this
+             * synchronize is where the host learns that collective completed; the next step's
+             * host work (a host-slow rank's gaps) comes after it, as in a PyTorch training loop. */
+            until_collectives_done();
+            sync_stream(compute, &st.compute_sync_us);
+        }
         for (int k = 0; k < o->kernels; k++) {
             api.LaunchKernel((const void *)compute_kernel, grid, block, NULL, 0, compute);
             if (gap_us && o->host_spin)
@@ -360,8 +380,6 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
             else if (gap_us)
                 sleep_us(gap_us);
         }
-        if (o->completion == WAIT_EVENT)
-            until_collectives_done(); /* the compute stream waits on the last iteration's event */
         sync_stream(compute, &st.compute_sync_us);
         if (o->jitter_ms)
             sleep_us((long)(rand_r(&seed) % (o->jitter_ms * 1000 + 1)));
@@ -571,6 +589,8 @@ static int run_job(const struct opts *o, char **argv, int argc)
 
 int main(int argc, char **argv)
 {
+    struct sigaction release = {.sa_handler = on_release};
+    sigaction(SIGUSR1, &release, NULL); /* first: the parent and every rank ignore it but for --hold-ms */
     static char self_dir[PATH_MAX], lib[PATH_MAX + 32], cudart[PATH_MAX + 32];
     ssize_t n = readlink("/proc/self/exe", self_dir, sizeof self_dir - 1);
     if (n > 0) {
