@@ -22,7 +22,11 @@ reduction, root), not yet joined by this rank, and consistent with causality (no
 observed that round complete before this rank entered it; this rank did not observe its own
 complete before another rank entered the round). No such round: a new one. Several: the
 placement is ambiguous (a rank running a whole collective ahead of another looks like that);
-the collective is not compared, counted (``late_comm_ambiguous``), and the next is tried.
+the collective is not compared, counted (``late_comm_ambiguous``), its span says
+``nccl.comm.source=unaligned``, and the next is tried. A completion is only ever used as an
+upper bound of the real one, so a late observation (``cudaStreamWaitEvent``: the host learns
+at its next compute synchronize) never misplaces a collective; observed after the other ranks
+entered the next round, it leaves two rounds open, and is left unplaced.
 Placed once, a rank's later collectives follow in order and are checked the same way; one
 that contradicts its round (``late_comm_misaligned``) un-places the rank.
 
