@@ -130,7 +130,22 @@ static __always_inline u64 nccl_args(u64 count, u64 dtype, u64 op)
     return (count & 0xffffffffffffULL) | ((dtype & 0xff) << 48) | (o << 56);
 }
 
-static __always_inline int nccl_collective(u8 func, u64 comm, u64 count, u64 dtype, u64 op, s32 root, u64 stream)
+/* The sequence number of this process's send (send = 1) or recv (0) with ``peer`` on ``comm``, from 1. */
+static __always_inline u64 nccl_p2p_seq(u32 tgid, s32 peer, u64 comm, u64 send)
+{
+    struct nccl_p2p_key k = {.pid = tgid, .peer = peer, .comm = comm, .send = send};
+    u64 *n = nccl_p2p.lookup(&k);
+    if (n)
+        return __sync_fetch_and_add(n, 1) + 1;
+    u64 one = 1;
+    nccl_p2p.update(&k, &one);
+    return 1;
+}
+
+/* The ENTER record of a collective (send < 0) or a send/recv: a1 its sequence number (the
+ * communicator's, or per peer and direction), a2 count, type and reduction, a3 the stream,
+ * ret the root or the peer (``rank``). */
+static __always_inline int nccl_op(u8 func, u64 comm, u64 count, u64 dtype, u64 op, s32 rank, u64 stream, s64 send)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
@@ -141,40 +156,22 @@ static __always_inline int nccl_collective(u8 func, u64 comm, u64 count, u64 dty
     struct nccl_comm_info *c = nccl_comm(tgid, comm);
     nccl_describe(&e, c, comm);
     if (c)
-        e.a1 = __sync_fetch_and_add(&c->seq, 1) + 1;
+        e.a1 = send < 0 ? __sync_fetch_and_add(&c->seq, 1) + 1 : nccl_p2p_seq(tgid, rank, comm, send);
     e.a2 = nccl_args(count, dtype, op);
     e.a3 = stream;
-    e.ret = root;
+    e.ret = rank;
     emit(&e);
     return 0;
 }
 
+static __always_inline int nccl_collective(u8 func, u64 comm, u64 count, u64 dtype, u64 op, s32 root, u64 stream)
+{
+    return nccl_op(func, comm, count, dtype, op, root, stream, -1);
+}
+
 static __always_inline int nccl_point_to_point(u8 func, u64 comm, u64 count, u64 dtype, s32 peer, u64 stream, u64 send)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    if (!is_watched(tgid))
-        return 0;
-    struct event e = {};
-    new_event(&e, id, EV_NCCL_ENTER, func);
-    struct nccl_comm_info *c = nccl_comm(tgid, comm);
-    nccl_describe(&e, c, comm);
-    if (c) {
-        struct nccl_p2p_key k = {.pid = tgid, .peer = peer, .comm = comm, .send = send};
-        u64 *n = nccl_p2p.lookup(&k);
-        if (n) {
-            e.a1 = __sync_fetch_and_add(n, 1) + 1;
-        } else {
-            u64 one = 1;
-            nccl_p2p.update(&k, &one);
-            e.a1 = 1;
-        }
-    }
-    e.a2 = nccl_args(count, dtype, NCCL_NO_OP);
-    e.a3 = stream;
-    e.ret = peer;
-    emit(&e);
-    return 0;
+    return nccl_op(func, comm, count, dtype, NCCL_NO_OP, peer, stream, send);
 }
 
 /* ncclCommInitRank(comm *, nranks, ncclUniqueId, rank[, config]): the 128-byte id is passed
