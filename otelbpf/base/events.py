@@ -117,20 +117,18 @@ class Stat(enum.IntEnum):
     TORCH_DEPTH = 9
 
 
-class _CudaFuncBase(enum.IntEnum):
-    """Function ids carried in ``event.func`` for the CUDA family: the runtime's
-    below 20 and from 30 to 63, the driver's from 20 to 29 and from 64 up
-    (``is_driver``). Ids never change meaning: profiles and maps store them.
-    A member's name is the symbol probed."""
-
-    @property
-    def is_driver(self) -> bool:
-        return 20 <= self < 30 or self >= 64
+def is_driver(func: int) -> bool:
+    """Whether a CUDA function id (``event.func``) is the driver's: the runtime's are below
+    20 and from 30 to 63, the driver's from 20 to 29 and from 64 up."""
+    return 20 <= func < 30 or func >= 64
 
 
-# The functional form: names such as ``__cudaRegisterFunction`` would be mangled
-# inside a class body.
-CudaFunc = _CudaFuncBase(
+# Function ids carried in ``event.func`` for the CUDA family (``is_driver`` tells the driver's).
+# Ids never change meaning: profiles and maps store them. A member's name is the symbol
+# probed. The functional form: names such as ``__cudaRegisterFunction`` would be mangled
+# inside a class body (and mypy reads the members of ``enum.IntEnum("...", [...])``).
+CudaFunc = enum.IntEnum(
+
     "CudaFunc",
     [
         ("cudaLaunchKernel", 1),
@@ -303,7 +301,7 @@ _SOCK_HEADER_FIELDS = [
 #: ``struct sock_rec``'s header followed by the ``cap`` bytes captured: the header's
 #: fields, and ``data``, the captured bytes (``bytes``, exactly ``cap`` long).
 SOCK_RECORD_DTYPE = np.dtype(_SOCK_HEADER_FIELDS + [("data", object)])
-assert SOCK_RECORD_DTYPE.fields["data"][1] == SOCK_HEADER_BYTES  # the header is bpf/sockets.c's
+assert SOCK_RECORD_DTYPE.fields is not None and SOCK_RECORD_DTYPE.fields["data"][1] == SOCK_HEADER_BYTES  # sockets.c's
 
 
 class IbvFunc(enum.IntEnum):

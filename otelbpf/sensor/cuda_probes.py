@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from otelbpf.base.events import CudaFunc, Kind
+from otelbpf.base.events import CudaFunc, Kind, is_driver
 from otelbpf.sensor.family import LibraryKind, ProbeFamily, ProbeSpec
 
 # symbol -> (launch variant, C expression of the kernel handle)
@@ -150,12 +150,12 @@ def _generate(launch_errors: bool) -> tuple[str, dict[CudaFunc, ProbeSpec]]:
         if launch_errors:
             ret = f"uretprobe_launch_{func.name}"
             lines.append(f"int {ret}(struct pt_regs *ctx) {{ return on_launch_return(ctx, {int(func)}); }}")
-        body = "on_driver_launch" if func.is_driver else "on_launch"
+        body = "on_driver_launch" if is_driver(func) else "on_launch"
         entry(func, f"{body}(ctx, {int(func)}, {variant}, {fn})", ret)
     for func, (kind, flags, a0, a1, a2, a3) in _PAIRED.items():
-        if func.is_driver:
+        if is_driver(func):
             flags = f"EVF_DRIVER | {flags}"
-        ret = DRIVER_RETURN_PROGRAM if func.is_driver else RETURN_PROGRAM
+        ret = DRIVER_RETURN_PROGRAM if is_driver(func) else RETURN_PROGRAM
         entry(func, f"on_entry({kind}, {int(func)}, {flags}, {a0}, {a1}, {a2}, {a3})", ret)
     for func, (dims, stream) in _DESCRIBED_COPIES.items():
         entry(func, f"on_memcpy_desc(ctx, {int(func)}, {dims}, {stream})", DRIVER_RETURN_PROGRAM)
@@ -179,7 +179,7 @@ def cuda_family(
                 "cudart",
                 re.compile(r"^libcudart\.so(\.[0-9]+)*$"),
                 "libcudart.so",
-                tuple(s for f, s in specs.items() if not f.is_driver),
+                tuple(s for f, s in specs.items() if not is_driver(f)),
             )
         )
         # nvcc links the runtime statically by default: the same functions, as local
@@ -189,7 +189,7 @@ def cuda_family(
                 "cudart_static",
                 re.compile(r"(?!)"),  # never by name
                 "",
-                tuple(s for f, s in specs.items() if not f.is_driver),
+                tuple(s for f, s in specs.items() if not is_driver(f)),
                 content_symbol="cudaLaunchKernel",
                 symtab=True,
             )
@@ -200,7 +200,7 @@ def cuda_family(
                 "cuda",
                 re.compile(r"^libcuda\.so(\.[0-9]+)*$"),
                 "libcuda.so",
-                tuple(s for f, s in specs.items() if f.is_driver),
+                tuple(s for f, s in specs.items() if is_driver(f)),
             )
         )
     assert int(Kind.CUDA_LAUNCH) == 10  # EV_CUDA_* values are shared with common.h
