@@ -188,42 +188,62 @@ def test_the_differential_flame_graph_names_the_frame_planted_on_the_slow_rank(t
 # ---- attached late, completion through CUDA events, defaults
 
 
-@pytest.mark.parametrize("completion, method, bound", [
-    ("query", "event_query", None), ("sync", "event_sync", None), ("wait", "stream_wait", "upper"),
-])
-def test_attached_after_init_ranks_from_the_environment_a_40ms_straggler_with_defaults(
-        tmp_path, completion, method, bound):
-    """The job runs first; the agent (host mode, default straggler settings) attaches after every
-    rank's ncclCommInitRank. Ranks come from torchrun's variables, collectives are matched by
-    order, completion is what the CUDA events say (with ``wait``, the compute stream's later
-    synchronize: an upper bound, said so), and the rank 40 ms late on every ~200 ms collective
-    is named, live and offline; the healthy jittery ranks are not."""
-    iters, slow = 24, 1
-    env = {"FAKENCCL_LINK_US": "200000"}
-    job = subprocess.Popen(
-        [str(JOB), "--ranks", "3", "--iterations", str(iters), "--completion", completion, "--hold-ms", "90000",
-         "--jitter-ms", "5", "--slow-rank", str(slow), "--slow-kind", "host", "--slow-ms", "40"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, **env}, start_new_session=True)
+LATE_ITERS, LATE_SLOW = 24, 1
+#: --completion -> (nccl.completion.method, nccl.completion.bound)
+COMPLETIONS = {"query": ("event_query", None), "sync": ("event_sync", None), "wait": ("stream_wait", "upper")}
+
+
+@pytest.fixture(scope="module")
+def late_attached(tmp_path_factory):
+    """Three jobs, one per completion method, each held after every rank's ncclCommInitRank; one
+    agent (default straggler settings) attaches to all of them (one BCC compile), then each job
+    is released in turn (one at a time: a job's lateness is its own). Per method: the job's
+    summary, its ranks' ncclAllReduce spans (OTLP-JSON, by pid), the offline report, the log."""
+    tmp = tmp_path_factory.mktemp("late")
+    env = {**os.environ, "FAKENCCL_LINK_US": "200000"}
+    jobs = {
+        completion: subprocess.Popen(
+            [str(JOB), "--ranks", "3", "--iterations", str(LATE_ITERS), "--completion", completion,
+             "--hold-ms", "150000", "--jitter-ms", "5", "--slow-rank", str(LATE_SLOW), "--slow-kind", "host",
+             "--slow-ms", "40"],
+            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        for completion in COMPLETIONS
+    }
+    outs = {}
     try:
-        cfg = write_config(tmp_path, None, threshold=None)
-        with AgentProcess(["-c", str(cfg), "--pid", str(job.pid)]) as agent:
+        cfg = write_config(tmp, None, threshold=None)
+        with AgentProcess(["-c", str(cfg), *(a for j in jobs.values() for a in ("--pid", str(j.pid)))]) as agent:
             agent.wait_ready()
             for lib in (BUILD / "fakenccl" / "libnccl.so.2", BUILD / "fakecudart" / "libcudart.so.12"):
                 agent.wait_attached(lib)
-            os.killpg(job.pid, signal.SIGUSR1)  # ends the ranks' --hold-ms: they start after init, probed
-            out, _ = job.communicate(timeout=120)
+            for completion, job in jobs.items():
+                os.killpg(job.pid, signal.SIGUSR1)  # ends the ranks' --hold-ms: they start after init, probed
+                outs[completion], _ = job.communicate(timeout=120)
             agent.stop()
     finally:
-        job.kill()
-    summary = json.loads(out.strip().splitlines()[-1])
-    pids = by_rank(summary)
+        for job in jobs.values():
+            job.kill()
     spans = defaultdict(list)
-    for line in (tmp_path / "out" / "traces.jsonl").read_text().splitlines():
+    for line in (tmp / "out" / "traces.jsonl").read_text().splitlines():
         for rs in json.loads(line)["resourceSpans"]:
             res = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
             pid = int(res["process.pid"]["intValue"])
             for ss in rs["scopeSpans"]:
                 spans[pid] += [sp for sp in ss["spans"] if sp["name"] == "ncclAllReduce"]
+    report = stragglers(tmp / "out")
+    return {c: (json.loads(out.strip().splitlines()[-1]), spans, report, agent.output) for c, out in outs.items()}
+
+
+@pytest.mark.parametrize("completion", sorted(COMPLETIONS))
+def test_attached_after_init_ranks_from_the_environment_a_40ms_straggler_with_defaults(late_attached, completion):
+    """The job runs first; the agent attaches after every rank's ncclCommInitRank. Ranks come
+    from torchrun's variables, collectives are matched by order, completion is what the CUDA
+    events say (with ``wait``, the compute stream's later synchronize: an upper bound, said
+    so), and the rank 40 ms late on every ~200 ms collective is named, live and offline; the
+    healthy jittery ranks are not."""
+    summary, spans, report, log = late_attached[completion]
+    method, bound = COMPLETIONS[completion]
+    iters, slow, pids = LATE_ITERS, LATE_SLOW, by_rank(summary)
 
     def attr(sp, key):
         for a in sp["attributes"]:
@@ -234,7 +254,7 @@ def test_attached_after_init_ranks_from_the_environment_a_40ms_straggler_with_de
     ids = set()
     for rank, pid in pids.items():
         mine = spans[pid]
-        assert len(mine) == iters, f"rank {rank}: {len(mine)} spans; {sorted(spans)} {pids}\n{agent.output[-3000:]}"
+        assert len(mine) == iters, f"rank {rank}: {len(mine)} spans; {sorted(spans)} {pids}\n{log[-3000:]}"
         assert {attr(s, "nccl.rank") for s in mine} == {str(rank)} or {attr(s, "nccl.rank") for s in mine} == {rank}
         assert {attr(s, "nccl.rank.source") for s in mine} == {"env:RANK"}
         assert {attr(s, "nccl.comm.source") for s in mine} == {"aligned"}
@@ -249,8 +269,8 @@ def test_attached_after_init_ranks_from_the_environment_a_40ms_straggler_with_de
         else:
             assert not late, f"rank {rank} is healthy"
     assert len(ids) == 1
-    report = stragglers(tmp_path / "out")
-    assert [(r["rank"], r["pid"]) for r in report["stragglers"]] == [(slow, pids[slow])]
+    mine = set(pids.values())
+    assert [(r["rank"], r["pid"]) for r in report["stragglers"] if r["pid"] in mine] == [(slow, pids[slow])]
 
 
 # ---- what the spans say about groups, splits and every operation
