@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from otelbpf.base.events import EVENT_DTYPE, CudaFunc, Kind, NcclFunc  # noqa: E402
+from otelbpf.correlate.base import CorrelatorSettings  # noqa: E402
 from otelbpf.correlate.clock import MonotonicClock  # noqa: E402
 from otelbpf.correlate.nccl import NcclCorrelator  # noqa: E402
 from otelbpf.correlate.process_info import ProcessInfo  # noqa: E402
@@ -280,7 +281,7 @@ def build_dataset(plan: Plan, work: Path) -> tuple[list[Path], dict]:
         clock.offset_ns += skew
         exporter = FileSpanExporter(str(out))
         spans: list = []
-        correlator = NcclCorrelator(ProcessInfo({"host.name": host}), clock, spans.extend,
+        correlator = NcclCorrelator(CorrelatorSettings(ProcessInfo({"host.name": host}), clock, spans.extend),
                                     straggler_threshold_ns=10**9, max_spans_per_second=10**9)
         records = np.concatenate([
             rank_events(steps, r, comm, 4_000_000 + r) for r in range(h * per_host, (h + 1) * per_host)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.http import HttpCorrelator
@@ -39,7 +40,7 @@ def feed_and_export(arr: np.ndarray, port: int, batch: int, profile: bool, top: 
         key = (metric, tuple(sorted(attrs.items())))
         run.counts[key] = run.counts.get(key, 0) + n
 
-    corr = HttpCorrelator(ProcessInfo(), MonotonicClock(), run.spans.extend, count, Causality(),
+    corr = HttpCorrelator(CorrelatorSettings(ProcessInfo(), MonotonicClock(), run.spans.extend), count, Causality(),
                           lambda m, items: None, ports=[port], max_spans_per_second=10**9)
     prof = cProfile.Profile() if profile else None
     t0 = time.process_time()

@@ -29,6 +29,7 @@ from otelbpf.config import (
 from otelbpf.config.receivers.gpu import GpuReceiverConfig
 from otelbpf.config.receivers.sched import SchedReceiverConfig
 from otelbpf.config.receivers.torch import TorchReceiverConfig
+from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
@@ -68,6 +69,9 @@ class Context:
     #: Profiles pipeline: where finished profiles go, and its resource attributes (labels).
     export_profiles: Callable[[list], None] = lambda records: None
     profile_attributes: dict = field(default_factory=dict)
+
+    def correlator_settings(self) -> CorrelatorSettings:
+        return CorrelatorSettings(self.process_info, self.clock, self.emit_spans)
 
     # Bound methods, not ``maps.read`` itself: the maps are bound after the correlators are built.
     def read_map(self, name: str) -> MapEntries:
@@ -125,10 +129,8 @@ def _cuda(name: str, cfg: CudaReceiverConfig, ctx: Context) -> Receiver:
         launch_errors=cfg.launch_errors,
     )
     correlator = CudaCorrelator(
-        ctx.process_info,
+        ctx.correlator_settings(),
         ctx.symbolizer,
-        ctx.clock,
-        ctx.emit_spans,
         ctx.read_map,
         ctx.forget_keys,
         min_span_ns=cfg.min_span_duration,
@@ -149,9 +151,7 @@ def _http(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
     family = socket_family(cfg.ports, payload_bytes=cfg.payload_size, ring_bytes=cfg.ring_buffer_size,
                            lib_users_only=cfg.processes == "gpu")
     correlator = HttpCorrelator(
-        ctx.process_info,
-        ctx.clock,
-        ctx.emit_spans,
+        ctx.correlator_settings(),
         ctx.counter(name),
         ctx.causality,
         lambda m, items: ctx.maps.update(m, items),
@@ -170,9 +170,7 @@ def _nccl(name: str, cfg: NcclReceiverConfig, ctx: Context) -> Receiver:
     from otelbpf.sensor.nccl_probes import nccl_family
 
     correlator = NcclCorrelator(
-        ctx.process_info,
-        ctx.clock,
-        ctx.emit_spans,
+        ctx.correlator_settings(),
         straggler_threshold_ns=cfg.straggler_threshold,
         completion_timeout_ns=cfg.completion_timeout,
         max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
@@ -214,9 +212,7 @@ def _ibverbs(name: str, cfg: IbverbsReceiverConfig, ctx: Context) -> Receiver:
         data_path=cfg.data_path,
     )
     correlator = IbverbsCorrelator(
-        ctx.process_info,
-        ctx.clock,
-        ctx.emit_spans,
+        ctx.correlator_settings(),
         ctx.read_map,
         ctx.forget_keys,
         traces=ctx.traces,
@@ -232,9 +228,7 @@ def _sched(name: str, cfg: SchedReceiverConfig, ctx: Context) -> Receiver:
     from otelbpf.sensor.sched_probes import sched_family
 
     correlator = SchedCorrelator(
-        ctx.process_info,
-        ctx.clock,
-        ctx.emit_spans,
+        ctx.correlator_settings(),
         ctx.read_map,
         ctx.forget_keys,
         lambda fn: ctx.maps.with_bpf(fn),
@@ -255,10 +249,8 @@ def _torch(name: str, cfg: TorchReceiverConfig, ctx: Context) -> Receiver:
     from otelbpf.sensor.torch_probes import torch_family
 
     correlator = TorchCorrelator(
-        ctx.process_info,
+        ctx.correlator_settings(),
         ctx.symbolizer,
-        ctx.clock,
-        ctx.emit_spans,
         ctx.causality,
         min_span_ns=cfg.min_span_duration,
         max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from opentelemetry.sdk.resources import Resource
@@ -39,6 +40,16 @@ class SpanBudget:
         return granted
 
 
+@dataclass(frozen=True)
+class CorrelatorSettings:
+    """What every correlator is built with, whatever its family (as a Collector receiver's
+    factory is given its settings): who a pid is, the clock, where finished spans go."""
+
+    process_info: ProcessInfo
+    clock: MonotonicClock
+    emit_spans: Callable[[list[ReadableSpan]], None]
+
+
 class CorrelatorBase(Generic[P]):
     """The shared floor of a correlator whose per-process state is a ``P``.
 
@@ -46,17 +57,10 @@ class CorrelatorBase(Generic[P]):
     exporter's thread collects metrics); ``_new_process`` says how a ``P`` is made.
     """
 
-    def __init__(
-        self,
-        process_info: ProcessInfo,
-        clock: MonotonicClock,
-        emit_spans: Callable[[list[ReadableSpan]], None],
-        *,
-        max_spans_per_second: int,
-    ) -> None:
-        self._info = process_info
-        self._clock = clock
-        self._emit = emit_spans
+    def __init__(self, settings: CorrelatorSettings, *, max_spans_per_second: int) -> None:
+        self._info = settings.process_info
+        self._clock = settings.clock
+        self._emit = settings.emit_spans
         self._budget = SpanBudget(max_spans_per_second)
         self._procs: dict[int, P] = {}
         self._lock = threading.Lock()

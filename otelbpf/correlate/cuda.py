@@ -23,11 +23,9 @@ from opentelemetry.trace import Link, SpanContext
 
 from otelbpf.base.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
 from otelbpf.correlate import metrics as m
-from otelbpf.correlate.base import CorrelatorBase
-from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.cuda_errors import error_name
 from otelbpf.correlate.kernel_names import KernelNames
-from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.sensor.family import MapReader
@@ -92,10 +90,8 @@ class CudaCorrelator(CorrelatorBase[_Process]):
 
     def __init__(
         self,
-        process_info: ProcessInfo,
+        settings: CorrelatorSettings,
         symbolizer: Symbolizer,
-        clock: MonotonicClock,
-        emit_spans: Callable[[list[ReadableSpan]], None],
         read_map: MapReader,
         forget_keys: Callable[[str, list[object]], None],
         *,
@@ -107,7 +103,7 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         parent_of: Callable[[int, int, int], SpanContext | None] = lambda pid, tid, ts: None,
         in_flight: Callable[[int, int, int], list[SpanContext]] = lambda pid, tid, ts: [],
     ) -> None:
-        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
+        super().__init__(settings, max_spans_per_second=max_spans_per_second)
         self._sym = symbolizer
         self._read_map = read_map
         self._forget_keys = forget_keys

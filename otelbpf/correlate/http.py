@@ -57,12 +57,10 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from otelbpf.base.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
 from otelbpf.correlate import genai
 from otelbpf.correlate import metrics as m
-from otelbpf.correlate.base import CorrelatorBase
+from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.causality import Causality, Interval
-from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.links import ClientRequest, PeerLinks
 from otelbpf.correlate.netaddr import address_from_raw
-from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.protocols.http1 import (
     Exchange,
     Http1Connection,
@@ -178,9 +176,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
 
     def __init__(
         self,
-        process_info: ProcessInfo,
-        clock: MonotonicClock,
-        emit_spans: Callable[[list], None],
+        settings: CorrelatorSettings,
         count: Callable[..., None],
         causality: Causality,
         update_map: Callable[[str, list[tuple[int, int]]], None],
@@ -200,7 +196,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         process; ``capture_message_content``: export OpenAI-compatible prompts and completions
         (clipped to ``limits.attribute_chars``), never done otherwise."""
         quiet_payload_loggers()
-        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
+        super().__init__(settings, max_spans_per_second=max_spans_per_second)
         self._count = count  # (metric name, value, **attributes): the agent's own otelbpf.* counters
         self._causality = causality
         self._conns = Connections(ports, update_map)

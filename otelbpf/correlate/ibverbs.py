@@ -30,9 +30,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from otelbpf.base.events import FLAG_IBV_POSTED, FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
 from otelbpf.correlate import metrics as m
-from otelbpf.correlate.base import CorrelatorBase
-from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.sensor import ibverbs_abi as abi
 from otelbpf.sensor.family import MapReader
@@ -212,9 +210,7 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
 
     def __init__(
         self,
-        process_info: ProcessInfo,
-        clock: MonotonicClock,
-        emit_spans: Callable[[list[ReadableSpan]], None],
+        settings: CorrelatorSettings,
         read_map: MapReader,
         forget_keys: Callable[[str, list[object]], None],
         *,
@@ -223,7 +219,7 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
         on_sampled_out: Callable[[int], None] = lambda n: None,
         sync: Callable[[], object] = lambda: None,
     ) -> None:
-        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
+        super().__init__(settings, max_spans_per_second=max_spans_per_second)
         self._sync = sync
         self._read_map = read_map
         self._forget_keys = forget_keys

@@ -52,11 +52,9 @@ from otelbpf.base.events import FLAG_INCOMPLETE, FLAG_NCCL_UNKNOWN_COMM, CudaFun
 from otelbpf.correlate import launch_env
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.adaptive import CommDetector, Params
-from otelbpf.correlate.base import CorrelatorBase
-from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.late_comms import LateComm, LateComms, Round, Signature
 from otelbpf.correlate.lateness import UNKNOWN, classify, components
-from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, new_context, scope
 
 SCOPE = scope("otelbpf.nccl")
@@ -254,9 +252,7 @@ class NcclCorrelator(CorrelatorBase[_Process]):
 
     def __init__(
         self,
-        process_info: ProcessInfo,
-        clock: MonotonicClock,
-        emit_spans: Callable[[list[ReadableSpan]], None],
+        settings: CorrelatorSettings,
         *,
         straggler_threshold_ns: int = 1_000_000,
         straggler_params: Params | None = None,
@@ -269,7 +265,7 @@ class NcclCorrelator(CorrelatorBase[_Process]):
     ) -> None:
         """``straggler_threshold_ns``: the adaptive test's floor (correlate/adaptive.py); lateness
         must also beat the other ranks' spread and a share of the collective's duration."""
-        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
+        super().__init__(settings, max_spans_per_second=max_spans_per_second)
         self._params = straggler_params or Params(floor_ns=straggler_threshold_ns)
         self._detectors: dict[int, CommDetector[tuple[int, int]]] = {}  # comm id -> detector of (pid, rank)
         self._launch_of = launch_of

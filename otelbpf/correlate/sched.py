@@ -31,10 +31,8 @@ from opentelemetry.sdk.resources import Resource
 
 from otelbpf.base.events import Kind
 from otelbpf.correlate import metrics as m
-from otelbpf.correlate.base import CorrelatorBase
-from otelbpf.correlate.clock import MonotonicClock
+from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.kallsyms import KernelSymbols
-from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.sensor.sched_probes import IN_CUDA, OFF_MAP, RUNQ_MAP, SLOTS, STACK_MAP, STATS, STATS_MAP, State
 
@@ -105,9 +103,7 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
 
     def __init__(
         self,
-        process_info: ProcessInfo,
-        clock: MonotonicClock,
-        emit_spans: Callable[[list], None],
+        settings: CorrelatorSettings,
         read_map: Callable[[str], list[tuple[Any, Any]]],
         forget: Callable[[str, list[object]], None],
         with_bpf: Callable[[Callable[[Any], Any]], Any],
@@ -117,7 +113,7 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
         max_spans_per_second: int,
         kernel_symbols: KernelSymbols | None = None,
     ) -> None:
-        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
+        super().__init__(settings, max_spans_per_second=max_spans_per_second)
         self._read_map = read_map
         self._forget = forget
         self._with_bpf = with_bpf

@@ -33,10 +33,8 @@ from opentelemetry.trace import SpanContext
 
 from otelbpf.base.events import Kind
 from otelbpf.correlate import metrics as m
-from otelbpf.correlate.base import CorrelatorBase
+from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.causality import Causality
-from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.correlate.symbolizer import Symbolizer
 
@@ -92,17 +90,15 @@ class TorchCorrelator(CorrelatorBase[_Process]):
 
     def __init__(
         self,
-        process_info: ProcessInfo,
+        settings: CorrelatorSettings,
         symbolizer: Symbolizer,
-        clock: MonotonicClock,
-        emit_spans: Callable[[list[ReadableSpan]], None],
         causality: Causality,
         *,
         min_span_ns: int = 0,
         max_spans_per_second: int = 10_000,
         on_sampled_out: Callable[[int], None] = lambda n: None,
     ) -> None:
-        super().__init__(process_info, clock, emit_spans, max_spans_per_second=max_spans_per_second)
+        super().__init__(settings, max_spans_per_second=max_spans_per_second)
         self._sym = symbolizer
         self._causality = causality
         self._min_span_ns = min_span_ns

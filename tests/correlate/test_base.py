@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from opentelemetry.sdk.resources import Resource
 
-from otelbpf.correlate.base import CorrelatorBase, SpanBudget
+from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings, SpanBudget
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import make_span, scope
@@ -29,7 +29,7 @@ class _Minimal(CorrelatorBase[_State]):
 
 
 def test_a_process_state_is_made_once_with_its_resource_and_first_sight() -> None:
-    c = _Minimal(ProcessInfo(), MonotonicClock(), lambda spans: None, max_spans_per_second=10)
+    c = _Minimal(CorrelatorSettings(ProcessInfo(), MonotonicClock(), lambda spans: None), max_spans_per_second=10)
     before = time.time_ns()
     first = c._proc(ME)
     assert c._proc(ME) is first
@@ -39,7 +39,7 @@ def test_a_process_state_is_made_once_with_its_resource_and_first_sight() -> Non
 
 def test_spans_are_handed_on_and_counted_and_an_empty_batch_is_not_sent() -> None:
     sent: list[list] = []
-    c = _Minimal(ProcessInfo(), MonotonicClock(), sent.append, max_spans_per_second=10)
+    c = _Minimal(CorrelatorSettings(ProcessInfo(), MonotonicClock(), sent.append), max_spans_per_second=10)
     c._send([])
     span = make_span("s", resource=Resource.create({}), scope=scope("test"), start_ns=1, end_ns=2, attributes={})
     c._send([span, span])

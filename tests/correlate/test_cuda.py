@@ -21,6 +21,7 @@ from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric
 from opentelemetry.trace import StatusCode
 
 from otelbpf.base.events import EVENT_DTYPE, FLAG_DRIVER, FLAG_INCOMPLETE, STREVENT_DTYPE, CudaFunc, Kind, StrKind
+from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.cuda import CudaCorrelator
@@ -120,7 +121,7 @@ class Harness:
         self.info = ProcessInfo()
         self.sym = Symbolizer()
         self.correlator = CudaCorrelator(
-            self.info, self.sym, MonotonicClock(), self.spans.extend,
+            CorrelatorSettings(self.info, MonotonicClock(), self.spans.extend), self.sym,
             read_map=lambda name: list(self.maps[name].items()),
             forget_keys=self._forget,
             on_sampled_out=self.sampled_out.append,

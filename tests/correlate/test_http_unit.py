@@ -15,6 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from harness.hostile import grpc_call, h2_connection
 from otelbpf.base.events import SOCK_RECORD_DTYPE, Kind, SockFunc
+from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.http import HttpCorrelator
@@ -126,9 +127,7 @@ class Http:
         self.clock = MonotonicClock()
         self.causality = Causality()
         self.correlator = HttpCorrelator(
-            ProcessInfo(),
-            self.clock,
-            self.spans.extend,
+            CorrelatorSettings(ProcessInfo(), self.clock, self.spans.extend),
             self._count,
             self.causality,
             lambda name, items: None,

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from otelbpf.base.events import EVENT_DTYPE, FLAG_IBV_POSTED, IbvFunc, Kind
+from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.ibverbs import LATENCY_BOUNDS, IbverbsCorrelator, _Series, peer_address
 from otelbpf.correlate.process_info import ProcessInfo
@@ -62,7 +63,8 @@ def _event(kind: Kind, func: int, *, ts: int = 1_000, dur: int = 500, ret: int =
 
 
 def _correlator(spans: list) -> IbverbsCorrelator:
-    return IbverbsCorrelator(ProcessInfo(), MonotonicClock(), spans.extend, lambda name: [], lambda name, keys: None)
+    settings = CorrelatorSettings(ProcessInfo(), MonotonicClock(), spans.extend)
+    return IbverbsCorrelator(settings, lambda name: [], lambda name, keys: None)
 
 
 def test_modify_to_rtr_names_the_peer_and_a_failed_call_is_an_error():
@@ -141,8 +143,8 @@ def test_counters_read_before_their_qp_events_are_described_after_sync():
     maps = {"ibv_qps": [(key, _counters(gen, 5))]}
 
     def correlator(sync) -> IbverbsCorrelator:
-        return IbverbsCorrelator(ProcessInfo(), MonotonicClock(), [].extend, lambda name: maps.get(name, []),
-                                 lambda name, keys: None, sync=sync)
+        settings = CorrelatorSettings(ProcessInfo(), MonotonicClock(), [].extend)
+        return IbverbsCorrelator(settings, lambda name: maps.get(name, []), lambda name, keys: None, sync=sync)
 
     def process_pending() -> None:  # what Agent.sync does: the processing thread catches up
         while pending:

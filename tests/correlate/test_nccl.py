@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from otelbpf.base.events import EVENT_DTYPE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
+from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.launch_env import Launch, parse
 from otelbpf.correlate.nccl import NcclCorrelator
@@ -46,7 +47,8 @@ class Events:
 
 def correlator(launches: dict[int, Launch | None], **kw) -> tuple[NcclCorrelator, list]:
     spans: list = []
-    c = NcclCorrelator(ProcessInfo(), MonotonicClock(), spans.extend, launch_of=launches.get, host="test", **kw)
+    settings = CorrelatorSettings(ProcessInfo(), MonotonicClock(), spans.extend)
+    c = NcclCorrelator(settings, launch_of=launches.get, host="test", **kw)
     return c, spans
 
 

@@ -17,6 +17,7 @@ import pytest
 from opentelemetry.sdk.metrics.export import Histogram, Sum
 
 from otelbpf.base.events import EVENT_DTYPE, Kind
+from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.kallsyms import KernelSymbols
 from otelbpf.correlate.process_info import ProcessInfo
@@ -90,7 +91,7 @@ class Rig:
         self.counts: list = []
         bpf = {"sched_stacks": Table(STACKS), "sched_stats": Table(), "sched_off": Table(items=self.off)}
         self.corr = SchedCorrelator(
-            ProcessInfo(), MonotonicClock(), self.spans.extend,
+            CorrelatorSettings(ProcessInfo(), MonotonicClock(), self.spans.extend),
             lambda name: {"sched_off": self.off, "sched_runq": self.runq}[name],
             lambda name, keys: self.forgotten.setdefault(name, []).extend(keys),
             lambda fn: fn(bpf),

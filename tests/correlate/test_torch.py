@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from otelbpf.base.events import EVENT_DTYPE, Kind
+from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
@@ -57,7 +58,7 @@ def world():
     causality = Causality()
 
     def make(**kw) -> TorchCorrelator:
-        return TorchCorrelator(ProcessInfo(), Symbols(), MonotonicClock(), spans.extend, causality,
+        return TorchCorrelator(CorrelatorSettings(ProcessInfo(), MonotonicClock(), spans.extend), Symbols(), causality,
                                on_sampled_out=sampled.append, **kw)
 
     return make, spans, causality, sampled
@@ -162,8 +163,8 @@ def test_a_cuda_call_in_the_same_batch_nests_under_the_operator(world):
     request = new_context()
     causality.open(PID, TID, 0, request)
     torch = make()
-    cuda = CudaCorrelator(ProcessInfo(), Symbolizer(), MonotonicClock(), spans.extend, lambda name: [],
-                          lambda name, keys: None, parent_of=causality.parent)
+    settings = CorrelatorSettings(ProcessInfo(), MonotonicClock(), spans.extend)
+    cuda = CudaCorrelator(settings, Symbolizer(), lambda name: [], lambda name, keys: None, parent_of=causality.parent)
     assert torch.opens_scopes and not getattr(cuda, "opens_scopes", False)
     batch = np.concatenate([records((_SOFTMAX, 2 * MS, 5 * MS, 1)), records((SOFTMAX, 1 * MS, 7 * MS, 0))])
     sync = np.zeros(2, EVENT_DTYPE)

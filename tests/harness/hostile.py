@@ -13,6 +13,7 @@ import numpy as np
 from hpack import Encoder
 
 from otelbpf.base.events import SOCK_RECORD_DTYPE, Kind, SockFunc
+from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.http import HttpCorrelator
@@ -86,8 +87,8 @@ class Wire:
     _t: int = 1_000_000_000
 
     def __post_init__(self) -> None:
-        self.correlator = HttpCorrelator(ProcessInfo(), MonotonicClock(), self._emit, self._count, Causality(),
-                                         lambda m, items: None, ports=[PORT],
+        settings = CorrelatorSettings(ProcessInfo(), MonotonicClock(), self._emit)
+        self.correlator = HttpCorrelator(settings, self._count, Causality(), lambda m, items: None, ports=[PORT],
                                          **{"max_spans_per_second": 10**9, **self.correlator_options})
 
     def _emit(self, spans: list) -> None:
