@@ -35,3 +35,9 @@ def test_counts_go_to_the_agents_counters_labelled_with_the_receiver() -> None:
     ctx.counter("http")("otelbpf.http.problems", 2, reason="desync")
     assert ctx.health.get("otelbpf.spans.sampled_out", receiver="cuda/a") == 3
     assert ctx.health.get("otelbpf.http.problems", receiver="http", reason="desync") == 2
+
+
+def test_correlator_settings_carry_the_contexts_process_info_clock_and_span_sink() -> None:
+    ctx = _context(True)
+    settings = ctx.correlator_settings()
+    assert (settings.process_info, settings.clock, settings.emit_spans) == (ctx.process_info, ctx.clock, ctx.emit_spans)
