@@ -346,7 +346,7 @@ def measure_churn(name: str, workdir: Path, lib: Path, port: int, a: argparse.Na
 
     cfg = config_for(name, workdir, lib, port)
     agent = AgentRun(name, cfg, workdir / name)
-    agent.wait_running()
+    agent.wait_running(timeout_s=600)  # BCC's compile alone took minutes at load average 40
     rss = RssSampler(agent.proc.pid, a.every)
     anon, file = rss_split_kib(agent.proc.pid)
     out: dict = {"config": name, "mode": "churn", "start": {"to_running_s": round(agent.start_s, 2),
