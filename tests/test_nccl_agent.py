@@ -175,14 +175,34 @@ def test_the_differential_flame_graph_names_the_frame_planted_on_the_slow_rank(t
     assert (straggler["rank"], straggler["pid"], straggler["cls"]) == (slow, pids[slow], "host-slow")
     frames = [f["function"] for f in straggler["explaining_frames"]]
     assert frames and frames[0] == "prepare_batch_on_host", straggler["explaining_frames"]
-    assert straggler["explaining_frames"][0]["self_ms_per_s"] > 50   # ~60 ms of every ~iteration
+    # ~60 ms of wall time each iteration, spun on the CPU: its CPU share is what the host grants
+    # (a fraction of it on a loaded 2-core VM); the healthy ranks never run it.
+    assert straggler["explaining_frames"][0]["self_ms_per_s"] > 5
     [d] = report["profile_diffs"]
     assert d["slow_pid"] == pids[slow] and sorted(d["base_pids"]) == sorted(p for r, p in pids.items() if r != slow)
+    assert "load_batch" not in frames  # every rank loads its batches alike
     top = subprocess.run(["go", "tool", "pprof", "-top", "-diff_base", d["base_pprof"], d["slow_pprof"]],
                          capture_output=True, text=True, timeout=120)
     assert top.returncode == 0, top.stderr
     first = next(line for line in top.stdout.splitlines() if line.strip().endswith("prepare_batch_on_host"))
     assert not first.split()[0].startswith("-"), top.stdout
+    # The HTML report carries the same comparison as a differential flame graph.
+    page = tmp_path / "report.html"
+    made = subprocess.run([sys.executable, "-m", "otelbpf.cli", "report", str(tmp_path / "out"), "-o", str(page)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert made.returncode == 0, made.stderr
+    text = page.read_text()
+    data = json.loads(text.split("id='otelbpf-data'>", 1)[1].split("</script>", 1)[0].replace("\\u003c", "<"))
+    [diff] = [f for f in data["flames"] if f["differential"]]
+
+    def nodes(n):
+        yield n
+        for c in n["children"]:
+            yield from nodes(c)
+
+    planted = [n for n in nodes(diff["weights"][0]["tree"]) if n["name"] == "prepare_batch_on_host"]
+    assert planted and all(n["delta"] > 0 for n in planted)
+    assert f"rank {slow}" in text and "prepare_batch_on_host +" in text
 
 
 # ---- attached late, completion through CUDA events, defaults

@@ -34,7 +34,9 @@
  *   --slow-kind compute  its kernels run longer: --slow-ms more GPU time per iteration;
  *   --slow-kind host     its launches are spread out: --slow-ms of host gaps per iteration,
  *                        slept (waiting, off-CPU) or, with --host-work spin, burnt on the CPU
- *                        in prepare_batch_on_host() (the frame a differential flame graph names);
+ *                        in prepare_batch_on_host() (the frame a differential flame graph names;
+ *                        with spin every rank also loads each batch on the CPU for 2 ms, in
+ *                        load_batch(), so the healthy ranks have CPU profiles to compare with);
  *   --slow-kind comm     its side of each collective takes --slow-ms longer to complete.
  * And things can go wrong on purpose: --crash-rank/--crash-iter kills a rank inside its
  * collective call (SIGKILL); --end-rank/--end-iter/--end-how destroys or aborts a rank's
@@ -202,8 +204,7 @@ static void sleep_us(long us)
         ;
 }
 
-/* A host-slow rank's extra host work, on the CPU: its own frame (noinline) in CPU profiles. */
-static __attribute__((noinline)) void prepare_batch_on_host(long us)
+static void spin_us(long us)
 {
     long until = now_us() + us;
     volatile unsigned long mix = 0;
@@ -211,6 +212,18 @@ static __attribute__((noinline)) void prepare_batch_on_host(long us)
         for (unsigned i = 0; i < 2000; i++)
             mix += i * 2654435761u;
     } while (now_us() < until);
+}
+
+/* Every rank's host work per batch with --host-work spin (noipa: a frame of its own, never folded into the next one). */
+static __attribute__((noipa)) void load_batch(long us)
+{
+    spin_us(us);
+}
+
+/* A host-slow rank's extra host work, on the CPU: its own frame (noipa) in CPU profiles. */
+static __attribute__((noipa)) void prepare_batch_on_host(long us)
+{
+    spin_us(us);
 }
 
 static long number(const char *flag, const char *v, long min, long max)
@@ -373,6 +386,8 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
             until_collectives_done();
             sync_stream(compute, &st.compute_sync_us);
         }
+        if (o->host_spin)
+            load_batch(2000);
         for (int k = 0; k < o->kernels; k++) {
             api.LaunchKernel((const void *)compute_kernel, grid, block, NULL, 0, compute);
             if (gap_us && o->host_spin)
