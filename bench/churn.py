@@ -26,13 +26,38 @@ CUDA_WORKLOAD = ROOT / "build/examples/cuda_workload"
 FAKE_CUDART = ROOT / "build/examples/fakecudart/libcudart.so.12"
 
 #: modules whose import maps libraries of their own (extension modules and what they link)
-MODULES = ["numpy", "grpc", "cryptography.hazmat.bindings._rust", "yaml", "capstone", "sqlite3", "ssl", "lzma",
-           "bz2", "ctypes", "decimal", "elftools", "cxxfilt", "pydantic_core", "h2", "zlib", "hashlib", "curses",
-           "readline", "dbm", "uuid", "xml.parsers.expat", "multiprocessing", "zoneinfo"]
+MODULES = [
+    "numpy",
+    "grpc",
+    "cryptography.hazmat.bindings._rust",
+    "yaml",
+    "capstone",
+    "sqlite3",
+    "ssl",
+    "lzma",
+    "bz2",
+    "ctypes",
+    "decimal",
+    "elftools",
+    "cxxfilt",
+    "pydantic_core",
+    "h2",
+    "zlib",
+    "hashlib",
+    "curses",
+    "readline",
+    "dbm",
+    "uuid",
+    "xml.parsers.expat",
+    "multiprocessing",
+    "zoneinfo",
+]
 
 SPIN = "import {mod}, time\nend = time.time() + 0.3\nwhile time.time() < end: sum(range(1000))\n"
-TORCH_JOB = ("import torch, time\na = torch.randn(256, 256)\n"
-             "while True:\n    for _ in range(20): a = torch.tanh(a @ a)\n    time.sleep(0.05)\n")
+TORCH_JOB = (
+    "import torch, time\na = torch.randn(256, 256)\n"
+    "while True:\n    for _ in range(20): a = torch.tanh(a @ a)\n    time.sleep(0.05)\n"
+)
 
 
 class Churn:
@@ -50,8 +75,10 @@ class Churn:
         lib = self.workdir / "libcudart.so.12"  # a private inode, as bench/footprint.py's
         shutil.copy2(FAKE_CUDART, lib)
         self._job = subprocess.Popen([sys.executable, "-c", TORCH_JOB], stdout=subprocess.DEVNULL)
-        self._threads = [threading.Thread(target=self._short_lived, daemon=True),
-                         threading.Thread(target=self._cuda_loop, args=(lib,), daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._short_lived, daemon=True),
+            threading.Thread(target=self._cuda_loop, args=(lib,), daemon=True),
+        ]
         for t in self._threads:
             t.start()
 
@@ -59,14 +86,22 @@ class Churn:
         for mod in itertools.cycle(MODULES):
             if self._stop.is_set():
                 return
-            subprocess.run([sys.executable, "-c", SPIN.format(mod=mod)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=60)
+            subprocess.run(
+                [sys.executable, "-c", SPIN.format(mod=mod)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=60,
+            )
             self.started += 1
 
     def _cuda_loop(self, lib: Path) -> None:
         while not self._stop.is_set():
-            subprocess.run([str(CUDA_WORKLOAD), "--lib", str(lib), "--iterations", "200", "--threads", "2"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+            subprocess.run(
+                [str(CUDA_WORKLOAD), "--lib", str(lib), "--iterations", "200", "--threads", "2"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=60,
+            )
             self._stop.wait(0.5)
 
     def stop(self) -> None:

@@ -67,25 +67,43 @@ class BenchError(Exception):
 class Plan:
     """How much to measure: the full run, or a quick smoke check."""
 
-    calls: int            # launch_loop calls per run (per-call cost)
-    runs: int             # launch_loop runs per round; the round's value is their median
-    rounds: int           # rounds per case, interleaved with the references; the median is reported
-    idle_s: float         # window for the idle agent's CPU
-    rate: int             # calls per second asked of launch_loop in the throughput test
-    rate_s: float         # how long it runs
+    calls: int  # launch_loop calls per run (per-call cost)
+    runs: int  # launch_loop runs per round; the round's value is their median
+    rounds: int  # rounds per case, interleaved with the references; the median is reported
+    idle_s: float  # window for the idle agent's CPU
+    rate: int  # calls per second asked of launch_loop in the throughput test
+    rate_s: float  # how long it runs
     sweep: tuple[tuple[str, str, int], ...]  # (ring_buffer_size, drain_interval, max_spans_per_second) per run
-    spans: int            # spans built and exported in-process to time one span
+    spans: int  # spans built and exported in-process to time one span
 
 
 FULL = Plan(
-    calls=100_000, runs=1, rounds=9, idle_s=10, rate=1_000_000, rate_s=10,
-    sweep=(("4MiB", "50ms", 20000), ("4MiB", "20ms", 20000), ("8MiB", "50ms", 20000), ("16MiB", "50ms", 20000),
-           ("16MiB", "20ms", 20000), ("4MiB", "50ms", 0), ("16MiB", "50ms", 0)),
+    calls=100_000,
+    runs=1,
+    rounds=9,
+    idle_s=10,
+    rate=1_000_000,
+    rate_s=10,
+    sweep=(
+        ("4MiB", "50ms", 20000),
+        ("4MiB", "20ms", 20000),
+        ("8MiB", "50ms", 20000),
+        ("16MiB", "50ms", 20000),
+        ("16MiB", "20ms", 20000),
+        ("4MiB", "50ms", 0),
+        ("16MiB", "50ms", 0),
+    ),
     spans=20_000,
 )
 QUICK = Plan(
-    calls=30_000, runs=1, rounds=3, idle_s=3, rate=1_000_000, rate_s=3,
-    sweep=(("4MiB", "50ms", 20000), ("16MiB", "20ms", 20000)), spans=2_000,
+    calls=30_000,
+    runs=1,
+    rounds=3,
+    idle_s=3,
+    rate=1_000_000,
+    rate_s=3,
+    sweep=(("4MiB", "50ms", 20000), ("16MiB", "20ms", 20000)),
+    spans=2_000,
 )
 
 
@@ -191,9 +209,7 @@ def real_cudart() -> Path:
             candidate = Path(location) / "lib" / name
             if candidate.exists():
                 return candidate
-    raise BenchError(
-        "no NVIDIA libcudart found: install the CUDA 13 toolkit or pip install nvidia-cuda-runtime-cu12"
-    )
+    raise BenchError("no NVIDIA libcudart found: install the CUDA 13 toolkit or pip install nvidia-cuda-runtime-cu12")
 
 
 def first_bytes(path: Path, offset: int, n: int = 8) -> str:
@@ -209,7 +225,9 @@ def loop(lib: Path, plan: Plan) -> dict:
     """launch_loop in loop mode: ns per call of each run and their median."""
     p = subprocess.run(
         [str(LAUNCH_LOOP), "--lib", str(lib), "--calls", str(plan.calls), "--runs", str(plan.runs)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if p.returncode != 0:
         raise BenchError(f"launch_loop failed on {lib}: {p.stderr.strip()}")
@@ -222,7 +240,9 @@ def paced(lib: Path, rate: float, seconds: float) -> tuple[subprocess.Popen, Pat
     with open(out, "w") as f:
         proc = subprocess.Popen(
             [str(LAUNCH_LOOP), "--lib", str(lib), "--rate", str(rate), "--seconds", str(seconds)],
-            stdout=f, stderr=subprocess.PIPE, text=True,
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
         )
     return proc, out
 
@@ -270,10 +290,10 @@ class Agent:
 
     name: str
     workdir: Path
-    libs: list[Path]                     # receivers.cuda.search_paths: attached at start-up
-    cuda: dict = field(default_factory=dict)       # receivers.cuda overrides
+    libs: list[Path]  # receivers.cuda.search_paths: attached at start-up
+    cuda: dict = field(default_factory=dict)  # receivers.cuda overrides
     telemetry_cfg: dict = field(default_factory=dict)  # service.telemetry overrides
-    pid: int | None = None               # --pid (in-kernel pid filter); None: host mode
+    pid: int | None = None  # --pid (in-kernel pid filter); None: host mode
     effective: dict = field(default_factory=dict)  # the receivers.cuda and telemetry it ran with
     proc: subprocess.Popen | None = None
     lines: list[str] = field(default_factory=list)
@@ -291,8 +311,11 @@ class Agent:
         cuda.update(self.cuda, search_paths=[str(p) for p in self.libs])
         cfg["exporters"]["file"]["directory"] = str(self.outdir)
         cfg["service"]["telemetry"].update(self.telemetry_cfg)
-        self.effective = {**{k: v for k, v in cuda.items() if k != "search_paths"}, **cfg["service"]["telemetry"],
-                          "pipelines": {sig: p["receivers"] for sig, p in cfg["service"]["pipelines"].items()}}
+        self.effective = {
+            **{k: v for k, v in cuda.items() if k != "search_paths"},
+            **cfg["service"]["telemetry"],
+            "pipelines": {sig: p["receivers"] for sig, p in cfg["service"]["pipelines"].items()},
+        }
         path = self.workdir / self.name / "otelbpf.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -371,17 +394,29 @@ class Agent:
         me = next((k for k in latest if k[0] == "otelbpf"), None)
         health = {
             n: values(me, n)
-            for n in ("otelbpf.events.received", "otelbpf.events.lost", "otelbpf.events.dropped",
-                      "otelbpf.spans.sampled_out", "otelbpf.export.sent", "otelbpf.export.dropped",
-                      "otelbpf.startup.duration", "otelbpf.attach.failures", "process.cpu.time", "process.memory.usage")
+            for n in (
+                "otelbpf.events.received",
+                "otelbpf.events.lost",
+                "otelbpf.events.dropped",
+                "otelbpf.spans.sampled_out",
+                "otelbpf.export.sent",
+                "otelbpf.export.dropped",
+                "otelbpf.startup.duration",
+                "otelbpf.attach.failures",
+                "process.cpu.time",
+                "process.memory.usage",
+            )
         }
         launches = {}
         for pid in launch_pids:
             key = next((k for k in latest if k[1] == pid), None)
             launches[pid] = int(sum(values(key, "cuda.kernel.launches").values()))
         self.startup = health["otelbpf.startup.duration"]
-        return {"health": health, "launches_by_pid": launches,
-                "spans_in_file": sum(sum(st["count"].values()) for st in spans.values())}
+        return {
+            "health": health,
+            "launches_by_pid": launches,
+            "spans_in_file": sum(sum(st["count"].values()) for st in spans.values()),
+        }
 
     def describe(self) -> dict:
         return {
@@ -421,8 +456,12 @@ class Libraries:
     dirs: dict[str, Path]  # role -> directory holding "fake" and "real" copies
     sites: dict = field(default_factory=dict)
 
-    ROLES = {"agent": "libcudart.so.12", "plain": "cudart-plain.so.12", "empty": "cudart-empty.so.12",
-             "empty_sym0": "cudart-empty-sym0.so.12"}
+    ROLES = {
+        "agent": "libcudart.so.12",
+        "plain": "cudart-plain.so.12",
+        "empty": "cudart-empty.so.12",
+        "empty_sym0": "cudart-empty-sym0.so.12",
+    }
 
     def path(self, role: str, lib: str) -> Path:
         return self.dirs[role] / lib / self.ROLES[role]
@@ -441,8 +480,11 @@ class Libraries:
         for lib in sources:
             path = libs.path("agent", lib)
             site = resolve(str(path), [SYMBOL])[SYMBOL][0]
-            libs.sites[lib] = {"vaddr": site.vaddr, "probe_vaddr": site.probe_vaddr,
-                               "first_bytes": first_bytes(path, site.file_offset)}
+            libs.sites[lib] = {
+                "vaddr": site.vaddr,
+                "probe_vaddr": site.probe_vaddr,
+                "first_bytes": first_bytes(path, site.file_offset),
+            }
         return libs
 
 
@@ -485,9 +527,11 @@ def per_call(libs: Libraries, plan: Plan, workdir: Path, agents: list[Agent], lo
     """
     samples = Samples(plan, log)
     sites = libs.sites
-    empty = [(libs.path("empty", "fake"), sites["fake"]["probe_vaddr"]),
-             (libs.path("empty", "real"), sites["real"]["probe_vaddr"]),
-             (libs.path("empty_sym0", "fake"), sites["fake"]["vaddr"])]
+    empty = [
+        (libs.path("empty", "fake"), sites["fake"]["probe_vaddr"]),
+        (libs.path("empty", "real"), sites["real"]["probe_vaddr"]),
+        (libs.path("empty_sym0", "fake"), sites["fake"]["vaddr"]),
+    ]
     paired: dict[str, dict] = {}
     idle: dict = {}
     foreign: dict[str, list[str]] = {}
@@ -522,8 +566,16 @@ def per_call(libs: Libraries, plan: Plan, workdir: Path, agents: list[Agent], lo
             ("e", Agent("sample-every-1", workdir, agent_libs, cuda={"launch_sample_every": 1}, pid=me)),
             # In (e) launch_loop outruns the default ring, so most events fail to reserve (cheaply);
             # here more of them are written, which is the cost of an event that reaches the agent.
-            ("e16", Agent("sample-every-1-16MiB", workdir, agent_libs, pid=me, cuda={
-                "launch_sample_every": 1, "ring_buffer_size": "16MiB", "max_spans_per_second": 0})),
+            (
+                "e16",
+                Agent(
+                    "sample-every-1-16MiB",
+                    workdir,
+                    agent_libs,
+                    pid=me,
+                    cuda={"launch_sample_every": 1, "ring_buffer_size": "16MiB", "max_spans_per_second": 0},
+                ),
+            ),
         ):
             start = {k: len(v) for k, v in samples.rounds.items()}
             with running(agent, agents):
@@ -565,8 +617,12 @@ def idle_window(agent: Agent, seconds: float) -> dict:
     before, m0, t0 = thread_ticks(pid), cpu_times(), time.monotonic()
     time.sleep(seconds)
     after, m1, secs = thread_ticks(pid), cpu_times(), time.monotonic() - t0
-    return {"seconds": round(secs, 1), "cpu_pct_of_core": cpu_by_thread(before, after, secs),
-            "memory_kib": memory_kib(pid), "machine_busy_pct_of_core": machine_pct(m0, m1)}
+    return {
+        "seconds": round(secs, 1),
+        "cpu_pct_of_core": cpu_by_thread(before, after, secs),
+        "memory_kib": memory_kib(pid),
+        "machine_busy_pct_of_core": machine_pct(m0, m1),
+    }
 
 
 def throughput_run(agent: Agent, libs: list[Path], rate: float, seconds: float, agents: list[Agent], log) -> dict:
@@ -609,10 +665,12 @@ def throughput_run(agent: Agent, libs: list[Path], rate: float, seconds: float, 
     }
     lost = sum(result["events_lost_kernel"].values())
     e = agent.effective
-    log(f"  ring {e['ring_buffer_size']:>5} drain {e['drain_interval']:>4} spans/s {e['max_spans_per_second']:>5} "
+    log(
+        f"  ring {e['ring_buffer_size']:>5} drain {e['drain_interval']:>4} spans/s {e['max_spans_per_second']:>5} "
         f"x{len(libs)}: {result['achieved_rate']:>9,}/s, received {result['events_received']:,}, lost {lost:,}, "
         f"drain {cpu.get('otelbpf-drain', 0):.1f}%, "
-        f"agent {cpu['total']:.1f}%")
+        f"agent {cpu['total']:.1f}%"
+    )
     return result
 
 
@@ -625,16 +683,28 @@ def throughput(libs: Libraries, plan: Plan, workdir: Path, agents: list[Agent], 
     runs = []
     fake = libs.path("agent", "fake")
     for ring, drain, spans in plan.sweep:
-        agent = Agent(f"rate-{ring}-{drain}-{spans}", workdir, [fake], cuda=sweep_cuda(ring, spans),
-                      telemetry_cfg={"drain_interval": drain}, pid=os.getpid())
+        agent = Agent(
+            f"rate-{ring}-{drain}-{spans}",
+            workdir,
+            [fake],
+            cuda=sweep_cuda(ring, spans),
+            telemetry_cfg={"drain_interval": drain},
+            pid=os.getpid(),
+        )
         runs.append(throughput_run(agent, [fake], plan.rate, plan.rate_s, agents, log))
     if runs[0]["achieved_rate"] < 0.98 * plan.rate:
         second = workdir / "agent-2" / "fake" / "libcudart.so.12"
         second.parent.mkdir(parents=True)
         shutil.copy2(fake, second)
         ring, drain, spans = plan.sweep[0]
-        agent = Agent(f"rate-2procs-{ring}-{drain}", workdir, [fake, second], cuda=sweep_cuda(ring, spans),
-                      telemetry_cfg={"drain_interval": drain}, pid=os.getpid())
+        agent = Agent(
+            f"rate-2procs-{ring}-{drain}",
+            workdir,
+            [fake, second],
+            cuda=sweep_cuda(ring, spans),
+            telemetry_cfg={"drain_interval": drain},
+            pid=os.getpid(),
+        )
         runs.append(throughput_run(agent, [fake, second], plan.rate, plan.rate_s, agents, log))
     return runs
 
@@ -652,12 +722,26 @@ def span_costs(n: int, workdir: Path) -> dict:
     from otelbpf.export.jsonfile import FileSpanExporter
 
     resource = Resource({"service.name": "launch_loop", "process.pid": 4242})
-    attrs = {"cuda.api.function": "cudaLaunchKernel", "thread.id": 4242, "cuda.stream": "0x0",
-             "cuda.kernel.name": "bench_kernel(float*, int)", "cuda.kernel.function_address": "0x5555555551a0",
-             **{f"cuda.{d}.{a}": 1 for d in ("grid", "block") for a in "xyz"}}
+    attrs = {
+        "cuda.api.function": "cudaLaunchKernel",
+        "thread.id": 4242,
+        "cuda.stream": "0x0",
+        "cuda.kernel.name": "bench_kernel(float*, int)",
+        "cuda.kernel.function_address": "0x5555555551a0",
+        **{f"cuda.{d}.{a}": 1 for d in ("grid", "block") for a in "xyz"},
+    }
     t0 = time.process_time()
-    spans = [make_span("cudaLaunchKernel", resource=resource, scope=scope("otelbpf.cuda"), start_ns=i, end_ns=i + 1,
-                       attributes=dict(attrs)) for i in range(n)]
+    spans = [
+        make_span(
+            "cudaLaunchKernel",
+            resource=resource,
+            scope=scope("otelbpf.cuda"),
+            start_ns=i,
+            end_ns=i + 1,
+            attributes=dict(attrs),
+        )
+        for i in range(n)
+    ]
     t1 = time.process_time()
     exporter = FileSpanExporter(str(workdir / "span-costs"))
     for i in range(0, n, 512):  # the batch processor's default send_batch_size
@@ -674,8 +758,10 @@ def print_report(res: dict) -> None:
     rows = res["per_call"]
     base = {k: rows[0][k]["median_ns"] for k in ("fake", "real")}
     plan = res["plan"]
-    print(f"\nPer-call cost of cudaLaunchKernel: launch_loop, median of {plan['rounds']} rounds "
-          f"(each the median of {plan['runs']} runs x {plan['calls']:,} calls)")
+    print(
+        f"\nPer-call cost of cudaLaunchKernel: launch_loop, median of {plan['rounds']} rounds "
+        f"(each the median of {plan['runs']} runs x {plan['calls']:,} calls)"
+    )
     print(f"{'case':<46}{'fake ns':>9}{'+ns':>8}{'real ns':>9}{'+ns':>8}")
     for r in rows:
         cells = ""
@@ -690,35 +776,48 @@ def print_report(res: dict) -> None:
             print(f"{r['key']}: {lost:,} of {lost + got:,} launch events found the ring full (not written)")
     for k, v in res["ratios"].items():
         case, lib = k.split()
-        print(f"({case})/(b) on {lib}, median of per-round ratios: ns/call {v['ns_per_call']:.2f}x, added ns "
-              f"{v['added_ns']:.2f}x (target <= 1.5x: {'met' if v['ns_per_call'] <= 1.5 else 'NOT met'}); "
-              f"rounds {v['per_round_ns_per_call']}")
-    print(f"\nSustained events: launch_sample_every 1, launch_loop --rate {plan['rate']:,} "
-          f"--seconds {plan['rate_s']:g}")
-    print(f"{'ring':>6}{'drain':>6}{'spans/s':>8}{'procs':>6}{'rate/s':>11}{'received':>11}{'lost':>10}{'drain%':>7}"
-          f"{'proc%':>7}{'spans%':>7}{'agent%':>7}{'other%':>7}{'lag ms':>7}{'RSS pk':>8}{'sampled out':>12}"
-          f"{'launches=calls':>15}")
+        print(
+            f"({case})/(b) on {lib}, median of per-round ratios: ns/call {v['ns_per_call']:.2f}x, added ns "
+            f"{v['added_ns']:.2f}x (target <= 1.5x: {'met' if v['ns_per_call'] <= 1.5 else 'NOT met'}); "
+            f"rounds {v['per_round_ns_per_call']}"
+        )
+    print(
+        f"\nSustained events: launch_sample_every 1, launch_loop --rate {plan['rate']:,} --seconds {plan['rate_s']:g}"
+    )
+    print(
+        f"{'ring':>6}{'drain':>6}{'spans/s':>8}{'procs':>6}{'rate/s':>11}{'received':>11}{'lost':>10}{'drain%':>7}"
+        f"{'proc%':>7}{'spans%':>7}{'agent%':>7}{'other%':>7}{'lag ms':>7}{'RSS pk':>8}{'sampled out':>12}"
+        f"{'launches=calls':>15}"
+    )
     for t in res["throughput"]:
         c, a = t["agent_cpu_pct_of_core"], t["agent"]
-        print(f"{a['ring_buffer_size']:>6}{a['drain_interval']:>6}{a['max_spans_per_second']:>8}"
-              f"{len(t['launch_loops']):>6}"
-              f"{t['achieved_rate']:>11,}{t['events_received']:>11,}{sum(t['events_lost_kernel'].values()):>10,}"
-              f"{c.get('otelbpf-drain', 0):>7.1f}{c.get('otelbpf-process', 0):>7.1f}{c.get('otelbpf-spans', 0):>7.1f}"
-              f"{c['total']:>7.1f}{t['other_cpu_pct_of_core']:>7.1f}"
-              f"{max(r['max_lag_ns'] for r in t['launch_loops']) / 1e6:>7.0f}"
-              f"{t['agent_memory_kib']['VmHWM'] / 1024:>7.0f}M"
-              f"{t['spans_sampled_out']:>12,}{str(t['launches_metric_equals_calls']):>15}")
+        print(
+            f"{a['ring_buffer_size']:>6}{a['drain_interval']:>6}{a['max_spans_per_second']:>8}"
+            f"{len(t['launch_loops']):>6}"
+            f"{t['achieved_rate']:>11,}{t['events_received']:>11,}{sum(t['events_lost_kernel'].values()):>10,}"
+            f"{c.get('otelbpf-drain', 0):>7.1f}{c.get('otelbpf-process', 0):>7.1f}{c.get('otelbpf-spans', 0):>7.1f}"
+            f"{c['total']:>7.1f}{t['other_cpu_pct_of_core']:>7.1f}"
+            f"{max(r['max_lag_ns'] for r in t['launch_loops']) / 1e6:>7.0f}"
+            f"{t['agent_memory_kib']['VmHWM'] / 1024:>7.0f}M"
+            f"{t['spans_sampled_out']:>12,}{str(t['launches_metric_equals_calls']):>15}"
+        )
     s = res["startup"]
-    print(f"\nStart-up (median of {s['agents']} agent starts): 'otelbpf running' after "
-          f"{s['seconds_to_running_median']:.2f}s; BCC compile {s['compile_s_median']:.2f}s, "
-          f"attach {s['attach_s_median']:.3f}s; "
-          f"stop (SIGINT to exit) {s['stop_s_median']:.1f}s")
+    print(
+        f"\nStart-up (median of {s['agents']} agent starts): 'otelbpf running' after "
+        f"{s['seconds_to_running_median']:.2f}s; BCC compile {s['compile_s_median']:.2f}s, "
+        f"attach {s['attach_s_median']:.3f}s; "
+        f"stop (SIGINT to exit) {s['stop_s_median']:.1f}s"
+    )
     i = res["idle"]
-    print(f"Idle agent (host mode) over {i['seconds']}s: {i['cpu_pct_of_core']['total']:.1f}% of a core, "
-          f"RSS {i['memory_kib']['VmRSS'] / 1024:.0f} MiB (peak {i['memory_kib']['VmHWM'] / 1024:.0f} MiB)")
+    print(
+        f"Idle agent (host mode) over {i['seconds']}s: {i['cpu_pct_of_core']['total']:.1f}% of a core, "
+        f"RSS {i['memory_kib']['VmRSS'] / 1024:.0f} MiB (peak {i['memory_kib']['VmHWM'] / 1024:.0f} MiB)"
+    )
     sc = res["span_costs"]
-    print(f"One launch span: make_span {sc['make_span_us']:.1f} us, file exporter {sc['file_export_us']:.1f} us of CPU "
-          f"(in-process, {sc['spans']:,} spans)")
+    print(
+        f"One launch span: make_span {sc['make_span_us']:.1f} us, file exporter {sc['file_export_us']:.1f} us of CPU "
+        f"(in-process, {sc['spans']:,} spans)"
+    )
     d = res["empty_uprobe_detach"]
     print(f"Detaching {d['probes']} empty uprobes took {d['seconds']:.2f}s")
     others = sorted({h for r in res["per_call"] + res["throughput"] for h in r["other_bpf_processes"]})
@@ -754,8 +853,10 @@ def summarize(res: dict, agents: list[Agent]) -> None:
         "agents": len(started),
         "seconds_to_running": [round(a.seconds_to_running, 3) for a in started],
         "seconds_to_running_median": statistics.median(a.seconds_to_running for a in started),
-        "compile_s": compile_s, "compile_s_median": statistics.median(compile_s),
-        "attach_s": attach_s, "attach_s_median": statistics.median(attach_s),
+        "compile_s": compile_s,
+        "compile_s_median": statistics.median(compile_s),
+        "attach_s": attach_s,
+        "attach_s_median": statistics.median(attach_s),
         "stop_s": [round(a.stop_seconds, 2) for a in started],
         "stop_s_median": statistics.median(a.stop_seconds for a in started),
     }
@@ -770,8 +871,10 @@ def preflight() -> None:
     if os.geteuid() != 0:
         raise BenchError("needs root to load BPF programs: sudo .venv/bin/python bench/cuda_launch.py")
     if not UPROBE_EVENTS.parent.joinpath("events").exists():
-        raise BenchError("tracefs is not mounted at /sys/kernel/tracing (BCC needs it to detach): "
-                         "sudo scripts/setup.sh, or mount -t tracefs nodev /sys/kernel/tracing")
+        raise BenchError(
+            "tracefs is not mounted at /sys/kernel/tracing (BCC needs it to detach): "
+            "sudo scripts/setup.sh, or mount -t tracefs nodev /sys/kernel/tracing"
+        )
     if importlib.util.find_spec("bcc") is None:
         raise BenchError("BCC's Python module is not importable from this Python: run scripts/setup.sh")
     build = subprocess.run([str(ROOT / "examples/build.sh")], capture_output=True, text=True)

@@ -95,8 +95,10 @@ def rss_kib(pid: int) -> int:
 def rss_split_kib(pid: int) -> tuple[int, int]:
     """(RssAnon, RssFile) of ``pid``, KiB."""
     text = Path(f"/proc/{pid}/status").read_text()
-    return tuple(int(m.group(1)) if (m := re.search(rf"^{k}:\s*(\d+)", text, re.M)) else 0  # type: ignore[return-value]
-                 for k in ("RssAnon", "RssFile"))
+    return tuple(
+        int(m.group(1)) if (m := re.search(rf"^{k}:\s*(\d+)", text, re.M)) else 0  # type: ignore[return-value]
+        for k in ("RssAnon", "RssFile")
+    )
 
 
 class RssSampler:
@@ -161,8 +163,14 @@ class AgentRun:
         self.running = threading.Event()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(config)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=workdir, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=workdir,
+            env=env,
+        )
         self.start_s = 0.0
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -195,9 +203,13 @@ class AgentRun:
         took = time.monotonic() - t0
         time.sleep(0.3)  # the reader's last lines
         phases = next((ln.split("otelbpf stopped in ", 1)[1] for ln in self.lines if "otelbpf stopped in" in ln), "")
-        return {"sigterm_to_exit_s": round(took, 2), "exit_status": self.proc.returncode, "phases": phases,
-                "warnings": sum(" WARNING " in ln for ln in self.lines),
-                "errors": [ln for ln in self.lines if " ERROR " in ln][:5]}
+        return {
+            "sigterm_to_exit_s": round(took, 2),
+            "exit_status": self.proc.returncode,
+            "phases": phases,
+            "warnings": sum(" WARNING " in ln for ln in self.lines),
+            "errors": [ln for ln in self.lines if " ERROR " in ln][:5],
+        }
 
 
 def window(agent: AgentRun, rss: RssSampler, seconds: float, during=None) -> dict:
@@ -210,13 +222,20 @@ def window(agent: AgentRun, rss: RssSampler, seconds: float, during=None) -> dic
     cpu = cpu_by_thread(before, after, secs)
     series = rss.between(a, a + secs + 0.5)
     kib = [k for _, k in series] or [rss_kib(pid)]
-    return {"seconds": round(secs, 1), "agent_cpu_pct_of_core": cpu,
-            "rss_mib": {"min": round(min(kib) / 1024, 1), "max": round(max(kib) / 1024, 1),
-                        "end": round(kib[-1] / 1024, 1)},
-            "rss_slope_mib_per_min": slope_mib_per_min(series),
-            "machine_busy_pct_of_core": machine_pct(m0, m1),
-            "others_pct_of_core": round(machine_pct(m0, m1) - cpu["total"], 1),
-            "load_average": load(), **(extra or {})}
+    return {
+        "seconds": round(secs, 1),
+        "agent_cpu_pct_of_core": cpu,
+        "rss_mib": {
+            "min": round(min(kib) / 1024, 1),
+            "max": round(max(kib) / 1024, 1),
+            "end": round(kib[-1] / 1024, 1),
+        },
+        "rss_slope_mib_per_min": slope_mib_per_min(series),
+        "machine_busy_pct_of_core": machine_pct(m0, m1),
+        "others_pct_of_core": round(machine_pct(m0, m1) - cpu["total"], 1),
+        "load_average": load(),
+        **(extra or {}),
+    }
 
 
 def launches(lib: Path, rate: int):
@@ -224,6 +243,7 @@ def launches(lib: Path, rate: int):
         proc, out = paced(lib, rate, seconds)
         r = finish_paced(proc, out)
         return {"launches": {"asked_rate": rate, "achieved_rate": round(r["achieved_rate"]), "calls": r["calls"]}}
+
     return run
 
 
@@ -274,14 +294,17 @@ def mixed(lib: Path, rate: int, port: int, http_rate: int):
     def run(seconds: float) -> dict:
         h: dict = {}
         n: dict = {}
-        threads = [threading.Thread(target=http_client, args=(port, http_rate, seconds, h)),
-                   threading.Thread(target=nccl_loop, args=(seconds, n))]
+        threads = [
+            threading.Thread(target=http_client, args=(port, http_rate, seconds, h)),
+            threading.Thread(target=nccl_loop, args=(seconds, n)),
+        ]
         for t in threads:
             t.start()
         out = launches(lib, rate)(seconds)
         for t in threads:
             t.join()
         return {**out, "http": h, "nccl_job": n}
+
     return run
 
 
@@ -312,20 +335,26 @@ def measure(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespac
         out["idle"] = window(agent, rss, a.seconds)
         log(f"  {name} idle: cpu {out['idle']['agent_cpu_pct_of_core']['total']:.1f}%, rss {out['idle']['rss_mib']}")
         out["launches"] = window(agent, rss, a.seconds, launches(lib, a.rate))
-        log(f"  {name} launches: cpu {out['launches']['agent_cpu_pct_of_core']['total']:.1f}%, "
-            f"rss {out['launches']['rss_mib']}")
+        log(
+            f"  {name} launches: cpu {out['launches']['agent_cpu_pct_of_core']['total']:.1f}%, "
+            f"rss {out['launches']['rss_mib']}"
+        )
         if name == "all":
             out["mixed"] = window(agent, rss, a.seconds, mixed(lib, a.rate, port, a.http_rate))
-            log(f"  {name} mixed: cpu {out['mixed']['agent_cpu_pct_of_core']['total']:.1f}%, "
-                f"rss {out['mixed']['rss_mib']}")
+            log(
+                f"  {name} mixed: cpu {out['mixed']['agent_cpu_pct_of_core']['total']:.1f}%, "
+                f"rss {out['mixed']['rss_mib']}"
+            )
         out["rss_series"] = rss.samples
         out["rss_slope_after_start_mib_per_min"] = slope_mib_per_min([s for s in rss.samples if s[0] >= 2.0])
     finally:
         rss.stop()
         out["stop"] = agent.stop()
     out["stop"]["load_average"] = load()
-    log(f"  {name} start {out['start']['to_running_s']} s, stop {out['stop']['sigterm_to_exit_s']} s "
-        f"({out['stop']['phases']})")
+    log(
+        f"  {name} start {out['start']['to_running_s']} s, stop {out['stop']['sigterm_to_exit_s']} s "
+        f"({out['stop']['phases']})"
+    )
     return out
 
 
@@ -336,8 +365,12 @@ def at_minutes(rss: RssSampler, t_running: float, minutes: float) -> dict | None
     t, anon, file = min(rss.split, key=lambda s: abs(s[0] - t_running - minutes * 60))
     if abs(t - t_running - minutes * 60) > 30:
         return None  # the run was shorter
-    return {"t_s": t, "anon_mib": round(anon / 1024, 1), "file_mib": round(file / 1024, 1),
-            "rss_mib": round((anon + file) / 1024, 1)}
+    return {
+        "t_s": t,
+        "anon_mib": round(anon / 1024, 1),
+        "file_mib": round(file / 1024, 1),
+        "rss_mib": round((anon + file) / 1024, 1),
+    }
 
 
 def measure_churn(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespace, log) -> dict:
@@ -349,9 +382,12 @@ def measure_churn(name: str, workdir: Path, lib: Path, port: int, a: argparse.Na
     agent.wait_running(timeout_s=600)  # BCC's compile alone took minutes at load average 40
     rss = RssSampler(agent.proc.pid, a.every)
     anon, file = rss_split_kib(agent.proc.pid)
-    out: dict = {"config": name, "mode": "churn", "start": {"to_running_s": round(agent.start_s, 2),
-                                                            "bpf_compile_s": agent.compile_s()},
-                 "at_running": {"anon_mib": round(anon / 1024, 1), "file_mib": round(file / 1024, 1)}}
+    out: dict = {
+        "config": name,
+        "mode": "churn",
+        "start": {"to_running_s": round(agent.start_s, 2), "bpf_compile_s": agent.compile_s()},
+        "at_running": {"anon_mib": round(anon / 1024, 1), "file_mib": round(file / 1024, 1)},
+    }
     churn = Churn(workdir / name / "churn")
     try:
         churn.start()
@@ -359,8 +395,10 @@ def measure_churn(name: str, workdir: Path, lib: Path, port: int, a: argparse.Na
         while time.monotonic() < t_end:
             time.sleep(min(60.0, max(t_end - time.monotonic(), 0)))
             t, anon, file = rss.split[-1] if rss.split else (0, 0, 0)
-            log(f"  {name} {t:6.0f} s: anon {anon / 1024:.1f} MiB, file {file / 1024:.1f} MiB, "
-                f"{churn.started} short-lived processes, load {load()[0]}")
+            log(
+                f"  {name} {t:6.0f} s: anon {anon / 1024:.1f} MiB, file {file / 1024:.1f} MiB, "
+                f"{churn.started} short-lived processes, load {load()[0]}"
+            )
     finally:
         churn.stop()
         rss.stop()
@@ -371,12 +409,15 @@ def measure_churn(name: str, workdir: Path, lib: Path, port: int, a: argparse.Na
     total_series = [(t, k + f) for t, k, f in rss.split]
     half = rss.split[-1][0] / 2 if rss.split else 0
     out["slope_mib_per_min"] = {
-        "rss": slope_mib_per_min(total_series), "anon": slope_mib_per_min(anon_series),
+        "rss": slope_mib_per_min(total_series),
+        "anon": slope_mib_per_min(anon_series),
         "rss_second_half": slope_mib_per_min([s for s in total_series if s[0] >= half]),
         "anon_second_half": slope_mib_per_min([s for s in anon_series if s[0] >= half]),
     }
-    out["max_mib"] = {"anon": round(max(k for _, k, _ in rss.split) / 1024, 1) if rss.split else None,
-                      "rss": round(max(k + f for _, k, f in rss.split) / 1024, 1) if rss.split else None}
+    out["max_mib"] = {
+        "anon": round(max(k for _, k, _ in rss.split) / 1024, 1) if rss.split else None,
+        "rss": round(max(k + f for _, k, f in rss.split) / 1024, 1) if rss.split else None,
+    }
     out["rss_split_series"] = rss.split
     out["load_average_end"] = load()
     return out
@@ -386,9 +427,11 @@ def report_churn(res: dict) -> None:
     print(f"\nFootprint under churn (load average before: {res['load_average_before']})")
     for r in res["runs"]:
         marks = ", ".join(f"{m} min {v['anon_mib']}+{v['file_mib']}" for m, v in r["at_minutes"].items() if v)
-        print(f"{r['config']}: running {r['at_running']['anon_mib']}+{r['at_running']['file_mib']} MiB "
-              f"(anon+file), {marks}; max {r['max_mib']}; slope MiB/min {r['slope_mib_per_min']}; "
-              f"{r['short_lived_processes']} short-lived processes")
+        print(
+            f"{r['config']}: running {r['at_running']['anon_mib']}+{r['at_running']['file_mib']} MiB "
+            f"(anon+file), {marks}; max {r['max_mib']}; slope MiB/min {r['slope_mib_per_min']}; "
+            f"{r['short_lived_processes']} short-lived processes"
+        )
 
 
 def report(res: dict) -> None:
@@ -399,11 +442,15 @@ def report(res: dict) -> None:
             if w in r:
                 x = r[w]
                 mib = x["rss_mib"]
-                print(f"{r['config']:8} {w:9} {x['agent_cpu_pct_of_core']['total']:6.1f} "
-                      f"{mib['min']:>8}/{mib['max']}/{mib['end']:<6} {x['rss_slope_mib_per_min'] or 0:>6} "
-                      f"{x['others_pct_of_core']:8.1f}  {x['load_average'][0]}")
-        print(f"{r['config']:8} start {r['start']['to_running_s']} s (compile {r['start']['bpf_compile_s']} s), "
-              f"stop {r['stop']['sigterm_to_exit_s']} s: {r['stop']['phases']}")
+                print(
+                    f"{r['config']:8} {w:9} {x['agent_cpu_pct_of_core']['total']:6.1f} "
+                    f"{mib['min']:>8}/{mib['max']}/{mib['end']:<6} {x['rss_slope_mib_per_min'] or 0:>6} "
+                    f"{x['others_pct_of_core']:8.1f}  {x['load_average'][0]}"
+                )
+        print(
+            f"{r['config']:8} start {r['start']['to_running_s']} s (compile {r['start']['bpf_compile_s']} s), "
+            f"stop {r['stop']['sigterm_to_exit_s']} s: {r['stop']['phases']}"
+        )
 
 
 def main() -> int:
@@ -435,10 +482,20 @@ def main() -> int:
     shutil.copy2(FAKE_CUDART, lib)
     port = free_port()
     server = subprocess.Popen([str(HTTP_SERVER), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    res: dict = {"date": dt.date.today().isoformat(), "machine": machine(), "load_average_before": load(),
-                 "plan": {"seconds": a.seconds, "rate": a.rate, "http_rate": a.http_rate, "quick": a.quick,
-                          "churn": a.churn, "every": a.every},
-                 "runs": []}
+    res: dict = {
+        "date": dt.date.today().isoformat(),
+        "machine": machine(),
+        "load_average_before": load(),
+        "plan": {
+            "seconds": a.seconds,
+            "rate": a.rate,
+            "http_rate": a.http_rate,
+            "quick": a.quick,
+            "churn": a.churn,
+            "every": a.every,
+        },
+        "runs": [],
+    }
     try:
         time.sleep(0.3)
         for name in a.configs.split(","):

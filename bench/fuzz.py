@@ -66,8 +66,9 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
         j = rng.randrange(len(b))
         b[i:i] = b[j : j + rng.randrange(1, 64)]
     elif op == 4:
-        b[i:i] = rng.choice([b"-", b"+", b"_", b" ", b"\r\n", b"\0", b"\xff" * 8, b"9" * 40, b"f" * 20, b";", b"/",
-                             b"@", b":", b"0x"])
+        b[i:i] = rng.choice(
+            [b"-", b"+", b"_", b" ", b"\r\n", b"\0", b"\xff" * 8, b"9" * 40, b"f" * 20, b";", b"/", b"@", b":", b"0x"]
+        )
     elif b:
         b[min(i, len(b) - 1)] = rng.choice([0, 0x7F, 0x80, 0xFF, 0x3F, 0x20])
     return bytes(b)
@@ -115,12 +116,36 @@ def run_target(target: str, engine: str, runs: int, seconds: int) -> dict:
         for i, seed in enumerate(seeds()[target]):
             (work / f"seed{i}").write_bytes(seed)
         if engine == "atheris":
-            cmd = [sys.executable, __file__, "--child", target, "--", f"-runs={runs}",
-                   f"-max_total_time={seconds}", f"-timeout={HANG_S}", "-rss_limit_mb=2048", "-print_final_stats=1",
-                   f"-artifact_prefix={findings}/", "-close_fd_mask=1", str(work)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                target,
+                "--",
+                f"-runs={runs}",
+                f"-max_total_time={seconds}",
+                f"-timeout={HANG_S}",
+                "-rss_limit_mb=2048",
+                "-print_final_stats=1",
+                f"-artifact_prefix={findings}/",
+                "-close_fd_mask=1",
+                str(work),
+            ]
         else:
-            cmd = [sys.executable, __file__, "--child", target, "--engine", "mutate", "--runs", str(runs),
-                   "--seconds", str(seconds), "--findings", str(findings)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                target,
+                "--engine",
+                "mutate",
+                "--runs",
+                str(runs),
+                "--seconds",
+                str(seconds),
+                "--findings",
+                str(findings),
+            ]
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         wall = time.monotonic() - t0
@@ -136,8 +161,14 @@ def run_target(target: str, engine: str, runs: int, seconds: int) -> dict:
             kept.append(f.name)
         if proc.returncode and not kept:
             kept.append(f"exit {proc.returncode}: {log[-2000:]}")
-    return {"target": target, "engine": engine, "inputs": inputs, "seconds": round(wall, 1),
-            "inputs_per_s": round(inputs / wall) if wall else 0, "findings": kept}
+    return {
+        "target": target,
+        "engine": engine,
+        "inputs": inputs,
+        "seconds": round(wall, 1),
+        "inputs_per_s": round(inputs / wall) if wall else 0,
+        "findings": kept,
+    }
 
 
 def main() -> None:
@@ -154,6 +185,7 @@ def main() -> None:
     if engine is None:
         try:
             import atheris  # noqa: F401
+
             engine = "atheris"
         except ImportError:
             engine = "mutate"
@@ -168,8 +200,9 @@ def main() -> None:
         results.append(run_target(target, engine, args.runs, args.seconds))
         print(json.dumps(results[-1]), flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                       indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -59,8 +59,15 @@ def open_streams(w: Wire, n: int) -> None:
     for first in range(0, n, per_read):
         frames = []
         for sid in range(2 * first + 1, 2 * (first + per_read) + 1, 2):
-            block = enc.encode([(":method", "POST"), (":scheme", "http"), (":path", "/svc.S/M"), (":authority", "a"),
-                                ("content-type", "application/grpc")])
+            block = enc.encode(
+                [
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", "/svc.S/M"),
+                    (":authority", "a"),
+                    ("content-type", "application/grpc"),
+                ]
+            )
             frames.append(headers_frame(block, sid))
         w.client_sent(10, b"".join(frames))
     w.flush()
@@ -155,8 +162,9 @@ def main() -> None:
         results.append(measure(name, args.scale))
         print(json.dumps(results[-1]), flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                       indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

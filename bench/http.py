@@ -105,11 +105,17 @@ def agent(workdir: Path, ports: list[int], pids: list[int]) -> Iterator[dict]:
     """The real agent with the http receiver; yields a dict filled with its final counts on exit."""
     out = workdir / f"out-{time.monotonic_ns()}"
     cfg = workdir / "otelbpf.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "receivers": {"http": {"processes": "all", "ports": ports}},
-        "exporters": {"file": {"directory": str(out)}},
-        "service": {"pipelines": {p: {"receivers": ["http"], "exporters": ["file"]} for p in ("traces", "metrics")}},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "receivers": {"http": {"processes": "all", "ports": ports}},
+                "exporters": {"file": {"directory": str(out)}},
+                "service": {
+                    "pipelines": {p: {"receivers": ["http"], "exporters": ["file"]} for p in ("traces", "metrics")}
+                },
+            }
+        )
+    )
     args = [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)] + [a for p in pids for a in ("--pid", str(p))]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     for line in proc.stdout:
@@ -131,8 +137,11 @@ def agent(workdir: Path, ports: list[int], pids: list[int]) -> Iterator[dict]:
 
 def _final_counts(path: Path) -> dict:
     """The agent's last cumulative values of its drop counters, from its metrics file."""
-    names = {"otelbpf.events.dropped": "dropped_before_processing", "otelbpf.export.dropped": "spans_dropped_at_export",
-             "otelbpf.spans.sampled_out": "spans_sampled_out"}
+    names = {
+        "otelbpf.events.dropped": "dropped_before_processing",
+        "otelbpf.export.dropped": "spans_dropped_at_export",
+        "otelbpf.spans.sampled_out": "spans_sampled_out",
+    }
     last: dict = {}
     for line in path.read_text().splitlines() if path.exists() else ():
         for rm in json.loads(line).get("resourceMetrics", []):
@@ -210,11 +219,16 @@ def _program_stats(bpf) -> dict:
     """run_cnt and run_time_ns of each loaded program that ran (kernel.bpf_stats_enabled)."""
     out = {}
     for name, fn in bpf.funcs.items():
-        info = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
-                    if ":\t" in line)
+        info = dict(
+            line.split(":\t", 1)
+            for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
+            if ":\t" in line
+        )
         if int(info.get("run_cnt", "0")):
             out[name.decode() if isinstance(name, bytes) else name] = {
-                "runs": int(info["run_cnt"]), "run_time_ns": int(info["run_time_ns"])}
+                "runs": int(info["run_cnt"]),
+                "run_time_ns": int(info["run_time_ns"]),
+            }
     return out
 
 
@@ -265,8 +279,9 @@ def throughput(work: Path, seconds: float, repeats: int, work_us: int) -> dict:
 
 def grpc_calls(port: int, seconds: float) -> dict:
     code = GRPC_CLIENT.format(tests=str(ROOT / "tests"))
-    out = subprocess.run([sys.executable, "-c", code, str(port), str(seconds)], capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(port), str(seconds)], capture_output=True, text=True, check=True
+    ).stdout.split()
     return {"calls_per_s": float(out[0]), "p50_us": float(out[1]), "p99_us": float(out[2])}
 
 
@@ -275,8 +290,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--paced-connections", type=int, default=24, help="connections of the paced case (1 ms apart each)")
-    ap.add_argument("--work-us", default="0,20,100",
-                    help="comma-separated CPU microseconds the server spends per request, one throughput case each")
+    ap.add_argument(
+        "--work-us",
+        default="0,20,100",
+        help="comma-separated CPU microseconds the server spends per request, one throughput case each",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -323,48 +341,62 @@ def _median(runs: list[dict], key: str) -> float:
 
 
 def _agent_line(s: dict) -> str:
-    return (f"spans built {s.get('spans')}, records received {s.get('events_received')}, lost in kernel "
-            f"{s.get('lost_in_kernel')}, dropped before processing {s.get('dropped_before_processing')}, spans dropped "
-            f"at export {s.get('spans_dropped_at_export')}, sampled out {s.get('spans_sampled_out')}")
+    return (
+        f"spans built {s.get('spans')}, records received {s.get('events_received')}, lost in kernel "
+        f"{s.get('lost_in_kernel')}, dropped before processing {s.get('dropped_before_processing')}, spans dropped "
+        f"at export {s.get('spans_dropped_at_export')}, sampled out {s.get('spans_sampled_out')}"
+    )
 
 
 def report(r: dict) -> None:
     for t in r["throughput"]:
-        print(f"HTTP/1.1 keep-alive, wrk -t2 -c32, server work {t['work_us']} us/request, "
-              f"{r['seconds']:g}s x {len(t['without'])} (median)")
+        print(
+            f"HTTP/1.1 keep-alive, wrk -t2 -c32, server work {t['work_us']} us/request, "
+            f"{r['seconds']:g}s x {len(t['without'])} (median)"
+        )
         rb = _median(t["without"], "requests_per_s")
         cb = _median(t["without"], "server_cpu_us_per_request")
         for v in VARIANTS:
             rv, cv = _median(t[v], "requests_per_s"), _median(t[v], "server_cpu_us_per_request")
-            print(f"  {v:18} {rv:9.0f} req/s {100 * (rv / rb - 1):+6.1f}%   p50 {_median(t[v], 'p50_us'):6.0f} us   "
-                  f"p99 {_median(t[v], 'p99_us'):6.0f} us   server CPU {cv:6.2f} us/req {100 * (cv / cb - 1):+6.1f}% "
-                  f"({(cv - cb) * 1e3 / 2:+5.0f} ns/syscall)"
-                  f"   runs {[round(x['requests_per_s']) for x in t[v]]}")
+            print(
+                f"  {v:18} {rv:9.0f} req/s {100 * (rv / rb - 1):+6.1f}%   p50 {_median(t[v], 'p50_us'):6.0f} us   "
+                f"p99 {_median(t[v], 'p99_us'):6.0f} us   server CPU {cv:6.2f} us/req {100 * (cv / cb - 1):+6.1f}% "
+                f"({(cv - cb) * 1e3 / 2:+5.0f} ns/syscall)"
+                f"   runs {[round(x['requests_per_s']) for x in t[v]]}"
+            )
         for st, run in zip(t["probe_stats"], t["probes_only"]):
             total = sum(p["run_time_ns"] for p in st.get("bpf_programs", {}).values())
-            print(f"    probes only: records {st['records']}, lost in kernel {st['lost_in_kernel']}, BPF run time "
-                  f"(bpf_stats) {total / max(1, run['requests']):.0f} ns per request, all socket programs "
-                  "(the server's read and write, entry and exit, and wrk's calls the pid filter drops)")
+            print(
+                f"    probes only: records {st['records']}, lost in kernel {st['lost_in_kernel']}, BPF run time "
+                f"(bpf_stats) {total / max(1, run['requests']):.0f} ns per request, all socket programs "
+                "(the server's read and write, entry and exit, and wrk's calls the pid filter drops)"
+            )
         for st, run in zip(t["agent_stats"], t["agent"]):
             print(f"    agent: requests {run['requests']}, {_agent_line(st)}")
     one = r["latency_one_connection"]
     print("One connection, one request at a time (wrk -t1 -c1)")
     for side in ("without", "with"):
         x = one[side]
-        print(f"  {side:7} agent  {x['requests_per_s']:10.0f} req/s   "
-              f"p50 {x['p50_us']:8.0f} us   p99 {x['p99_us']:8.0f} us")
+        print(
+            f"  {side:7} agent  {x['requests_per_s']:10.0f} req/s   "
+            f"p50 {x['p50_us']:8.0f} us   p99 {x['p99_us']:8.0f} us"
+        )
     p = r["paced"]
     s = p["agent"]
     print(f"Paced (wrk delay 1 ms, {r.get('paced_connections', 20)} connections)")
-    print(f"  without agent  {p['without']['requests_per_s']:10.0f} req/s   "
-          f"with agent {p['with']['requests_per_s']:10.0f} req/s")
+    print(
+        f"  without agent  {p['without']['requests_per_s']:10.0f} req/s   "
+        f"with agent {p['with']['requests_per_s']:10.0f} req/s"
+    )
     print(f"    agent: requests {p['with']['requests']}, {_agent_line(s)}")
     g = r["grpc"]
     gb, gw = _median(g["without"], "calls_per_s"), _median(g["with"], "calls_per_s")
     print("gRPC unary, one grpcio channel, calls in a loop (median)")
     for side, calls in (("without", gb), ("with", gw)):
-        print(f"  {side + ' agent':14} {calls:10.0f} calls/s p50 {_median(g[side], 'p50_us'):8.0f} us   "
-              f"p99 {_median(g[side], 'p99_us'):8.0f} us")
+        print(
+            f"  {side + ' agent':14} {calls:10.0f} calls/s p50 {_median(g[side], 'p50_us'):8.0f} us   "
+            f"p99 {_median(g[side], 'p99_us'):8.0f} us"
+        )
     print(f"  throughput change {100 * (gw / gb - 1):+.1f}%")
     for st in g["agent"]:
         print(f"    agent: {_agent_line(st)}")

@@ -122,8 +122,13 @@ def records(chunks: list[Chunk], conns: int, payload: int) -> np.ndarray:
 def run_correlator(arr: np.ndarray, batch: int, profile: bool) -> dict:
     done = feed_and_export(arr, PORT, batch, profile, top=30)
     grpc_spans = sum(1 for s in done.spans if s.attributes.get("rpc.system") == "grpc")
-    return {"spans": len(done.spans), "grpc_spans": grpc_spans, "problems": done.problems(),
-            "correlate_us": 1e6 * done.correlate_s, "export_us": 1e6 * done.export_s}
+    return {
+        "spans": len(done.spans),
+        "grpc_spans": grpc_spans,
+        "problems": done.problems(),
+        "correlate_us": 1e6 * done.correlate_s,
+        "export_us": 1e6 * done.export_s,
+    }
 
 
 def run_parser(chunks: list[Chunk], conns: int) -> dict:
@@ -160,9 +165,13 @@ def main() -> None:
     export = min(r["export_us"] for r in runs)
     parse = min(p["parse_us"] for p in parses)
     res = {
-        "calls": calls, "records": len(arr), "data_records": data_records,
+        "calls": calls,
+        "records": len(arr),
+        "data_records": data_records,
         "data_records_per_call": round(data_records / calls, 2),
-        "spans": runs[0]["spans"], "grpc_spans": runs[0]["grpc_spans"], "problems": runs[0]["problems"],
+        "spans": runs[0]["spans"],
+        "grpc_spans": runs[0]["grpc_spans"],
+        "problems": runs[0]["problems"],
         "correlate_us_per_record": round(correlate / len(arr), 2),
         "correlate_us_per_call": round(correlate / calls, 2),
         "correlate_us_per_call_all_runs": [round(r["correlate_us"] / calls, 2) for r in runs],

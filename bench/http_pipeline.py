@@ -36,8 +36,7 @@ from otelbpf.base.events import SOCK_RECORD_DTYPE, Kind, SockFunc  # noqa: E402
 from otelbpf.export.otlp_proto import encode_spans_proto  # noqa: E402
 from pipeline_common import feed_and_export  # noqa: E402
 
-REQUEST = (b"GET /v1/models/llama:predict HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: wrk\r\n"
-           b"Accept: */*\r\n\r\n")
+REQUEST = b"GET /v1/models/llama:predict HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: wrk\r\nAccept: */*\r\n\r\n"
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\nContent-Type: text/plain\r\n\r\nHello, World!"
 PORT, PEER = 8080, 40000
 
@@ -92,7 +91,9 @@ def run(arr: np.ndarray, batch: int, profile: bool) -> dict:
         encode_spans(spans[s : s + 512]).SerializeToString()
     t2 = time.process_time()
     return {
-        "records": len(arr), "spans": len(spans), "problems": done.problems(),
+        "records": len(arr),
+        "spans": len(spans),
+        "problems": done.problems(),
         "correlate_us_per_record": round(1e6 * done.correlate_s / len(arr), 2),
         "export_us_per_span": round(1e6 * done.export_s / max(1, len(spans)), 2),
         "otlp_proto_us_per_span": round(1e6 * (t1 - t0) / max(1, len(spans)), 2),
@@ -113,8 +114,12 @@ def main() -> None:
     arr = records(args.requests, args.conns, args.payload)
     runs = [run(arr, args.batch, args.profile) for _ in range(1 if args.profile else args.repeats)]
     res = dict(runs[0])
-    for key in ("correlate_us_per_record", "export_us_per_span", "otlp_proto_us_per_span",
-                "sdk_encode_spans_us_per_span"):
+    for key in (
+        "correlate_us_per_record",
+        "export_us_per_span",
+        "otlp_proto_us_per_span",
+        "sdk_encode_spans_us_per_span",
+    ):
         res[key] = min(r[key] for r in runs)
         res[key.replace("_us_", "_us_all_runs_")] = [r[key] for r in runs]
     per_request = 2 * res["correlate_us_per_record"] + res["export_us_per_span"]

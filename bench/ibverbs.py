@@ -74,8 +74,11 @@ def probe_site(lib: Path, symbol: str) -> int:
         if not sym:
             raise BenchError(f"{lib} has no symbol {symbol} (was it stripped?)")
         vaddr = sym[0]["st_value"]
-        seg = next(s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"
-                   and s["p_vaddr"] <= vaddr < s["p_vaddr"] + s["p_filesz"])
+        seg = next(
+            s
+            for s in elf.iter_segments()
+            if s["p_type"] == "PT_LOAD" and s["p_vaddr"] <= vaddr < s["p_vaddr"] + s["p_filesz"]
+        )
         f.seek(vaddr - seg["p_vaddr"] + seg["p_offset"])
         return vaddr + 4 if f.read(4) == ENDBR64 else vaddr
 
@@ -160,8 +163,14 @@ def posted_total(out_dir: Path, pid: int) -> int:
 
 def with_agent_command(env: dict, ops: int, rounds: int, work: Path, name: str) -> dict:
     cfg = agent_config(work, name)
-    out = subprocess.run([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--", *workload_cmd(ops, rounds)],
-                         capture_output=True, text=True, env=agent_env(env), timeout=300, cwd=work)
+    out = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--", *workload_cmd(ops, rounds)],
+        capture_output=True,
+        text=True,
+        env=agent_env(env),
+        timeout=300,
+        cwd=work,
+    )
     if out.returncode != 0:
         raise BenchError(f"agent run failed ({out.returncode}): {out.stderr[-2000:]}")
     report = parse_bench(out.stdout)
@@ -171,9 +180,14 @@ def with_agent_command(env: dict, ops: int, rounds: int, work: Path, name: str) 
 
 def with_agent_host(env: dict, ops: int, rounds: int, work: Path, name: str) -> dict:
     cfg = agent_config(work, name)
-    agent = subprocess.Popen([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env={**agent_env(env), "PYTHONUNBUFFERED": "1"},
-                             cwd=work)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**agent_env(env), "PYTHONUNBUFFERED": "1"},
+        cwd=work,
+    )
     try:
         deadline = time.monotonic() + 60
         seen = ""
@@ -201,12 +215,27 @@ def with_program_stats(env: dict, ops: int, rounds: int) -> dict:
     from otelbpf.sensor.sensor import Sensor, SensorOptions
 
     stats_knob = Path("/proc/sys/kernel/bpf_stats_enabled")
-    proc, gate = spawn_gated(["sh", "-c", 'exec "$@" >/dev/null', "sh", "env",
-                              f"FAKEVERBS_PROVIDER={env['FAKEVERBS_PROVIDER']}", "FAKEVERBS_DELAY_NS=0",
-                              *workload_cmd(ops, rounds)])
-    sensor = Sensor(SensorOptions(families=[ibverbs_family(slow_completion_ns=10**6)], pids=[proc.pid],
-                                  pause_on_load=True, search_globs=["/usr/lib/x86_64-linux-gnu/libibverbs.so*"]),
-                    lambda ring, arr: None)
+    proc, gate = spawn_gated(
+        [
+            "sh",
+            "-c",
+            'exec "$@" >/dev/null',
+            "sh",
+            "env",
+            f"FAKEVERBS_PROVIDER={env['FAKEVERBS_PROVIDER']}",
+            "FAKEVERBS_DELAY_NS=0",
+            *workload_cmd(ops, rounds),
+        ]
+    )
+    sensor = Sensor(
+        SensorOptions(
+            families=[ibverbs_family(slow_completion_ns=10**6)],
+            pids=[proc.pid],
+            pause_on_load=True,
+            search_globs=["/usr/lib/x86_64-linux-gnu/libibverbs.so*"],
+        ),
+        lambda ring, arr: None,
+    )
     sensor.start()
     before = stats_knob.read_text().strip()
     stats_knob.write_text("1")
@@ -216,8 +245,11 @@ def with_program_stats(env: dict, ops: int, rounds: int) -> dict:
         proc.wait(timeout=300)
         per_program = {}
         for name, fn in sensor.with_bpf(lambda bpf: list(bpf.funcs.items())) or []:
-            info = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
-                        if ":\t" in line)
+            info = dict(
+                line.split(":\t", 1)
+                for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
+                if ":\t" in line
+            )
             runs = int(info.get("run_cnt", "0"))
             if runs:
                 name = name.decode() if isinstance(name, bytes) else name
@@ -231,14 +263,26 @@ def with_program_stats(env: dict, ops: int, rounds: int) -> dict:
 def machine() -> dict:
     import bcc
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        "?",
+    )
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     load = os.getloadavg()
-    return {"kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(), "bcc": bcc.__version__,
-            "commit": commit, "loadavg_before": load}
+    return {
+        "kernel": platform.release(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "bcc": bcc.__version__,
+        "commit": commit,
+        "loadavg_before": load,
+    }
 
 
 def main() -> int:
@@ -274,16 +318,26 @@ def main() -> int:
                 report = case(i)
                 report["medians"] = medians(report)
                 results.setdefault(name, []).append(report)
-                print(f"rep {i} {name:11s} " + "  ".join(f"{m} {v:8.1f}" for m, v in report["medians"].items()),
-                      flush=True)
+                print(
+                    f"rep {i} {name:11s} " + "  ".join(f"{m} {v:8.1f}" for m, v in report["medians"].items()),
+                    flush=True,
+                )
             programs.append(with_program_stats(env, ops, rounds)["programs"])
-            print(f"rep {i} programs    " + "  ".join(f"{n} {p['avg_ns']:.0f}ns x{p['runs']}" for n, p in
-                                                  programs[-1].items() if n.startswith("ibv_po")), flush=True)
+            print(
+                f"rep {i} programs    "
+                + "  ".join(
+                    f"{n} {p['avg_ns']:.0f}ns x{p['runs']}" for n, p in programs[-1].items() if n.startswith("ibv_po")
+                ),
+                flush=True,
+            )
 
-    summary = {name: {m: statistics.median(r["medians"][m] for r in reps_) for m in MEASURES}
-               for name, reps_ in results.items()}
+    summary = {
+        name: {m: statistics.median(r["medians"][m] for r in reps_) for m in MEASURES}
+        for name, reps_ in results.items()
+    }
     base = summary["none"]
     added = {name: {m: v[m] - base[m] for m in MEASURES} for name, v in summary.items() if name != "none"}
+
     def added_in(rep: int, name: str, m: str) -> float:
         return results[name][rep]["medians"][m] - results["none"][rep]["medians"][m]
 
@@ -299,24 +353,38 @@ def main() -> int:
         }
         for name in ("agent", "agent-host")
     }
-    program_ns = {prog: statistics.median(p[prog]["avg_ns"] for p in programs if prog in p)
-                  for prog in ("ibv_post_send_entry", "ibv_poll_cq_entry", "ibv_poll_cq_return")}
+    program_ns = {
+        prog: statistics.median(p[prog]["avg_ns"] for p in programs if prog in p)
+        for prog in ("ibv_post_send_entry", "ibv_poll_cq_entry", "ibv_poll_cq_return")
+    }
     counted = {name: [(r["agent_posted"], ops * rounds) for r in results[name]] for name in ("agent", "agent-host")}
-    doc = {"machine": machine(), "plan": {"ops": ops, "rounds": rounds, "reps": reps}, "summary_ns": summary,
-           "added_ns": added, "ratios_median_of_reps": ratios, "program_avg_ns": program_ns,
-           "programs_raw": programs, "agent_counted_posts": counted, "raw": results}
+    doc = {
+        "machine": machine(),
+        "plan": {"ops": ops, "rounds": rounds, "reps": reps},
+        "summary_ns": summary,
+        "added_ns": added,
+        "ratios_median_of_reps": ratios,
+        "program_avg_ns": program_ns,
+        "programs_raw": programs,
+        "agent_counted_posts": counted,
+        "raw": results,
+    }
 
     print(f"\nns per call (median), {ops} calls x {rounds} rounds x {reps} reps; added = minus 'none'")
     print(f"{'case':12s} {'post':>8s} {'+post':>7s} {'poll(1)':>8s} {'+poll':>7s} {'poll(0)':>8s} {'+poll0':>7s}")
     for name, v in summary.items():
         a = added.get(name, {m: 0.0 for m in MEASURES})
-        print(f"{name:12s} {v['post_ns']:8.1f} {a['post_ns']:7.1f} {v['poll_ns']:8.1f} {a['poll_ns']:7.1f} "
-              f"{v['poll_empty_ns']:8.1f} {a['poll_empty_ns']:7.1f}")
+        print(
+            f"{name:12s} {v['post_ns']:8.1f} {a['post_ns']:7.1f} {v['poll_ns']:8.1f} {a['poll_ns']:7.1f} "
+            f"{v['poll_empty_ns']:8.1f} {a['poll_empty_ns']:7.1f}"
+        )
     for name, r in ratios.items():
         print(f"{name}: " + ", ".join(f"{k} {v:.2f}x" for k, v in r.items()))
-    print("BPF program run time per call (kernel statistics): "
-          + ", ".join(f"{k} {v:.0f} ns" for k, v in program_ns.items())
-          + " (ibv_poll_cq_return: averaged over polls with one completion and empty polls alike)")
+    print(
+        "BPF program run time per call (kernel statistics): "
+        + ", ".join(f"{k} {v:.0f} ns" for k, v in program_ns.items())
+        + " (ibv_poll_cq_return: averaged over polls with one completion and empty polls alike)"
+    )
     for name, pairs in counted.items():
         print(f"{name}: rdma.wr.posted {[p for p, _ in pairs]} (expected {pairs[0][1]} each)")
     out = args.out or RESULTS / f"ibverbs-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}.json"

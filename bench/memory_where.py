@@ -113,13 +113,22 @@ def main() -> int:
             top = tracemalloc.take_snapshot().compare_to(base, "traceback")[:12] if base is not None else []
             memory = proc_memory()
             trim_heap()  # what glibc held free: the rest is in use (or Python's own free lists)
-            s = {"t": round(time.monotonic() - t0), "memory_mib": memory, "after_malloc_trim_mib": proc_memory(),
-                 "caches": caches(agent),
-                 "churn_processes": churn.started,
-                 "traced_mib": round(tracemalloc.get_traced_memory()[0] / 2**20, 1),
-                 "top_growth": [{"kib": round(d.size_diff / 1024), "count": d.count_diff,
-                                 "where": [f"{f.filename.removeprefix(str(ROOT) + '/')}:{f.lineno}"
-                                           for f in d.traceback[-4:]]} for d in top]}
+            s = {
+                "t": round(time.monotonic() - t0),
+                "memory_mib": memory,
+                "after_malloc_trim_mib": proc_memory(),
+                "caches": caches(agent),
+                "churn_processes": churn.started,
+                "traced_mib": round(tracemalloc.get_traced_memory()[0] / 2**20, 1),
+                "top_growth": [
+                    {
+                        "kib": round(d.size_diff / 1024),
+                        "count": d.count_diff,
+                        "where": [f"{f.filename.removeprefix(str(ROOT) + '/')}:{f.lineno}" for f in d.traceback[-4:]],
+                    }
+                    for d in top
+                ],
+            }
             samples.append(s)
             shown = ("t", "memory_mib", "after_malloc_trim_mib", "caches", "traced_mib")
             print(json.dumps({k: s[k] for k in shown}), file=sys.stderr)

@@ -76,7 +76,7 @@ class Plan:
     runs: int
     rounds: int
     ranks: int
-    collectives: int   # per rank, in the offline dataset
+    collectives: int  # per rank, in the offline dataset
     report_runs: int
 
 
@@ -98,7 +98,7 @@ class Target:
     """One library to call: a probed copy and an unprobed one."""
 
     name: str
-    mode: str           # nccl_loop --mode
+    mode: str  # nccl_loop --mode
     probed: Path
     plain: Path
     cudart: Path | None
@@ -114,14 +114,28 @@ def make_targets(work: Path) -> list[Target]:
         shutil.copy(FAKE_CUDART, work / label / "fakecudart" / "libcudart.so.12")
     shutil.copy(FAKE_NCCL, work / "probed" / "fakenccl" / "libnccl.so.2")
     shutil.copy(FAKE_NCCL, work / "plain" / "fakenccl" / "libnccl-plain.so.2")  # no libnccl.so* name
-    targets.append(Target("stand-in, 1-rank communicator", "comm", work / "probed/fakenccl/libnccl.so.2",
-                          work / "plain/fakenccl/libnccl-plain.so.2", work / "probed/fakecudart/libcudart.so.12"))
+    targets.append(
+        Target(
+            "stand-in, 1-rank communicator",
+            "comm",
+            work / "probed/fakenccl/libnccl.so.2",
+            work / "plain/fakenccl/libnccl-plain.so.2",
+            work / "probed/fakecudart/libcudart.so.12",
+        )
+    )
     real = real_nccl()
     (work / "real").mkdir()
     shutil.copy(real, work / "real" / "libnccl.so.2")
     shutil.copy(real, work / "real" / "libnccl-plain.so.2")
-    targets.append(Target(f"NVIDIA libnccl {_version(real)}, NULL communicator", "null",
-                          work / "real/libnccl.so.2", work / "real/libnccl-plain.so.2", None))
+    targets.append(
+        Target(
+            f"NVIDIA libnccl {_version(real)}, NULL communicator",
+            "null",
+            work / "real/libnccl.so.2",
+            work / "real/libnccl-plain.so.2",
+            None,
+        )
+    )
     return targets
 
 
@@ -134,8 +148,17 @@ def _version(lib: Path) -> str:
 
 
 def loop(target: Target, lib: Path, plan: Plan) -> float:
-    cmd = [str(NCCL_LOOP), "--lib", str(lib), "--mode", target.mode, "--calls", str(plan.calls),
-           "--runs", str(plan.runs)]
+    cmd = [
+        str(NCCL_LOOP),
+        "--lib",
+        str(lib),
+        "--mode",
+        target.mode,
+        "--calls",
+        str(plan.calls),
+        "--runs",
+        str(plan.runs),
+    ]
     if target.cudart:
         cmd += ["--cudart", str(lib.parent.parent / "fakecudart" / "libcudart.so.12")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "FAKENCCL_LINK_US": "0"})
@@ -164,8 +187,12 @@ def probes_only(targets: list[Target], plan: Plan) -> tuple[dict, dict]:
 
     received = {"events": 0}
     sensor = Sensor(
-        SensorOptions(families=[nccl_family()], pids=[os.getpid()], search_globs=[str(t.probed) for t in targets],
-                      drain_interval_s=0.02),
+        SensorOptions(
+            families=[nccl_family()],
+            pids=[os.getpid()],
+            search_globs=[str(t.probed) for t in targets],
+            drain_interval_s=0.02,
+        ),
         lambda ring, arr: received.__setitem__("events", received["events"] + len(arr)) if ring == "events" else None,
     )
     sensor.start()
@@ -180,16 +207,24 @@ def probes_only(targets: list[Target], plan: Plan) -> tuple[dict, dict]:
 def agent_case(targets: list[Target], plan: Plan, work: Path) -> tuple[dict, str]:
     cfg = work / "agent.yaml"
     pipeline = {"receivers": ["nccl"], "processors": ["batch"], "exporters": ["file"]}
-    cfg.write_text(yaml.safe_dump({
-        "receivers": {"nccl": {"search_paths": [str(t.probed) for t in targets]}},
-        "processors": {"batch": {}},
-        "exporters": {"file": {"directory": str(work / "agent-out")}},
-        "service": {"pipelines": {"traces": pipeline, "metrics": pipeline}},
-    }))
-    agent = subprocess.Popen([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--pid", str(os.getpid())],
-                             cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "receivers": {"nccl": {"search_paths": [str(t.probed) for t in targets]}},
+                "processors": {"batch": {}},
+                "exporters": {"file": {"directory": str(work / "agent-out")}},
+                "service": {"pipelines": {"traces": pipeline, "metrics": pipeline}},
+            }
+        )
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--pid", str(os.getpid())],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     lines = []
     try:
         for line in agent.stdout:
@@ -214,9 +249,9 @@ class Timeline:
     """A training loop's all-reduces seen from every rank (CLOCK_MONOTONIC ns, rows: ranks)."""
 
     enter: np.ndarray
-    done: np.ndarray    # when the rank's synchronize observed completion
-    gpu: np.ndarray     # compute phase: waiting on the GPU
-    host: np.ndarray    # compute phase: the rest
+    done: np.ndarray  # when the rank's synchronize observed completion
+    gpu: np.ndarray  # compute phase: waiting on the GPU
+    host: np.ndarray  # compute phase: the rest
     base: int
 
 
@@ -246,8 +281,20 @@ def rank_events(t: Timeline, rank: int, comm: int, pid: int) -> np.ndarray:
     e, d, g = t.enter[rank], t.done[rank], t.gpu[rank]
     recs = np.zeros(4 * n + 2, dtype=EVENT_DTYPE)
     recs["pid"] = recs["tid"] = pid
-    recs[0] = (base - 10 * ms, 0, pid, pid, Kind.NCCL_COMM, NcclFunc.ncclCommInitRank, 0, 0, 0x7F00 + rank, comm,
-               rank | nranks << 32, 0)
+    recs[0] = (
+        base - 10 * ms,
+        0,
+        pid,
+        pid,
+        Kind.NCCL_COMM,
+        NcclFunc.ncclCommInitRank,
+        0,
+        0,
+        0x7F00 + rank,
+        comm,
+        rank | nranks << 32,
+        0,
+    )
     recs[1] = (base - 10 * ms, 0, pid, pid, Kind.NCCL_RETURN, NcclFunc.ncclCommInitRank, 0, 0, 0, 0, 0, 0)
     body = recs[2:].reshape(n, 4)
     prev = np.r_[base, d[:-1]]
@@ -281,26 +328,28 @@ def build_dataset(plan: Plan, work: Path) -> tuple[list[Path], dict]:
         clock.offset_ns += skew
         exporter = FileSpanExporter(str(out))
         spans: list = []
-        correlator = NcclCorrelator(CorrelatorSettings(ProcessInfo({"host.name": host}), clock, spans.extend),
-                                    straggler_threshold_ns=10**9, max_spans_per_second=10**9)
-        records = np.concatenate([
-            rank_events(steps, r, comm, 4_000_000 + r) for r in range(h * per_host, (h + 1) * per_host)
-        ])
+        correlator = NcclCorrelator(
+            CorrelatorSettings(ProcessInfo({"host.name": host}), clock, spans.extend),
+            straggler_threshold_ns=10**9,
+            max_spans_per_second=10**9,
+        )
+        records = np.concatenate(
+            [rank_events(steps, r, comm, 4_000_000 + r) for r in range(h * per_host, (h + 1) * per_host)]
+        )
         emitted = records["ts_ns"] + np.where(records["kind"] == Kind.CUDA_SYNC, records["duration_ns"], 0)
         records = records[np.argsort(emitted, kind="stable")]
         for i in range(0, len(records), 65_536):
             t0 = time.perf_counter()
-            correlator.on_events(records[i:i + 65_536])
+            correlator.on_events(records[i : i + 65_536])
             spent += time.perf_counter() - t0
             for j in range(0, len(spans), 512):
-                exporter.export(spans[j:j + 512])
+                exporter.export(spans[j : j + 512])
             collectives += len(spans)
             spans.clear()
         exporter.shutdown()
         dirs.append(out)
     size = sum(f.stat().st_size for d in dirs for f in d.iterdir())
-    return dirs, {"collectives": collectives, "correlator_us_per_collective": spent / collectives * 1e6,
-                  "bytes": size}
+    return dirs, {"collectives": collectives, "correlator_us_per_collective": spent / collectives * 1e6, "bytes": size}
 
 
 #: Reading vs analysis, timed in a fresh process (as the command runs): prints [read_s, analyze_s].
@@ -320,15 +369,24 @@ def time_report(dirs: list[Path], plan: Plan) -> dict:
     walls, report = [], None
     for _ in range(plan.report_runs):
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "otelbpf.cli", "stragglers", *map(str, dirs), "--json",
-                              "--threshold", "1ms"],
-                             capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        out = subprocess.run(
+            [sys.executable, "-m", "otelbpf.cli", "stragglers", *map(str, dirs), "--json", "--threshold", "1ms"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         walls.append(time.perf_counter() - t0)
         if out.returncode != 0:
             raise BenchError(f"otelbpf stragglers failed: {out.stderr}")
         report = json.loads(out.stdout)
-    split = subprocess.run([sys.executable, "-c", _SPLIT, *map(str, dirs)], capture_output=True, text=True, cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    split = subprocess.run(
+        [sys.executable, "-c", _SPLIT, *map(str, dirs)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     if split.returncode != 0:
         raise BenchError(f"timing read and analysis failed: {split.stderr}")
     t_read, t_analyze = json.loads(split.stdout)
@@ -336,9 +394,16 @@ def time_report(dirs: list[Path], plan: Plan) -> dict:
     offset = next(h for h in report["hosts"] if h["host"] == "node1")
     if (top.get("rank"), top.get("cls")) != (5, "compute-slow") or abs(offset["offset_ms"] - 123.456) > 1:
         raise BenchError(f"the report did not find what the dataset holds: {top}, offset {offset}")
-    return {"wall_s": walls, "wall_median_s": statistics.median(walls), "read_s": t_read, "analyze_s": t_analyze,
-            "spans": report["spans"], "straggler": {k: top[k] for k in ("rank", "cls", "straggled", "collectives")},
-            "offset_ms": offset["offset_ms"], "offset_bounds_ms": [offset["low_ms"], offset["high_ms"]]}
+    return {
+        "wall_s": walls,
+        "wall_median_s": statistics.median(walls),
+        "read_s": t_read,
+        "analyze_s": t_analyze,
+        "spans": report["spans"],
+        "straggler": {k: top[k] for k in ("rank", "cls", "straggled", "collectives")},
+        "offset_ms": offset["offset_ms"],
+        "offset_bounds_ms": [offset["low_ms"], offset["high_ms"]],
+    }
 
 
 # ---- driver --------------------------------------------------------------------------
@@ -356,15 +421,19 @@ def main() -> None:
     subprocess.run([str(ROOT / "examples/build.sh")], check=True, capture_output=True)
     work = Path(tempfile.mkdtemp(prefix="nccl-bench-"))
     results: dict = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"), "quick": args.quick, "plan": plan.__dict__,
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "plan": plan.__dict__,
         "machine": {"kernel": platform.release(), "cpus": os.cpu_count(), "load_before": os.getloadavg()},
     }
     try:
         targets = make_targets(work)
         b, sensor_stats = probes_only(targets, plan)
         c, agent_stats = agent_case(targets, plan, work)
-        results["per_call_ns"] = {t.name: {"a_with_b": b[t.name]["a"], "b": b[t.name]["b"], "a_with_c": c[t.name]["a"],
-                                           "c": c[t.name]["c"]} for t in targets}
+        results["per_call_ns"] = {
+            t.name: {"a_with_b": b[t.name]["a"], "b": b[t.name]["b"], "a_with_c": c[t.name]["a"], "c": c[t.name]["c"]}
+            for t in targets
+        }
         results["sensor"] = sensor_stats
         results["agent"] = agent_stats
         dirs, dataset = build_dataset(plan, work)
@@ -383,13 +452,17 @@ def main() -> None:
     print(f"per ncclAllReduce call (ns, median of {plan.rounds} rounds x {plan.runs} runs x {plan.calls} calls):")
     print(f"  {'library':<44} {'a no probe':>10} {'b probes':>9} {'b-a':>7} {'a':>7} {'c agent':>8} {'c-a':>7}")
     for name, v in results["per_call_ns"].items():
-        print(f"  {name:<44} {v['a_with_b']:>10.0f} {v['b']:>9.0f} {v['b'] - v['a_with_b']:>7.0f} "
-              f"{v['a_with_c']:>7.0f} {v['c']:>8.0f} {v['c'] - v['a_with_c']:>7.0f}")
+        print(
+            f"  {name:<44} {v['a_with_b']:>10.0f} {v['b']:>9.0f} {v['b'] - v['a_with_b']:>7.0f} "
+            f"{v['a_with_c']:>7.0f} {v['c']:>8.0f} {v['c'] - v['a_with_c']:>7.0f}"
+        )
     d, r = results["dataset"], results["report"]
     print(f"correlator: {d['correlator_us_per_collective']:.1f} us per collective ({d['collectives']} spans built)")
-    print(f"otelbpf stragglers, {plan.ranks} ranks x {plan.collectives} collectives ({d['bytes'] / 2**20:.0f} MiB "
-          f"OTLP-JSON): {r['wall_median_s']:.2f} s wall (read {r['read_s']:.2f} s, analyze {r['analyze_s']:.2f} s); "
-          f"found rank {r['straggler']['rank']} {r['straggler']['cls']}, offset {r['offset_ms']:.3f} ms")
+    print(
+        f"otelbpf stragglers, {plan.ranks} ranks x {plan.collectives} collectives ({d['bytes'] / 2**20:.0f} MiB "
+        f"OTLP-JSON): {r['wall_median_s']:.2f} s wall (read {r['read_s']:.2f} s, analyze {r['analyze_s']:.2f} s); "
+        f"found rank {r['straggler']['rank']} {r['straggler']['cls']}, offset {r['offset_ms']:.3f} ms"
+    )
     print(f"results: {out}")
 
 

@@ -40,8 +40,14 @@ def feed_and_export(arr: np.ndarray, port: int, batch: int, profile: bool, top: 
         key = (metric, tuple(sorted(attrs.items())))
         run.counts[key] = run.counts.get(key, 0) + n
 
-    corr = HttpCorrelator(CorrelatorSettings(ProcessInfo(), MonotonicClock(), run.spans.extend), count, Causality(),
-                          lambda m, items: None, ports=[port], max_spans_per_second=10**9)
+    corr = HttpCorrelator(
+        CorrelatorSettings(ProcessInfo(), MonotonicClock(), run.spans.extend),
+        count,
+        Causality(),
+        lambda m, items: None,
+        ports=[port],
+        max_spans_per_second=10**9,
+    )
     prof = cProfile.Profile() if profile else None
     t0 = time.process_time()
     if prof:

@@ -85,8 +85,11 @@ def config(tmp: Path, *, cuda: bool, profiling: bool, cuda_memory: bool = False)
     if cuda:
         receivers["cuda"] = {"search_paths": []}
         pipelines["metrics"] = {"receivers": ["cuda"], "exporters": ["file"]}
-    doc = {"receivers": receivers, "exporters": exporters,
-           "service": {"pipelines": pipelines, "telemetry": {"log_level": "warning"}}}
+    doc = {
+        "receivers": receivers,
+        "exporters": exporters,
+        "service": {"pipelines": pipelines, "telemetry": {"log_level": "warning"}},
+    }
     path = tmp / f"cfg-{int(cuda)}{int(profiling)}{int(cuda_memory)}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -94,9 +97,14 @@ def config(tmp: Path, *, cuda: bool, profiling: bool, cuda_memory: bool = False)
 
 class Agent:
     def __init__(self, cfg: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -131,7 +139,7 @@ class Agent:
         total = 0
         for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
             stat = Path(f"/proc/{self.proc.pid}/task/{tid}/stat").read_text()
-            if stat[stat.index("(") + 1:stat.rindex(")")] == name:
+            if stat[stat.index("(") + 1 : stat.rindex(")")] == name:
                 fields = stat.rsplit(")", 1)[1].split()
                 total += int(fields[11]) + int(fields[12])
         return total / os.sysconf("SC_CLK_TCK")
@@ -149,8 +157,11 @@ class Agent:
         total_ns = total_cnt = 0
         for fd in os.listdir(f"/proc/{self.proc.pid}/fd"):
             try:
-                info = dict(line.split(":\t", 1) for line in
-                            Path(f"/proc/{self.proc.pid}/fdinfo/{fd}").read_text().splitlines() if ":\t" in line)
+                info = dict(
+                    line.split(":\t", 1)
+                    for line in Path(f"/proc/{self.proc.pid}/fdinfo/{fd}").read_text().splitlines()
+                    if ":\t" in line
+                )
             except OSError:
                 continue
             if info.get("prog_type", "").strip() == str(prog_type):
@@ -174,8 +185,12 @@ def idle_agent(tmp: Path, seconds: float) -> dict:
         rss = agent.rss_bytes()
     finally:
         agent.stop()
-    return {"seconds": t1 - t0, "agent_share_of_one_core": (c1 - c0) / (t1 - t0),
-            "profile_thread_share_of_one_core": (p1 - p0) / (t1 - t0), "agent_rss_bytes": rss}
+    return {
+        "seconds": t1 - t0,
+        "agent_share_of_one_core": (c1 - c0) / (t1 - t0),
+        "profile_thread_share_of_one_core": (p1 - p0) / (t1 - t0),
+        "agent_rss_bytes": rss,
+    }
 
 
 def run_workload(script: Path, work: int) -> tuple[float, float]:
@@ -221,19 +236,30 @@ def cpu_overhead(tmp: Path, runs: int, work: int) -> dict:
             rss = max(rss, agent.rss_bytes())
         finally:
             agent.stop()
-        print(f"  run {i + 1}/{runs}: off {off[-1]:.3f}s ({off_cpu[-1]:.3f}s CPU) on {on[-1]:.3f}s "
-              f"({on_cpu[-1]:.3f}s CPU)", flush=True)
+        print(
+            f"  run {i + 1}/{runs}: off {off[-1]:.3f}s ({off_cpu[-1]:.3f}s CPU) on {on[-1]:.3f}s "
+            f"({on_cpu[-1]:.3f}s CPU)",
+            flush=True,
+        )
     m_off, m_on = statistics.median(off), statistics.median(on)
     return {
-        "runs": runs, "work": work, "off_s": off, "on_s": on, "median_off_s": m_off, "median_on_s": m_on,
+        "runs": runs,
+        "work": work,
+        "off_s": off,
+        "on_s": on,
+        "median_off_s": m_off,
+        "median_on_s": m_on,
         "slowdown": m_on / m_off - 1,
         "paired_slowdown_median": statistics.median(b / a for a, b in zip(off, on)) - 1,
-        "off_cpu_s": off_cpu, "on_cpu_s": on_cpu,
+        "off_cpu_s": off_cpu,
+        "on_cpu_s": on_cpu,
         "cpu_time_slowdown": statistics.median(on_cpu) / statistics.median(off_cpu) - 1,
         "paired_cpu_time_slowdown_median": statistics.median(b / a for a, b in zip(off_cpu, on_cpu)) - 1,
         "agent_cpu_s_per_run": agent_cpu / runs,
-        "agent_cpu_share_of_one_core": agent_cpu / sum(on), "agent_rss_bytes": rss,
-        "bpf_samples": samples, "bpf_ns_per_sample": sample_ns / max(samples, 1),
+        "agent_cpu_share_of_one_core": agent_cpu / sum(on),
+        "agent_rss_bytes": rss,
+        "bpf_samples": samples,
+        "bpf_ns_per_sample": sample_ns / max(samples, 1),
         "bpf_share_of_a_cpu_at_99hz": sample_ns / max(samples, 1) * 99 / 1e9,
     }
 
@@ -263,9 +289,11 @@ def symbolization_rate() -> dict:
         pylines.line_for(table, first_line, (i * 2) % 100, sys.version_info[:2])
     lines = time.perf_counter() - t0
     return {
-        "first_frame_s": cold, "native_frames_per_s": len(addrs) / warm,
+        "first_frame_s": cold,
+        "native_frames_per_s": len(addrs) / warm,
         "resolved_share": sum(1 for f in frames if f.function) / len(frames),
-        "python_lines_per_s": n / lines, "first": first[0].name,
+        "python_lines_per_s": n / lines,
+        "first": first[0].name,
     }
 
 
@@ -274,16 +302,19 @@ def alloc_cost(tmp: Path, calls: int) -> dict:
     script.write_text(ALLOC_LOOP)
 
     def loop() -> float:
-        out = subprocess.run([sys.executable, str(script), str(FAKE_CUDART), str(calls)], capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, str(script), str(FAKE_CUDART), str(calls)], capture_output=True, text=True, check=True
+        )
         return float(out.stdout.strip())
 
     results: dict[str, list[float]] = {"no_agent": [], "cuda": [], "cuda_and_memory_profile": []}
     uprobe_ns: dict[str, list[float]] = {"cuda": [], "cuda_and_memory_profile": []}
     for _ in range(3):
         results["no_agent"].append(loop())
-        for name, cfg in (("cuda", config(tmp, cuda=True, profiling=False)),
-                          ("cuda_and_memory_profile", config(tmp, cuda=True, profiling=True, cuda_memory=True))):
+        for name, cfg in (
+            ("cuda", config(tmp, cuda=True, profiling=False)),
+            ("cuda_and_memory_profile", config(tmp, cuda=True, profiling=True, cuda_memory=True)),
+        ):
             agent = Agent(cfg)
             try:
                 agent.settle()
@@ -295,7 +326,9 @@ def alloc_cost(tmp: Path, calls: int) -> dict:
                 agent.stop()
     med = {k: statistics.median(v) for k, v in results.items()}
     return {
-        "calls": calls, "ns_per_alloc_free": results, "median_ns": med,
+        "calls": calls,
+        "ns_per_alloc_free": results,
+        "median_ns": med,
         "probes_ns": med["cuda"] - med["no_agent"],
         "stack_capture_and_accounting_ns": med["cuda_and_memory_profile"] - med["cuda"],
         "bpf_ns_per_probe_run": {k: statistics.median(v) for k, v in uprobe_ns.items()},
@@ -317,8 +350,12 @@ def main() -> int:
     stats = Path("/proc/sys/kernel/bpf_stats_enabled")
     stats_before = stats.read_text().strip()
     stats.write_text("1")  # per-program run time, for the in-kernel cost per sample and per probe
-    result: dict = {"date": dt.datetime.now(dt.UTC).isoformat(), "kernel": os.uname().release,
-                    "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    result: dict = {
+        "date": dt.datetime.now(dt.UTC).isoformat(),
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if not args.cpu_only:
@@ -334,37 +371,44 @@ def main() -> int:
     stats.write_text(stats_before)
     if args.cpu_only:
         c = result["cpu"]
-        print(f"CPU workload: wall {c['slowdown']:+.2%} (paired {c['paired_slowdown_median']:+.2%}), "
-              f"its CPU time {c['cpu_time_slowdown']:+.2%} (paired {c['paired_cpu_time_slowdown_median']:+.2%}), "
-              f"in the kernel {c['bpf_ns_per_sample']:,.0f} ns per sample")
+        print(
+            f"CPU workload: wall {c['slowdown']:+.2%} (paired {c['paired_slowdown_median']:+.2%}), "
+            f"its CPU time {c['cpu_time_slowdown']:+.2%} (paired {c['paired_cpu_time_slowdown_median']:+.2%}), "
+            f"in the kernel {c['bpf_ns_per_sample']:,.0f} ns per sample"
+        )
         out = args.out or REPO / "bench" / "results" / f"profile-cpu-{dt.date.today().isoformat()}.json"
         out.write_text(json.dumps(result, indent=2))
         print(f"wrote {out}")
         return 0
     i, c, s, a = result["idle"], result["cpu"], result["symbolization"], result["alloc"]
     median = statistics.median
-    print("\n".join([
-        "",
-        f"agent, idle host  {i['agent_share_of_one_core']:.2%} of one core "
-        f"({i['profile_thread_share_of_one_core']:.2%} collecting profiles), "
-        f"RSS {i['agent_rss_bytes'] / 2**20:.0f} MiB",
-        f"CPU workload      median off {c['median_off_s']:.3f}s  on {c['median_on_s']:.3f}s  "
-        f"slowdown {c['slowdown']:+.2%} (paired runs: {c['paired_slowdown_median']:+.2%})",
-        f"                  its CPU time: median off {median(c['off_cpu_s']):.3f}s  on {median(c['on_cpu_s']):.3f}s  "
-        f"slowdown {c['cpu_time_slowdown']:+.2%} (paired runs: {c['paired_cpu_time_slowdown_median']:+.2%})",
-        f"in the kernel     {c['bpf_ns_per_sample']:,.0f} ns per CPU sample (walker included), "
-        f"{c['bpf_share_of_a_cpu_at_99hz']:.3%} of a busy CPU at 99 Hz",
-        f"agent             {c['agent_cpu_s_per_run']:.3f}s CPU per run "
-        f"({c['agent_cpu_share_of_one_core']:.2%} of one core), RSS {c['agent_rss_bytes'] / 2**20:.0f} MiB",
-        f"symbolization     {s['native_frames_per_s']:,.0f} native frames/s (warm), "
-        f"{s['python_lines_per_s']:,.0f} Python lines/s, first frame {s['first_frame_s'] * 1000:.0f} ms",
-        f"alloc+free        no agent {a['median_ns']['no_agent']:,.0f} ns, "
-        f"cuda receiver {a['median_ns']['cuda']:,.0f} ns, "
-        f"+ memory profile {a['median_ns']['cuda_and_memory_profile']:,.0f} ns",
-        f"                  probes +{a['probes_ns']:,.0f} ns, "
-        f"stacks + accounting +{a['stack_capture_and_accounting_ns']:,.0f} ns per allocation",
-        f"                  BPF time per uprobe run: {a['bpf_ns_per_probe_run']}",
-    ]))
+    print(
+        "\n".join(
+            [
+                "",
+                f"agent, idle host  {i['agent_share_of_one_core']:.2%} of one core "
+                f"({i['profile_thread_share_of_one_core']:.2%} collecting profiles), "
+                f"RSS {i['agent_rss_bytes'] / 2**20:.0f} MiB",
+                f"CPU workload      median off {c['median_off_s']:.3f}s  on {c['median_on_s']:.3f}s  "
+                f"slowdown {c['slowdown']:+.2%} (paired runs: {c['paired_slowdown_median']:+.2%})",
+                f"                  its CPU time: median off {median(c['off_cpu_s']):.3f}s  "
+                f"on {median(c['on_cpu_s']):.3f}s  "
+                f"slowdown {c['cpu_time_slowdown']:+.2%} (paired runs: {c['paired_cpu_time_slowdown_median']:+.2%})",
+                f"in the kernel     {c['bpf_ns_per_sample']:,.0f} ns per CPU sample (walker included), "
+                f"{c['bpf_share_of_a_cpu_at_99hz']:.3%} of a busy CPU at 99 Hz",
+                f"agent             {c['agent_cpu_s_per_run']:.3f}s CPU per run "
+                f"({c['agent_cpu_share_of_one_core']:.2%} of one core), RSS {c['agent_rss_bytes'] / 2**20:.0f} MiB",
+                f"symbolization     {s['native_frames_per_s']:,.0f} native frames/s (warm), "
+                f"{s['python_lines_per_s']:,.0f} Python lines/s, first frame {s['first_frame_s'] * 1000:.0f} ms",
+                f"alloc+free        no agent {a['median_ns']['no_agent']:,.0f} ns, "
+                f"cuda receiver {a['median_ns']['cuda']:,.0f} ns, "
+                f"+ memory profile {a['median_ns']['cuda_and_memory_profile']:,.0f} ns",
+                f"                  probes +{a['probes_ns']:,.0f} ns, "
+                f"stacks + accounting +{a['stack_capture_and_accounting_ns']:,.0f} ns per allocation",
+                f"                  BPF time per uprobe run: {a['bpf_ns_per_probe_run']}",
+            ]
+        )
+    )
     out = args.out or REPO / "bench" / "results" / f"profile-{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

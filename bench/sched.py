@@ -112,12 +112,17 @@ def _program_stats(bpf) -> dict[str, dict[str, float]]:
     """run_cnt and mean ns per run of each program that ran (kernel.bpf_stats_enabled)."""
     out = {}
     for name, fn in bpf.funcs.items():
-        info = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
-                    if ":\t" in line)
+        info = dict(
+            line.split(":\t", 1)
+            for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
+            if ":\t" in line
+        )
         runs = int(info.get("run_cnt", "0"))
         if runs:
             out[name.decode() if isinstance(name, bytes) else name] = {
-                "runs": runs, "mean_ns": round(int(info["run_time_ns"]) / runs, 1)}
+                "runs": runs,
+                "mean_ns": round(int(info["run_time_ns"]) / runs, 1),
+            }
     return out
 
 
@@ -135,8 +140,14 @@ def loaded(condition: str) -> Iterator[object | None]:
         from otelbpf.sensor import program
         from otelbpf.sensor.sched_probes import sched_family
 
-        fam = sched_family(span_threshold_ns=1_000_000, ring_bytes=1 << 20, thread_entries=16384,
-                           off_entries=16384, runq_entries=65536, stack_entries=8192)
+        fam = sched_family(
+            span_threshold_ns=1_000_000,
+            ring_bytes=1 << 20,
+            thread_entries=16384,
+            off_entries=16384,
+            runq_entries=65536,
+            stack_entries=8192,
+        )
         families = [] if condition == "discovery" else [fam]
         text, cflags = program.build(families, filter_pids=True, events_ring_bytes=1 << 20)
         bpf = BPF(text=text, cflags=cflags)
@@ -149,8 +160,9 @@ def loaded(condition: str) -> Iterator[object | None]:
 def one_run(exe: Path, trips: int, condition: str) -> dict:
     knob = Path("/proc/sys/kernel/bpf_stats_enabled")
     with loaded(condition) as bpf:
-        proc = subprocess.Popen(["taskset", "-c", "0", str(exe), str(trips)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            ["taskset", "-c", "0", str(exe), str(trips)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout.readline().startswith("ready")
         if condition == "traced":
             watched = bpf["watched"]
@@ -196,8 +208,10 @@ def main() -> int:
     print(f"\n{'condition':>9} {'ns/trip':>9} {'+ns/switch vs none':>19} {'vs empty':>9} {'vs discovery':>12}")
     for c in CONDITIONS:
         added = {b: (med[c] - med[b]) / switches for b in ("none", "empty", "discovery")}
-        summary[c] = {"median_ns_per_trip": round(med[c], 1),
-                      **{f"added_ns_per_switch_vs_{b}": round(v, 1) for b, v in added.items()}}
+        summary[c] = {
+            "median_ns_per_trip": round(med[c], 1),
+            **{f"added_ns_per_switch_vs_{b}": round(v, 1) for b, v in added.items()},
+        }
         print(f"{c:>9} {med[c]:>9.0f} {added['none']:>19.0f} {added['empty']:>9.0f} {added['discovery']:>12.0f}")
     for c in ("empty", "discovery", "untraced", "traced"):
         per_prog: dict[str, list[float]] = {}
@@ -207,9 +221,17 @@ def main() -> int:
         summary[c]["bpf_mean_ns_per_run"] = {n: round(statistics.median(v), 1) for n, v in per_prog.items()}
         shown = {n: v for n, v in summary[c]["bpf_mean_ns_per_run"].items() if "sched" in n}
         print(f"{c:>9} bpf_stats mean ns per run: {shown}")
-    doc = {"date": dt.datetime.now(dt.UTC).isoformat(), "kernel": os.uname().release, "cpus": os.cpu_count(),
-           "load_avg": os.getloadavg(), "trips": args.trips, "rounds": args.rounds,
-           "switches_per_trip": switches, "summary": summary, "runs": runs}
+    doc = {
+        "date": dt.datetime.now(dt.UTC).isoformat(),
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        "trips": args.trips,
+        "rounds": args.rounds,
+        "switches_per_trip": switches,
+        "summary": summary,
+        "runs": runs,
+    }
     out = Path(args.out or REPO / "bench" / "results" / f"sched-{dt.date.today().isoformat()}.json")
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nwrote {out}")

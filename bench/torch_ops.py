@@ -52,8 +52,7 @@ print(best)
 
 
 def child(calls: int) -> float:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(calls)], capture_output=True, text=True, check=True,
-                         cwd="/")
+    out = subprocess.run([sys.executable, "-c", CHILD, str(calls)], capture_output=True, text=True, check=True, cwd="/")
     return float(out.stdout)
 
 
@@ -61,8 +60,11 @@ def program_stats(bpf: BPF) -> dict[str, dict[str, float]]:
     """run_cnt and mean ns per run of each program that ran (from its fd's fdinfo)."""
     out = {}
     for name, fn in bpf.funcs.items():
-        info = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
-                    if ":\t" in line)
+        info = dict(
+            line.split(":\t", 1)
+            for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
+            if ":\t" in line
+        )
         runs = int(info.get("run_cnt", "0"))
         if runs:
             key = name.decode() if isinstance(name, bytes) else name
@@ -114,14 +116,22 @@ def main() -> None:
         run_rounds(args, results, attach, detach)
     finally:
         knob.write_text(before)
-    print(json.dumps({
-        "ns_per_call": {m: round(statistics.median(v), 1) for m, v in results.items()},
-        "overhead_ns": {m: round(statistics.median(v) - statistics.median(results["none"]), 1)
-                        for m, v in results.items() if m != "none"},
-        "rounds": {m: [round(x, 1) for x in v] for m, v in results.items()},
-        "torch_programs": program_stats(full),
-        "ret_sites": len(site.exits),
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "ns_per_call": {m: round(statistics.median(v), 1) for m, v in results.items()},
+                "overhead_ns": {
+                    m: round(statistics.median(v) - statistics.median(results["none"]), 1)
+                    for m, v in results.items()
+                    if m != "none"
+                },
+                "rounds": {m: [round(x, 1) for x in v] for m, v in results.items()},
+                "torch_programs": program_stats(full),
+                "ret_sites": len(site.exits),
+            },
+            indent=1,
+        )
+    )
 
 
 def run_rounds(args: argparse.Namespace, results: dict[str, list[float]], attach, detach) -> None:

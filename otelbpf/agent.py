@@ -60,7 +60,11 @@ _KERNEL_DROP_REASONS = {
 
 class Agent:
     def __init__(
-        self, config: Config, *, pids: Sequence[int] = (), pause_on_load: bool = False,
+        self,
+        config: Config,
+        *,
+        pids: Sequence[int] = (),
+        pause_on_load: bool = False,
         processing_queue_records: int = 1 << 20,
     ) -> None:
         self.config = config
@@ -101,9 +105,17 @@ class Agent:
         ]
         self.self_profiler = self_profiler(config)
         maps = MapAccess()
-        ctx = Context(self.process_info, self.symbolizer, self.clock, self.health, self._emit_spans, maps, traces,
-                      export_profiles=self._export_profiles,
-                      profile_attributes=config.resource_attributes("profiles"))
+        ctx = Context(
+            self.process_info,
+            self.symbolizer,
+            self.clock,
+            self.health,
+            self._emit_spans,
+            maps,
+            traces,
+            export_profiles=self._export_profiles,
+            profile_attributes=config.resource_attributes("profiles"),
+        )
         self.receivers = [receivers.build(name, cfg, ctx) for name, cfg in self._receiver_configs()]
         # Correlators whose records open scopes others' spans nest in (torch operators) go first,
         # so the records drained with theirs in one batch find those scopes.
@@ -195,8 +207,9 @@ class Agent:
                         r.correlator.on_ring(ring, arr)
                 except Exception:  # a bad batch is counted, the agent goes on
                     log.exception("%s: processing a batch of %d %s failed", r.name, len(arr), ring)
-                    self.health.add("otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring,
-                                    receiver=r.name)
+                    self.health.add(
+                        "otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring, receiver=r.name
+                    )
                 finally:
                     self.watchdog.end()
 
@@ -230,8 +243,9 @@ class Agent:
             return
         from otelbpf.sensor import libraries
 
-        users = [pid for pid in libraries.all_pids()
-                 if next(libraries.from_process(pid, opts.families), None) is not None]
+        users = [
+            pid for pid in libraries.all_pids() if next(libraries.from_process(pid, opts.families), None) is not None
+        ]
         self.sensor.update_map("lib_users", [(pid, 1) for pid in users])
         log.info("requests traced for %d running processes that use a probed library", len(users))
 
@@ -266,24 +280,52 @@ class Agent:
         now = time.time_ns()
         start = int(self.started_at * 1e9)
         out: list[Metric | None] = []
-        out.append(m.cumulative_sum(
-            "otelbpf.events.received", "{event}", "Records drained from the BPF ring buffers",
-            [({"ring": r}, n) for r, n in self.sensor.records_received.items()], start, now))
-        out.append(m.cumulative_sum(
-            "otelbpf.events.skipped", "{event}", "Ring records skipped: discarded by their producer, or malformed",
-            [({"ring": r}, n) for r, n in self.sensor.records_skipped().items()], start, now))
+        out.append(
+            m.cumulative_sum(
+                "otelbpf.events.received",
+                "{event}",
+                "Records drained from the BPF ring buffers",
+                [({"ring": r}, n) for r, n in self.sensor.records_received.items()],
+                start,
+                now,
+            )
+        )
+        out.append(
+            m.cumulative_sum(
+                "otelbpf.events.skipped",
+                "{event}",
+                "Ring records skipped: discarded by their producer, or malformed",
+                [({"ring": r}, n) for r, n in self.sensor.records_skipped().items()],
+                start,
+                now,
+            )
+        )
         kernel = self.sensor.kernel_stats()
-        out.append(m.cumulative_sum(
-            "otelbpf.events.lost", "{event}", "Events lost in the kernel (ring buffer or map full)",
-            [({"reason": _KERNEL_DROP_REASONS.get(k, k)}, v) for k, v in kernel.items()], start, now))
+        out.append(
+            m.cumulative_sum(
+                "otelbpf.events.lost",
+                "{event}",
+                "Events lost in the kernel (ring buffer or map full)",
+                [({"reason": _KERNEL_DROP_REASONS.get(k, k)}, v) for k, v in kernel.items()],
+                start,
+                now,
+            )
+        )
         by_name: dict[str, list] = {}
         for name, attrs, value in self.health.snapshot():
             by_name.setdefault(name, []).append((attrs, value))
         for name, points in by_name.items():
             out.append(m.cumulative_sum(name, "1", "Agent self-telemetry counter", points, start, now))
-        out.append(m.cumulative_sum("otelbpf.cache.evictions", "{entry}", "Cache entries evicted (LRU), by cache",
-                                    [({"cache": c}, n) for c, n in sorted(symbolizer.EVICTIONS.items())] or [({}, 0)],
-                                    start, now))
+        out.append(
+            m.cumulative_sum(
+                "otelbpf.cache.evictions",
+                "{entry}",
+                "Cache entries evicted (LRU), by cache",
+                [({"cache": c}, n) for c, n in sorted(symbolizer.EVICTIONS.items())] or [({}, 0)],
+                start,
+                now,
+            )
+        )
         a = self.sensor.attach_stats
         out.append(m.gauge("otelbpf.probes.attached", "{probe}", "Uprobes attached", [({}, a.probes)], now))
         out.append(m.gauge("otelbpf.libraries.attached", "{library}", "Library files probed", [({}, a.libraries)], now))
@@ -297,8 +339,15 @@ class Agent:
                 now,
             )
         )
-        out.append(m.gauge("otelbpf.libraries.retrying", "{library}", "Library files waiting for an attach retry",
-                           [({}, a.retrying)], now))
+        out.append(
+            m.gauge(
+                "otelbpf.libraries.retrying",
+                "{library}",
+                "Library files waiting for an attach retry",
+                [({}, a.retrying)],
+                now,
+            )
+        )
         out.append(
             m.gauge(
                 "otelbpf.spans.queued",
@@ -332,8 +381,15 @@ class Agent:
             )
         )
         out.append(m.gauge("process.memory.usage", "By", "Resident memory of the agent", [({}, _rss_bytes())], now))
-        out.append(m.gauge("otelbpf.agent.busy", "s", "How long each worker has been on its current item (0: idle)",
-                           [({"worker": self.watchdog.worker}, self.watchdog.busy_seconds())], now))
+        out.append(
+            m.gauge(
+                "otelbpf.agent.busy",
+                "s",
+                "How long each worker has been on its current item (0: idle)",
+                [({"worker": self.watchdog.worker}, self.watchdog.busy_seconds())],
+                now,
+            )
+        )
         return [(agent_resource(self._resource_attrs), AGENT_SCOPE, [x for x in out if x is not None])]
 
     # -- life cycle -------------------------------------------------------
@@ -362,7 +418,9 @@ class Agent:
         self.live_endpoint = live_endpoint.serve(self.live.snapshot)
         log.info(
             "otelbpf running: compiled in %.2fs, %d probes on %d libraries",
-            self.sensor.compile_seconds, self.sensor.attach_stats.probes, self.sensor.attach_stats.libraries,
+            self.sensor.compile_seconds,
+            self.sensor.attach_stats.probes,
+            self.sensor.attach_stats.libraries,
         )
 
     def stop(self) -> None:
@@ -374,26 +432,29 @@ class Agent:
         def done(phase: str) -> None:
             phases.append((phase, time.monotonic() - t0 - sum(t for _, t in phases)))
 
-        self.sensor.stop()           # detach, final drain
+        self.sensor.stop()  # detach, final drain
         done("sensor")
         self._work.put(None)
         self._processor.join(timeout=30)
         self._watchdog_stop.set()
         done("processing")
         if self.spans is not None:
-            self.spans.close()       # flush; what cannot go is counted before...
+            self.spans.close()  # flush; what cannot go is counted before...
         done("spans")
         if self.metrics is not None:
-            self.metrics.stop()      # ...the final metrics export carries all totals
+            self.metrics.stop()  # ...the final metrics export carries all totals
         done("metrics")
         for _name, exporter in self.profile_exporters:
-            exporter.shutdown()      # after the sensor's stop made the last profiles
+            exporter.shutdown()  # after the sensor's stop made the last profiles
         done("profiles")
         if self.self_profiler is not None:
             self.self_profiler.stop()  # pushes the last samples, the stop's included
             done("self_profiling")
-        log.info("otelbpf stopped in %.2fs (%s)", time.monotonic() - t0,
-                 ", ".join(f"{name} {took:.2f}s" for name, took in phases))
+        log.info(
+            "otelbpf stopped in %.2fs (%s)",
+            time.monotonic() - t0,
+            ", ".join(f"{name} {took:.2f}s" for name, took in phases),
+        )
 
     def stats_line(self) -> str:
         kernel = self.sensor.kernel_stats()
@@ -451,7 +512,7 @@ def descendants(pids: Sequence[int]) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rfind(b")") + 2:].split()[1])  # after "pid (comm) state"
+        ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])  # after "pid (comm) state"
         children.setdefault(ppid, []).append(int(entry))
     out, todo = [], list(pids)
     while todo:
@@ -462,8 +523,14 @@ def descendants(pids: Sequence[int]) -> list[int]:
     return out
 
 
-def run(config: Config, *, pids: Sequence[int] = (), command: list[str] | None = None, job: Job | None = None,
-        duration_s: float | None = None) -> int:
+def run(
+    config: Config,
+    *,
+    pids: Sequence[int] = (),
+    command: list[str] | None = None,
+    job: Job | None = None,
+    duration_s: float | None = None,
+) -> int:
     """Run until SIGINT/SIGTERM, the watched command exits, or ``duration_s``.
 
     The CLI starts the command's ``job`` (and drops capabilities) before it imports this
@@ -511,8 +578,7 @@ def run(config: Config, *, pids: Sequence[int] = (), command: list[str] | None =
     return rc
 
 
-def _watch(agent: Agent, job: Job | None, received: list[int], wake: threading.Event,
-           duration_s: float | None) -> int:
+def _watch(agent: Agent, job: Job | None, received: list[int], wake: threading.Event, duration_s: float | None) -> int:
     """The main thread while the agent runs: signals, the command, the clock, a dead thread."""
     deadline = time.monotonic() + duration_s if duration_s else None
     kill_at: float | None = None

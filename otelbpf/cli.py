@@ -38,16 +38,22 @@ def _parser() -> argparse.ArgumentParser:
         description="Watch the whole host (default), some pids, or a command started by the agent.",
     )
     run.add_argument("-c", "--config", help="YAML config (default: the embedded default, or OTEL_EXPORTER_OTLP_* env)")
-    run.add_argument("--pid", type=int, action="append", default=[],
-                     help="watch this process and its children (repeatable)")
+    run.add_argument(
+        "--pid", type=int, action="append", default=[], help="watch this process and its children (repeatable)"
+    )
     run.add_argument("--duration", type=float, help="stop after this many seconds")
-    run.add_argument("--receivers", metavar="LIST",
-                     help="comma-separated receivers for the pipelines, e.g. cuda,http,nccl (default: the config's; "
-                          "also OTELBPF_RECEIVERS)")
-    run.add_argument("--print-config", action="store_true",
-                     help="print the effective configuration (secrets redacted) and exit")
-    run.add_argument("command", nargs=argparse.REMAINDER,
-                     help="-- COMMAND ARGS: start it and watch it; stop when it exits")
+    run.add_argument(
+        "--receivers",
+        metavar="LIST",
+        help="comma-separated receivers for the pipelines, e.g. cuda,http,nccl (default: the config's; "
+        "also OTELBPF_RECEIVERS)",
+    )
+    run.add_argument(
+        "--print-config", action="store_true", help="print the effective configuration (secrets redacted) and exit"
+    )
+    run.add_argument(
+        "command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS: start it and watch it; stop when it exits"
+    )
     sub.add_parser("doctor", help="what this host can do, and which processes use CUDA/NCCL/ibverbs")
     summ = sub.add_parser("summary", help="summarize the OTLP-JSON files the file exporter wrote")
     summ.add_argument("directory", nargs="?", default="./otelbpf-out")
@@ -57,9 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("directory", nargs="?", default="./otelbpf-out")
     diag.add_argument("--json", action="store_true", help="print the findings as JSON")
-    rep = sub.add_parser("report", help="one self-contained HTML page: findings, per-process summary, CUDA API "
-                         "time per call, timelines, flame graphs (CPU, off-CPU, CUDA memory, AI); otelbpf run "
-                         "writes it into the file exporter's folder as it ends")
+    rep = sub.add_parser(
+        "report",
+        help="one self-contained HTML page: findings, per-process summary, CUDA API "
+        "time per call, timelines, flame graphs (CPU, off-CPU, CUDA memory, AI); otelbpf run "
+        "writes it into the file exporter's folder as it ends",
+    )
     rep.add_argument("directory", nargs="?", default="./otelbpf-out")
     rep.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
     strag = sub.add_parser(
@@ -70,19 +79,34 @@ def _parser() -> argparse.ArgumentParser:
         "host-slow or communication-slow.",
     )
     strag.add_argument("paths", nargs="+", metavar="DIR", help="a directory of OTLP-JSON trace files, or one file")
-    strag.add_argument("--threshold", type=_duration, default="1ms",
-                       help="the adaptive test's floor: late also means beyond 3x the other ranks' spread and "
-                       "a tenth of the collective's duration (default 1ms)")
-    strag.add_argument("--min-share", type=_share, default=0.3,
-                       help="persistent: late in at least this share of its collectives (0..1, default 0.3)")
+    strag.add_argument(
+        "--threshold",
+        type=_duration,
+        default="1ms",
+        help="the adaptive test's floor: late also means beyond 3x the other ranks' spread and "
+        "a tenth of the collective's duration (default 1ms)",
+    )
+    strag.add_argument(
+        "--min-share",
+        type=_share,
+        default=0.3,
+        help="persistent: late in at least this share of its collectives (0..1, default 0.3)",
+    )
     strag.add_argument("--json", action="store_true", help="print the report as JSON")
-    strag.add_argument("--no-clock-correction", action="store_true",
-                       help="compare timestamps as exported (hosts' clocks assumed in sync)")
-    strag.add_argument("--diff-profiles", metavar="OUT_DIR",
-                       help="write each straggler's CPU profile and the healthy ranks' mean as pprof pairs "
-                       "for `go tool pprof -diff_base` (needs the profiling receiver's CPU profiles in DIR)")
+    strag.add_argument(
+        "--no-clock-correction",
+        action="store_true",
+        help="compare timestamps as exported (hosts' clocks assumed in sync)",
+    )
+    strag.add_argument(
+        "--diff-profiles",
+        metavar="OUT_DIR",
+        help="write each straggler's CPU profile and the healthy ranks' mean as pprof pairs "
+        "for `go tool pprof -diff_base` (needs the profiling receiver's CPU profiles in DIR)",
+    )
     mcp = sub.add_parser(
-        "mcp", help="serve the diagnosis of an output folder as read-only MCP tools (stdio, or HTTP with a token)",
+        "mcp",
+        help="serve the diagnosis of an output folder as read-only MCP tools (stdio, or HTTP with a token)",
         description="An MCP server over what `otelbpf run` wrote (spans, metrics, profiles). HTTP needs a bearer "
         "token (OTELBPF_MCP_TOKEN or --token-file) and binds to 127.0.0.1 unless --host says otherwise.",
     )
@@ -92,17 +116,26 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("--port", type=int, default=8765, help="HTTP: the port (default 8765)")
     mcp.add_argument("--token-file", help="HTTP: a file (mode 0600) holding the bearer token")
     mcp.add_argument("--max-bytes", type=int, default=1 << 30, help="refuse folders with more telemetry than this")
-    mcp.add_argument("--live", action="store_true",
-                     help="answer from a running agent's live state instead of a folder (see `otelbpf top`)")
+    mcp.add_argument(
+        "--live",
+        action="store_true",
+        help="answer from a running agent's live state instead of a folder (see `otelbpf top`)",
+    )
     mcp.add_argument("--socket", help="with --live: the agent's state socket (default: the newest in the run dir)")
     top = sub.add_parser(
-        "top", help="a live terminal view of what an agent sees (keys: s sort, p pid filter, f freeze, q quit)",
+        "top",
+        help="a live terminal view of what an agent sees (keys: s sort, p pid filter, f freeze, q quit)",
         description="Reads a running agent's live state over its local socket (the newest one in the run "
         "directory, or --socket), or, with --pid, starts an agent in this process.",
     )
     top.add_argument("--socket", help="the agent's state socket (default: the newest in the run directory)")
-    top.add_argument("--pid", type=int, action="append", default=[],
-                     help="watch this process with an agent of its own, in this process (repeatable; needs root)")
+    top.add_argument(
+        "--pid",
+        type=int,
+        action="append",
+        default=[],
+        help="watch this process with an agent of its own, in this process (repeatable; needs root)",
+    )
     top.add_argument("-c", "--config", help="with --pid: the agent's config (default: the embedded one)")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     val = sub.add_parser("validate", help="check a config file and print the effective pipelines")
@@ -119,9 +152,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "stragglers":
         from otelbpf.analyze.stragglers import run as stragglers
 
-        return stragglers(args.paths, threshold_ns=args.threshold, min_share=args.min_share, as_json=args.json,
-                          correct_clocks=not args.no_clock_correction, out=sys.stdout, err=sys.stderr,
-                          diff_dir=args.diff_profiles)
+        return stragglers(
+            args.paths,
+            threshold_ns=args.threshold,
+            min_share=args.min_share,
+            as_json=args.json,
+            correct_clocks=not args.no_clock_correction,
+            out=sys.stdout,
+            err=sys.stderr,
+            diff_dir=args.diff_profiles,
+        )
     if args.cmd == "diagnose":
         from otelbpf.analyze.diagnose import run as diagnose
 
@@ -137,8 +177,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"otelbpf mcp: {exc.name} is not installed: pip install 'otelbpf[mcp]'", file=sys.stderr)
             return 1
         try:
-            serve(None if args.live else args.directory, transport=args.transport, host=args.host, port=args.port,
-                  token_file=args.token_file, max_bytes=args.max_bytes, live_socket=args.socket)
+            serve(
+                None if args.live else args.directory,
+                transport=args.transport,
+                host=args.host,
+                port=args.port,
+                token_file=args.token_file,
+                max_bytes=args.max_bytes,
+                live_socket=args.socket,
+            )
         except TokenError as exc:
             print(f"otelbpf mcp: {exc}", file=sys.stderr)
             return 2

@@ -156,6 +156,7 @@ def _with_output(message: object, captured: _CapturedOutput) -> str:
 
 # --- privileges -------------------------------------------------------------------------------
 
+
 def check_privileges() -> Check:
     mask = effective_capabilities(Path("/proc/self/status").read_text())
     euid = os.geteuid()
@@ -190,16 +191,18 @@ def _bpf_errno_check(name: str, err: OSError, what: str) -> Check:
             name, FAIL, f"kernel refused to {what} ({errno.errorcode[err.errno]}): not privileged", PRIVILEGE_FIX
         )
     if err.errno == errno.ENOSYS:
-        return Check(name, MISSING, f"cannot {what}: {err.strerror} (kernel without CONFIG_BPF_SYSCALL)",
-                     "use a kernel built with CONFIG_BPF_SYSCALL=y")
+        return Check(
+            name,
+            MISSING,
+            f"cannot {what}: {err.strerror} (kernel without CONFIG_BPF_SYSCALL)",
+            "use a kernel built with CONFIG_BPF_SYSCALL=y",
+        )
     return Check(name, FAIL, f"cannot {what}: {err.strerror}", "see the kernel log (dmesg) for the cause")
 
 
 def check_bpf_syscall() -> Check:
     """Load `r0 = 0; exit` as a tracepoint program: the smallest thing that needs tracing privileges."""
-    insns = ctypes.create_string_buffer(
-        bytes([0xB7, 0, 0, 0, 0, 0, 0, 0]) + bytes([0x95, 0, 0, 0, 0, 0, 0, 0]), 16
-    )
+    insns = ctypes.create_string_buffer(bytes([0xB7, 0, 0, 0, 0, 0, 0, 0]) + bytes([0x95, 0, 0, 0, 0, 0, 0, 0]), 16)
     license_ = ctypes.create_string_buffer(b"GPL")
     attr = (
         BPF_PROG_TYPE_TRACEPOINT.to_bytes(4, "little")
@@ -221,8 +224,12 @@ def check_ring_buffer() -> Check:
         os.close(_bpf(BPF_MAP_CREATE, attr))
     except OSError as err:
         if err.errno == errno.EINVAL:
-            return Check("ring buffer", MISSING, "BPF_MAP_TYPE_RINGBUF rejected (EINVAL): kernel older than 5.8",
-                         "use a kernel >= 5.8")
+            return Check(
+                "ring buffer",
+                MISSING,
+                "BPF_MAP_TYPE_RINGBUF rejected (EINVAL): kernel older than 5.8",
+                "use a kernel >= 5.8",
+            )
         return _bpf_errno_check("ring buffer", err, "create a BPF ring buffer")
     return Check("ring buffer", OK, f"created a {size} B BPF_MAP_TYPE_RINGBUF map")
 
@@ -234,8 +241,9 @@ def check_btf() -> Check:
     btf = Path("/sys/kernel/btf/vmlinux")
     if btf.is_file():
         return Check("btf", OK, f"{btf} ({btf.stat().st_size // 1024} KiB)", required=False)
-    return Check("btf", MISSING, f"no {btf} (CONFIG_DEBUG_INFO_BTF off); optional: BCC compiles with headers",
-                 required=False)
+    return Check(
+        "btf", MISSING, f"no {btf} (CONFIG_DEBUG_INFO_BTF off); optional: BCC compiles with headers", required=False
+    )
 
 
 def _mounts() -> list[tuple[str, str]]:
@@ -250,8 +258,9 @@ def check_tracefs() -> Check:
         return Check("tracefs", OK, f"tracefs mounted at {', '.join(tracefs)}")
     if ("debugfs", "/sys/kernel/debug") in mounts:
         return Check("tracefs", OK, "debugfs at /sys/kernel/debug (tracefs automounts at /sys/kernel/debug/tracing)")
-    return Check("tracefs", MISSING,
-                 "tracefs not mounted: tracepoints cannot attach and BCC cannot detach uprobes", TRACEFS_FIX)
+    return Check(
+        "tracefs", MISSING, "tracefs not mounted: tracepoints cannot attach and BCC cannot detach uprobes", TRACEFS_FIX
+    )
 
 
 def _uts_release(build_dir: Path) -> str:
@@ -273,13 +282,20 @@ def check_headers() -> Check:
         headers = _uts_release(target)
         if headers == release:
             return Check("kernel headers", OK, f"{build} -> {target} (the running kernel's)")
-        return Check("kernel headers", OK,
-                     f"FALLBACK {build} -> {target} ({headers}, not {release}): BCC compiles, struct layouts"
-                     " are not the running kernel's, and otelbpf never reads kernel structs")
+        return Check(
+            "kernel headers",
+            OK,
+            f"FALLBACK {build} -> {target} ({headers}, not {release}): BCC compiles, struct layouts"
+            " are not the running kernel's, and otelbpf never reads kernel structs",
+        )
     if Path("/sys/kernel/kheaders.tar.xz").is_file():
         return Check("kernel headers", OK, "/sys/kernel/kheaders.tar.xz (the kernel's built-in headers)")
-    return Check("kernel headers", MISSING, f"no {build} and no /sys/kernel/kheaders.tar.xz: BCC cannot compile",
-                 f"{SETUP_FIX} (installs linux-headers and links {build})")
+    return Check(
+        "kernel headers",
+        MISSING,
+        f"no {build} and no /sys/kernel/kheaders.tar.xz: BCC cannot compile",
+        f"{SETUP_FIX} (installs linux-headers and links {build})",
+    )
 
 
 # --- BCC ------------------------------------------------------------------------------------------
@@ -289,9 +305,13 @@ def check_bcc_import() -> tuple[Check, ModuleType | None]:
     try:
         import bcc
     except ImportError as err:
-        return Check("bcc", FAIL, f"`import bcc` failed in {sys.executable}: {err}",
-                     "run the doctor from the project venv (.venv/bin/otelbpf doctor); scripts/setup.sh"
-                     " installs python3-bpfcc and links its bcc module into .venv"), None
+        return Check(
+            "bcc",
+            FAIL,
+            f"`import bcc` failed in {sys.executable}: {err}",
+            "run the doctor from the project venv (.venv/bin/otelbpf doctor); scripts/setup.sh"
+            " installs python3-bpfcc and links its bcc module into .venv",
+        ), None
     except OSError as err:
         return Check("bcc", FAIL, f"bcc could not load libbcc: {err}", "apt-get install libbpfcc"), None
     return Check("bcc", OK, f"bcc {bcc.__version__} from {Path(bcc.__file__).parent}"), bcc
@@ -345,10 +365,15 @@ def check_uprobes(bpf: Any) -> Check:
         except Exception as exc:
             detached = f"; detaching failed: {_with_output(exc, err)}"
     if hits < 3:
-        return Check("uprobes", FAIL, f"attached to libc getpid but saw {hits} of 3 calls{detached}",
-                     "check dmesg for uprobe errors")
-    return Check("uprobes", OK, f"uprobe on libc getpid fired for {hits} of 3 calls{detached}",
-                 TRACEFS_FIX if detached else "")
+        return Check(
+            "uprobes",
+            FAIL,
+            f"attached to libc getpid but saw {hits} of 3 calls{detached}",
+            "check dmesg for uprobe errors",
+        )
+    return Check(
+        "uprobes", OK, f"uprobe on libc getpid fired for {hits} of 3 calls{detached}", TRACEFS_FIX if detached else ""
+    )
 
 
 def check_tracepoints(bpf: Any) -> Check:
@@ -367,8 +392,12 @@ def check_tracepoints(bpf: Any) -> Check:
     with _capture_bcc_output():
         bpf.detach_tracepoint(tp=TRACEPOINT)
     if hits < 1:
-        return Check("tracepoints", FAIL, f"attached to {TRACEPOINT} but it never fired",
-                     "check that the kernel has CONFIG_FTRACE_SYSCALLS=y")
+        return Check(
+            "tracepoints",
+            FAIL,
+            f"attached to {TRACEPOINT} but it never fired",
+            "check that the kernel has CONFIG_FTRACE_SYSCALLS=y",
+        )
     return Check("tracepoints", OK, f"{TRACEPOINT} fired for this process")
 
 
@@ -389,8 +418,13 @@ def check_perf_events(bpf: Any, bcc: ModuleType) -> Check:
     hits = _hits(bpf, PERF_SLOT)
     bpf.detach_perf_event(ev_type=kind, ev_config=config)
     if hits == 0:
-        return Check("perf events", FAIL, "cpu-clock attached but took no sample in 0.3 s",
-                     "check kernel.perf_event_max_sample_rate", required=False)
+        return Check(
+            "perf events",
+            FAIL,
+            "cpu-clock attached but took no sample in 0.3 s",
+            "check kernel.perf_event_max_sample_rate",
+            required=False,
+        )
     return Check("perf events", OK, f"cpu-clock sampled at 999 Hz ({hits} sample(s) in the first spin)", required=False)
 
 
@@ -406,15 +440,20 @@ def check_kprobes(bpf: Any) -> Check:
         bpf.detach_kprobe(event=event)
         return Check("kprobes", OK, f"attached a kprobe to {event.decode()}", required=False)
     if not Path("/sys/bus/event_source/devices/kprobe").exists():
-        return Check("kprobes", MISSING, "CONFIG_KPROBES is off (no kprobe PMU); optional: otelbpf uses uprobes"
-                     " and tracepoints", required=False)
+        return Check(
+            "kprobes",
+            MISSING,
+            "CONFIG_KPROBES is off (no kprobe PMU); optional: otelbpf uses uprobes and tracepoints",
+            required=False,
+        )
     return Check("kprobes", FAIL, f"{event.decode()}: {_with_output(error, err)}; optional", required=False)
 
 
 def check_fentry(bcc: ModuleType) -> Check:
     if platform.machine() != "x86_64" or not Path("/sys/kernel/btf/vmlinux").is_file():
-        return Check("fentry", MISSING, "BCC's fentry needs x86_64 and /sys/kernel/btf/vmlinux; optional",
-                     required=False)
+        return Check(
+            "fentry", MISSING, "BCC's fentry needs x86_64 and /sys/kernel/btf/vmlinux; optional", required=False
+        )
     with _capture_bcc_output() as err:
         try:
             bpf = bcc.BPF(text=FENTRY_PROGRAM)
@@ -428,8 +467,9 @@ def check_fentry(bcc: ModuleType) -> Check:
         reason = "EPERM although tracepoint programs load: this kernel has no usable BPF trampolines"
     else:
         reason = _with_output(error, err)
-    return Check("fentry", MISSING, f"kernel refused an fentry program on {FENTRY_TARGET}: {reason}; optional",
-                 required=False)
+    return Check(
+        "fentry", MISSING, f"kernel refused an fentry program on {FENTRY_TARGET}: {reason}; optional", required=False
+    )
 
 
 def _release(bpf: Any) -> None:
@@ -447,8 +487,13 @@ def _guarded(name: str, check: Callable[..., Check], *args: Any) -> Check:
     try:
         return check(*args)
     except Exception as exc:
-        return Check(name, FAIL, f"unexpected error from BCC: {exc}", "report this with the doctor's full output",
-                     required=name not in OPTIONAL_PROBES)
+        return Check(
+            name,
+            FAIL,
+            f"unexpected error from BCC: {exc}",
+            "report this with the doctor's full output",
+            required=name not in OPTIONAL_PROBES,
+        )
 
 
 def _skip(names: list[str], reason: str) -> Iterator[Check]:
@@ -490,8 +535,13 @@ def check_nvml() -> Check:
     if opened:
         return Check("NVML", OK, f"{detail}: the gpu receiver reads them", required=False)
     why = "no driver" if detail in ("library_not_found", "driver_not_loaded") else f"cannot be opened ({detail})"
-    return Check("NVML", MISSING, f"{why} — the gpu receiver stays idle",
-                 "install the NVIDIA driver (libnvidia-ml.so.1) where there is a GPU", required=False)
+    return Check(
+        "NVML",
+        MISSING,
+        f"{why} — the gpu receiver stays idle",
+        "install the NVIDIA driver (libnvidia-ml.so.1) where there is a GPU",
+        required=False,
+    )
 
 
 def host_checks() -> Iterator[Check]:
@@ -582,8 +632,10 @@ def _write_verdict(checks: list[Check], out: TextIO) -> int:
 def run_doctor(out: TextIO = sys.stdout) -> int:
     """Print what this host can do for the sensor; return 0 when the sensor can run, 1 otherwise."""
     uname = os.uname()
-    out.write(f"otelbpf doctor: kernel {uname.release} ({uname.machine}), python {platform.python_version()}"
-              f" at {sys.executable}\n")
+    out.write(
+        f"otelbpf doctor: kernel {uname.release} ({uname.machine}), python {platform.python_version()}"
+        f" at {sys.executable}\n"
+    )
     checks = []
     for check in host_checks():
         checks.append(check)

@@ -148,8 +148,12 @@ def _http(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
     from otelbpf.correlate.http import HttpCorrelator
     from otelbpf.sensor.socket_probes import socket_family
 
-    family = socket_family(cfg.ports, payload_bytes=cfg.payload_size, ring_bytes=cfg.ring_buffer_size,
-                           lib_users_only=cfg.processes == "gpu")
+    family = socket_family(
+        cfg.ports,
+        payload_bytes=cfg.payload_size,
+        ring_bytes=cfg.ring_buffer_size,
+        lib_users_only=cfg.processes == "gpu",
+    )
     correlator = HttpCorrelator(
         ctx.correlator_settings(),
         ctx.counter(name),
@@ -187,16 +191,26 @@ def _profiling(name: str, cfg: ProfilingReceiverConfig, ctx: Context) -> Receive
     from otelbpf.sensor.profile_probes import profile_family
 
     profiler = Profiler(
-        ctx.process_info, ctx.health, ctx.export_profiles,
-        sample_hz=cfg.sample_rate, interval_s=to_seconds(cfg.interval), cuda_memory=cfg.cuda_memory,
-        python=cfg.python, labels=ctx.profile_attributes,
+        ctx.process_info,
+        ctx.health,
+        ctx.export_profiles,
+        sample_hz=cfg.sample_rate,
+        interval_s=to_seconds(cfg.interval),
+        cuda_memory=cfg.cuda_memory,
+        python=cfg.python,
+        labels=ctx.profile_attributes,
     )
     profiler.run_locked = lambda fn: ctx.maps.with_bpf(fn)
     family = profile_family(
-        python=cfg.python, cuda_memory=cfg.cuda_memory, max_python_frames=cfg.max_python_frames,
-        stack_entries=cfg.stack_map_entries, sample_entries=cfg.sample_map_entries,
-        code_entries=cfg.code_map_entries, live_entries=cfg.live_allocations,
-        on_load=profiler.on_load, on_unload=profiler.on_unload,
+        python=cfg.python,
+        cuda_memory=cfg.cuda_memory,
+        max_python_frames=cfg.max_python_frames,
+        stack_entries=cfg.stack_map_entries,
+        sample_entries=cfg.sample_map_entries,
+        code_entries=cfg.code_map_entries,
+        live_entries=cfg.live_allocations,
+        on_load=profiler.on_load,
+        on_unload=profiler.on_unload,
     )
     return Receiver(name, family, profiler, [], 1 << 20)
 
@@ -237,8 +251,12 @@ def _sched(name: str, cfg: SchedReceiverConfig, ctx: Context) -> Receiver:
         max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
     )
     family = sched_family(
-        span_threshold_ns=cfg.span_threshold, ring_bytes=cfg.ring_buffer_size, thread_entries=cfg.max_threads,
-        off_entries=cfg.max_series, runq_entries=cfg.max_runqueue_series, stack_entries=cfg.stack_map_entries,
+        span_threshold_ns=cfg.span_threshold,
+        ring_bytes=cfg.ring_buffer_size,
+        thread_entries=cfg.max_threads,
+        off_entries=cfg.max_series,
+        runq_entries=cfg.max_runqueue_series,
+        stack_entries=cfg.stack_map_entries,
         on_unload=correlator.on_unload,
     )
     return Receiver(name, family, correlator, [], cfg.ring_buffer_size)
@@ -267,8 +285,14 @@ def _gpu(name: str, cfg: GpuReceiverConfig, ctx: Context) -> Receiver:
     from otelbpf.sensor.nvml import NvmlSampler, nvml_family
 
     correlator = GpuCorrelator(ctx.process_info, ctx.health)
-    sampler = NvmlSampler(correlator.on_sample, ctx.health, interval_s=to_seconds(cfg.interval),
-                          per_process=cfg.per_process, max_processes=cfg.max_processes, xid_events=cfg.xid_events)
+    sampler = NvmlSampler(
+        correlator.on_sample,
+        ctx.health,
+        interval_s=to_seconds(cfg.interval),
+        per_process=cfg.per_process,
+        max_processes=cfg.max_processes,
+        xid_events=cfg.xid_events,
+    )
     return Receiver(name, nvml_family(sampler), correlator, [], 64 << 10)
 
 

@@ -65,10 +65,10 @@ class Viewer:
         self.source = source
         self.sort = SORTS[0]
         self.pid: int | None = None
-        self.typing: str | None = None      # digits of a pid filter being typed
+        self.typing: str | None = None  # digits of a pid filter being typed
         self.frozen = False
         self.error = ""
-        self.base: dict | None = None       # an earlier collection: the rates' start
+        self.base: dict | None = None  # an earlier collection: the rates' start
         self.last: dict | None = None
         self.tables: model.Tables | None = None
         self.notes: deque[str] = deque(maxlen=2)
@@ -146,45 +146,95 @@ class Viewer:
         if t is None:
             parts.append(Text("waiting for the first snapshot..."))
             return Group(*parts)
-        parts += [self._processes(t), self._findings(t), self._ranks(t), self._apis(t), self._kernels(t),
-                  self._routes(t)]
+        parts += [
+            self._processes(t),
+            self._findings(t),
+            self._ranks(t),
+            self._apis(t),
+            self._kernels(t),
+            self._routes(t),
+        ]
         return Group(*[p for p in parts if p is not None])
 
     @staticmethod
     def _table(title: str, *columns: str) -> Table:
-        table = Table(title=title, title_justify="left", title_style="bold", box=None, padding=(0, 1),
-                      pad_edge=False, header_style="bold reverse")
+        table = Table(
+            title=title,
+            title_justify="left",
+            title_style="bold",
+            box=None,
+            padding=(0, 1),
+            pad_edge=False,
+            header_style="bold reverse",
+        )
         for c in columns:
-            table.add_column(c, justify="left" if c in _TEXT_COLUMNS else "right", no_wrap=True, overflow="ellipsis",
-                             max_width=64 if c == "SUMMARY" else 48)
+            table.add_column(
+                c,
+                justify="left" if c in _TEXT_COLUMNS else "right",
+                no_wrap=True,
+                overflow="ellipsis",
+                max_width=64 if c == "SUMMARY" else 48,
+            )
         return table
 
     def _processes(self, t: model.Tables) -> Table:
         rows = [r for r in t.processes if self._keep(r.pid)]
-        key = {"gpu": lambda r: (not r.gpu, -(r.calls_per_s or 0), r.pid),
-               "calls/s": lambda r: (-(r.calls_per_s or 0), r.pid),
-               "bytes/s": lambda r: (-sum(r.bytes_per_s.values()), r.pid),
-               "pid": lambda r: r.pid}[self.sort]
-        table = self._table("processes", "PID", "SERVICE", "GPU", "CALLS/s", "LAUNCH/s", "H2D/s", "D2H/s",
-                            "PAGEABLE/s", "PINNED/s", "MEM", "HIGH", "SYNC")
+        key = {
+            "gpu": lambda r: (not r.gpu, -(r.calls_per_s or 0), r.pid),
+            "calls/s": lambda r: (-(r.calls_per_s or 0), r.pid),
+            "bytes/s": lambda r: (-sum(r.bytes_per_s.values()), r.pid),
+            "pid": lambda r: r.pid,
+        }[self.sort]
+        table = self._table(
+            "processes",
+            "PID",
+            "SERVICE",
+            "GPU",
+            "CALLS/s",
+            "LAUNCH/s",
+            "H2D/s",
+            "D2H/s",
+            "PAGEABLE/s",
+            "PINNED/s",
+            "MEM",
+            "HIGH",
+            "SYNC",
+        )
         for r in sorted(rows, key=key)[:12]:
             h = r.host_bytes_per_s
-            table.add_row(str(r.pid), r.service, "yes" if r.gpu else "", _rate(r.calls_per_s), _rate(r.launches_per_s),
-                          _bytes(r.bytes_per_s.get("H2D")), _bytes(r.bytes_per_s.get("D2H")),
-                          _bytes(sum(v for k, v in h.items() if k.endswith("pageable")) if h else None),
-                          _bytes(sum(v for k, v in h.items() if k.endswith("pinned")) if h else None),
-                          _bytes(r.memory_in_use), _bytes(r.memory_high_water),
-                          "-" if r.sync_wait_share is None else f"{r.sync_wait_share:.1%}")
+            table.add_row(
+                str(r.pid),
+                r.service,
+                "yes" if r.gpu else "",
+                _rate(r.calls_per_s),
+                _rate(r.launches_per_s),
+                _bytes(r.bytes_per_s.get("H2D")),
+                _bytes(r.bytes_per_s.get("D2H")),
+                _bytes(sum(v for k, v in h.items() if k.endswith("pageable")) if h else None),
+                _bytes(sum(v for k, v in h.items() if k.endswith("pinned")) if h else None),
+                _bytes(r.memory_in_use),
+                _bytes(r.memory_high_water),
+                "-" if r.sync_wait_share is None else f"{r.sync_wait_share:.1%}",
+            )
         return table
 
     def _apis(self, t: model.Tables) -> Table:
         rows = [r for r in t.apis if self._keep(r.pid)]
         rows.sort(key=lambda r: (-(r.calls_per_s or 0), -r.calls, r.api))
-        table = self._table("CUDA API (latency: recent spans, ms)", "PID", "API", "CALLS", "CALLS/s", "SPANS",
-                            "P50", "P95", "P99")
+        table = self._table(
+            "CUDA API (latency: recent spans, ms)", "PID", "API", "CALLS", "CALLS/s", "SPANS", "P50", "P95", "P99"
+        )
         for r in rows[:10]:
-            table.add_row(str(r.pid), r.api, str(r.calls), _rate(r.calls_per_s), str(r.spans), _ms(r.p50_ms),
-                          _ms(r.p95_ms), _ms(r.p99_ms))
+            table.add_row(
+                str(r.pid),
+                r.api,
+                str(r.calls),
+                _rate(r.calls_per_s),
+                str(r.spans),
+                _ms(r.p50_ms),
+                _ms(r.p95_ms),
+                _ms(r.p99_ms),
+            )
         return table
 
     def _kernels(self, t: model.Tables) -> Table | None:
@@ -200,12 +250,21 @@ class Viewer:
         rows = [r for r in t.ranks if self._keep(r.pid)]
         if not rows:
             return None
-        table = self._table("NCCL ranks", "RANK", "SERVICE", "PID", "COLLECTIVES", "/s", "WAIT ms", "LATE",
-                            "CLASS", "STRAGGLER")
+        table = self._table(
+            "NCCL ranks", "RANK", "SERVICE", "PID", "COLLECTIVES", "/s", "WAIT ms", "LATE", "CLASS", "STRAGGLER"
+        )
         for r in rows[:8]:
-            table.add_row("?" if r.rank is None else str(r.rank), r.service, str(r.pid), str(r.collectives),
-                          _rate(r.collectives_per_s), _ms(r.wait_mean_ms), str(r.straggled), r.straggler_class,
-                          "<- now" if r.current_straggler else "")
+            table.add_row(
+                "?" if r.rank is None else str(r.rank),
+                r.service,
+                str(r.pid),
+                str(r.collectives),
+                _rate(r.collectives_per_s),
+                _ms(r.wait_mean_ms),
+                str(r.straggled),
+                r.straggler_class,
+                "<- now" if r.current_straggler else "",
+            )
         return table
 
     def _routes(self, t: model.Tables) -> Table | None:
@@ -213,11 +272,13 @@ class Viewer:
         if not rows:
             return None
         rows.sort(key=lambda r: (-r.requests, r.route))
-        table = self._table("HTTP/gRPC routes (recent spans)", "PID", "ROUTE", "REQ", "REQ/s", "ERR", "P50 ms",
-                            "P95 ms")
+        table = self._table(
+            "HTTP/gRPC routes (recent spans)", "PID", "ROUTE", "REQ", "REQ/s", "ERR", "P50 ms", "P95 ms"
+        )
         for r in rows[:6]:
-            table.add_row(str(r.pid), r.route, str(r.requests), _rate(r.per_s), str(r.errors), _ms(r.p50_ms),
-                          _ms(r.p95_ms))
+            table.add_row(
+                str(r.pid), r.route, str(r.requests), _rate(r.per_s), str(r.errors), _ms(r.p50_ms), _ms(r.p95_ms)
+            )
         return table
 
     def _findings(self, t: model.Tables) -> Table | None:
@@ -233,9 +294,11 @@ class Viewer:
         a = t.agent
         if a is None:
             return Text("agent: no self-telemetry yet", style="dim")
-        return Text(f"agent: {_rate(a.events_per_s)} events/s ({a.events_received} received), lost {a.lost}, "
-                    f"dropped {a.dropped}, CPU {'-' if a.cpu_share is None else f'{a.cpu_share:.1%}'}, "
-                    f"RSS {_bytes(a.rss_bytes)}")
+        return Text(
+            f"agent: {_rate(a.events_per_s)} events/s ({a.events_received} received), lost {a.lost}, "
+            f"dropped {a.dropped}, CPU {'-' if a.cpu_share is None else f'{a.cpu_share:.1%}'}, "
+            f"RSS {_bytes(a.rss_bytes)}"
+        )
 
 
 class _Notes(logging.Handler):

@@ -31,9 +31,10 @@ fi
 (($#)) || set -- -q
 failed=()
 
-echo "test: guard rails: import-linter (one-way layers), ruff (lint), mypy (types)"
+echo "test: guard rails: import-linter (one-way layers), ruff (lint, format), mypy (types)"
 .venv/bin/lint-imports || failed+=("import-linter")
 .venv/bin/ruff check otelbpf tests bench || failed+=("ruff check")
+.venv/bin/ruff format --check otelbpf tests bench || failed+=("ruff format (run: .venv/bin/ruff format otelbpf tests bench)")
 .venv/bin/mypy || failed+=("mypy")
 
 # A tier that collects nothing (exit 5: the arguments selected only other tiers' tests)

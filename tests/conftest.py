@@ -117,6 +117,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if reason is None:
         return
     if bpf_required():
-        pytest.fail(f"eBPF is required here (CI=true or OTELBPF_REQUIRE_BPF=1) but unavailable: {reason}",
-                    pytrace=False)
+        pytest.fail(
+            f"eBPF is required here (CI=true or OTELBPF_REQUIRE_BPF=1) but unavailable: {reason}", pytrace=False
+        )
     pytest.skip(f"eBPF unavailable: {reason}")

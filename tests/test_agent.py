@@ -54,9 +54,26 @@ def _spans(collector, pid: int, name: str | None = None):
 
 def test_command_mode_exports_exact_spans_and_metrics_over_grpc(otlp_collector, tmp_path):
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path, cuda={"launch_sample_every": 1})
-    with AgentProcess(["-c", str(cfg), "--", str(WORKLOAD), "--lib", str(FAKE_CUDART), "--iterations", "3",
-                       "--launches-per-iter", "4", "--alloc-bytes", "8192", "--h2d-bytes", "4096",
-                       "--d2h-bytes", "1024"]) as agent:
+    with AgentProcess(
+        [
+            "-c",
+            str(cfg),
+            "--",
+            str(WORKLOAD),
+            "--lib",
+            str(FAKE_CUDART),
+            "--iterations",
+            "3",
+            "--launches-per-iter",
+            "4",
+            "--alloc-bytes",
+            "8192",
+            "--h2d-bytes",
+            "4096",
+            "--d2h-bytes",
+            "1024",
+        ]
+    ) as agent:
         assert agent.wait() == 0, agent.output
     w = _summary_from(agent.output)
     pid = w["pid"]
@@ -65,15 +82,18 @@ def test_command_mode_exports_exact_spans_and_metrics_over_grpc(otlp_collector, 
     c.wait_for(lambda: c.latest_points("cuda.kernel.launches", **{"process.pid": pid}), what="launch metric")
 
     copies = _spans(c, pid, "cudaMemcpy")
-    assert sorted((s.attributes["cuda.memcpy.direction"], s.attributes["cuda.memcpy.bytes"]) for s in copies) == \
-        [("D2H", 1024)] * 3 + [("H2D", 4096)] * 3
+    assert (
+        sorted((s.attributes["cuda.memcpy.direction"], s.attributes["cuda.memcpy.bytes"]) for s in copies)
+        == [("D2H", 1024)] * 3 + [("H2D", 4096)] * 3
+    )
     assert all(s.attributes["cuda.api.return_code"] == 0 and s.status_code != "STATUS_CODE_ERROR" for s in copies)
     assert all(s.attributes["cuda.memcpy.async"] is False and s.end_ns > s.start_ns for s in copies)
     mallocs = _spans(c, pid, "cudaMalloc")
     assert [s.attributes["cuda.memory.bytes"] for s in mallocs] == [8192] * 3
     frees = _spans(c, pid, "cudaFree")
-    assert sorted(s.attributes["cuda.memory.address"] for s in frees) == \
-        sorted(s.attributes["cuda.memory.address"] for s in mallocs)
+    assert sorted(s.attributes["cuda.memory.address"] for s in frees) == sorted(
+        s.attributes["cuda.memory.address"] for s in mallocs
+    )
     assert len(_spans(c, pid, "cudaDeviceSynchronize")) == 3
 
     launches = _spans(c, pid, "cudaLaunchKernel")
@@ -113,8 +133,9 @@ def test_real_libcudart_errors_over_http(otlp_collector, tmp_path):
     """NVIDIA's own libcudart, no GPU: every call returns 35, and that is what gets counted."""
     cfg = config(otlp_http(otlp_collector), tmp=tmp_path, cuda={"launch_errors": True})
     lib = real_cudart()
-    with AgentProcess(["-c", str(cfg), "--", str(WORKLOAD), "--lib", str(lib), "--iterations", "4",
-                       "--launches-per-iter", "2"]) as agent:
+    with AgentProcess(
+        ["-c", str(cfg), "--", str(WORKLOAD), "--lib", str(lib), "--iterations", "4", "--launches-per-iter", "2"]
+    ) as agent:
         assert agent.wait() == 0, agent.output
     w = _summary_from(agent.output)
     pid = w["pid"]
@@ -124,8 +145,14 @@ def test_real_libcudart_errors_over_http(otlp_collector, tmp_path):
         for code, n in codes.items():
             if code == "0" or func.startswith("cudaGet"):
                 continue
-            assert _value(c, "cuda.api.errors", **{"process.pid": pid, "cuda.api.function": func,
-                                                    "cuda.error.code": int(code)}) == n, func
+            assert (
+                _value(
+                    c,
+                    "cuda.api.errors",
+                    **{"process.pid": pid, "cuda.api.function": func, "cuda.error.code": int(code)},
+                )
+                == n
+            ), func
     err = c.latest_points("cuda.api.errors", **{"process.pid": pid, "cuda.api.function": "cudaMalloc"})[0]
     assert err.attributes["cuda.error.name"] == "cudaErrorInsufficientDriver"
     spans = _spans(c, pid, "cudaMemcpy")
@@ -143,10 +170,31 @@ def test_host_mode_sees_later_processes_unusual_paths_and_attributes_per_process
         agent.wait_ready()
         # Both start after the agent; one uses a library the agent has never seen on disk.
         gate = tmp_path / "go"
-        a = start_workload("--wait-for-file", str(gate), "--iterations", "2", "--h2d-bytes", "1000",
-                           "--d2h-bytes", "0", "--alloc-bytes", "1000")
-        b = start_workload("--wait-for-file", str(gate), "--iterations", "5", "--h2d-bytes", "3000",
-                           "--d2h-bytes", "0", "--alloc-bytes", "3000", lib=odd / "libcudart.so.12")
+        a = start_workload(
+            "--wait-for-file",
+            str(gate),
+            "--iterations",
+            "2",
+            "--h2d-bytes",
+            "1000",
+            "--d2h-bytes",
+            "0",
+            "--alloc-bytes",
+            "1000",
+        )
+        b = start_workload(
+            "--wait-for-file",
+            str(gate),
+            "--iterations",
+            "5",
+            "--h2d-bytes",
+            "3000",
+            "--d2h-bytes",
+            "0",
+            "--alloc-bytes",
+            "3000",
+            lib=odd / "libcudart.so.12",
+        )
         agent.wait_attached(FAKE_CUDART)
         agent.wait_attached(odd / "libcudart.so.12")
         gate.touch()  # both run at once from here
@@ -156,8 +204,10 @@ def test_host_mode_sees_later_processes_unusual_paths_and_attributes_per_process
             f = {"process.pid": w["pid"], "cuda.memcpy.direction": "H2D"}
             assert c.wait_for(lambda f=f: c.latest_points("cuda.memcpy.bytes", **f), what=f"bytes of {w['pid']}")
             expected = w["options"]["iterations"] * per
-            c.wait_for(lambda f=f, expected=expected: _value(c, "cuda.memcpy.bytes", **f) == expected,
-                       what=f"exact bytes of pid {w['pid']}")
+            c.wait_for(
+                lambda f=f, expected=expected: _value(c, "cuda.memcpy.bytes", **f) == expected,
+                what=f"exact bytes of pid {w['pid']}",
+            )
         assert agent.stop() == 0
     assert "libcudart.so.12" in agent.output and "opt weird" in agent.output
 
@@ -190,8 +240,18 @@ def test_library_dlopened_after_the_agent_started(otlp_collector, tmp_path):
 def test_pid_mode_attaches_to_a_running_process_and_ignores_others(otlp_collector, tmp_path):
     """--pid: the library is already mapped (found by the /proc scan); other processes stay unseen."""
     gate = tmp_path / "go"
-    watched = start_workload("--wait-for-file", str(gate), "--iterations", "2", "--h2d-bytes", "777",
-                             "--d2h-bytes", "0", "--alloc-bytes", "1000")
+    watched = start_workload(
+        "--wait-for-file",
+        str(gate),
+        "--iterations",
+        "2",
+        "--h2d-bytes",
+        "777",
+        "--d2h-bytes",
+        "0",
+        "--alloc-bytes",
+        "1000",
+    )
     other = start_workload("--wait-for-file", str(gate), "--iterations", "2")
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
     try:
@@ -223,11 +283,14 @@ def test_process_exiting_mid_call_is_reported_and_agent_keeps_running(otlp_colle
         pid = w["pid"]
         sync = c.wait_for(
             lambda: [s for s in _spans(c, pid, "cudaStreamSynchronize") if s.attributes.get("otelbpf.incomplete")],
-            what="incomplete sync span")
+            what="incomplete sync span",
+        )
         assert sync[0].status_code == "STATUS_CODE_ERROR" and "exited before" in sync[0].status_message
         assert sync[0].attributes["cuda.stream"] == "0x5eedffff"
-        c.wait_for(lambda: c.latest_points("otelbpf.cuda.anomalies", **{"process.pid": pid}, reason="incomplete"),
-                   what="incomplete counted")
+        c.wait_for(
+            lambda: c.latest_points("otelbpf.cuda.anomalies", **{"process.pid": pid}, reason="incomplete"),
+            what="incomplete counted",
+        )
         # Still working afterwards.
         w2 = run_attached(agent, "--iterations", "1")
         c.wait_for(lambda: _spans(c, w2["pid"], "cudaMalloc"), what="spans of the next process")
@@ -237,8 +300,22 @@ def test_process_exiting_mid_call_is_reported_and_agent_keeps_running(otlp_colle
 
 def test_driver_api_with_names_from_cuModuleGetFunction(otlp_collector, tmp_path):
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path, cuda={"launch_sample_every": 1})
-    with AgentProcess(["-c", str(cfg), "--", str(WORKLOAD), "--lib", str(FAKE_CUDART), "--driver-lib",
-                       str(FAKE_CUDA), "--iterations", "2", "--launches-per-iter", "2"]) as agent:
+    with AgentProcess(
+        [
+            "-c",
+            str(cfg),
+            "--",
+            str(WORKLOAD),
+            "--lib",
+            str(FAKE_CUDART),
+            "--driver-lib",
+            str(FAKE_CUDA),
+            "--iterations",
+            "2",
+            "--launches-per-iter",
+            "2",
+        ]
+    ) as agent:
         assert agent.wait() == 0, agent.output
     w = _summary_from(agent.output)
     c = otlp_collector
@@ -252,8 +329,10 @@ def test_driver_api_with_names_from_cuModuleGetFunction(otlp_collector, tmp_path
         ),
         what="driver launch count",
     )
-    assert _value(c, "cuda.kernel.launches", **{"process.pid": w["pid"], "cuda.api.function": "cuLaunchKernel"}) == \
-        w["calls"]["cuLaunchKernel"]
+    assert (
+        _value(c, "cuda.kernel.launches", **{"process.pid": w["pid"], "cuda.api.function": "cuLaunchKernel"})
+        == w["calls"]["cuLaunchKernel"]
+    )
     assert len(_spans(c, w["pid"], "cuMemAlloc_v2")) == w["calls"]["cuMemAlloc_v2"]
 
 
@@ -302,23 +381,33 @@ def test_exporter_down_at_start_and_mid_run_bounded_counted_and_recovers(otlp_co
         c.start()
         back = time.time_ns()
         # The backlog (at most the queue) drains first; then new spans flow again.
-        c.wait_for(lambda: (p := fresh("otelbpf.spans.queued", back)) is not None and p.value == 0,
-                   timeout=20, what="the queue drained after the collector came back")
+        c.wait_for(
+            lambda: (p := fresh("otelbpf.spans.queued", back)) is not None and p.value == 0,
+            timeout=20,
+            what="the queue drained after the collector came back",
+        )
         w = run_attached(agent, "--iterations", "1")
         c.wait_for(lambda: _spans(c, w["pid"], "cudaMalloc"), timeout=20, what="spans after recovery")
 
     with AgentProcess(["-c", str(cfg)]) as agent:
         agent.wait_ready()
-        outage_then_recovery(150)          # down from the start: 600 spans into a queue of 40
-        c.wait_for(lambda: total("otelbpf.export.dropped") >= 150 * 4 - 40 - 2 * 20, timeout=20,
-                   what="drops counted for what the queue could not hold")
+        outage_then_recovery(150)  # down from the start: 600 spans into a queue of 40
+        c.wait_for(
+            lambda: total("otelbpf.export.dropped") >= 150 * 4 - 40 - 2 * 20,
+            timeout=20,
+            what="drops counted for what the queue could not hold",
+        )
         dropped, failures = total("otelbpf.export.dropped"), total("otelbpf.export.failures", signal="traces")
         c.stop()
-        outage_then_recovery(20)           # down again mid-run
-        c.wait_for(lambda: total("otelbpf.export.failures", signal="traces") > failures, timeout=20,
-                   what="failed span exports of the second outage counted")
-        c.wait_for(lambda: total("otelbpf.export.dropped") > dropped, timeout=20,
-                   what="drops of the second outage counted")
+        outage_then_recovery(20)  # down again mid-run
+        c.wait_for(
+            lambda: total("otelbpf.export.failures", signal="traces") > failures,
+            timeout=20,
+            what="failed span exports of the second outage counted",
+        )
+        c.wait_for(
+            lambda: total("otelbpf.export.dropped") > dropped, timeout=20, what="drops of the second outage counted"
+        )
         rss = c.latest_points("process.memory.usage", **{"service.name": "otelbpf"})[0].value
         assert rss < 400 << 20
         assert agent.proc.poll() is None
@@ -327,8 +416,10 @@ def test_exporter_down_at_start_and_mid_run_bounded_counted_and_recovers(otlp_co
 
 def test_env_only_configuration_and_service_name_from_target(otlp_collector, tmp_path):
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_collector.grpc_endpoint, "OTEL_METRIC_EXPORT_INTERVAL": "300"}
-    with AgentProcess(["--", "env", "OTEL_SERVICE_NAME=trainer", str(WORKLOAD), "--lib", str(FAKE_CUDART),
-                       "--iterations", "1"], env=env) as agent:
+    with AgentProcess(
+        ["--", "env", "OTEL_SERVICE_NAME=trainer", str(WORKLOAD), "--lib", str(FAKE_CUDART), "--iterations", "1"],
+        env=env,
+    ) as agent:
         assert agent.wait() == 0, agent.output
     c = otlp_collector
     spans = c.wait_for(lambda: c.spans("cudaMalloc"), what="spans via env-configured exporter")
@@ -338,8 +429,12 @@ def test_env_only_configuration_and_service_name_from_target(otlp_collector, tmp
 def test_no_privileges_is_a_clear_error(tmp_path):
     cfg = config({"name": "file", "directory": str(tmp_path / "out")}, tmp=tmp_path)
     drop = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--"]
-    out = subprocess.run([*drop, sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--duration", "1"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*drop, sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert "run it as root" in out.stderr and "CAP_SYS_ADMIN" in out.stderr
     assert "Traceback" not in out.stderr

@@ -65,8 +65,9 @@ def fresh_cudart(cudart13: Path, tmp_path: Path) -> Path:
 
 
 def malloc_once(lib: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", MALLOC_ONCE, str(lib)], capture_output=True, text=True,
-                         timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", MALLOC_ONCE, str(lib)], capture_output=True, text=True, timeout=60, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -92,8 +93,11 @@ def test_a_process_exiting_before_the_attach_does_not_poison_its_library(otlp_co
         agent.wait_ready()
         # Loads the library the agent has never seen, and is gone within milliseconds: long
         # before the ~60 probes are in place.
-        subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(fresh_cudart)],
-                       check=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(fresh_cudart)],
+            check=True,
+            timeout=60,
+        )
         agent.wait_attached(fresh_cudart)
         second = malloc_once(fresh_cudart)
         assert second["rc"] == 35
@@ -103,13 +107,16 @@ def test_a_process_exiting_before_the_attach_does_not_poison_its_library(otlp_co
     assert f"probes to {fresh_cudart} (cudart)" in agent.output
 
 
-def test_a_library_seen_through_a_process_gone_before_the_attach_is_attached_by_its_host_path(
-        tmp_path, fresh_cudart):
+def test_a_library_seen_through_a_process_gone_before_the_attach_is_attached_by_its_host_path(tmp_path, fresh_cudart):
     """Deterministically what a short-lived process does: the library is found through
     /proc/PID/root while the process lives, and the process is gone when the attach runs."""
     families = [cuda_family(["cudart"])]
-    loader = subprocess.Popen([sys.executable, "-c", LOAD_AND_WAIT, str(fresh_cudart)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    loader = subprocess.Popen(
+        [sys.executable, "-c", LOAD_AND_WAIT, str(fresh_cudart)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert loader.stdout.readline().strip() == "ready"
     seen = libraries.in_process(loader.pid, str(fresh_cudart), families)
     assert seen is not None and seen.path == f"/proc/{loader.pid}/root{fresh_cudart}"
@@ -120,8 +127,9 @@ def test_a_library_seen_through_a_process_gone_before_the_attach_is_attached_by_
     # Watch an idle process that maps no CUDA library: the test process may have loaded
     # runtimes in earlier tests, and those would be attached (and counted) at start.
     idle = subprocess.Popen(["sleep", "300"])
-    sensor = Sensor(SensorOptions(families, pids=[idle.pid]),
-                    lambda ring, arr: events.append(arr) if ring == "events" else None)
+    sensor = Sensor(
+        SensorOptions(families, pids=[idle.pid]), lambda ring, arr: events.append(arr) if ring == "events" else None
+    )
     sensor.start()
     try:
         sensor._attach(seen)  # as discovery does with what the open event said
@@ -132,13 +140,17 @@ def test_a_library_seen_through_a_process_gone_before_the_attach_is_attached_by_
         assert attached.path == str(fresh_cudart)
         sites = elf.resolve(str(fresh_cudart), next(k for k in families[0].libraries if k.name == "cudart").symbols)
         kind = next(k for k in families[0].libraries if k.name == "cudart")
-        expected = sum((spec.entry is not None) + (spec.ret is not None)
-                       for spec in kind.probes for _ in spec.select(sites.get(spec.symbol, [])))
+        expected = sum(
+            (spec.entry is not None) + (spec.ret is not None)
+            for spec in kind.probes
+            for _ in spec.select(sites.get(spec.symbol, []))
+        )
         assert sensor.attach_stats.probes == expected and sensor.attach_stats.retrying == 0
 
         sensor.watch_pid(os.getpid())
-        proc = subprocess.run([sys.executable, "-c", MALLOC_ONCE, str(fresh_cudart)], capture_output=True,
-                              text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", MALLOC_ONCE, str(fresh_cudart)], capture_output=True, text=True, check=True
+        )
         pid = json.loads(proc.stdout)["pid"]
 
         def mallocs() -> int:
@@ -160,10 +172,16 @@ def test_a_library_gone_with_its_container_is_given_up_and_counted(tmp_path, cud
     mnt = tmp_path / "ns"
     mnt.mkdir()
     shown = f"{mnt}/libcudart.so.13"
-    script = (f"mount -t tmpfs none {mnt} && cp {cudart13} {mnt}/ && "
-              f"exec {sys.executable} -c {shlex.quote(LOAD_AND_WAIT)} {shown}")
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    script = (
+        f"mount -t tmpfs none {mnt} && cp {cudart13} {mnt}/ && "
+        f"exec {sys.executable} -c {shlex.quote(LOAD_AND_WAIT)} {shown}"
+    )
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     families = [cuda_family(["cudart"])]
     seen = libraries.in_process(proc.pid, shown, families)
@@ -198,15 +216,16 @@ def test_a_failed_attach_is_retried_with_back_off(otlp_collector, tmp_path, cuda
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path, cuda={"search_paths": [str(lib.parent / "libcudart*")]})
     with AgentProcess(["-c", str(cfg)]) as agent:
         agent.wait_ready()
-        assert wait_until(lambda: f"retrying {lib} in 0.4s (attempt 3 failed)" in agent.output, timeout=60), \
+        assert wait_until(lambda: f"retrying {lib} in 0.4s (attempt 3 failed)" in agent.output, timeout=60), (
             agent.output
+        )
         delays = [float(d) for d in re.findall(rf"retrying {re.escape(str(lib))} in ([0-9.]+)s", agent.output)]
         assert delays[:3] == [0.1, 0.2, 0.4]
         c = otlp_collector
         if outcome == "fixed":
             with open(lib, "r+b") as f:  # completed in place: the same inode
                 f.seek(len(data) // 2)
-                f.write(data[len(data) // 2:])
+                f.write(data[len(data) // 2 :])
             agent.wait_attached(lib, timeout=30)
             w = malloc_once(lib)
             c.wait_for(lambda: _api(c, w["pid"], "cudaMalloc") == 1, what="cudaMalloc after the late attach")
@@ -241,12 +260,14 @@ def test_static_runtime_under_run_is_probed_from_its_constructors(otlp_collector
     c, pid = otlp_collector, w["pid"]
     c.wait_for(lambda: _api(c, pid, "cudaMalloc") == 2, what="both cudaMalloc calls (constructor and main)")
     assert _api(c, pid, "cudaFree") == 1
-    c.wait_for(lambda: _value(c, "cuda.kernel.launches", **{"process.pid": pid,
-                                                             "cuda.api.function": "cudaLaunchKernel"}) == 5,
-               what="5 launches")
+    c.wait_for(
+        lambda: _value(c, "cuda.kernel.launches", **{"process.pid": pid, "cuda.api.function": "cudaLaunchKernel"}) == 5,
+        what="5 launches",
+    )
     spans = [s for s in c.spans() if s.resource.get("process.pid") == pid and "cuda.kernel.name" in s.attributes]
-    assert [(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"]) for s in spans] == \
-        [("bump(int*)", "registration")] * 5
+    assert [(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"]) for s in spans] == [
+        ("bump(int*)", "registration")
+    ] * 5
     assert f"probes to {program} (cudart_static)" in agent.output
 
 
@@ -267,9 +288,12 @@ def test_static_runtime_started_after_the_agent_is_found_at_exec(otlp_collector,
                 proc.kill()
         w = json.loads(out.strip().splitlines()[-1])
         c, pid = otlp_collector, w["pid"]
-        c.wait_for(lambda: _value(c, "cuda.kernel.launches", **{"process.pid": pid,
-                                                                 "cuda.api.function": "cudaLaunchKernel"}) == 4,
-                   what="4 launches")
+        c.wait_for(
+            lambda: (
+                _value(c, "cuda.kernel.launches", **{"process.pid": pid, "cuda.api.function": "cudaLaunchKernel"}) == 4
+            ),
+            what="4 launches",
+        )
         c.wait_for(lambda: _api(c, pid, "cudaFree") == 1, what="cudaFree")
         assert agent.stop() == 0
 
@@ -281,7 +305,9 @@ def test_stripped_static_runtime_is_reported_not_probed(otlp_collector, tmp_path
         assert agent.wait() == 0, agent.output
     w = _summary(agent.output)
     c = otlp_collector
-    c.wait_for(lambda: _points(c, "otelbpf.attach.failures").get((("reason", "no_symbols"),)) == 1,
-               what="the stripped program counted once")
+    c.wait_for(
+        lambda: _points(c, "otelbpf.attach.failures").get((("reason", "no_symbols"),)) == 1,
+        what="the stripped program counted once",
+    )
     assert re.search(rf"attach failed \(no_symbols\): {re.escape(str(program))} \(cudart_static\)", agent.output)
     assert not c.latest_points("cuda.kernel.launches", **{"process.pid": w["pid"]})

@@ -11,8 +11,13 @@ import pytest
 def otelbpf(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "otelbpf.cli", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_invalid_config_exits_2_naming_the_field(tmp_path):
@@ -31,8 +36,10 @@ def test_invalid_config_exits_2_naming_the_field(tmp_path):
 
 def test_config_typo_suggests_the_option(tmp_path):
     bad = tmp_path / "typo.yaml"
-    bad.write_text("receivers:\n  cuda:\n    launch_error: true\nservice:\n  pipelines:\n"
-                   "    metrics: {receivers: [cuda], exporters: [file]}\nexporters:\n  file: {}\n")
+    bad.write_text(
+        "receivers:\n  cuda:\n    launch_error: true\nservice:\n  pipelines:\n"
+        "    metrics: {receivers: [cuda], exporters: [file]}\nexporters:\n  file: {}\n"
+    )
     out = otelbpf("validate", "-c", str(bad))
     assert out.returncode == 2 and "did you mean 'launch_errors'" in out.stderr
 
@@ -77,8 +84,10 @@ def test_receivers_chosen_on_the_command_line_or_in_the_environment():
 def test_print_config_shows_the_effective_config_without_secrets(tmp_path):
     import yaml
 
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
-           "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cr3t-t0ken"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cr3t-t0ken",
+    }
     out = otelbpf("run", "--print-config", env=env)
     assert out.returncode == 0, out.stderr
     assert "s3cr3t" not in out.stdout

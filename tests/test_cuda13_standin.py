@@ -19,12 +19,40 @@ FAKE_CUDART13 = BUILD / "fakecudart13" / "libcudart.so.13"
 #: Functions whose completed calls the agent counts in ``cuda.api.calls`` (paired probes
 #: that become events; handle look-ups are facts, not calls).
 COUNTED = {
-    "cudaMalloc", "cudaFree", "cudaMemcpy", "cudaMemcpyAsync", "cudaMemcpyAsync_ptsz", "cudaStreamSynchronize",
-    "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize", "cudaMallocAsync", "cudaFreeAsync", "cudaEventRecord",
-    "cudaEventQuery", "cudaEventSynchronize", "cudaStreamWaitEvent", "cudaHostRegister", "cudaHostUnregister",
-    "cudaMallocHost", "cudaFreeHost", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2",
-    "cuMemcpyDtoD_v2", "cuMemcpy", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpy2D_v2", "cuMemcpy3D_v2",
-    "cuStreamSynchronize", "cuCtxSynchronize", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease",
+    "cudaMalloc",
+    "cudaFree",
+    "cudaMemcpy",
+    "cudaMemcpyAsync",
+    "cudaMemcpyAsync_ptsz",
+    "cudaStreamSynchronize",
+    "cudaStreamSynchronize_ptsz",
+    "cudaDeviceSynchronize",
+    "cudaMallocAsync",
+    "cudaFreeAsync",
+    "cudaEventRecord",
+    "cudaEventQuery",
+    "cudaEventSynchronize",
+    "cudaStreamWaitEvent",
+    "cudaHostRegister",
+    "cudaHostUnregister",
+    "cudaMallocHost",
+    "cudaFreeHost",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoD_v2",
+    "cuMemcpy",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpy2D_v2",
+    "cuMemcpy3D_v2",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuMemCreate",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemRelease",
 }
 
 
@@ -34,8 +62,9 @@ def _by(c, name: str, pid: int, key: str = "cuda.api.function") -> dict:
 
 def _run(agent_args: list[str], workload: list[str], otlp_collector, tmp_path) -> tuple[dict, AgentProcess]:
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path, cuda={"launch_sample_every": 1})
-    with AgentProcess(["-c", str(cfg), *agent_args, "--", str(WORKLOAD), "--lib", str(FAKE_CUDART13),
-                       *workload]) as agent:
+    with AgentProcess(
+        ["-c", str(cfg), *agent_args, "--", str(WORKLOAD), "--lib", str(FAKE_CUDART13), *workload]
+    ) as agent:
         assert agent.wait() == 0, agent.output
     line = next(x for x in agent.output.splitlines() if x.startswith('{"workload"'))
     import json
@@ -44,38 +73,75 @@ def _run(agent_args: list[str], workload: list[str], otlp_collector, tmp_path) -
 
 
 def test_every_call_counted_once_though_the_runtime_calls_the_driver(otlp_collector, tmp_path):
-    w, _ = _run([], ["--cuda13", "--iterations", "3", "--launches-per-iter", "4", "--events", "--async-alloc",
-                     "--host-memory", "pinned", "--driver-lib", str(FAKE_CUDA), "--driver-copies", "--vmm",
-                     "--driver-ptsz", "--driver-graph-launches", "1"], otlp_collector, tmp_path)
+    w, _ = _run(
+        [],
+        [
+            "--cuda13",
+            "--iterations",
+            "3",
+            "--launches-per-iter",
+            "4",
+            "--events",
+            "--async-alloc",
+            "--host-memory",
+            "pinned",
+            "--driver-lib",
+            str(FAKE_CUDA),
+            "--driver-copies",
+            "--vmm",
+            "--driver-ptsz",
+            "--driver-graph-launches",
+            "1",
+        ],
+        otlp_collector,
+        tmp_path,
+    )
     c, pid = otlp_collector, w["pid"]
     drv = w["driver_calls"]
     # The runtime really did call the driver for each of its calls (what would be counted twice).
     assert drv["cuLaunchKernel"] == 12 and drv["cuMemAllocAsync"] == 3 and drv["cuEventQuery"] == 3, drv
-    launches = {"cudaLaunchKernel": w["calls"]["__cudaLaunchKernel"], "cuLaunchKernel_ptsz":
-                w["calls"]["cuLaunchKernel_ptsz"], "cuGraphLaunch": w["calls"]["cuGraphLaunch"]}
+    launches = {
+        "cudaLaunchKernel": w["calls"]["__cudaLaunchKernel"],
+        "cuLaunchKernel_ptsz": w["calls"]["cuLaunchKernel_ptsz"],
+        "cuGraphLaunch": w["calls"]["cuGraphLaunch"],
+    }
     assert launches["cudaLaunchKernel"] == 12
-    c.wait_for(lambda: _by(c, "cuda.kernel.launches", pid) == launches,
-               what=f"each launch once: {launches}, got {_by(c, 'cuda.kernel.launches', pid)}")
+    c.wait_for(
+        lambda: _by(c, "cuda.kernel.launches", pid) == launches,
+        what=f"each launch once: {launches}, got {_by(c, 'cuda.kernel.launches', pid)}",
+    )
     expected = {f: n for f, n in w["calls"].items() if n and f in COUNTED}
-    c.wait_for(lambda: _by(c, "cuda.api.calls", pid) == expected,
-               what=f"each call once: {expected}, got {_by(c, 'cuda.api.calls', pid)}")
+    c.wait_for(
+        lambda: _by(c, "cuda.api.calls", pid) == expected,
+        what=f"each call once: {expected}, got {_by(c, 'cuda.api.calls', pid)}",
+    )
     # Every launch span names its kernel: runtime handles by registration, the workload's own
     # driver launches by the names it gave cuModuleGetFunction.
     spans = [s for s in c.spans() if s.resource.get("process.pid") == pid and "cuda.kernel.name" in s.attributes]
-    runtime = {(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"])
-               for s in spans if s.name == "cudaLaunchKernel"}
+    runtime = {
+        (s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"])
+        for s in spans
+        if s.name == "cudaLaunchKernel"
+    }
     assert {n for n, _ in runtime} == {cxxfilt.demangle(k["device_name"]) for k in w["kernels"]}
     # The stand-in workload registers names from heap strings, gone with the process when it
     # exits before the agent reads them: then the handle's alias and host stub name it. (nvcc's
     # registration strings are in .rodata and read from the file: tests/test_cuda_real_stack.py.)
     assert {src for _, src in runtime} <= {"registration", "symbol"}, runtime
-    driver = {(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"])
-              for s in spans if s.name == "cuLaunchKernel_ptsz"}
-    assert driver == {(cxxfilt.demangle(k["name"]) if k["name"].startswith("_Z") else k["name"], "driver")
-                      for k in w["driver_kernels"]}
+    driver = {
+        (s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"])
+        for s in spans
+        if s.name == "cuLaunchKernel_ptsz"
+    }
+    assert driver == {
+        (cxxfilt.demangle(k["name"]) if k["name"].startswith("_Z") else k["name"], "driver")
+        for k in w["driver_kernels"]
+    }
     # Pinned host buffers: every runtime copy is from or to page-locked memory.
-    host = {(p.attributes["cuda.memcpy.direction"], p.attributes["cuda.memcpy.host_memory"]): p.value
-            for p in c.latest_points("cuda.memcpy.host_bytes", **{"process.pid": pid})}
+    host = {
+        (p.attributes["cuda.memcpy.direction"], p.attributes["cuda.memcpy.host_memory"]): p.value
+        for p in c.latest_points("cuda.memcpy.host_bytes", **{"process.pid": pid})
+    }
     assert (
         host[("H2D", "pinned")] >= w["memcpy"]["h2d"]["bytes"]
         and host[("D2H", "pinned")] >= w["memcpy"]["d2h"]["bytes"]
@@ -117,8 +183,9 @@ def test_attached_late_heap_handles_are_named(otlp_collector, tmp_path):
     gate = tmp_path / "go"
     with AgentProcess(["-c", str(cfg)]) as agent:
         agent.wait_ready()
-        proc = start_workload("--cuda13", "--iterations", "2", "--launches-per-iter", "3", "--wait-for-file",
-                              str(gate), lib=FAKE_CUDART13)
+        proc = start_workload(
+            "--cuda13", "--iterations", "2", "--launches-per-iter", "3", "--wait-for-file", str(gate), lib=FAKE_CUDART13
+        )
         try:
             agent.wait_attached(FAKE_CUDART13)
             gate.touch()
@@ -128,8 +195,10 @@ def test_attached_late_heap_handles_are_named(otlp_collector, tmp_path):
                 proc.kill()
         c, pid = otlp_collector, w["pid"]
         c.wait_for(lambda: _by(c, "cuda.kernel.launches", pid) == {"cudaLaunchKernel": 6}, what="6 launches once")
-        c.wait_for(lambda: len([s for s in c.spans("cudaLaunchKernel") if s.resource.get("process.pid") == pid]) == 6,
-                   what="6 launch spans")
+        c.wait_for(
+            lambda: len([s for s in c.spans("cudaLaunchKernel") if s.resource.get("process.pid") == pid]) == 6,
+            what="6 launch spans",
+        )
         agent.stop()
     spans = [s for s in c.spans("cudaLaunchKernel") if s.resource.get("process.pid") == pid]
     named = {(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"]) for s in spans}

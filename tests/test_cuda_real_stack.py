@@ -42,10 +42,14 @@ def programs() -> dict[str, Path]:
     out = Path(tempfile.mkdtemp(prefix="otelbpf-nvcc-"))
     nvcc = harness_nvcc()
     built = {"shared": out / "kernels_shared", "static": out / "kernels_static"}
-    subprocess.run([nvcc, "--extended-lambda", "-cudart", "shared", "-o", str(built["shared"]), str(SOURCE)],
-                   check=True, capture_output=True)
-    subprocess.run([nvcc, "--extended-lambda", "-o", str(built["static"]), str(SOURCE)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [nvcc, "--extended-lambda", "-cudart", "shared", "-o", str(built["shared"]), str(SOURCE)],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [nvcc, "--extended-lambda", "-o", str(built["static"]), str(SOURCE)], check=True, capture_output=True
+    )
     built["stripped"] = out / "kernels_stripped"
     shutil.copy(built["shared"], built["stripped"])
     subprocess.run(["strip", str(built["stripped"])], check=True)
@@ -63,8 +67,10 @@ def _summary(output: str) -> dict:
 
 
 def _launches(c, pid: int) -> dict[str, int]:
-    return {p.attributes["cuda.api.function"]: p.value
-            for p in c.latest_points("cuda.kernel.launches", **{"process.pid": pid})}
+    return {
+        p.attributes["cuda.api.function"]: p.value
+        for p in c.latest_points("cuda.kernel.launches", **{"process.pid": pid})
+    }
 
 
 def _names(c, pid: int) -> dict[str, tuple[str, int]]:
@@ -78,8 +84,9 @@ def _names(c, pid: int) -> dict[str, tuple[str, int]]:
 
 
 @pytest.mark.parametrize("build", ["shared", "static"])
-def test_nvcc13_program_on_the_real_runtime_every_launch_counted_once_and_named(otlp_collector, programs,
-                                                                              tmp_path, build):
+def test_nvcc13_program_on_the_real_runtime_every_launch_counted_once_and_named(
+    otlp_collector, programs, tmp_path, build
+):
     """``-cudart shared`` (libcudart.so.13) and nvcc's default static runtime (inside the
     executable, local .symtab symbols only)."""
     rounds = 7
@@ -89,8 +96,10 @@ def test_nvcc13_program_on_the_real_runtime_every_launch_counted_once_and_named(
     w = _summary(agent.output)
     assert w["malloc"] != 0  # no driver here: the calls fail, the launches still happen
     c, pid = otlp_collector, w["pid"]
-    c.wait_for(lambda: _launches(c, pid) == {"cudaLaunchKernel": 4 * rounds, "cudaLaunchKernelExC": rounds},
-               what=f"exact launch counts, got {_launches(c, pid)}")
+    c.wait_for(
+        lambda: _launches(c, pid) == {"cudaLaunchKernel": 4 * rounds, "cudaLaunchKernelExC": rounds},
+        what=f"exact launch counts, got {_launches(c, pid)}",
+    )
     names = _names(c, pid)
     # Every kernel is named from its registration, the lambda's by its device name (not
     # the host wrapper nvcc generates for it), none from a bare address.
@@ -106,8 +115,10 @@ def test_nvcc13_program_on_the_real_runtime_every_launch_counted_once_and_named(
     assert len(names) == 4, names
     named = c.latest_points("otelbpf.cuda.kernel_launches.named", **{"process.pid": pid})
     assert {p.attributes["otelbpf.name_source"]: p.value for p in named} == {"registration": 5 * rounds}
-    errors = {(p.attributes["cuda.api.function"], p.attributes["cuda.error.code"]): p.value
-              for p in c.latest_points("cuda.api.errors", **{"process.pid": pid})}
+    errors = {
+        (p.attributes["cuda.api.function"], p.attributes["cuda.error.code"]): p.value
+        for p in c.latest_points("cuda.api.errors", **{"process.pid": pid})
+    }
     assert errors[("cudaMalloc", w["malloc"])] == 1 and errors[("cudaFree", w["free"])] == 1
 
 
@@ -131,8 +142,10 @@ def test_attached_late_launches_are_counted_and_named_from_the_binary(otlp_colle
             out, _ = prog.communicate(timeout=60)
             w = json.loads(out.strip().splitlines()[-1])
             c, pid = otlp_collector, w["pid"]
-            c.wait_for(lambda: _launches(c, pid) == {"cudaLaunchKernel": 4 * rounds, "cudaLaunchKernelExC": rounds},
-                       what="exact launch counts")
+            c.wait_for(
+                lambda: _launches(c, pid) == {"cudaLaunchKernel": 4 * rounds, "cudaLaunchKernelExC": rounds},
+                what="exact launch counts",
+            )
             c.wait_for(lambda: sum(n for _, n in _names(c, pid).values()) == 5 * rounds, what="all launch spans")
             agent.stop()
     finally:
@@ -140,8 +153,9 @@ def test_attached_late_launches_are_counted_and_named_from_the_binary(otlp_colle
             prog.kill()
     names = _names(c, pid)
     if build == "stripped":
-        assert all(src == "launch_site" and n.startswith(f"[launched at {program.name}+0x")
-                   for n, (src, _) in names.items()), names
+        assert all(
+            src == "launch_site" and n.startswith(f"[launched at {program.name}+0x") for n, (src, _) in names.items()
+        ), names
         assert len(names) == 5, names  # one per kernel and API: none share a name
     else:
         assert {names[n] for n in (SCALE, FUNCTOR)} == {("symbol", rounds)}, names
@@ -164,24 +178,37 @@ def test_the_cu13_wheel_in_pytorchs_layout_and_short_lived_processes(otlp_collec
     (``nvidia/cu13/lib``): an nvcc program and three ``python -c`` processes that load it,
     allocate once and exit, each started after the agent, are every one counted."""
     wheel = _wheel_cudart13()
-    cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path,
-                 cuda={"launch_sample_every": 1, "search_paths": [str(wheel.parent / "libcudart.so*")]})
-    short = ("import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1]); p = ctypes.c_void_p(); "
-             "print(os.getpid(), lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1024)))")
+    cfg = config(
+        otlp_grpc(otlp_collector),
+        tmp=tmp_path,
+        cuda={"launch_sample_every": 1, "search_paths": [str(wheel.parent / "libcudart.so*")]},
+    )
+    short = (
+        "import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1]); p = ctypes.c_void_p(); "
+        "print(os.getpid(), lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1024)))"
+    )
     with AgentProcess(["-c", str(cfg)]) as agent:
         agent.wait_ready()
-        run = subprocess.run([str(programs["shared"]), "3"], capture_output=True, text=True, check=True,
-                             env={**os.environ, "LD_LIBRARY_PATH": str(wheel.parent)})
+        run = subprocess.run(
+            [str(programs["shared"]), "3"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "LD_LIBRARY_PATH": str(wheel.parent)},
+        )
         w = _summary(run.stdout)
         pids = []
         for _ in range(3):
-            out = subprocess.run([sys.executable, "-c", short, str(wheel)], capture_output=True, text=True,
-                                 check=True).stdout.split()
+            out = subprocess.run(
+                [sys.executable, "-c", short, str(wheel)], capture_output=True, text=True, check=True
+            ).stdout.split()
             pids.append(int(out[0]))
             assert int(out[1]) != 0  # no driver
         c = otlp_collector
-        c.wait_for(lambda: _launches(c, w["pid"]) == {"cudaLaunchKernel": 12, "cudaLaunchKernelExC": 3},
-                   what="the nvcc program's launches")
+        c.wait_for(
+            lambda: _launches(c, w["pid"]) == {"cudaLaunchKernel": 12, "cudaLaunchKernelExC": 3},
+            what="the nvcc program's launches",
+        )
         for pid in pids:
             c.wait_for(
                 lambda pid=pid: (

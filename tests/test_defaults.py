@@ -20,9 +20,11 @@ def test_defaults_trace_requests_of_gpu_processes_with_their_cuda_children(otlp_
     front_port, back_port = free_ports(2)
     c = otlp_collector
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": c.grpc_endpoint, "OTEL_METRIC_EXPORT_INTERVAL": "500"}
-    with app("backend", str(back_port)) as backend, \
-            app("frontend", str(front_port), str(back_port), str(FAKE_CUDART)) as frontend, \
-            AgentProcess([], env=env) as agent:
+    with (
+        app("backend", str(back_port)) as backend,
+        app("frontend", str(front_port), str(back_port), str(FAKE_CUDART)) as frontend,
+        AgentProcess([], env=env) as agent,
+    ):
         agent.wait_ready()
         time.sleep(0.5)
         conn = http.client.HTTPConnection("127.0.0.1", front_port)
@@ -34,9 +36,14 @@ def test_defaults_trace_requests_of_gpu_processes_with_their_cuda_children(otlp_
         direct.request("GET", "/work")
         assert direct.getresponse().read() == b"done"
         direct.close()
-        c.wait_for(lambda: len(spans(c, pid=frontend.pid, kind="server")) == 3 and
-                   len([s for s in c.spans("cudaMemcpy") if s.resource["process.pid"] == frontend.pid]) == 3,
-                   timeout=30, what="the GPU server's request spans and CUDA spans")
+        c.wait_for(
+            lambda: (
+                len(spans(c, pid=frontend.pid, kind="server")) == 3
+                and len([s for s in c.spans("cudaMemcpy") if s.resource["process.pid"] == frontend.pid]) == 3
+            ),
+            timeout=30,
+            what="the GPU server's request spans and CUDA spans",
+        )
         agent.stop()
     assert "requests traced for" in agent.output
     cuda = [s for s in c.spans() if s.scope_name == "otelbpf.cuda" and s.resource["process.pid"] == frontend.pid]

@@ -27,7 +27,10 @@ def run_doctor_process(*prefix: str) -> subprocess.CompletedProcess[str]:
     """Run the doctor in a child, optionally under a privilege-dropping wrapper."""
     return subprocess.run(
         [*prefix, sys.executable, "-c", DOCTOR],
-        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
     )
 
 
@@ -74,8 +77,17 @@ def test_doctor_passes_as_root_and_reports_what_this_kernel_has() -> None:
 
     assert result.returncode == 0, out + result.stderr
     assert "Result: OK, the sensor can run on this host." in out
-    for check in ("privileges", "bpf syscall", "ring buffer", "tracefs", "kernel headers", "bcc",
-                  "bcc compile", "uprobes", "tracepoints"):
+    for check in (
+        "privileges",
+        "bpf syscall",
+        "ring buffer",
+        "tracefs",
+        "kernel headers",
+        "bcc",
+        "bcc compile",
+        "uprobes",
+        "tracepoints",
+    ):
         assert status_of(out, check) == "OK", out
     kprobes_expected = "OK" if Path("/sys/bus/event_source/devices/kprobe").exists() else "MISSING"
     assert status_of(out, "kprobes") == kprobes_expected, out

@@ -69,17 +69,18 @@ def gpu_process() -> Iterator[int]:
 
 
 @no_driver_only
-def test_without_a_driver_the_agent_runs_its_other_receivers_and_counts_the_failed_init(otlp_collector, tmp_path,
-                                                                                        gpu_process):
+def test_without_a_driver_the_agent_runs_its_other_receivers_and_counts_the_failed_init(
+    otlp_collector, tmp_path, gpu_process
+):
     cfg = config(otlp_collector, tmp_path, ["cuda", "gpu"])
     # --pid: the cuda receiver probes only that process's libraries (none), not every CUDA
     # library the host's processes map, whose detach would take a minute here
     with AgentProcess(["-c", str(cfg), "--pid", str(gpu_process)]) as agent:
         agent.wait_ready()
-        otlp_collector.wait_for(lambda: otlp_collector.latest_points("otelbpf.gpu.nvml.failures"),
-                                what="the failed nvmlInit, counted")
-        otlp_collector.wait_for(lambda: otlp_collector.latest_points("otelbpf.events.received"),
-                                what="a second export")
+        otlp_collector.wait_for(
+            lambda: otlp_collector.latest_points("otelbpf.gpu.nvml.failures"), what="the failed nvmlInit, counted"
+        )
+        otlp_collector.wait_for(lambda: otlp_collector.latest_points("otelbpf.events.received"), what="a second export")
         assert agent.stop() == 0, agent.output
     [failure] = otlp_collector.latest_points("otelbpf.gpu.nvml.failures")
     assert failure.attributes == {"function": "nvmlInit", "reason": "library_not_found"}
@@ -90,8 +91,9 @@ def test_without_a_driver_the_agent_runs_its_other_receivers_and_counts_the_fail
 
 @no_driver_only
 def test_doctor_says_the_gpu_receiver_stays_idle():
-    out = subprocess.run([sys.executable, "-m", "otelbpf.cli", "doctor"], capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "doctor"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert re.search(r"^MISSING\s+NVML\s+no driver — the gpu receiver stays idle$", out.stdout, re.M), out.stdout
     assert "Optional features unavailable" in out.stdout and "NVML" in out.stdout.split("Optional features")[1]
 
@@ -103,8 +105,11 @@ def test_the_stand_in_drivers_values_arrive_exactly(otlp_collector, tmp_path, gp
     c = otlp_collector
     with AgentProcess(["-c", str(cfg)], env=env) as agent:
         agent.wait_ready()
-        c.wait_for(lambda: [p for p in c.latest_points("hw.gpu.utilization", **{"hw.id": GPU0}) if p.value == 1.0],
-                   timeout=30, what="GPU 0 at 100 % after its ramp")
+        c.wait_for(
+            lambda: [p for p in c.latest_points("hw.gpu.utilization", **{"hw.id": GPU0}) if p.value == 1.0],
+            timeout=30,
+            what="GPU 0 at 100 % after its ramp",
+        )
         c.wait_for(lambda: c.latest_points("hw.errors"), what="the XID event")
         assert agent.stop() == 0, agent.output
 
@@ -112,9 +117,16 @@ def test_the_stand_in_drivers_values_arrive_exactly(otlp_collector, tmp_path, gp
     assert all(0.0 <= v <= 1.0 for v in ramp) and ramp[-1] == 1.0
     [idle] = c.latest_points("hw.gpu.utilization", **{"hw.id": GPU1})
     assert idle.value == 0.0 and idle.unit == "1" and idle.kind == "gauge"
-    assert idle.attributes == {"hw.id": GPU1, "hw.type": "gpu", "hw.name": "gpu1", "hw.model": "NVIDIA H100 80GB HBM3",
-                               "hw.vendor": "NVIDIA", "hw.driver_version": "580.65.06-fake",
-                               "otelbpf.gpu.pci.bus_id": "00000000:86:00.0", "hw.gpu.task": "general"}
+    assert idle.attributes == {
+        "hw.id": GPU1,
+        "hw.type": "gpu",
+        "hw.name": "gpu1",
+        "hw.model": "NVIDIA H100 80GB HBM3",
+        "hw.vendor": "NVIDIA",
+        "hw.driver_version": "580.65.06-fake",
+        "otelbpf.gpu.pci.bus_id": "00000000:86:00.0",
+        "hw.gpu.task": "general",
+    }
 
     def latest(name: str, hw_id: str = GPU0, **filters) -> float:
         [point] = c.latest_points(name, **{"hw.id": hw_id}, **filters)
@@ -136,7 +148,11 @@ def test_the_stand_in_drivers_values_arrive_exactly(otlp_collector, tmp_path, gp
     assert c.latest_points("hw.gpu.io", **{"hw.id": GPU1}) == []  # no NVLink there
     [xid] = c.latest_points("hw.errors")
     assert (xid.attributes["hw.id"], xid.attributes["error.type"], xid.attributes["otelbpf.gpu.xid"], xid.value) == (
-        GPU1, "xid", 79, 1)
+        GPU1,
+        "xid",
+        79,
+        1,
+    )
     assert xid.kind == "sum" and xid.is_monotonic
 
     [memory] = c.latest_points("otelbpf.gpu.process.memory.usage")
@@ -145,11 +161,19 @@ def test_the_stand_in_drivers_values_arrive_exactly(otlp_collector, tmp_path, gp
     [busy] = c.latest_points("otelbpf.gpu.process.utilization")
     assert busy.value == 1.0 and busy.attributes["process.pid"] == gpu_process
 
-    failures = {(p.attributes["function"], p.attributes["reason"]): p.value
-                for p in c.latest_points("otelbpf.gpu.nvml.failures")}
-    assert failures == {("nvmlDeviceGetPowerUsage", "not_supported"): 1,
-                        ("nvmlDeviceGetFieldValues.nvlink", "not_supported"): 2}
+    failures = {
+        (p.attributes["function"], p.attributes["reason"]): p.value
+        for p in c.latest_points("otelbpf.gpu.nvml.failures")
+    }
+    assert failures == {
+        ("nvmlDeviceGetPowerUsage", "not_supported"): 1,
+        ("nvmlDeviceGetFieldValues.nvlink", "not_supported"): 2,
+    }
     assert {(p.attributes["hw.id"], p.attributes["hw.state"], p.value) for p in c.latest_points("hw.status")} == {
-        (GPU0, "ok", 1), (GPU0, "failed", 0), (GPU1, "ok", 1), (GPU1, "failed", 0)}
+        (GPU0, "ok", 1),
+        (GPU0, "failed", 0),
+        (GPU1, "ok", 1),
+        (GPU1, "failed", 0),
+    }
     assert "XID 79 on GPU 1" in agent.output
     assert os.path.exists(f"/proc/{gpu_process}")  # the process NVML named was only read

@@ -76,8 +76,13 @@ def app(*args: str):
     """A service from harness/http_apps.py (or grpc_demo) in its own process, once it listens."""
     module = "harness.grpc_demo" if args[0] == "grpc" else "harness.http_apps"
     argv = list(args[1:]) if args[0] == "grpc" else list(args)
-    proc = subprocess.Popen([sys.executable, "-m", module, *argv], stdout=subprocess.PIPE, text=True,
-                            cwd=REPO / "tests", env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO / "tests",
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
+    )
     try:
         assert proc.stdout.readline().startswith("ready"), "service did not start"
         yield proc
@@ -88,7 +93,8 @@ def app(*args: str):
 
 def spans(c, *, pid: int | None = None, kind: str | None = None, path: str | None = None):
     return [
-        s for s in c.spans()
+        s
+        for s in c.spans()
         if s.scope_name == "otelbpf.http"
         and (pid is None or s.attributes.get("process.pid") == pid)
         and (kind is None or s.kind == f"SPAN_KIND_{kind.upper()}")
@@ -107,26 +113,48 @@ def assert_child(child, parent) -> None:
 def test_threading_server_spans_links_metrics_and_redaction(otlp_collector, tmp_path):
     (port,) = free_ports(1)
     c = otlp_collector
-    with app("backend", str(port)) as backend, agent_running(
-        tmp_path, c, [port], capture_headers=["x-request-id", "authorization", "x-api-key", "set-cookie"],
-        redact_headers=["x-api-key"],
+    with (
+        app("backend", str(port)) as backend,
+        agent_running(
+            tmp_path,
+            c,
+            [port],
+            capture_headers=["x-request-id", "authorization", "x-api-key", "set-cookie"],
+            redact_headers=["x-api-key"],
+        ),
     ):
         conn = http.client.HTTPConnection("127.0.0.1", port)
         secret_headers = {"Authorization": "Bearer tok-secret", "Cookie": "c=cookie-secret", "X-Api-Key": "key-secret"}
         for i, (method, path, body) in enumerate(
-            [("GET", "/a?token=tok-secret", None), ("GET", "/status/503", None), ("GET", "/status/404", None),
-             ("POST", "/items", b"body-secret")]
+            [
+                ("GET", "/a?token=tok-secret", None),
+                ("GET", "/status/503", None),
+                ("GET", "/status/404", None),
+                ("POST", "/items", b"body-secret"),
+            ]
         ):
             conn.request(method, path, body=body, headers={**secret_headers, "X-Request-Id": f"rid-{i}"})
             conn.getresponse().read()
         conn.close()
-        server = c.wait_for(lambda: len(spans(c, pid=backend.pid, kind="server")) == 4 and
-                            spans(c, pid=backend.pid, kind="server"), what="4 server spans")
-        client = c.wait_for(lambda: len(spans(c, pid=os.getpid(), kind="client")) == 4 and
-                            spans(c, pid=os.getpid(), kind="client"), what="4 client spans")
+        server = c.wait_for(
+            lambda: len(spans(c, pid=backend.pid, kind="server")) == 4 and spans(c, pid=backend.pid, kind="server"),
+            what="4 server spans",
+        )
+        client = c.wait_for(
+            lambda: len(spans(c, pid=os.getpid(), kind="client")) == 4 and spans(c, pid=os.getpid(), kind="client"),
+            what="4 client spans",
+        )
         by_rid = {s.attributes["http.request.header.x-request-id"][0]: s for s in server}
-        got = {r: (s.name, s.attributes["http.request.method"], s.attributes["url.path"],
-                   s.attributes["http.response.status_code"], s.status_code) for r, s in by_rid.items()}
+        got = {
+            r: (
+                s.name,
+                s.attributes["http.request.method"],
+                s.attributes["url.path"],
+                s.attributes["http.response.status_code"],
+                s.status_code,
+            )
+            for r, s in by_rid.items()
+        }
         assert got == {
             "rid-0": ("GET", "GET", "/a", 200, "STATUS_CODE_UNSET"),
             "rid-1": ("GET", "GET", "/status/503", 503, "STATUS_CODE_ERROR"),
@@ -145,8 +173,9 @@ def test_threading_server_spans_links_metrics_and_redaction(otlp_collector, tmp_
         assert {s.attributes["http.response.status_code"]: s.status_code for s in client}[404] == "STATUS_CODE_ERROR"
         everything = repr([(s.attributes, s.status_message) for s in c.spans()])
         assert not [secret for secret in SECRETS if secret in everything]
-        assert not any(k.endswith(("authorization", "x-api-key", "set-cookie", "cookie")) for s in server
-                       for k in s.attributes)
+        assert not any(
+            k.endswith(("authorization", "x-api-key", "set-cookie", "cookie")) for s in server for k in s.attributes
+        )
         f = {"process.pid": backend.pid}
         hist = c.wait_for(
             lambda: c.latest_points("http.server.request.duration", **f, **{"http.response.status_code": 503}),
@@ -162,6 +191,7 @@ def test_concurrent_clients_each_span_pairs_with_its_own_peer(otlp_collector, tm
     (port,) = free_ports(1)
     c = otlp_collector
     with app("backend", str(port)) as backend, agent_running(tmp_path, c, [port]):
+
         def client(t: int) -> None:
             conn = http.client.HTTPConnection("127.0.0.1", port)
             for i in range(25):
@@ -174,8 +204,11 @@ def test_concurrent_clients_each_span_pairs_with_its_own_peer(otlp_collector, tm
             t.start()
         for t in threads:
             t.join()
-        server = c.wait_for(lambda: len(spans(c, pid=backend.pid, kind="server")) == 150 and
-                            spans(c, pid=backend.pid, kind="server"), timeout=20, what="150 server spans")
+        server = c.wait_for(
+            lambda: len(spans(c, pid=backend.pid, kind="server")) == 150 and spans(c, pid=backend.pid, kind="server"),
+            timeout=20,
+            what="150 server spans",
+        )
         c.wait_for(lambda: len(spans(c, pid=os.getpid(), kind="client")) == 150, timeout=20, what="150 client spans")
         client_spans = {s.attributes["url.path"]: s for s in spans(c, pid=os.getpid(), kind="client")}
         assert sorted(s.attributes["url.path"] for s in server) == sorted(
@@ -194,8 +227,11 @@ def test_keep_alive_1000_requests_on_one_connection(otlp_collector, tmp_path):
             conn.request("GET", f"/k{i}")
             conn.getresponse().read()
         conn.close()
-        server = c.wait_for(lambda: len(spans(c, pid=backend.pid, kind="server")) >= 1000 and
-                            spans(c, pid=backend.pid, kind="server"), timeout=30, what="1000 server spans")
+        server = c.wait_for(
+            lambda: len(spans(c, pid=backend.pid, kind="server")) >= 1000 and spans(c, pid=backend.pid, kind="server"),
+            timeout=30,
+            what="1000 server spans",
+        )
         assert sorted(int(s.attributes["url.path"][2:]) for s in server) == list(range(1000))
         assert len({s.attributes["client.port"] for s in server}) == 1
         points = c.wait_for(
@@ -214,18 +250,25 @@ def test_keep_alive_1000_requests_on_one_connection(otlp_collector, tmp_path):
 def test_one_trace_over_two_processes_with_downstream_call_and_cuda(otlp_collector, tmp_path):
     front_port, back_port = free_ports(2)
     c = otlp_collector
-    with app("backend", str(back_port)) as backend, \
-            app("frontend", str(front_port), str(back_port), str(FAKE_CUDART)) as frontend, \
-            agent_running(tmp_path, c, [front_port, back_port], cuda=True):
+    with (
+        app("backend", str(back_port)) as backend,
+        app("frontend", str(front_port), str(back_port), str(FAKE_CUDART)) as frontend,
+        agent_running(tmp_path, c, [front_port, back_port], cuda=True),
+    ):
         time.sleep(0.5)  # the agent's first /proc scan attaches the CUDA probes to the frontend
         conn = http.client.HTTPConnection("127.0.0.1", front_port)
         for _ in range(3):
             conn.request("GET", "/predict")
             assert conn.getresponse().read() == b"prediction"
         conn.close()
-        c.wait_for(lambda: len(spans(c, pid=backend.pid, kind="server")) == 3 and
-                   len([s for s in c.spans("cudaMemcpy") if s.resource["process.pid"] == frontend.pid]) == 3,
-                   timeout=20, what="backend spans and CUDA spans")
+        c.wait_for(
+            lambda: (
+                len(spans(c, pid=backend.pid, kind="server")) == 3
+                and len([s for s in c.spans("cudaMemcpy") if s.resource["process.pid"] == frontend.pid]) == 3
+            ),
+            timeout=20,
+            what="backend spans and CUDA spans",
+        )
         front_server = spans(c, pid=frontend.pid, kind="server")
         front_client = spans(c, pid=frontend.pid, kind="client")
         back_server = spans(c, pid=backend.pid, kind="server")
@@ -248,11 +291,19 @@ def test_grpc_unary_and_server_streaming_with_non_ok_status(otlp_collector, tmp_
     (port,) = free_ports(1)
     c = otlp_collector
     with agent_running(tmp_path, c, [port]), app("grpc", str(port)) as server:
-        caller = subprocess.run([sys.executable, "-m", "harness.grpc_demo", "--call", str(port), "5"],
-                                cwd=REPO / "tests", capture_output=True, text=True, timeout=60)
+        caller = subprocess.run(
+            [sys.executable, "-m", "harness.grpc_demo", "--call", str(port), "5"],
+            cwd=REPO / "tests",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert caller.returncode == 0, caller.stderr
-        served = c.wait_for(lambda: len(spans(c, pid=server.pid, kind="server")) == 6 and
-                            spans(c, pid=server.pid, kind="server"), timeout=20, what="6 gRPC server spans")
+        served = c.wait_for(
+            lambda: len(spans(c, pid=server.pid, kind="server")) == 6 and spans(c, pid=server.pid, kind="server"),
+            timeout=20,
+            what="6 gRPC server spans",
+        )
         unary = sorted((s for s in served if s.name == "demo.Echo/Unary"), key=lambda s: s.start_ns)
         [streaming] = [s for s in served if s.name == "demo.Echo/Stream"]
         assert [s.attributes["rpc.grpc.status_code"] for s in unary] == [0, 0, 0, 0, 5]
@@ -262,8 +313,14 @@ def test_grpc_unary_and_server_streaming_with_non_ok_status(otlp_collector, tmp_
             assert s.status_code == "STATUS_CODE_UNSET"  # NOT_FOUND, FAILED_PRECONDITION: not server errors
         assert streaming.attributes["rpc.grpc.status_code"] == 9 and streaming.attributes["rpc.method"] == "Stream"
         assert streaming.attributes["http.response.body.size"] == 3 * (5 + 4)
-        called = c.wait_for(lambda: len(spans(c, pid=caller_pid(c, server.pid), kind="client")) == 6 and
-                            spans(c, pid=caller_pid(c, server.pid), kind="client"), timeout=20, what="client spans")
+        called = c.wait_for(
+            lambda: (
+                len(spans(c, pid=caller_pid(c, server.pid), kind="client")) == 6
+                and spans(c, pid=caller_pid(c, server.pid), kind="client")
+            ),
+            timeout=20,
+            what="client spans",
+        )
         [stream_client] = [s for s in called if s.name == "demo.Echo/Stream"]
         assert stream_client.status_code == "STATUS_CODE_ERROR"
         assert stream_client.status_message == grpc_demo.STREAM_ERROR
@@ -284,8 +341,12 @@ def caller_pid(c, server_pid: int) -> int:
 def test_concurrent_requests_on_one_asyncio_thread_are_marked_and_not_linked(otlp_collector, tmp_path):
     front_port, back_port = free_ports(2)
     c = otlp_collector
-    with app("backend", str(back_port)) as backend, app("asyncio", str(front_port), str(back_port)) as front, \
-            agent_running(tmp_path, c, [front_port, back_port]):
+    with (
+        app("backend", str(back_port)) as backend,
+        app("asyncio", str(front_port), str(back_port)) as front,
+        agent_running(tmp_path, c, [front_port, back_port]),
+    ):
+
         def call() -> None:
             conn = http.client.HTTPConnection("127.0.0.1", front_port)
             conn.request("GET", "/slow")
@@ -297,16 +358,22 @@ def test_concurrent_requests_on_one_asyncio_thread_are_marked_and_not_linked(otl
             t.start()
         for t in threads:
             t.join()
-        served = c.wait_for(lambda: len(spans(c, pid=front.pid, kind="server")) == 2 and
-                            spans(c, pid=front.pid, kind="server"), what="2 asyncio server spans")
-        downstream = c.wait_for(lambda: len(spans(c, pid=front.pid, kind="client")) == 2 and
-                                spans(c, pid=front.pid, kind="client"), what="2 downstream client spans")
+        served = c.wait_for(
+            lambda: len(spans(c, pid=front.pid, kind="server")) == 2 and spans(c, pid=front.pid, kind="server"),
+            what="2 asyncio server spans",
+        )
+        downstream = c.wait_for(
+            lambda: len(spans(c, pid=front.pid, kind="client")) == 2 and spans(c, pid=front.pid, kind="client"),
+            what="2 downstream client spans",
+        )
         assert len({s.attributes["thread.id"] for s in served}) == 1  # one event-loop thread served both
         assert all(s.attributes["otelbpf.thread.concurrent_requests"] for s in served)
         # Either request could have caused either call: neither is linked, rather than one wrongly.
         assert all(d.parent_span_id == "" for d in downstream)
-        leaves = c.wait_for(lambda: len(spans(c, pid=backend.pid, kind="server")) == 2 and
-                            spans(c, pid=backend.pid, kind="server"), what="backend spans")
+        leaves = c.wait_for(
+            lambda: len(spans(c, pid=backend.pid, kind="server")) == 2 and spans(c, pid=backend.pid, kind="server"),
+            what="backend spans",
+        )
         assert sorted(s.parent_span_id for s in leaves) == sorted(d.span_id for d in downstream)
 
 
@@ -399,8 +466,10 @@ def test_connection_opened_before_the_agent_is_joined_at_the_next_request(otlp_c
             for i in range(3):
                 conn.request("GET", f"/after-{i}")
                 conn.getresponse().read()
-            server = c.wait_for(lambda: len(spans(c, pid=backend.pid, kind="server")) >= 3 and
-                                spans(c, pid=backend.pid, kind="server"), what="spans on the old connection")
+            server = c.wait_for(
+                lambda: len(spans(c, pid=backend.pid, kind="server")) >= 3 and spans(c, pid=backend.pid, kind="server"),
+                what="spans on the old connection",
+            )
             assert {s.attributes["url.path"] for s in server} >= {"/after-0", "/after-1", "/after-2"}
             assert not [s for s in server if s.attributes["url.path"].startswith("/before")]
             c.wait_for(lambda: problems(c, "joined_midstream") >= 1, what="joined connection counted")
@@ -423,7 +492,11 @@ def test_peer_reset_mid_response_is_an_error_span_and_counted(otlp_collector, tm
     with agent_running(tmp_path, c, [port]):
         t = threading.Thread(target=reset_server)
         t.start()
-        client = subprocess.run([sys.executable, "-c", f"""
+        client = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"""
 import http.client
 c = http.client.HTTPConnection('127.0.0.1', {port})
 c.request('GET', '/will-reset')
@@ -432,7 +505,12 @@ try:
     r.read()
 except (ConnectionResetError, http.client.IncompleteRead):
     print('reset')
-"""], capture_output=True, text=True, timeout=30)
+""",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         t.join()
         listener.close()
         assert "reset" in client.stdout, client.stderr

@@ -64,12 +64,14 @@ def _config(tmp, ports: list[int]) -> str:
 def _http1(port: int) -> None:
     s = SECRETS
     body = s["body"].encode()
-    request = (f"POST http://alice:{s['target-userinfo']}@127.0.0.1:{port}/cart;jsessionid={s['path-parameter']}/items"
-               f"?access_token={s['query']} HTTP/1.1\r\n"
-               f"Host: bob:{s['host-userinfo']}@127.0.0.1:{port}\r\n"
-               f"Authorization: Bearer {s['authorization']}\r\nCookie: sid={s['cookie']}\r\n"
-               f"X-Api-Key: {s['configured-header']}\r\nX-Request-Id: control-visible\r\n"
-               f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    request = (
+        f"POST http://alice:{s['target-userinfo']}@127.0.0.1:{port}/cart;jsessionid={s['path-parameter']}/items"
+        f"?access_token={s['query']} HTTP/1.1\r\n"
+        f"Host: bob:{s['host-userinfo']}@127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {s['authorization']}\r\nCookie: sid={s['cookie']}\r\n"
+        f"X-Api-Key: {s['configured-header']}\r\nX-Request-Id: control-visible\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(request)
         while sock.recv(65536):
@@ -78,10 +80,14 @@ def _http1(port: int) -> None:
 
 def _grpc(port: int) -> None:
     s = SECRETS
-    with grpc.insecure_channel(f"127.0.0.1:{port}",
-                               options=[("grpc.default_authority", f"u:{s['authority-userinfo']}@svc")]) as channel:
-        metadata = (("authorization", f"Bearer {s['grpc-authorization']}"), ("x-api-key", s["grpc-configured"]),
-                    ("x-request-id", "control-visible-grpc"))
+    with grpc.insecure_channel(
+        f"127.0.0.1:{port}", options=[("grpc.default_authority", f"u:{s['authority-userinfo']}@svc")]
+    ) as channel:
+        metadata = (
+            ("authorization", f"Bearer {s['grpc-authorization']}"),
+            ("x-api-key", s["grpc-configured"]),
+            ("x-request-id", "control-visible-grpc"),
+        )
         assert grpc_demo.unary(channel)(b"hello", metadata=metadata) == b"hello"
         path = f"/demo.Echo/Unary;sid={s['grpc-path-parameter']}"
         with pytest.raises(grpc.RpcError):  # no such method: the server answers UNIMPLEMENTED
@@ -91,8 +97,11 @@ def _grpc(port: int) -> None:
 def test_no_secret_reaches_spans_metrics_or_the_log(tmp_path):
     http_port, grpc_port = free_ports(2)
     out = tmp_path / "out"
-    with app("backend", str(http_port)), app("grpc", str(grpc_port)), \
-            AgentProcess(["-c", _config(tmp_path, [http_port, grpc_port])]) as agent:
+    with (
+        app("backend", str(http_port)),
+        app("grpc", str(grpc_port)),
+        AgentProcess(["-c", _config(tmp_path, [http_port, grpc_port])]) as agent,
+    ):
         agent.wait_ready()
         _http1(http_port)
         _grpc(grpc_port)
@@ -100,9 +109,15 @@ def test_no_secret_reaches_spans_metrics_or_the_log(tmp_path):
         def exported() -> str:
             return "".join(p.read_text() for p in sorted(out.glob("*.jsonl"))) if out.exists() else ""
 
-        wait_until(lambda: "control-visible\"" in exported() and "control-visible-grpc" in exported()
-                   and "rpc.server.duration" in exported() and "http.server.request.duration" in exported(),
-                   timeout=30)
+        wait_until(
+            lambda: (
+                'control-visible"' in exported()
+                and "control-visible-grpc" in exported()
+                and "rpc.server.duration" in exported()
+                and "http.server.request.duration" in exported()
+            ),
+            timeout=30,
+        )
         assert agent.stop(timeout=120) == 0, agent.output
     text, log = exported(), agent.output
     assert "jsessionid=REDACTED" in text and "/cart;jsessionid=REDACTED/items" in text  # the spans are there

@@ -36,9 +36,13 @@ SLACK = 0.25
 
 @contextlib.contextmanager
 def service(kind: str, port: int, *args: str):
-    proc = subprocess.Popen([sys.executable, "-m", "harness.streaming_apps", kind, str(port), *args],
-                            stdout=subprocess.PIPE,
-                            text=True, cwd=REPO / "tests", env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.streaming_apps", kind, str(port), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO / "tests",
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
+    )
     try:
         assert proc.stdout.readline().startswith("ready"), f"{kind} service did not start"
         yield proc
@@ -57,21 +61,33 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("streaming")
     with OtlpCollector() as collector:
         doc = {
-            "receivers": {"http": {"processes": "all", "ports": [sse_port, grpc_port, batch_port]},
-                          "cuda": {"search_paths": []}},
+            "receivers": {
+                "http": {"processes": "all", "ports": [sse_port, grpc_port, batch_port]},
+                "cuda": {"search_paths": []},
+            },
             "processors": {"batch": {"timeout": "100ms"}},
             "exporters": {"otlp": {"endpoint": collector.grpc_endpoint, "timeout": "2s"}},
             "service": {
-                "pipelines": {p: {"receivers": ["http", "cuda"], "processors": ["batch"], "exporters": ["otlp"]}
-                              for p in ("traces", "metrics")},
+                "pipelines": {
+                    p: {"receivers": ["http", "cuda"], "processors": ["batch"], "exporters": ["otlp"]}
+                    for p in ("traces", "metrics")
+                },
                 "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms"},
             },
         }
         (tmp / "otelbpf.yaml").write_text(yaml.safe_dump(doc))
-        with service("sse", sse_port) as sse, service("grpc", grpc_port) as grpc_server, \
-                service("batch", batch_port, str(FAKE_CUDART)) as batch, \
-                AgentProcess(["-c", str(tmp / "otelbpf.yaml"),  # the services only: not others' CUDA on the host
-                              *(arg for p in (sse, grpc_server, batch) for arg in ("--pid", str(p.pid)))]) as agent:
+        with (
+            service("sse", sse_port) as sse,
+            service("grpc", grpc_port) as grpc_server,
+            service("batch", batch_port, str(FAKE_CUDART)) as batch,
+            AgentProcess(
+                [
+                    "-c",
+                    str(tmp / "otelbpf.yaml"),  # the services only: not others' CUDA on the host
+                    *(arg for p in (sse, grpc_server, batch) for arg in ("--pid", str(p.pid))),
+                ]
+            ) as agent,
+        ):
             agent.wait_ready()
             yield collector, (sse_port, sse.pid), (grpc_port, grpc_server.pid), (batch_port, batch.pid)
             assert agent.proc.poll() is None, agent.output
@@ -79,14 +95,26 @@ def stack(tmp_path_factory):
 
 
 def server_spans(c, pid: int, name_prefix: str = "") -> list:
-    return [s for s in c.spans() if s.scope_name == "otelbpf.http" and s.kind == "SPAN_KIND_SERVER"
-            and s.attributes.get("process.pid") == pid and s.name.startswith(name_prefix)]
+    return [
+        s
+        for s in c.spans()
+        if s.scope_name == "otelbpf.http"
+        and s.kind == "SPAN_KIND_SERVER"
+        and s.attributes.get("process.pid") == pid
+        and s.name.startswith(name_prefix)
+    ]
 
 
 def completion(port: int, stream: bool) -> bytes:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    body = json.dumps({"messages": [{"role": "user", "content": "secret-prompt"}], "model": "tiny-llm",
-                       "stream": stream, "max_tokens": 7})
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": "secret-prompt"}],
+            "model": "tiny-llm",
+            "stream": stream,
+            "max_tokens": 7,
+        }
+    )
     conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
     data = conn.getresponse().read()
     conn.close()
@@ -97,16 +125,22 @@ def test_sse_completion_time_to_first_token_chunks_usage_and_metrics(stack):
     c, (port, pid), _, _ = stack
     for stream in (True, True, False):
         assert completion(port, stream)
-    spans = c.wait_for(lambda: len(server_spans(c, pid)) == 3 and server_spans(c, pid), timeout=20,
-                       what="3 completion server spans")
+    spans = c.wait_for(
+        lambda: len(server_spans(c, pid)) == 3 and server_spans(c, pid), timeout=20, what="3 completion server spans"
+    )
     streamed = [s.attributes for s in spans if "otelbpf.http.response.events" in s.attributes]
     [plain] = [s.attributes for s in spans if "otelbpf.http.response.events" not in s.attributes]
     assert len(streamed) == 2
     events = len(TOKENS) + 2  # the tokens, the usage event, [DONE]
     for a in streamed:
-        assert (a["gen_ai.operation.name"], a["gen_ai.provider.name"], a["gen_ai.request.model"],
-                a["gen_ai.response.model"], a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (
-            "chat", "openai", "tiny-llm", "tiny-llm-served", 7, len(TOKENS))
+        assert (
+            a["gen_ai.operation.name"],
+            a["gen_ai.provider.name"],
+            a["gen_ai.request.model"],
+            a["gen_ai.response.model"],
+            a["gen_ai.usage.input_tokens"],
+            a["gen_ai.usage.output_tokens"],
+        ) == ("chat", "openai", "tiny-llm", "tiny-llm-served", 7, len(TOKENS))
         assert a["otelbpf.http.response.events"] == events and a["otelbpf.http.response.chunks"] == events
         assert FIRST_S <= a["otelbpf.http.response.time_to_first_event"] < FIRST_S + SLACK
         assert a["otelbpf.http.response.time_to_first_byte"] < a["otelbpf.http.response.time_to_first_chunk"]
@@ -117,8 +151,10 @@ def test_sse_completion_time_to_first_token_chunks_usage_and_metrics(stack):
     assert "secret-prompt" not in everything and "forty" not in everything  # content is not captured by default
 
     f = {"process.pid": pid, "gen_ai.request.model": "tiny-llm"}
-    [ttft] = c.wait_for(lambda: [p for p in c.latest_points("gen_ai.server.time_to_first_token", **f) if p.count == 2],
-                        what="time to first token")
+    [ttft] = c.wait_for(
+        lambda: [p for p in c.latest_points("gen_ai.server.time_to_first_token", **f) if p.count == 2],
+        what="time to first token",
+    )
     assert FIRST_S * 2 <= ttft.sum < (FIRST_S + SLACK) * 2
     assert ttft.explicit_bounds[:4] == [0.001, 0.005, 0.01, 0.02] and ttft.attributes["server.port"] == port
     [tpot] = c.latest_points("gen_ai.server.time_per_output_token", **f)
@@ -137,9 +173,12 @@ def test_grpc_server_streaming_messages_are_timed(stack):
     assert a["rpc.grpc.status_code"] == 0 and a["otelbpf.http.response.chunks"] == len(TOKENS)
     assert FIRST_S <= a["otelbpf.http.response.time_to_first_chunk"] < FIRST_S + SLACK
     assert GAP_S * 0.9 <= a["otelbpf.http.response.chunk_gap.max"] < GAP_S + SLACK
-    gaps = c.wait_for(lambda: c.latest_points("otelbpf.http.server.response.gap",
-                                              **{"process.pid": pid, "otelbpf.stream.unit": "data_frame"}),
-                      what="DATA frame gaps")
+    gaps = c.wait_for(
+        lambda: c.latest_points(
+            "otelbpf.http.server.response.gap", **{"process.pid": pid, "otelbpf.stream.unit": "data_frame"}
+        ),
+        what="DATA frame gaps",
+    )
     assert gaps[0].count == len(TOKENS) - 1
 
 
@@ -161,10 +200,14 @@ def test_a_batching_engine_step_is_linked_to_every_request_in_its_batch(stack):
         time.sleep(BATCH_WINDOW_S / 10)  # all within the window: one batch
     for t in threads:
         t.join()
-    served = c.wait_for(lambda: len(server_spans(c, pid)) == 3 and server_spans(c, pid), timeout=20,
-                        what="3 server spans")
-    [malloc] = c.wait_for(lambda: [s for s in c.spans("cudaMalloc") if s.resource["process.pid"] == pid],
-                          timeout=20, what="the batch's cudaMalloc span")
+    served = c.wait_for(
+        lambda: len(server_spans(c, pid)) == 3 and server_spans(c, pid), timeout=20, what="3 server spans"
+    )
+    [malloc] = c.wait_for(
+        lambda: [s for s in c.spans("cudaMalloc") if s.resource["process.pid"] == pid],
+        timeout=20,
+        what="the batch's cudaMalloc span",
+    )
     assert malloc.parent_span_id == ""
     assert sorted(span_id for _, span_id, _ in malloc.links) == sorted(s.span_id for s in served)
     assert {trace_id for trace_id, _, _ in malloc.links} == {s.trace_id for s in served}

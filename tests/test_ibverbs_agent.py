@@ -60,8 +60,11 @@ def run_agent(cfg: Path, *workload_args: str, env: dict | None = None) -> tuple[
 
 
 def points(collector, name: str, pid: int, **attrs) -> list:
-    return [p for p in collector.latest_points(name, **{"process.pid": pid})
-            if all(p.attributes.get(k) == v for k, v in attrs.items())]
+    return [
+        p
+        for p in collector.latest_points(name, **{"process.pid": pid})
+        if all(p.attributes.get(k) == v for k, v in attrs.items())
+    ]
 
 
 def value(collector, name: str, pid: int, **attrs) -> float:
@@ -82,8 +85,9 @@ def wait_for_qp_metrics(collector, report: dict) -> None:
     pid = report["pid"]
     want = sum(n for qp in report["qps"] for n, _ in qp["posted"].values())
     try:
-        collector.wait_for(lambda: value(collector, "rdma.wr.posted", pid) == want,
-                           what=f"rdma.wr.posted summing to {want}")
+        collector.wait_for(
+            lambda: value(collector, "rdma.wr.posted", pid) == want, what=f"rdma.wr.posted summing to {want}"
+        )
     except AssertionError:
         got = [(p.attributes, p.value, p.resource) for p in points(collector, "rdma.wr.posted", pid)]
         raise AssertionError(f"rdma.wr.posted: want {want}, the workload reported {report}, got {got}") from None
@@ -103,8 +107,10 @@ def test_transfer_and_errors_are_counted_exactly_per_queue_pair(otlp_collector, 
         got[(p.attributes["rdma.qp.num"], p.attributes["rdma.wc.opcode"], p.attributes["rdma.wc.status"])] += p.value
     assert got == expected_completions(w)
     a, b = w["qps"][0], w["qps"][1]
-    assert value(c, "rdma.completion.bytes", pid, **{"rdma.qp.num": b["qpn"], "rdma.wc.opcode": "RECV"}) == \
-        b["completions"]["RECV:SUCCESS"][1]
+    assert (
+        value(c, "rdma.completion.bytes", pid, **{"rdma.qp.num": b["qpn"], "rdma.wc.opcode": "RECV"})
+        == b["completions"]["RECV:SUCCESS"][1]
+    )
 
     # Peers, devices and ports as attributes; the GID of an InfiniBand port holds no IP address.
     send = points(c, "rdma.wr.posted", pid, **{"rdma.qp.num": a["qpn"], "rdma.wr.opcode": "SEND"})[0]
@@ -120,8 +126,9 @@ def test_transfer_and_errors_are_counted_exactly_per_queue_pair(otlp_collector, 
     hist = points(c, "rdma.completion.duration", pid, **{"rdma.qp.num": a["qpn"], "rdma.queue": "send"})[0]
     assert hist.count == 50 and hist.unit == "s" and sum(hist.bucket_counts) == 50
     assert 10e-6 <= hist.sum / hist.count < 1.0  # the provider completes 10 us after the post
-    assert points(c, "rdma.completion.duration", pid, **{"rdma.qp.num": a["qpn"], "rdma.queue": "receive"})[0].count \
-        == 25
+    assert (
+        points(c, "rdma.completion.duration", pid, **{"rdma.qp.num": a["qpn"], "rdma.queue": "receive"})[0].count == 25
+    )
     for st in ("INIT", "RTR", "RTS"):
         assert value(c, "rdma.qp.state.changes", pid, **{"rdma.qp.num": a["qpn"], "rdma.qp.state": st}) == 1
     assert value(c, "rdma.memory.registered", pid, **{"rdma.device.name": "fakeverbs0"}) == 0  # deregistered
@@ -132,8 +139,13 @@ def test_transfer_and_errors_are_counted_exactly_per_queue_pair(otlp_collector, 
     assert names["ibv_create_qp"] == 6 and names["ibv_destroy_qp"] == 6 and names["rdma.qp"] == 6
     assert names["ibv_modify_qp"] == 5 * 3 + 1 and names["ibv_reg_mr"] == 1 and names["ibv_reg_mr_iova2"] == 1
     assert names["ibv_open_device"] == 1 and names["ibv_close_device"] == 1 and names["ibv_dereg_mr"] == 2
-    rtr = [s for s in spans if s.name == "ibv_modify_qp" and s.attributes.get("rdma.qp.state") == "RTR"
-           and s.attributes["rdma.qp.num"] == a["qpn"]][0]
+    rtr = [
+        s
+        for s in spans
+        if s.name == "ibv_modify_qp"
+        and s.attributes.get("rdma.qp.state") == "RTR"
+        and s.attributes["rdma.qp.num"] == a["qpn"]
+    ][0]
     assert rtr.attributes["rdma.qp.remote.num"] == b["qpn"] and rtr.attributes["rdma.qp.path_mtu"] == 4096
     failed = [s for s in spans if s.name == "ibv_modify_qp" and s.status_code == "STATUS_CODE_ERROR"]
     assert [s.attributes["rdma.return_code"] for s in failed] == [22]  # F: RESET -> RTR, EINVAL
@@ -146,8 +158,11 @@ def test_transfer_and_errors_are_counted_exactly_per_queue_pair(otlp_collector, 
     assert sorted(s.attributes["rdma.mr.length"] for s in reg) == [1 << 20, 1 << 20]
 
     # The data path was found through the context's ops table, in the provider.
-    assert re.search(r"ibverbs data path: pid \d+ device fakeverbs0: post_send -> \S+libfakeverbs-rdmav34.so"
-                     r"\+0x[0-9a-f]+ \(fv_post_send\)", agent.output), agent.output
+    assert re.search(
+        r"ibverbs data path: pid \d+ device fakeverbs0: post_send -> \S+libfakeverbs-rdmav34.so"
+        r"\+0x[0-9a-f]+ \(fv_post_send\)",
+        agent.output,
+    ), agent.output
     probes = {p.attributes["function"]: p.value for p in c.latest_points("otelbpf.ibverbs.datapath.probes")}
     assert probes == {"post_send": 1, "post_recv": 1, "poll_cq": 2, "create_qp_ex": 2}
     assert c.latest_points("otelbpf.events.lost", reason="ibv_map_full")[0].value == 0
@@ -160,8 +175,13 @@ def test_slow_completions_become_spans_with_the_post_time(otlp_collector, tmp_pa
     wait_for_qp_metrics(c, w)
     slow = [s for s in c.spans("rdma.completion") if s.resource.get("process.pid") == pid]
     # Signaled: A's SEND and RDMA_READ, B's RDMA_WRITE_WITH_IMM; receives: one each on A and B.
-    assert Counter(s.attributes["rdma.wc.opcode"] for s in slow) == \
-        {"SEND": 4, "RDMA_READ": 4, "RDMA_WRITE": 4, "RECV": 4, "RECV_RDMA_WITH_IMM": 4}
+    assert Counter(s.attributes["rdma.wc.opcode"] for s in slow) == {
+        "SEND": 4,
+        "RDMA_READ": 4,
+        "RDMA_WRITE": 4,
+        "RECV": 4,
+        "RECV_RDMA_WITH_IMM": 4,
+    }
     for s in slow:
         assert s.status_code != "STATUS_CODE_ERROR" and s.attributes["rdma.wc.status"] == "SUCCESS"
         assert s.end_ns - s.start_ns >= 3_000_000
@@ -175,8 +195,9 @@ def test_process_exiting_with_queue_pairs_open(otlp_collector, tmp_path):
     _agent, w = run_agent(config(otlp_collector, tmp_path), "--iterations", "5", "--exit-open")
     c, pid = otlp_collector, w["pid"]
     wait_for_qp_metrics(c, w)
-    lifetimes = c.wait_for(lambda: [s for s in c.spans("rdma.qp") if s.resource.get("process.pid") == pid],
-                           what="QP lifetime spans")
+    lifetimes = c.wait_for(
+        lambda: [s for s in c.spans("rdma.qp") if s.resource.get("process.pid") == pid], what="QP lifetime spans"
+    )
     assert sorted(s.attributes["rdma.qp.num"] for s in lifetimes) == sorted(q["qpn"] for q in w["qps"])
     for s in lifetimes:
         assert s.attributes["rdma.qp.end_reason"] == "process_exited"
@@ -187,8 +208,9 @@ def test_process_exiting_with_queue_pairs_open(otlp_collector, tmp_path):
 
 
 def test_library_unloaded_and_loaded_again_while_attached(otlp_collector, tmp_path):
-    agent, w = run_agent(config(otlp_collector, tmp_path), "--iterations", "6", "--reload", "--qp-ex",
-                         "--phases", "transfer,errors")
+    agent, w = run_agent(
+        config(otlp_collector, tmp_path), "--iterations", "6", "--reload", "--qp-ex", "--phases", "transfer,errors"
+    )
     c, pid = otlp_collector, w["pid"]
     assert w["reloads"] == 1  # the workload checked both files left its address space
     wait_for_qp_metrics(c, w)
@@ -197,8 +219,12 @@ def test_library_unloaded_and_loaded_again_while_attached(otlp_collector, tmp_pa
     for qp in w["qps"]:
         for opcode, (count, _b) in qp["posted"].items():
             want[(qp["qpn"], opcode)] += count
-    got = Counter({(p.attributes["rdma.qp.num"], p.attributes["rdma.wr.opcode"]): p.value
-                   for p in points(c, "rdma.wr.posted", pid)})
+    got = Counter(
+        {
+            (p.attributes["rdma.qp.num"], p.attributes["rdma.wr.opcode"]): p.value
+            for p in points(c, "rdma.wr.posted", pid)
+        }
+    )
     assert got == want
     got = Counter()
     for p in points(c, "rdma.completions", pid):
@@ -216,8 +242,9 @@ def test_library_unloaded_and_loaded_again_while_attached(otlp_collector, tmp_pa
 def test_control_path_only(otlp_collector, tmp_path):
     _agent, w = run_agent(config(otlp_collector, tmp_path, data_path=False), "--iterations", "3")
     c, pid = otlp_collector, w["pid"]
-    c.wait_for(lambda: [s for s in c.spans("rdma.qp") if s.resource.get("process.pid") == pid],
-               what="QP lifetime spans")
+    c.wait_for(
+        lambda: [s for s in c.spans("rdma.qp") if s.resource.get("process.pid") == pid], what="QP lifetime spans"
+    )
     c.wait_for(lambda: points(c, "rdma.qp.state.changes", pid), what="state changes")
     assert not points(c, "rdma.wr.posted", pid)
     assert not c.latest_points("otelbpf.ibverbs.datapath.probes")

@@ -37,9 +37,11 @@ def write_config(tmp: Path, collector=None, threshold: str | None = "10ms", prof
         exporters["otlp"] = {"endpoint": collector.grpc_endpoint, "timeout": "2s"}
     pipeline = {"receivers": ["cuda", "nccl"], "processors": ["batch"], "exporters": list(exporters)}
     doc = {
-        "receivers": {"cuda": {"search_paths": []},
-                      "nccl": {"search_paths": [], **({"straggler_threshold": threshold} if threshold else {})},
-                      **({"profiling": {"interval": "1s", "cuda_memory": False}} if profiling else {})},
+        "receivers": {
+            "cuda": {"search_paths": []},
+            "nccl": {"search_paths": [], **({"straggler_threshold": threshold} if threshold else {})},
+            **({"profiling": {"interval": "1s", "cuda_memory": False}} if profiling else {}),
+        },
         "processors": {"batch": {"timeout": "100ms"}},
         "exporters": exporters,
         "service": {
@@ -65,8 +67,13 @@ def run_job(tmp: Path, collector, *args: object, threshold: str = "10ms", profil
 
 
 def stragglers(*paths: Path, extra: tuple[str, ...] = ()) -> dict:
-    out = subprocess.run([sys.executable, "-m", "otelbpf.cli", "stragglers", *map(str, paths), "--json", *extra],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "stragglers", *map(str, paths), "--json", *extra],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -98,12 +105,26 @@ def value(collector, name: str, **filters) -> float | None:
 @pytest.mark.parametrize("kind, slow, expected", [("compute", 2, "compute-slow"), ("host", 1, "host-slow")])
 def test_a_slow_rank_is_named_with_its_class_live_and_offline(otlp_collector, tmp_path, kind, slow, expected):
     iters = 12
-    job = run_job(tmp_path, otlp_collector, "--ranks", 4, "--iterations", iters, "--slow-rank", slow,
-                  "--slow-kind", kind, "--slow-ms", 40)
+    job = run_job(
+        tmp_path,
+        otlp_collector,
+        "--ranks",
+        4,
+        "--iterations",
+        iters,
+        "--slow-rank",
+        slow,
+        "--slow-kind",
+        kind,
+        "--slow-ms",
+        40,
+    )
     pids = by_rank(job)
     c = otlp_collector
-    c.wait_for(lambda: all(len(nccl_spans(c, pid, "ncclAllReduce")) == iters for pid in pids.values()),
-               what=f"{iters} ncclAllReduce spans per rank")
+    c.wait_for(
+        lambda: all(len(nccl_spans(c, pid, "ncclAllReduce")) == iters for pid in pids.values()),
+        what=f"{iters} ncclAllReduce spans per rank",
+    )
     world = comm_id(bytes.fromhex(job["unique_id"]))
     waits = {}
     for rank, pid in pids.items():
@@ -139,27 +160,36 @@ def test_a_slow_rank_is_named_with_its_class_live_and_offline(otlp_collector, tm
         assert value(c, "nccl.bytes", **f) == iters * 4096
         assert value(c, "nccl.algorithm.bandwidth", **f) == iters
     # live findings start once the detector's window holds min_collectives comparisons
-    assert value(c, "nccl.straggler", **{"process.pid": pids[slow], "nccl.straggler.class": expected}) >= \
-        iters - Params().min_collectives
+    assert (
+        value(c, "nccl.straggler", **{"process.pid": pids[slow], "nccl.straggler.class": expected})
+        >= iters - Params().min_collectives
+    )
 
     report = stragglers(tmp_path / "out")
     assert [(r["rank"], r["cls"]) for r in report["stragglers"]] == [(slow, expected)]
     top = report["stragglers"][0]
     assert top["pid"] == pids[slow] and top["straggled"] >= iters - 1 and top["collectives"] == iters
     assert report["ranks"][0]["rank"] == slow and not report["stopped"]
-    text = subprocess.run([sys.executable, "-m", "otelbpf.cli", "stragglers", str(tmp_path / "out")],
-                          capture_output=True, text=True, cwd=REPO, timeout=120).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "stragglers", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    ).stdout
     assert f"1. rank {slow} (" in text and f"{expected}, last in" in text
 
 
 def test_a_communication_slow_rank_is_named_offline(tmp_path):
     """Its side of each collective completes late, so it enters the next one late, with a
     normal compute phase: the previous collective's completion explains the lateness."""
-    job = run_job(tmp_path, None, "--ranks", 3, "--iterations", 12, "--slow-rank", 0, "--slow-kind", "comm",
-                  "--slow-ms", 40)
+    job = run_job(
+        tmp_path, None, "--ranks", 3, "--iterations", 12, "--slow-rank", 0, "--slow-kind", "comm", "--slow-ms", 40
+    )
     report = stragglers(tmp_path / "out")
-    assert [(r["rank"], r["cls"], r["pid"]) for r in report["stragglers"]] == \
-        [(0, "communication-slow", by_rank(job)[0])]
+    assert [(r["rank"], r["cls"], r["pid"]) for r in report["stragglers"]] == [
+        (0, "communication-slow", by_rank(job)[0])
+    ]
 
 
 def test_the_differential_flame_graph_names_the_frame_planted_on_the_slow_rank(tmp_path):
@@ -167,8 +197,23 @@ def test_the_differential_flame_graph_names_the_frame_planted_on_the_slow_rank(t
     ranks never call it. With CPU profiles beside the spans, the straggler report names that
     function, and the pprof pair it writes reads back as a diff in go tool pprof."""
     slow = 1
-    job = run_job(tmp_path, None, "--ranks", 3, "--iterations", 16, "--slow-rank", slow, "--slow-kind", "host",
-                  "--slow-ms", 60, "--host-work", "spin", profiling=True)
+    job = run_job(
+        tmp_path,
+        None,
+        "--ranks",
+        3,
+        "--iterations",
+        16,
+        "--slow-rank",
+        slow,
+        "--slow-kind",
+        "host",
+        "--slow-ms",
+        60,
+        "--host-work",
+        "spin",
+        profiling=True,
+    )
     report = stragglers(tmp_path / "out", extra=("--diff-profiles", str(tmp_path / "diff")))
     pids = by_rank(job)
     [straggler] = report["stragglers"]
@@ -181,15 +226,24 @@ def test_the_differential_flame_graph_names_the_frame_planted_on_the_slow_rank(t
     [d] = report["profile_diffs"]
     assert d["slow_pid"] == pids[slow] and sorted(d["base_pids"]) == sorted(p for r, p in pids.items() if r != slow)
     assert "load_batch" not in frames  # every rank loads its batches alike
-    top = subprocess.run(["go", "tool", "pprof", "-top", "-diff_base", d["base_pprof"], d["slow_pprof"]],
-                         capture_output=True, text=True, timeout=120)
+    top = subprocess.run(
+        ["go", "tool", "pprof", "-top", "-diff_base", d["base_pprof"], d["slow_pprof"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert top.returncode == 0, top.stderr
     first = next(line for line in top.stdout.splitlines() if line.strip().endswith("prepare_batch_on_host"))
     assert not first.split()[0].startswith("-"), top.stdout
     # The HTML report carries the same comparison as a differential flame graph.
     page = tmp_path / "report.html"
-    made = subprocess.run([sys.executable, "-m", "otelbpf.cli", "report", str(tmp_path / "out"), "-o", str(page)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    made = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "report", str(tmp_path / "out"), "-o", str(page)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stderr
     text = page.read_text()
     data = json.loads(text.split("id='otelbpf-data'>", 1)[1].split("</script>", 1)[0].replace("\\u003c", "<"))
@@ -223,10 +277,30 @@ def late_attached(tmp_path_factory):
     env = {**os.environ, "FAKENCCL_LINK_US": "200000"}
     jobs = {
         completion: subprocess.Popen(
-            [str(JOB), "--ranks", "3", "--iterations", str(LATE_ITERS), "--completion", completion,
-             "--hold-ms", "150000", "--jitter-ms", "5", "--slow-rank", str(LATE_SLOW), "--slow-kind", "host",
-             "--slow-ms", "40"],
-            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+            [
+                str(JOB),
+                "--ranks",
+                "3",
+                "--iterations",
+                str(LATE_ITERS),
+                "--completion",
+                completion,
+                "--hold-ms",
+                "150000",
+                "--jitter-ms",
+                "5",
+                "--slow-rank",
+                str(LATE_SLOW),
+                "--slow-kind",
+                "host",
+                "--slow-ms",
+                "40",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         for completion in COMPLETIONS
     }
     outs = {}
@@ -298,12 +372,24 @@ def test_attached_after_init_ranks_from_the_environment_a_40ms_straggler_with_de
 
 def test_groups_splits_and_every_operation(otlp_collector, tmp_path):
     iters = 2
-    job = run_job(tmp_path, otlp_collector, "--ranks", 4, "--iterations", iters, "--group", "--split", "--ops",
-                  "allreduce,allgather,reducescatter,broadcast,reduce,sendrecv")
+    job = run_job(
+        tmp_path,
+        otlp_collector,
+        "--ranks",
+        4,
+        "--iterations",
+        iters,
+        "--group",
+        "--split",
+        "--ops",
+        "allreduce,allgather,reducescatter,broadcast,reduce,sendrecv",
+    )
     c = otlp_collector
     world = comm_id(bytes.fromhex(job["unique_id"]))
-    c.wait_for(lambda: sum(len(nccl_spans(c, pid, "ncclCommDestroy")) for pid in by_rank(job).values()) == 8,
-               what="both destroys of every rank")
+    c.wait_for(
+        lambda: sum(len(nccl_spans(c, pid, "ncclCommDestroy")) for pid in by_rank(job).values()) == 8,
+        what="both destroys of every rank",
+    )
     for rank, pid in by_rank(job).items():
         spans = nccl_spans(c, pid)
         names = defaultdict(list)
@@ -324,8 +410,17 @@ def test_groups_splits_and_every_operation(otlp_collector, tmp_path):
         for g in groups:
             kids = children[g.span_id]
             assert sorted(k.name for k in kids) == sorted(
-                ["ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclReduce", "ncclSend",
-                 "ncclRecv", "ncclAllReduce"])
+                [
+                    "ncclAllReduce",
+                    "ncclAllGather",
+                    "ncclReduceScatter",
+                    "ncclBroadcast",
+                    "ncclReduce",
+                    "ncclSend",
+                    "ncclRecv",
+                    "ncclAllReduce",
+                ]
+            )
             assert all(k.trace_id == g.trace_id and g.start_ns <= k.start_ns and k.end_ns <= g.end_ns for k in kids)
             assert all(k.attributes["nccl.completion"] == "observed" for k in kids)
         on_world = sorted(
@@ -338,8 +433,9 @@ def test_groups_splits_and_every_operation(otlp_collector, tmp_path):
         assert on_world == list(range(1, 5 * iters + 1))
         halves = [s for s in names["ncclAllReduce"] if s.attributes["nccl.comm.id"] == f"{half:016x}"]
         assert sorted(s.attributes["nccl.seq"] for s in halves) == [1, 2]
-        assert all((s.attributes["nccl.rank"], s.attributes["nccl.nranks"]) == (rank // 2, 2) for s in halves), \
+        assert all((s.attributes["nccl.rank"], s.attributes["nccl.nranks"]) == (rank // 2, 2) for s in halves), (
             "a split's rank and size, learned from ncclCommUserRank/ncclCommCount"
+        )
         (send,) = {s.attributes["nccl.peer"] for s in names["ncclSend"]}
         (recv,) = {s.attributes["nccl.peer"] for s in names["ncclRecv"]}
         assert (send, recv) == ((rank + 1) % 4, (rank + 3) % 4)
@@ -372,8 +468,10 @@ def test_real_libnccl_calls_become_spans_and_error_counts(otlp_collector, tmp_pa
     assert "nccl.comm.id" not in a and "nccl.seq" not in a, "a NULL communicator has no id"
     (group,) = nccl_spans(c, pid, "ncclGroup")
     assert group.attributes["nccl.group.size"] == 0 and group.attributes["nccl.result"] == "ncclSuccess"
-    c.wait_for(lambda: c.latest_points("nccl.errors", **{"process.pid": pid, "nccl.function": "ncclBroadcast"}),
-               what="error counts")
+    c.wait_for(
+        lambda: c.latest_points("nccl.errors", **{"process.pid": pid, "nccl.function": "ncclBroadcast"}),
+        what="error counts",
+    )
     for func in ("ncclAllReduce", "ncclBroadcast"):
         assert value(c, "nccl.errors", **{"process.pid": pid, "nccl.function": func}) == 1
 
@@ -399,21 +497,42 @@ def test_a_rank_dying_inside_a_collective(otlp_collector, tmp_path):
     c.wait_for(lambda: c.latest_points("otelbpf.nccl.anomalies", **{"process.pid": pids[2]}), what="anomaly count")
     assert value(c, "otelbpf.nccl.anomalies", **{"process.pid": pids[2], "reason": "incomplete"}) == 1
     report = stragglers(tmp_path / "out")
-    assert [(s["rank"], s["last_seq"], s["how"]) for s in report["stopped"]] == \
-        [(2, 4, "its process exited during it")]
+    assert [(s["rank"], s["last_seq"], s["how"]) for s in report["stopped"]] == [(2, 4, "its process exited during it")]
 
 
 @pytest.mark.parametrize("how", ["destroy", "abort"])
 def test_a_communicator_ended_while_its_collectives_are_in_flight(otlp_collector, tmp_path, how):
     """Rank 1 ends the communicator right after enqueuing seq 3, which waits for slow rank 2:
     destroy waits for it to complete, abort fails it at every rank."""
-    job = run_job(tmp_path, otlp_collector, "--ranks", 3, "--iterations", 5, "--end-rank", 1, "--end-iter", 2,
-                  "--end-how", how, "--slow-rank", 2, "--slow-kind", "compute", "--slow-ms", 60)
+    job = run_job(
+        tmp_path,
+        otlp_collector,
+        "--ranks",
+        3,
+        "--iterations",
+        5,
+        "--end-rank",
+        1,
+        "--end-iter",
+        2,
+        "--end-how",
+        how,
+        "--slow-rank",
+        2,
+        "--slow-kind",
+        "compute",
+        "--slow-ms",
+        60,
+    )
     pids = by_rank(job)
     c = otlp_collector
     end_name = "ncclCommDestroy" if how == "destroy" else "ncclCommAbort"
-    c.wait_for(lambda: all(nccl_spans(c, pid, "ncclCommAbort") for pid in (pids[0], pids[2]))
-               and nccl_spans(c, pids[1], end_name), what="every rank's end")
+    c.wait_for(
+        lambda: (
+            all(nccl_spans(c, pid, "ncclCommAbort") for pid in (pids[0], pids[2])) and nccl_spans(c, pids[1], end_name)
+        ),
+        what="every rank's end",
+    )
     ranks1 = sorted(nccl_spans(c, pids[1], "ncclAllReduce"), key=lambda s: s.attributes["nccl.seq"])
     assert [s.attributes["nccl.seq"] for s in ranks1] == [1, 2, 3]
     in_flight = ranks1[-1]
@@ -421,8 +540,9 @@ def test_a_communicator_ended_while_its_collectives_are_in_flight(otlp_collector
     world = f"{comm_id(bytes.fromhex(job['unique_id'])):016x}"
     assert (end.attributes["nccl.comm.id"], end.attributes["nccl.rank"]) == (world, 1)
     assert end.attributes["nccl.result"] == "ncclSuccess"
-    assert in_flight.start_ns < end.start_ns and end.end_ns <= in_flight.end_ns, \
+    assert in_flight.start_ns < end.start_ns and end.end_ns <= in_flight.end_ns, (
         "ended after the collective was enqueued, before its completion was observed"
+    )
     assert in_flight.attributes["nccl.completion"] == "observed"
     late = {s.attributes["nccl.seq"] for s in nccl_spans(c, pids[2], "ncclAllReduce") if findings([s])}
     # five collectives at most: fewer than the adaptive detector needs before it calls a rank
@@ -440,8 +560,9 @@ def test_skewed_clocks_are_measured_and_removed(tmp_path):
     """One run, its spans split per rank as if each rank's agent ran on its own host with its
     own clock: offsets injected, then measured back from the collectives."""
     slow = 3
-    job = run_job(tmp_path, None, "--ranks", 4, "--iterations", 12, "--slow-rank", slow, "--slow-kind", "compute",
-                  "--slow-ms", 40)
+    job = run_job(
+        tmp_path, None, "--ranks", 4, "--iterations", 12, "--slow-rank", slow, "--slow-kind", "compute", "--slow-ms", 40
+    )
     rank_of = {r["pid"]: r["rank"] for r in job["ranks"]}
     skew_ns = {0: 0, 1: 700_000_000, 2: -420_000_000, 3: -1_000_000_000}
     dirs = {r: tmp_path / f"node{r}" for r in skew_ns}

@@ -50,8 +50,9 @@ def run(built: None, tmp_path_factory) -> Run:
             "otlp/down": {"endpoint": f"http://127.0.0.1:{closed_port()}", "timeout": "1s"},
         },
         "service": {
-            "pipelines": {"profiles": {"receivers": ["profiling"], "processors": ["resource"],
-                                       "exporters": ["otlp", "otlp/down"]}},
+            "pipelines": {
+                "profiles": {"receivers": ["profiling"], "processors": ["resource"], "exporters": ["otlp", "otlp/down"]}
+            },
             "telemetry": {"drain_interval": "20ms"},
         },
     }
@@ -59,10 +60,13 @@ def run(built: None, tmp_path_factory) -> Run:
     cfg.write_text(yaml.safe_dump(doc))
     probe = tmp / "pid"
     # the workload writes its pid first: the samples' resource must name it
-    command = [sys.executable, "-c",
-               f"import os, runpy, sys; open({str(probe)!r}, 'w').write(str(os.getpid())); "
-               f"sys.argv = [{str(NATIVE_HOT)!r}, '3', {str(BUILT)!r}]; "
-               "runpy.run_path(sys.argv[0], run_name='__main__')"]
+    command = [
+        sys.executable,
+        "-c",
+        f"import os, runpy, sys; open({str(probe)!r}, 'w').write(str(os.getpid())); "
+        f"sys.argv = [{str(NATIVE_HOT)!r}, '3', {str(BUILT)!r}]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')",
+    ]
     with AgentProcess(["-c", str(cfg), "--", *command]) as agent:
         rc = agent.wait(timeout=180)
     yield Run(receiver, agent, rc, int(probe.read_text()))
@@ -77,8 +81,10 @@ def test_the_agent_keeps_running_and_counts_what_the_dead_endpoint_dropped(run):
     assert run.rc == 0, run.agent.output
     assert not run.receiver.errors, run.receiver.errors
     assert run.receiver.requests, run.agent.output
-    sent = sum(len(sp.profiles) for r in run.receiver.requests for rp in r.resource_profiles
-               for sp in rp.scope_profiles) // 2            # two OTLP profiles (samples, cpu) per record
+    sent = (
+        sum(len(sp.profiles) for r in run.receiver.requests for rp in r.resource_profiles for sp in rp.scope_profiles)
+        // 2
+    )  # two OTLP profiles (samples, cpu) per record
     dropped = int(re.search(r"dropped (\d+), export failures (\d+)", run.agent.output).group(1))
     assert dropped >= sent > 0, run.agent.output  # every record the live endpoint got, the dead one lost
     assert all(m.get("x-scope-orgid") == "t1" for m in run.receiver.metadata)
@@ -95,7 +101,7 @@ def test_samples_name_the_python_functions_and_the_c_extension_below_them(run):
     assert frames["call_native"].kind == "cpython" and frames["call_native"].filename == str(NATIVE_HOT)
     assert frames["crunch_inner"].kind == "native"
     assert Path(frames["crunch_inner"].mapping).name == "hotext.so"
-    assert frames["crunch_inner"].build_id          # hotext.so is built with a GNU build id
+    assert frames["crunch_inner"].build_id  # hotext.so is built with a GNU build id
     assert all(s.value > 0 and s.period_type == ("cpu", "nanoseconds") for s in samples)
 
 

@@ -35,8 +35,15 @@ NOBODY = 65534
 
 
 def as_nobody(caps: str) -> list[str]:
-    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", f"--inh-caps={caps}",
-            f"--ambient-caps={caps}", "--"]
+    return [
+        "setpriv",
+        f"--reuid={NOBODY}",
+        f"--regid={NOBODY}",
+        "--clear-groups",
+        f"--inh-caps={caps}",
+        f"--ambient-caps={caps}",
+        "--",
+    ]
 
 
 @pytest.fixture
@@ -58,8 +65,13 @@ def agent_config(directory: Path) -> Path:
 
 def run_agent(prefix: list[str], cfg: Path, cwd: Path) -> subprocess.CompletedProcess:
     command = [str(WORKLOAD), "--lib", str(FAKE_CUDART), "--iterations", "2"]
-    return subprocess.run([*prefix, sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--", *command],
-                          capture_output=True, text=True, timeout=300, cwd=cwd)
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
 
 
 def span_names(out: Path) -> set[str]:
@@ -74,12 +86,15 @@ def span_names(out: Path) -> set[str]:
 def test_kept_set():
     everything = (1 << 41) - 1
     kept = kept_mask(everything, (6, 18))
-    assert kept == sum(1 << c for c in (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH,
-                                        CAP_KILL, CAP_SYSLOG))
+    assert kept == sum(
+        1 << c for c in (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_KILL, CAP_SYSLOG)
+    )
     assert kept_mask(everything, (5, 10)) >> CAP_SYS_RESOURCE & 1
     assert kept_mask(1 << CAP_BPF, (6, 18)) == 1 << CAP_BPF  # never more than held
     assert capability_sets("CapEff:\t00000000a80425fb\nCapBnd:\t000001ffffffffff\n") == {
-        "CapEff": 0xA80425FB, "CapBnd": 0x1FFFFFFFFFF}
+        "CapEff": 0xA80425FB,
+        "CapBnd": 0x1FFFFFFFFFF,
+    }
 
 
 @pytest.mark.bpf
@@ -121,8 +136,10 @@ def test_the_agent_keeps_only_what_it_needs_in_every_thread(tmp_path: Path):
     inheritable, the bounding set shrunk); the command it started holds root's full set;
     a library the command loads after the drop is still attached."""
     caps_file, gate = tmp_path / "caps", tmp_path / "go"
-    script = (f"grep CapEff /proc/self/status > {caps_file}; while [ ! -e {gate} ]; do sleep 0.05; done; "
-              f"exec {WORKLOAD} --lib {FAKE_CUDART} --iterations 2")
+    script = (
+        f"grep CapEff /proc/self/status > {caps_file}; while [ ! -e {gate} ]; do sleep 0.05; done; "
+        f"exec {WORKLOAD} --lib {FAKE_CUDART} --iterations 2"
+    )
     cfg = config({"name": "file", "directory": str(tmp_path / "out")}, tmp=tmp_path)
     mine = capability_sets()
     with AgentProcess(["-c", str(cfg), "--", "sh", "-c", script]) as agent:

@@ -35,8 +35,14 @@ def marked_line(path: Path, marker: str) -> int:
     raise AssertionError(f"no marker {marker!r} in {path}")
 
 
-def write_config(tmp: Path, *, exporters: dict | None = None, cuda: bool = False, interval: str = "1s",
-                 extra_receiver: dict | None = None) -> Path:
+def write_config(
+    tmp: Path,
+    *,
+    exporters: dict | None = None,
+    cuda: bool = False,
+    interval: str = "1s",
+    extra_receiver: dict | None = None,
+) -> Path:
     exporters = exporters or {"file": {"directory": str(tmp / "out")}}
     doc: dict = {
         "receivers": {"profiling": {"interval": interval, "cuda_memory": cuda, **(extra_receiver or {})}},
@@ -272,6 +278,7 @@ def unknown_python_share(samples: list[pprof.Sample], index: int) -> float:
     """The share of the value in samples whose stack holds a Python frame not named by
     function, file and line (a code object never captured reads `[python code 0x…]`; a line
     table not copied, line 0)."""
+
     def python(f: pprof.Loc) -> bool:
         return bool(f.file) or f.function.startswith("[python code")
 
@@ -311,8 +318,10 @@ def test_module_level_code_is_named_by_file_and_line_in_cpu_and_memory_profiles(
         (imported, marked_line(MODULE_IMPORT, "import_alloc")): 2 * mib,
         **{(str(path), 5 + n): mib // 2 for n, path in enumerate(generated)},
     }
-    below = {imported: marked_line(MODULE_SCRIPT, "script_import"),
-             **{str(path): marked_line(MODULE_SCRIPT, "script_exec") for path in generated}}
+    below = {
+        imported: marked_line(MODULE_SCRIPT, "script_import"),
+        **{str(path): marked_line(MODULE_SCRIPT, "script_exec") for path in generated},
+    }
     allocated: dict[tuple[str, int], int] = defaultdict(int)
     for s in merged(memory):
         modules = [(f.file, f.line) for f in s.frames if f.function == "<module>"]
@@ -334,12 +343,17 @@ def test_module_level_code_is_named_by_file_and_line_in_cpu_and_memory_profiles(
 def test_pyroscope_server_address_alone_sends_the_cpu_profile(tmp_path):
     receiver = PyroscopeReceiver()
     try:
-        env = {"PYROSCOPE_SERVER_ADDRESS": receiver.endpoint, "PYROSCOPE_BASIC_AUTH_USER": "u1",
-               "PYROSCOPE_BASIC_AUTH_PASSWORD": "secret", "PYROSCOPE_TENANT_ID": "team-a"}
+        env = {
+            "PYROSCOPE_SERVER_ADDRESS": receiver.endpoint,
+            "PYROSCOPE_BASIC_AUTH_USER": "u1",
+            "PYROSCOPE_BASIC_AUTH_PASSWORD": "secret",
+            "PYROSCOPE_TENANT_ID": "team-a",
+        }
         with AgentProcess(["--", sys.executable, str(HOT), "3"], env={**env, "OTEL_SERVICE_NAME": ""}) as agent:
             assert agent.wait(timeout=180) == 0, agent.output
-        got = receiver.wait_for(lambda r: [p for p in r.profiles if p.labels["__name__"] == "process_cpu"],
-                                what="a CPU profile")
+        got = receiver.wait_for(
+            lambda r: [p for p in r.profiles if p.labels["__name__"] == "process_cpu"], what="a CPU profile"
+        )
         assert not receiver.errors
         p = got[0]
         assert p.api == "push"
@@ -361,8 +375,13 @@ def test_pyroscope_5xx_and_429_are_retried(tmp_path):
     try:
         receiver.fail_next(2, 503)
         receiver.fail_next(1, 429, retry_after="0")
-        exporters = {"pyroscope": {"endpoint": receiver.endpoint, "protocol": "ingest",
-                                   "retry": {"initial_interval": "100ms", "max_interval": "200ms"}}}
+        exporters = {
+            "pyroscope": {
+                "endpoint": receiver.endpoint,
+                "protocol": "ingest",
+                "retry": {"initial_interval": "100ms", "max_interval": "200ms"},
+            }
+        }
         cfg = write_config(tmp_path, exporters=exporters)
         run_profiled(cfg, [sys.executable, str(HOT), "2"])
         receiver.wait_for(lambda r: r.profiles, what="a profile after the failures")

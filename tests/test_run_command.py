@@ -76,8 +76,9 @@ def test_exit_status_of_the_command_is_the_agents(tmp_path: Path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_is_forwarded_and_the_agent_waits_for_the_command(tmp_path: Path, sig: int):
     got, ready = tmp_path / "got", tmp_path / "ready"
-    with AgentProcess(["-c", str(file_config(tmp_path)), "--", sys.executable, "-c", CLEANS_UP, str(got),
-                       str(ready)]) as agent:
+    with AgentProcess(
+        ["-c", str(file_config(tmp_path)), "--", sys.executable, "-c", CLEANS_UP, str(got), str(ready)]
+    ) as agent:
         agent.wait_ready()
         assert wait_until(ready.exists, timeout=30), agent.output
         t0 = time.monotonic()
@@ -114,8 +115,17 @@ def test_kill_9_of_the_agent_while_it_holds_the_command_stopped(tmp_path: Path):
     """The kernel stops the command at its dlopen; the agent, frozen, never resumes it and is
     then killed: the guard resumes it and it runs to its end."""
     gate, marker = tmp_path / "go", tmp_path / "resumed"
-    args = ["-c", str(file_config(tmp_path)), "--", sys.executable, "-c", LOADS_CUDART, str(gate), str(marker),
-            str(FAKE_CUDART)]
+    args = [
+        "-c",
+        str(file_config(tmp_path)),
+        "--",
+        sys.executable,
+        "-c",
+        LOADS_CUDART,
+        str(gate),
+        str(marker),
+        str(FAKE_CUDART),
+    ]
     with AgentProcess(args) as agent:
         agent.wait_ready()
         job = wait_until(lambda: pid_running(str(gate)), timeout=10)
@@ -148,8 +158,9 @@ def test_kill_9_of_the_agent_leaves_a_running_command_running(tmp_path: Path):
 def test_the_command_gets_default_signal_dispositions(tmp_path: Path):
     """Python ignores SIGPIPE; the command must not inherit that (`yes | head` ends by it)."""
     out = tmp_path / "sigs"
-    with AgentProcess(["-c", str(file_config(tmp_path)), "--", "sh", "-c",
-                       f"grep SigIgn /proc/self/status > {out}"]) as agent:
+    with AgentProcess(
+        ["-c", str(file_config(tmp_path)), "--", "sh", "-c", f"grep SigIgn /proc/self/status > {out}"]
+    ) as agent:
         assert agent.wait(90) == 0, agent.output
     ignored = int(out.read_text().split()[1], 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1))

@@ -37,8 +37,10 @@ service:
 """)
 
 
-PYRO = ('{pyroscope: {endpoint: "http://p:4040/", tenant_id: t1, basic_auth: {username: u, password: pw}, '
-        'headers: {X-A: "1"}}, pyroscope/b: {endpoint: "http://b:4040", bearer_token: tok}}')
+PYRO = (
+    '{pyroscope: {endpoint: "http://p:4040/", tenant_id: t1, basic_auth: {username: u, password: pw}, '
+    'headers: {X-A: "1"}}, pyroscope/b: {endpoint: "http://b:4040", bearer_token: tok}}'
+)
 
 
 def test_off_by_default():
@@ -73,7 +75,7 @@ def test_enabled_without_any_pyroscope_is_a_config_error():
 @dataclass
 class Push:
     path: str
-    headers: dict[str, str]          # names in lower case
+    headers: dict[str, str]  # names in lower case
     labels: dict[str, str]
     profiles: list[profile_pb2.Profile]
 

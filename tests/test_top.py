@@ -14,12 +14,27 @@ S = 1_000_000_000
 
 def snap(k: int, agent_pid: int = 1, t: int = 0) -> dict:
     """The k-th collection of two processes: pid 10 (GPU, 100 calls per collection) and pid 20."""
+
     def proc(pid: int, service: str, calls: int) -> dict:
-        return {"resource": {"service.name": service, "process.pid": pid}, "metrics": [
-            {"name": "cuda.api.calls", "kind": "sum",
-             "points": [{"attributes": {"cuda.api.function": "cudaMemcpy"}, "value": calls}]}]}
-    return {"version": 1, "agent_pid": agent_pid, "time_unix_nano": t or k * S, "metrics_time_unix_nano": k * S,
-            "processes": [proc(10, "trainer", 100 * k), proc(20, "loader", 5 * k)], "spans": []}
+        return {
+            "resource": {"service.name": service, "process.pid": pid},
+            "metrics": [
+                {
+                    "name": "cuda.api.calls",
+                    "kind": "sum",
+                    "points": [{"attributes": {"cuda.api.function": "cudaMemcpy"}, "value": calls}],
+                }
+            ],
+        }
+
+    return {
+        "version": 1,
+        "agent_pid": agent_pid,
+        "time_unix_nano": t or k * S,
+        "metrics_time_unix_nano": k * S,
+        "processes": [proc(10, "trainer", 100 * k), proc(20, "loader", 5 * k)],
+        "spans": [],
+    }
 
 
 class Source:
@@ -75,8 +90,15 @@ def test_keys_sort_filter_freeze_quit() -> None:
 
 
 def test_a_silent_socket_is_said_and_the_last_tables_stay_then_a_restarted_agent_counts_afresh() -> None:
-    v = Viewer(Source(snap(1), snap(2), EndpointError("/run/otelbpf/agent-1.sock: nothing listens (a stale socket)"),
-                      snap(1, agent_pid=2), snap(2, agent_pid=2)))
+    v = Viewer(
+        Source(
+            snap(1),
+            snap(2),
+            EndpointError("/run/otelbpf/agent-1.sock: nothing listens (a stale socket)"),
+            snap(1, agent_pid=2),
+            snap(2, agent_pid=2),
+        )
+    )
     v.refresh()
     v.refresh()
     v.refresh()

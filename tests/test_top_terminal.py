@@ -29,13 +29,16 @@ class Pane:
         self.name = f"otelbpf-test-{name}-{os.getpid()}"
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         # the pane's own size, not the COLUMNS/LINES this process may carry (Rich reads them first)
-        shell = (f"cd {shlex.quote(str(REPO))} && env -u COLUMNS -u LINES {exports} {command}; "
-                 "echo TOP-EXITED rc=$?; sleep 600")
+        shell = (
+            f"cd {shlex.quote(str(REPO))} && env -u COLUMNS -u LINES {exports} {command}; "
+            "echo TOP-EXITED rc=$?; sleep 600"
+        )
         subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "160", "-y", "50", shell], check=True)
 
     def screen(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run(
+            ["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True, check=True
+        ).stdout
 
     def keys(self, *keys: str) -> None:
         subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
@@ -76,16 +79,32 @@ def job(tmp_path_factory):
         "receivers": {"cuda": {"search_paths": []}, "http": {}, "nccl": {"search_paths": []}},
         "processors": {"batch": {"timeout": "100ms"}},
         "exporters": {"file": {"directory": str(tmp / "out")}},
-        "service": {"pipelines": {
-            "traces": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]},
-            "metrics": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]}},
-            "telemetry": {"metrics_interval": "500ms", "drain_interval": "20ms"}},
+        "service": {
+            "pipelines": {
+                "traces": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]},
+                "metrics": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]},
+            },
+            "telemetry": {"metrics_interval": "500ms", "drain_interval": "20ms"},
+        },
     }
     cfg = tmp / "otelbpf.yaml"
     cfg.write_text(yaml.safe_dump(doc))
-    traffic = subprocess.Popen([sys.executable, str(REPO / "deploy" / "demo" / "traffic.py"), "--build", str(BUILD),
-                                "--rounds", "0", "--pause", "0.5", "--requests", "5"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    traffic = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "deploy" / "demo" / "traffic.py"),
+            "--build",
+            str(BUILD),
+            "--rounds",
+            "0",
+            "--pause",
+            "0.5",
+            "--requests",
+            "5",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     panes: list[Pane] = []
     yield {"cfg": cfg, "run": run, "traffic": traffic, "panes": panes}
     for pane in panes:

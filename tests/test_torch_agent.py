@@ -95,8 +95,7 @@ def run(tmp_path_factory: pytest.TempPathFactory):
     script = tmp / "workload.py"
     script.write_text(WORKLOAD)
     with OtlpCollector() as collector:
-        proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().strip() == "ready"
             with AgentProcess(["-c", str(_config(collector, tmp)), "--pid", str(proc.pid)]) as agent:
@@ -124,8 +123,9 @@ def test_operator_spans_count_what_the_workload_ran(run):
         return Counter(s.name for s in _spans(collector, report["pid"]))
 
     try:
-        collector.wait_for(lambda: all(counts()[op] >= n for op, n in EXPECTED.items()), timeout=60,
-                           what="an operator span per call")
+        collector.wait_for(
+            lambda: all(counts()[op] >= n for op, n in EXPECTED.items()), timeout=60, what="an operator span per call"
+        )
     except AssertionError:
         raise AssertionError(f"spans: {counts()}\nagent:\n{agent.output[-3000:]}") from None
     got = counts()
@@ -155,11 +155,20 @@ def test_operator_metrics(run):
     pid = report["pid"]
 
     def calls(op: str) -> float:
-        return sum(p.value for p in collector.latest_points("otelbpf.torch.operator.calls", **{"process.pid": pid})
-                   if p.attributes.get("torch.operator.name") == op)
+        return sum(
+            p.value
+            for p in collector.latest_points("otelbpf.torch.operator.calls", **{"process.pid": pid})
+            if p.attributes.get("torch.operator.name") == op
+        )
 
-    collector.wait_for(lambda: all(calls(op) == n for op, n in EXPECTED.items()), timeout=30,
-                       what="otelbpf.torch.operator.calls per operator")
-    hist = [p for p in collector.latest_points("otelbpf.torch.operator.duration", **{"process.pid": pid})
-            if p.attributes.get("torch.operator.name") == "mm"]
+    collector.wait_for(
+        lambda: all(calls(op) == n for op, n in EXPECTED.items()),
+        timeout=30,
+        what="otelbpf.torch.operator.calls per operator",
+    )
+    hist = [
+        p
+        for p in collector.latest_points("otelbpf.torch.operator.duration", **{"process.pid": pid})
+        if p.attributes.get("torch.operator.name") == "mm"
+    ]
     assert hist and hist[0].count == N + 1 and hist[0].sum > 0

@@ -36,17 +36,22 @@ MAX_GROUPS = 4000
 @dataclass
 class HostOffset:
     host: str
-    offset_ns: int               # subtract from this host's times to get the reference clock
-    low_ns: int | None = None    # bounds on the offset (None: unbounded on that side)
+    offset_ns: int  # subtract from this host's times to get the reference clock
+    low_ns: int | None = None  # bounds on the offset (None: unbounded on that side)
     high_ns: int | None = None
-    collectives: int = 0         # shared collectives the estimate used
-    via: str = "reference"       # "reference", "direct", or the host it was reached through
-    consistent: bool = True      # the bounds did not contradict each other
+    collectives: int = 0  # shared collectives the estimate used
+    via: str = "reference"  # "reference", "direct", or the host it was reached through
+    consistent: bool = True  # the bounds did not contradict each other
 
 
 def estimate(
-    hosts: list[str], host: np.ndarray, group: np.ndarray, enter: np.ndarray, completion: np.ndarray,
-    observed: np.ndarray, reference: int,
+    hosts: list[str],
+    host: np.ndarray,
+    group: np.ndarray,
+    enter: np.ndarray,
+    completion: np.ndarray,
+    observed: np.ndarray,
+    reference: int,
 ) -> list[HostOffset]:
     """Offsets of every host relative to ``reference``, in the order of ``hosts`` (a host
     sharing no collective with any reached host is "unreachable", offset 0). Rows are

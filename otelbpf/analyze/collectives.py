@@ -74,17 +74,39 @@ class _Request(msgspec.Struct, gc=False):
 
 
 #: Span attributes the report reads; the others are skipped undecoded.
-_SPAN_KEYS = frozenset({
-    "nccl.comm.id", "nccl.seq", "nccl.rank", "nccl.nranks", "nccl.enqueue.duration", "nccl.phase.duration",
-    "nccl.phase.gpu_wait", "nccl.completion", "otelbpf.incomplete",
-})
+_SPAN_KEYS = frozenset(
+    {
+        "nccl.comm.id",
+        "nccl.seq",
+        "nccl.rank",
+        "nccl.nranks",
+        "nccl.enqueue.duration",
+        "nccl.phase.duration",
+        "nccl.phase.gpu_wait",
+        "nccl.completion",
+        "otelbpf.incomplete",
+    }
+)
 _RESOURCE_KEYS = frozenset({"host.name", "process.pid", "service.name"})
 #: One row per collective span.
-_ROW = np.dtype([
-    ("host", np.int32), ("pid", np.int64), ("rank", np.int32), ("nranks", np.int32), ("comm", np.uint64),
-    ("seq", np.int64), ("op", np.int8), ("start", np.int64), ("end", np.int64), ("enqueue", np.float64),
-    ("phase", np.float64), ("gpu_wait", np.float64), ("observed", np.bool_), ("status", np.int8),
-])
+_ROW = np.dtype(
+    [
+        ("host", np.int32),
+        ("pid", np.int64),
+        ("rank", np.int32),
+        ("nranks", np.int32),
+        ("comm", np.uint64),
+        ("seq", np.int64),
+        ("op", np.int8),
+        ("start", np.int64),
+        ("end", np.int64),
+        ("enqueue", np.float64),
+        ("phase", np.float64),
+        ("gpu_wait", np.float64),
+        ("observed", np.bool_),
+        ("status", np.int8),
+    ]
+)
 
 
 @dataclass
@@ -198,12 +220,24 @@ def _read_one(path: str) -> tuple[np.ndarray, list[str], dict[tuple[int, int], s
                         status = FAILED
                     else:
                         status = OK
-                    rows.append((
-                        host, pid, _int(a.get("nccl.rank")), _int(a.get("nccl.nranks")), int(comm.stringValue, 16),
-                        _int(seq), op, int(sp.startTimeUnixNano), int(sp.endTimeUnixNano),
-                        _float(a.get("nccl.enqueue.duration")), _float(a.get("nccl.phase.duration")),
-                        _float(a.get("nccl.phase.gpu_wait")), done == "observed", status,
-                    ))
+                    rows.append(
+                        (
+                            host,
+                            pid,
+                            _int(a.get("nccl.rank")),
+                            _int(a.get("nccl.nranks")),
+                            int(comm.stringValue, 16),
+                            _int(seq),
+                            op,
+                            int(sp.startTimeUnixNano),
+                            int(sp.endTimeUnixNano),
+                            _float(a.get("nccl.enqueue.duration")),
+                            _float(a.get("nccl.phase.duration")),
+                            _float(a.get("nccl.phase.gpu_wait")),
+                            done == "observed",
+                            status,
+                        )
+                    )
     return np.array(rows, dtype=_ROW), list(hosts), services
 
 
@@ -229,5 +263,9 @@ def read(paths: Sequence[str], workers: int | None = None) -> Collectives:
         for (h, pid), service in part_services.items():
             services[(int(remap[h]), pid)] = service
     rows = np.concatenate(tables) if tables else np.zeros(0, dtype=_ROW)
-    return Collectives(**{name: np.ascontiguousarray(rows[name]) for name in _ROW.names or ()}, hosts=list(hosts),
-                       services=services, files=len(files))
+    return Collectives(
+        **{name: np.ascontiguousarray(rows[name]) for name in _ROW.names or ()},
+        hosts=list(hosts),
+        services=services,
+        files=len(files),
+    )

@@ -54,40 +54,56 @@ COSTS = {
     "memory_churn": "time in device allocation and free calls",
     "launch_bound": "launches x 5 us, a typical host cost of one launch, when the GPU keeps up with the host",
     "input_starvation": "time the launching thread waited on a futex, pipe, socket or poll outside CUDA calls (off-CPU "
-                        "intervals above the sched receiver's span threshold: a lower bound)",
+    "intervals above the sched receiver's span threshold: a lower bound)",
     "host_contention": "time the launching thread was runnable but waited for a CPU (run-queue parts of its off-CPU "
-                       "intervals above the span threshold: a lower bound)",
+    "intervals above the span threshold: a lower bound)",
     "blocking_io": "time the launching thread was blocked in file-system or block I/O outside CUDA calls",
 }
 
 FIXES = {
     "cuda_errors": "Check the driver and the device the process sees (nvidia-smi, CUDA_VISIBLE_DEVICES, the "
-                   "container's GPU runtime); cudaErrorInsufficientDriver means no usable driver.",
+    "container's GPU runtime); cudaErrorInsufficientDriver means no usable driver.",
     "pageable_copies": "Allocate host buffers pinned: DataLoader(pin_memory=True) or tensor.pin_memory(), then "
-                       "copy with .to('cuda', non_blocking=True); or cudaHostRegister the buffer once.",
+    "copy with .to('cuda', non_blocking=True); or cudaHostRegister the buffer once.",
     "sync_storm": "Remove per-step synchronizes (torch.cuda.synchronize(), loss.item(), tensor printing); record a "
-                  "CUDA event and check it every N steps instead.",
+    "CUDA event and check it every N steps instead.",
     "blocking_reads": "Keep values on the GPU; read them back every N steps (accumulate loss in a tensor), or copy "
-                      "non_blocking into pinned memory and wait on an event.",
+    "non_blocking into pinned memory and wait on an event.",
     "memory_churn": "Keep the caching allocator warm: avoid torch.cuda.empty_cache() in the loop, reuse buffers, set "
-                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for varying sizes.",
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for varying sizes.",
     "launch_bound": "Fuse small kernels: CUDA graphs (torch.cuda.graphs / torch.compile(mode='reduce-overhead')) "
-                    "or larger batches.",
+    "or larger batches.",
     "input_starvation": "Feed the GPU ahead of time: more DataLoader workers (num_workers), prefetch_factor, "
-                        "persistent_workers=True, pin_memory=True; move decoding/augmentation off the training "
-                        "thread (or onto the GPU: DALI); cache preprocessed data.",
+    "persistent_workers=True, pin_memory=True; move decoding/augmentation off the training "
+    "thread (or onto the GPU: DALI); cache preprocessed data.",
     "host_contention": "Give the job its own cores: fewer competing processes, CPU requests = limits with the static "
-                       "CPU manager (Kubernetes) or taskset/cpusets; cap OMP_NUM_THREADS and DataLoader workers to "
-                       "the cores the job has.",
+    "CPU manager (Kubernetes) or taskset/cpusets; cap OMP_NUM_THREADS and DataLoader workers to "
+    "the cores the job has.",
     "blocking_io": "Take file I/O off the training thread: asynchronous checkpoints (torch.distributed.checkpoint."
-                   "async_save, or a background thread writing a CPU copy), buffered or asynchronous logging, "
-                   "no fsync per step; checkpoint every N steps to fast local storage.",
+    "async_save, or a background thread writing a CPU copy), buffered or asynchronous logging, "
+    "no fsync per step; checkpoint every N steps to fast local storage.",
 }
 
-_SYNCS = {"cudaStreamSynchronize", "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize", "cudaEventSynchronize",
-          "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuCtxSynchronize", "cuEventSynchronize"}
-_ALLOCS = {"cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cuMemAlloc_v2", "cuMemFree_v2",
-           "cuMemAllocAsync", "cuMemFreeAsync"}
+_SYNCS = {
+    "cudaStreamSynchronize",
+    "cudaStreamSynchronize_ptsz",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cuStreamSynchronize",
+    "cuStreamSynchronize_ptsz",
+    "cuCtxSynchronize",
+    "cuEventSynchronize",
+}
+_ALLOCS = {
+    "cudaMalloc",
+    "cudaFree",
+    "cudaMallocAsync",
+    "cudaFreeAsync",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+}
 _SMALL_READ = 64 << 10
 #: A finding below this share of the process's traced window, or below this many
 #: seconds, is not reported (a 5 ms process is not a training job).
@@ -107,8 +123,8 @@ SCHED_SCOPE = "otelbpf.sched"
 class Finding:
     cause: str
     process: str
-    cost_s: float          # estimated seconds (see COSTS)
-    share: float           # cost / the process's traced window
+    cost_s: float  # estimated seconds (see COSTS)
+    share: float  # cost / the process's traced window
     summary: str
     evidence: dict = field(default_factory=dict)
     fix: str = ""
@@ -138,8 +154,16 @@ def _load(directory: str, partial: list[str] | None = None) -> tuple[dict, dict,
                 continue
             for sp in ss.get("spans", []):
                 a = _attrs(sp.get("attributes"))
-                into[key].append(_Span(sp["name"], int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]),
-                                       int(a.get("thread.id", 0) or 0), a, sp.get("spanId", "")))
+                into[key].append(
+                    _Span(
+                        sp["name"],
+                        int(sp["startTimeUnixNano"]),
+                        int(sp["endTimeUnixNano"]),
+                        int(a.get("thread.id", 0) or 0),
+                        a,
+                        sp.get("spanId", ""),
+                    )
+                )
 
     latest = load_metrics(directory, procs, partial)
     _read(directory, "traces", add_spans, partial)
@@ -147,16 +171,20 @@ def _load(directory: str, partial: list[str] | None = None) -> tuple[dict, dict,
 
 
 def _metric(points: dict, name: str, **match: object) -> list[tuple[dict, dict]]:
-    return [(dict(a), dp) for (n, a), (_t, dp, _kind) in points.items()
-            if n == name and all(dict(a).get(k) == v for k, v in match.items())]
+    return [
+        (dict(a), dp)
+        for (n, a), (_t, dp, _kind) in points.items()
+        if n == name and all(dict(a).get(k) == v for k, v in match.items())
+    ]
 
 
 def _ids(spans: list[_Span]) -> list[str]:
     return [s.span_id for s in sorted(spans, key=lambda s: s.start - s.end)[:EVIDENCE_SPANS]]
 
 
-def _process_findings(label: str, spans: list[_Span], points: dict,
-                      off_cpu: list[_Span] | None = None) -> list[Finding]:
+def _process_findings(
+    label: str, spans: list[_Span], points: dict, off_cpu: list[_Span] | None = None
+) -> list[Finding]:
     if not spans:
         return []
     window = max(1, max(s.end for s in spans) - min(s.start for s in spans)) / 1e9
@@ -164,31 +192,58 @@ def _process_findings(label: str, spans: list[_Span], points: dict,
 
     def add(cause: str, cost: float, summary: str, evidence: dict) -> None:
         if cost / window >= MIN_SHARE and cost >= MIN_COST_S:
-            out.append(Finding(cause, label, round(cost, 6), round(cost / window, 4), summary,
-                               {"window_s": round(window, 3), **evidence}, FIXES[cause]))
+            out.append(
+                Finding(
+                    cause,
+                    label,
+                    round(cost, 6),
+                    round(cost / window, 4),
+                    summary,
+                    {"window_s": round(window, 3), **evidence},
+                    FIXES[cause],
+                )
+            )
 
     calls_total = sum(_num(dp) for _a, dp in _metric(points, "cuda.api.calls"))
-    failed = Counter({(a.get("cuda.api.function"), a.get("cuda.error.name")): _num(dp)
-                      for a, dp in _metric(points, "cuda.api.errors")})
+    failed = Counter(
+        {
+            (a.get("cuda.api.function"), a.get("cuda.error.name")): _num(dp)
+            for a, dp in _metric(points, "cuda.api.errors")
+        }
+    )
     if calls_total and sum(failed.values()) >= calls_total / 2:
         # Most calls fail: nothing reaches a GPU, whatever else the calls look like.
         (func, name), n = failed.most_common(1)[0]
-        out.append(Finding("cuda_errors", label, round(window, 6), 1.0,
-                           f"{sum(failed.values()):.0f} of {calls_total:.0f} CUDA calls failed, most with {name} "
-                           f"({func} x{n:.0f}): no work reaches a GPU",
-                           {"window_s": round(window, 3), "calls": int(calls_total),
-                            "failed": {f"{f} {e}": int(c) for (f, e), c in failed.most_common(5)}},
-                           FIXES["cuda_errors"]))
+        out.append(
+            Finding(
+                "cuda_errors",
+                label,
+                round(window, 6),
+                1.0,
+                f"{sum(failed.values()):.0f} of {calls_total:.0f} CUDA calls failed, most with {name} "
+                f"({func} x{n:.0f}): no work reaches a GPU",
+                {
+                    "window_s": round(window, 3),
+                    "calls": int(calls_total),
+                    "failed": {f"{f} {e}": int(c) for (f, e), c in failed.most_common(5)},
+                },
+                FIXES["cuda_errors"],
+            )
+        )
         return out
     pageable = [s for s in spans if s.attrs.get("cuda.memcpy.host_memory") == "pageable"]
     if pageable:
-        metric_bytes = sum(_num(dp) for _a, dp in _metric(points, "cuda.memcpy.host_bytes",
-                                                          **{"cuda.memcpy.host_memory": "pageable"}))
+        metric_bytes = sum(
+            _num(dp) for _a, dp in _metric(points, "cuda.memcpy.host_bytes", **{"cuda.memcpy.host_memory": "pageable"})
+        )
         nbytes = max(metric_bytes, sum(int(s.attrs.get("cuda.memcpy.bytes", 0)) for s in pageable))
         cost = sum(s.end - s.start for s in pageable) / 1e9
-        add("pageable_copies", cost,
+        add(
+            "pageable_copies",
+            cost,
             f"{len(pageable)} copies ({nbytes / 2**20:.1f} MiB) from or to pageable host memory",
-            {"copies": len(pageable), "bytes": int(nbytes), "seconds": round(cost, 6), "span_ids": _ids(pageable)})
+            {"copies": len(pageable), "bytes": int(nbytes), "seconds": round(cost, 6), "span_ids": _ids(pageable)},
+        )
 
     by_thread: dict[int, list[_Span]] = defaultdict(list)
     for s in spans:
@@ -203,49 +258,85 @@ def _process_findings(label: str, spans: list[_Span], points: dict,
         for i, s in enumerate(mine):
             if s.name in _SYNCS:
                 syncs.append(s)
-                nxt = next((n for n in mine[i + 1:] if n.start >= s.end), None)
+                nxt = next((n for n in mine[i + 1 :] if n.start >= s.end), None)
                 if nxt is not None:
                     gap = (nxt.start - s.end - _overlap(s.end, nxt.start, blocked.get(tid, []))) / 1e9
                     gaps.append(min(max(gap, 0.0), SYNC_GAP_CAP_S))
     if syncs and len(syncs) / window >= 1:
         cost = sum(gaps)
         funcs = Counter(s.name for s in syncs)
-        add("sync_storm", cost,
+        add(
+            "sync_storm",
+            cost,
             f"{len(syncs)} synchronizes ({len(syncs) / window:.1f}/s); the GPU waited {cost:.3f}s for the next work",
-            {"syncs": len(syncs), "per_second": round(len(syncs) / window, 2), "by_function": dict(funcs),
-             "median_gap_s": round(statistics.median(gaps), 6) if gaps else 0.0,
-             "waited_s": round(sum(s.end - s.start for s in syncs) / 1e9, 6), "span_ids": _ids(syncs)})
+            {
+                "syncs": len(syncs),
+                "per_second": round(len(syncs) / window, 2),
+                "by_function": dict(funcs),
+                "median_gap_s": round(statistics.median(gaps), 6) if gaps else 0.0,
+                "waited_s": round(sum(s.end - s.start for s in syncs) / 1e9, 6),
+                "span_ids": _ids(syncs),
+            },
+        )
 
-    reads = [s for s in spans if s.attrs.get("cuda.memcpy.direction") == "D2H" and not s.attrs.get("cuda.memcpy.async")
-             and int(s.attrs.get("cuda.memcpy.bytes", 0)) <= _SMALL_READ]
+    reads = [
+        s
+        for s in spans
+        if s.attrs.get("cuda.memcpy.direction") == "D2H"
+        and not s.attrs.get("cuda.memcpy.async")
+        and int(s.attrs.get("cuda.memcpy.bytes", 0)) <= _SMALL_READ
+    ]
     if reads:
         cost = sum(s.end - s.start for s in reads) / 1e9
-        add("blocking_reads", cost, f"{len(reads)} small blocking device-to-host reads ({len(reads) / window:.1f}/s)",
-            {"reads": len(reads), "bytes": sum(int(s.attrs.get("cuda.memcpy.bytes", 0)) for s in reads),
-             "seconds": round(cost, 6), "span_ids": _ids(reads)})
+        add(
+            "blocking_reads",
+            cost,
+            f"{len(reads)} small blocking device-to-host reads ({len(reads) / window:.1f}/s)",
+            {
+                "reads": len(reads),
+                "bytes": sum(int(s.attrs.get("cuda.memcpy.bytes", 0)) for s in reads),
+                "seconds": round(cost, 6),
+                "span_ids": _ids(reads),
+            },
+        )
 
     allocs = [s for s in spans if s.name in _ALLOCS]
-    calls = {a["cuda.api.function"]: _num(dp) for a, dp in _metric(points, "cuda.api.calls")
-             if a.get("cuda.api.function") in _ALLOCS}
+    calls = {
+        a["cuda.api.function"]: _num(dp)
+        for a, dp in _metric(points, "cuda.api.calls")
+        if a.get("cuda.api.function") in _ALLOCS
+    }
     if allocs and len(allocs) / window >= 1:
-        sizes = Counter(int(s.attrs["cuda.memory.bytes"]) for s in allocs
-                        if "cuda.memory.bytes" in s.attrs and "Free" not in s.name)
+        sizes = Counter(
+            int(s.attrs["cuda.memory.bytes"]) for s in allocs if "cuda.memory.bytes" in s.attrs and "Free" not in s.name
+        )
         cost = sum(s.end - s.start for s in allocs) / 1e9
-        add("memory_churn", cost,
+        add(
+            "memory_churn",
+            cost,
             f"{len(allocs)} device allocations and frees ({len(allocs) / window:.1f}/s)"
             + (f", {sizes.most_common(1)[0][1]} of {sizes.most_common(1)[0][0]} bytes" if sizes else ""),
-            {"calls": int(sum(calls.values())) or len(allocs),
-             "by_function": calls or dict(Counter(s.name for s in allocs)),
-             "repeated_sizes": dict(sizes.most_common(3)), "seconds": round(cost, 6), "span_ids": _ids(allocs)})
+            {
+                "calls": int(sum(calls.values())) or len(allocs),
+                "by_function": calls or dict(Counter(s.name for s in allocs)),
+                "repeated_sizes": dict(sizes.most_common(3)),
+                "seconds": round(cost, 6),
+                "span_ids": _ids(allocs),
+            },
+        )
 
     launches = sum(_num(dp) for _a, dp in _metric(points, "cuda.kernel.launches"))
     if launches and syncs:
         median_wait = statistics.median((s.end - s.start) / 1e9 for s in syncs)
         if launches / window >= 20_000 and median_wait <= 2e-4:
             cost = launches * LAUNCH_COST_S
-            add("launch_bound", cost, f"{launches:.0f} launches ({launches / window:.0f}/s) and syncs that return "
+            add(
+                "launch_bound",
+                cost,
+                f"{launches:.0f} launches ({launches / window:.0f}/s) and syncs that return "
                 f"in {median_wait * 1e6:.0f} us: the GPU keeps up with the host",
-                {"launches": int(launches), "per_second": round(launches / window), "median_sync_wait_s": median_wait})
+                {"launches": int(launches), "per_second": round(launches / window), "median_sync_wait_s": median_wait},
+            )
     if off_cpu:
         _sched_findings(spans, points, off_cpu, window, add)
     return out
@@ -296,8 +387,11 @@ def _stacks(intervals: list[_Span], part: str) -> list[dict]:
     by: dict[tuple, float] = defaultdict(float)
     for s in intervals:
         by[tuple(s.attrs.get("otelbpf.sched.kernel_stack") or ())] += int(s.attrs.get(part, 0)) / 1e9
-    return [{"seconds": round(v, 6), "kernel_stack": list(k)}
-            for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:EVIDENCE_STACKS] if k]
+    return [
+        {"seconds": round(v, 6), "kernel_stack": list(k)}
+        for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:EVIDENCE_STACKS]
+        if k
+    ]
 
 
 def _thread_names(intervals: list[_Span]) -> dict[str, str]:
@@ -329,8 +423,11 @@ def _sched_findings(spans: list[_Span], points: dict, off_cpu: list[_Span], wind
         mine.sort(key=lambda s: s.start)
         starts[tid] = [s.start for s in mine]
     waits = [s for s in off_cpu if s.tid in launchers and s.end > t0 and s.start < t1]
-    outside = [s for s in waits if s.attrs.get("otelbpf.sched.reason") != "cuda"
-               and not _inside_cuda(s, calls[s.tid], starts[s.tid])]
+    outside = [
+        s
+        for s in waits
+        if s.attrs.get("otelbpf.sched.reason") != "cuda" and not _inside_cuda(s, calls[s.tid], starts[s.tid])
+    ]
 
     def blocked(s: _Span) -> float:
         return int(s.attrs.get("otelbpf.sched.blocked_ns", 0)) / 1e9
@@ -342,31 +439,58 @@ def _sched_findings(spans: list[_Span], points: dict, off_cpu: list[_Span], wind
         reasons: dict[str, float] = defaultdict(float)
         for s in starved:
             reasons[s.attrs["otelbpf.sched.reason"]] += blocked(s)
-        add("input_starvation", cost,
+        add(
+            "input_starvation",
+            cost,
             f"the launching thread waited {cost:.3f}s in {len(starved)} waits on other threads or processes "
             f"({', '.join(f'{r} {v:.3f}s' for r, v in _by_value(reasons))}) while no CUDA call was in progress",
-            {"waits": len(starved), "seconds": round(cost, 6),
-             "by_reason": {r: round(v, 6) for r, v in _by_value(reasons)},
-             "threads": names, "stacks": _stacks(starved, "otelbpf.sched.blocked_ns"),
-             "other_threads": _other_threads(points, set(names.values())), "span_ids": _ids(starved)})
+            {
+                "waits": len(starved),
+                "seconds": round(cost, 6),
+                "by_reason": {r: round(v, 6) for r, v in _by_value(reasons)},
+                "threads": names,
+                "stacks": _stacks(starved, "otelbpf.sched.blocked_ns"),
+                "other_threads": _other_threads(points, set(names.values())),
+                "span_ids": _ids(starved),
+            },
+        )
     io = [s for s in outside if s.attrs.get("otelbpf.sched.reason") == "io"]
     if io:
         cost = sum(blocked(s) for s in io)
-        add("blocking_io", cost, f"the launching thread was blocked {cost:.3f}s in {len(io)} file-system or disk waits",
-            {"waits": len(io), "seconds": round(cost, 6), "threads": names,
-             "stacks": _stacks(io, "otelbpf.sched.blocked_ns"), "span_ids": _ids(io)})
+        add(
+            "blocking_io",
+            cost,
+            f"the launching thread was blocked {cost:.3f}s in {len(io)} file-system or disk waits",
+            {
+                "waits": len(io),
+                "seconds": round(cost, 6),
+                "threads": names,
+                "stacks": _stacks(io, "otelbpf.sched.blocked_ns"),
+                "span_ids": _ids(io),
+            },
+        )
     queued = [s for s in waits if int(s.attrs.get("otelbpf.sched.runqueue_ns", 0)) > 0]
     if queued:
         runq = sorted(int(s.attrs["otelbpf.sched.runqueue_ns"]) / 1e9 for s in queued)
         cost = sum(runq)
-        add("host_contention", cost,
+        add(
+            "host_contention",
+            cost,
             f"the launching thread waited {cost:.3f}s for a CPU while runnable ({len(queued)} waits, "
             f"longest {runq[-1] * 1e3:.1f} ms)",
-            {"waits": len(queued), "seconds": round(cost, 6), "median_wait_s": round(statistics.median(runq), 6),
-             "max_wait_s": round(runq[-1], 6), "threads": names,
-             "preempted": sum(1 for s in queued if s.attrs.get("otelbpf.sched.reason") == "preempted"),
-             "span_ids": [s.span_id for s in sorted(
-                 queued, key=lambda s: -int(s.attrs["otelbpf.sched.runqueue_ns"]))[:EVIDENCE_SPANS]]})
+            {
+                "waits": len(queued),
+                "seconds": round(cost, 6),
+                "median_wait_s": round(statistics.median(runq), 6),
+                "max_wait_s": round(runq[-1], 6),
+                "threads": names,
+                "preempted": sum(1 for s in queued if s.attrs.get("otelbpf.sched.reason") == "preempted"),
+                "span_ids": [
+                    s.span_id
+                    for s in sorted(queued, key=lambda s: -int(s.attrs["otelbpf.sched.runqueue_ns"]))[:EVIDENCE_SPANS]
+                ],
+            },
+        )
 
 
 def diagnose(directory: str, partial: list[str] | None = None) -> list[Finding]:

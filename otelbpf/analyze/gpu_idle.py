@@ -67,6 +67,8 @@ def write_gpu_idle(idle: list[GpuIdle], out: TextIO) -> None:
         return
     out.write("GPU idle time (NVML, 1 - mean utilization over the run):\n")
     for g in idle:
-        out.write(f"  {g.name} ({g.hw_id}): idle {g.idle:.0%} of {g.seconds:.0f}s "
-                  f"(mean utilization {g.mean_utilization:.0%} over {g.points} metrics intervals)\n")
+        out.write(
+            f"  {g.name} ({g.hw_id}): idle {g.idle:.0%} of {g.seconds:.0f}s "
+            f"(mean utilization {g.mean_utilization:.0%} over {g.points} metrics intervals)\n"
+        )
     out.write("\n")

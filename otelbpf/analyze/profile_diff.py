@@ -67,9 +67,9 @@ class RankCpu:
 @dataclass(frozen=True)
 class FrameDelta:
     function: str
-    self_ms_per_s: float    # slow rank minus the healthy mean, CPU ms per wall second, in the frame itself
-    total_ms_per_s: float   # the same, in the frame and what it calls
-    slow_ms_per_s: float    # the slow rank's own inclusive rate, for scale
+    self_ms_per_s: float  # slow rank minus the healthy mean, CPU ms per wall second, in the frame itself
+    total_ms_per_s: float  # the same, in the frame and what it calls
+    slow_ms_per_s: float  # the slow rank's own inclusive rate, for scale
 
 
 @dataclass
@@ -83,9 +83,12 @@ class ProfileDiff:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "slow_pid": self.slow_pid, "base_pids": self.base_pids,
-            "slow_seconds": round(self.slow_seconds, 3), "base_seconds": round(self.base_seconds, 3),
-            "frames": [vars(f) for f in self.frames], "slow_files": self.slow_files,
+            "slow_pid": self.slow_pid,
+            "base_pids": self.base_pids,
+            "slow_seconds": round(self.slow_seconds, 3),
+            "base_seconds": round(self.base_seconds, 3),
+            "frames": [vars(f) for f in self.frames],
+            "slow_files": self.slow_files,
         }
 
 
@@ -124,8 +127,9 @@ def _process_of(prof: profile_pb2.Profile) -> Process | None:
     return None
 
 
-def read_cpu(paths: Sequence[str], processes: Iterable[Process] | None = None,
-             window_ns: tuple[int, int] | None = None) -> tuple[dict[Process, RankCpu], list[str]]:
+def read_cpu(
+    paths: Sequence[str], processes: Iterable[Process] | None = None, window_ns: tuple[int, int] | None = None
+) -> tuple[dict[Process, RankCpu], list[str]]:
     """CPU stacks per (host, pid) from the CPU profiles under ``paths``, only the profiles that
     overlap ``window_ns`` (wall clock) and only ``processes`` when given. Unreadable files are
     skipped and named in the second value (a folder being written holds partial files)."""
@@ -185,19 +189,35 @@ def diff(slow: RankCpu, healthy: Sequence[RankCpu], *, top: int = 10, min_ms_per
     s_own, s_total = _by_function(slow_rate)
     b_own, b_total = _by_function(base_rate)
     frames = [
-        FrameDelta(name, round((s_own[name] - b_own[name]) / 1e6, 3), round((s_total[name] - b_total[name]) / 1e6, 3),
-                   round(s_total[name] / 1e6, 3))
+        FrameDelta(
+            name,
+            round((s_own[name] - b_own[name]) / 1e6, 3),
+            round((s_total[name] - b_total[name]) / 1e6, 3),
+            round(s_total[name] / 1e6, 3),
+        )
         for name in s_own
         if (s_own[name] - b_own[name]) / 1e6 >= min_ms_per_s
     ]
     frames.sort(key=lambda f: (-f.self_ms_per_s, f.function))
-    return ProfileDiff(slow.pid, sorted(h.pid for h in healthy), slow.seconds,
-                       sum(h.seconds for h in healthy) / max(len(healthy), 1), frames[:top], slow.files)
+    return ProfileDiff(
+        slow.pid,
+        sorted(h.pid for h in healthy),
+        slow.seconds,
+        sum(h.seconds for h in healthy) / max(len(healthy), 1),
+        frames[:top],
+        slow.files,
+    )
 
 
 def _build(stacks: dict[Stack, float], seconds: float) -> bytes:
-    b = ProfileBuilder(CPU_SAMPLE_TYPES, time_ns=0, duration_ns=max(int(seconds * 1e9), 1),
-                       period_type=("cpu", "nanoseconds"), period=0, default_sample_type="cpu")
+    b = ProfileBuilder(
+        CPU_SAMPLE_TYPES,
+        time_ns=0,
+        duration_ns=max(int(seconds * 1e9), 1),
+        period_type=("cpu", "nanoseconds"),
+        period=0,
+        default_sample_type="cpu",
+    )
     for stack, ns in stacks.items():
         value = int(round(ns))
         if value > 0:
@@ -220,8 +240,9 @@ def write_pprof(slow: RankCpu, healthy: Sequence[RankCpu], out_dir: str) -> tupl
     return paths
 
 
-def diff_tree(slow: RankCpu, healthy: Sequence[RankCpu], *, min_share: float = 0.002,
-              max_depth: int = 128) -> dict[str, object]:
+def diff_tree(
+    slow: RankCpu, healthy: Sequence[RankCpu], *, min_share: float = 0.002, max_depth: int = 128
+) -> dict[str, object]:
     """The slow rank's CPU call tree as d3-flame-graph draws it (``{name, value, children}``,
     value: its CPU nanoseconds) with ``delta`` on every node: its value minus the healthy
     ranks' mean over the same duration (red where the slow rank burns more, blue where less,
@@ -245,7 +266,11 @@ def diff_tree(slow: RankCpu, healthy: Sequence[RankCpu], *, min_share: float = 0
 
     def walk(path: Stack) -> dict[str, object]:
         kids = sorted(children.get(path, []), key=lambda p: -values[p])
-        return {"name": path[-1] if path else "all", "value": int(values[path]), "delta": int(round(deltas[path])),
-                "children": [walk(k) for k in kids]}
+        return {
+            "name": path[-1] if path else "all",
+            "value": int(values[path]),
+            "delta": int(round(deltas[path])),
+            "children": [walk(k) for k in kids],
+        }
 
     return walk(())

@@ -48,10 +48,10 @@ class FlameGraph:
     service: str
     pid: int
     kind: str
-    unit: str                # pprof-style "type/unit" of the values ("cpu/nanoseconds", ...)
+    unit: str  # pprof-style "type/unit" of the values ("cpu/nanoseconds", ...)
     root: Node
     files: int = 0
-    note: str = ""           # what the graph is made of, for its heading
+    note: str = ""  # what the graph is made of, for its heading
 
 
 @dataclass
@@ -65,8 +65,10 @@ def flame_graphs(directory: str, problems: list[str]) -> list[FlameGraph]:
     """One graph per (process, kind): CPU merged over every interval; CUDA memory in use as
     the last interval saw it (a balance, not a sum over intervals)."""
     graphs: dict[tuple[str, int, str], FlameGraph] = {}
-    for path in sorted(glob.glob(os.path.join(directory, "profiles", "*.pb.gz")),
-                       key=lambda p: int(m["ms"]) if (m := PROFILE_NAME.match(os.path.basename(p))) else 0):
+    for path in sorted(
+        glob.glob(os.path.join(directory, "profiles", "*.pb.gz")),
+        key=lambda p: int(m["ms"]) if (m := PROFILE_NAME.match(os.path.basename(p))) else 0,
+    ):
         m = PROFILE_NAME.match(os.path.basename(path))
         if not m:
             continue
@@ -80,8 +82,11 @@ def flame_graphs(directory: str, problems: list[str]) -> list[FlameGraph]:
             graphs.pop(key, None)
         g = graphs.setdefault(key, FlameGraph(key[0], key[1], key[2], unit, Node("all")))
         g.files += 1
-        g.note = ("in use at the last interval" if unit.startswith("inuse_")
-                  else f"{g.files} interval{'s' if g.files != 1 else ''}")
+        g.note = (
+            "in use at the last interval"
+            if unit.startswith("inuse_")
+            else f"{g.files} interval{'s' if g.files != 1 else ''}"
+        )
         for frames, value in samples:
             g.root.add(frames, value)
     return [g for g in graphs.values() if g.root.value > 0]
@@ -103,8 +108,18 @@ class _Spans:
             t.total_ns += d
             t.max_ns = max(t.max_ns, d)
         elif scope == SCHED_SCOPE:
-            g = self.off.setdefault(key, FlameGraph(str(key[0]), int(key[1] or 0), "off_cpu", "off_cpu/nanoseconds",
-                                                    Node("all"), 1, "off_cpu spans: thread, reason, kernel stack"))
+            g = self.off.setdefault(
+                key,
+                FlameGraph(
+                    str(key[0]),
+                    int(key[1] or 0),
+                    "off_cpu",
+                    "off_cpu/nanoseconds",
+                    Node("all"),
+                    1,
+                    "off_cpu spans: thread, reason, kernel stack",
+                ),
+            )
             stack = [str(f) for f in reversed(a.get("otelbpf.sched.kernel_stack") or [])]
             g.root.add([f"thread {a.get('thread.name', '?')}", str(a.get("otelbpf.sched.reason", "?")), *stack], d)
 
@@ -234,39 +249,57 @@ class _Charts:
         self.flames.append({"id": fid, "weights": weights, "differential": differential})
         switch = ""
         if len(weights) > 1:
-            switch = (f"<label>weight: <select id='{fid}-weight'>"
-                      + "".join(f"<option value='{i}'>{_e(w['label'])}</option>" for i, w in enumerate(weights))
-                      + "</select></label>")
-        return (f"<h3>{_e(heading)}</h3>{switch}<p class='legend' id='{fid}-legend'></p>"
-                f"<div class='chart flame' id='{fid}'></div><div class='details' id='{fid}-details'></div>")
+            switch = (
+                f"<label>weight: <select id='{fid}-weight'>"
+                + "".join(f"<option value='{i}'>{_e(w['label'])}</option>" for i, w in enumerate(weights))
+                + "</select></label>"
+            )
+        return (
+            f"<h3>{_e(heading)}</h3>{switch}<p class='legend' id='{fid}-legend'></p>"
+            f"<div class='chart flame' id='{fid}'></div><div class='details' id='{fid}-details'></div>"
+        )
 
     def timeline(self, data: dict) -> str:
         tid = f"timeline-{len(self.timelines)}"
         self.timelines.append({"id": tid, **data})
-        notes = [f"{lane['name']}: the {lane['shown']} longest of {lane['total']} spans" for lane in data["lanes"]
-                 if lane["shown"] < lane["total"]]
+        notes = [
+            f"{lane['name']}: the {lane['shown']} longest of {lane['total']} spans"
+            for lane in data["lanes"]
+            if lane["shown"] < lane["total"]
+        ]
         bound = ("<p class='legend'>Bounded: " + _e("; ".join(notes)) + ".</p>") if notes else ""
-        return (f"<h3>Timeline (ms after the first span; drag to pan, wheel to zoom)</h3>{bound}"
-                f"<div class='chart' id='{tid}'></div>")
+        return (
+            f"<h3>Timeline (ms after the first span; drag to pan, wheel to zoom)</h3>{bound}"
+            f"<div class='chart' id='{tid}'></div>"
+        )
 
     def script(self) -> str:
         blob = json.dumps({"flames": self.flames, "timelines": self.timelines}, separators=(",", ":"))
-        return (f"<script type='application/json' id='otelbpf-data'>{blob.replace('<', chr(92) + 'u003c')}</script>"
-                f"{_vendored()}<script>{_JS}</script>")
+        return (
+            f"<script type='application/json' id='otelbpf-data'>{blob.replace('<', chr(92) + 'u003c')}</script>"
+            f"{_vendored()}<script>{_JS}</script>"
+        )
 
 
 def _weight_json(w: Weight) -> dict:
     coverage = ""
     if w.counted:
         part = "The spans" if w.comparable == w.root.value else "Its synchronize calls"
-        coverage = (f"{part} hold {w.comparable / w.counted:.0%} of what the metrics counted "
-                    f"({_amount(w.counted, w.unit)})")
+        coverage = (
+            f"{part} hold {w.comparable / w.counted:.0%} of what the metrics counted ({_amount(w.counted, w.unit)})"
+        )
         if w.comparable < 0.995 * w.counted:
             coverage += ": the rest were sampled out or too short to be spans"
         elif w.comparable > 1.005 * w.counted:
             coverage += ": sampled launches scaled by their sample_every are an estimate"
-    return {"key": w.key, "label": w.label, "unit": w.unit, "rests_on": w.rests_on, "tree": w.root.to_json(),
-            "coverage": coverage}
+    return {
+        "key": w.key,
+        "label": w.label,
+        "unit": w.unit,
+        "rests_on": w.rests_on,
+        "tree": w.root.to_json(),
+        "coverage": coverage,
+    }
 
 
 def _finding_html(i: int, f: Finding) -> str:
@@ -274,12 +307,15 @@ def _finding_html(i: int, f: Finding) -> str:
     rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in sorted(evidence.items()))
     stacks = "".join(
         f"<p class='muted'>{s['seconds']:.3f}s in:</p><pre>{_e(chr(10).join(s['kernel_stack']))}</pre>"
-        for s in f.evidence.get("stacks", []))
+        for s in f.evidence.get("stacks", [])
+    )
     spans = f"<p>spans: <code>{_e(', '.join(f.evidence['span_ids']))}</code></p>" if f.evidence.get("span_ids") else ""
-    return (f'<div class="finding" id="finding-{i}"><h3>{i}. {_e(f.cause)}: {_e(f.process)}: ~{f.cost_s:.3f}s '
-            f"({f.share:.1%} of its traced window)</h3><p>{_e(f.summary)}</p>"
-            f"<p class='muted'>cost: {_e(COSTS.get(f.cause, ''))}</p><table>{rows}</table>{stacks}{spans}"
-            f"<p class='fix'><b>fix:</b> {_e(f.fix)}</p></div>")
+    return (
+        f'<div class="finding" id="finding-{i}"><h3>{i}. {_e(f.cause)}: {_e(f.process)}: ~{f.cost_s:.3f}s '
+        f"({f.share:.1%} of its traced window)</h3><p>{_e(f.summary)}</p>"
+        f"<p class='muted'>cost: {_e(COSTS.get(f.cause, ''))}</p><table>{rows}</table>{stacks}{spans}"
+        f"<p class='fix'><b>fix:</b> {_e(f.fix)}</p></div>"
+    )
 
 
 def _series(points: dict, name: str) -> list[tuple[dict, dict]]:
@@ -289,13 +325,22 @@ def _series(points: dict, name: str) -> list[tuple[dict, dict]]:
 def _counted(points: dict) -> dict[str, float]:
     """What the metrics counted of the span-based AI weights (so the page can say how much the spans hold)."""
     sync_s = sum(float(dp.get("sum", 0)) for _a, dp in _series(points, "cuda.sync.duration"))
-    return {"launches": sum(_num(dp) for _a, dp in _series(points, "cuda.kernel.launches")),
-            "copied": sum(_num(dp) for _a, dp in _series(points, "cuda.memcpy.bytes")),
-            "sync": sync_s * 1e9}
+    return {
+        "launches": sum(_num(dp) for _a, dp in _series(points, "cuda.kernel.launches")),
+        "copied": sum(_num(dp) for _a, dp in _series(points, "cuda.memcpy.bytes")),
+        "sync": sync_s * 1e9,
+    }
 
 
-def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: list[FlameGraph],
-                  ai: list[Weight], timeline: dict | None, charts: _Charts) -> str:
+def _process_html(
+    res: dict,
+    points: dict,
+    calls: dict[str, ApiTime],
+    graphs: list[FlameGraph],
+    ai: list[Weight],
+    timeline: dict | None,
+    charts: _Charts,
+) -> str:
     title = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
     parts = [f"<h2>{_e(title)}</h2>"]
     if res.get("process.command_line"):
@@ -315,20 +360,26 @@ def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: li
     for reason, s in sorted(off.items(), key=lambda kv: -kv[1]):
         facts.append((f"off-CPU: {reason}", f"{s:.3f}s"))
     if facts:
-        parts.append("<table>" + "".join(f"<tr><th>{_e(k)}</th><td class='n'>{_e(v)}</td></tr>" for k, v in facts)
-                     + "</table>")
+        parts.append(
+            "<table>" + "".join(f"<tr><th>{_e(k)}</th><td class='n'>{_e(v)}</td></tr>" for k, v in facts) + "</table>"
+        )
     metric_calls = {a.get("cuda.api.function"): _num(dp) for a, dp in _series(points, "cuda.api.calls")}
     if calls or metric_calls:
-        parts.append("<h3>CUDA API time per call</h3><table><tr><th>function</th><th>calls</th><th>traced</th>"
-                     "<th>total ms</th><th>mean us</th><th>max us</th></tr>")
-        names = sorted(set(calls) | {str(k) for k in metric_calls if k},
-                       key=lambda n: -(calls[n].total_ns if n in calls else 0))
+        parts.append(
+            "<h3>CUDA API time per call</h3><table><tr><th>function</th><th>calls</th><th>traced</th>"
+            "<th>total ms</th><th>mean us</th><th>max us</th></tr>"
+        )
+        names = sorted(
+            set(calls) | {str(k) for k in metric_calls if k}, key=lambda n: -(calls[n].total_ns if n in calls else 0)
+        )
         for n in names:
             t = calls.get(n, ApiTime())
             mean = t.total_ns / t.calls / 1e3 if t.calls else 0.0
-            parts.append(f"<tr><td>{_e(n)}</td><td class='n'>{metric_calls.get(n, t.calls):.0f}</td>"
-                         f"<td class='n'>{t.calls}</td><td class='n'>{t.total_ns / 1e6:.3f}</td>"
-                         f"<td class='n'>{mean:.1f}</td><td class='n'>{t.max_ns / 1e3:.1f}</td></tr>")
+            parts.append(
+                f"<tr><td>{_e(n)}</td><td class='n'>{metric_calls.get(n, t.calls):.0f}</td>"
+                f"<td class='n'>{t.calls}</td><td class='n'>{t.total_ns / 1e6:.3f}</td>"
+                f"<td class='n'>{mean:.1f}</td><td class='n'>{t.max_ns / 1e3:.1f}</td></tr>"
+            )
         parts.append("</table>")
     if timeline:
         parts.append(charts.timeline(timeline))
@@ -336,14 +387,30 @@ def _process_html(res: dict, points: dict, calls: dict[str, ApiTime], graphs: li
         counted = _counted(points)
         for w in ai:
             w.counted = counted.get(w.key) or None
-        parts.append(charts.flame("AI flame graph: CUDA calls and kernels on top of the code that made them "
-                                  "(click a frame to zoom; the switch picks the weight)",
-                                  [_weight_json(w) for w in ai]))
+        parts.append(
+            charts.flame(
+                "AI flame graph: CUDA calls and kernels on top of the code that made them "
+                "(click a frame to zoom; the switch picks the weight)",
+                [_weight_json(w) for w in ai],
+            )
+        )
     for g in graphs:
-        parts.append(charts.flame(f"{g.kind} profile: {_amount(g.root.value, g.unit)} ({g.note}; click a frame to "
-                                  "zoom, the bottom row to reset)",
-                                  [{"key": g.kind, "label": g.unit.partition("/")[0], "unit": g.unit,
-                                    "rests_on": g.note, "coverage": "", "tree": g.root.to_json()}]))
+        parts.append(
+            charts.flame(
+                f"{g.kind} profile: {_amount(g.root.value, g.unit)} ({g.note}; click a frame to "
+                "zoom, the bottom row to reset)",
+                [
+                    {
+                        "key": g.kind,
+                        "label": g.unit.partition("/")[0],
+                        "unit": g.unit,
+                        "rests_on": g.note,
+                        "coverage": "",
+                        "tree": g.root.to_json(),
+                    }
+                ],
+            )
+        )
     return "\n".join(parts)
 
 
@@ -358,8 +425,10 @@ def _stragglers_html(directory: str, charts: _Charts, problems: list[str]) -> li
         return []
     report = stragglers.analyze(data, threshold_ns=1_000_000, min_share=0.3)
     if not report.stragglers:
-        return [f"<h2>NCCL</h2><p>{report.collectives_compared} collectives of {len(report.ranks)} ranks compared: "
-                "no persistent straggler.</p>"]
+        return [
+            f"<h2>NCCL</h2><p>{report.collectives_compared} collectives of {len(report.ranks)} ranks compared: "
+            "no persistent straggler.</p>"
+        ]
     window = (int(data.start.min()), int(data.end.max()))
     ranks, skipped = profile_diff.read_cpu([directory], {(r.host, r.pid) for r in report.ranks}, window)
     problems += [f"skipped a profile: {s}" for s in skipped]
@@ -367,26 +436,45 @@ def _stragglers_html(directory: str, charts: _Charts, problems: list[str]) -> li
     healthy = [cpu for key, cpu in ranks.items() if key not in slow_keys]
     parts = ["<h2>NCCL stragglers</h2>"]
     for r in report.stragglers:
-        parts.append(f"<p><b>rank {r.rank}</b> ({_e(r.host)}, pid {r.pid}, {_e(r.service)}): {_e(r.cls)}, last in "
-                     f"{r.straggled} of {r.collectives} collectives, late by {r.lateness_mean_ms:.1f} ms on average "
-                     f"(GPU wait {r.compute_ms:.1f} ms, host {r.host_ms:.1f} ms, previous collective "
-                     f"{r.communication_ms:.1f} ms, summed).</p>")
+        parts.append(
+            f"<p><b>rank {r.rank}</b> ({_e(r.host)}, pid {r.pid}, {_e(r.service)}): {_e(r.cls)}, last in "
+            f"{r.straggled} of {r.collectives} collectives, late by {r.lateness_mean_ms:.1f} ms on average "
+            f"(GPU wait {r.compute_ms:.1f} ms, host {r.host_ms:.1f} ms, previous collective "
+            f"{r.communication_ms:.1f} ms, summed).</p>"
+        )
         slow = ranks.get((r.host, r.pid))
         if slow is None or not healthy:
-            parts.append("<p class='muted'>No CPU profiles of this rank and the others in the folder: run the "
-                         "profiling receiver beside nccl for the differential flame graph.</p>")
+            parts.append(
+                "<p class='muted'>No CPU profiles of this rank and the others in the folder: run the "
+                "profiling receiver beside nccl for the differential flame graph.</p>"
+            )
             continue
         frames = profile_diff.diff(slow, healthy).frames[:5]
         if frames:
-            parts.append("<p>On the CPU more than the healthy ranks (CPU ms per second): "
-                         + _e(", ".join(f"{f.function} +{f.self_ms_per_s:.1f}" for f in frames)) + "</p>")
+            parts.append(
+                "<p>On the CPU more than the healthy ranks (CPU ms per second): "
+                + _e(", ".join(f"{f.function} +{f.self_ms_per_s:.1f}" for f in frames))
+                + "</p>"
+            )
         tree = profile_diff.diff_tree(slow, healthy)
-        parts.append(charts.flame(
-            f"Differential CPU flame graph of rank {r.rank} against {len(healthy)} healthy ranks (width: its CPU "
-            "time; red: more than the healthy ranks' mean per second, blue: less)",
-            [{"key": "cpu", "label": "cpu", "unit": "cpu/nanoseconds", "coverage": "",
-              "rests_on": f"CPU profiles over the job's window ({slow.seconds:.0f} s of this rank's profiles)",
-              "tree": tree}], differential=True))
+        parts.append(
+            charts.flame(
+                f"Differential CPU flame graph of rank {r.rank} against {len(healthy)} healthy ranks (width: its CPU "
+                "time; red: more than the healthy ranks' mean per second, blue: less)",
+                [
+                    {
+                        "key": "cpu",
+                        "label": "cpu",
+                        "unit": "cpu/nanoseconds",
+                        "coverage": "",
+                        "rests_on": f"CPU profiles over the job's window ({slow.seconds:.0f} s of this rank's "
+                        "profiles)",
+                        "tree": tree,
+                    }
+                ],
+                differential=True,
+            )
+        )
     return parts
 
 
@@ -439,10 +527,21 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     body += _stragglers_html(directory, charts, problems)
     for key in sorted(procs, key=lambda k: (k[0] == "otelbpf", str(k))):
         pid = int(procs[key].get("process.pid", 0) or 0)
-        body.append(_process_html(procs[key], latest.get(key, {}), spans.calls.get(key, {}), by_proc.get(key, []),
-                                  ai.get(pid, []), timeline.to_json(pid), charts))
-    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>otelbpf report</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(body)}{charts.script()}</body></html>")
+        body.append(
+            _process_html(
+                procs[key],
+                latest.get(key, {}),
+                spans.calls.get(key, {}),
+                by_proc.get(key, []),
+                ai.get(pid, []),
+                timeline.to_json(pid),
+                charts,
+            )
+        )
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>otelbpf report</title>"
+        f"<style>{_CSS}</style></head><body>{''.join(body)}{charts.script()}</body></html>"
+    )
     return page, findings, problems
 
 
@@ -484,6 +583,8 @@ def after_run(config: Config, err: TextIO) -> list[str]:
             err.write(f"otelbpf: no {path}: {type(exc).__name__}: {exc}\n")
             continue
         written.append(path)
-        err.write(f"otelbpf: wrote {path}: {len(findings)} finding{'s' if len(findings) != 1 else ''}"
-                  f"{f' ({len(problems)} problems reading the folder)' if problems else ''}\n")
+        err.write(
+            f"otelbpf: wrote {path}: {len(findings)} finding{'s' if len(findings) != 1 else ''}"
+            f"{f' ({len(problems)} problems reading the folder)' if problems else ''}\n"
+        )
     return written

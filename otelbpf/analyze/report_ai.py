@@ -35,19 +35,34 @@ _CUDA, _SCHED = "otelbpf.cuda", "otelbpf.sched"
 
 #: key -> (label, pprof-style unit, what it rests on); the switch's order.
 WEIGHTS = {
-    "launches": ("kernel launches", "launches/count",
-                 "CUDA launch spans (sampled ones scaled by their sample_every); frames under the CUDA call are "
-                 "the span's ancestry (thread, request, torch operators), not a Python stack: CUDA spans carry none"),
-    "copied": ("bytes copied", "copied/bytes",
-               "cudaMemcpy* spans and their bytes, by direction and host memory; frames: the span's ancestry"),
-    "sync": ("time waiting for the GPU", "sync/nanoseconds",
-             "synchronize calls and blocking (not async) copies: the time each waited; frames: the span's ancestry"),
-    "allocated": ("bytes allocated", "allocated/bytes",
-                  "the profiling receiver's CUDA memory profiles: merged Python + native stacks, the allocating CUDA "
-                  "function on top"),
-    "cpu_in_cuda": ("CPU time in CUDA calls", "cpu/nanoseconds",
-                    "CPU profile samples inside a CUDA/cuBLAS/cuDNN/NCCL API function, on their merged Python + "
-                    "native stacks (time blocked off the CPU is not sampled)"),
+    "launches": (
+        "kernel launches",
+        "launches/count",
+        "CUDA launch spans (sampled ones scaled by their sample_every); frames under the CUDA call are "
+        "the span's ancestry (thread, request, torch operators), not a Python stack: CUDA spans carry none",
+    ),
+    "copied": (
+        "bytes copied",
+        "copied/bytes",
+        "cudaMemcpy* spans and their bytes, by direction and host memory; frames: the span's ancestry",
+    ),
+    "sync": (
+        "time waiting for the GPU",
+        "sync/nanoseconds",
+        "synchronize calls and blocking (not async) copies: the time each waited; frames: the span's ancestry",
+    ),
+    "allocated": (
+        "bytes allocated",
+        "allocated/bytes",
+        "the profiling receiver's CUDA memory profiles: merged Python + native stacks, the allocating CUDA "
+        "function on top",
+    ),
+    "cpu_in_cuda": (
+        "CPU time in CUDA calls",
+        "cpu/nanoseconds",
+        "CPU profile samples inside a CUDA/cuBLAS/cuDNN/NCCL API function, on their merged Python + "
+        "native stacks (time blocked off the CPU is not sampled)",
+    ),
 }
 
 
@@ -55,8 +70,8 @@ WEIGHTS = {
 class Weight:
     key: str
     root: Node = field(default_factory=lambda: Node("all"))
-    counted: float | None = None   # the same quantity as the metrics counted it (spans are a subset)
-    comparable: int = 0            # the part of root.value the metrics count too (sync: not blocking copies)
+    counted: float | None = None  # the same quantity as the metrics counted it (spans are a subset)
+    comparable: int = 0  # the part of root.value the metrics count too (sync: not blocking copies)
 
     @property
     def label(self) -> str:
@@ -93,10 +108,12 @@ class AiSpans:
         if "cuda.kernel.name" in attrs or "cuda.graph.exec" in attrs:
             kernel = attrs.get("cuda.kernel.name") or f"graph {attrs.get('cuda.graph.exec')}"
             self._pending[pid, "launches", head, parent, (name, str(kernel)), True] += int(
-                attrs.get("otelbpf.sample_every", 1) or 1)
+                attrs.get("otelbpf.sample_every", 1) or 1
+            )
         elif "cuda.memcpy.bytes" in attrs:
-            where = " ".join(str(x) for x in (attrs.get("cuda.memcpy.direction"), attrs.get("cuda.memcpy.host_memory"))
-                             if x)
+            where = " ".join(
+                str(x) for x in (attrs.get("cuda.memcpy.direction"), attrs.get("cuda.memcpy.host_memory")) if x
+            )
             frames = (name, where or "?")
             self._pending[pid, "copied", head, parent, frames, True] += int(attrs["cuda.memcpy.bytes"])
             if not attrs.get("cuda.memcpy.async"):

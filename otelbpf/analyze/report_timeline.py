@@ -81,6 +81,12 @@ class Timeline:
             lane = lanes[name]
             spans = sorted(((start - t0) / 1e6, d / 1e6, label) for d, _s, start, label in lane.kept)
             end = max([end, *(s + d for s, d, _n in spans)])
-            out.append({"name": name, "total": lane.total, "shown": len(spans),
-                        "spans": [[round(s, 4), round(d, 4), n] for s, d, n in spans]})
+            out.append(
+                {
+                    "name": name,
+                    "total": lane.total,
+                    "shown": len(spans),
+                    "spans": [[round(s, 4), round(d, 4), n] for s, d, n in spans],
+                }
+            )
         return {"t0": t0, "end": round(end, 4), "lanes": out}

@@ -44,12 +44,12 @@ class RankReport:
     host: str
     pid: int
     service: str
-    collectives: int          # compared collectives it took part in
-    straggled: int            # of those, the ones it entered last, late by >= the threshold
+    collectives: int  # compared collectives it took part in
+    straggled: int  # of those, the ones it entered last, late by >= the threshold
     share: float
     lateness_total_ms: float  # summed over the collectives it straggled on
     lateness_mean_ms: float
-    compute_ms: float         # the shares of that lateness (summed), see lateness.py
+    compute_ms: float  # the shares of that lateness (summed), see lateness.py
     host_ms: float
     communication_ms: float
     cls: str
@@ -64,9 +64,9 @@ class Stopped:
     host: str
     pid: int
     comm: str
-    last_seq: int             # its last collective on the communicator
-    comm_last_seq: int        # the last any rank reached
-    how: str                  # what its last span says
+    last_seq: int  # its last collective on the communicator
+    comm_last_seq: int  # the last any rank reached
+    how: str  # what its last span says
 
 
 @dataclass
@@ -92,10 +92,13 @@ class Report:
         out["stragglers"] = [asdict(r) for r in self.stragglers]
         out["hosts"] = [
             {
-                "host": h.host, "offset_ms": h.offset_ns / 1e6,
+                "host": h.host,
+                "offset_ms": h.offset_ns / 1e6,
                 "low_ms": None if h.low_ns is None else h.low_ns / 1e6,
                 "high_ms": None if h.high_ns is None else h.high_ns / 1e6,
-                "collectives": h.collectives, "via": h.via, "consistent": h.consistent,
+                "collectives": h.collectives,
+                "via": h.via,
+                "consistent": h.consistent,
             }
             for h in self.hosts
         ]
@@ -146,7 +149,7 @@ def analyze(data: Collectives, *, threshold_ns: int, min_share: float, correct_c
     straggled = np.zeros(n_parts, dtype=np.int64)
     total = np.zeros(n_parts)
     shares = [np.zeros(n_parts) for _ in range(3)]
-    persistent = np.zeros(n_parts, dtype=bool)   # the window test held at least once
+    persistent = np.zeros(n_parts, dtype=bool)  # the window test held at least once
     params = Params(floor_ns=threshold_ns)
     detectors: dict[int, CommDetector[int]] = {}  # comm -> detector of rank rows
     compared = 0
@@ -164,8 +167,14 @@ def analyze(data: Collectives, *, threshold_ns: int, min_share: float, correct_c
             persistent[v.member] |= v.persistent
             me = int(np.flatnonzero(w == v.member)[0])
             others = np.arange(n) != me
-            parts3 = components(e[me], phase[idx][me], gpu[idx][me], e[others].mean(),
-                                phase[idx][others].mean(), gpu[idx][others].mean())
+            parts3 = components(
+                e[me],
+                phase[idx][me],
+                gpu[idx][me],
+                e[others].mean(),
+                phase[idx][others].mean(),
+                gpu[idx][others].mean(),
+            )
             straggled[v.member] += 1
             total[v.member] += v.deviation_ns
             for k in range(3):
@@ -178,20 +187,34 @@ def analyze(data: Collectives, *, threshold_ns: int, min_share: float, correct_c
     for i in range(n_parts):
         h, pid = int(parts[i] >> 32), int(parts[i] & 0xFFFFFFFF)
         share = straggled[i] / collectives[i] if collectives[i] else 0.0
-        ranks.append(RankReport(
-            rank=int(labels[i]), host=data.hosts[h], pid=pid, service=data.services.get((h, pid), f"pid {pid}"),
-            collectives=int(collectives[i]), straggled=int(straggled[i]), share=round(float(share), 4),
-            lateness_total_ms=round(float(total[i]) / 1e6, 3),
-            lateness_mean_ms=round(float(total[i]) / straggled[i] / 1e6, 3) if straggled[i] else 0.0,
-            compute_ms=round(float(shares[0][i]) / 1e6, 3), host_ms=round(float(shares[1][i]) / 1e6, 3),
-            communication_ms=round(float(shares[2][i]) / 1e6, 3),
-            cls=CLASSES[cls[i]] if cls[i] >= 0 and straggled[i] else UNKNOWN,
-            persistent=bool(persistent[i] and straggled[i] >= MIN_STRAGGLES and share >= min_share),
-        ))
+        ranks.append(
+            RankReport(
+                rank=int(labels[i]),
+                host=data.hosts[h],
+                pid=pid,
+                service=data.services.get((h, pid), f"pid {pid}"),
+                collectives=int(collectives[i]),
+                straggled=int(straggled[i]),
+                share=round(float(share), 4),
+                lateness_total_ms=round(float(total[i]) / 1e6, 3),
+                lateness_mean_ms=round(float(total[i]) / straggled[i] / 1e6, 3) if straggled[i] else 0.0,
+                compute_ms=round(float(shares[0][i]) / 1e6, 3),
+                host_ms=round(float(shares[1][i]) / 1e6, 3),
+                communication_ms=round(float(shares[2][i]) / 1e6, 3),
+                cls=CLASSES[cls[i]] if cls[i] >= 0 and straggled[i] else UNKNOWN,
+                persistent=bool(persistent[i] and straggled[i] >= MIN_STRAGGLES and share >= min_share),
+            )
+        )
     ranks.sort(key=lambda r: (-r.lateness_total_ms, r.rank))
     return Report(
-        files=data.files, spans=len(data), collectives_compared=compared, threshold_ms=threshold_ns / 1e6,
-        min_share=min_share, clock_correction=correct_clocks and len(data.hosts) > 1, hosts=offsets, ranks=ranks,
+        files=data.files,
+        spans=len(data),
+        collectives_compared=compared,
+        threshold_ms=threshold_ns / 1e6,
+        min_share=min_share,
+        clock_correction=correct_clocks and len(data.hosts) > 1,
+        hosts=offsets,
+        ranks=ranks,
         stopped=_stopped(data, rows, part, parts, labels),
     )
 
@@ -247,35 +270,56 @@ def render(report: Report, out: TextIO) -> None:
             else:
                 low, high = h.low_ns, h.high_ns
                 assert low is not None and high is not None  # a host measured through collectives has both
-                bounds = f"within [{low / 1e6:.3f}, {high / 1e6:.3f}] ms" if h.consistent else (
-                    "the bounds contradict each other: clocks drifted during the run?")
+                bounds = (
+                    f"within [{low / 1e6:.3f}, {high / 1e6:.3f}] ms"
+                    if h.consistent
+                    else ("the bounds contradict each other: clocks drifted during the run?")
+                )
                 via = "" if h.via == "direct" else f", through {h.via}"
                 print(f"  {h.host}: {h.offset_ns / 1e6:+.3f} ms ({bounds}; {h.collectives} collectives{via})", file=out)
     elif len(report.hosts) > 1:
         print("clock offsets: not corrected (--no-clock-correction)", file=out)
     persistent = report.stragglers
     if persistent:
-        print(f"persistent stragglers (last, by >= {report.threshold_ms:g} ms, in >= {report.min_share:.0%} "
-              "of their collectives):", file=out)
+        print(
+            f"persistent stragglers (last, by >= {report.threshold_ms:g} ms, in >= {report.min_share:.0%} "
+            "of their collectives):",
+            file=out,
+        )
         for n, r in enumerate(persistent, 1):
-            print(f"  {n}. rank {r.rank} ({r.host}, pid {r.pid}, {r.service}): {r.cls}, last in {r.straggled} of "
-                  f"{r.collectives} collectives ({r.share:.0%}), late by {r.lateness_mean_ms:.1f} ms on average "
-                  f"({r.lateness_total_ms:.1f} ms in all)", file=out)
-            print(f"     why: GPU wait {_ms(r.compute_ms)}, host {_ms(r.host_ms)}, "
-                  f"previous collective finishing {_ms(r.communication_ms)} (summed over those collectives)", file=out)
+            print(
+                f"  {n}. rank {r.rank} ({r.host}, pid {r.pid}, {r.service}): {r.cls}, last in {r.straggled} of "
+                f"{r.collectives} collectives ({r.share:.0%}), late by {r.lateness_mean_ms:.1f} ms on average "
+                f"({r.lateness_total_ms:.1f} ms in all)",
+                file=out,
+            )
+            print(
+                f"     why: GPU wait {_ms(r.compute_ms)}, host {_ms(r.host_ms)}, "
+                f"previous collective finishing {_ms(r.communication_ms)} (summed over those collectives)",
+                file=out,
+            )
             if r.explaining_frames:
                 frames = ", ".join(f"{f['function']} +{f['self_ms_per_s']:.1f} ms/s" for f in r.explaining_frames[:3])
                 print(f"     on the CPU more than the healthy ranks (CPU ms per second): {frames}", file=out)
         for d in report.profile_diffs:
             if "slow_pprof" in d:
-                print(f"  differential flame graph of rank {d['rank']}: go tool pprof -http=: "
-                      f"-diff_base {d['base_pprof']} {d['slow_pprof']}", file=out)
+                print(
+                    f"  differential flame graph of rank {d['rank']}: go tool pprof -http=: "
+                    f"-diff_base {d['base_pprof']} {d['slow_pprof']}",
+                    file=out,
+                )
     else:
-        print(f"no persistent straggler (none was last, by >= {report.threshold_ms:g} ms, in >= "
-              f"{report.min_share:.0%} of its collectives)", file=out)
+        print(
+            f"no persistent straggler (none was last, by >= {report.threshold_ms:g} ms, in >= "
+            f"{report.min_share:.0%} of its collectives)",
+            file=out,
+        )
     print("all ranks, most delay caused first:", file=out)
-    print(f"  {'rank':>5} {'host':<16} {'pid':>8} {'collectives':>11} {'last':>6} {'late total':>12} "
-          f"{'late mean':>10}  class", file=out)
+    print(
+        f"  {'rank':>5} {'host':<16} {'pid':>8} {'collectives':>11} {'last':>6} {'late total':>12} "
+        f"{'late mean':>10}  class",
+        file=out,
+    )
     for r in report.ranks:
         print(
             f"  {r.rank:>5} {r.host[:16]:<16} {r.pid:>8} {r.collectives:>11} {r.straggled:>6} "
@@ -283,12 +327,16 @@ def render(report: Report, out: TextIO) -> None:
             file=out,
         )
     for s in report.stopped:
-        print(f"stopped: rank {s.rank} ({s.host}, pid {s.pid}) reached seq {s.last_seq} of communicator {s.comm}, "
-              f"the others {s.comm_last_seq}; at its last one {s.how}", file=out)
+        print(
+            f"stopped: rank {s.rank} ({s.host}, pid {s.pid}) reached seq {s.last_seq} of communicator {s.comm}, "
+            f"the others {s.comm_last_seq}; at its last one {s.how}",
+            file=out,
+        )
 
 
-def explain_with_profiles(report: Report, paths: list[str], window_ns: tuple[int, int],
-                          diff_dir: str | None = None) -> list[str]:
+def explain_with_profiles(
+    report: Report, paths: list[str], window_ns: tuple[int, int], diff_dir: str | None = None
+) -> list[str]:
     """Name, for each straggler, the functions it burns more CPU in than the healthy ranks
     over the job's window, when the folders hold the profiling receiver's CPU profiles;
     with ``diff_dir``, write the pprof pair for ``go tool pprof -diff_base``. Returns warnings."""
@@ -307,14 +355,24 @@ def explain_with_profiles(report: Report, paths: list[str], window_ns: tuple[int
         r.explaining_frames = [vars(f) for f in d.frames]
         entry = d.to_json() | {"rank": r.rank, "host": r.host}
         if diff_dir is not None:
-            entry["slow_pprof"], entry["base_pprof"] = profile_diff.write_pprof(slow, healthy, os.path.join(
-                diff_dir, f"rank{r.rank}-{r.pid}"))
+            entry["slow_pprof"], entry["base_pprof"] = profile_diff.write_pprof(
+                slow, healthy, os.path.join(diff_dir, f"rank{r.rank}-{r.pid}")
+            )
         report.profile_diffs.append(entry)
     return warnings
 
 
-def run(paths: list[str], *, threshold_ns: int, min_share: float, as_json: bool, correct_clocks: bool,
-        out: TextIO, err: TextIO, diff_dir: str | None = None) -> int:
+def run(
+    paths: list[str],
+    *,
+    threshold_ns: int,
+    min_share: float,
+    as_json: bool,
+    correct_clocks: bool,
+    out: TextIO,
+    err: TextIO,
+    diff_dir: str | None = None,
+) -> int:
     """``otelbpf stragglers``: 0 with a report, 1 when there are no NCCL collectives, 2 on bad input."""
     try:
         data = read(paths)
@@ -322,9 +380,11 @@ def run(paths: list[str], *, threshold_ns: int, min_share: float, as_json: bool,
         print(f"otelbpf stragglers: {exc}", file=err)
         return 2
     if not len(data):
-        print(f"otelbpf stragglers: no NCCL collective spans with a communicator id in {', '.join(paths)} "
-              "(was the agent's nccl receiver in the traces pipeline, and did it see the communicators created?)",
-              file=err)
+        print(
+            f"otelbpf stragglers: no NCCL collective spans with a communicator id in {', '.join(paths)} "
+            "(was the agent's nccl receiver in the traces pipeline, and did it see the communicators created?)",
+            file=err,
+        )
         return 1
     report = analyze(data, threshold_ns=threshold_ns, min_share=min_share, correct_clocks=correct_clocks)
     window = (int(data.start.min()), int(data.end.max()))

@@ -141,15 +141,23 @@ def summarize(directory: str, out: TextIO) -> int:
     for key in sorted(procs, key=lambda k: (k[0] == "otelbpf", str(k))):
         res = procs[key]
         points = latest.get(key, {})
+
         def series(name: str, points: dict = points) -> list[tuple[dict, dict, str]]:
             return [(dict(a), dp, kind) for (n, a), (_t, dp, kind) in points.items() if n == name]
+
         title = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
         print(title, file=out)
         if res.get("process.command_line"):
             print(f"  command: {res['process.command_line']}", file=out)
         if key[0] == "otelbpf":
-            for name in ("otelbpf.events.received", "otelbpf.events.lost", "otelbpf.events.dropped",
-                         "otelbpf.export.dropped", "otelbpf.export.failures", "otelbpf.attach.failures"):
+            for name in (
+                "otelbpf.events.received",
+                "otelbpf.events.lost",
+                "otelbpf.events.dropped",
+                "otelbpf.export.dropped",
+                "otelbpf.export.failures",
+                "otelbpf.attach.failures",
+            ):
                 for a, dp, _k in series(name):
                     label = ",".join(f"{k}={v}" for k, v in a.items())
                     print(f"  {name}{{{label}}}: {_num(dp):.0f}", file=out)
@@ -175,8 +183,11 @@ def summarize(directory: str, out: TextIO) -> int:
         copies = series("cuda.memcpy.bytes")
         if copies:
             by_direction = sorted(copies, key=lambda x: x[0]["cuda.memcpy.direction"])
-            print("  bytes copied: " + ", ".join(
-                f"{a['cuda.memcpy.direction']} {_bytes(_num(dp))}" for a, dp, _k in by_direction), file=out)
+            print(
+                "  bytes copied: "
+                + ", ".join(f"{a['cuda.memcpy.direction']} {_bytes(_num(dp))}" for a, dp, _k in by_direction),
+                file=out,
+            )
         hw = series("cuda.memory.high_water")
         use = series("cuda.memory.in_use")
         if hw:
@@ -187,18 +198,30 @@ def summarize(directory: str, out: TextIO) -> int:
         for a, dp, _k in series("cuda.sync.duration"):
             count = int(dp.get("count", 0))
             if count:
-                print(f"  {a['cuda.api.function']}: {count} waits, mean {float(dp.get('sum', 0)) / count * 1e3:.3f} ms,"
-                      f" max {float(dp.get('max', 0)) * 1e3:.3f} ms", file=out)
+                print(
+                    f"  {a['cuda.api.function']}: {count} waits, mean {float(dp.get('sum', 0)) / count * 1e3:.3f} ms,"
+                    f" max {float(dp.get('max', 0)) * 1e3:.3f} ms",
+                    file=out,
+                )
         errors = series("cuda.api.errors")
         if errors:
             print("  errors:", file=out)
             for a, dp, _k in sorted(errors, key=lambda x: -_num(x[1])):
-                print(f"    {_num(dp):>10.0f}  {a['cuda.api.function']} -> {a['cuda.error.name']} "
-                      f"({a['cuda.error.code']})", file=out)
+                print(
+                    f"    {_num(dp):>10.0f}  {a['cuda.api.function']} -> {a['cuda.error.name']} "
+                    f"({a['cuda.error.code']})",
+                    file=out,
+                )
         st = spans.get(key)
         if st and st["count"]:
-            print("  spans: " + ", ".join(f"{n} {c}" + (f" ({st['errors'][n]} errors)" if st["errors"][n] else "")
-                                          for n, c in st["count"].most_common()), file=out)
+            print(
+                "  spans: "
+                + ", ".join(
+                    f"{n} {c}" + (f" ({st['errors'][n]} errors)" if st["errors"][n] else "")
+                    for n, c in st["count"].most_common()
+                ),
+                file=out,
+            )
             slow = sorted(st["slowest"], key=lambda x: -x[0])[:3]
             for dur, name, _attrs in slow:
                 print(f"    slowest: {name} {dur / 1e6:.3f} ms", file=out)

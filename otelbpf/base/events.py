@@ -35,8 +35,7 @@ assert EVENT_DTYPE.itemsize == 64
 
 #: ``struct strevent`` (256 bytes). Library paths and kernel names.
 STREVENT_DTYPE = np.dtype(
-    [("pid", "<u4"), ("kind", "u1"), ("paused", "u1"), ("exec", "u1"), ("pad", "V1"), ("a0", "<u8"),
-     ("s", "S240")]
+    [("pid", "<u4"), ("kind", "u1"), ("paused", "u1"), ("exec", "u1"), ("pad", "V1"), ("a0", "<u8"), ("s", "S240")]
 )
 assert STREVENT_DTYPE.itemsize == 256
 
@@ -54,15 +53,15 @@ class Kind(enum.IntEnum):
     CUDA_MALLOC = 12
     CUDA_FREE = 13
     CUDA_SYNC = 14
-    CUDA_CALL = 15          # other paired CUDA calls: events, stream waits, VMM handles
-    CUDA_HOST_ALLOC = 16    # page-locked host memory allocated or registered: a0 bytes, a1 address
-    CUDA_HOST_FREE = 17     # ... freed or unregistered: a0 address
-    CUDA_KERNEL_NAME = 18   # __cudaRegisterFunction: a0 host stub, a1 address of its device name
+    CUDA_CALL = 15  # other paired CUDA calls: events, stream waits, VMM handles
+    CUDA_HOST_ALLOC = 16  # page-locked host memory allocated or registered: a0 bytes, a1 address
+    CUDA_HOST_FREE = 17  # ... freed or unregistered: a0 address
+    CUDA_KERNEL_NAME = 18  # __cudaRegisterFunction: a0 host stub, a1 address of its device name
     CUDA_KERNEL_ALIAS = 19  # a0 kernel handle, a1 what it stands for (host stub, CUkernel)
-    NCCL_ENTER = 20         # an NCCL call began (bpf/nccl.c documents each kind's fields)
-    NCCL_RETURN = 21        # it returned
-    NCCL_COMM = 22          # a communicator became known: init returned, or its rank/size was read
-    IBV_OPEN = 30           # ibverbs (bpf/ibverbs.c documents each kind's a0..a3)
+    NCCL_ENTER = 20  # an NCCL call began (bpf/nccl.c documents each kind's fields)
+    NCCL_RETURN = 21  # it returned
+    NCCL_COMM = 22  # a communicator became known: init returned, or its rank/size was read
+    IBV_OPEN = 30  # ibverbs (bpf/ibverbs.c documents each kind's a0..a3)
     IBV_CLOSE = 31
     IBV_CREATE_QP = 32
     IBV_MODIFY_QP = 33
@@ -71,16 +70,16 @@ class Kind(enum.IntEnum):
     IBV_REG_MR = 36
     IBV_DEREG_MR = 37
     IBV_CREATE_CQ = 38
-    IBV_COMPLETION = 39     # an error or slow work completion
-    SOCK_DATA = 40      # a read/write-like syscall on a tracked socket (sockdata ring)
-    SOCK_CONNECT = 41   # connect() to an inet address (sockdata ring)
-    SOCK_ACCEPT = 42    # accept()/accept4() returned a connection (sockdata ring)
-    SOCK_CLOSE = 43     # close() of a tracked socket (sockdata ring)
-    SOCK_UNKNOWN = 44   # first I/O on an fd the kernel has not classified (sockdata ring)
-    SOCK_LOCAL = 45     # a connect()ed socket's local address, once established (sockdata ring)
-    PROFILE_PROC = 50   # first CPU sample or CUDA allocation of a process (bpf/profile.c): inspect it
+    IBV_COMPLETION = 39  # an error or slow work completion
+    SOCK_DATA = 40  # a read/write-like syscall on a tracked socket (sockdata ring)
+    SOCK_CONNECT = 41  # connect() to an inet address (sockdata ring)
+    SOCK_ACCEPT = 42  # accept()/accept4() returned a connection (sockdata ring)
+    SOCK_CLOSE = 43  # close() of a tracked socket (sockdata ring)
+    SOCK_UNKNOWN = 44  # first I/O on an fd the kernel has not classified (sockdata ring)
+    SOCK_LOCAL = 45  # a connect()ed socket's local address, once established (sockdata ring)
+    PROFILE_PROC = 50  # first CPU sample or CUDA allocation of a process (bpf/profile.c): inspect it
     CUDA_LAUNCH_SITE = 60  # first launch of (process, API, handle): a0 handle, a1 return address, a2 its caller's
-    TORCH_OP = 70       # a torch operator returned (bpf/torch.c): a0 entry address, a1 depth, a2 exit address
+    TORCH_OP = 70  # a torch operator returned (bpf/torch.c): a0 entry address, a1 depth, a2 exit address
 
 
 class StrKind(enum.IntEnum):
@@ -128,7 +127,6 @@ def is_driver(func: int) -> bool:
 # probed. The functional form: names such as ``__cudaRegisterFunction`` would be mangled
 # inside a class body (and mypy reads the members of ``enum.IntEnum("...", [...])``).
 CudaFunc = enum.IntEnum(
-
     "CudaFunc",
     [
         ("cudaLaunchKernel", 1),
@@ -280,21 +278,21 @@ SOCKF_VECTOR_TRUNCATED = 2  # more iovecs than the probe copies: the payload sto
 SOCK_HEADER_BYTES = 64
 
 _SOCK_HEADER_FIELDS = [
-    ("ts_ns", "<u8"),       # syscall entry (CLOCK_MONOTONIC)
+    ("ts_ns", "<u8"),  # syscall entry (CLOCK_MONOTONIC)
     ("duration_ns", "<u8"),  # entry -> exit
     ("pid", "<u4"),
     ("tid", "<u4"),
     ("fd", "<i4"),
-    ("ret", "<i4"),          # bytes moved, new fd (accept), or -errno
+    ("ret", "<i4"),  # bytes moved, new fd (accept), or -errno
     ("kind", "u1"),
     ("func", "u1"),
-    ("cap", "<u2"),          # payload bytes captured (<= ret)
+    ("cap", "<u2"),  # payload bytes captured (<= ret)
     ("flags", "<u4"),
-    ("family", "<u2"),       # connect/accept: AF_INET or AF_INET6
-    ("port", "<u2"),         # connect: remote port; accept: peer port
-    ("local_port", "<u2"),   # accept: the listener's port when known
+    ("family", "<u2"),  # connect/accept: AF_INET or AF_INET6
+    ("port", "<u2"),  # connect: remote port; accept: peer port
+    ("local_port", "<u2"),  # accept: the listener's port when known
     ("pad", "V2"),
-    ("addr", "V16"),         # connect: remote address; accept: peer address (network order)
+    ("addr", "V16"),  # connect: remote address; accept: peer address (network order)
 ]
 
 #: Socket records as the sensor delivers them from the ``sockdata`` ring, where each is

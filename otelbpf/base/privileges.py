@@ -67,8 +67,11 @@ class PrivilegeError(Exception):
 def capability_sets(status_text: str | None = None) -> dict[str, int]:
     """CapInh, CapPrm, CapEff, CapBnd and CapAmb of this process (or of a status text)."""
     text = Path("/proc/self/status").read_text() if status_text is None else status_text
-    return {k: int(v, 16) for k, _, v in (line.partition(":\t") for line in text.splitlines())
-            if k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    return {
+        k: int(v, 16)
+        for k, _, v in (line.partition(":\t") for line in text.splitlines())
+        if k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+    }
 
 
 def require_privileges() -> None:
@@ -119,7 +122,6 @@ def drop_unneeded() -> int:
     return keep
 
 
-
 def effective_capabilities(status_text: str) -> int:
     """The CapEff mask from the text of /proc/<pid>/status."""
     for line in status_text.splitlines():
@@ -165,7 +167,14 @@ def missing_privileges(mask: int, euid: int, paranoid: int, kernel: tuple[int, i
 
 
 def _names(mask: int) -> str:
-    names = {CAP_DAC_READ_SEARCH: "dac_read_search", CAP_KILL: "kill", CAP_SYS_PTRACE: "sys_ptrace",
-             CAP_SYS_ADMIN: "sys_admin", CAP_SYS_RESOURCE: "sys_resource", CAP_SYSLOG: "syslog",
-             CAP_PERFMON: "perfmon", CAP_BPF: "bpf"}
+    names = {
+        CAP_DAC_READ_SEARCH: "dac_read_search",
+        CAP_KILL: "kill",
+        CAP_SYS_PTRACE: "sys_ptrace",
+        CAP_SYS_ADMIN: "sys_admin",
+        CAP_SYS_RESOURCE: "sys_resource",
+        CAP_SYSLOG: "syslog",
+        CAP_PERFMON: "perfmon",
+        CAP_BPF: "bpf",
+    }
     return ",".join(names.get(c, str(c)) for c in range(64) if mask >> c & 1) or "none"

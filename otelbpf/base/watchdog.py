@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 
 
 class Watchdog:
-    def __init__(self, worker: str, health: Health, stall_after_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, worker: str, health: Health, stall_after_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.worker = worker
         self._health = health
         self._stall_after = stall_after_s
@@ -60,9 +61,14 @@ class Watchdog:
             self._health.add("otelbpf.agent.stalls", 1, worker=self.worker, item=what)
             frame = sys._current_frames().get(ident)
             stack = "".join(traceback.format_stack(frame)) if frame is not None else "(thread gone)\n"
-            log.error("%s has been busy with %s for %.0f s: spans and metrics from it are held up, "
-                      "and the bounded queue before it drops and counts what no longer fits. Its stack:\n%s",
-                      self.worker, what, took, stack)
+            log.error(
+                "%s has been busy with %s for %.0f s: spans and metrics from it are held up, "
+                "and the bounded queue before it drops and counts what no longer fits. Its stack:\n%s",
+                self.worker,
+                what,
+                took,
+                stack,
+            )
         return took
 
 

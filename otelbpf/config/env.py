@@ -167,9 +167,13 @@ def _route_signals_to_otlp(data: dict[str, Any], variables: Mapping[str, str], f
         routes[signal] = "otlp" if protocol == "grpc" else "otlphttp"
     if not routes:
         return
-    shared = len(routes) == 2 and routes["traces"] == routes["metrics"] and all(
-        _shared_settings(routes[s], {s}, variables) == _shared_settings(routes[s], set(SIGNALS), variables)
-        for s in SIGNALS
+    shared = (
+        len(routes) == 2
+        and routes["traces"] == routes["metrics"]
+        and all(
+            _shared_settings(routes[s], {s}, variables) == _shared_settings(routes[s], set(SIGNALS), variables)
+            for s in SIGNALS
+        )
     )
     pipelines = data["service"]["pipelines"]
     for signal, type_ in routes.items():
@@ -215,8 +219,14 @@ def _fill_pyroscope(data: dict[str, Any], variables: Mapping[str, str], found: F
         user = variables.get("PYROSCOPE_BASIC_AUTH_USER")
         if user and body.get("basic_auth") is None and body.get("bearer_token") is None:
             password = variables.get("PYROSCOPE_BASIC_AUTH_PASSWORD", "")
-            _fill(body, ("basic_auth",), {"username": user, "password": password},
-                  ("exporters", name, "basic_auth"), "PYROSCOPE_BASIC_AUTH_USER", found)
+            _fill(
+                body,
+                ("basic_auth",),
+                {"username": user, "password": password},
+                ("exporters", name, "basic_auth"),
+                "PYROSCOPE_BASIC_AUTH_USER",
+                found,
+            )
 
 
 def _shared_settings(type_: str, signals: set[str], variables: Mapping[str, str]) -> dict[Key, Any]:

@@ -123,7 +123,7 @@ def _mode(value: object) -> int:
     if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3}", value.strip()):
         value = int(value.strip(), 8)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
-        raise ValueError(f"invalid mode {value!r}: write it as in chmod, in quotes (e.g. \"0600\")")
+        raise ValueError(f'invalid mode {value!r}: write it as in chmod, in quotes (e.g. "0600")')
     return value
 
 
@@ -241,7 +241,10 @@ def missing_endpoint(exporter: ExporterConfig | None, signal: Signal | Literal["
         and exporter.endpoint is None
         and exporter.signal_endpoint(signal) is None
     ):
-        env = (f", or OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
-               if signal != "profiles" else "")  # the variables fill in traces and metrics only
+        env = (
+            f", or OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+            if signal != "profiles"
+            else ""
+        )  # the variables fill in traces and metrics only
         return f"no endpoint: set endpoint or {signal}_endpoint here{env}"
     return None

@@ -189,8 +189,11 @@ def _profile_pipeline_errors(config: Config) -> list[InitErrorDetails]:
         profiles = signal == "profiles"
         for index, name in enumerate(pipeline.receivers):  # type: ignore[union-attr]
             if isinstance(config.receivers.get(name), PROFILE_RECEIVERS) != profiles:
-                why = (f"receiver {name!r} produces no profiles" if profiles
-                       else f"receiver {name!r} produces profiles only: name it in service.pipelines.profiles")
+                why = (
+                    f"receiver {name!r} produces no profiles"
+                    if profiles
+                    else f"receiver {name!r} produces profiles only: name it in service.pipelines.profiles"
+                )
                 where = ("service", "pipelines", signal, "receivers", index)
                 errors.append(custom_error("wrong_signal", why, where, name))
         for index, name in enumerate(pipeline.exporters):  # type: ignore[union-attr]

@@ -76,8 +76,12 @@ def check_shape(text: str, source: str) -> None:
                 anchors[anchor] = count
             open_nodes[-1][1] += count
             if open_nodes[-1][1] > MAX_CONFIG_NODES:
-                _shape_error(source, event, f"more than {MAX_CONFIG_NODES} values once YAML aliases (*name) "
-                             "are expanded: an alias bomb, or a config that is not one")
+                _shape_error(
+                    source,
+                    event,
+                    f"more than {MAX_CONFIG_NODES} values once YAML aliases (*name) "
+                    "are expanded: an alias bomb, or a config that is not one",
+                )
     finally:
         loader.dispose()
 

@@ -18,8 +18,13 @@ def choose_receivers(data: dict[str, Any], chosen: str, found: Findings) -> None
     names = [n.strip() for n in chosen.split(",") if n.strip()]
     unknown = [n for n in names if n not in CHOOSABLE_RECEIVERS]
     if unknown or not names:
-        found.issues.append((None, f"--receivers / OTELBPF_RECEIVERS: {', '.join(map(repr, unknown)) or 'empty'}: "
-                                   f"name some of {', '.join(CHOOSABLE_RECEIVERS)}"))
+        found.issues.append(
+            (
+                None,
+                f"--receivers / OTELBPF_RECEIVERS: {', '.join(map(repr, unknown)) or 'empty'}: "
+                f"name some of {', '.join(CHOOSABLE_RECEIVERS)}",
+            )
+        )
         return
     names = list(dict.fromkeys(names))
     receivers = data.setdefault("receivers", {}) or {}

@@ -40,16 +40,26 @@ def substitute(value: Any, path: OptionPath, env: Mapping[str, str], found: Find
             body = rest
         name, _, default = body.partition(":-")
         if not _VAR_NAME.fullmatch(name):
-            found.issues.append((path, f"{reference}: {name!r} is not a variable name (write ${{env:NAME}} or "
-                                       f"${{env:NAME:-default}}; $$ for a literal $)"))
+            found.issues.append(
+                (
+                    path,
+                    f"{reference}: {name!r} is not a variable name (write ${{env:NAME}} or "
+                    f"${{env:NAME:-default}}; $$ for a literal $)",
+                )
+            )
             return ""
         found.origins[path] = reference
         current = env.get(name)
         if ":-" in body and not current:
             return default
         if current is None:
-            found.issues.append((path, f"environment variable {name} is not set (used as {reference}); "
-                                       f"set it, or give a default: ${{env:{name}:-value}}"))
+            found.issues.append(
+                (
+                    path,
+                    f"environment variable {name} is not set (used as {reference}); "
+                    f"set it, or give a default: ${{env:{name}:-value}}",
+                )
+            )
             return ""
         return current
 

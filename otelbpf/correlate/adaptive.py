@@ -58,13 +58,13 @@ M = TypeVar("M", bound=Hashable)
 @dataclass(frozen=True)
 class Verdict(Generic[M]):
     member: M
-    deviation_ns: float      # entry minus the median entry of the others
-    threshold_ns: float      # what late means on this collective
-    spread_ns: float         # the others' robust spread over the window
+    deviation_ns: float  # entry minus the median entry of the others
+    threshold_ns: float  # what late means on this collective
+    spread_ns: float  # the others' robust spread over the window
     late: bool
-    persistent: bool         # late now and in >= share of its window
+    persistent: bool  # late now and in >= share of its window
     late_in_window: int
-    window: int              # collectives of this rank in the window
+    window: int  # collectives of this rank in the window
 
 
 class CommDetector(Generic[M]):

@@ -38,8 +38,15 @@ _GRAPH = frozenset(
 )
 #: Paired calls (one event per completed call): counted, spans when long enough.
 PAIRED_KINDS = np.array(
-    [Kind.CUDA_MEMCPY, Kind.CUDA_MALLOC, Kind.CUDA_FREE, Kind.CUDA_SYNC, Kind.CUDA_CALL,
-     Kind.CUDA_HOST_ALLOC, Kind.CUDA_HOST_FREE],
+    [
+        Kind.CUDA_MEMCPY,
+        Kind.CUDA_MALLOC,
+        Kind.CUDA_FREE,
+        Kind.CUDA_SYNC,
+        Kind.CUDA_CALL,
+        Kind.CUDA_HOST_ALLOC,
+        Kind.CUDA_HOST_FREE,
+    ],
     dtype=np.uint8,
 )
 #: What a launch handle means comes from these (kernel_names.py).
@@ -59,18 +66,18 @@ class _Process:
 
     resource: Resource
     start_ns: int
-    calls: Counter = field(default_factory=Counter)           # function -> calls
-    errors: Counter = field(default_factory=Counter)          # (function, code) -> calls
-    memcpy_bytes: Counter = field(default_factory=Counter)    # direction -> bytes
+    calls: Counter = field(default_factory=Counter)  # function -> calls
+    errors: Counter = field(default_factory=Counter)  # (function, code) -> calls
+    memcpy_bytes: Counter = field(default_factory=Counter)  # direction -> bytes
     sync: dict = field(default_factory=lambda: defaultdict(m.HistogramState))  # function -> histogram
-    live: dict = field(default_factory=dict)                  # device address -> bytes
+    live: dict = field(default_factory=dict)  # device address -> bytes
     in_use: int = 0
     high_water: int = 0
     untracked_frees: int = 0
     incomplete: int = 0
     kernels: KernelNames = field(default_factory=KernelNames)
-    pinned: dict = field(default_factory=dict)                # page-locked host address -> bytes
-    pinned_starts: list = field(default_factory=list)         # sorted keys of pinned
+    pinned: dict = field(default_factory=dict)  # page-locked host address -> bytes
+    pinned_starts: list = field(default_factory=list)  # sorted keys of pinned
     pinned_copy_bytes: Counter = field(default_factory=Counter)  # (direction, pinned|pageable) -> bytes
     exited: bool = False
 
@@ -423,11 +430,16 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             sources[self._kernel_name(pid, CudaFunc[f], fn)[1]] += c
         built = [
             m.cumulative_sum(
-                "cuda.kernel.launches", "{launch}", "Kernel (and graph) launches, counted in the kernel",
-                [({"cuda.api.function": f}, c) for f, c in sorted(by_func.items())], p.start_ns, now,
+                "cuda.kernel.launches",
+                "{launch}",
+                "Kernel (and graph) launches, counted in the kernel",
+                [({"cuda.api.function": f}, c) for f, c in sorted(by_func.items())],
+                p.start_ns,
+                now,
             ),
             m.gauge(
-                "cuda.kernel.launches.top", "{launch}",
+                "cuda.kernel.launches.top",
+                "{launch}",
                 f"Launches so far of the {self._top} most launched kernels of the process (a bounded top-N)",
                 [
                     ({"cuda.api.function": f, "cuda.kernel.name": self._kernel_name(pid, CudaFunc[f], fn)[0]}, c)
@@ -436,39 +448,57 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 now,
             ),
             m.cumulative_sum(
-                "cuda.api.calls", "{call}", "Completed calls of probed CUDA API functions (launches excluded)",
-                [({"cuda.api.function": f}, c) for f, c in sorted(p.calls.items())], p.start_ns, now,
+                "cuda.api.calls",
+                "{call}",
+                "Completed calls of probed CUDA API functions (launches excluded)",
+                [({"cuda.api.function": f}, c) for f, c in sorted(p.calls.items())],
+                p.start_ns,
+                now,
             ),
             m.cumulative_sum(
-                "cuda.api.errors", "{call}", "CUDA API calls that returned an error",
+                "cuda.api.errors",
+                "{call}",
+                "CUDA API calls that returned an error",
                 [
                     ({"cuda.api.function": f, "cuda.error.code": code, "cuda.error.name": error_name(f, code)}, c)
                     for (f, code), c in sorted(errors.items())
                 ],
-                p.start_ns, now,
+                p.start_ns,
+                now,
             ),
             m.cumulative_sum(
-                "cuda.memcpy.bytes", "By", "Bytes copied by successful cudaMemcpy* calls, by direction",
-                [({"cuda.memcpy.direction": d}, b) for d, b in sorted(p.memcpy_bytes.items())], p.start_ns, now,
+                "cuda.memcpy.bytes",
+                "By",
+                "Bytes copied by successful cudaMemcpy* calls, by direction",
+                [({"cuda.memcpy.direction": d}, b) for d, b in sorted(p.memcpy_bytes.items())],
+                p.start_ns,
+                now,
             ),
             m.cumulative_sum(
-                "cuda.memcpy.host_bytes", "By",
+                "cuda.memcpy.host_bytes",
+                "By",
                 "Bytes of successful host<->device copies, by whether the host memory was page-locked (pinned) "
                 "or pageable (staged through a bounce buffer: slower, and synchronous for async copies)",
                 [
                     ({"cuda.memcpy.direction": d, "cuda.memcpy.host_memory": h}, b)
                     for (d, h), b in sorted(p.pinned_copy_bytes.items())
                 ],
-                p.start_ns, now,
+                p.start_ns,
+                now,
             ),
             m.cumulative_sum(
-                "otelbpf.cuda.kernel_launches.named", "{launch}",
+                "otelbpf.cuda.kernel_launches.named",
+                "{launch}",
                 "Launches by how their kernel's name was found (registration, driver, symbol, device_stub, "
                 "launch_site, unresolved)",
-                [({"otelbpf.name_source": src}, c) for src, c in sorted(sources.items())], p.start_ns, now,
+                [({"otelbpf.name_source": src}, c) for src, c in sorted(sources.items())],
+                p.start_ns,
+                now,
             ),
             m.histogram(
-                "cuda.sync.duration", "s", "Time the host thread waited in a synchronize call",
+                "cuda.sync.duration",
+                "s",
+                "Time the host thread waited in a synchronize call",
                 [h.point({"cuda.api.function": f}, p.start_ns, now) for f, h in sorted(p.sync.items())],
             ),
         ]
@@ -488,13 +518,16 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         if p.incomplete or p.untracked_frees:
             built.append(
                 m.cumulative_sum(
-                    "otelbpf.cuda.anomalies", "{call}", "Calls the agent could not account fully",
+                    "otelbpf.cuda.anomalies",
+                    "{call}",
+                    "Calls the agent could not account fully",
                     [
                         ({"reason": r}, v)
                         for r, v in (("incomplete", p.incomplete), ("untracked_free", p.untracked_frees))
                         if v
                     ],
-                    p.start_ns, now,
+                    p.start_ns,
+                    now,
                 )
             )
         return [x for x in built if x is not None]

@@ -94,19 +94,19 @@ class JsonScanner:
         self._max_bytes = limits.json_document
         self._max_depth = limits.json_depth
         self._stack: list[_Frame] = []
-        self._string = 0           # 0: not in a string; 1: a key; 2: a value kept; 3: a value skipped
-        self._escape = False       # a backslash ended the last piece
-        self._buf = bytearray()    # the key or kept value being read
+        self._string = 0  # 0: not in a string; 1: a key; 2: a value kept; 3: a value skipped
+        self._escape = False  # a backslash ended the last piece
+        self._buf = bytearray()  # the key or kept value being read
         self._cap = 0
-        self._over = False         # the value was longer than its cap
-        self._name = ""            # the kept value's name
+        self._over = False  # the value was longer than its cap
+        self._name = ""  # the kept value's name
         self._scalar: bytearray | None = None  # a scalar that may continue in the next piece
         self._scalar_target: tuple[str, int] | None = None
         self.read = 0
         self.done = False
         self.broken = ""
         self.values: dict[str, list] = {}
-        self.clipped = False       # some value was longer than its cap, or beyond MAX_VALUES
+        self.clipped = False  # some value was longer than its cap, or beyond MAX_VALUES
 
     @property
     def complete(self) -> bool:
@@ -318,16 +318,26 @@ def _unescape(raw: bytes) -> str:
 
 #: What the request body says.
 _REQUEST: Targets = {("model",): ("model", 256), ("stream",): ("stream", 8)}
-_REQUEST_CONTENT = {("messages", "*", "role"): "role", ("messages", "*", "content"): "content",
-                    ("messages", "*", "content", "*", "text"): "content", ("prompt",): "prompt",
-                    ("prompt", "*"): "prompt"}
+_REQUEST_CONTENT = {
+    ("messages", "*", "role"): "role",
+    ("messages", "*", "content"): "content",
+    ("messages", "*", "content", "*", "text"): "content",
+    ("prompt",): "prompt",
+    ("prompt", "*"): "prompt",
+}
 #: What a response (the JSON, or each SSE event) says.
-_RESPONSE: Targets = {("model",): ("model", 256), ("id",): ("id", 256),
-                      ("choices", "*", "finish_reason"): ("finish_reason", 64),
-                      ("usage", "prompt_tokens"): ("input_tokens", MAX_SCALAR),
-                      ("usage", "completion_tokens"): ("output_tokens", MAX_SCALAR)}
-_RESPONSE_CONTENT = {("choices", "*", "delta", "content"): "content", ("choices", "*", "text"): "content",
-                     ("choices", "*", "message", "content"): "content"}
+_RESPONSE: Targets = {
+    ("model",): ("model", 256),
+    ("id",): ("id", 256),
+    ("choices", "*", "finish_reason"): ("finish_reason", 64),
+    ("usage", "prompt_tokens"): ("input_tokens", MAX_SCALAR),
+    ("usage", "completion_tokens"): ("output_tokens", MAX_SCALAR),
+}
+_RESPONSE_CONTENT = {
+    ("choices", "*", "delta", "content"): "content",
+    ("choices", "*", "text"): "content",
+    ("choices", "*", "message", "content"): "content",
+}
 
 
 def _with_content(base: Targets, content: dict[Path, str], cap: int) -> Targets:
@@ -342,8 +352,9 @@ class RequestFacts:
     def __init__(self, operation_name: str, *, content_cap: int = 0, limits: Limits = DEFAULT) -> None:
         self.operation = operation_name
         self._content_cap = content_cap
-        self._scanner = JsonScanner(_with_content(_REQUEST, _REQUEST_CONTENT, content_cap) if content_cap
-                                    else _REQUEST, limits=limits)
+        self._scanner = JsonScanner(
+            _with_content(_REQUEST, _REQUEST_CONTENT, content_cap) if content_cap else _REQUEST, limits=limits
+        )
 
     def unit(self, stamp: object) -> None:
         pass
@@ -376,13 +387,18 @@ class RequestFacts:
             return None
         values = self._scanner.values
         if "prompt" in values:
-            return [{"role": "user", "parts": [{"type": "text", "content": p}]}
-                    for p in values["prompt"] if isinstance(p, str)]
+            return [
+                {"role": "user", "parts": [{"type": "text", "content": p}]}
+                for p in values["prompt"]
+                if isinstance(p, str)
+            ]
         roles = [r for r in values.get("role", []) if isinstance(r, str)]
         contents = [c for c in values.get("content", []) if isinstance(c, str)]
         # Roles and contents come in message order, one content per message but for multi-part ones.
-        return [{"role": roles[i] if i < len(roles) else "user", "parts": [{"type": "text", "content": c}]}
-                for i, c in enumerate(contents)]
+        return [
+            {"role": roles[i] if i < len(roles) else "user", "parts": [{"type": "text", "content": c}]}
+            for i, c in enumerate(contents)
+        ]
 
 
 @dataclass

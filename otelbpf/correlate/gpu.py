@@ -74,8 +74,9 @@ class GpuCorrelator:
 
     scope = scope("otelbpf.gpu")
 
-    def __init__(self, process_info: ProcessInfo, health: Health,
-                 resource: Callable[[], Resource] = agent_resource) -> None:
+    def __init__(
+        self, process_info: ProcessInfo, health: Health, resource: Callable[[], Resource] = agent_resource
+    ) -> None:
         self._process_info = process_info
         self._health = health
         self._resource = resource  # device metrics: the reporting agent's (host) resource
@@ -141,8 +142,13 @@ class GpuCorrelator:
                 out.append((self._process_info.resource(pid), metrics))
         return out
 
-    def _device_metrics(self, devices: list[DeviceSample], means: dict[tuple[str, str], float | None],
-                        xids: dict[tuple[Device, int], int], now: int) -> list[Metric]:
+    def _device_metrics(
+        self,
+        devices: list[DeviceSample],
+        means: dict[tuple[str, str], float | None],
+        xids: dict[tuple[Device, int], int],
+        now: int,
+    ) -> list[Metric]:
         def points(value: Callable[[DeviceSample], float | None], **extra: str) -> list[tuple[Attrs, float]]:
             return [({**device_attributes(d.device), **extra}, v) for d in devices if (v := value(d)) is not None]
 
@@ -151,40 +157,115 @@ class GpuCorrelator:
 
         start = self._start_ns
         found = [
-            m.gauge("hw.gpu.utilization", "1", "Fraction of time the GPU ran a kernel (NVML), mean of the samples "
-                    "since the last export", points(mean("general"), **{"hw.gpu.task": "general"}), now),
-            m.gauge("otelbpf.gpu.memory_controller.utilization", "1",
-                    "Fraction of time device memory was read or written (NVML), mean since the last export",
-                    points(mean("memory")), now),
-            m.cumulative_sum("hw.gpu.memory.usage", "By", "GPU memory used", points(lambda d: d.memory_used),
-                             start, now, monotonic=False),
-            m.cumulative_sum("hw.gpu.memory.limit", "By", "Size of the GPU memory", points(lambda d: d.memory_total),
-                             start, now, monotonic=False),
-            m.gauge("hw.gpu.memory.utilization", "1", "Fraction of GPU memory used",
-                    points(lambda d: d.memory_used / d.memory_total
-                           if d.memory_used is not None and d.memory_total else None), now),
+            m.gauge(
+                "hw.gpu.utilization",
+                "1",
+                "Fraction of time the GPU ran a kernel (NVML), mean of the samples since the last export",
+                points(mean("general"), **{"hw.gpu.task": "general"}),
+                now,
+            ),
+            m.gauge(
+                "otelbpf.gpu.memory_controller.utilization",
+                "1",
+                "Fraction of time device memory was read or written (NVML), mean since the last export",
+                points(mean("memory")),
+                now,
+            ),
+            m.cumulative_sum(
+                "hw.gpu.memory.usage",
+                "By",
+                "GPU memory used",
+                points(lambda d: d.memory_used),
+                start,
+                now,
+                monotonic=False,
+            ),
+            m.cumulative_sum(
+                "hw.gpu.memory.limit",
+                "By",
+                "Size of the GPU memory",
+                points(lambda d: d.memory_total),
+                start,
+                now,
+                monotonic=False,
+            ),
+            m.gauge(
+                "hw.gpu.memory.utilization",
+                "1",
+                "Fraction of GPU memory used",
+                points(
+                    lambda d: d.memory_used / d.memory_total if d.memory_used is not None and d.memory_total else None
+                ),
+                now,
+            ),
             m.gauge("hw.power", "W", "Power drawn by the GPU", points(lambda d: d.power_w), now),
-            m.cumulative_sum("hw.energy", "J", "Energy consumed by the GPU since its driver loaded",
-                             points(lambda d: d.energy_j), start, now),
-            m.gauge("otelbpf.gpu.clock.frequency", "Hz", "GPU clock frequency, by clock",
-                    points(lambda d: d.sm_clock_hz, **{"otelbpf.gpu.clock": "sm"})
-                    + points(lambda d: d.memory_clock_hz, **{"otelbpf.gpu.clock": "memory"}), now),
-            m.gauge("hw.temperature", "Cel", "GPU die temperature",
-                    [({"hw.id": f"{d.device.uuid}/temperature", "hw.type": "temperature", "hw.parent": d.device.uuid,
-                       "hw.name": f"gpu{d.device.index} die"}, d.temperature_c)
-                     for d in devices if d.temperature_c is not None], now),
-            m.gauge("otelbpf.gpu.pcie.throughput", "By/s", "PCIe throughput (NVML's 20 ms window), by direction",
-                    points(lambda d: d.pcie_tx_bytes_per_s, **{"network.io.direction": "transmit"})
-                    + points(lambda d: d.pcie_rx_bytes_per_s, **{"network.io.direction": "receive"}), now),
-            m.cumulative_sum("hw.gpu.io", "By", "NVLink data bytes over all links since the driver loaded",
-                             points(lambda d: d.nvlink_tx_bytes, **{"network.io.direction": "transmit",
-                                                                    "otelbpf.gpu.link": "nvlink"})
-                             + points(lambda d: d.nvlink_rx_bytes, **{"network.io.direction": "receive",
-                                                                      "otelbpf.gpu.link": "nvlink"}), start, now),
-            m.cumulative_sum("hw.errors", "{error}", "XID error events reported by the driver",
-                             [({**device_attributes(dev), "error.type": "xid", "otelbpf.gpu.xid": xid}, n)
-                              for (dev, xid), n in sorted(xids.items(), key=lambda kv: (kv[0][0].index, kv[0][1]))],
-                             start, now),
+            m.cumulative_sum(
+                "hw.energy",
+                "J",
+                "Energy consumed by the GPU since its driver loaded",
+                points(lambda d: d.energy_j),
+                start,
+                now,
+            ),
+            m.gauge(
+                "otelbpf.gpu.clock.frequency",
+                "Hz",
+                "GPU clock frequency, by clock",
+                points(lambda d: d.sm_clock_hz, **{"otelbpf.gpu.clock": "sm"})
+                + points(lambda d: d.memory_clock_hz, **{"otelbpf.gpu.clock": "memory"}),
+                now,
+            ),
+            m.gauge(
+                "hw.temperature",
+                "Cel",
+                "GPU die temperature",
+                [
+                    (
+                        {
+                            "hw.id": f"{d.device.uuid}/temperature",
+                            "hw.type": "temperature",
+                            "hw.parent": d.device.uuid,
+                            "hw.name": f"gpu{d.device.index} die",
+                        },
+                        d.temperature_c,
+                    )
+                    for d in devices
+                    if d.temperature_c is not None
+                ],
+                now,
+            ),
+            m.gauge(
+                "otelbpf.gpu.pcie.throughput",
+                "By/s",
+                "PCIe throughput (NVML's 20 ms window), by direction",
+                points(lambda d: d.pcie_tx_bytes_per_s, **{"network.io.direction": "transmit"})
+                + points(lambda d: d.pcie_rx_bytes_per_s, **{"network.io.direction": "receive"}),
+                now,
+            ),
+            m.cumulative_sum(
+                "hw.gpu.io",
+                "By",
+                "NVLink data bytes over all links since the driver loaded",
+                points(
+                    lambda d: d.nvlink_tx_bytes, **{"network.io.direction": "transmit", "otelbpf.gpu.link": "nvlink"}
+                )
+                + points(
+                    lambda d: d.nvlink_rx_bytes, **{"network.io.direction": "receive", "otelbpf.gpu.link": "nvlink"}
+                ),
+                start,
+                now,
+            ),
+            m.cumulative_sum(
+                "hw.errors",
+                "{error}",
+                "XID error events reported by the driver",
+                [
+                    ({**device_attributes(dev), "error.type": "xid", "otelbpf.gpu.xid": xid}, n)
+                    for (dev, xid), n in sorted(xids.items(), key=lambda kv: (kv[0][0].index, kv[0][1]))
+                ],
+                start,
+                now,
+            ),
         ]
         return [x for x in found if x is not None]
 
@@ -192,25 +273,50 @@ class GpuCorrelator:
         """``hw.status`` per device: 1 for its state (``ok`` while read, ``failed`` once lost), 0 for the other."""
         states = [(d.device, "ok") for d in sample.devices] + [(d, "failed") for d in sample.lost]
         return m.cumulative_sum(
-            "hw.status", "1", "Operational status of the GPU: 1 for its state, 0 for the other",
-            [({**device_attributes(dev), "hw.state": state}, int(state == current))
-             for dev, current in sorted(states, key=lambda s: s[0].index) for state in ("ok", "failed")],
-            self._start_ns, now, monotonic=False)
+            "hw.status",
+            "1",
+            "Operational status of the GPU: 1 for its state, 0 for the other",
+            [
+                ({**device_attributes(dev), "hw.state": state}, int(state == current))
+                for dev, current in sorted(states, key=lambda s: s[0].index)
+                for state in ("ok", "failed")
+            ],
+            self._start_ns,
+            now,
+            monotonic=False,
+        )
 
-    def _process_metrics(self, procs: list[ProcessSample], means: dict[tuple[str, int, str], float | None],
-                         now: int) -> list[Metric]:
+    def _process_metrics(
+        self, procs: list[ProcessSample], means: dict[tuple[str, int, str], float | None], now: int
+    ) -> list[Metric]:
         def points(value: Callable[[ProcessSample], float | None]) -> list[tuple[Attrs, float]]:
-            return [({**device_attributes(p.device), "process.pid": p.pid}, v) for p in procs
-                    if (v := value(p)) is not None]
+            return [
+                ({**device_attributes(p.device), "process.pid": p.pid}, v) for p in procs if (v := value(p)) is not None
+            ]
 
         found = [
-            m.cumulative_sum("otelbpf.gpu.process.memory.usage", "By", "GPU memory the process holds",
-                             points(lambda p: p.memory_used), self._start_ns, now, monotonic=False),
-            m.gauge("otelbpf.gpu.process.utilization", "1",
-                    "Fraction of time the process ran a kernel on the GPU (NVML), mean since the last export",
-                    points(lambda p: means.get((p.device.uuid, p.pid, "general"))), now),
-            m.gauge("otelbpf.gpu.process.memory_controller.utilization", "1",
-                    "Fraction of time the process read or wrote device memory (NVML), mean since the last export",
-                    points(lambda p: means.get((p.device.uuid, p.pid, "memory"))), now),
+            m.cumulative_sum(
+                "otelbpf.gpu.process.memory.usage",
+                "By",
+                "GPU memory the process holds",
+                points(lambda p: p.memory_used),
+                self._start_ns,
+                now,
+                monotonic=False,
+            ),
+            m.gauge(
+                "otelbpf.gpu.process.utilization",
+                "1",
+                "Fraction of time the process ran a kernel on the GPU (NVML), mean since the last export",
+                points(lambda p: means.get((p.device.uuid, p.pid, "general"))),
+                now,
+            ),
+            m.gauge(
+                "otelbpf.gpu.process.memory_controller.utilization",
+                "1",
+                "Fraction of time the process read or wrote device memory (NVML), mean since the last export",
+                points(lambda p: means.get((p.device.uuid, p.pid, "memory"))),
+                now,
+            ),
         ]
         return [x for x in found if x is not None]

@@ -82,9 +82,21 @@ SCOPE = scope("otelbpf.http")
 #: Headers never exported, whatever the configuration says.
 ALWAYS_REDACTED = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 #: Problems of following the bytes, not of the exchange: marked on the span, not failed.
-PARSE_PROBLEMS = frozenset({"desync", "headers_truncated", "gap_in_framing", "bad_chunk", "head_too_large",
-                            "bad_start_line", "bad_chunk_size", "bad_content_length", "bad_request_target",
-                            "stream_limit", "process_limit"})
+PARSE_PROBLEMS = frozenset(
+    {
+        "desync",
+        "headers_truncated",
+        "gap_in_framing",
+        "bad_chunk",
+        "head_too_large",
+        "bad_start_line",
+        "bad_chunk_size",
+        "bad_content_length",
+        "bad_request_target",
+        "stream_limit",
+        "process_limit",
+    }
+)
 #: Methods that name their own metric series (OpenTelemetry's list); any other is ``_OTHER``.
 KNOWN_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE", "QUERY"})
 #: Distinct gRPC routes (service, method) with a series of their own, per process; the rest share ``_OTHER``.
@@ -107,11 +119,26 @@ _EGRESS_FUNCS = frozenset(_EGRESS.tolist())
 #: Enum members read once: each read through the class costs a descriptor call, per span.
 _SERVER, _CLIENT = SpanKind.SERVER, SpanKind.CLIENT
 #: Record kinds as plain ints: compared once or more per record.
-_DATA, _CONNECT, _ACCEPT, _LOCAL, _UNKNOWN, _CLOSE = (int(k) for k in (
-    Kind.SOCK_DATA, Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT, Kind.SOCK_LOCAL, Kind.SOCK_UNKNOWN, Kind.SOCK_CLOSE))
+_DATA, _CONNECT, _ACCEPT, _LOCAL, _UNKNOWN, _CLOSE = (
+    int(k)
+    for k in (Kind.SOCK_DATA, Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT, Kind.SOCK_LOCAL, Kind.SOCK_UNKNOWN, Kind.SOCK_CLOSE)
+)
 #: The record fields _record reads, in the order of its row tuples (the payload follows).
-_FIELDS = ("ts_ns", "duration_ns", "pid", "tid", "fd", "ret", "kind", "func", "cap", "flags", "family", "port",
-           "local_port")
+_FIELDS = (
+    "ts_ns",
+    "duration_ns",
+    "pid",
+    "tid",
+    "fd",
+    "ret",
+    "kind",
+    "func",
+    "cap",
+    "flags",
+    "family",
+    "port",
+    "local_port",
+)
 
 #: (entry ns, exit ns, thread id) of the syscall that carried a chunk.
 Stamp = tuple[int, int, int]
@@ -123,11 +150,11 @@ class _Open:
 
     context: SpanContext
     parent: SpanContext | None
-    start_ns: int                     # monotonic
+    start_ns: int  # monotonic
     tid: int
     interval: Interval | None = None  # server: the thread's causality interval
     link: ClientRequest | None = None  # client: registered for the server at the other end
-    parent_from: str = ""             # traceparent | peer | thread
+    parent_from: str = ""  # traceparent | peer | thread
     genai: genai.RequestFacts | None = None  # an OpenAI-compatible request's body facts
     watch: ResponseWatch | None = None  # how its response streamed
 
@@ -404,13 +431,21 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         if held is None and protocol in ("http1", "http2"):
             held = self._held[conn.pid] = Held(self._limits.held_per_process)
         if protocol == "http1":
-            conn.session = Http1Connection(on_request=lambda msg: self._request_http1(conn, msg),
-                                           on_response=self._response_http1,
-                                           synchronized=synchronized, limits=self._limits, held=held)
+            conn.session = Http1Connection(
+                on_request=lambda msg: self._request_http1(conn, msg),
+                on_response=self._response_http1,
+                synchronized=synchronized,
+                limits=self._limits,
+                held=held,
+            )
         elif protocol == "http2":
-            conn.session = H2Connection(on_request=lambda stream: self._request_http2(conn, stream),
-                                        on_response=self._response_http2, on_streaming=self._streaming_http2,
-                                        limits=self._limits, held=held)
+            conn.session = H2Connection(
+                on_request=lambda stream: self._request_http2(conn, stream),
+                on_response=self._response_http2,
+                on_streaming=self._streaming_http2,
+                limits=self._limits,
+                held=held,
+            )
 
     def _report_problems(self, conn: Conn) -> None:
         for reason, n in conn.session.problems.items():
@@ -464,8 +499,11 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             stream.response_sink = opened.watch = self._watch(opened, False)
 
     def _watch(self, opened: _Open, sse: bool) -> ResponseWatch:
-        facts = (genai.ResponseFacts(content_cap=self._content_cap, limits=self._limits)
-                 if opened.genai is not None else None)
+        facts = (
+            genai.ResponseFacts(content_cap=self._content_cap, limits=self._limits)
+            if opened.genai is not None
+            else None
+        )
         return ResponseWatch(sse=sse, genai=facts, limits=self._limits)
 
     def _open(self, conn: Conn, first: Stamp, traceparent: str | None, stream_id: int) -> _Open:
@@ -481,8 +519,9 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         start = enter
         parent = self._causality.parent(conn.pid, tid, start)
         ctx = new_context(parent.trace_id if parent else None)
-        link = (self._links.add(conn.local, conn.remote[1], stream_id, start, ctx) if conn.local and conn.remote
-                else None)
+        link = (
+            self._links.add(conn.local, conn.remote[1], stream_id, start, ctx) if conn.local and conn.remote else None
+        )
         return _Open(ctx, parent, start, tid, link=link, parent_from="thread" if parent else "")
 
     # -- exchanges done -----------------------------------------------------------
@@ -524,8 +563,18 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             if self._capture:
                 self._header_attrs(attrs, "response", resp.head.headers)
         end = ex.at or (resp.last if resp else None) or req.last or req.first
-        self._emit_exchange(conn, req.tag, end, head.method, status, None, ex.error, None, attrs,
-                            resp.first if resp is not None else None)
+        self._emit_exchange(
+            conn,
+            req.tag,
+            end,
+            head.method,
+            status,
+            None,
+            ex.error,
+            None,
+            attrs,
+            resp.first if resp is not None else None,
+        )
 
     def _finished_http2(self, conn: Conn, s: Stream) -> None:
         if s.tag is None:
@@ -574,14 +623,30 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                 self._problem("bad_grpc_path")
             else:
                 grpc = self._grpc_status(s)
-                attrs.update({"rpc.system": "grpc", "rpc.service": self._clip(route.group(1)),
-                              "rpc.method": self._clip(route.group(2)), "http.route": attrs["url.path"]})
+                attrs.update(
+                    {
+                        "rpc.system": "grpc",
+                        "rpc.service": self._clip(route.group(1)),
+                        "rpc.method": self._clip(route.group(2)),
+                        "http.route": attrs["url.path"],
+                    }
+                )
                 if grpc is not None:
                     attrs["rpc.grpc.status_code"] = grpc
         problem = "" if s.complete else s.problem
         message = s.grpc_message
-        self._emit_exchange(conn, s.tag, s.last or s.first, method, status, grpc, problem,
-                            self._clip(message) if message else message, attrs, s.response_first)
+        self._emit_exchange(
+            conn,
+            s.tag,
+            s.last or s.first,
+            method,
+            status,
+            grpc,
+            problem,
+            self._clip(message) if message else message,
+            attrs,
+            s.response_first,
+        )
 
     def _grpc_status(self, s: Stream) -> int | None:
         """grpc-status if it is one of gRPC's codes (0-16); None, counted, if it is something else."""
@@ -640,8 +705,19 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             if values:
                 attrs[f"http.{where}.header.{name}"] = values
 
-    def _emit_exchange(self, conn: Conn, opened: _Open, end: Stamp, method: str, status: int, grpc: int | None,
-                       problem: str, grpc_message: str | None, attrs: dict, first_byte: Stamp | None) -> None:
+    def _emit_exchange(
+        self,
+        conn: Conn,
+        opened: _Open,
+        end: Stamp,
+        method: str,
+        status: int,
+        grpc: int | None,
+        problem: str,
+        grpc_message: str | None,
+        attrs: dict,
+        first_byte: Stamp | None,
+    ) -> None:
         server = conn.role == "server"
         start_ns = opened.start_ns
         end_ns = end[1] if end[1] > start_ns else start_ns
@@ -678,21 +754,24 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             return
         name = f"{attrs['rpc.service']}/{attrs['rpc.method']}" if "rpc.service" in attrs else (method or "HTTP")
         wall_start = self._clock.to_wall(start_ns)
-        self._spans.append(make_span(
-            name,
-            resource=self._proc(conn.pid).resource,
-            scope=SCOPE,
-            start_ns=wall_start,
-            end_ns=wall_start + (end_ns - start_ns),
-            attributes=attrs,
-            error=message or None,
-            parent=opened.parent,
-            kind=_SERVER if server else _CLIENT,
-            context=opened.context,
-        ))
+        self._spans.append(
+            make_span(
+                name,
+                resource=self._proc(conn.pid).resource,
+                scope=SCOPE,
+                start_ns=wall_start,
+                end_ns=wall_start + (end_ns - start_ns),
+                attributes=attrs,
+                error=message or None,
+                parent=opened.parent,
+                kind=_SERVER if server else _CLIENT,
+                context=opened.context,
+            )
+        )
 
-    def _record_metrics(self, conn: Conn, server: bool, method: str, status: int, grpc: int | None, attrs: dict,
-                        seconds: float) -> None:
+    def _record_metrics(
+        self, conn: Conn, server: bool, method: str, status: int, grpc: int | None, attrs: dict, seconds: float
+    ) -> None:
         # The labels as (name, value) pairs in the order they are named here: the series' cache key.
         if grpc is not None or attrs.get("rpc.system") == "grpc":
             service, rpc_method = self._route(conn.pid, attrs["rpc.service"], attrs["rpc.method"])
@@ -701,8 +780,10 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                 key += (("rpc.grpc.status_code", grpc),)
             metric = "rpc.server.duration" if server else "rpc.client.duration"
         else:
-            key = (("http.request.method", method if method in KNOWN_METHODS else OTHER),
-                   ("network.protocol.version", attrs["network.protocol.version"]))
+            key = (
+                ("http.request.method", method if method in KNOWN_METHODS else OTHER),
+                ("network.protocol.version", attrs["network.protocol.version"]),
+            )
             if status:
                 key += (("http.response.status_code", status), ("http.response.status_class", status_class(status)))
             else:
@@ -717,8 +798,9 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                 self._series.clear()
         self._durations[(conn.pid, metric, series)].append(seconds)
 
-    def _streamed(self, conn: Conn, server: bool, w: ResponseWatch, attrs: dict, start_ns: int,
-                  first_byte: Stamp | None) -> None:
+    def _streamed(
+        self, conn: Conn, server: bool, w: ResponseWatch, attrs: dict, start_ns: int, first_byte: Stamp | None
+    ) -> None:
         """Span attributes and gap histograms of a watched response."""
         w.done()
         for reason, n in w.problems.items():
@@ -751,8 +833,16 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             total = self._proc(pid).gaps[key] = Gaps()
         total.merge(gaps)
 
-    def _genai(self, conn: Conn, server: bool, request: genai.RequestFacts, watch: ResponseWatch | None, attrs: dict,
-               start_ns: int, end_ns: int) -> None:
+    def _genai(
+        self,
+        conn: Conn,
+        server: bool,
+        request: genai.RequestFacts,
+        watch: ResponseWatch | None,
+        attrs: dict,
+        start_ns: int,
+        end_ns: int,
+    ) -> None:
         """GenAI attributes, and on a server the gen_ai.server.* histograms."""
         response = watch.genai if watch is not None else None
         if request.problem:
@@ -760,24 +850,29 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         attrs.update(genai.attributes(request, response, self._clip))
         if not server:
             return
-        key: tuple[tuple[str, object], ...] = (("gen_ai.operation.name", request.operation),
-                                               ("gen_ai.provider.name", genai.PROVIDER))
+        key: tuple[tuple[str, object], ...] = (
+            ("gen_ai.operation.name", request.operation),
+            ("gen_ai.provider.name", genai.PROVIDER),
+        )
         for name in ("gen_ai.request.model", "gen_ai.response.model"):
             if name in attrs:
                 key += ((name, self._model(conn.pid, attrs[name])),)
         if "server.port" in attrs:
             key += (("server.port", attrs["server.port"]),)
         error = attrs.get("error.type")
-        self._durations[(conn.pid, "gen_ai.server.request.duration",
-                         key + ((("error.type", error),) if error else ()))].append((end_ns - start_ns) / 1e9)
+        self._durations[
+            (conn.pid, "gen_ai.server.request.duration", key + ((("error.type", error),) if error else ()))
+        ].append((end_ns - start_ns) / 1e9)
         if error or response is None or response.first_token_ns is None:
             return  # time to first token and per output token: successful streamed responses only
         self._durations[(conn.pid, "gen_ai.server.time_to_first_token", key)].append(
-            max(response.first_token_ns - start_ns, 0) / 1e9)
+            max(response.first_token_ns - start_ns, 0) / 1e9
+        )
         tokens = response.output_tokens if response.output_tokens is not None else response.token_events
         if tokens > 1:
             self._durations[(conn.pid, "gen_ai.server.time_per_output_token", key)].append(
-                max(end_ns - response.first_token_ns, 0) / 1e9 / (tokens - 1))
+                max(end_ns - response.first_token_ns, 0) / 1e9 / (tokens - 1)
+            )
 
     def _model(self, pid: int, model: str) -> str:
         """The model's own label while the process has fewer than ``max_models``, else ``_OTHER``."""
@@ -854,19 +949,50 @@ _DESCRIPTIONS = {
     "otelbpf.http.server.response.gap": "Time between consecutive chunks, DATA frames or SSE events of responses sent",
     "otelbpf.http.client.response.gap": "Time between consecutive chunks, DATA frames or SSE events of responses read",
     "gen_ai.server.request.duration": "OpenAI-compatible completions served, request read to the last response byte",
-    "gen_ai.server.time_to_first_token":
-        "Request read to the first SSE event with output, for successful streamed responses",
-    "gen_ai.server.time_per_output_token":
-        "After the first output event, time per further output token, for successful streamed responses",
+    "gen_ai.server.time_to_first_token": (
+        "Request read to the first SSE event with output, for successful streamed responses"
+    ),
+    "gen_ai.server.time_per_output_token": (
+        "After the first output event, time per further output token, for successful streamed responses"
+    ),
 }
 #: The GenAI semantic conventions' bucket boundaries; other histograms use metrics.DURATION_BOUNDS.
 _BOUNDS = {
-    "gen_ai.server.request.duration": (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
-                                       40.96, 81.92),
-    "gen_ai.server.time_to_first_token": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                                          2.5, 5.0, 7.5, 10.0),
-    "gen_ai.server.time_per_output_token": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-                                            2.5),
+    "gen_ai.server.request.duration": (
+        0.01,
+        0.02,
+        0.04,
+        0.08,
+        0.16,
+        0.32,
+        0.64,
+        1.28,
+        2.56,
+        5.12,
+        10.24,
+        20.48,
+        40.96,
+        81.92,
+    ),
+    "gen_ai.server.time_to_first_token": (
+        0.001,
+        0.005,
+        0.01,
+        0.02,
+        0.04,
+        0.06,
+        0.08,
+        0.1,
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        2.5,
+        5.0,
+        7.5,
+        10.0,
+    ),
+    "gen_ai.server.time_per_output_token": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5),
 }
 
 

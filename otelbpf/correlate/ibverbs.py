@@ -64,7 +64,7 @@ def peer_address(gid: bytes) -> str | None:
 
 
 def _gid_text(gid: bytes) -> str:
-    return ":".join(gid[i:i + 2].hex() for i in range(0, 16, 2))
+    return ":".join(gid[i : i + 2].hex() for i in range(0, 16, 2))
 
 
 @dataclass
@@ -74,8 +74,8 @@ class _Qp:
     pid: int
     ctx: int
     qpn: int
-    gen: int | None                 # ibv_qps .gen; None until the kernel's counters are seen
-    start_ns: int                   # wall: created, or first seen
+    gen: int | None  # ibv_qps .gen; None until the kernel's counters are seen
+    start_ns: int  # wall: created, or first seen
     created: bool = False
     qp_type: str | None = None
     state: str | None = None
@@ -181,11 +181,20 @@ class _Series:
             else:
                 # The kernel's log2 buckets keep no min or max: None leaves OTLP's optional fields
                 # unset (the SDK's dataclass types them float only).
-                hdps = [HistogramDataPoint(attributes=a, start_time_unix_nano=st, time_unix_nano=now,
-                                           count=int(c.sum()), sum=t, bucket_counts=[int(x) for x in c],
-                                           explicit_bounds=list(LATENCY_BOUNDS),
-                                           min=None, max=None)  # type: ignore[arg-type]
-                        for a, (c, t), st in points]
+                hdps = [
+                    HistogramDataPoint(
+                        attributes=a,
+                        start_time_unix_nano=st,
+                        time_unix_nano=now,
+                        count=int(c.sum()),
+                        sum=t,
+                        bucket_counts=[int(x) for x in c],
+                        explicit_bounds=list(LATENCY_BOUNDS),
+                        min=None,  # type: ignore[arg-type]
+                        max=None,  # type: ignore[arg-type]
+                    )
+                    for a, (c, t), st in points
+                ]
                 metric = m.histogram(name, unit, description, hdps)
             if metric is not None:  # never None: a name is here for its points
                 out.append(metric)
@@ -197,9 +206,9 @@ class _Process:
     pid: int
     resource: Resource
     start_ns: int
-    mrs: dict = field(default_factory=dict)            # mr pointer -> (context, bytes)
+    mrs: dict = field(default_factory=dict)  # mr pointer -> (context, bytes)
     registered: Counter = field(default_factory=Counter)  # context -> bytes registered now
-    regions: Counter = field(default_factory=Counter)     # context -> MRs registered now
+    regions: Counter = field(default_factory=Counter)  # context -> MRs registered now
     anomalies: Counter = field(default_factory=Counter)
     exited: bool = False
     carry: _Series = field(default_factory=lambda: _Series())  # counts of QPs destroyed and exported
@@ -225,8 +234,8 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
         self._forget_keys = forget_keys
         self._traces = traces
         self._on_sampled_out = on_sampled_out
-        self._devices: dict[tuple[int, int], str] = {}      # (pid, context) -> device name
-        self._current: dict[QpKey, _Qp] = {}                 # the latest incarnation of each QP number
+        self._devices: dict[tuple[int, int], str] = {}  # (pid, context) -> device name
+        self._current: dict[QpKey, _Qp] = {}  # the latest incarnation of each QP number
         self._retired: dict[tuple[int, int, int, int], _Qp] = {}  # destroyed, counters not yet exported
         #: pid -> wall time its last metrics were exported after it exited: its map keys may be
         #: read once more (the sensor's final snapshot) and are ignored then.
@@ -410,8 +419,15 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
         elif ret != 0:
             error = f"{name} returned NULL"
         start = self._clock.to_wall(ts)
-        return make_span(name, resource=self._proc(pid).resource, scope=SCOPE, start_ns=start, end_ns=start + dur,
-                         attributes=attrs, error=error)
+        return make_span(
+            name,
+            resource=self._proc(pid).resource,
+            scope=SCOPE,
+            start_ns=start,
+            end_ns=start + dur,
+            attributes=attrs,
+            error=error,
+        )
 
     def _lifetime_span(self, qp: _Qp) -> ReadableSpan:
         attrs = qp.attributes(self.device_name(qp.pid, qp.ctx))
@@ -422,21 +438,30 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
         if not qp.created:
             attrs["otelbpf.ibverbs.created_before_agent"] = True
         error = "the process exited with the QP open" if qp.end_reason == "process_exited" else None
-        return make_span("rdma.qp", resource=self._proc(qp.pid).resource, scope=SCOPE, start_ns=qp.start_ns,
-                         end_ns=max(qp.end_ns or qp.start_ns, qp.start_ns), attributes=attrs, error=error)
+        return make_span(
+            "rdma.qp",
+            resource=self._proc(qp.pid).resource,
+            scope=SCOPE,
+            start_ns=qp.start_ns,
+            end_ns=max(qp.end_ns or qp.start_ns, qp.start_ns),
+            attributes=attrs,
+            error=error,
+        )
 
     def _completion_span(self, rec: tuple) -> list[ReadableSpan]:
         ts, dur, pid, tid, _kind, slot, flags, status, ctx, a1, wr_id, a3 = rec
         qpn = a1 & 0xFFFFFFFF
         qp = self._current.get((pid, ctx, qpn))
         attrs = qp.attributes(self.device_name(pid, ctx)) if qp else {"rdma.qp.num": qpn}
-        attrs.update({
-            "thread.id": tid,
-            "rdma.wc.opcode": abi.WC_NAMES.get(slot, "OTHER"),
-            "rdma.wc.status": abi.wc_status_name(status),
-            "rdma.wr.id": f"{wr_id:#x}",
-            "rdma.wc.byte_len": a3 & 0xFFFFFFFF,
-        })
+        attrs.update(
+            {
+                "thread.id": tid,
+                "rdma.wc.opcode": abi.WC_NAMES.get(slot, "OTHER"),
+                "rdma.wc.status": abi.wc_status_name(status),
+                "rdma.wr.id": f"{wr_id:#x}",
+                "rdma.wc.byte_len": a3 & 0xFFFFFFFF,
+            }
+        )
         if status:
             attrs["rdma.wc.vendor_err"] = a1 >> 32
         posted = bool(flags & FLAG_IBV_POSTED)
@@ -446,8 +471,17 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
             attrs["otelbpf.ibverbs.post_unseen"] = True
         start = self._clock.to_wall(ts)
         error = f"work completion {abi.wc_status_name(status)}" if status else None
-        return [make_span("rdma.completion", resource=self._proc(pid).resource, scope=SCOPE, start_ns=start,
-                          end_ns=start + dur, attributes=attrs, error=error)]
+        return [
+            make_span(
+                "rdma.completion",
+                resource=self._proc(pid).resource,
+                scope=SCOPE,
+                start_ns=start,
+                end_ns=start + dur,
+                attributes=attrs,
+                error=error,
+            )
+        ]
 
     # -- metrics ----------------------------------------------------------
 
@@ -537,14 +571,18 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
                 series.add("rdma.completions", {**wc, "rdma.wc.status": "SUCCESS"}, s.done[slot], start)
                 series.add("rdma.completion.bytes", wc, s.done_bytes[slot], start)
         for (slot, status), n in errors.get((qp.pid, qp.ctx, qp.qpn, qp.gen), Counter()).items():
-            attrs = {**base, "rdma.wc.opcode": abi.WC_NAMES.get(slot, "OTHER"),
-                     "rdma.wc.status": abi.wc_status_name(status)}
+            attrs = {
+                **base,
+                "rdma.wc.opcode": abi.WC_NAMES.get(slot, "OTHER"),
+                "rdma.wc.status": abi.wc_status_name(status),
+            }
             series.add("rdma.completions", attrs, n, start)
         for name, q in zip(QUEUES, s.q):
             if q.lat_count:
                 counts = np.frombuffer(bytes(q.lat_buckets), dtype="<u8").astype(np.int64)
-                series.add_histogram("rdma.completion.duration", {**base, "rdma.queue": name}, counts,
-                                     q.lat_sum_ns / 1e9, start)
+                series.add_histogram(
+                    "rdma.completion.duration", {**base, "rdma.queue": name}, counts, q.lat_sum_ns / 1e9, start
+                )
         if s.unmatched:
             series.add("otelbpf.ibverbs.anomalies", {"reason": "completion_post_unseen"}, s.unmatched, start)
 
@@ -554,8 +592,9 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
         exited = {pid for pid, p in self._procs.items() if p.exited}
         self._forget_keys("ibv_retired", [k for _key, k in done])
         self._forget_keys("ibv_qps", [k for k, _s in live if k.pid in exited])
-        self._forget_keys("ibv_errors", [k for key, ks in error_keys.items() if key in gone_keys or key[0] in exited
-                                         for k in ks])
+        self._forget_keys(
+            "ibv_errors", [k for key, ks in error_keys.items() if key in gone_keys or key[0] in exited for k in ks]
+        )
         for key, qp in list(self._current.items()):
             if qp.end_ns is not None and (qp.gen is None or (*key, qp.gen) in gone_keys):
                 del self._current[key]

@@ -60,4 +60,4 @@ class KernelSymbols:
             i = int(np.searchsorted(self._addrs, np.uint64(addr), side="right")) - 1
         if i < 0:
             return None
-        return self._names[int(self._starts[i]):int(self._starts[i + 1])].decode("utf-8", errors="replace")
+        return self._names[int(self._starts[i]) : int(self._starts[i + 1])].decode("utf-8", errors="replace")

@@ -38,9 +38,9 @@ _FINAL = frozenset(SOURCES[:3])
 class KernelNames:
     """What one process told about its kernels (fed by the CUDA correlator)."""
 
-    registered: dict[int, int] = field(default_factory=dict)   # host stub -> address of its device name
-    aliases: dict[int, int] = field(default_factory=dict)      # handle -> host stub / CUkernel
-    driver: dict[int, str] = field(default_factory=dict)       # handle -> name (driver API)
+    registered: dict[int, int] = field(default_factory=dict)  # host stub -> address of its device name
+    aliases: dict[int, int] = field(default_factory=dict)  # handle -> host stub / CUkernel
+    driver: dict[int, str] = field(default_factory=dict)  # handle -> name (driver API)
     #: (function id, handle) -> (return address, the caller's return address or 0)
     sites: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     #: (function id, handle) -> (name, source, facts seen when resolved)

@@ -73,7 +73,7 @@ class Round:
     seq: int
     signature: Signature
     enters: dict[Hashable, int] = field(default_factory=dict)
-    completed: int | None = None   # the earliest completion any member observed
+    completed: int | None = None  # the earliest completion any member observed
 
 
 @dataclass(eq=False)
@@ -81,7 +81,7 @@ class Group:
     id: int
     rounds: dict[int, Round] = field(default_factory=dict)
     next_seq: int = 1
-    ranks: dict[int, int] = field(default_factory=dict)   # rank -> pid
+    ranks: dict[int, int] = field(default_factory=dict)  # rank -> pid
     conflicted: bool = False
 
 
@@ -95,8 +95,8 @@ class LateComm:
     nranks: int = -1
     group: Group | None = None
     member: Hashable = None
-    position: int = 0                 # its last round; 0: not placed
-    waiting: list[LateCall] = field(default_factory=list)   # collectives entered while not placed, in order
+    position: int = 0  # its last round; 0: not placed
+    waiting: list[LateCall] = field(default_factory=list)  # collectives entered while not placed, in order
 
     def joined(self) -> Group:
         """Its group: ``LateComms.identify`` places every communicator it hands out in one."""
@@ -195,9 +195,12 @@ class LateComms:
             return []  # an earlier one is still unplaced: this one follows it
         group = lc.joined()
         candidates = [
-            r for r in group.rounds.values()
-            if lc.member not in r.enters and r.signature == call.signature
-            and (r.completed is None or r.completed >= call.enter) and max(r.enters.values()) <= done
+            r
+            for r in group.rounds.values()
+            if lc.member not in r.enters
+            and r.signature == call.signature
+            and (r.completed is None or r.completed >= call.enter)
+            and max(r.enters.values()) <= done
         ]
         if len(candidates) > 1:
             anomalies["late_comm_ambiguous"] += 1

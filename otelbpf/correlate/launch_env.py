@@ -21,18 +21,28 @@ _RANK_VARS = (
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
     ("SLURM_PROCID", "SLURM_NTASKS"),
 )
-_WANTED = frozenset({
-    *(v for pair in _RANK_VARS for v in pair), "LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
-    "MASTER_PORT", "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
-})
+_WANTED = frozenset(
+    {
+        *(v for pair in _RANK_VARS for v in pair),
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "TORCHELASTIC_RUN_ID",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "SLURM_JOB_ID",
+        "SLURM_STEP_ID",
+        "OMPI_MCA_ess_base_jobid",
+        "PMIX_NAMESPACE",
+    }
+)
 
 
 @dataclass(frozen=True)
 class Launch:
     rank: int
-    world_size: int        # -1: not given
-    source: str            # the variable the rank came from, as "env:RANK"
-    job: str               # tells this job's ranks from another job's on the same host
+    world_size: int  # -1: not given
+    source: str  # the variable the rank came from, as "env:RANK"
+    job: str  # tells this job's ranks from another job's on the same host
     local_rank: int = -1
 
 
@@ -44,8 +54,9 @@ def parse(env: dict[str, str], ppid: int) -> Launch | None:
         if rank is None or rank < 0 or (size is not None and rank >= size):
             continue
         local = _number(env.get("LOCAL_RANK"))  # not a number: as if not given
-        return Launch(rank, -1 if size is None else size, f"env:{rank_var}", _job(env, ppid),
-                      -1 if local is None else local)
+        return Launch(
+            rank, -1 if size is None else size, f"env:{rank_var}", _job(env, ppid), -1 if local is None else local
+        )
     return None
 
 
@@ -65,7 +76,7 @@ def read(pid: int) -> Launch | None:
         if sep and name in _WANTED:
             env[name] = value.decode(errors="replace")
     try:
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
     except (ValueError, IndexError):
         ppid = 0
     return parse(env, ppid)
@@ -89,4 +100,3 @@ def _job(env: dict[str, str], ppid: int) -> str:
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return f"rendezvous:{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     return f"parent:{ppid}"
-

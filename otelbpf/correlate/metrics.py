@@ -26,7 +26,22 @@ Attrs = Mapping[str, AttributeValue]
 #: Seconds. Covers a few µs (a sync on an idle stream) to tens of seconds (a
 #: checkpoint or a stalled collective).
 DURATION_BOUNDS = (
-    1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0,
+    1e-6,
+    5e-6,
+    1e-5,
+    5e-5,
+    1e-4,
+    5e-4,
+    1e-3,
+    5e-3,
+    1e-2,
+    5e-2,
+    0.1,
+    0.5,
+    1.0,
+    5.0,
+    10.0,
+    60.0,
 )
 
 
@@ -67,14 +82,23 @@ class HistogramState:
 
 
 def cumulative_sum(
-    name: str, unit: str, description: str, points: Iterable[tuple[Attrs, float]], start_ns: int, now_ns: int,
+    name: str,
+    unit: str,
+    description: str,
+    points: Iterable[tuple[Attrs, float]],
+    start_ns: int,
+    now_ns: int,
     monotonic: bool = True,
 ) -> Metric | None:
     return cumulative_sum_since(name, unit, description, ((a, v, start_ns) for a, v in points), now_ns, monotonic)
 
 
 def cumulative_sum_since(
-    name: str, unit: str, description: str, points: Iterable[tuple[Attrs, float, int]], now_ns: int,
+    name: str,
+    unit: str,
+    description: str,
+    points: Iterable[tuple[Attrs, float, int]],
+    now_ns: int,
     monotonic: bool = True,
 ) -> Metric | None:
     """A cumulative sum whose points each carry their own start (a series that began later, or
@@ -85,7 +109,9 @@ def cumulative_sum_since(
     if not dps:
         return None
     return Metric(
-        name=name, description=description, unit=unit,
+        name=name,
+        description=description,
+        unit=unit,
         data=Sum(data_points=dps, aggregation_temporality=AggregationTemporality.CUMULATIVE, is_monotonic=monotonic),
     )
 
@@ -101,6 +127,8 @@ def histogram(name: str, unit: str, description: str, points: list[HistogramData
     if not points:
         return None
     return Metric(
-        name=name, description=description, unit=unit,
+        name=name,
+        description=description,
+        unit=unit,
         data=Histogram(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE),
     )

@@ -61,22 +61,40 @@ SCOPE = scope("otelbpf.nccl")
 
 #: ncclDataType_t -> (name, bytes per element)
 DATATYPES = {
-    0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
-    6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("float8e4m3", 1),
+    0: ("int8", 1),
+    1: ("uint8", 1),
+    2: ("int32", 4),
+    3: ("uint32", 4),
+    4: ("int64", 8),
+    5: ("uint64", 8),
+    6: ("float16", 2),
+    7: ("float32", 4),
+    8: ("float64", 8),
+    9: ("bfloat16", 2),
+    10: ("float8e4m3", 1),
     11: ("float8e5m2", 1),
 }
 #: ncclRedOp_t -> name; 5..0xfe are ops made by ncclRedOpCreatePreMulSum, 0xff is none.
 REDUCTIONS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 NO_REDUCTION = 0xFF
 RESULTS = {
-    0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
-    4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress",
+    0: "ncclSuccess",
+    1: "ncclUnhandledCudaError",
+    2: "ncclSystemError",
+    3: "ncclInternalError",
+    4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage",
+    6: "ncclRemoteError",
+    7: "ncclInProgress",
 }
 IN_PROGRESS = 7
 
 COLLECTIVES: dict[int, str] = {
-    NcclFunc.ncclAllReduce: "AllReduce", NcclFunc.ncclAllGather: "AllGather",
-    NcclFunc.ncclReduceScatter: "ReduceScatter", NcclFunc.ncclBroadcast: "Broadcast", NcclFunc.ncclReduce: "Reduce",
+    NcclFunc.ncclAllReduce: "AllReduce",
+    NcclFunc.ncclAllGather: "AllGather",
+    NcclFunc.ncclReduceScatter: "ReduceScatter",
+    NcclFunc.ncclBroadcast: "Broadcast",
+    NcclFunc.ncclReduce: "Reduce",
 }
 POINT_TO_POINT: dict[int, str] = {NcclFunc.ncclSend: "Send", NcclFunc.ncclRecv: "Recv"}
 OPS: dict[int, str] = {**COLLECTIVES, **POINT_TO_POINT}  # looked up by the events' func codes
@@ -88,10 +106,17 @@ _ENDS = (NcclFunc.ncclCommDestroy, NcclFunc.ncclCommAbort)
 _GROUP_CALLS = (NcclFunc.ncclGroupStart, NcclFunc.ncclGroupEnd)
 _DEVICE_SYNCS = (CudaFunc.cudaDeviceSynchronize, CudaFunc.cuCtxSynchronize)
 _EVENT_RECORDS = frozenset(
-    {CudaFunc.cudaEventRecord, CudaFunc.cudaEventRecord_ptsz, CudaFunc.cuEventRecord, CudaFunc.cuEventRecord_ptsz})
+    {CudaFunc.cudaEventRecord, CudaFunc.cudaEventRecord_ptsz, CudaFunc.cuEventRecord, CudaFunc.cuEventRecord_ptsz}
+)
 _EVENT_QUERIES = frozenset({CudaFunc.cudaEventQuery, CudaFunc.cuEventQuery})
-_STREAM_WAITS = frozenset({CudaFunc.cudaStreamWaitEvent, CudaFunc.cudaStreamWaitEvent_ptsz,
-                           CudaFunc.cuStreamWaitEvent, CudaFunc.cuStreamWaitEvent_ptsz})
+_STREAM_WAITS = frozenset(
+    {
+        CudaFunc.cudaStreamWaitEvent,
+        CudaFunc.cudaStreamWaitEvent_ptsz,
+        CudaFunc.cuStreamWaitEvent,
+        CudaFunc.cuStreamWaitEvent_ptsz,
+    }
+)
 _EVENT_CALLS = np.array(sorted(int(f) for f in _EVENT_RECORDS | _EVENT_QUERIES | _STREAM_WAITS))
 _KINDS = (Kind.NCCL_ENTER, Kind.NCCL_RETURN, Kind.NCCL_COMM)
 _NAMES = {int(f): f.name for f in NcclFunc}
@@ -99,20 +124,34 @@ _SYNC_NAMES = {int(f): f.name for f in CudaFunc}
 
 #: Algorithm bandwidth, bytes per second: 1 MB/s to 1 TB/s.
 BANDWIDTH_BOUNDS = (
-    1e6, 1e7, 1e8, 2.5e8, 5e8, 1e9, 2.5e9, 5e9, 1e10, 2.5e10, 5e10, 1e11, 2.5e11, 5e11, 1e12,
+    1e6,
+    1e7,
+    1e8,
+    2.5e8,
+    5e8,
+    1e9,
+    2.5e9,
+    5e9,
+    1e10,
+    2.5e10,
+    5e10,
+    1e11,
+    2.5e11,
+    5e11,
+    1e12,
 )
 
-OBSERVED = "observed"        # a synchronize on its stream returned after it was enqueued
-UNOBSERVED = "unobserved"    # no synchronize came within completion_timeout
-EXITED = "process_exited"    # the process ended first
-FAILED = "failed"            # the call (or its group) returned an error: nothing was enqueued
+OBSERVED = "observed"  # a synchronize on its stream returned after it was enqueued
+UNOBSERVED = "unobserved"  # no synchronize came within completion_timeout
+EXITED = "process_exited"  # the process ended first
+FAILED = "failed"  # the call (or its group) returned an error: nothing was enqueued
 
 #: nccl.completion.method: what observed an OBSERVED collective's completion.
-EVENT_QUERY = "event_query"     # cudaEventQuery of an event recorded after it returned 0
-EVENT_SYNC = "event_sync"       # cudaEventSynchronize of that event returned
-STREAM_WAIT = "stream_wait"     # a stream made to wait on that event was synchronized
-STREAM_SYNC = "stream_sync"     # its own stream was synchronized
-DEVICE_SYNC = "device_sync"     # the device was synchronized
+EVENT_QUERY = "event_query"  # cudaEventQuery of an event recorded after it returned 0
+EVENT_SYNC = "event_sync"  # cudaEventSynchronize of that event returned
+STREAM_WAIT = "stream_wait"  # a stream made to wait on that event was synchronized
+STREAM_SYNC = "stream_sync"  # its own stream was synchronized
+DEVICE_SYNC = "device_sync"  # the device was synchronized
 #: Methods whose observation may lag the completion by more than the observing call's own
 #: wait: the synchronize of a stream made to wait also waits for that stream's later work, so
 #: the collective ended at some time between its enqueue and ``completed`` (docs/design-notes.md).
@@ -145,17 +184,17 @@ class _Call:
     pid: int
     tid: int
     enter: int
-    comm: int = 0            # the communicator's id; its address when not known
-    known: bool = True       # the communicator's init was seen
+    comm: int = 0  # the communicator's id; its address when not known
+    known: bool = True  # the communicator's init was seen
     seq: int = 0
     rank: int = -1
     nranks: int = -1
     count: int = 0
     dtype: int = 0
     op: int = NO_REDUCTION
-    root: int = -1           # root (broadcast, reduce) or peer (send, recv)
+    root: int = -1  # root (broadcast, reduce) or peer (send, recv)
     stream: int = 0
-    parent: int = 0          # ncclCommSplit: the parent communicator's id
+    parent: int = 0  # ncclCommSplit: the parent communicator's id
     returned: int | None = None
     ret: int = 0
     enqueued: int | None = None
@@ -163,16 +202,16 @@ class _Call:
     sync_func: int = 0
     completed: int | None = None
     completion: str = ""
-    method: str = ""          # nccl.completion.method
-    event: int = 0            # the CUDA event recorded after it, if any
+    method: str = ""  # nccl.completion.method
+    event: int = 0  # the CUDA event recorded after it, if any
     waiters: set = field(default_factory=set)  # streams made to wait on that event
     rank_source: str = ""
     late: LateComm | None = None  # its communicator predates the probes
-    round: Round | None = None    # the late communicator's round it was placed in
+    round: Round | None = None  # the late communicator's round it was placed in
     signature: Signature = ()
     last_enter: int | None = None  # the last local rank's entry, once compared
     phase: int | None = None  # since the process's previous collective completed
-    gpu_wait: int = 0         # of that, time in synchronize calls
+    gpu_wait: int = 0  # of that, time in synchronize calls
     group: _Group | None = None
     finding: dict | None = None
     incomplete: bool = False
@@ -209,7 +248,7 @@ class _Group:
     tid: int
     start: int
     members: list[_Call] = field(default_factory=list)
-    end: int | None = None   # the outermost ncclGroupEnd returned
+    end: int | None = None  # the outermost ncclGroupEnd returned
     ret: int = 0
     exited: bool = False
     emitted: bool = False
@@ -219,24 +258,24 @@ class _Group:
 class _Process:
     resource: Resource
     start_ns: int
-    open: dict = field(default_factory=lambda: defaultdict(list))    # tid -> stack of open calls
-    depth: dict = field(default_factory=Counter)                      # tid -> group nesting
-    groups: dict = field(default_factory=dict)                        # tid -> open outermost group
-    pending: list = field(default_factory=list)                       # enqueued, completion not yet seen
-    comms: dict = field(default_factory=dict)                         # comm id -> rank
-    comm_source: dict = field(default_factory=dict)                   # comm id -> how its rank is known
-    events: dict = field(default_factory=dict)                        # CUDA event -> calls recorded behind
+    open: dict = field(default_factory=lambda: defaultdict(list))  # tid -> stack of open calls
+    depth: dict = field(default_factory=Counter)  # tid -> group nesting
+    groups: dict = field(default_factory=dict)  # tid -> open outermost group
+    pending: list = field(default_factory=list)  # enqueued, completion not yet seen
+    comms: dict = field(default_factory=dict)  # comm id -> rank
+    comm_source: dict = field(default_factory=dict)  # comm id -> how its rank is known
+    events: dict = field(default_factory=dict)  # CUDA event -> calls recorded behind
     launch: launch_env.Launch | None = None
-    last_done: int | None = None   # the last collective's completion (or enqueue): the phase start
-    gpu_wait: int = 0              # synchronize time since last_done
-    calls: Counter = field(default_factory=Counter)                   # op -> collectives
-    bytes: Counter = field(default_factory=Counter)                   # op -> bytes
-    errors: Counter = field(default_factory=Counter)                  # (function, result) -> calls
+    last_done: int | None = None  # the last collective's completion (or enqueue): the phase start
+    gpu_wait: int = 0  # synchronize time since last_done
+    calls: Counter = field(default_factory=Counter)  # op -> collectives
+    bytes: Counter = field(default_factory=Counter)  # op -> bytes
+    errors: Counter = field(default_factory=Counter)  # (function, result) -> calls
     wait: dict = field(default_factory=lambda: defaultdict(m.HistogramState))
     bandwidth: dict = field(default_factory=lambda: defaultdict(lambda: m.HistogramState(BANDWIDTH_BOUNDS)))
-    stragglers: Counter = field(default_factory=Counter)              # (comm hex, class) -> findings
+    stragglers: Counter = field(default_factory=Counter)  # (comm hex, class) -> findings
     lateness: dict = field(default_factory=lambda: defaultdict(m.HistogramState))
-    anomalies: Counter = field(default_factory=Counter)               # reason -> calls
+    anomalies: Counter = field(default_factory=Counter)  # reason -> calls
     #: (histogram, attribute) -> values of this batch, added to the histograms at its end
     samples: dict = field(default_factory=lambda: defaultdict(list))
     exited: bool = False
@@ -276,7 +315,7 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         #: comm id -> local (pid, rank) -> the first seq it takes part in
         self._members: dict[int, dict[tuple[int, int], int]] = defaultdict(dict)
         self._arrivals: dict[tuple[int, int], dict[tuple[int, int], _Call]] = {}  # (comm, seq) -> ...
-        self._ready: list[list[ReadableSpan]] = []   # built this batch: a span, or a group and its calls
+        self._ready: list[list[ReadableSpan]] = []  # built this batch: a span, or a group and its calls
         self._now = 0
 
     # -- events -----------------------------------------------------------
@@ -477,8 +516,11 @@ class NcclCorrelator(CorrelatorBase[_Process]):
             return
         if func in _EVENT_RECORDS:
             behind = [c for c in p.events.pop(event, ()) if not c.done]
-            behind += [c for c in p.pending if c.enqueued <= ts and c not in behind
-                       and (c.stream == stream or stream in c.waiters)]
+            behind += [
+                c
+                for c in p.pending
+                if c.enqueued <= ts and c not in behind and (c.stream == stream or stream in c.waiters)
+            ]
             if behind:
                 p.events[event] = behind
                 for c in behind:
@@ -491,8 +533,9 @@ class NcclCorrelator(CorrelatorBase[_Process]):
             for c in p.events.get(event, ()):
                 c.waiters.add(stream)
 
-    def _observed(self, p: _Process, observed: list[_Call], ts: int, dur: int, func: int, method: str,
-                  target: int) -> None:
+    def _observed(
+        self, p: _Process, observed: list[_Call], ts: int, dur: int, func: int, method: str, target: int
+    ) -> None:
         if not observed:
             if func not in _EVENT_QUERIES:
                 p.gpu_wait += dur
@@ -567,8 +610,11 @@ class NcclCorrelator(CorrelatorBase[_Process]):
                 p.comms[call.comm] = call.rank
                 members = self._members[call.comm]
                 members[who] = call.seq
-        if (key not in self._arrivals and (len(members) < 2 or who not in members)
-                and (call.late is None or who not in members)):
+        if (
+            key not in self._arrivals
+            and (len(members) < 2 or who not in members)
+            and (call.late is None or who not in members)
+        ):
             return
         self._arrivals.setdefault(key, {})[who] = call
         self._check_arrivals(key)
@@ -589,8 +635,9 @@ class NcclCorrelator(CorrelatorBase[_Process]):
             c.last_enter = last_enter
         for verdict in detector.add({who: c.enter for who, c in arrived.items()}):
             if verdict.persistent:
-                self._straggled(arrived[verdict.member], [c for w, c in arrived.items() if w != verdict.member],
-                                verdict)
+                self._straggled(
+                    arrived[verdict.member], [c for w, c in arrived.items() if w != verdict.member], verdict
+                )
 
     def _straggled(self, late: _Call, others: list[_Call], verdict) -> None:
         finding: dict[str, object] = {
@@ -606,16 +653,21 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         if late.phase is not None and len(phases) == len(others):
             n = len(others)
             compute, host, communication = components(
-                late.enter, late.phase, late.gpu_wait,
-                sum(c.enter for c in others) / n, sum(phases) / n,
+                late.enter,
+                late.phase,
+                late.gpu_wait,
+                sum(c.enter for c in others) / n,
+                sum(phases) / n,
                 sum(c.gpu_wait for c in others) / n,
             )
             cls = classify(compute, host, communication)
-            finding.update({
-                "nccl.straggler.compute": compute / 1e9,
-                "nccl.straggler.host": host / 1e9,
-                "nccl.straggler.communication": communication / 1e9,
-            })
+            finding.update(
+                {
+                    "nccl.straggler.compute": compute / 1e9,
+                    "nccl.straggler.host": host / 1e9,
+                    "nccl.straggler.communication": communication / 1e9,
+                }
+            )
         finding["nccl.straggler.class"] = cls
         if not late.done:
             late.finding = finding
@@ -675,8 +727,15 @@ class NcclCorrelator(CorrelatorBase[_Process]):
                 error = f"ncclGroupEnd returned {attrs['nccl.result']} ({group.ret})"
         start = self._clock.to_wall(group.start)
         span = make_span(
-            "ncclGroup", resource=p.resource, scope=SCOPE, start_ns=start, end_ns=self._clock.to_wall(end),
-            attributes=attrs, error=error, parent=parent, context=ctx,
+            "ncclGroup",
+            resource=p.resource,
+            scope=SCOPE,
+            start_ns=start,
+            end_ns=self._clock.to_wall(end),
+            attributes=attrs,
+            error=error,
+            parent=parent,
+            context=ctx,
         )
         self._ready.append([span, *children])
 
@@ -687,7 +746,8 @@ class NcclCorrelator(CorrelatorBase[_Process]):
             attrs["nccl.comm.address"] = f"{call.late.pointer:#x}"  # created before the probes were attached
             attrs["nccl.comm.id"] = comm_hex(call.comm)
             attrs["nccl.comm.source"] = (
-                CONFLICTED if call.late.joined().conflicted else ALIGNED if call.round is not None else UNALIGNED)
+                CONFLICTED if call.late.joined().conflicted else ALIGNED if call.round is not None else UNALIGNED
+            )
         elif call.known and call.comm:
             attrs["nccl.comm.id"] = comm_hex(call.comm)
             attrs["nccl.comm.source"] = FROM_INIT
@@ -717,8 +777,15 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         if call.finding:
             events.append(Event("nccl.straggler", call.finding, timestamp=self._clock.to_wall(call.enter)))
         return make_span(
-            name, resource=p.resource, scope=SCOPE, start_ns=self._clock.to_wall(call.enter),
-            end_ns=self._clock.to_wall(call.end), attributes=attrs, error=error, parent=parent, events=events,
+            name,
+            resource=p.resource,
+            scope=SCOPE,
+            start_ns=self._clock.to_wall(call.enter),
+            end_ns=self._clock.to_wall(call.end),
+            attributes=attrs,
+            error=error,
+            parent=parent,
+            events=events,
         )
 
     def _op_attrs(self, call: _Call) -> dict[str, object]:
@@ -776,42 +843,64 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         start = p.start_ns
         return [
             m.cumulative_sum(
-                "nccl.collectives", "{call}", "NCCL collective and send/recv calls that returned, by operation",
-                [({"nccl.op": op}, n) for op, n in sorted(p.calls.items())], start, now,
+                "nccl.collectives",
+                "{call}",
+                "NCCL collective and send/recv calls that returned, by operation",
+                [({"nccl.op": op}, n) for op, n in sorted(p.calls.items())],
+                start,
+                now,
             ),
             m.cumulative_sum(
-                "nccl.bytes", "By", "Bytes of NCCL operations enqueued (nccl-tests' message size), by operation",
-                [({"nccl.op": op}, n) for op, n in sorted(p.bytes.items())], start, now,
+                "nccl.bytes",
+                "By",
+                "Bytes of NCCL operations enqueued (nccl-tests' message size), by operation",
+                [({"nccl.op": op}, n) for op, n in sorted(p.bytes.items())],
+                start,
+                now,
             ),
             m.cumulative_sum(
-                "nccl.errors", "{call}", "NCCL calls that returned an error",
-                [({"nccl.function": f, "nccl.result": r}, n) for (f, r), n in sorted(p.errors.items())], start, now,
+                "nccl.errors",
+                "{call}",
+                "NCCL calls that returned an error",
+                [({"nccl.function": f, "nccl.result": r}, n) for (f, r), n in sorted(p.errors.items())],
+                start,
+                now,
             ),
             m.histogram(
-                "nccl.wait.duration", "s",
+                "nccl.wait.duration",
+                "s",
                 "From enqueue to observed completion (the synchronize that saw it returned), by operation",
                 [h.point({"nccl.op": op}, start, now) for op, h in sorted(p.wait.items())],
             ),
             m.histogram(
-                "nccl.algorithm.bandwidth", "By/s",
+                "nccl.algorithm.bandwidth",
+                "By/s",
                 "Bytes / (observed completion - call entry): nccl-tests' algorithm bandwidth, from the host",
                 [h.point({"nccl.op": op}, start, now) for op, h in sorted(p.bandwidth.items())],
             ),
             m.cumulative_sum(
-                "nccl.straggler", "{collective}",
+                "nccl.straggler",
+                "{collective}",
                 "Collectives this rank entered persistently late, by the adaptive test (correlate/adaptive.py)",
                 [
                     ({"nccl.comm.id": comm, "nccl.straggler.class": cls}, n)
                     for (comm, cls), n in sorted(p.stragglers.items())
                 ],
-                start, now,
+                start,
+                now,
             ),
             m.histogram(
-                "nccl.straggler.lateness", "s", "How late this rank entered the collectives it straggled on",
+                "nccl.straggler.lateness",
+                "s",
+                "How late this rank entered the collectives it straggled on",
                 [h.point({"nccl.straggler.class": cls}, start, now) for cls, h in sorted(p.lateness.items())],
             ),
             m.cumulative_sum(
-                "otelbpf.nccl.anomalies", "{call}", "NCCL calls the agent could not account fully",
-                [({"reason": r}, n) for r, n in sorted(p.anomalies.items())], start, now,
+                "otelbpf.nccl.anomalies",
+                "{call}",
+                "NCCL calls the agent could not account fully",
+                [({"reason": r}, n) for r, n in sorted(p.anomalies.items())],
+                start,
+                now,
             ),
         ]

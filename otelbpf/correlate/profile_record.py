@@ -11,14 +11,18 @@ from otelbpf.correlate.stacks import Frame
 
 #: (type, unit) per sample value.
 CPU_SAMPLE_TYPES = (("samples", "count"), ("cpu", "nanoseconds"))
-MEMORY_SAMPLE_TYPES = (("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"),
-                       ("inuse_space", "bytes"))
+MEMORY_SAMPLE_TYPES = (
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+)
 
 
 @dataclass(frozen=True)
 class Sample:
-    frames: Sequence[Frame]              # leaf first
-    values: Sequence[int]                # one per sample type
+    frames: Sequence[Frame]  # leaf first
+    values: Sequence[int]  # one per sample type
     labels: Mapping[str, str | int]
 
 
@@ -27,13 +31,13 @@ class ProfileMeta:
     """What a profile is of: the process, the kind, the interval; the stacks and the encoded
     record (``export.profile_export.ProfileRecord``) both carry it."""
 
-    name: str                 # Pyroscope profile name (__name__): process_cpu, memory
-    kind: str                 # cpu | cuda_memory
-    labels: dict[str, str]    # service_name, host_name, process_pid, configured ones
+    name: str  # Pyroscope profile name (__name__): process_cpu, memory
+    kind: str  # cpu | cuda_memory
+    labels: dict[str, str]  # service_name, host_name, process_pid, configured ones
     pid: int
-    start_ns: int             # wall clock, the interval it covers
+    start_ns: int  # wall clock, the interval it covers
     end_ns: int
-    sample_rate: int          # Hz for CPU profiles, 0 otherwise
+    sample_rate: int  # Hz for CPU profiles, 0 otherwise
 
 
 @dataclass(frozen=True)

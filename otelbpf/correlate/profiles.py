@@ -51,8 +51,16 @@ PYF_ENTRY, PYF_SHIM = 1, 2
 STACKF_TRUNCATED = 1
 PROG_TABLE, PROG_CAPTURE = 6, 7
 PY_CHUNK_LEN = 256
-_PSTATS = ("samples_map_full", "stack_map_full", "code_map_full", "process_map_full", "memory_map_full",
-           "live_map_full", "ring_full", "table_map_full")
+_PSTATS = (
+    "samples_map_full",
+    "stack_map_full",
+    "code_map_full",
+    "process_map_full",
+    "memory_map_full",
+    "live_map_full",
+    "ring_full",
+    "table_map_full",
+)
 
 RunLocked = Callable[[Callable[[Any], Any]], Any]
 Sink = Callable[[list[Profile]], None]
@@ -88,8 +96,8 @@ class _Raw:
     start_ns: int
     end_ns: int
     read_mono_ns: int  # CLOCK_MONOTONIC before the read: maps read since hold every sampled library
-    samples: list[tuple[int, int, int, int, int]]            # pid, user, kernel, py, count
-    allocs: list[tuple[int, int, int, int, int, int]]        # pid, func, user, py, bytes, count
+    samples: list[tuple[int, int, int, int, int]]  # pid, user, kernel, py, count
+    allocs: list[tuple[int, int, int, int, int, int]]  # pid, func, user, py, bytes, count
     inuse: list[tuple[int, int, int, int, int, int]]
     stats: dict[str, int]
     gone: dict[int, _Proc]  # processes that exited before this read: forgotten once it is emitted
@@ -119,17 +127,22 @@ def drain(table: Any, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
     while True:
         kbuf, vbuf = np.empty(chunk, key_type), np.empty(chunk, value_type)
         count.value = chunk
-        res = lib.bpf_lookup_and_delete_batch(table.map_fd, ctypes.byref(cursor) if started else None,
-                                              ctypes.byref(after), kbuf.ctypes.data, vbuf.ctypes.data,
-                                              ctypes.byref(count))
+        res = lib.bpf_lookup_and_delete_batch(
+            table.map_fd,
+            ctypes.byref(cursor) if started else None,
+            ctypes.byref(after),
+            kbuf.ctypes.data,
+            vbuf.ctypes.data,
+            ctypes.byref(count),
+        )
         err = ctypes.get_errno() if res else 0
         if err == errno.ENOSPC:  # one hash bucket holds more than a chunk
             chunk *= 2
             continue
         if err not in (0, errno.ENOENT):
             raise OSError(err, f"BPF_MAP_LOOKUP_AND_DELETE_BATCH: {os.strerror(err)}")
-        keys.append(kbuf[:count.value])
-        values.append(vbuf[:count.value])
+        keys.append(kbuf[: count.value])
+        values.append(vbuf[: count.value])
         if err == errno.ENOENT:  # the end of the map
             return np.concatenate(keys), np.concatenate(values)
         cursor.value, started = after.value, True
@@ -202,8 +215,12 @@ class Profiler:
             if self.cuda_memory:
                 bpf["mem_progs"][ctypes.c_int(slot)] = ctypes.c_int(bpf.load_func(f"py_alloc_{name}", BPF.KPROBE).fd)
         try:
-            bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
-                                  fn_name="on_cpu_sample", sample_freq=self.sample_hz)
+            bpf.attach_perf_event(
+                ev_type=PerfType.SOFTWARE,
+                ev_config=PerfSWConfig.CPU_CLOCK,
+                fn_name="on_cpu_sample",
+                sample_freq=self.sample_hz,
+            )
         except Exception as exc:
             raise RuntimeError(
                 f"cannot attach the cpu-clock perf event ({exc}): the kernel needs CONFIG_PERF_EVENTS, and the "
@@ -350,14 +367,29 @@ class Profiler:
         """Everything the kernel aggregated since the last read (sensor lock held)."""
         end, mono = time.time_ns(), time.monotonic_ns()
         keys, counts = drain(bpf["cpu_samples"])
-        samples = list(zip(keys["pid"].tolist(), keys["user"].tolist(), keys["kernel"].tolist(), keys["py"].tolist(),
-                           counts.tolist()))
+        samples = list(
+            zip(
+                keys["pid"].tolist(),
+                keys["user"].tolist(),
+                keys["kernel"].tolist(),
+                keys["py"].tolist(),
+                counts.tolist(),
+            )
+        )
         allocs: list = []
         inuse: list = []
         if self.cuda_memory:
             keys, values = drain(bpf["mem_alloc"])
-            allocs = list(zip(keys["pid"].tolist(), keys["func"].tolist(), keys["user"].tolist(), keys["py"].tolist(),
-                              values["bytes"].tolist(), values["count"].tolist()))
+            allocs = list(
+                zip(
+                    keys["pid"].tolist(),
+                    keys["func"].tolist(),
+                    keys["user"].tolist(),
+                    keys["py"].tolist(),
+                    values["bytes"].tolist(),
+                    values["count"].tolist(),
+                )
+            )
             inuse = [(k.pid, k.func, k.user, k.py, v.bytes, v.count) for k, v in bpf["mem_inuse"].items()]
         self._round += 1
         natives = {h for s in samples for h in (s[1], s[2])} | {a[2] for a in allocs + inuse}
@@ -387,8 +419,10 @@ class Profiler:
             self._used[h] = self._round
             if h not in self._py_stacks:
                 f = frames[i, :n]
-                self._py_stacks[h] = (tuple(zip(f["code"].tolist(), f["offset"].tolist(), f["flags"].tolist(),
-                                                f["tag"].tolist())), flags)
+                self._py_stacks[h] = (
+                    tuple(zip(f["code"].tolist(), f["offset"].tolist(), f["flags"].tolist(), f["tag"].tolist())),
+                    flags,
+                )
         for h in natives | pys:
             self._used[h] = self._round
         missing = len(natives - self._stacks.keys()) + len(pys - self._py_stacks.keys())
@@ -404,8 +438,9 @@ class Profiler:
         """Every line table chunk the kernel wrote since the last read, its map emptied."""
         keys, leaves = drain(bpf["py_tables"])
         code = keys["code"]
-        for pid, tag, addr, index, chunk in zip(code["pid"].tolist(), code["tag"].tolist(), code["code"].tolist(),
-                                                keys["index"].tolist(), leaves["b"]):
+        for pid, tag, addr, index, chunk in zip(
+            code["pid"].tolist(), code["tag"].tolist(), code["code"].tolist(), keys["index"].tolist(), leaves["b"]
+        ):
             self._chunks.setdefault((pid, addr, tag), ({}, self._round))[0][index] = chunk.tobytes()
         self._chunks = {k: v for k, v in self._chunks.items() if v[1] >= self._round - 2}
 
@@ -558,8 +593,9 @@ class Profiler:
         except OSError:
             return info.table
 
-    def _frames(self, pid: int, user: int, kern: int, py: int, proc: PythonProcess | None,
-                fresh_after_ns: int) -> list[Frame]:
+    def _frames(
+        self, pid: int, user: int, kern: int, py: int, proc: PythonProcess | None, fresh_after_ns: int
+    ) -> list[Frame]:
         """The sample's merged stack, resolved once while it keeps being sampled: a stack
         whose Python frames are not all named yet (code objects not captured, the process
         not inspected yet) is resolved again next time."""
@@ -576,12 +612,15 @@ class Profiler:
             kframes = [kernel(self._ksyms.lookup(ip), ip) for ip in self._stacks.get(kern, ((), 0))[0]]
         ips, uflags = self._stacks.get(user, ((), 0))
         # A return address is just past its call: look up the byte before it (not for the leaf).
-        uframes = [native(self._sym.frame(pid, ip - 1 if i and ip else ip, fresh_after_ns), ip)
-                   for i, ip in enumerate(ips)]
-        pyframes, py_truncated, named = (self._python_frames(pid, py, proc.version) if py and proc
-                                         else ([], False, not py))
+        uframes = [
+            native(self._sym.frame(pid, ip - 1 if i and ip else ip, fresh_after_ns), ip) for i, ip in enumerate(ips)
+        ]
+        pyframes, py_truncated, named = (
+            self._python_frames(pid, py, proc.version) if py and proc else ([], False, not py)
+        )
         out = kframes + merge(
-            uframes, pyframes,
+            uframes,
+            pyframes,
             interpreter=proc.interpreter.rsplit("/", 1)[-1] if proc else None,
             interpreter_frame_pointers=proc.frame_pointers if proc else False,
             native_truncated=bool(uflags & STACKF_TRUNCATED) or (not ips and not pyframes and not kframes),
@@ -677,8 +716,20 @@ class Profiler:
                 )
                 for (func, user, py), values in stacks.items()
             ]
-            out.append(Profile("memory", "cuda_memory", labels, pid, raw.start_ns, raw.end_ns, 0, MEMORY_SAMPLE_TYPES,
-                               "inuse_space", samples=samples))
+            out.append(
+                Profile(
+                    "memory",
+                    "cuda_memory",
+                    labels,
+                    pid,
+                    raw.start_ns,
+                    raw.end_ns,
+                    0,
+                    MEMORY_SAMPLE_TYPES,
+                    "inuse_space",
+                    samples=samples,
+                )
+            )
         return out
 
     def _health_gauge(self, name: str, total: int) -> None:

@@ -74,5 +74,7 @@ def quiet_payload_loggers() -> None:
     and Cookie hpack decodes)."""
     for name, level in _PAYLOAD_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
-    log.debug("loggers that would log payloads held quiet: %s", ", ".join(
-        f"{name} at {logging.getLevelName(level)}" for name, level in _PAYLOAD_LOGGERS.items()))
+    log.debug(
+        "loggers that would log payloads held quiet: %s",
+        ", ".join(f"{name} at {logging.getLevelName(level)}" for name, level in _PAYLOAD_LOGGERS.items()),
+    )

@@ -52,10 +52,28 @@ REASONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pipe", ("pipe_read", "pipe_write", "pipe_wait")),
     ("socket", ("sock_", "sk_wait", "tcp_", "unix_stream", "unix_dgram", "inet_", "udp_", "__skb_wait")),
     ("poll", ("ep_poll", "do_epoll", "do_select", "core_sys_select", "do_sys_poll")),
-    ("io", ("io_schedule", "folio_wait", "wait_on_page", "blk_", "jbd2", "ext4_", "xfs_", "btrfs_",
-            "vfs_fsync", "do_fsync", "file_write_and_wait", "filemap_", "__filemap")),
-    ("sleep", ("hrtimer_nanosleep", "do_nanosleep", "common_nsleep", "__x64_sys_nanosleep",
-               "__x64_sys_clock_nanosleep")),
+    (
+        "io",
+        (
+            "io_schedule",
+            "folio_wait",
+            "wait_on_page",
+            "blk_",
+            "jbd2",
+            "ext4_",
+            "xfs_",
+            "btrfs_",
+            "vfs_fsync",
+            "do_fsync",
+            "file_write_and_wait",
+            "filemap_",
+            "__filemap",
+        ),
+    ),
+    (
+        "sleep",
+        ("hrtimer_nanosleep", "do_nanosleep", "common_nsleep", "__x64_sys_nanosleep", "__x64_sys_clock_nanosleep"),
+    ),
 )
 #: How long an exit is remembered for a process not yet exported (its keys may still come).
 _EXIT_MEMORY_NS = 600 * 10**9
@@ -174,8 +192,16 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
             }
             if frames:
                 attrs["otelbpf.sched.kernel_stack"] = list(_useful(frames)[:SPAN_FRAMES])
-            spans.append(make_span(SPAN_NAME, resource=self._info.resource(int(r["tgid"])), scope=SCOPE,
-                                   start_ns=start, end_ns=start + blocked + runq, attributes=attrs))
+            spans.append(
+                make_span(
+                    SPAN_NAME,
+                    resource=self._info.resource(int(r["tgid"])),
+                    scope=SCOPE,
+                    start_ns=start,
+                    end_ns=start + blocked + runq,
+                    attributes=attrs,
+                )
+            )
         self._send(spans)
 
     # -- kernel stacks -------------------------------------------------------
@@ -271,16 +297,33 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
             self._execs.clear()
             for pid, proc in list(self._procs.items()):
                 proc.exited = proc.exited or self._exited.pop(pid, None) is not None
-                metrics = [x for x in (
-                    m.cumulative_sum("otelbpf.thread.off_cpu.time", "s",
-                                     "Time threads spent off the CPU, by thread name and reason",
-                                     [({"thread.name": n, "otelbpf.sched.reason": r}, round(v, 9))
-                                      for (n, r), v in sorted(time_by.get(pid, {}).items())], proc.start_ns, now),
-                    m.histogram("otelbpf.thread.runqueue.latency", "s",
-                                "Wakeup or preemption to running again, per thread name",
-                                [_runq_point({"thread.name": n}, h, sums[(p, n)], proc.start_ns, now)
-                                 for (p, n), h in sorted(slots.items()) if p == pid]),
-                ) if x is not None]
+                metrics = [
+                    x
+                    for x in (
+                        m.cumulative_sum(
+                            "otelbpf.thread.off_cpu.time",
+                            "s",
+                            "Time threads spent off the CPU, by thread name and reason",
+                            [
+                                ({"thread.name": n, "otelbpf.sched.reason": r}, round(v, 9))
+                                for (n, r), v in sorted(time_by.get(pid, {}).items())
+                            ],
+                            proc.start_ns,
+                            now,
+                        ),
+                        m.histogram(
+                            "otelbpf.thread.runqueue.latency",
+                            "s",
+                            "Wakeup or preemption to running again, per thread name",
+                            [
+                                _runq_point({"thread.name": n}, h, sums[(p, n)], proc.start_ns, now)
+                                for (p, n), h in sorted(slots.items())
+                                if p == pid
+                            ],
+                        ),
+                    )
+                    if x is not None
+                ]
                 if metrics:
                     out.append((proc.resource, metrics))
                 if proc.exited:
@@ -311,7 +354,13 @@ def _runq_point(attrs: dict, slots: np.ndarray, total_s: float, start_ns: int, n
     lo = 2.0 ** int(used[0]) / 1e9 if len(used) else 0.0
     hi = 2.0 ** (int(used[-1]) + 1) / 1e9 if len(used) else 0.0
     return HistogramDataPoint(
-        attributes=attrs, start_time_unix_nano=start_ns, time_unix_nano=now_ns, count=int(slots.sum()),
-        sum=round(total_s, 9), bucket_counts=[int(c) for c in counts], explicit_bounds=list(RUNQ_BOUNDS),
-        min=lo, max=hi,
+        attributes=attrs,
+        start_time_unix_nano=start_ns,
+        time_unix_nano=now_ns,
+        count=int(slots.sum()),
+        sum=round(total_s, 9),
+        bucket_counts=[int(c) for c in counts],
+        explicit_bounds=list(RUNQ_BOUNDS),
+        min=lo,
+        max=hi,
     )

@@ -31,14 +31,14 @@ Address = tuple[str, int]
 class Conn:
     pid: int
     fd: int
-    role: str | None              # "server" (accepted), "client" (connected), None: decided by the bytes
+    role: str | None  # "server" (accepted), "client" (connected), None: decided by the bytes
     local: Address | None
     remote: Address | None
-    midstream: bool               # traced from the middle: its beginning was not seen
-    protocol: str | None = None   # http1 | http2 | tls | unknown, once inferred
-    session: Any = None           # the protocol parser
+    midstream: bool  # traced from the middle: its beginning was not seen
+    protocol: str | None = None  # http1 | http2 | tls | unknown, once inferred
+    session: Any = None  # the protocol parser
     pending: list = field(default_factory=list)  # chunks that came before the protocol was known
-    ended: bool = False           # EOF or an error was seen
+    ended: bool = False  # EOF or an error was seen
     last_stamp: tuple = (0, 0, 0)  # of the last chunk parsed
     reported: dict = field(default_factory=dict)  # parser problems already counted, by reason
     #: The span attributes naming both ends, and what they were derived from (Host header, role, addresses):
@@ -81,8 +81,17 @@ class Connections:
         self._conns[(pid, fd)] = conn
         return conn
 
-    def accepted(self, pid: int, fd: int, listen_fd: int, family: int, peer_port: int, raw_addr: bytes,
-                 local_port: int, listener_known: bool) -> Conn | None:
+    def accepted(
+        self,
+        pid: int,
+        fd: int,
+        listen_fd: int,
+        family: int,
+        peer_port: int,
+        raw_addr: bytes,
+        local_port: int,
+        listener_known: bool,
+    ) -> Conn | None:
         self._rejected.discard((pid, fd))
         if not listener_known:
             learned = self._learn_listener(pid, listen_fd)

@@ -22,10 +22,19 @@ from dataclasses import dataclass
 from otelbpf.correlate.symbolizer import NativeFrame
 
 #: Native functions a thread's stack ends in when it was read to its root.
-THREAD_ROOTS = frozenset({
-    "_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone", "clone3",
-    "__clone", "__clone3", "thread_start",
-})
+THREAD_ROOTS = frozenset(
+    {
+        "_start",
+        "__libc_start_main",
+        "__libc_start_call_main",
+        "start_thread",
+        "clone",
+        "clone3",
+        "__clone",
+        "__clone3",
+        "thread_start",
+    }
+)
 EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
 
 
@@ -34,14 +43,14 @@ class Frame:
     """A frame as pprof gets it: a Location with one Line of one Function."""
 
     function: str
-    kind: str = "native"       # native | kernel | python | marker
-    filename: str = ""         # Python source file
-    line: int = 0              # 0: unknown
-    start_line: int = 0        # the function's first line (Python: co_firstlineno)
-    module: str = ""           # mapped file basename; "[kernel.kallsyms]" for the kernel
-    path: str = ""             # mapped file path
+    kind: str = "native"  # native | kernel | python | marker
+    filename: str = ""  # Python source file
+    line: int = 0  # 0: unknown
+    start_line: int = 0  # the function's first line (Python: co_firstlineno)
+    module: str = ""  # mapped file basename; "[kernel.kallsyms]" for the kernel
+    path: str = ""  # mapped file path
     build_id: str = ""
-    address: int = 0           # runtime address (native and kernel)
+    address: int = 0  # runtime address (native and kernel)
     mapping: tuple[int, int, int] = (0, 0, 0)  # (start, end, file offset) of its mapping
 
 
@@ -54,7 +63,7 @@ class PythonFrame:
     filename: str
     line: int
     start_line: int
-    entry: bool                # first frame of one eval call (entered from C)
+    entry: bool  # first frame of one eval call (entered from C)
 
     def frame(self) -> Frame:
         return Frame(self.function, "python", self.filename, self.line, self.start_line)
@@ -63,8 +72,13 @@ class PythonFrame:
 def native(frame: NativeFrame, address: int) -> Frame:
     m = frame.mapping
     return Frame(
-        frame.name, "native", module=frame.module, path=m.path.removesuffix(" (deleted)") if m else "",
-        build_id=frame.build_id, address=address, mapping=(m.start, m.end, m.offset) if m else (0, 0, 0),
+        frame.name,
+        "native",
+        module=frame.module,
+        path=m.path.removesuffix(" (deleted)") if m else "",
+        build_id=frame.build_id,
+        address=address,
+        mapping=(m.start, m.end, m.offset) if m else (0, 0, 0),
     )
 
 

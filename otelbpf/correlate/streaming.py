@@ -55,10 +55,17 @@ class Gaps:
         self.max = max(self.max, other.max)
 
     def point(self, attrs: dict, start_ns: int, now_ns: int) -> HistogramDataPoint:
-        return HistogramDataPoint(attributes=attrs, start_time_unix_nano=start_ns, time_unix_nano=now_ns,
-                                  count=self.n, sum=self.total, bucket_counts=list(self.counts),
-                                  explicit_bounds=list(self.bounds), min=self.min if self.n else 0.0,
-                                  max=self.max)
+        return HistogramDataPoint(
+            attributes=attrs,
+            start_time_unix_nano=start_ns,
+            time_unix_nano=now_ns,
+            count=self.n,
+            sum=self.total,
+            bucket_counts=list(self.counts),
+            explicit_bounds=list(self.bounds),
+            min=self.min if self.n else 0.0,
+            max=self.max,
+        )
 
 
 class Pacing:

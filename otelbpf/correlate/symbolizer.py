@@ -49,9 +49,9 @@ class NativeFrame:
     """One resolved address: ``function`` is None when no symbol covers it."""
 
     function: str | None
-    module: str         # file basename; "[unknown]" for an address in no file
-    offset: int         # offset in the file (the address itself when in no file)
-    build_id: str       # hex, "" when the file has none or could not be read
+    module: str  # file basename; "[unknown]" for an address in no file
+    offset: int  # offset in the file (the address itself when in no file)
+    build_id: str  # hex, "" when the file has none or could not be read
     mapping: Mapping | None
 
     @property
@@ -70,10 +70,10 @@ class _ElfLayout:
     """Struct formats of one ELF class and byte order (what pyelftools' construct did
     field by field, here with ``struct`` for headers and numpy for symbol arrays)."""
 
-    header: str     # e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize, e_shnum
+    header: str  # e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize, e_shnum
     header_at: int
-    phdr: str       # p_type, p_offset, p_vaddr, p_filesz
-    shdr: str       # sh_type, sh_offset, sh_size, sh_link
+    phdr: str  # p_type, p_offset, p_vaddr, p_filesz
+    shdr: str  # sh_type, sh_offset, sh_size, sh_link
     sym: np.dtype
 
 
@@ -82,11 +82,27 @@ def _layout(ident: bytes) -> _ElfLayout:
         raise ValueError("not an ELF file")
     e = "<" if ident[5] == 1 else ">"
     if ident[4] == 2:
-        sym = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"), ("shndx", e + "u2"),
-                        ("value", e + "u8"), ("size", e + "u8")])
+        sym = np.dtype(
+            [
+                ("name", e + "u4"),
+                ("info", "u1"),
+                ("other", "u1"),
+                ("shndx", e + "u2"),
+                ("value", e + "u8"),
+                ("size", e + "u8"),
+            ]
+        )
         return _ElfLayout(e + "QQ6xHHHH", 0x20, e + "I4xQQ8xQ", e + "4xI8x8xQQI", sym)
-    sym = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"), ("info", "u1"),
-                    ("other", "u1"), ("shndx", e + "u2")])
+    sym = np.dtype(
+        [
+            ("name", e + "u4"),
+            ("value", e + "u4"),
+            ("size", e + "u4"),
+            ("info", "u1"),
+            ("other", "u1"),
+            ("shndx", e + "u2"),
+        ]
+    )
     return _ElfLayout(e + "II6xHHHH", 0x1C, e + "III4xI", e + "4xI4x4xIII", sym)
 
 
@@ -103,10 +119,14 @@ def _headers(f: BinaryIO) -> tuple[_ElfLayout, list[tuple[int, ...]], list[tuple
     lay = _layout(_read_at(f, 0, 16))
     hsize = struct.calcsize(lay.header)
     phoff, shoff, phentsize, phnum, shentsize, shnum = struct.unpack(lay.header, _read_at(f, lay.header_at, hsize))
-    phdrs = [struct.unpack_from(lay.phdr, _read_at(f, phoff + i * phentsize, struct.calcsize(lay.phdr)))
-             for i in range(phnum)]
-    shdrs = [struct.unpack_from(lay.shdr, _read_at(f, shoff + i * shentsize, struct.calcsize(lay.shdr)))
-             for i in range(shnum if shoff else 0)]
+    phdrs = [
+        struct.unpack_from(lay.phdr, _read_at(f, phoff + i * phentsize, struct.calcsize(lay.phdr)))
+        for i in range(phnum)
+    ]
+    shdrs = [
+        struct.unpack_from(lay.shdr, _read_at(f, shoff + i * shentsize, struct.calcsize(lay.shdr)))
+        for i in range(shnum if shoff else 0)
+    ]
     return lay, phdrs, shdrs
 
 
@@ -121,8 +141,8 @@ def _build_id(f: BinaryIO, lay: _ElfLayout, phdrs: list[tuple[int, ...]]) -> str
             namesz, descsz, n_type = struct.unpack_from(e + "III", notes, i)
             name_at = i + 12
             desc_at = name_at + (namesz + 3) // 4 * 4
-            if n_type == _NT_GNU_BUILD_ID and notes[name_at:name_at + namesz].rstrip(b"\0") == b"GNU":
-                return notes[desc_at:desc_at + descsz].hex()
+            if n_type == _NT_GNU_BUILD_ID and notes[name_at : name_at + namesz].rstrip(b"\0") == b"GNU":
+                return notes[desc_at : desc_at + descsz].hex()
             i = desc_at + (descsz + 3) // 4 * 4
     return ""
 
@@ -150,8 +170,12 @@ class _SymbolTable:
                     continue
                 syms = np.frombuffer(_read_at(f, sec[1], sec[2] - sec[2] % lay.sym.itemsize), dtype=lay.sym)
                 _type, str_off, str_size, _link = shdrs[sec[3]]
-                keep = syms[((syms["info"] & 0xF) == _STT_FUNC) & (syms["value"] != 0) & (syms["name"] != 0)
-                            & (syms["name"] < str_size)]
+                keep = syms[
+                    ((syms["info"] & 0xF) == _STT_FUNC)
+                    & (syms["value"] != 0)
+                    & (syms["name"] != 0)
+                    & (syms["name"] < str_size)
+                ]
                 if str_off + str_size > size:
                     raise ValueError("string table past the end of the file")
                 values.append(keep["value"].astype(np.uint64))
@@ -379,8 +403,19 @@ class _Snapshot:
     mapping cost ~400 bytes (4096 snapshots of ~70 mappings: ~110 MiB); here it is ~40, paths
     interned (every process maps the same libraries), ``Mapping``s made on lookup."""
 
-    __slots__ = ("file_starts", "_ends", "_offsets", "_path_ix", "_paths", "_exec", "_code_ix", "starts",
-                 "taken_ns", "tables", "_made")
+    __slots__ = (
+        "file_starts",
+        "_ends",
+        "_offsets",
+        "_path_ix",
+        "_paths",
+        "_exec",
+        "_code_ix",
+        "starts",
+        "taken_ns",
+        "tables",
+        "_made",
+    )
 
     def __init__(self, maps: list[Mapping], taken_ns: int) -> None:
         files = sorted(maps, key=lambda m: m.start)
@@ -402,8 +437,9 @@ class _Snapshot:
     def mapping(self, i: int) -> Mapping:
         m = self._made.get(i)
         if m is None:
-            m = self._made[i] = Mapping(self.file_starts[i], self._ends[i], self._offsets[i],
-                                        self._paths[self._path_ix[i]], bool(self._exec[i]))
+            m = self._made[i] = Mapping(
+                self.file_starts[i], self._ends[i], self._offsets[i], self._paths[self._path_ix[i]], bool(self._exec[i])
+            )
         return m
 
     def find(self, addr: int) -> int | None:
@@ -432,8 +468,9 @@ class Symbolizer:
     starts processes all day, the snapshots of exited ones filled the LRU to its bound and
     memory grew for the hour that took."""
 
-    def __init__(self, max_processes: int = 4096, max_names: int = 65536, *, gone_grace_s: float = 120.0,
-                 sweep_s: float = 10.0) -> None:
+    def __init__(
+        self, max_processes: int = 4096, max_names: int = 65536, *, gone_grace_s: float = 120.0, sweep_s: float = 10.0
+    ) -> None:
         self._max = max_processes
         self._max_names = max_names
         self._maps: OrderedDict[int, _Snapshot] = OrderedDict()  # LRU: bounded on busy hosts

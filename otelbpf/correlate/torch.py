@@ -61,7 +61,7 @@ class Call:
     operator: str
     pid: int
     tid: int
-    start_ns: int       # CLOCK_MONOTONIC
+    start_ns: int  # CLOCK_MONOTONIC
     duration_ns: int
     depth: int
     children: list[Call] = field(default_factory=list)
@@ -155,13 +155,22 @@ class TorchCorrelator(CorrelatorBase[_Process]):
             for pid, p in list(self._procs.items()):
                 metrics = [
                     m.cumulative_sum(
-                        "otelbpf.torch.operator.calls", "{call}", "Calls of a probed torch operator",
+                        "otelbpf.torch.operator.calls",
+                        "{call}",
+                        "Calls of a probed torch operator",
                         [({"torch.operator.name": op}, n) for op, n in sorted(p.calls.items())],
-                        p.first_seen_ns, now),
+                        p.first_seen_ns,
+                        now,
+                    ),
                     m.histogram(
-                        "otelbpf.torch.operator.duration", "s", "Duration of torch operator calls",
-                        [h.point({"torch.operator.name": op}, p.first_seen_ns, now)
-                         for op, h in sorted(p.durations.items())]),
+                        "otelbpf.torch.operator.duration",
+                        "s",
+                        "Duration of torch operator calls",
+                        [
+                            h.point({"torch.operator.name": op}, p.first_seen_ns, now)
+                            for op, h in sorted(p.durations.items())
+                        ],
+                    ),
                 ]
                 found = [x for x in metrics if x is not None]
                 if found:
@@ -176,8 +185,14 @@ class TorchCorrelator(CorrelatorBase[_Process]):
         return [
             Call(self._name(pid, entry), pid, tid, ts, dur, depth)
             for pid, tid, ts, dur, entry, depth in zip(
-                calls["pid"].tolist(), calls["tid"].tolist(), calls["ts_ns"].tolist(),
-                calls["duration_ns"].tolist(), calls["a0"].tolist(), calls["a1"].tolist(), strict=True)
+                calls["pid"].tolist(),
+                calls["tid"].tolist(),
+                calls["ts_ns"].tolist(),
+                calls["duration_ns"].tolist(),
+                calls["a0"].tolist(),
+                calls["a1"].tolist(),
+                strict=True,
+            )
         ]
 
     def _place(self, call: Call, spans: list[ReadableSpan]) -> None:
@@ -185,8 +200,11 @@ class TorchCorrelator(CorrelatorBase[_Process]):
         key = (call.pid, call.tid)
         waiting = self._waiting.get(key)
         if waiting:
-            inside = [c for c in waiting
-                      if c.depth == call.depth + 1 and c.start_ns >= call.start_ns and c.end_ns <= call.end_ns]
+            inside = [
+                c
+                for c in waiting
+                if c.depth == call.depth + 1 and c.start_ns >= call.start_ns and c.end_ns <= call.end_ns
+            ]
             if inside:
                 call.children = sorted(inside, key=lambda c: c.start_ns)
                 adopted = {id(c) for c in inside}
@@ -232,19 +250,21 @@ class TorchCorrelator(CorrelatorBase[_Process]):
             own = new_context(parent.trace_id if parent else None)
             self._causality.scope(call.pid, call.tid, call.start_ns, call.end_ns, own)
             start = self._clock.to_wall(call.start_ns)
-            spans.append(make_span(
-                call.operator,
-                resource=self._proc(call.pid).resource,
-                scope=SCOPE,
-                start_ns=start,
-                end_ns=start + call.duration_ns,
-                attributes={
-                    "torch.operator.name": call.operator,
-                    "torch.operator.depth": call.depth,
-                    "thread.id": call.tid,
-                },
-                parent=parent,
-                context=own,
-            ))
+            spans.append(
+                make_span(
+                    call.operator,
+                    resource=self._proc(call.pid).resource,
+                    scope=SCOPE,
+                    start_ns=start,
+                    end_ns=start + call.duration_ns,
+                    attributes={
+                        "torch.operator.name": call.operator,
+                        "torch.operator.depth": call.depth,
+                        "thread.id": call.tid,
+                    },
+                    parent=parent,
+                    context=own,
+                )
+            )
         for child in call.children:
             self._build(child, own, spans)

@@ -77,7 +77,7 @@ class _JsonLines:
             end = self._f.seek(0, os.SEEK_END)
             try:
                 while data:
-                    data = data[self._f.write(data):]
+                    data = data[self._f.write(data) :]
             except OSError:
                 self._f.truncate(end)
                 raise
@@ -101,8 +101,9 @@ class _JsonLines:
 
 
 class FileSpanExporter(SpanExporter):
-    def __init__(self, directory: str, rotate_bytes: int = 64 << 20, *, file_mode: int = 0o600,
-                 dir_mode: int = 0o700) -> None:
+    def __init__(
+        self, directory: str, rotate_bytes: int = 64 << 20, *, file_mode: int = 0o600, dir_mode: int = 0o700
+    ) -> None:
         """``rotate_bytes``: start a new file past this size (0: never). Raises UnsafeOutput
         for a directory or file that is a link."""
         self._out = _JsonLines(OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode), "traces", rotate_bytes)
@@ -119,8 +120,9 @@ class FileSpanExporter(SpanExporter):
 
 
 class FileMetricExporter(MetricExporter):
-    def __init__(self, directory: str, rotate_bytes: int = 64 << 20, *, file_mode: int = 0o600,
-                 dir_mode: int = 0o700) -> None:
+    def __init__(
+        self, directory: str, rotate_bytes: int = 64 << 20, *, file_mode: int = 0o600, dir_mode: int = 0o700
+    ) -> None:
         """``rotate_bytes``: start a new file past this size (0: never). Raises UnsafeOutput
         for a directory or file that is a link."""
         super().__init__()

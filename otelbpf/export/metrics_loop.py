@@ -79,8 +79,12 @@ class MetricsLoop:
             except Exception:  # one broken source must not hide the others
                 log.exception("metric source failed")
                 self._health.add("otelbpf.metrics.source_errors")
-        return MetricsData(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=scopes, schema_url="")
-                                             for resource, scopes in grouped.values()])
+        return MetricsData(
+            resource_metrics=[
+                ResourceMetrics(resource=resource, scope_metrics=scopes, schema_url="")
+                for resource, scopes in grouped.values()
+            ]
+        )
 
     def export_once(self) -> None:
         data = self.collect()
@@ -115,8 +119,11 @@ class MetricsLoop:
             final.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive() or final.is_alive():
             self._health.add("otelbpf.metrics.stop_timeouts")
-            log.error("the last metrics export did not finish within %.0fs (a metric source is stuck): "
-                      "totals since the previous export are lost", timeout_s)
+            log.error(
+                "the last metrics export did not finish within %.0fs (a metric source is stuck): "
+                "totals since the previous export are lost",
+                timeout_s,
+            )
         for _name, exporter in self._exporters:
             try:
                 exporter.shutdown()

@@ -80,7 +80,6 @@ def clamp_int(value: int) -> int:
     return INT64_MAX if value > 0 else INT64_MIN
 
 
-
 def _float(value: float) -> JsonDict:
     if math.isfinite(value):
         return {"doubleValue": value}
@@ -262,8 +261,10 @@ def encode_spans_json(spans: Sequence[ReadableSpan]) -> bytes:
             if scope is not None and scope.schema_url:
                 item["schemaUrl"] = scope.schema_url
             scope_spans.append(item)
-        item = {"resource": {"attributes": _attributes(res.attributes)} if res.attributes else {},
-                "scopeSpans": scope_spans}
+        item = {
+            "resource": {"attributes": _attributes(res.attributes)} if res.attributes else {},
+            "scopeSpans": scope_spans,
+        }
         if res.schema_url:
             item["schemaUrl"] = res.schema_url
         resource_spans.append(item)

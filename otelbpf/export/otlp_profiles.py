@@ -65,8 +65,13 @@ DEFAULT_QUEUE_SIZE = 256
 
 # The OTLP spec's retryable outcomes.
 _RETRY_CODES = {
-    grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.ABORTED, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DATA_LOSS,
 }
 _RETRY_HTTP = {429, 502, 503, 504}
 
@@ -99,8 +104,14 @@ class Dictionary:
     def __init__(self) -> None:
         self.message = d = profiles_pb2.ProfilesDictionary()
         d.string_table.append("")
-        for table in (d.mapping_table, d.location_table, d.function_table, d.link_table, d.attribute_table,
-                      d.stack_table):
+        for table in (
+            d.mapping_table,
+            d.location_table,
+            d.function_table,
+            d.link_table,
+            d.attribute_table,
+            d.stack_table,
+        ):
             table.add()
         self._strings: dict[str, int] = {"": 0}
         self._mappings: dict[tuple[object, ...], int] = {}
@@ -121,8 +132,9 @@ class Dictionary:
         index = self._attributes.get(ident)
         if index is None:
             index = self._attributes[ident] = len(self.message.attribute_table)
-            self.message.attribute_table.add(key_strindex=self.string(key), value=any_value(value),
-                                             unit_strindex=self.string(unit))
+            self.message.attribute_table.add(
+                key_strindex=self.string(key), value=any_value(value), unit_strindex=self.string(unit)
+            )
         return index
 
     def attributes(self, attrs: Mapping[str, object]) -> list[int]:
@@ -137,7 +149,10 @@ class Dictionary:
         if index is None:
             index = self._mappings[ident] = len(self.message.mapping_table)
             self.message.mapping_table.add(
-                memory_start=start, memory_limit=end, file_offset=offset, filename_strindex=self.string(f.path),
+                memory_start=start,
+                memory_limit=end,
+                file_offset=offset,
+                filename_strindex=self.string(f.path),
                 attribute_indices=[self.attribute(BUILD_ID, f.build_id)] if f.build_id else [],
             )
         return index
@@ -148,8 +163,12 @@ class Dictionary:
         if index is None:
             index = self._functions[ident] = len(self.message.function_table)
             name = self.string(f.function)
-            self.message.function_table.add(name_strindex=name, system_name_strindex=name,
-                                            filename_strindex=self.string(f.filename), start_line=f.start_line)
+            self.message.function_table.add(
+                name_strindex=name,
+                system_name_strindex=name,
+                filename_strindex=self.string(f.filename),
+                start_line=f.start_line,
+            )
         return index
 
     def location(self, f: Frame) -> int:
@@ -160,7 +179,8 @@ class Dictionary:
             index = self._locations[ident] = len(self.message.location_table)
             kind = FRAME_TYPES.get(f.kind)
             self.message.location_table.add(
-                mapping_index=mapping, address=f.address,
+                mapping_index=mapping,
+                address=f.address,
                 lines=[profiles_pb2.Line(function_index=self._function(f), line=f.line)],
                 attribute_indices=[self.attribute(FRAME_TYPE, kind)] if kind else [],
             )
@@ -202,13 +222,17 @@ def _add_profiles(d: Dictionary, scope: profiles_pb2.ScopeProfiles, profile: Pro
         rows.append((d.stack(sample.frames), d.attributes(own), sample.values))
     period_type = None
     if profile.period_type is not None:
-        period_type = profiles_pb2.ValueType(type_strindex=d.string(profile.period_type[0]),
-                                             unit_strindex=d.string(profile.period_type[1]))
+        period_type = profiles_pb2.ValueType(
+            type_strindex=d.string(profile.period_type[0]), unit_strindex=d.string(profile.period_type[1])
+        )
     for i, (type_, unit) in enumerate(profile.sample_types):
         out = scope.profiles.add(
             sample_type=profiles_pb2.ValueType(type_strindex=d.string(type_), unit_strindex=d.string(unit)),
-            time_unix_nano=profile.start_ns, duration_nano=max(profile.end_ns - profile.start_ns, 0),
-            period=profile.period, profile_id=uuid.uuid4().bytes, attribute_indices=common,
+            time_unix_nano=profile.start_ns,
+            duration_nano=max(profile.end_ns - profile.start_ns, 0),
+            period=profile.period,
+            profile_id=uuid.uuid4().bytes,
+            attribute_indices=common,
         )
         if period_type is not None:
             out.period_type.CopyFrom(period_type)
@@ -234,7 +258,8 @@ def encode_request(records: Sequence[ProfileRecord]) -> service_pb2.ExportProfil
         if scope is None:
             rp = request.resource_profiles.add(resource=_resource(attrs))
             scope = by_resource[ident] = rp.scope_profiles.add(
-                scope=common_pb2.InstrumentationScope(name=SCOPE.name, version=SCOPE.version or __version__))
+                scope=common_pb2.InstrumentationScope(name=SCOPE.name, version=SCOPE.version or __version__)
+            )
         _add_profiles(d, scope, record.profile)
     request.dictionary.CopyFrom(d.message)
     return request
@@ -287,7 +312,8 @@ class GrpcTransport:
     def send(self, request: service_pb2.ExportProfilesServiceRequest) -> service_pb2.ExportProfilesServiceResponse:
         try:
             response: service_pb2.ExportProfilesServiceResponse = self._export(
-                request, timeout=self._timeout, metadata=self._metadata)
+                request, timeout=self._timeout, metadata=self._metadata
+            )
             return response
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
@@ -318,8 +344,9 @@ class HttpTransport:
     def send(self, request: service_pb2.ExportProfilesServiceRequest) -> service_pb2.ExportProfilesServiceResponse:
         body = request.SerializeToString()
         try:
-            resp = self._session.post(self._url, data=gzip.compress(body, 6) if self._gzip else body,
-                                      timeout=self._timeout)
+            resp = self._session.post(
+                self._url, data=gzip.compress(body, 6) if self._gzip else body, timeout=self._timeout
+            )
         except requests.RequestException as exc:
             raise Retry(str(exc)) from None
         if resp.status_code < 300:
@@ -349,13 +376,27 @@ def transport_for(cfg: OtlpExporterConfig | OtlpHttpExporterConfig) -> Transport
 class OtlpProfileExporter(QueuedExporter[ProfileRecord]):
     """Queue, batch, send with retries; never blocks the caller (see the module doc)."""
 
-    def __init__(self, name: str, transport: Transport, health: Health, *, retry: RetryConfig | None = None,
-                 max_queue_size: int = DEFAULT_QUEUE_SIZE) -> None:
+    def __init__(
+        self,
+        name: str,
+        transport: Transport,
+        health: Health,
+        *,
+        retry: RetryConfig | None = None,
+        max_queue_size: int = DEFAULT_QUEUE_SIZE,
+    ) -> None:
         self.name = name
         self._transport = transport
         self._sender: QueuedSender[ProfileRecord] = QueuedSender(
-            name, "profiles", health, self._send, retry=retry or RetryConfig(), max_queue_size=max_queue_size,
-            batch_size=BATCH_RECORDS, on_close=transport.close)
+            name,
+            "profiles",
+            health,
+            self._send,
+            retry=retry or RetryConfig(),
+            max_queue_size=max_queue_size,
+            batch_size=BATCH_RECORDS,
+            on_close=transport.close,
+        )
 
     def _send(self, batch: list[ProfileRecord]) -> None:
         try:
@@ -365,13 +406,20 @@ class OtlpProfileExporter(QueuedExporter[ProfileRecord]):
         answer = self._transport.send(request)
         rejected = answer.partial_success.rejected_profiles
         if rejected:
-            log.warning("otlp profiles exporter %s: the server rejected %d profiles: %s", self.name, rejected,
-                        answer.partial_success.error_message[:200])
+            log.warning(
+                "otlp profiles exporter %s: the server rejected %d profiles: %s",
+                self.name,
+                rejected,
+                answer.partial_success.error_message[:200],
+            )
             self._sender.drop(rejected, "rejected")
 
 
-def otlp_profile_exporter(name: str, cfg: OtlpExporterConfig | OtlpHttpExporterConfig, health: Health,
-                          ) -> OtlpProfileExporter:
+def otlp_profile_exporter(
+    name: str,
+    cfg: OtlpExporterConfig | OtlpHttpExporterConfig,
+    health: Health,
+) -> OtlpProfileExporter:
     """The exporter an ``otlp``/``otlphttp`` entry of the profiles pipeline builds (back-off
     and queue at the Pyroscope exporter's defaults: the OTLP configs' SDK exporters keep their own)."""
     return OtlpProfileExporter(name, transport_for(cfg), health)

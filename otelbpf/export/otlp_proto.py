@@ -96,14 +96,26 @@ def _span(span: ReadableSpan) -> JsonDict:
     if span.parent is not None:
         out["parent_span_id"] = span.parent.span_id.to_bytes(8, "big")
     if span.events:
-        out["events"] = [{"time_unix_nano": e.timestamp, "name": e.name, "attributes": _attributes(e.attributes),
-                          "dropped_attributes_count": e.dropped_attributes} for e in span.events]
+        out["events"] = [
+            {
+                "time_unix_nano": e.timestamp,
+                "name": e.name,
+                "attributes": _attributes(e.attributes),
+                "dropped_attributes_count": e.dropped_attributes,
+            }
+            for e in span.events
+        ]
     if span.links:
-        out["links"] = [{"trace_id": link.context.trace_id.to_bytes(16, "big"),
-                         "span_id": link.context.span_id.to_bytes(8, "big"),
-                         "attributes": _attributes(link.attributes),
-                         "dropped_attributes_count": link.dropped_attributes,
-                         "flags": span_flags(link.context)} for link in span.links]
+        out["links"] = [
+            {
+                "trace_id": link.context.trace_id.to_bytes(16, "big"),
+                "span_id": link.context.span_id.to_bytes(8, "big"),
+                "attributes": _attributes(link.attributes),
+                "dropped_attributes_count": link.dropped_attributes,
+                "flags": span_flags(link.context),
+            }
+            for link in span.links
+        ]
     return out
 
 
@@ -117,12 +129,20 @@ def encode_spans_proto(spans: Sequence[ReadableSpan]) -> ExportTraceServiceReque
     """One ``ExportTraceServiceRequest``, grouped by resource and scope object."""
     resource_spans = []
     for res, scopes in group_spans(spans):
-        resource_spans.append({
-            "resource": {"attributes": _attributes(res.attributes)},
-            "schema_url": res.schema_url or "",
-            "scope_spans": [{"scope": _scope(scope), "schema_url": (scope.schema_url if scope else "") or "",
-                             "spans": [_span(s) for s in members]} for scope, members in scopes],
-        })
+        resource_spans.append(
+            {
+                "resource": {"attributes": _attributes(res.attributes)},
+                "schema_url": res.schema_url or "",
+                "scope_spans": [
+                    {
+                        "scope": _scope(scope),
+                        "schema_url": (scope.schema_url if scope else "") or "",
+                        "spans": [_span(s) for s in members],
+                    }
+                    for scope, members in scopes
+                ],
+            }
+        )
     # The constructor takes dicts for message fields (upb builds the messages: this module's point);
     # the protobuf stubs list only the message types.
     return ExportTraceServiceRequest(resource_spans=resource_spans)  # type: ignore[arg-type]
@@ -134,4 +154,3 @@ class FastOTLPSpanExporter(OTLPSpanExporter):
 
     def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
         return encode_spans_proto(data)
-

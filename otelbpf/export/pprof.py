@@ -65,8 +65,13 @@ class ProfileBuilder:
         if mid is None:
             mid = self._mappings[key] = len(self._p.mapping) + 1
             self._p.mapping.add(
-                id=mid, memory_start=start, memory_limit=end, file_offset=offset, filename=self._s(f.path),
-                build_id=self._s(f.build_id), has_functions=True,
+                id=mid,
+                memory_start=start,
+                memory_limit=end,
+                file_offset=offset,
+                filename=self._s(f.path),
+                build_id=self._s(f.build_id),
+                has_functions=True,
             )
         return mid
 
@@ -76,8 +81,9 @@ class ProfileBuilder:
         if fid is None:
             fid = self._functions[key] = len(self._p.function) + 1
             name = self._s(f.function)
-            self._p.function.add(id=fid, name=name, system_name=name, filename=self._s(f.filename),
-                                 start_line=f.start_line)
+            self._p.function.add(
+                id=fid, name=name, system_name=name, filename=self._s(f.filename), start_line=f.start_line
+            )
         return fid
 
     def _location(self, f: Frame) -> int:

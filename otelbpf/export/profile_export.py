@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ProfileRecord(ProfileMeta):
-    pprof: bytes              # gzipped profile.proto
-    profile: Profile | None = None     # the stacks themselves, for encoders other than pprof (OTLP)
+    pprof: bytes  # gzipped profile.proto
+    profile: Profile | None = None  # the stacks themselves, for encoders other than pprof (OTLP)
     resource: Mapping[str, object] = field(default_factory=dict)  # the process's, as its spans carry it
 
 
@@ -56,8 +56,9 @@ class PprofFileExporter:
     record, written whole under a random temporary name (O_EXCL) and renamed into place,
     never through a link (``OutputDir``)."""
 
-    def __init__(self, directory: str, health: Health, name: str = "file", *, file_mode: int = 0o600,
-                 dir_mode: int = 0o700) -> None:
+    def __init__(
+        self, directory: str, health: Health, name: str = "file", *, file_mode: int = 0o600, dir_mode: int = 0o700
+    ) -> None:
         self._out = OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode).subdir("profiles")
         self.directory = self._out.path
         self._health = health
@@ -79,8 +80,9 @@ class PprofFileExporter:
                 except OSError as exc:
                     log.warning("profile not written: %s", exc)
                     self._health.add("otelbpf.export.failures", 1, signal="profiles", exporter=self._name)
-                    self._health.add("otelbpf.export.dropped", 1, signal="profiles", reason="export_failed",
-                                     exporter=self._name)
+                    self._health.add(
+                        "otelbpf.export.dropped", 1, signal="profiles", reason="export_failed", exporter=self._name
+                    )
                     continue
                 self._health.add("otelbpf.export.sent", 1, signal="profiles", exporter=self._name)
 

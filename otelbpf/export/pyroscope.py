@@ -75,8 +75,14 @@ class PyroscopeExporter(QueuedExporter[ProfileRecord]):
         if cfg.tenant_id:
             self._session.headers["X-Scope-OrgID"] = cfg.tenant_id
         self._sender: QueuedSender[ProfileRecord] = QueuedSender(
-            name, "profiles", health, self._send, retry=cfg.retry, max_queue_size=cfg.max_queue_size,
-            on_close=self._session.close)
+            name,
+            "profiles",
+            health,
+            self._send,
+            retry=cfg.retry,
+            max_queue_size=cfg.max_queue_size,
+            on_close=self._session.close,
+        )
 
     def _send(self, batch: list[ProfileRecord]) -> None:
         """One profile per request (the sender's batch size is 1)."""
@@ -90,19 +96,25 @@ class PyroscopeExporter(QueuedExporter[ProfileRecord]):
         timeout = to_seconds(self.cfg.timeout)
         if self.cfg.protocol == "push":
             resp = self._session.post(
-                self._base + PUSH_PATH, data=push_request([r]), timeout=timeout,
+                self._base + PUSH_PATH,
+                data=push_request([r]),
+                timeout=timeout,
                 headers={"Content-Type": "application/proto", "Connect-Protocol-Version": "1"},
             )
         else:
             query = {
-                "name": ingest_name(r), "from": str(r.start_ns // 1_000_000_000),
+                "name": ingest_name(r),
+                "from": str(r.start_ns // 1_000_000_000),
                 "until": str(max(r.end_ns // 1_000_000_000, r.start_ns // 1_000_000_000 + 1)),
-                "format": "pprof", "spyName": SPY_NAME,
+                "format": "pprof",
+                "spyName": SPY_NAME,
             }
             if r.sample_rate:
                 query["sampleRate"] = str(r.sample_rate)
             resp = self._session.post(
-                f"{self._base}{INGEST_PATH}?{urllib.parse.urlencode(query)}", data=r.pprof, timeout=timeout,
+                f"{self._base}{INGEST_PATH}?{urllib.parse.urlencode(query)}",
+                data=r.pprof,
+                timeout=timeout,
                 headers={"Content-Type": "application/octet-stream"},
             )
         if resp.status_code < 300:
@@ -111,4 +123,3 @@ class PyroscopeExporter(QueuedExporter[ProfileRecord]):
         if resp.status_code == 429 or resp.status_code >= 500:
             raise Retry(detail, retry_after(resp.headers.get("Retry-After")))
         raise Permanent(detail)
-

@@ -85,8 +85,13 @@ class OutputDir:
                 raise UnsafeOutput(f"{shown} is not a regular file: refusing to write to it") from None
             raise
         st = os.fstat(fd)
-        why = ("is not a regular file" if not stat.S_ISREG(st.st_mode)
-               else "has other hard links" if st.st_nlink != 1 else None)
+        why = (
+            "is not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else "has other hard links"
+            if st.st_nlink != 1
+            else None
+        )
         if why:
             os.close(fd)
             raise UnsafeOutput(f"{shown} {why}: refusing to write to it")
@@ -114,8 +119,9 @@ def _open_dir(name: str, dir_fd: int | None, mode: int, shown: str) -> int:
         fd = os.open(name, _NOFOLLOW_DIR, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UnsafeOutput(f"output directory {shown} is a symbolic link or not a directory: "
-                                          "refusing to write through it") from None
+            raise UnsafeOutput(
+                f"output directory {shown} is a symbolic link or not a directory: refusing to write through it"
+            ) from None
         raise
     if created:
         os.fchmod(fd, mode)  # exactly ``mode``, whatever the umask

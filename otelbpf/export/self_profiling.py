@@ -46,8 +46,9 @@ class Target:
 
 def target(endpoint: str | None, exporters: Mapping[str, ExporterConfig]) -> Target:
     """``endpoint``, or the first pyroscope exporter's; with that exporter's credentials."""
-    pyroscopes = [(c.endpoint, c) for c in exporters.values()
-                  if isinstance(c, PyroscopeExporterConfig) and c.endpoint is not None]
+    pyroscopes = [
+        (c.endpoint, c) for c in exporters.values() if isinstance(c, PyroscopeExporterConfig) and c.endpoint is not None
+    ]
     if endpoint is None:
         if not pyroscopes:
             raise ValueError("self_profiling has no endpoint and the profiles pipeline has no pyroscope exporter")
@@ -78,9 +79,16 @@ class SelfProfiler:
     def start(self) -> None:
         user, password = self.target.basic_auth or ("", "")
         _pyroscope().configure(
-            application_name=APPLICATION, server_address=self.target.endpoint, sample_rate=self.sample_rate,
-            basic_auth_username=user, basic_auth_password=password, tenant_id=self.target.tenant_id,
-            http_headers=dict(self.target.headers), tags=self.tags(), oncpu=True, gil_only=True,
+            application_name=APPLICATION,
+            server_address=self.target.endpoint,
+            sample_rate=self.sample_rate,
+            basic_auth_username=user,
+            basic_auth_password=password,
+            tenant_id=self.target.tenant_id,
+            http_headers=dict(self.target.headers),
+            tags=self.tags(),
+            oncpu=True,
+            gil_only=True,
         )
         self.running = True
         log.info("self-profiling into %s as %s at %d Hz", self.target.endpoint, APPLICATION, self.sample_rate)

@@ -58,9 +58,18 @@ def retry_after(value: str | None) -> float | None:
 class QueuedSender(Generic[T]):
     """``export`` never blocks; ``shutdown`` sends what it can within its timeout."""
 
-    def __init__(self, name: str, signal: str, health: Health, send: Callable[[list[T]], None], *,
-                 retry: RetryConfig, max_queue_size: int, batch_size: int = 1,
-                 on_close: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        name: str,
+        signal: str,
+        health: Health,
+        send: Callable[[list[T]], None],
+        *,
+        retry: RetryConfig,
+        max_queue_size: int,
+        batch_size: int = 1,
+        on_close: Callable[[], None] = lambda: None,
+    ) -> None:
         self.name = name
         self._signal = signal
         self._health = health

@@ -54,6 +54,7 @@ def _private_dir(path: str) -> None:
 
 def sockets(directory: str | None = None) -> list[str]:
     """The agents' sockets in the run directory, newest first."""
+
     def mtime(path: str) -> float:
         try:
             return os.stat(path).st_mtime
@@ -149,8 +150,11 @@ def fetch(path: str, timeout_s: float = 5.0) -> dict:
     try:
         snap = json.loads(b"".join(chunks))
     except ValueError:
-        why = ("the answer was not a whole JSON snapshot (the agent stopped mid-answer?)" if chunks
-               else "the agent closed the connection without a snapshot (see its log)")
+        why = (
+            "the answer was not a whole JSON snapshot (the agent stopped mid-answer?)"
+            if chunks
+            else "the agent closed the connection without a snapshot (see its log)"
+        )
         raise EndpointError(f"{path}: {why}") from None
     if not isinstance(snap, dict) or "error" in snap or snap.get("version") != 1:
         raise EndpointError(f"{path}: not a version-1 snapshot: {str(snap)[:200]}")

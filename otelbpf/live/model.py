@@ -25,9 +25,9 @@ SERVER = 2
 class ApiRow:
     pid: int
     api: str
-    calls: int                  # cumulative, from cuda.api.calls
+    calls: int  # cumulative, from cuda.api.calls
     calls_per_s: float | None
-    spans: int                  # recent spans of this API (the percentiles' sample)
+    spans: int  # recent spans of this API (the percentiles' sample)
     p50_ms: float | None
     p95_ms: float | None
     p99_ms: float | None
@@ -40,11 +40,11 @@ class ProcessRow:
     gpu: bool
     calls_per_s: float | None
     launches_per_s: float | None
-    bytes_per_s: dict[str, float]          # "H2D", "D2H", ... -> bytes/s
-    host_bytes_per_s: dict[str, float]     # "H2D pageable", ... -> bytes/s
+    bytes_per_s: dict[str, float]  # "H2D", "D2H", ... -> bytes/s
+    host_bytes_per_s: dict[str, float]  # "H2D pageable", ... -> bytes/s
     memory_in_use: float | None
     memory_high_water: float | None
-    sync_wait_share: float | None          # seconds in sync waits per second (summed over threads)
+    sync_wait_share: float | None  # seconds in sync waits per second (summed over threads)
 
 
 @dataclass
@@ -63,7 +63,7 @@ class RankRow:
     collectives: int
     collectives_per_s: float | None
     wait_mean_ms: float | None
-    straggled: int                          # collectives the live detector found it late on
+    straggled: int  # collectives the live detector found it late on
     straggler_class: str
     current_straggler: bool = False
 
@@ -72,7 +72,7 @@ class RankRow:
 class RouteRow:
     pid: int
     route: str
-    requests: int                           # in the recent spans
+    requests: int  # in the recent spans
     per_s: float | None
     errors: int
     p50_ms: float
@@ -85,7 +85,7 @@ class AgentRow:
     events_received: int
     lost: int
     dropped: int
-    cpu_share: float | None                 # of one core
+    cpu_share: float | None  # of one core
     rss_bytes: float | None
 
 
@@ -178,8 +178,11 @@ def build(old: dict | None, new: dict) -> Tables:
     for s in spans:
         by_pid[s.get("pid", 0)].append(s)
         services.setdefault(s.get("pid", 0), s.get("service", ""))
-    collected = {_pid(p.get("resource", {})): str(p.get("resource", {}).get("service.name", ""))
-                 for p in new.get("processes", []) if p.get("resource", {}).get("service.name") != AGENT_SERVICE}
+    collected = {
+        _pid(p.get("resource", {})): str(p.get("resource", {}).get("service.name", ""))
+        for p in new.get("processes", [])
+        if p.get("resource", {}).get("service.name") != AGENT_SERVICE
+    }
     if collected:  # the processes of the last collection: those whose spans linger in the ring exited
         services = collected
 
@@ -187,16 +190,25 @@ def build(old: dict | None, new: dict) -> Tables:
         points = series.get(pid, {})
         mine = by_pid.get(pid, [])
         gpu = any(n.startswith(("cuda.", "nccl.")) for n, _a in points) or any(
-            s.get("scope") in (CUDA_SCOPE, NCCL_SCOPE) for s in mine)
+            s.get("scope") in (CUDA_SCOPE, NCCL_SCOPE) for s in mine
+        )
         sync = rates.per_s(pid, "cuda.sync.duration")
         in_use = _sum(points, "cuda.memory.in_use").get("")
         high = _sum(points, "cuda.memory.high_water").get("")
-        tables.processes.append(ProcessRow(
-            pid, services[pid], gpu, rates.total_per_s(pid, "cuda.api.calls"),
-            rates.total_per_s(pid, "cuda.kernel.launches"),
-            rates.per_s(pid, "cuda.memcpy.bytes", "cuda.memcpy.direction") or {},
-            rates.per_s(pid, "cuda.memcpy.host_bytes", "cuda.memcpy.direction", "cuda.memcpy.host_memory") or {},
-            in_use, high, sum(sync.values()) if sync is not None else None))
+        tables.processes.append(
+            ProcessRow(
+                pid,
+                services[pid],
+                gpu,
+                rates.total_per_s(pid, "cuda.api.calls"),
+                rates.total_per_s(pid, "cuda.kernel.launches"),
+                rates.per_s(pid, "cuda.memcpy.bytes", "cuda.memcpy.direction") or {},
+                rates.per_s(pid, "cuda.memcpy.host_bytes", "cuda.memcpy.direction", "cuda.memcpy.host_memory") or {},
+                in_use,
+                high,
+                sum(sync.values()) if sync is not None else None,
+            )
+        )
         _apis(tables, rates, pid, points, mine)
         _kernels(tables, rates, pid, points)
         _rank(tables, rates, pid, services[pid], points, mine)
@@ -222,9 +234,18 @@ def _apis(tables: Tables, rates: Rates, pid: int, points: dict, spans: list[dict
             durations[s["name"]].append((s["end"] - s["start"]) / 1e6)
     for api in sorted(set(calls) | set(durations)):
         d = durations.get(api, [])
-        tables.apis.append(ApiRow(pid, api, int(calls.get(api, 0)), per_s.get(api) if rates.dt else None, len(d),
-                                  _pct(d, 0.5) if d else None, _pct(d, 0.95) if d else None,
-                                  _pct(d, 0.99) if d else None))
+        tables.apis.append(
+            ApiRow(
+                pid,
+                api,
+                int(calls.get(api, 0)),
+                per_s.get(api) if rates.dt else None,
+                len(d),
+                _pct(d, 0.5) if d else None,
+                _pct(d, 0.95) if d else None,
+                _pct(d, 0.99) if d else None,
+            )
+        )
 
 
 def _kernels(tables: Tables, rates: Rates, pid: int, points: dict) -> None:
@@ -241,10 +262,18 @@ def _rank(tables: Tables, rates: Rates, pid: int, service: str, points: dict, sp
     wait = [p for (n, _a), p in points.items() if n == "nccl.wait.duration"]
     count = sum(int(p.get("count", 0)) for p in wait)
     straggled = _sum(points, "nccl.straggler", "nccl.straggler.class")
-    tables.ranks.append(RankRow(
-        pid, service, ranks[-1] if ranks else None, int(collectives), rates.total_per_s(pid, "nccl.collectives"),
-        round(sum(_val(p) for p in wait) / count * 1e3, 3) if count else None, int(sum(straggled.values())),
-        max(straggled, key=lambda k: straggled[k]) if straggled else ""))
+    tables.ranks.append(
+        RankRow(
+            pid,
+            service,
+            ranks[-1] if ranks else None,
+            int(collectives),
+            rates.total_per_s(pid, "nccl.collectives"),
+            round(sum(_val(p) for p in wait) / count * 1e3, 3) if count else None,
+            int(sum(straggled.values())),
+            max(straggled, key=lambda k: straggled[k]) if straggled else "",
+        )
+    )
 
 
 def _routes(tables: Tables, pid: int, spans: list[dict]) -> None:
@@ -252,31 +281,63 @@ def _routes(tables: Tables, pid: int, spans: list[dict]) -> None:
     for s in spans:
         if s.get("scope") == HTTP_SCOPE and s.get("kind") == SERVER:
             a = s.get("attributes", {})
-            route = (f"{a['rpc.service']}/{a.get('rpc.method', '')}" if "rpc.service" in a
-                     else f"{a.get('http.request.method', s['name'])} {a.get('http.route', a.get('url.path', ''))}")
+            route = (
+                f"{a['rpc.service']}/{a.get('rpc.method', '')}"
+                if "rpc.service" in a
+                else f"{a.get('http.request.method', s['name'])} {a.get('http.route', a.get('url.path', ''))}"
+            )
             groups[route.strip()].append(s)
     for route, reqs in groups.items():
         d = [(s["end"] - s["start"]) / 1e6 for s in reqs]
         window = (max(s["end"] for s in reqs) - min(s["start"] for s in reqs)) / 1e9
-        errors = sum(1 for s in reqs
-                     if s.get("error") or int(s["attributes"].get("http.response.status_code", 0) or 0) >= 500)
-        tables.routes.append(RouteRow(pid, route, len(reqs), round(len(reqs) / window, 2) if window > 0 else None,
-                                      errors, _pct(d, 0.5), _pct(d, 0.95)))
+        errors = sum(
+            1 for s in reqs if s.get("error") or int(s["attributes"].get("http.response.status_code", 0) or 0) >= 500
+        )
+        tables.routes.append(
+            RouteRow(
+                pid,
+                route,
+                len(reqs),
+                round(len(reqs) / window, 2) if window > 0 else None,
+                errors,
+                _pct(d, 0.5),
+                _pct(d, 0.95),
+            )
+        )
 
 
 def _findings(pid: int, service: str, points: dict, spans: list[dict]) -> list[dict]:
     """The diagnosis engine over this process's recent CUDA spans and latest metrics."""
-    cuda = [diagnose._Span(s["name"], s["start"], s["end"], int(s["attributes"].get("thread.id", 0) or 0),
-                           s["attributes"], s["span_id"]) for s in spans if s.get("scope") == CUDA_SCOPE]
-    latest = {(n, a): (0, {"asDouble": p["value"]} if "value" in p else p, p.get("kind"))
-              for (n, a), p in points.items()}
+    cuda = [
+        diagnose._Span(
+            s["name"],
+            s["start"],
+            s["end"],
+            int(s["attributes"].get("thread.id", 0) or 0),
+            s["attributes"],
+            s["span_id"],
+        )
+        for s in spans
+        if s.get("scope") == CUDA_SCOPE
+    ]
+    latest = {
+        (n, a): (0, {"asDouble": p["value"]} if "value" in p else p, p.get("kind")) for (n, a), p in points.items()
+    }
     out = [asdict(f) for f in diagnose._process_findings(f"{service} (pid {pid})", cuda, latest)]
     straggled = _sum(points, "nccl.straggler", "nccl.straggler.class")
     if straggled:
         cls = max(straggled, key=lambda k: straggled[k])
-        out.append({"cause": "nccl_straggler", "process": f"{service} (pid {pid})", "cost_s": 0.0, "share": 0.0,
-                    "summary": f"late on {int(sum(straggled.values()))} collectives ({cls})", "evidence": {},
-                    "fix": ""})
+        out.append(
+            {
+                "cause": "nccl_straggler",
+                "process": f"{service} (pid {pid})",
+                "cost_s": 0.0,
+                "share": 0.0,
+                "summary": f"late on {int(sum(straggled.values()))} collectives ({cls})",
+                "evidence": {},
+                "fix": "",
+            }
+        )
     return out
 
 
@@ -286,7 +347,13 @@ def _agent(rates: Rates, points: dict) -> AgentRow | None:
     received = _sum(points, "otelbpf.events.received")
     cpu = rates.total_per_s(-1, "process.cpu.time")
     rss = _sum(points, "process.memory.usage").get("")
-    return AgentRow(rates.total_per_s(-1, "otelbpf.events.received"), int(sum(received.values())),
-                    int(sum(_sum(points, "otelbpf.events.lost").values())),
-                    int(sum(_sum(points, "otelbpf.events.dropped").values()) +
-                        sum(_sum(points, "otelbpf.export.dropped").values())), cpu, rss)
+    return AgentRow(
+        rates.total_per_s(-1, "otelbpf.events.received"),
+        int(sum(received.values())),
+        int(sum(_sum(points, "otelbpf.events.lost").values())),
+        int(
+            sum(_sum(points, "otelbpf.events.dropped").values()) + sum(_sum(points, "otelbpf.export.dropped").values())
+        ),
+        cpu,
+        rss,
+    )

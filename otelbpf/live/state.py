@@ -48,8 +48,9 @@ def _attrs(attrs) -> dict:
 
 def _points(data) -> tuple[str, list[dict]]:
     if isinstance(data, Histogram):
-        return "histogram", [{"attributes": _attrs(p.attributes), "count": p.count, "sum": p.sum, "max": p.max}
-                             for p in data.data_points]
+        return "histogram", [
+            {"attributes": _attrs(p.attributes), "count": p.count, "sum": p.sum, "max": p.max} for p in data.data_points
+        ]
     kind = "sum" if isinstance(data, Sum) else "gauge" if isinstance(data, Gauge) else type(data).__name__.lower()
     return kind, [{"attributes": _attrs(p.attributes), "value": p.value} for p in data.data_points]
 
@@ -58,18 +59,25 @@ def _span(s: ReadableSpan) -> dict:
     ctx, parent = s.context, s.parent
     res = s.resource.attributes if s.resource else {}
     return {
-        "name": s.name, "scope": s.instrumentation_scope.name if s.instrumentation_scope else "",
+        "name": s.name,
+        "scope": s.instrumentation_scope.name if s.instrumentation_scope else "",
         "kind": s.kind.value + 1,  # OTLP numbering (SDK INTERNAL=0 is OTLP 1)
-        "trace_id": f"{ctx.trace_id:032x}" if ctx else "", "span_id": f"{ctx.span_id:016x}" if ctx else "",
-        "parent_id": f"{parent.span_id:016x}" if parent else "", "start": s.start_time or 0, "end": s.end_time or 0,
-        "error": s.status.status_code.value == 2, "attributes": _attrs(s.attributes),
-        "pid": int(res.get("process.pid", 0) or 0), "service": str(res.get("service.name", "")),
+        "trace_id": f"{ctx.trace_id:032x}" if ctx else "",
+        "span_id": f"{ctx.span_id:016x}" if ctx else "",
+        "parent_id": f"{parent.span_id:016x}" if parent else "",
+        "start": s.start_time or 0,
+        "end": s.end_time or 0,
+        "error": s.status.status_code.value == 2,
+        "attributes": _attrs(s.attributes),
+        "pid": int(res.get("process.pid", 0) or 0),
+        "service": str(res.get("service.name", "")),
     }
 
 
 class LiveState:
-    def __init__(self, max_spans: int = 2000, min_interval_s: float = 0.25,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self, max_spans: int = 2000, min_interval_s: float = 0.25, clock: Callable[[], int] = time.time_ns
+    ) -> None:
         """``clock``: wall-clock ns stamped on collections and snapshots (tests pass their own)."""
         self._clock = clock
         self._spans: deque[ReadableSpan] = deque(maxlen=max_spans)
@@ -101,8 +109,14 @@ class LiveState:
                     kind, points = _points(m.data)
                     metrics.append({"name": m.name, "kind": kind, "points": points})
             processes.append({"resource": _attrs(rm.resource.attributes), "metrics": metrics})
-        snap = {"version": VERSION, "agent_pid": os.getpid(), "time_unix_nano": self._clock(),
-                "metrics_time_unix_nano": at, "processes": processes, "spans": [_span(s) for s in self._spans.copy()]}
+        snap = {
+            "version": VERSION,
+            "agent_pid": os.getpid(),
+            "time_unix_nano": self._clock(),
+            "metrics_time_unix_nano": at,
+            "processes": processes,
+            "spans": [_span(s) for s in self._spans.copy()],
+        }
         with self._lock:
             self._cached = (now, snap)
         return snap

@@ -55,7 +55,7 @@ class Data:
     by_trace: dict[str, list[Span]] = field(default_factory=lambda: defaultdict(list))
     children: dict[tuple[str, str], list[Span]] = field(default_factory=lambda: defaultdict(list))
     procs: dict[tuple, dict] = field(default_factory=dict)
-    metrics: dict = field(default_factory=dict)   # summary.load_metrics: proc -> {(name, attrs): (t, point, kind)}
+    metrics: dict = field(default_factory=dict)  # summary.load_metrics: proc -> {(name, attrs): (t, point, kind)}
     partial: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
@@ -79,8 +79,9 @@ class Folder:
         self._data: Data | None = None
 
     def telemetry_files(self) -> list[str]:
-        return sorted(glob.glob(os.path.join(self.path, "traces*.jsonl")) +
-                      glob.glob(os.path.join(self.path, "metrics*.jsonl")))
+        return sorted(
+            glob.glob(os.path.join(self.path, "traces*.jsonl")) + glob.glob(os.path.join(self.path, "metrics*.jsonl"))
+        )
 
     def profiles_dir(self) -> str:
         return os.path.join(self.path, "profiles")
@@ -109,8 +110,10 @@ class Folder:
                 return self._data
             size = sum(s[2] for s in signature)
             if size > self.max_bytes:
-                raise FolderError(f"{self.path} holds {size / 2**20:.0f} MiB of telemetry, more than the "
-                                  f"{self.max_bytes / 2**20:.0f} MiB this server reads (--max-bytes)")
+                raise FolderError(
+                    f"{self.path} holds {size / 2**20:.0f} MiB of telemetry, more than the "
+                    f"{self.max_bytes / 2**20:.0f} MiB this server reads (--max-bytes)"
+                )
             for attempt in range(2):
                 try:
                     data = self._read()
@@ -139,10 +142,18 @@ class Folder:
                     scope = ss.get("scope", {}).get("name", "")
                     for sp in ss.get("spans", []):
                         span = Span(
-                            sp.get("traceId", ""), sp.get("spanId", ""), sp.get("parentSpanId", ""), sp["name"],
-                            int(sp.get("kind", 0)), scope, int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]),
+                            sp.get("traceId", ""),
+                            sp.get("spanId", ""),
+                            sp.get("parentSpanId", ""),
+                            sp["name"],
+                            int(sp.get("kind", 0)),
+                            scope,
+                            int(sp["startTimeUnixNano"]),
+                            int(sp["endTimeUnixNano"]),
                             sp.get("status", {}).get("code") in (2, "STATUS_CODE_ERROR"),
-                            {k: _short(v) for k, v in _attrs(sp.get("attributes")).items()}, proc)
+                            {k: _short(v) for k, v in _attrs(sp.get("attributes")).items()},
+                            proc,
+                        )
                         data.spans.append(span)
                         data.by_id[(span.trace_id, span.span_id)] = span
                         data.by_trace[span.trace_id].append(span)

@@ -44,9 +44,19 @@ def to_data(snap: dict) -> Data:
     for s in snap.get("spans", []):
         key = (s.get("service", "?"), s.get("pid", 0))
         data.procs.setdefault(key, {"service.name": key[0], "process.pid": key[1]})
-        span = Span(s["trace_id"], s["span_id"], s.get("parent_id", ""), s["name"], int(s.get("kind", 0)),
-                    s.get("scope", ""), int(s["start"]), int(s["end"]), bool(s.get("error")), s.get("attributes", {}),
-                    key)
+        span = Span(
+            s["trace_id"],
+            s["span_id"],
+            s.get("parent_id", ""),
+            s["name"],
+            int(s.get("kind", 0)),
+            s.get("scope", ""),
+            int(s["start"]),
+            int(s["end"]),
+            bool(s.get("error")),
+            s.get("attributes", {}),
+            key,
+        )
         data.spans.append(span)
         data.by_id[(span.trace_id, span.span_id)] = span
         data.by_trace[span.trace_id].append(span)
@@ -62,8 +72,9 @@ def findings(snap: dict, limit: int) -> dict:
     out = []
     for f in tables.findings[:limit]:
         ids = f["evidence"].pop("span_ids", [])
-        f["evidence"]["spans"] = [{"trace_id": next((s.trace_id for s in data.spans if s.span_id == i), ""),
-                                   "span_id": i} for i in ids]
+        f["evidence"]["spans"] = [
+            {"trace_id": next((s.trace_id for s in data.spans if s.span_id == i), ""), "span_id": i} for i in ids
+        ]
         out.append(f)
     return {"total": len(tables.findings), "findings": out, "files": data.files, "lines_still_being_written": []}
 

@@ -55,8 +55,10 @@ def top_functions(raw: bytes, n: int, sample_type: str | None = None) -> dict:
     else:
         raise ProfileError(f"no sample type {sample_type!r}; this profile has {', '.join(types)}")
     names = {f.id: strings[f.name] or f"[function {f.id}]" for f in p.function}
-    loc_funcs = {loc.id: [names.get(line.function_id, "?") for line in loc.line] or [f"[0x{loc.address:x}]"]
-                 for loc in p.location}
+    loc_funcs = {
+        loc.id: [names.get(line.function_id, "?") for line in loc.line] or [f"[0x{loc.address:x}]"]
+        for loc in p.location
+    }
     total_of: dict[str, int] = defaultdict(int)
     self_of: dict[str, int] = defaultdict(int)
     cited: dict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -79,9 +81,13 @@ def top_functions(raw: bytes, n: int, sample_type: str | None = None) -> dict:
         "samples": len(p.sample),
         "total": grand,
         "functions": [
-            {"function": fn, "total": total_of[fn], "self": self_of.get(fn, 0),
-             "total_share": round(total_of[fn] / grand, 4) if grand else 0.0,
-             "samples": [i for _v, i in sorted(cited[fn], key=lambda x: (-x[0], x[1]))[:CITED_SAMPLES]]}
+            {
+                "function": fn,
+                "total": total_of[fn],
+                "self": self_of.get(fn, 0),
+                "total_share": round(total_of[fn] / grand, 4) if grand else 0.0,
+                "samples": [i for _v, i in sorted(cited[fn], key=lambda x: (-x[0], x[1]))[:CITED_SAMPLES]],
+            }
             for fn in ranked
         ],
     }

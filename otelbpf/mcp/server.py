@@ -45,12 +45,17 @@ class TokenError(Exception):
 def build(source: Folder | live.LiveSource) -> MCPServer:
     """The server with its tools over an output folder, or over a running agent's live state."""
     is_live = isinstance(source, live.LiveSource)
-    what = (f"the live state of the running otelbpf agent ({source.path}): its last metrics and last spans"
-            if is_live else f"telemetry otelbpf wrote to {source.path}: spans, metrics and pprof profiles")
+    what = (
+        f"the live state of the running otelbpf agent ({source.path}): its last metrics and last spans"
+        if is_live
+        else f"telemetry otelbpf wrote to {source.path}: spans, metrics and pprof profiles"
+    )
     server = MCPServer(
-        "otelbpf", version="0.1.0", log_level="WARNING",
+        "otelbpf",
+        version="0.1.0",
+        log_level="WARNING",
         instructions=f"CUDA, NCCL and HTTP activity from {what}. Every answer cites the span ids, trace ids, "
-                     "metric points or profile samples it rests on (`evidence`).",
+        "metric points or profile samples it rests on (`evidence`).",
     )
 
     async def answer(call: Callable[..., dict], *args: Any, with_data: bool = True) -> dict:
@@ -59,6 +64,7 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
                 return call(source.load(), *args) if with_data else call(*args)
             except (FolderError, EndpointError, tools.ToolInputError) as exc:
                 raise ToolError(str(exc)) from None
+
         return await anyio.to_thread.run_sync(work)
 
     def tool(fn: Callable) -> Callable:
@@ -90,8 +96,11 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
         return await answer(lambda d: tools.findings(source, d, limit))
 
     @tool
-    async def stragglers(threshold_ms: Annotated[float, Field(ge=0, le=60_000)] = 1.0,
-                         min_share: Annotated[float, Field(ge=0, le=1)] = 0.3, limit: Limit = 20) -> dict:
+    async def stragglers(
+        threshold_ms: Annotated[float, Field(ge=0, le=60_000)] = 1.0,
+        min_share: Annotated[float, Field(ge=0, le=1)] = 0.3,
+        limit: Limit = 20,
+    ) -> dict:
         """NCCL ranks that enter collectives last (`otelbpf stragglers`): persistent stragglers, their class
         (compute, host or communication slow), and the collectives where each entered latest. Live: the
         agent's own detector's counts (``threshold_ms`` and ``min_share`` apply to folders)."""
@@ -100,8 +109,11 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
         return await answer(lambda d: tools.stragglers_report(source, d, threshold_ms, min_share, limit))
 
     @tool
-    async def slow_requests(limit: Limit = 10, min_duration_ms: Annotated[float, Field(ge=0)] = 0.0,
-                            route: Annotated[str | None, Field(max_length=256)] = None) -> dict:
+    async def slow_requests(
+        limit: Limit = 10,
+        min_duration_ms: Annotated[float, Field(ge=0)] = 0.0,
+        route: Annotated[str | None, Field(max_length=256)] = None,
+    ) -> dict:
         """The slowest HTTP/gRPC server requests, each with its CUDA children and the share of its time
         spent in CUDA calls. ``route``: keep routes containing this text."""
         return await answer(tools.slow_requests, limit, min_duration_ms, route)
@@ -112,8 +124,11 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
         return await answer(tools.trace, trace_id, limit)
 
     @tool
-    async def flamegraph_top(profile: Annotated[str, Field(min_length=1, max_length=256)], n: Limit = 20,
-                             sample_type: Annotated[str | None, Field(max_length=64)] = None) -> dict:
+    async def flamegraph_top(
+        profile: Annotated[str, Field(min_length=1, max_length=256)],
+        n: Limit = 20,
+        sample_type: Annotated[str | None, Field(max_length=64)] = None,
+    ) -> dict:
         """The heaviest functions of one pprof profile (a file name from list_processes' `profiles`): total
         and self value, and the samples that weigh most in each."""
         if is_live:
@@ -121,8 +136,12 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
         return await answer(tools.flamegraph_top, source, profile, n, sample_type, with_data=False)
 
     @tool
-    async def compare_ranks(a: Annotated[int, Field(ge=0, le=1 << 20)], b: Annotated[int, Field(ge=0, le=1 << 20)],
-                            comm: Annotated[str | None, Field(max_length=32)] = None, limit: Limit = 10) -> dict:
+    async def compare_ranks(
+        a: Annotated[int, Field(ge=0, le=1 << 20)],
+        b: Annotated[int, Field(ge=0, le=1 << 20)],
+        comm: Annotated[str | None, Field(max_length=32)] = None,
+        limit: Limit = 10,
+    ) -> dict:
         """Two NCCL ranks side by side on each communicator they share: who entered later how often, the
         entry gap, durations, GPU wait and host phases, and the collectives with the widest gap."""
         return await answer(tools.compare_ranks, a, b, comm, limit)
@@ -167,8 +186,13 @@ class BearerAuth:
         if scope["type"] == "http":
             given = dict(scope.get("headers") or ()).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
-                await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": b"a bearer token is required\n"})
                 return
         await self.app(scope, receive, send)
@@ -178,8 +202,16 @@ def http_app(server: MCPServer, token: str, host: str) -> Any:
     return BearerAuth(server.streamable_http_app(host=host), token)
 
 
-def serve(directory: str | None, *, transport: str, host: str = "127.0.0.1", port: int = 8765,
-          token_file: str | None = None, max_bytes: int = 1 << 30, live_socket: str | None = None) -> None:
+def serve(
+    directory: str | None,
+    *,
+    transport: str,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token_file: str | None = None,
+    max_bytes: int = 1 << 30,
+    live_socket: str | None = None,
+) -> None:
     """Over ``directory``, or, with ``directory`` None, over the agent at ``live_socket`` (None:
     the newest in the run directory)."""
     server = build(Folder(directory, max_bytes=max_bytes) if directory is not None else live.LiveSource(live_socket))

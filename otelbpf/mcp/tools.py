@@ -41,8 +41,11 @@ def _cite(spans: list[Span], n: int = EVIDENCE) -> list[dict]:
 
 
 def _label(proc: tuple, res: dict) -> dict:
-    return {"service": res.get("service.name", proc[0]), "pid": int(res.get("process.pid", proc[1]) or 0),
-            "host": res.get("host.name", "")}
+    return {
+        "service": res.get("service.name", proc[0]),
+        "pid": int(res.get("process.pid", proc[1]) or 0),
+        "host": res.get("host.name", ""),
+    }
 
 
 def _points(data: Data, proc: tuple, name: str) -> list[tuple[dict, dict, int]]:
@@ -63,7 +66,8 @@ def _by_proc(data: Data) -> dict[tuple, list[Span]]:
 
 def _is_gpu(data: Data, proc: tuple, spans: list[Span]) -> bool:
     return any(s.scope in (CUDA_SCOPE, NCCL_SCOPE) for s in spans) or any(
-        n.startswith(("cuda.", "nccl.")) for (n, _a) in data.metrics.get(proc, {}))
+        n.startswith(("cuda.", "nccl.")) for (n, _a) in data.metrics.get(proc, {})
+    )
 
 
 def _procs(data: Data, pid: int | None) -> list[tuple]:
@@ -88,22 +92,31 @@ def list_processes(data: Data, profiles: list[str], limit: int) -> dict:
         res = data.procs[proc]
         label = _label(proc, res)
         launches = sum(_num(dp) for _a, dp, _t in _points(data, proc, "cuda.kernel.launches"))
-        rows.append({
-            **label, "gpu": _is_gpu(data, proc, mine),
-            "command_line": str(res.get("process.command_line", ""))[:256],
-            "spans": dict(Counter(s.scope for s in mine)), "kernel_launches": int(launches),
-            "profiles": [p for p in profiles if p.rsplit("-", 3)[1:2] == [str(label["pid"])]][:10],
-            "evidence": {"spans": _cite(sorted(mine, key=lambda s: s.start)),
-                         "metrics": sorted({n for (n, _a) in data.metrics.get(proc, {})})[:20]},
-        })
+        rows.append(
+            {
+                **label,
+                "gpu": _is_gpu(data, proc, mine),
+                "command_line": str(res.get("process.command_line", ""))[:256],
+                "spans": dict(Counter(s.scope for s in mine)),
+                "kernel_launches": int(launches),
+                "profiles": [p for p in profiles if p.rsplit("-", 3)[1:2] == [str(label["pid"])]][:10],
+                "evidence": {
+                    "spans": _cite(sorted(mine, key=lambda s: s.start)),
+                    "metrics": sorted({n for (n, _a) in data.metrics.get(proc, {})})[:20],
+                },
+            }
+        )
     rows.sort(key=lambda r: (not r["gpu"], -sum(r["spans"].values()), r["pid"]))
     return {"total": len(rows), "processes": rows[:limit], **_meta(data)}
 
 
 def gpu_summary(data: Data, pid: int | None) -> dict:
     spans = _by_proc(data)
-    out = [_gpu_process(data, proc, spans.get(proc, [])) for proc in _procs(data, pid)
-           if _is_gpu(data, proc, spans.get(proc, []))]
+    out = [
+        _gpu_process(data, proc, spans.get(proc, []))
+        for proc in _procs(data, pid)
+        if _is_gpu(data, proc, spans.get(proc, []))
+    ]
     return {"total": len(out), "processes": out, **_meta(data)}
 
 
@@ -118,28 +131,40 @@ def _gpu_process(data: Data, proc: tuple, mine: list[Span]) -> dict:
     launches = {a.get("cuda.api.function", "?"): int(_num(dp)) for a, dp in series("cuda.kernel.launches")}
     calls = {a.get("cuda.api.function", "?"): int(_num(dp)) for a, dp in series("cuda.api.calls")}
     copied = {a.get("cuda.memcpy.direction", "?"): int(_num(dp)) for a, dp in series("cuda.memcpy.bytes")}
-    host = {f"{a.get('cuda.memcpy.direction', '?')} {a.get('cuda.memcpy.host_memory', '?')}": int(_num(dp))
-            for a, dp in series("cuda.memcpy.host_bytes")}
+    host = {
+        f"{a.get('cuda.memcpy.direction', '?')} {a.get('cuda.memcpy.host_memory', '?')}": int(_num(dp))
+        for a, dp in series("cuda.memcpy.host_bytes")
+    }
     syncs = {}
     for a, dp in series("cuda.sync.duration"):
         count = int(dp.get("count", 0))
         if count:
             syncs[a.get("cuda.api.function", "?")] = {
-                "count": count, "mean_ms": round(float(dp.get("sum", 0)) / count * 1e3, 4),
-                "max_ms": round(float(dp.get("max", 0)) * 1e3, 4)}
-    errors = [{"function": a.get("cuda.api.function"), "error": a.get("cuda.error.name"), "count": int(_num(dp))}
-              for a, dp in series("cuda.api.errors")]
+                "count": count,
+                "mean_ms": round(float(dp.get("sum", 0)) / count * 1e3, 4),
+                "max_ms": round(float(dp.get("max", 0)) * 1e3, 4),
+            }
+    errors = [
+        {"function": a.get("cuda.api.function"), "error": a.get("cuda.error.name"), "count": int(_num(dp))}
+        for a, dp in series("cuda.api.errors")
+    ]
     high = [_num(dp) for _a, dp in series("cuda.memory.high_water")]
     in_use = [_num(dp) for _a, dp in series("cuda.memory.in_use")]
     slowest = sorted((s for s in mine if s.scope == CUDA_SCOPE), key=lambda s: s.start - s.end)
     return {
         **_label(proc, data.procs[proc]),
-        "kernel_launches": launches, "api_calls": calls, "bytes_copied": copied,
-        "host_bytes_by_memory": host, "sync_waits": syncs, "errors": errors[:20],
+        "kernel_launches": launches,
+        "api_calls": calls,
+        "bytes_copied": copied,
+        "host_bytes_by_memory": host,
+        "sync_waits": syncs,
+        "errors": errors[:20],
         "memory_high_water_bytes": int(max(high)) if high else None,
         "memory_in_use_bytes": int(max(in_use)) if in_use else None,
-        "slowest_calls": [{"name": s.name, "duration_ms": round(s.duration_ms, 4), "trace_id": s.trace_id,
-                           "span_id": s.span_id} for s in slowest[:EVIDENCE]],
+        "slowest_calls": [
+            {"name": s.name, "duration_ms": round(s.duration_ms, 4), "trace_id": s.trace_id, "span_id": s.span_id}
+            for s in slowest[:EVIDENCE]
+        ],
         "evidence": {"metrics": cites[:40], "spans": _cite(slowest)},
     }
 
@@ -154,10 +179,18 @@ def top_kernels(data: Data, pid: int | None, limit: int) -> dict:
                 launch_spans[str(s.attrs["cuda.kernel.name"])].append(s)
         for a, dp, t in _points(data, proc, "cuda.kernel.launches.top"):
             name = str(a.get("cuda.kernel.name", "?"))
-            rows.append({**_label(proc, data.procs[proc]), "kernel": name, "launches": int(_num(dp)),
-                         "api_function": a.get("cuda.api.function"),
-                         "evidence": {"metrics": [_metric_cite("cuda.kernel.launches.top", a, t)],
-                                      "spans": _cite(launch_spans.get(name, []))}})
+            rows.append(
+                {
+                    **_label(proc, data.procs[proc]),
+                    "kernel": name,
+                    "launches": int(_num(dp)),
+                    "api_function": a.get("cuda.api.function"),
+                    "evidence": {
+                        "metrics": [_metric_cite("cuda.kernel.launches.top", a, t)],
+                        "spans": _cite(launch_spans.get(name, [])),
+                    },
+                }
+            )
     rows.sort(key=lambda r: (-r["launches"], r["kernel"]))
     return {"total": len(rows), "kernels": rows[:limit], **_meta(data)}
 
@@ -172,8 +205,9 @@ def findings(folder: Folder, data: Data, limit: int) -> dict:
     for f in found[:limit]:
         d = asdict(f)
         ids = d["evidence"].pop("span_ids", [])
-        d["evidence"]["spans"] = [{"trace_id": next((s.trace_id for s in data.spans if s.span_id == i), ""),
-                                   "span_id": i} for i in ids]
+        d["evidence"]["spans"] = [
+            {"trace_id": next((s.trace_id for s in data.spans if s.span_id == i), ""), "span_id": i} for i in ids
+        ]
         d["cost_explained"] = diagnose.COSTS[f.cause]
         out.append(d)
     return {"total": len(found), "findings": out, **_meta(data)}
@@ -236,16 +270,29 @@ def slow_requests(data: Data, limit: int, min_duration_ms: float, route: str | N
         kids = _descendants(data, s)
         cuda = [k for k in kids if k.scope == CUDA_SCOPE]
         cuda_ns = sum(k.end - k.start for k in cuda)
-        out.append({
-            "trace_id": s.trace_id, "span_id": s.span_id, "name": s.name, "route": _route(s),
-            "status": s.attrs.get("http.response.status_code", s.attrs.get("rpc.grpc.status_code")),
-            "error": s.error, "duration_ms": round(s.duration_ms, 4), **_label(s.proc, data.procs[s.proc]),
-            "cuda_share": round(cuda_ns / max(s.end - s.start, 1), 4),
-            "cuda_children": [{"name": k.name, "span_id": k.span_id, "duration_ms": round(k.duration_ms, 4),
-                               **{a: k.attrs[a] for a in _CHILD_ATTRS if a in k.attrs}}
-                              for k in sorted(cuda, key=lambda k: k.start)[:20]],
-            "other_children": len(kids) - len(cuda),
-        })
+        out.append(
+            {
+                "trace_id": s.trace_id,
+                "span_id": s.span_id,
+                "name": s.name,
+                "route": _route(s),
+                "status": s.attrs.get("http.response.status_code", s.attrs.get("rpc.grpc.status_code")),
+                "error": s.error,
+                "duration_ms": round(s.duration_ms, 4),
+                **_label(s.proc, data.procs[s.proc]),
+                "cuda_share": round(cuda_ns / max(s.end - s.start, 1), 4),
+                "cuda_children": [
+                    {
+                        "name": k.name,
+                        "span_id": k.span_id,
+                        "duration_ms": round(k.duration_ms, 4),
+                        **{a: k.attrs[a] for a in _CHILD_ATTRS if a in k.attrs},
+                    }
+                    for k in sorted(cuda, key=lambda k: k.start)[:20]
+                ],
+                "other_children": len(kids) - len(cuda),
+            }
+        )
     return {"total": len(requests), "requests": out, **_meta(data)}
 
 
@@ -272,8 +319,9 @@ def trace(data: Data, trace_id: str, limit: int) -> dict:
         raise ToolInputError(f"{trace_id[:40]!r} is not a trace id (32 hex digits)")
     spans = data.by_trace.get(trace_id)
     if not spans:
-        raise ToolInputError(f"no trace {trace_id} in the folder ({len(data.by_trace)} traces); "
-                             "slow_requests lists trace ids")
+        raise ToolInputError(
+            f"no trace {trace_id} in the folder ({len(data.by_trace)} traces); slow_requests lists trace ids"
+        )
     ids = {s.span_id for s in spans}
     depth: dict[str, int] = {}
 
@@ -289,11 +337,24 @@ def trace(data: Data, trace_id: str, limit: int) -> dict:
     for s in ordered:
         depth[s.span_id] = level(s)
     return {
-        "trace_id": trace_id, "total": len(spans),
-        "spans": [{"span_id": s.span_id, "parent_span_id": s.parent_id, "depth": depth[s.span_id], "name": s.name,
-                   "scope": s.scope, "kind": s.kind, "error": s.error, "start_unix_nano": str(s.start),
-                   "duration_ms": round(s.duration_ms, 4), **_label(s.proc, data.procs[s.proc]), "attributes": s.attrs}
-                  for s in ordered[:limit]],
+        "trace_id": trace_id,
+        "total": len(spans),
+        "spans": [
+            {
+                "span_id": s.span_id,
+                "parent_span_id": s.parent_id,
+                "depth": depth[s.span_id],
+                "name": s.name,
+                "scope": s.scope,
+                "kind": s.kind,
+                "error": s.error,
+                "start_unix_nano": str(s.start),
+                "duration_ms": round(s.duration_ms, 4),
+                **_label(s.proc, data.procs[s.proc]),
+                "attributes": s.attrs,
+            }
+            for s in ordered[:limit]
+        ],
         **_meta(data),
     }
 
@@ -301,8 +362,9 @@ def trace(data: Data, trace_id: str, limit: int) -> dict:
 def flamegraph_top(folder: Folder, profile: str, n: int, sample_type: str | None) -> dict:
     names = folder.profile_files()
     if not PROFILE_NAME.match(profile) or profile not in names:
-        raise ToolInputError(f"no profile {profile[:120]!r} in {folder.profiles_dir()}; there are {len(names)}: "
-                             f"{names[:20]}")
+        raise ToolInputError(
+            f"no profile {profile[:120]!r} in {folder.profiles_dir()}; there are {len(names)}: {names[:20]}"
+        )
     path = os.path.join(folder.profiles_dir(), profile)
     try:
         with open(path, "rb") as f:
@@ -328,10 +390,19 @@ def compare_ranks(data: Data, a: int, b: int, comm: str | None, limit: int) -> d
         if ra and rb:
             pairs[comm_id].append((ra[0], rb[0]))
     if not pairs:
-        ranks = sorted({int(s.attrs["nccl.rank"]) for g in _collectives(data).values() for s in g
-                        if isinstance(s.attrs.get("nccl.rank"), int)})
-        raise ToolInputError(f"no collective where ranks {a} and {b} both took part"
-                             + (f" on communicator {comm}" if comm else "") + f"; ranks seen: {ranks}")
+        ranks = sorted(
+            {
+                int(s.attrs["nccl.rank"])
+                for g in _collectives(data).values()
+                for s in g
+                if isinstance(s.attrs.get("nccl.rank"), int)
+            }
+        )
+        raise ToolInputError(
+            f"no collective where ranks {a} and {b} both took part"
+            + (f" on communicator {comm}" if comm else "")
+            + f"; ranks seen: {ranks}"
+        )
 
     def side(spans: list[Span]) -> dict:
         def mean(key: str) -> float | None:
@@ -339,23 +410,46 @@ def compare_ranks(data: Data, a: int, b: int, comm: str | None, limit: int) -> d
             return round(statistics.fmean(got) * 1e3, 4) if got else None
 
         s0 = spans[0]
-        return {**_label(s0.proc, data.procs[s0.proc]), "mean_duration_ms": round(
-            statistics.fmean(s.duration_ms for s in spans), 4), "mean_phase_ms": mean("nccl.phase.duration"),
-            "mean_gpu_wait_ms": mean("nccl.phase.gpu_wait"), "mean_enqueue_ms": mean("nccl.enqueue.duration")}
+        return {
+            **_label(s0.proc, data.procs[s0.proc]),
+            "mean_duration_ms": round(statistics.fmean(s.duration_ms for s in spans), 4),
+            "mean_phase_ms": mean("nccl.phase.duration"),
+            "mean_gpu_wait_ms": mean("nccl.phase.gpu_wait"),
+            "mean_enqueue_ms": mean("nccl.enqueue.duration"),
+        }
 
     out = []
     for comm_id, pp in sorted(pairs.items(), key=lambda kv: -len(kv[1])):
         gaps = [(sa.start - sb.start) / 1e6 for sa, sb in pp]
         widest = sorted(pp, key=lambda p: -abs(p[0].start - p[1].start))
-        out.append({
-            "comm": comm_id, "collectives": len(pp),
-            "a": {"rank": a, **side([p[0] for p in pp])}, "b": {"rank": b, **side([p[1] for p in pp])},
-            "a_entered_later": sum(g > 0 for g in gaps), "b_entered_later": sum(g < 0 for g in gaps),
-            "mean_entry_gap_ms": round(statistics.fmean(gaps), 4),
-            "median_entry_gap_ms": round(statistics.median(gaps), 4),
-            "evidence": {"widest_gaps": [
-                {"seq": pa.attrs.get("nccl.seq"), "gap_ms": round((pa.start - pb.start) / 1e6, 4),
-                 "a": _cite([pa])[0], "b": _cite([pb])[0]} for pa, pb in widest[:EVIDENCE]]},
-        })
-    return {"a": a, "b": b, "total": len(out), "communicators": out[:limit],
-            "note": "entry gap = a's entry minus b's, wall clock as exported (one host: no offset)", **_meta(data)}
+        out.append(
+            {
+                "comm": comm_id,
+                "collectives": len(pp),
+                "a": {"rank": a, **side([p[0] for p in pp])},
+                "b": {"rank": b, **side([p[1] for p in pp])},
+                "a_entered_later": sum(g > 0 for g in gaps),
+                "b_entered_later": sum(g < 0 for g in gaps),
+                "mean_entry_gap_ms": round(statistics.fmean(gaps), 4),
+                "median_entry_gap_ms": round(statistics.median(gaps), 4),
+                "evidence": {
+                    "widest_gaps": [
+                        {
+                            "seq": pa.attrs.get("nccl.seq"),
+                            "gap_ms": round((pa.start - pb.start) / 1e6, 4),
+                            "a": _cite([pa])[0],
+                            "b": _cite([pb])[0],
+                        }
+                        for pa, pb in widest[:EVIDENCE]
+                    ]
+                },
+            }
+        )
+    return {
+        "a": a,
+        "b": b,
+        "total": len(out),
+        "communicators": out[:limit],
+        "note": "entry gap = a's entry minus b's, wall clock as exported (one host: no offset)",
+        **_meta(data),
+    }

@@ -18,24 +18,24 @@ _MAGIC = 0xEB9F
 _STRUCT, _UNION = 4, 5
 # Bytes that follow the 12-byte common header, per kind: fixed part and per-vlen-entry part.
 _EXTRA = {
-    1: (4, 0),    # INT
-    2: (0, 0),    # PTR
-    3: (12, 0),   # ARRAY
-    4: (0, 12),   # STRUCT
-    5: (0, 12),   # UNION
-    6: (0, 8),    # ENUM
-    7: (0, 0),    # FWD
-    8: (0, 0),    # TYPEDEF
-    9: (0, 0),    # VOLATILE
-    10: (0, 0),   # CONST
-    11: (0, 0),   # RESTRICT
-    12: (0, 0),   # FUNC
-    13: (0, 8),   # FUNC_PROTO
-    14: (4, 0),   # VAR
+    1: (4, 0),  # INT
+    2: (0, 0),  # PTR
+    3: (12, 0),  # ARRAY
+    4: (0, 12),  # STRUCT
+    5: (0, 12),  # UNION
+    6: (0, 8),  # ENUM
+    7: (0, 0),  # FWD
+    8: (0, 0),  # TYPEDEF
+    9: (0, 0),  # VOLATILE
+    10: (0, 0),  # CONST
+    11: (0, 0),  # RESTRICT
+    12: (0, 0),  # FUNC
+    13: (0, 8),  # FUNC_PROTO
+    14: (4, 0),  # VAR
     15: (0, 12),  # DATASEC
-    16: (0, 0),   # FLOAT
-    17: (4, 0),   # DECL_TAG
-    18: (0, 0),   # TYPE_TAG
+    16: (0, 0),  # FLOAT
+    17: (4, 0),  # DECL_TAG
+    18: (0, 0),  # TYPE_TAG
     19: (0, 12),  # ENUM64
 }
 _QUALIFIERS = {8, 9, 10, 11, 18}  # typedef, volatile, const, restrict, type tag

@@ -44,11 +44,11 @@ _OUT = "EVF_OUT_PTR"
 # completed by the return probe. events.py and docs/semantic-conventions.md say what
 # each kind's a0..a3 mean; EVF_OUT_PTR: a1 is an out-pointer read at return.
 _PAIRED: dict[CudaFunc, tuple[str, str, str, str, str, str]] = {
-    CudaFunc.cudaMalloc: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, "0", "0"),            # size, &ptr
-    CudaFunc.cudaMallocAsync: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),       # size, &ptr, stream
+    CudaFunc.cudaMalloc: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, "0", "0"),  # size, &ptr
+    CudaFunc.cudaMallocAsync: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),  # size, &ptr, stream
     CudaFunc.cudaMallocAsync_ptsz: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),
-    CudaFunc.cudaFree: ("EV_CUDA_FREE", "0", _P1, "0", "0", "0"),                 # ptr
-    CudaFunc.cudaFreeAsync: ("EV_CUDA_FREE", "0", _P1, "0", _P2, "0"),            # ptr, -, stream
+    CudaFunc.cudaFree: ("EV_CUDA_FREE", "0", _P1, "0", "0", "0"),  # ptr
+    CudaFunc.cudaFreeAsync: ("EV_CUDA_FREE", "0", _P1, "0", _P2, "0"),  # ptr, -, stream
     CudaFunc.cudaFreeAsync_ptsz: ("EV_CUDA_FREE", "0", _P1, "0", _P2, "0"),
     CudaFunc.cudaMemcpy: ("EV_CUDA_MEMCPY", "0", _P3, _P4, "0", _host_side(_P4, _P1, _P2)),  # bytes, kind, stream, host
     CudaFunc.cudaMemcpyAsync: ("EV_CUDA_MEMCPY", "0", _P3, _P4, _P5, _host_side(_P4, _P1, _P2)),
@@ -56,11 +56,11 @@ _PAIRED: dict[CudaFunc, tuple[str, str, str, str, str, str]] = {
     CudaFunc.cudaMemcpy2D: ("EV_CUDA_MEMCPY", "0", f"{_P5} * {_P6}", _S7, "0", _host_side(_S7, _P1, _P3)),
     CudaFunc.cudaMemcpy2DAsync: ("EV_CUDA_MEMCPY", "0", f"{_P5} * {_P6}", _S7, _S8, _host_side(_S7, _P1, _P3)),
     CudaFunc.cudaMemcpy2DAsync_ptsz: ("EV_CUDA_MEMCPY", "0", f"{_P5} * {_P6}", _S7, _S8, _host_side(_S7, _P1, _P3)),
-    CudaFunc.cudaStreamSynchronize: ("EV_CUDA_SYNC", "0", _P1, "0", "0", "0"),   # stream (or event), is-event
+    CudaFunc.cudaStreamSynchronize: ("EV_CUDA_SYNC", "0", _P1, "0", "0", "0"),  # stream (or event), is-event
     CudaFunc.cudaStreamSynchronize_ptsz: ("EV_CUDA_SYNC", "0", _P1, "0", "0", "0"),
     CudaFunc.cudaDeviceSynchronize: ("EV_CUDA_SYNC", "0", "0", "0", "0", "0"),
     CudaFunc.cudaEventSynchronize: ("EV_CUDA_SYNC", "0", _P1, "1", "0", "0"),
-    CudaFunc.cudaEventQuery: ("EV_CUDA_CALL", "0", _P1, "0", "0", "0"),          # event, -, stream
+    CudaFunc.cudaEventQuery: ("EV_CUDA_CALL", "0", _P1, "0", "0", "0"),  # event, -, stream
     CudaFunc.cudaEventRecord: ("EV_CUDA_CALL", "0", _P1, "0", _P2, "0"),
     CudaFunc.cudaEventRecord_ptsz: ("EV_CUDA_CALL", "0", _P1, "0", _P2, "0"),
     CudaFunc.cudaStreamWaitEvent: ("EV_CUDA_CALL", "0", _P2, "0", _P1, "0"),
@@ -76,13 +76,13 @@ _PAIRED: dict[CudaFunc, tuple[str, str, str, str, str, str]] = {
     CudaFunc.cuMemAlloc_v2: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, "0", "0"),
     CudaFunc.cuMemAllocAsync: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),
     CudaFunc.cuMemAllocAsync_ptsz: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),
-    CudaFunc.cuMemMap: ("EV_CUDA_MALLOC", "0", _P2, _P1, _P4, "0"),              # size, ptr, allocation handle
+    CudaFunc.cuMemMap: ("EV_CUDA_MALLOC", "0", _P2, _P1, _P4, "0"),  # size, ptr, allocation handle
     CudaFunc.cuMemFree_v2: ("EV_CUDA_FREE", "0", _P1, "0", "0", "0"),
     CudaFunc.cuMemFreeAsync: ("EV_CUDA_FREE", "0", _P1, "0", _P2, "0"),
     CudaFunc.cuMemFreeAsync_ptsz: ("EV_CUDA_FREE", "0", _P1, "0", _P2, "0"),
-    CudaFunc.cuMemUnmap: ("EV_CUDA_FREE", "0", _P1, _P2, "0", "0"),              # ptr, size
-    CudaFunc.cuMemCreate: ("EV_CUDA_CALL", _OUT, _P2, _P1, "0", "0"),            # size, handle
-    CudaFunc.cuMemRelease: ("EV_CUDA_CALL", "0", "0", _P1, "0", "0"),            # -, handle
+    CudaFunc.cuMemUnmap: ("EV_CUDA_FREE", "0", _P1, _P2, "0", "0"),  # ptr, size
+    CudaFunc.cuMemCreate: ("EV_CUDA_CALL", _OUT, _P2, _P1, "0", "0"),  # size, handle
+    CudaFunc.cuMemRelease: ("EV_CUDA_CALL", "0", "0", _P1, "0", "0"),  # -, handle
     CudaFunc.cuMemcpy: ("EV_CUDA_MEMCPY", "0", _P3, "4", "0", "0"),
     CudaFunc.cuMemcpyAsync: ("EV_CUDA_MEMCPY", "0", _P3, "4", _P4, "0"),
     CudaFunc.cuMemcpyAsync_ptsz: ("EV_CUDA_MEMCPY", "0", _P3, "4", _P4, "0"),

@@ -34,8 +34,9 @@ from elftools.elf.segments import Segment
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
 
 #: Elf64_Sym, as .symtab stores it (little-endian x86-64).
-_ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
-                       ("value", "<u8"), ("size", "<u8")])
+_ELF64_SYM = np.dtype(
+    [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]
+)
 _STT_FUNC = 2
 _CHUNK = 8 << 20  # string table bytes scanned for NULs at a time
 
@@ -100,8 +101,8 @@ class Content:
     """What an executable says about one function name, for telling what it holds."""
 
     has_symtab: bool
-    defines: bool           # .symtab defines it as a function
-    named_in_rodata: bool   # without .symtab: its name is a string in .rodata (a stripped copy still says it)
+    defines: bool  # .symtab defines it as a function
+    named_in_rodata: bool  # without .symtab: its name is a string in .rodata (a stripped copy still says it)
     needed: tuple[str, ...]  # DT_NEEDED, read only without .symtab
 
 
@@ -184,18 +185,55 @@ def _symtab_functions(path: str, key: tuple[int, int], names: tuple[str, ...]) -
         for name, vaddrs in _match_functions(img, symtab, names).items():
             for vaddr in vaddrs:
                 offset = img.vaddr_to_offset(vaddr)
-                rows.setdefault(name, []).append((None, vaddr, offset, bytes(img.mm[offset:offset + 4])))
+                rows.setdefault(name, []).append((None, vaddr, offset, bytes(img.mm[offset : offset + 4])))
     _symtab_rows.put((*key, names), rows)
     return rows
 
 
-_EHDR = np.dtype([("ident", "S16"), ("type", "<u2"), ("machine", "<u2"), ("version", "<u4"), ("entry", "<u8"),
-                  ("phoff", "<u8"), ("shoff", "<u8"), ("flags", "<u4"), ("ehsize", "<u2"), ("phentsize", "<u2"),
-                  ("phnum", "<u2"), ("shentsize", "<u2"), ("shnum", "<u2"), ("shstrndx", "<u2")])
-_SHDR = np.dtype([("name", "<u4"), ("type", "<u4"), ("flags", "<u8"), ("addr", "<u8"), ("offset", "<u8"),
-                  ("size", "<u8"), ("link", "<u4"), ("info", "<u4"), ("addralign", "<u8"), ("entsize", "<u8")])
-_PHDR = np.dtype([("type", "<u4"), ("flags", "<u4"), ("offset", "<u8"), ("vaddr", "<u8"), ("paddr", "<u8"),
-                  ("filesz", "<u8"), ("memsz", "<u8"), ("align", "<u8")])
+_EHDR = np.dtype(
+    [
+        ("ident", "S16"),
+        ("type", "<u2"),
+        ("machine", "<u2"),
+        ("version", "<u4"),
+        ("entry", "<u8"),
+        ("phoff", "<u8"),
+        ("shoff", "<u8"),
+        ("flags", "<u4"),
+        ("ehsize", "<u2"),
+        ("phentsize", "<u2"),
+        ("phnum", "<u2"),
+        ("shentsize", "<u2"),
+        ("shnum", "<u2"),
+        ("shstrndx", "<u2"),
+    ]
+)
+_SHDR = np.dtype(
+    [
+        ("name", "<u4"),
+        ("type", "<u4"),
+        ("flags", "<u8"),
+        ("addr", "<u8"),
+        ("offset", "<u8"),
+        ("size", "<u8"),
+        ("link", "<u4"),
+        ("info", "<u4"),
+        ("addralign", "<u8"),
+        ("entsize", "<u8"),
+    ]
+)
+_PHDR = np.dtype(
+    [
+        ("type", "<u4"),
+        ("flags", "<u4"),
+        ("offset", "<u8"),
+        ("vaddr", "<u8"),
+        ("paddr", "<u8"),
+        ("filesz", "<u8"),
+        ("memsz", "<u8"),
+        ("align", "<u8"),
+    ]
+)
 _DYN = np.dtype([("tag", "<i8"), ("val", "<u8")])
 _SHT_NOBITS, _PT_LOAD, _DT_NEEDED = 8, 1, 1
 
@@ -241,7 +279,7 @@ class _Image:
 
     def string(self, lo: int, hi: int, offset: int) -> str:
         end = self.mm.find(b"\0", lo + offset, hi)
-        return "" if end < 0 else self.mm[lo + offset:end].decode(errors="replace")
+        return "" if end < 0 else self.mm[lo + offset : end].decode(errors="replace")
 
     def vaddr_to_offset(self, vaddr: int) -> int:
         for seg in self.segments[self.segments["type"] == _PT_LOAD]:
@@ -281,8 +319,9 @@ def _match_functions(img: _Image, symtab: np.void, names: tuple[str, ...]) -> di
     values = syms["value"][defined]
     del syms, defined
     strs = np.frombuffer(img.mm, np.uint8, str_hi - str_lo, str_lo)
-    nuls = np.concatenate([np.flatnonzero(strs[i:i + _CHUNK] == 0) + i for i in range(0, len(strs), _CHUNK)]
-                          or [np.zeros(0, np.int64)])
+    nuls = np.concatenate(
+        [np.flatnonzero(strs[i : i + _CHUNK] == 0) + i for i in range(0, len(strs), _CHUNK)] or [np.zeros(0, np.int64)]
+    )
     at = np.searchsorted(nuls, offs)
     inside = at < len(nuls)  # a name with no NUL after it is malformed: no match
     lengths = np.full(len(offs), -1, np.int64)
@@ -375,9 +414,7 @@ def resolve(path: str, names: list[str], *, symtab: bool = False) -> dict[str, l
                 continue
             seen.add(vaddr)
             probe = vaddr + 4 if head == ENDBR64 else vaddr
-            result.setdefault(name, []).append(
-                SymbolSite(tuple(by_addr[vaddr]), version, vaddr, offset, probe)
-            )
+            result.setdefault(name, []).append(SymbolSite(tuple(by_addr[vaddr]), version, vaddr, offset, probe))
     return result
 
 
@@ -404,11 +441,11 @@ def exported_sites(path: str, prefix: str) -> dict[str, list[SymbolSite]]:
         del syms, defined  # views of the mapping: gone before it closes
         for name_off, vaddr, size in rows:
             start = str_lo + name_off
-            if start >= str_hi or img.mm[start:start + len(word)] != word:
+            if start >= str_hi or img.mm[start : start + len(word)] != word:
                 continue
             name = img.string(str_lo, str_hi, name_off)
             offset = img.vaddr_to_offset(vaddr)
-            probe = vaddr + 4 if img.mm[offset:offset + 4] == ENDBR64 else vaddr
+            probe = vaddr + 4 if img.mm[offset : offset + 4] == ENDBR64 else vaddr
             out.setdefault(name, []).append(SymbolSite((name,), None, vaddr, offset, probe, size))
     return out
 

@@ -48,7 +48,7 @@ class ProbeSpec:
 
 
 def _version_key(version: str | None) -> tuple[int, ...]:
-    """"IBVERBS_1.12" -> (1, 12): numeric, so 1.12 sorts above 1.8."""
+    """ "IBVERBS_1.12" -> (1, 12): numeric, so 1.12 sorts above 1.8."""
     return tuple(int(n) for n in re.findall(r"[0-9]+", version or ""))
 
 
@@ -68,9 +68,9 @@ class ProbeAt:
 class LibraryKind:
     """A library a family probes, recognised by its file name."""
 
-    name: str              # e.g. "cudart"
+    name: str  # e.g. "cudart"
     file_pattern: re.Pattern[str]  # matched against the basename
-    open_prefix: str       # basename prefix the in-kernel openat filter looks for ("" : none)
+    open_prefix: str  # basename prefix the in-kernel openat filter looks for ("" : none)
     probes: tuple[ProbeSpec, ...]
     #: Files of any name that define this symbol in their ``.symtab`` (local symbols
     #: included) are of this kind too: a runtime linked statically into an executable
@@ -132,9 +132,9 @@ class RuntimeTargets:
 @dataclass(frozen=True)
 class ProbeFamily:
     name: str
-    c_file: str                      # in bpf/; "" for a family with no C (gpu: a poller started by on_load)
+    c_file: str  # in bpf/; "" for a family with no C (gpu: a poller started by on_load)
     libraries: tuple[LibraryKind, ...]
-    generated_c: str = ""            # per-symbol entry points
+    generated_c: str = ""  # per-symbol entry points
     counting_maps: tuple[str, ...] = ()  # in-kernel aggregates read for metrics
     cflags: tuple[str, ...] = field(default_factory=tuple)
     rings: tuple[RingSpec, ...] = ()

@@ -73,9 +73,21 @@ SLOTS = 16
 #: enum ibv_wr_opcode value -> name; the slot is the value (ATOMIC_WRITE, 15, is mapped
 #: to 13). Receives have a slot of their own.
 WR_NAMES = {
-    0: "RDMA_WRITE", 1: "RDMA_WRITE_WITH_IMM", 2: "SEND", 3: "SEND_WITH_IMM", 4: "RDMA_READ",
-    5: "ATOMIC_CMP_AND_SWP", 6: "ATOMIC_FETCH_AND_ADD", 7: "LOCAL_INV", 8: "BIND_MW",
-    9: "SEND_WITH_INV", 10: "TSO", 11: "DRIVER1", 13: "ATOMIC_WRITE", 14: "RECV", 15: "OTHER",
+    0: "RDMA_WRITE",
+    1: "RDMA_WRITE_WITH_IMM",
+    2: "SEND",
+    3: "SEND_WITH_IMM",
+    4: "RDMA_READ",
+    5: "ATOMIC_CMP_AND_SWP",
+    6: "ATOMIC_FETCH_AND_ADD",
+    7: "LOCAL_INV",
+    8: "BIND_MW",
+    9: "SEND_WITH_INV",
+    10: "TSO",
+    11: "DRIVER1",
+    13: "ATOMIC_WRITE",
+    14: "RECV",
+    15: "OTHER",
 }
 WR_SLOT_ATOMIC_WRITE = 13
 WR_SLOT_RECV = 14
@@ -83,16 +95,46 @@ SLOT_OTHER = 15
 #: enum ibv_wc_opcode value -> slot: 0..9 as they are, RECV (128) -> 10,
 #: RECV_RDMA_WITH_IMM (129) -> 11, tag-matching (130..134) -> 12, driver-specific -> 13.
 WC_NAMES = {
-    0: "SEND", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "COMP_SWAP", 4: "FETCH_ADD", 5: "BIND_MW",
-    6: "LOCAL_INV", 7: "TSO", 9: "ATOMIC_WRITE", 10: "RECV", 11: "RECV_RDMA_WITH_IMM",
-    12: "TM", 13: "DRIVER", 15: "OTHER",
+    0: "SEND",
+    1: "RDMA_WRITE",
+    2: "RDMA_READ",
+    3: "COMP_SWAP",
+    4: "FETCH_ADD",
+    5: "BIND_MW",
+    6: "LOCAL_INV",
+    7: "TSO",
+    9: "ATOMIC_WRITE",
+    10: "RECV",
+    11: "RECV_RDMA_WITH_IMM",
+    12: "TM",
+    13: "DRIVER",
+    15: "OTHER",
 }
 #: enum ibv_wc_status value -> name (IBV_WC_ dropped).
 WC_STATUS = (
-    "SUCCESS", "LOC_LEN_ERR", "LOC_QP_OP_ERR", "LOC_EEC_OP_ERR", "LOC_PROT_ERR", "WR_FLUSH_ERR",
-    "MW_BIND_ERR", "BAD_RESP_ERR", "LOC_ACCESS_ERR", "REM_INV_REQ_ERR", "REM_ACCESS_ERR", "REM_OP_ERR",
-    "RETRY_EXC_ERR", "RNR_RETRY_EXC_ERR", "LOC_RDD_VIOL_ERR", "REM_INV_RD_REQ_ERR", "REM_ABORT_ERR",
-    "INV_EECN_ERR", "INV_EEC_STATE_ERR", "FATAL_ERR", "RESP_TIMEOUT_ERR", "GENERAL_ERR", "TM_ERR",
+    "SUCCESS",
+    "LOC_LEN_ERR",
+    "LOC_QP_OP_ERR",
+    "LOC_EEC_OP_ERR",
+    "LOC_PROT_ERR",
+    "WR_FLUSH_ERR",
+    "MW_BIND_ERR",
+    "BAD_RESP_ERR",
+    "LOC_ACCESS_ERR",
+    "REM_INV_REQ_ERR",
+    "REM_ACCESS_ERR",
+    "REM_OP_ERR",
+    "RETRY_EXC_ERR",
+    "RNR_RETRY_EXC_ERR",
+    "LOC_RDD_VIOL_ERR",
+    "REM_INV_RD_REQ_ERR",
+    "REM_ABORT_ERR",
+    "INV_EECN_ERR",
+    "INV_EEC_STATE_ERR",
+    "FATAL_ERR",
+    "RESP_TIMEOUT_ERR",
+    "GENERAL_ERR",
+    "TM_ERR",
     "TM_RNDV_INCOMPLETE",
 )
 #: enum ibv_qp_state value -> name.
@@ -112,9 +154,15 @@ def cflags() -> list[str]:
     flags = [f"-DIBV_{name.upper()}={off}" for name, (_s, _m, off) in OFFSETS.items()]
     flags += [f"-DIBV_SIZEOF_{name.upper()}={size}" for name, size in SIZES.items()]
     flags += [
-        f"-DIBV_SEND_SIGNALED_BIT={IBV_SEND_SIGNALED}", f"-DIBV_MASK_STATE={IBV_QP_STATE}",
-        f"-DIBV_MASK_PORT={IBV_QP_PORT}", f"-DIBV_MASK_AV={IBV_QP_AV}", f"-DIBV_MASK_DEST_QPN={IBV_QP_DEST_QPN}",
-        f"-DIBV_WC_RECV_BIT={IBV_WC_RECV}", f"-DIBV_SLOTS={SLOTS}", f"-DIBV_WR_SLOT_RECV={WR_SLOT_RECV}",
-        f"-DIBV_WR_SLOT_ATOMIC_WRITE={WR_SLOT_ATOMIC_WRITE}", f"-DIBV_SLOT_OTHER={SLOT_OTHER}",
+        f"-DIBV_SEND_SIGNALED_BIT={IBV_SEND_SIGNALED}",
+        f"-DIBV_MASK_STATE={IBV_QP_STATE}",
+        f"-DIBV_MASK_PORT={IBV_QP_PORT}",
+        f"-DIBV_MASK_AV={IBV_QP_AV}",
+        f"-DIBV_MASK_DEST_QPN={IBV_QP_DEST_QPN}",
+        f"-DIBV_WC_RECV_BIT={IBV_WC_RECV}",
+        f"-DIBV_SLOTS={SLOTS}",
+        f"-DIBV_WR_SLOT_RECV={WR_SLOT_RECV}",
+        f"-DIBV_WR_SLOT_ATOMIC_WRITE={WR_SLOT_ATOMIC_WRITE}",
+        f"-DIBV_SLOT_OTHER={SLOT_OTHER}",
     ]
     return flags

@@ -63,16 +63,22 @@ _CONTROL = {
     IbvFunc.ibv_create_qp_ex: ("EV_IBV_CREATE_QP", _P[0], _P[1], "0", "0"),
     IbvFunc.ibv_modify_qp: ("EV_IBV_MODIFY_QP", _P[0], _P[1], _P[2], "0"),
     IbvFunc.ibv_destroy_qp: (
-        "EV_IBV_DESTROY_QP", "read_u64(PT_REGS_PARM1(ctx) + IBV_QP_CONTEXT)",
-        "read_u32(PT_REGS_PARM1(ctx) + IBV_QP_QP_NUM)", "0", _P[0],
+        "EV_IBV_DESTROY_QP",
+        "read_u64(PT_REGS_PARM1(ctx) + IBV_QP_CONTEXT)",
+        "read_u32(PT_REGS_PARM1(ctx) + IBV_QP_QP_NUM)",
+        "0",
+        _P[0],
     ),
     IbvFunc.ibv_reg_mr: ("EV_IBV_REG_MR", _PD_CTX, _P[1], _P[2], "0"),
     IbvFunc.ibv_reg_mr_iova: ("EV_IBV_REG_MR", _PD_CTX, _P[1], _P[2], "0"),
     IbvFunc.ibv_reg_mr_iova2: ("EV_IBV_REG_MR", _PD_CTX, _P[1], _P[2], "0"),
     IbvFunc.ibv_reg_dmabuf_mr: ("EV_IBV_REG_MR", _PD_CTX, _P[3], _P[2], "0"),  # (pd, offset, length, iova, ...)
     IbvFunc.ibv_dereg_mr: (
-        "EV_IBV_DEREG_MR", "read_u64(PT_REGS_PARM1(ctx) + IBV_MR_CONTEXT)",
-        "read_u64(PT_REGS_PARM1(ctx) + IBV_MR_ADDR)", "read_u64(PT_REGS_PARM1(ctx) + IBV_MR_LENGTH)", _P[0],
+        "EV_IBV_DEREG_MR",
+        "read_u64(PT_REGS_PARM1(ctx) + IBV_MR_CONTEXT)",
+        "read_u64(PT_REGS_PARM1(ctx) + IBV_MR_ADDR)",
+        "read_u64(PT_REGS_PARM1(ctx) + IBV_MR_LENGTH)",
+        _P[0],
     ),
     IbvFunc.ibv_create_cq: ("EV_IBV_CREATE_CQ", _P[0], _P[1], "0", "0"),
 }
@@ -118,12 +124,12 @@ class ResolveError(Exception):
 class Target:
     """One provider function, as a probe site."""
 
-    function: str        # ops member: post_send, ...
-    path: str            # as this agent opens it (through /proc/PID/root)
-    shown_path: str      # as the process maps it
-    vaddr: int           # ELF address to probe (past an endbr64)
-    offset: int          # file offset of the function
-    symbol: str | None   # its name, when the file's symbol tables have one
+    function: str  # ops member: post_send, ...
+    path: str  # as this agent opens it (through /proc/PID/root)
+    shown_path: str  # as the process maps it
+    vaddr: int  # ELF address to probe (past an endbr64)
+    offset: int  # file offset of the function
+    symbol: str | None  # its name, when the file's symbol tables have one
 
     @property
     def provider(self) -> str:
@@ -173,8 +179,10 @@ def _mapping_of(pid: int, addr: int) -> tuple[str, str, int]:
     for m in read_maps(pid, files_only=False):
         if m.start <= addr < m.end:
             if not m.file or not m.executable:
-                raise ResolveError("not_file_backed", f"{addr:#x} is not in an executable file mapping: "
-                                   f"{m.range_name} {m.path or '(anonymous)'}")
+                raise ResolveError(
+                    "not_file_backed",
+                    f"{addr:#x} is not in an executable file mapping: {m.range_name} {m.path or '(anonymous)'}",
+                )
             return m.file, m.range_name, addr - m.start + m.offset
     raise ResolveError("unmapped", f"{addr:#x} is not mapped in pid {pid}")
 
@@ -268,8 +276,13 @@ class DataPathResolver:
                 self._health.add("otelbpf.ibverbs.datapath.probes", attached, provider=t.provider, function=t.function)
             if new:
                 log.info(
-                    "ibverbs data path: pid %d device %s: %s -> %s+%#x%s", pid, device, t.function, t.shown_path,
-                    t.offset, f" ({t.symbol})" if t.symbol else "",
+                    "ibverbs data path: pid %d device %s: %s -> %s+%#x%s",
+                    pid,
+                    device,
+                    t.function,
+                    t.shown_path,
+                    t.offset,
+                    f" ({t.symbol})" if t.symbol else "",
                 )
         return targets
 

@@ -30,8 +30,8 @@ _verdicts: elf.LruCache[tuple[int, int], tuple[str, str] | str] = elf.LruCache(4
 class LibraryFile:
     """A library file as seen from this agent, identified by its inode."""
 
-    path: str            # a path this agent can open (may go through /proc/PID/root)
-    shown_path: str      # the path the process or config names it by
+    path: str  # a path this agent can open (may go through /proc/PID/root)
+    shown_path: str  # the path the process or config names it by
     family: str
     kind: str
     key: tuple[int, int]  # (st_dev, st_ino)
@@ -137,7 +137,8 @@ def _by_content(path: str, key: tuple[int, int], families: list[ProbeFamily]) ->
                         return None  # unreadable now: no verdict to remember
                     continue  # not ELF (a script: its interpreter is the executable)
                 stripped_copy = found.named_in_rodata and not any(
-                    fam.library_kind(os.path.basename(n)) for n in found.needed)
+                    fam.library_kind(os.path.basename(n)) for n in found.needed
+                )
                 if found.defines or stripped_copy:
                     verdict = (fam.name, kind.name)
         _verdicts.put(key, verdict)

@@ -127,9 +127,7 @@ def nccl_family(comm_entries: int = 4096, p2p_entries: int = 16384) -> ProbeFami
     return ProbeFamily(
         name="nccl",
         c_file="nccl.c",
-        libraries=(
-            LibraryKind("nccl", re.compile(r"^libnccl\.so(\.[0-9]+)*$"), "libnccl.so", tuple(specs)),
-        ),
+        libraries=(LibraryKind("nccl", re.compile(r"^libnccl\.so(\.[0-9]+)*$"), "libnccl.so", tuple(specs)),),
         generated_c=code,
         cflags=(
             f"-DNCCL_COMMS={int(comm_entries)}",

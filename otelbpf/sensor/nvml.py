@@ -167,8 +167,16 @@ class NvmlSampler:
     ``otelbpf.gpu.processes.dropped``).
     """
 
-    def __init__(self, deliver: Callable[[Sample], None], health: Health, *, interval_s: float = 1.0,
-                 per_process: bool = True, max_processes: int = 1024, xid_events: bool = True) -> None:
+    def __init__(
+        self,
+        deliver: Callable[[Sample], None],
+        health: Health,
+        *,
+        interval_s: float = 1.0,
+        per_process: bool = True,
+        max_processes: int = 1024,
+        xid_events: bool = True,
+    ) -> None:
         self._deliver = deliver
         self._health = health
         self._interval_s = interval_s
@@ -243,8 +251,9 @@ class NvmlSampler:
         except Exception as exc:  # _NoLibrary, or pynvml's NVMLError (or its import failing): never fatal
             self.unavailable = "library_not_found" if isinstance(exc, _NoLibrary) else _reason(exc)
             self._health.add(FAILURES, function="nvmlInit", reason=self.unavailable)
-            log.info("gpu: NVML cannot be opened (%s): no GPU driver here, the gpu receiver stays idle",
-                     self.unavailable)
+            log.info(
+                "gpu: NVML cannot be opened (%s): no GPU driver here, the gpu receiver stays idle", self.unavailable
+            )
             return False
         self._nvml = nvml
         version = self._call(None, "nvmlSystemGetDriverVersion", nvml.nvmlSystemGetDriverVersion) or ""
@@ -267,10 +276,20 @@ class NvmlSampler:
             self._events = self._call(None, "nvmlEventSetCreate", nvml.nvmlEventSetCreate)
             if self._events is not None:
                 for device, handle in self._handles:
-                    self._call(device, "nvmlDeviceRegisterEvents", nvml.nvmlDeviceRegisterEvents, handle,
-                               XID_CRITICAL_ERROR, self._events)
-        log.info("gpu: NVML driver %s, %d GPU(s): %s", version, len(self.devices),
-                 ", ".join(f"{d.index} {d.name} {d.pci_bus_id}" for d in self.devices) or "none")
+                    self._call(
+                        device,
+                        "nvmlDeviceRegisterEvents",
+                        nvml.nvmlDeviceRegisterEvents,
+                        handle,
+                        XID_CRITICAL_ERROR,
+                        self._events,
+                    )
+        log.info(
+            "gpu: NVML driver %s, %d GPU(s): %s",
+            version,
+            len(self.devices),
+            ", ".join(f"{d.index} {d.name} {d.pci_bus_id}" for d in self.devices) or "none",
+        )
         return True
 
     # -- reading ----------------------------------------------------------
@@ -308,7 +327,7 @@ class NvmlSampler:
                 out.processes.extend(self._processes(device, handle))
         if len(out.processes) > self._max_processes:
             self._health.add("otelbpf.gpu.processes.dropped", len(out.processes) - self._max_processes)
-            del out.processes[self._max_processes:]
+            del out.processes[self._max_processes :]
         if self._events is not None:
             out.xids = self._xids()
         return out
@@ -324,8 +343,7 @@ class NvmlSampler:
             s.memory_used, s.memory_total = int(mem.used), int(mem.total)
         milliwatts = call(device, "nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, h)
         s.power_w = milliwatts / 1000 if milliwatts is not None else None
-        millijoules = call(device, "nvmlDeviceGetTotalEnergyConsumption",
-                           nvml.nvmlDeviceGetTotalEnergyConsumption, h)
+        millijoules = call(device, "nvmlDeviceGetTotalEnergyConsumption", nvml.nvmlDeviceGetTotalEnergyConsumption, h)
         s.energy_j = millijoules / 1000 if millijoules is not None else None
         sm = call(device, "nvmlDeviceGetClockInfo.sm", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
         s.sm_clock_hz = sm * 1_000_000 if sm is not None else None
@@ -333,19 +351,26 @@ class NvmlSampler:
         s.memory_clock_hz = memclk * 1_000_000 if memclk is not None else None
         temp = call(device, "nvmlDeviceGetTemperature", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
         s.temperature_c = float(temp) if temp is not None else None
-        tx = call(device, "nvmlDeviceGetPcieThroughput.tx", nvml.nvmlDeviceGetPcieThroughput, h,
-                  nvml.NVML_PCIE_UTIL_TX_BYTES)
+        tx = call(
+            device, "nvmlDeviceGetPcieThroughput.tx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES
+        )
         s.pcie_tx_bytes_per_s = tx * KB if tx is not None else None
-        rx = call(device, "nvmlDeviceGetPcieThroughput.rx", nvml.nvmlDeviceGetPcieThroughput, h,
-                  nvml.NVML_PCIE_UTIL_RX_BYTES)
+        rx = call(
+            device, "nvmlDeviceGetPcieThroughput.rx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES
+        )
         s.pcie_rx_bytes_per_s = rx * KB if rx is not None else None
         s.nvlink_tx_bytes, s.nvlink_rx_bytes = self._nvlink(device, h)
         return s
 
     def _nvlink(self, device: Device, h: Any) -> tuple[int | None, int | None]:
         """Cumulative NVLink data bytes (tx, rx) over all links; (None, None) without NVLink."""
-        values = self._call(device, "nvmlDeviceGetFieldValues", self._nvml.nvmlDeviceGetFieldValues, h,
-                            [(NVLINK_DATA_TX, ALL_LINKS), (NVLINK_DATA_RX, ALL_LINKS)])
+        values = self._call(
+            device,
+            "nvmlDeviceGetFieldValues",
+            self._nvml.nvmlDeviceGetFieldValues,
+            h,
+            [(NVLINK_DATA_TX, ALL_LINKS), (NVLINK_DATA_RX, ALL_LINKS)],
+        )
         if values is None:
             return None, None
         out: list[int | None] = []
@@ -353,8 +378,11 @@ class NvmlSampler:
             if v.nvmlReturn != 0:
                 if v.nvmlReturn == NOT_SUPPORTED:  # no NVLink on this device: not asked again
                     self._unsupported.add((device.index, "nvmlDeviceGetFieldValues"))
-                self._health.add(FAILURES, function="nvmlDeviceGetFieldValues.nvlink",
-                                 reason="not_supported" if v.nvmlReturn == NOT_SUPPORTED else f"code_{v.nvmlReturn}")
+                self._health.add(
+                    FAILURES,
+                    function="nvmlDeviceGetFieldValues.nvlink",
+                    reason="not_supported" if v.nvmlReturn == NOT_SUPPORTED else f"code_{v.nvmlReturn}",
+                )
                 out.append(None)
                 continue
             kib = getattr(v.value, _VALUE_FIELD.get(int(v.valueType), "ullVal"))
@@ -363,8 +391,10 @@ class NvmlSampler:
 
     def _processes(self, device: Device, h: Any) -> list[ProcessSample]:
         nvml = self._nvml
-        running = self._call(device, "nvmlDeviceGetComputeRunningProcesses",
-                             nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+        running = (
+            self._call(device, "nvmlDeviceGetComputeRunningProcesses", nvml.nvmlDeviceGetComputeRunningProcesses, h)
+            or []
+        )
         memory = {int(p.pid): (int(p.usedGpuMemory) if p.usedGpuMemory is not None else None) for p in running}
         util: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for s in self._process_utilization(device, h):
@@ -407,8 +437,7 @@ class NvmlSampler:
             if device is None or not data.eventType & XID_CRITICAL_ERROR:
                 self._health.add(FAILURES, function="nvmlEventSetWait", reason="unknown_event")
                 continue
-            log.warning("gpu: XID %d on GPU %d (%s, %s)", data.eventData, device.index, device.uuid,
-                        device.pci_bus_id)
+            log.warning("gpu: XID %d on GPU %d (%s, %s)", data.eventData, device.index, device.uuid, device.pci_bus_id)
             out.append(XidEvent(device, int(data.eventData)))
         return out
 
@@ -418,6 +447,9 @@ def nvml_family(sampler: NvmlSampler) -> ProbeFamily:
     once the sensor has loaded and stops before it unloads, so the final metrics export still
     has the last sample."""
     return ProbeFamily(
-        name="gpu", c_file="", libraries=(),
-        on_load=lambda _bpf: sampler.start(), on_unload=lambda _bpf: sampler.stop(),
+        name="gpu",
+        c_file="",
+        libraries=(),
+        on_load=lambda _bpf: sampler.start(),
+        on_unload=lambda _bpf: sampler.stop(),
     )

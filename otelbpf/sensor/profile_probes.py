@@ -51,6 +51,10 @@ def profile_family(
     if cuda_memory:
         cflags.append("-DCUDA_MEMORY_PROFILE=1")
     return ProbeFamily(
-        name="profiling", c_file="profile.c", libraries=(), cflags=tuple(cflags),
-        on_load=on_load, on_unload=on_unload,
+        name="profiling",
+        c_file="profile.c",
+        libraries=(),
+        cflags=tuple(cflags),
+        on_load=on_load,
+        on_unload=on_unload,
     )

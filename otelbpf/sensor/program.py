@@ -40,10 +40,7 @@ def library_filter_c(prefixes: list[str]) -> str:
     .rodata, which BCC handles unevenly across versions.
     """
     body = "\n".join(f"    if ({_prefix_test(p)})\n        return 1;" for p in sorted(set(prefixes)))
-    return (
-        "static __always_inline int wanted_library(const char *name)\n{\n"
-        f"{body}\n    return 0;\n}}\n"
-    )
+    return f"static __always_inline int wanted_library(const char *name)\n{{\n{body}\n    return 0;\n}}\n"
 
 
 def build(

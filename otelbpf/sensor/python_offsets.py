@@ -42,26 +42,26 @@ FRAME_OWNED_BY_CSTACK = 3  # pycore_frame.h, 3.12 and 3.13
 class Offsets:
     """Byte offsets, mirrored by ``struct py_offsets`` in bpf/profile.c."""
 
-    runtime_interp_head: int   # _PyRuntimeState.interpreters.head
-    interp_threads_head: int   # PyInterpreterState.threads.head (3.10: tstate_head)
+    runtime_interp_head: int  # _PyRuntimeState.interpreters.head
+    interp_threads_head: int  # PyInterpreterState.threads.head (3.10: tstate_head)
     tstate_next: int
     tstate_thread_id: int
-    tstate_frame: int          # 3.10 frame, 3.11/3.12 cframe, 3.13 current_frame
-    cframe_current: int        # _PyCFrame.current_frame (3.11/3.12)
-    frame_previous: int        # 3.10 PyFrameObject.f_back, else _PyInterpreterFrame.previous
-    frame_code: int            # f_code (3.13: f_executable)
-    frame_instr: int           # 3.10 f_lasti (int), 3.11/3.12 prev_instr, 3.13 instr_ptr
-    frame_owner: int           # u8 owner (3.11+)
-    frame_is_entry: int        # u8 is_entry (3.11)
+    tstate_frame: int  # 3.10 frame, 3.11/3.12 cframe, 3.13 current_frame
+    cframe_current: int  # _PyCFrame.current_frame (3.11/3.12)
+    frame_previous: int  # 3.10 PyFrameObject.f_back, else _PyInterpreterFrame.previous
+    frame_code: int  # f_code (3.13: f_executable)
+    frame_instr: int  # 3.10 f_lasti (int), 3.11/3.12 prev_instr, 3.13 instr_ptr
+    frame_owner: int  # u8 owner (3.11+)
+    frame_is_entry: int  # u8 is_entry (3.11)
     code_filename: int
-    code_name: int             # co_qualname (3.11+), co_name (3.10)
+    code_name: int  # co_qualname (3.11+), co_name (3.10)
     code_firstlineno: int
     code_linetable: int
-    code_adaptive: int         # co_code_adaptive (3.11+)
-    code_version: int          # co_version (3.12+: every code object made gets the next number)
+    code_adaptive: int  # co_code_adaptive (3.11+)
+    code_version: int  # co_version (3.12+: every code object made gets the next number)
     unicode_state: int
     unicode_length: int
-    unicode_ascii_data: int    # sizeof(PyASCIIObject)
+    unicode_ascii_data: int  # sizeof(PyASCIIObject)
     unicode_compact_data: int  # sizeof(PyCompactUnicodeObject)
     bytes_size: int
     bytes_data: int
@@ -70,8 +70,12 @@ class Offsets:
     @property
     def frame_size(self) -> int:
         """Bytes read per frame: up to the end of its last field used."""
-        return max(self.frame_previous + 8, self.frame_code + 8, self.frame_instr + 8,
-                   *(o + 1 for o in (self.frame_owner, self.frame_is_entry) if o != NO_FIELD))
+        return max(
+            self.frame_previous + 8,
+            self.frame_code + 8,
+            self.frame_instr + 8,
+            *(o + 1 for o in (self.frame_owner, self.frame_is_entry) if o != NO_FIELD),
+        )
 
     @property
     def code_size(self) -> int:
@@ -99,24 +103,81 @@ _COMMON_STR = dict(unicode_state=32, unicode_length=16, bytes_size=16, bytes_dat
 
 #: (major, minor) -> (layout, offsets). Sources in the module docstring.
 TABLE: dict[tuple[int, int], tuple[int, Offsets]] = {
-    (3, 10): (LAYOUT_310, Offsets(
-        runtime_interp_head=32, interp_threads_head=8, tstate_next=8, tstate_thread_id=176,
-        tstate_frame=24, cframe_current=NO_FIELD, frame_previous=24, frame_code=32, frame_instr=96,
-        frame_owner=NO_FIELD, frame_is_entry=NO_FIELD, code_filename=104, code_name=112,
-        code_firstlineno=40, code_linetable=120, code_adaptive=0, code_version=NO_FIELD,
-        unicode_ascii_data=48, unicode_compact_data=72, **_COMMON_STR)),
-    (3, 11): (LAYOUT_311, Offsets(
-        runtime_interp_head=40, interp_threads_head=16, tstate_next=8, tstate_thread_id=152,
-        tstate_frame=56, cframe_current=8, frame_previous=48, frame_code=32, frame_instr=56,
-        frame_owner=69, frame_is_entry=68, code_filename=112, code_name=128,
-        code_firstlineno=72, code_linetable=136, code_adaptive=184, code_version=NO_FIELD,
-        unicode_ascii_data=48, unicode_compact_data=72, **_COMMON_STR)),
-    (3, 12): (LAYOUT_312, Offsets(
-        runtime_interp_head=40, interp_threads_head=72, tstate_next=8, tstate_thread_id=136,
-        tstate_frame=56, cframe_current=0, frame_previous=8, frame_code=0, frame_instr=56,
-        frame_owner=70, frame_is_entry=NO_FIELD, code_filename=112, code_name=128,
-        code_firstlineno=68, code_linetable=136, code_adaptive=192, code_version=92,
-        unicode_ascii_data=40, unicode_compact_data=56, **_COMMON_STR)),
+    (3, 10): (
+        LAYOUT_310,
+        Offsets(
+            runtime_interp_head=32,
+            interp_threads_head=8,
+            tstate_next=8,
+            tstate_thread_id=176,
+            tstate_frame=24,
+            cframe_current=NO_FIELD,
+            frame_previous=24,
+            frame_code=32,
+            frame_instr=96,
+            frame_owner=NO_FIELD,
+            frame_is_entry=NO_FIELD,
+            code_filename=104,
+            code_name=112,
+            code_firstlineno=40,
+            code_linetable=120,
+            code_adaptive=0,
+            code_version=NO_FIELD,
+            unicode_ascii_data=48,
+            unicode_compact_data=72,
+            **_COMMON_STR,
+        ),
+    ),
+    (3, 11): (
+        LAYOUT_311,
+        Offsets(
+            runtime_interp_head=40,
+            interp_threads_head=16,
+            tstate_next=8,
+            tstate_thread_id=152,
+            tstate_frame=56,
+            cframe_current=8,
+            frame_previous=48,
+            frame_code=32,
+            frame_instr=56,
+            frame_owner=69,
+            frame_is_entry=68,
+            code_filename=112,
+            code_name=128,
+            code_firstlineno=72,
+            code_linetable=136,
+            code_adaptive=184,
+            code_version=NO_FIELD,
+            unicode_ascii_data=48,
+            unicode_compact_data=72,
+            **_COMMON_STR,
+        ),
+    ),
+    (3, 12): (
+        LAYOUT_312,
+        Offsets(
+            runtime_interp_head=40,
+            interp_threads_head=72,
+            tstate_next=8,
+            tstate_thread_id=136,
+            tstate_frame=56,
+            cframe_current=0,
+            frame_previous=8,
+            frame_code=0,
+            frame_instr=56,
+            frame_owner=70,
+            frame_is_entry=NO_FIELD,
+            code_filename=112,
+            code_name=128,
+            code_firstlineno=68,
+            code_linetable=136,
+            code_adaptive=192,
+            code_version=92,
+            unicode_ascii_data=40,
+            unicode_compact_data=56,
+            **_COMMON_STR,
+        ),
+    ),
 }
 
 SUPPORTED = ((3, 10), (3, 11), (3, 12), (3, 13))
@@ -148,14 +209,30 @@ def offsets_from_debug(raw: bytes) -> tuple[int, Offsets]:
     bytes_object, unicode = words[63:66], words[66:70]
     ascii_size = unicode[3]
     return version, Offsets(
-        runtime_interp_head=runtime[2], interp_threads_head=interp[3], tstate_next=tstate[2],
-        tstate_thread_id=tstate[5], tstate_frame=tstate[4], cframe_current=NO_FIELD,
-        frame_previous=frame[1], frame_code=frame[2], frame_instr=frame[3], frame_owner=frame[5],
-        frame_is_entry=NO_FIELD, code_filename=code[1], code_name=code[3], code_firstlineno=code[5],
-        code_linetable=code[4], code_adaptive=code[9], code_version=CODE_VERSION_313,
-        unicode_state=unicode[1], unicode_length=unicode[2],
-        unicode_ascii_data=ascii_size, unicode_compact_data=ascii_size + 16,  # + utf8_length, utf8
-        bytes_size=bytes_object[1], bytes_data=bytes_object[2], object_type=pyobject[1],
+        runtime_interp_head=runtime[2],
+        interp_threads_head=interp[3],
+        tstate_next=tstate[2],
+        tstate_thread_id=tstate[5],
+        tstate_frame=tstate[4],
+        cframe_current=NO_FIELD,
+        frame_previous=frame[1],
+        frame_code=frame[2],
+        frame_instr=frame[3],
+        frame_owner=frame[5],
+        frame_is_entry=NO_FIELD,
+        code_filename=code[1],
+        code_name=code[3],
+        code_firstlineno=code[5],
+        code_linetable=code[4],
+        code_adaptive=code[9],
+        code_version=CODE_VERSION_313,
+        unicode_state=unicode[1],
+        unicode_length=unicode[2],
+        unicode_ascii_data=ascii_size,
+        unicode_compact_data=ascii_size + 16,  # + utf8_length, utf8
+        bytes_size=bytes_object[1],
+        bytes_data=bytes_object[2],
+        object_type=pyobject[1],
     )
 
 
@@ -169,10 +246,10 @@ class PythonProcess:
     pid: int
     version: tuple[int, int]
     layout: int
-    runtime: int         # &_PyRuntime in the process
-    code_type: int       # &PyCode_Type (checked by the 3.13 walker), else 0
+    runtime: int  # &_PyRuntime in the process
+    code_type: int  # &PyCode_Type (checked by the 3.13 walker), else 0
     offsets: Offsets
-    interpreter: str     # the file holding _PyRuntime (python3.X or libpython3.X.so)
+    interpreter: str  # the file holding _PyRuntime (python3.X or libpython3.X.so)
     frame_pointers: bool  # its eval loop keeps %rbp as frame pointer (native stacks walk through it)
 
 
@@ -210,6 +287,7 @@ def _read_elf_facts(path: str) -> _Facts:
                 for sym in sec.iter_symbols():
                     if sym.name in wanted and sym["st_value"]:
                         syms.setdefault(sym.name, sym["st_value"])
+
         def read(vaddr: int, size: int) -> bytes:
             for off, base, filesz in loads:
                 if base <= vaddr < base + filesz:

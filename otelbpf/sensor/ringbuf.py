@@ -127,12 +127,17 @@ class VariableRingReader(_MappedRing):
             raise ValueError("a variable-length ring's dtype ends with an object field 'data'")
         names = all_names[:-1]
         self._header_names = list(names)
-        self._header = np.dtype({"names": names, "formats": [fields[n][0] for n in names],
-                                 "offsets": [fields[n][1] for n in names],
-                                 "itemsize": fields["data"][1]})
+        self._header = np.dtype(
+            {
+                "names": names,
+                "formats": [fields[n][0] for n in names],
+                "offsets": [fields[n][1] for n in names],
+                "itemsize": fields["data"][1],
+            }
+        )
         self._hsize = self._header.itemsize
         super().__init__(map_fd, size_bytes)
-        self._data = memoryview(self._prod)[self._page:]
+        self._data = memoryview(self._prod)[self._page :]
 
     def drain(self, max_records: int | None = None) -> np.ndarray:
         """Copy out every committed record, release their space, return them (see RingBufferReader)."""

@@ -31,23 +31,37 @@ class State(enum.IntEnum):
     """Why a thread left the CPU, as the scheduler says (bpf/sched.c SCHED_*)."""
 
     preempted = 0  # still runnable: it waited on the run queue
-    sleeping = 1   # S: waiting for an event (futex, pipe, socket, timer)
-    disk = 2       # D: uninterruptible, mostly I/O
+    sleeping = 1  # S: waiting for an event (futex, pipe, socket, timer)
+    disk = 2  # D: uninterruptible, mostly I/O
     other = 3
     new = 4
 
 
 #: struct sched_rec
-RECORD_DTYPE = np.dtype([
-    ("off_ts", "<u8"), ("blocked_ns", "<u8"), ("runq_ns", "<u8"), ("tgid", "<u4"), ("tid", "<u4"),
-    ("kstack", "<i4"), ("state", "<u4"), ("comm", "S16"),
-])
+RECORD_DTYPE = np.dtype(
+    [
+        ("off_ts", "<u8"),
+        ("blocked_ns", "<u8"),
+        ("runq_ns", "<u8"),
+        ("tgid", "<u4"),
+        ("tid", "<u4"),
+        ("kstack", "<i4"),
+        ("state", "<u4"),
+        ("comm", "S16"),
+    ]
+)
 assert RECORD_DTYPE.itemsize == 56
 
 
 def sched_family(
-    *, span_threshold_ns: int, ring_bytes: int, thread_entries: int, off_entries: int, runq_entries: int,
-    stack_entries: int, on_unload: Callable[[object], None] | None = None,
+    *,
+    span_threshold_ns: int,
+    ring_bytes: int,
+    thread_entries: int,
+    off_entries: int,
+    runq_entries: int,
+    stack_entries: int,
+    on_unload: Callable[[object], None] | None = None,
 ) -> ProbeFamily:
     """The family for these limits; ``on_unload`` gets the BCC object for a final read
     (kernel stacks are not a counting map the sensor keeps)."""

@@ -70,14 +70,14 @@ class SensorOptions:
 class AttachStats:
     libraries: int = 0  # files with every probe in place
     probes: int = 0
-    failures: int = 0   # failed attempts, all reasons
+    failures: int = 0  # failed attempts, all reasons
     last_error: str = ""
     #: reason -> count: ``symbols`` (the file's symbols could not be read), ``attach`` (one
     #: probe), ``gone`` (the file vanished before a retry: given up), ``gave_up`` (still
     #: failing after every retry), ``no_symbols`` (a stripped executable), ``runtime``
     #: (a family's run-time targets), ``discovery`` (handling a process failed).
     by_reason: Counter[str] = field(default_factory=Counter)
-    retrying: int = 0   # files waiting for a retry now
+    retrying: int = 0  # files waiting for a retry now
 
 
 #: Retry back-off: first retry after RETRY_FIRST_S, doubling up to RETRY_MAX_S, at most
@@ -88,8 +88,9 @@ RETRY_ATTEMPTS = 20
 
 #: A view of string records' flag bytes (``pad`` in common.h's struct strevent):
 #: pad[0] the process was paused, pad[1] a LIB_OPEN that is an exec (discovery.c).
-_STR_FLAGS = np.dtype({"names": ["paused", "exec"], "formats": ["u1", "u1"], "offsets": [5, 6],
-                       "itemsize": STREVENT_DTYPE.itemsize})
+_STR_FLAGS = np.dtype(
+    {"names": ["paused", "exec"], "formats": ["u1", "u1"], "offsets": [5, 6], "itemsize": STREVENT_DTYPE.itemsize}
+)
 
 
 @dataclass
@@ -149,8 +150,7 @@ class Sensor:
             self._bpf = bpf = BPF(text=text, cflags=cflags)
         except Exception as exc:
             raise SensorError(
-                f"could not compile/load the BPF program: {exc}. "
-                "Run `otelbpf doctor` to see what this host lacks."
+                f"could not compile/load the BPF program: {exc}. Run `otelbpf doctor` to see what this host lacks."
             ) from exc
         self.compile_seconds = time.monotonic() - t0
         watched = bpf["watched"]
@@ -414,8 +414,10 @@ class Sensor:
     def _schedule_retry(self, lib: LibraryFile, attempts: int) -> None:
         if attempts >= RETRY_ATTEMPTS:
             self._retry.pop(lib.key, None)
-            self._count("gave_up", f"{lib.shown_path}: still failing after {attempts} attempts: "
-                                   "given up until a process shows it again")
+            self._count(
+                "gave_up",
+                f"{lib.shown_path}: still failing after {attempts} attempts: given up until a process shows it again",
+            )
             return
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
         now = time.monotonic()
@@ -476,8 +478,12 @@ class Sensor:
                 added += 1
         self.attach_stats.probes += added
         if failed:
-            self._count("attach", f"{lib.shown_path} ({lib.kind}): {total - failed} of {total} probes in place, "
-                                  f"{failed} failed (first: {first_error})", failed)
+            self._count(
+                "attach",
+                f"{lib.shown_path} ({lib.kind}): {total - failed} of {total} probes in place, "
+                f"{failed} failed (first: {first_error})",
+                failed,
+            )
             return False
         self._attached[lib.key] = lib
         self.attach_stats.libraries += 1
@@ -582,13 +588,22 @@ def detach_in_background(bpf: Any) -> int | None:
     Until it is gone the probes still fire (their events reach no reader): the traced
     programs pay their cost for that long.
     ``OTELBPF_DETACH=wait`` detaches in place instead. Returns the releaser's pid."""
-    fds = [*bpf.uprobe_fds.values(), *bpf.tracepoint_fds.values(),
-           *(fd for per_cpu in bpf.open_perf_events.values() for fd in per_cpu.values())]
+    fds = [
+        *bpf.uprobe_fds.values(),
+        *bpf.tracepoint_fds.values(),
+        *(fd for per_cpu in bpf.open_perf_events.values() for fd in per_cpu.values()),
+    ]
     if not fds:
         return None
     try:
-        releaser = subprocess.Popen(["cat"], pass_fds=fds, start_new_session=True, stdin=subprocess.PIPE,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        releaser = subprocess.Popen(
+            ["cat"],
+            pass_fds=fds,
+            start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     except OSError as exc:
         log.warning("cannot release probes in the background (%s): detaching in place", exc)
         return None

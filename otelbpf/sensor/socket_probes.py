@@ -34,7 +34,11 @@ def port_filter_c(ports: list[int]) -> str:
 
 
 def socket_family(
-    ports: list[int], *, payload_bytes: int, ring_bytes: int, state_entries: int = 65536,
+    ports: list[int],
+    *,
+    payload_bytes: int,
+    ring_bytes: int,
+    state_entries: int = 65536,
     lib_users_only: bool = False,
 ) -> ProbeFamily:
     """The family for the configured ports (empty: every TCP port). ``lib_users_only``: in

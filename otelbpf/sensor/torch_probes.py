@@ -47,7 +47,7 @@ def operator_of(mangled: str) -> str | None:
     end = m.end() + int(m.group(1))
     if len(mangled) < end or not mangled.startswith("4callE", end):
         return None
-    return mangled[m.end():end]
+    return mangled[m.end() : end]
 
 
 def select_operators(names: Sequence[str], patterns: Sequence[str]) -> dict[str, str]:
@@ -66,7 +66,7 @@ class OperatorSite:
     """Where one operator is probed: its entry, and every ``ret`` of its body."""
 
     operator: str
-    entry: int          # ELF address (past an endbr64)
+    entry: int  # ELF address (past an endbr64)
     exits: tuple[int, ...]
 
 
@@ -74,8 +74,11 @@ def return_sites(code: bytes, vaddr: int) -> tuple[int, ...]:
     """Addresses of the ``ret`` instructions in a function's code (``vaddr`` its start)."""
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     md.skipdata = True  # padding or data between blocks: step over it, keep decoding
-    return tuple(addr for addr, _size, mnemonic, _ops in md.disasm_lite(code, vaddr)
-                 if mnemonic in ("ret", "repz ret", "rep ret"))
+    return tuple(
+        addr
+        for addr, _size, mnemonic, _ops in md.disasm_lite(code, vaddr)
+        if mnemonic in ("ret", "repz ret", "rep ret")
+    )
 
 
 def operator_sites(path: str, patterns: Sequence[str]) -> list[OperatorSite]:

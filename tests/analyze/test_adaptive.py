@@ -11,16 +11,24 @@ from otelbpf.correlate.adaptive import CommDetector, Params
 MS = 1_000_000
 
 
-def run(n_ranks: int, collectives: int, late_rank: int | None, late_ms: float, jitter_ms: float,
-        duration_ms: float = 200, seed: int = 1) -> dict[int, int]:
+def run(
+    n_ranks: int,
+    collectives: int,
+    late_rank: int | None,
+    late_ms: float,
+    jitter_ms: float,
+    duration_ms: float = 200,
+    seed: int = 1,
+) -> dict[int, int]:
     """Findings (late and persistent) per rank; every rank enters near t, the late one late_ms later."""
     rnd = random.Random(seed)
     det = CommDetector()
     found = {r: 0 for r in range(n_ranks)}
     t = 0.0
     for _ in range(collectives):
-        entries = {r: t + rnd.uniform(0, jitter_ms) * MS + (late_ms * MS if r == late_rank else 0)
-                   for r in range(n_ranks)}
+        entries = {
+            r: t + rnd.uniform(0, jitter_ms) * MS + (late_ms * MS if r == late_rank else 0) for r in range(n_ranks)
+        }
         for v in det.add(entries):
             found[v.member] += v.persistent
         det.note_duration(duration_ms * MS)

@@ -34,8 +34,16 @@ class Trace:
         self.res, self.t, self.spans = job(pid), T0, []
 
     def call(self, name: str, dur_ns: int, gap_ns: int = 100_000, **attrs) -> Trace:
-        self.spans.append(make_span(name, resource=self.res, scope=CUDA, start_ns=self.t, end_ns=self.t + dur_ns,
-                                    attributes={"cuda.api.function": name, "thread.id": 7, **attrs}))
+        self.spans.append(
+            make_span(
+                name,
+                resource=self.res,
+                scope=CUDA,
+                start_ns=self.t,
+                end_ns=self.t + dur_ns,
+                attributes={"cuda.api.function": name, "thread.id": 7, **attrs},
+            )
+        )
         self.t += dur_ns + gap_ns
         return self
 
@@ -56,8 +64,12 @@ class Trace:
         if planted.get("sync"):
             self.call("cudaStreamSynchronize", 2 * MS, gap_ns=3 * MS)
         if planted.get("item"):
-            self.call("cudaMemcpy", 1 * MS, gap_ns=2 * MS,
-                      **{"cuda.memcpy.bytes": 4, "cuda.memcpy.direction": "D2H", "cuda.memcpy.async": False})
+            self.call(
+                "cudaMemcpy",
+                1 * MS,
+                gap_ns=2 * MS,
+                **{"cuda.memcpy.bytes": 4, "cuda.memcpy.direction": "D2H", "cuda.memcpy.async": False},
+            )
         if planted.get("churn"):
             self.call("cudaMalloc", 2 * MS, **{"cuda.memory.bytes": 64 << 20})
             self.call("cudaFree", 2 * MS, **{"cuda.memory.bytes": 64 << 20})
@@ -68,9 +80,32 @@ class Trace:
         ex.export(self.spans)
         ex.shutdown()
         metrics = FileMetricExporter(str(directory))
-        metrics.export(MetricsData([ResourceMetrics(self.res, [ScopeMetrics(CUDA, [m.cumulative_sum(
-            "cuda.kernel.launches", "{launch}", "", [({"cuda.api.function": "cudaLaunchKernel"}, launches)],
-            T0, self.t)], "")], "")]))
+        metrics.export(
+            MetricsData(
+                [
+                    ResourceMetrics(
+                        self.res,
+                        [
+                            ScopeMetrics(
+                                CUDA,
+                                [
+                                    m.cumulative_sum(
+                                        "cuda.kernel.launches",
+                                        "{launch}",
+                                        "",
+                                        [({"cuda.api.function": "cudaLaunchKernel"}, launches)],
+                                        T0,
+                                        self.t,
+                                    )
+                                ],
+                                "",
+                            )
+                        ],
+                        "",
+                    )
+                ]
+            )
+        )
         metrics.shutdown()
         return directory
 
@@ -87,8 +122,12 @@ def test_a_healthy_job_gets_no_finding(tmp_path: Path) -> None:
 
 
 def test_each_planted_cause_is_the_top_finding(tmp_path: Path) -> None:
-    planted = {"pageable_copies": {"memory": "pageable"}, "sync_storm": {"sync": True},
-               "blocking_reads": {"item": True}, "memory_churn": {"churn": True}}
+    planted = {
+        "pageable_copies": {"memory": "pageable"},
+        "sync_storm": {"sync": True},
+        "blocking_reads": {"item": True},
+        "memory_churn": {"churn": True},
+    }
     for i, (cause, how) in enumerate(planted.items()):
         d = tmp_path / cause
         d.mkdir()
@@ -107,8 +146,9 @@ def test_findings_are_ranked_by_cost_and_name_their_evidence(tmp_path: Path) -> 
     costs = [f.cost_s for f in findings]
     assert costs == sorted(costs, reverse=True)
     by = {f.cause: f for f in findings}
-    assert by["memory_churn"].evidence["repeated_sizes"] == {str(64 << 20): 100} or \
-        by["memory_churn"].evidence["repeated_sizes"] == {64 << 20: 100}
+    assert by["memory_churn"].evidence["repeated_sizes"] == {str(64 << 20): 100} or by["memory_churn"].evidence[
+        "repeated_sizes"
+    ] == {64 << 20: 100}
     assert by["sync_storm"].evidence["syncs"] == 100
     assert by["pageable_copies"].evidence["bytes"] == 100 << 20
 
@@ -128,8 +168,12 @@ def test_cli_text_json_and_bad_input(tmp_path: Path) -> None:
     assert run(str(tmp_path), out, err) == 1
     assert out.getvalue().startswith("1. pageable_copies: job5 (pid 5): ~")
     assert "fix: Allocate host buffers pinned" in out.getvalue()
-    cli = subprocess.run([sys.executable, "-m", "otelbpf.cli", "diagnose", str(tmp_path), "--json"],
-                         capture_output=True, text=True, cwd=REPO)
+    cli = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "diagnose", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert cli.returncode == 1 and json.loads(cli.stdout)[0]["cause"] == "pageable_copies"
     (tmp_path / "traces.jsonl").write_text("{not json\n")
     err = io.StringIO()
@@ -146,9 +190,27 @@ def test_the_real_agent_finds_pageable_copies_planted_in_a_workload(tmp_path: Pa
 
     out = tmp_path / "out"
     cfg = config({"name": "file", "directory": str(out)}, tmp=tmp_path, cuda={"min_span_duration": "0s"})
-    with AgentProcess(["-c", str(cfg), "--", str(WORKLOAD), "--lib", str(BUILD / "fakecudart13" / "libcudart.so.13"),
-                       "--cuda13", "--iterations", "40", "--host-memory", memory, "--h2d-bytes", str(8 << 20),
-                       "--d2h-bytes", str(8 << 20), "--alloc-bytes", str(8 << 20)]) as agent:
+    with AgentProcess(
+        [
+            "-c",
+            str(cfg),
+            "--",
+            str(WORKLOAD),
+            "--lib",
+            str(BUILD / "fakecudart13" / "libcudart.so.13"),
+            "--cuda13",
+            "--iterations",
+            "40",
+            "--host-memory",
+            memory,
+            "--h2d-bytes",
+            str(8 << 20),
+            "--d2h-bytes",
+            str(8 << 20),
+            "--alloc-bytes",
+            str(8 << 20),
+        ]
+    ) as agent:
         assert agent.wait(timeout=120) == 0, agent.output
     findings = diagnose(str(out))
     causes = [f.cause for f in findings]
@@ -163,11 +225,49 @@ def test_a_process_whose_calls_all_fail_is_told_so_first(tmp_path: Path) -> None
     t = steps(6, sync=True)
     t.export(tmp_path)
     metrics = FileMetricExporter(str(tmp_path))
-    metrics.export(MetricsData([ResourceMetrics(t.res, [ScopeMetrics(CUDA, [
-        m.cumulative_sum("cuda.api.calls", "{call}", "", [({"cuda.api.function": "cudaMemcpyAsync"}, 100)], T0, t.t),
-        m.cumulative_sum("cuda.api.errors", "{call}", "", [({"cuda.api.function": "cudaMemcpyAsync",
-                         "cuda.error.code": 35, "cuda.error.name": "cudaErrorInsufficientDriver"}, 100)], T0, t.t),
-    ], "")], "")]))
+    metrics.export(
+        MetricsData(
+            [
+                ResourceMetrics(
+                    t.res,
+                    [
+                        ScopeMetrics(
+                            CUDA,
+                            [
+                                m.cumulative_sum(
+                                    "cuda.api.calls",
+                                    "{call}",
+                                    "",
+                                    [({"cuda.api.function": "cudaMemcpyAsync"}, 100)],
+                                    T0,
+                                    t.t,
+                                ),
+                                m.cumulative_sum(
+                                    "cuda.api.errors",
+                                    "{call}",
+                                    "",
+                                    [
+                                        (
+                                            {
+                                                "cuda.api.function": "cudaMemcpyAsync",
+                                                "cuda.error.code": 35,
+                                                "cuda.error.name": "cudaErrorInsufficientDriver",
+                                            },
+                                            100,
+                                        )
+                                    ],
+                                    T0,
+                                    t.t,
+                                ),
+                            ],
+                            "",
+                        )
+                    ],
+                    "",
+                )
+            ]
+        )
+    )
     metrics.shutdown()
     [finding] = diagnose(str(tmp_path))
     assert finding.cause == "cuda_errors" and "cudaErrorInsufficientDriver" in finding.summary

@@ -27,14 +27,28 @@ class Job(Trace):
         super().__init__(pid)
         self.off: list = []
 
-    def off_cpu(self, reason: str, blocked_ns: int, runq_ns: int = 0, tid: int = TRAIN, stack=None,
-                name: str = "train") -> Job:
-        attrs = {"thread.id": tid, "thread.name": name, "otelbpf.sched.reason": reason,
-                 "otelbpf.sched.blocked_ns": blocked_ns, "otelbpf.sched.runqueue_ns": runq_ns}
+    def off_cpu(
+        self, reason: str, blocked_ns: int, runq_ns: int = 0, tid: int = TRAIN, stack=None, name: str = "train"
+    ) -> Job:
+        attrs = {
+            "thread.id": tid,
+            "thread.name": name,
+            "otelbpf.sched.reason": reason,
+            "otelbpf.sched.blocked_ns": blocked_ns,
+            "otelbpf.sched.runqueue_ns": runq_ns,
+        }
         if stack:
             attrs["otelbpf.sched.kernel_stack"] = stack
-        self.off.append(make_span("off_cpu", resource=self.res, scope=SCHED, start_ns=self.t,
-                                  end_ns=self.t + blocked_ns + runq_ns, attributes=attrs))
+        self.off.append(
+            make_span(
+                "off_cpu",
+                resource=self.res,
+                scope=SCHED,
+                start_ns=self.t,
+                end_ns=self.t + blocked_ns + runq_ns,
+                attributes=attrs,
+            )
+        )
         if tid == TRAIN:
             self.t += blocked_ns + runq_ns
         return self
@@ -109,10 +123,35 @@ def test_causes_are_ranked_by_cost_with_the_loaders_state(tmp_path: Path) -> Non
         j.step(starved=True, contended=i % 2 == 0, checkpoint=i % 10 == 0)
     j.export(tmp_path)
     metrics = FileMetricExporter(str(tmp_path))
-    metrics.export(MetricsData([ResourceMetrics(j.res, [ScopeMetrics(SCHED, [m.cumulative_sum(
-        "otelbpf.thread.off_cpu.time", "s", "", [({"thread.name": "loader", "otelbpf.sched.reason": "sleep"}, 0.9),
-                                                 ({"thread.name": "train", "otelbpf.sched.reason": "futex"}, 1.0)],
-        T0, j.t)], "")], "")]))
+    metrics.export(
+        MetricsData(
+            [
+                ResourceMetrics(
+                    j.res,
+                    [
+                        ScopeMetrics(
+                            SCHED,
+                            [
+                                m.cumulative_sum(
+                                    "otelbpf.thread.off_cpu.time",
+                                    "s",
+                                    "",
+                                    [
+                                        ({"thread.name": "loader", "otelbpf.sched.reason": "sleep"}, 0.9),
+                                        ({"thread.name": "train", "otelbpf.sched.reason": "futex"}, 1.0),
+                                    ],
+                                    T0,
+                                    j.t,
+                                )
+                            ],
+                            "",
+                        )
+                    ],
+                    "",
+                )
+            ]
+        )
+    )
     metrics.shutdown()
     findings = diagnose(str(tmp_path))
     assert [f.cause for f in findings][:3] == ["input_starvation", "blocking_io", "host_contention"]

@@ -33,25 +33,36 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, in
     tmp = tmp_path_factory.mktemp("sched")
     out = tmp / "out"
     cfg = tmp / "otelbpf.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "receivers": {"cuda": {"search_paths": [], "min_span_duration": "0s"}, "sched": {"span_threshold": "1ms"}},
-        "processors": {"batch": {"timeout": "100ms"}},
-        "exporters": {"file": {"directory": str(out)}},
-        "service": {
-            "pipelines": {s: {"receivers": ["cuda", "sched"], "processors": ["batch"], "exporters": ["file"]}
-                          for s in ("traces", "metrics")},
-            "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms", "log_level": "info"},
-        },
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "receivers": {
+                    "cuda": {"search_paths": [], "min_span_duration": "0s"},
+                    "sched": {"span_threshold": "1ms"},
+                },
+                "processors": {"batch": {"timeout": "100ms"}},
+                "exporters": {"file": {"directory": str(out)}},
+                "service": {
+                    "pipelines": {
+                        s: {"receivers": ["cuda", "sched"], "processors": ["batch"], "exporters": ["file"]}
+                        for s in ("traces", "metrics")
+                    },
+                    "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms", "log_level": "info"},
+                },
+            }
+        )
+    )
     pids = tmp / "pids"
     # The hogs start with the contended job (not during the agent's start-up) and are the
     # script's: a trap ends them however it ends.
     hog = f"taskset -c 0 {sys.executable} -c '{HOG}'"
-    script = (f"{sys.executable} {JOB} starved {FAKE_CUDART} 60 & echo starved $! >> {pids}; wait $!; "
-              f"{sys.executable} {JOB} checkpoint {FAKE_CUDART} 30 {tmp} & echo checkpoint $! >> {pids}; wait $!; "
-              f"{sys.executable} {JOB} healthy {FAKE_CUDART} 2000 & echo healthy $! >> {pids}; wait $!; "
-              f"{hog} & h1=$!; {hog} & h2=$!; trap 'kill $h1 $h2' EXIT; "
-              f"taskset -c 0 {sys.executable} {JOB} contended {FAKE_CUDART} 150 & echo contended $! >> {pids}; wait $!")
+    script = (
+        f"{sys.executable} {JOB} starved {FAKE_CUDART} 60 & echo starved $! >> {pids}; wait $!; "
+        f"{sys.executable} {JOB} checkpoint {FAKE_CUDART} 30 {tmp} & echo checkpoint $! >> {pids}; wait $!; "
+        f"{sys.executable} {JOB} healthy {FAKE_CUDART} 2000 & echo healthy $! >> {pids}; wait $!; "
+        f"{hog} & h1=$!; {hog} & h2=$!; trap 'kill $h1 $h2' EXIT; "
+        f"taskset -c 0 {sys.executable} {JOB} contended {FAKE_CUDART} 150 & echo contended $! >> {pids}; wait $!"
+    )
     with AgentProcess(["-c", str(cfg), "--", "/bin/sh", "-c", script]) as agent:
         assert agent.wait(timeout=180) == 0, agent.output
     return out, {line.split()[0]: int(line.split()[1]) for line in pids.read_text().splitlines()}
@@ -123,8 +134,11 @@ def test_sched_metrics_name_the_reasons(traced) -> None:
     latest = load_metrics(str(out), procs)
     # the job's resource (a forked shell's, before its exec, may have been exported too)
     [key] = [k for k in procs if procs[k].get("process.pid") == pids["starved"] and k[0].startswith("python")]
-    off = {dict(a).get("thread.name") + "/" + dict(a).get("otelbpf.sched.reason"): dp
-           for (n, a), (_t, dp, _k) in latest[key].items() if n == "otelbpf.thread.off_cpu.time"}
+    off = {
+        dict(a).get("thread.name") + "/" + dict(a).get("otelbpf.sched.reason"): dp
+        for (n, a), (_t, dp, _k) in latest[key].items()
+        if n == "otelbpf.thread.off_cpu.time"
+    }
     assert float(off["train/futex"]["asDouble"]) > 0.6 and float(off["loader/sleep"]["asDouble"]) > 0.6
     runq = [dp for (n, _a), (_t, dp, _k) in latest[key].items() if n == "otelbpf.thread.runqueue.latency"]
     assert runq and sum(int(dp["count"]) for dp in runq) > 0

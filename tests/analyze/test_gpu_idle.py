@@ -28,10 +28,13 @@ def export_run(directory, intervals: list[list[tuple[float, float]]]) -> None:
     exporter = FileMetricExporter(str(directory))
     for samples in intervals:
         for u0, u1 in samples:
-            correlator.on_sample(Sample(time.time_ns(), devices=[DeviceSample(GPU0, utilization=u0),
-                                                                  DeviceSample(GPU1, utilization=u1)]))
-        resource_metrics = [ResourceMetrics(resource, [ScopeMetrics(correlator.scope, metrics, "")], "")
-                            for resource, metrics in correlator.collect()]
+            correlator.on_sample(
+                Sample(time.time_ns(), devices=[DeviceSample(GPU0, utilization=u0), DeviceSample(GPU1, utilization=u1)])
+            )
+        resource_metrics = [
+            ResourceMetrics(resource, [ScopeMetrics(correlator.scope, metrics, "")], "")
+            for resource, metrics in correlator.collect()
+        ]
         exporter.export(MetricsData(resource_metrics))
         time.sleep(0.01)
     exporter.shutdown()

@@ -19,15 +19,34 @@ MS = 1_000_000
 T0 = 1_700_000_000_000_000_000
 
 
-def write_profile(folder: Path, pid: int, stacks: dict[tuple[str, ...], int], *, start_ns: int = T0,
-                  seconds: float = 10.0, host: str = "node1") -> Path:
+def write_profile(
+    folder: Path,
+    pid: int,
+    stacks: dict[tuple[str, ...], int],
+    *,
+    start_ns: int = T0,
+    seconds: float = 10.0,
+    host: str = "node1",
+) -> Path:
     """One CPU profile as the receiver writes it: stacks root first, values CPU ns."""
     labels = {"service_name": "train", "host_name": host, "process_pid": str(pid)}
     samples = [
         Sample([Frame(f) for f in reversed(stack)], (ns // (10 * MS), ns), labels) for stack, ns in stacks.items()
     ]
-    prof = Profile("process_cpu", "cpu", labels, pid, start_ns, start_ns + int(seconds * 1e9), 99, CPU_SAMPLE_TYPES,
-                   "cpu", period_type=("cpu", "nanoseconds"), period=10 * MS, samples=samples)
+    prof = Profile(
+        "process_cpu",
+        "cpu",
+        labels,
+        pid,
+        start_ns,
+        start_ns + int(seconds * 1e9),
+        99,
+        CPU_SAMPLE_TYPES,
+        "cpu",
+        period_type=("cpu", "nanoseconds"),
+        period=10 * MS,
+        samples=samples,
+    )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"train-{pid}-cpu-{(start_ns + int(seconds * 1e9)) // MS}.pb.gz"
     path.write_bytes(encode(prof))
@@ -52,7 +71,7 @@ def test_the_planted_frame_leads_normalised_per_second(tmp_path):
     assert not skipped and set(ranks) == {("node1", 100), ("node1", 101), ("node1", 102)}
     d = profile_diff.diff(ranks[("node1", 102)], [ranks[("node1", 100)], ranks[("node1", 101)]])
     assert d.frames[0].function == "prepare_batch_on_host"
-    assert d.frames[0].self_ms_per_s == pytest.approx(400.0)          # 4 s over 10 s
+    assert d.frames[0].self_ms_per_s == pytest.approx(400.0)  # 4 s over 10 s
     assert d.frames[0].total_ms_per_s == pytest.approx(400.0)
     # launch: the slow rank 200 ms/s, the healthy mean 210 ms/s: not more, not named.
     assert "launch" not in {f.function for f in d.frames}
@@ -83,7 +102,7 @@ def test_window_and_process_filters(tmp_path):
 def test_a_partial_or_foreign_file_is_skipped_and_named(tmp_path):
     out = job(tmp_path)
     good = next((out / "profiles").iterdir())
-    (out / "profiles" / "train-9-cpu-1.pb.gz").write_bytes(good.read_bytes()[:40])   # being written
+    (out / "profiles" / "train-9-cpu-1.pb.gz").write_bytes(good.read_bytes()[:40])  # being written
     (out / "profiles" / "train-8-cpu-1.pb.gz").write_bytes(gzip.compress(b"\xff" * 64))  # not pprof
     ranks, skipped = profile_diff.read_cpu([str(out)])
     assert len(ranks) == 3 and len(skipped) == 2
@@ -101,16 +120,19 @@ def test_no_healthy_rank_gives_no_frames_not_a_crash(tmp_path):
 def test_the_pprof_pair_reads_back_as_a_diff_in_go_tool_pprof(tmp_path):
     out = job(tmp_path)
     ranks, _ = profile_diff.read_cpu([str(out)])
-    slow, base = profile_diff.write_pprof(ranks[("node1", 102)], [ranks[("node1", 100)], ranks[("node1", 101)]],
-                                          str(tmp_path / "diff"))
-    top = subprocess.run(["go", "tool", "pprof", "-top", "-diff_base", base, slow], capture_output=True, text=True,
-                         timeout=120)
+    slow, base = profile_diff.write_pprof(
+        ranks[("node1", 102)], [ranks[("node1", 100)], ranks[("node1", 101)]], str(tmp_path / "diff")
+    )
+    top = subprocess.run(
+        ["go", "tool", "pprof", "-top", "-diff_base", base, slow], capture_output=True, text=True, timeout=120
+    )
     assert top.returncode == 0, top.stderr
-    rows = [line.split() for line in top.stdout.splitlines() if line.strip().endswith(("prepare_batch_on_host",
-                                                                                        "launch"))]
+    rows = [
+        line.split() for line in top.stdout.splitlines() if line.strip().endswith(("prepare_batch_on_host", "launch"))
+    ]
     by_name = {r[-1]: r for r in rows}
-    assert by_name["prepare_batch_on_host"][0] == "4000ms"         # +4 s flat on the slow rank
-    assert by_name["launch"][0].startswith("-")                   # a little less than the healthy mean
+    assert by_name["prepare_batch_on_host"][0] == "4000ms"  # +4 s flat on the slow rank
+    assert by_name["launch"][0].startswith("-")  # a little less than the healthy mean
 
 
 def test_the_differential_tree_is_the_slow_ranks_tree_coloured_by_its_excess(tmp_path):
@@ -121,6 +143,6 @@ def test_the_differential_tree_is_the_slow_ranks_tree_coloured_by_its_excess(tmp
     [main] = tree["children"]
     step = next(c for c in main["children"] if c["name"] == "train_step")
     by_name = {c["name"]: c for c in step["children"]}
-    assert by_name["prepare_batch_on_host"]["delta"] == 4000 * MS          # the healthy ranks never ran it
-    assert by_name["launch"]["delta"] == (2000 - 2100) * MS                # 2.0 s against a 2.1 s mean
+    assert by_name["prepare_batch_on_host"]["delta"] == 4000 * MS  # the healthy ranks never ran it
+    assert by_name["launch"]["delta"] == (2000 - 2100) * MS  # 2.0 s against a 2.1 s mean
     assert "launch" in by_name and set(by_name) == {"prepare_batch_on_host", "launch"}

@@ -27,19 +27,35 @@ from otelbpf.export.profile_export import PprofFileExporter, encoded
 
 def cpu_profile(pid: int, stacks: dict[tuple[str, ...], int], end_ms: int) -> Profile:
     """``stacks``: root-first function names -> samples (10 ms each)."""
-    p = Profile("process_cpu", "cpu", {"service_name": f"job{pid}"}, pid, T0, end_ms * 1_000_000, 99,
-                CPU_SAMPLE_TYPES, "cpu")
+    p = Profile(
+        "process_cpu", "cpu", {"service_name": f"job{pid}"}, pid, T0, end_ms * 1_000_000, 99, CPU_SAMPLE_TYPES, "cpu"
+    )
     for names, n in stacks.items():
-        frames = [Frame(f, "python", "train.py", 10 + i) if f.startswith("py:") else Frame(f) for i, f in enumerate(names)]
+        frames = [
+            Frame(f, "python", "train.py", 10 + i) if f.startswith("py:") else Frame(f) for i, f in enumerate(names)
+        ]
         p.samples.append(Sample(frames[::-1], [n, n * 10_000_000], {}))
     return p
 
 
 def write_profiles(directory: Path, pid: int) -> None:
     ex = PprofFileExporter(str(directory), Health())
-    ex.export([encoded(cpu_profile(pid, {("main", "py:train_step", "gemm_cpu"): 60, ("main", "py:load_batch"): 30,
-                                         ("main", "py:train_step", "memcpy"): 10}, 1000)),
-               encoded(cpu_profile(pid, {("main", "py:load_batch"): 100}, 2000))])
+    ex.export(
+        [
+            encoded(
+                cpu_profile(
+                    pid,
+                    {
+                        ("main", "py:train_step", "gemm_cpu"): 60,
+                        ("main", "py:load_batch"): 30,
+                        ("main", "py:train_step", "memcpy"): 10,
+                    },
+                    1000,
+                )
+            ),
+            encoded(cpu_profile(pid, {("main", "py:load_batch"): 100}, 2000)),
+        ]
+    )
     ex.shutdown()
 
 
@@ -98,8 +114,11 @@ def test_the_page_shows_findings_processes_api_time_and_flame_graphs(tmp_path: P
     assert positions == sorted(positions) and positions[-1] < page.index("<h2>job11 (pid 11)</h2>")
     assert "Allocate host buffers pinned" in page
     # CUDA API time per call: 100 synchronizes of 2 ms
-    row = re.search(r"<tr><td>cudaStreamSynchronize</td><td class='n'>(\d+)</td><td class='n'>(\d+)</td>"
-                    r"<td class='n'>([\d.]+)</td><td class='n'>([\d.]+)</td>", page)
+    row = re.search(
+        r"<tr><td>cudaStreamSynchronize</td><td class='n'>(\d+)</td><td class='n'>(\d+)</td>"
+        r"<td class='n'>([\d.]+)</td><td class='n'>([\d.]+)</td>",
+        page,
+    )
     assert row and row.groups() == ("100", "100", "200.000", "2000.0")
     # one flame graph merging both intervals: 200 samples of 10 ms, load_batch 130 of them
     assert "cpu profile: 2.000s cpu (2 intervals" in page
@@ -107,7 +126,11 @@ def test_the_page_shows_findings_processes_api_time_and_flame_graphs(tmp_path: P
     assert tree["value"] == 2_000_000_000 and node(tree, "main", "py:load_batch")["value"] == 1_300_000_000
     assert node(tree, "main", "py:train_step", "gemm_cpu")["value"] == 600_000_000
     # the vendored component, inlined: no URL, and the page's own script after it
-    assert "d3js.org v7.9.2" in page and "flamegraph" in page and page.index("d3js.org") < page.index("data.flames.forEach")
+    assert (
+        "d3js.org v7.9.2" in page
+        and "flamegraph" in page
+        and page.index("d3js.org") < page.index("data.flames.forEach")
+    )
 
 
 def test_read_profile_gives_root_first_stacks(tmp_path: Path) -> None:
@@ -115,8 +138,11 @@ def test_read_profile_gives_root_first_stacks(tmp_path: Path) -> None:
     [first, _] = sorted((tmp_path / "profiles").iterdir())
     unit, samples = read_profile(str(first))
     assert unit == "cpu/nanoseconds"  # the CPU time, as pprof shows it by default
-    assert sorted(samples) == [(["main", "py:load_batch"], 300_000_000), (["main", "py:train_step", "gemm_cpu"], 600_000_000),
-                               (["main", "py:train_step", "memcpy"], 100_000_000)]
+    assert sorted(samples) == [
+        (["main", "py:load_batch"], 300_000_000),
+        (["main", "py:train_step", "gemm_cpu"], 600_000_000),
+        (["main", "py:train_step", "memcpy"], 100_000_000),
+    ]
 
 
 def test_bad_input_gives_a_partial_page_and_a_clear_message(tmp_path: Path) -> None:
@@ -140,8 +166,12 @@ def test_bad_input_gives_a_partial_page_and_a_clear_message(tmp_path: Path) -> N
 
 def test_cli(tmp_path: Path) -> None:
     steps(14, memory="pageable").export(tmp_path)
-    cli = subprocess.run([sys.executable, "-m", "otelbpf.cli", "report", str(tmp_path), "-o", str(tmp_path / "r.html")],
-                         capture_output=True, text=True, cwd=REPO)
+    cli = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "report", str(tmp_path), "-o", str(tmp_path / "r.html")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.startswith(f"wrote {tmp_path / 'r.html'}: 1 finding")
     assert "pageable_copies" in (tmp_path / "r.html").read_text()
@@ -172,7 +202,7 @@ receivers: {{cuda: {{}}}}
 exporters:
   file: {{directory: {on}}}
   file/quiet: {{directory: {off}, report: false}}
-  file/absent: {{directory: {tmp_path / 'never-written'}}}
+  file/absent: {{directory: {tmp_path / "never-written"}}}
 service:
   pipelines:
     traces: {{receivers: [cuda], exporters: [file, file/quiet, file/absent]}}

@@ -27,24 +27,55 @@ def spans(directory: Path) -> None:
     Launch spans are 1 in 10 (``otelbpf.sample_every``); the metrics count 60 launches."""
     t = Trace(PID)
     request, op = new_context(), new_context()
-    t.spans.append(make_span("POST /infer", resource=t.res, scope=HTTP, start_ns=T0, end_ns=T0 + 50 * MS,
-                             attributes={}, context=request))
-    t.spans.append(make_span("aten::linear", resource=t.res, scope=TORCH, start_ns=T0 + MS, end_ns=T0 + 40 * MS,
-                             attributes={}, context=op, parent=request))
+    t.spans.append(
+        make_span(
+            "POST /infer", resource=t.res, scope=HTTP, start_ns=T0, end_ns=T0 + 50 * MS, attributes={}, context=request
+        )
+    )
+    t.spans.append(
+        make_span(
+            "aten::linear",
+            resource=t.res,
+            scope=TORCH,
+            start_ns=T0 + MS,
+            end_ns=T0 + 40 * MS,
+            attributes={},
+            context=op,
+            parent=request,
+        )
+    )
 
     def cuda(name: str, start_ms: int, dur_ns: int, parent=op, thread: int | None = 7, **attrs) -> None:
         thread_attr = {} if thread is None else {"thread.id": thread}
-        t.spans.append(make_span(name, resource=t.res, scope=CUDA, start_ns=T0 + start_ms * MS,
-                                 end_ns=T0 + start_ms * MS + dur_ns, parent=parent,
-                                 attributes={"cuda.api.function": name, **thread_attr, **attrs}))
+        t.spans.append(
+            make_span(
+                name,
+                resource=t.res,
+                scope=CUDA,
+                start_ns=T0 + start_ms * MS,
+                end_ns=T0 + start_ms * MS + dur_ns,
+                parent=parent,
+                attributes={"cuda.api.function": name, **thread_attr, **attrs},
+            )
+        )
 
     for i in range(3):
         cuda("cudaLaunchKernel", 2 + i, 5_000, **{"cuda.kernel.name": "gemm", "otelbpf.sample_every": 10})
     cuda("cudaLaunchKernel", 60, 5_000, parent=None, **{"cuda.kernel.name": "warmup", "otelbpf.sample_every": 10})
-    cuda("cudaMemcpyAsync", 10, 1 * MS, **{"cuda.memcpy.bytes": 1 << 20, "cuda.memcpy.direction": "H2D",
-                                            "cuda.memcpy.async": True, "cuda.memcpy.host_memory": "pageable"})
-    cuda("cudaMemcpy", 20, 1 * MS, **{"cuda.memcpy.bytes": 4, "cuda.memcpy.direction": "D2H",
-                                       "cuda.memcpy.async": False})
+    cuda(
+        "cudaMemcpyAsync",
+        10,
+        1 * MS,
+        **{
+            "cuda.memcpy.bytes": 1 << 20,
+            "cuda.memcpy.direction": "H2D",
+            "cuda.memcpy.async": True,
+            "cuda.memcpy.host_memory": "pageable",
+        },
+    )
+    cuda(
+        "cudaMemcpy", 20, 1 * MS, **{"cuda.memcpy.bytes": 4, "cuda.memcpy.direction": "D2H", "cuda.memcpy.async": False}
+    )
     cuda("cudaStreamSynchronize", 30, 2 * MS)
     cuda("cudaStreamSynchronize", 35, 1 * MS, thread=None)  # no thread named: the ancestry is the root
     t.t = T0 + 100 * MS
@@ -56,13 +87,45 @@ def profiles(directory: Path) -> None:
     and one CPU interval: 40 samples inside cudaStreamSynchronize, 60 in plain Python."""
     labels = {"service_name": f"job{PID}"}
     alloc = [Frame("cudaMalloc"), Frame("py:alloc", "python", "train.py", 3), Frame("main")]
-    memory = [Profile("memory", "cuda_memory", labels, PID, T0, T0 + end * MS, 0, MEMORY_SAMPLE_TYPES, "inuse_space",
-                      samples=[Sample(alloc, [1, 2 << 20, 1, inuse << 20], {})])
-              for end, inuse in ((1000, 1), (2000, 3))]
-    cpu = Profile("process_cpu", "cpu", labels, PID, T0, T0 + 2000 * MS, 99, CPU_SAMPLE_TYPES, "cpu", samples=[
-        Sample([Frame("sched_yield"), Frame("cudaStreamSynchronize"), Frame("py:step", "python", "train.py", 9),
-                Frame("main")], [40, 400 * MS], {}),
-        Sample([Frame("py:step", "python", "train.py", 9), Frame("main")], [60, 600 * MS], {})])
+    memory = [
+        Profile(
+            "memory",
+            "cuda_memory",
+            labels,
+            PID,
+            T0,
+            T0 + end * MS,
+            0,
+            MEMORY_SAMPLE_TYPES,
+            "inuse_space",
+            samples=[Sample(alloc, [1, 2 << 20, 1, inuse << 20], {})],
+        )
+        for end, inuse in ((1000, 1), (2000, 3))
+    ]
+    cpu = Profile(
+        "process_cpu",
+        "cpu",
+        labels,
+        PID,
+        T0,
+        T0 + 2000 * MS,
+        99,
+        CPU_SAMPLE_TYPES,
+        "cpu",
+        samples=[
+            Sample(
+                [
+                    Frame("sched_yield"),
+                    Frame("cudaStreamSynchronize"),
+                    Frame("py:step", "python", "train.py", 9),
+                    Frame("main"),
+                ],
+                [40, 400 * MS],
+                {},
+            ),
+            Sample([Frame("py:step", "python", "train.py", 9), Frame("main")], [60, 600 * MS], {}),
+        ],
+    )
     ex = PprofFileExporter(str(directory), Health())
     ex.export([encoded(p) for p in (*memory, cpu)])
     ex.shutdown()
@@ -81,8 +144,9 @@ def test_each_weight_its_tree_and_what_it_rests_on(tmp_path: Path) -> None:
     # launches: sampled spans scaled by sample_every; 40 of the 80 the metrics counted
     assert node(w["launches"]["tree"], *under, "cudaLaunchKernel", "gemm")["value"] == 30
     assert node(w["launches"]["tree"], "thread 7", "cudaLaunchKernel", "warmup")["value"] == 10
-    assert w["launches"]["coverage"].startswith("The spans hold 50% of what the metrics counted (80 launches): "
-                                                "the rest")
+    assert w["launches"]["coverage"].startswith(
+        "The spans hold 50% of what the metrics counted (80 launches): the rest"
+    )
     assert "not a Python stack" in w["launches"]["rests_on"]
     # bytes copied, by direction and host memory
     assert node(w["copied"]["tree"], *under, "cudaMemcpyAsync", "H2D pageable")["value"] == 1 << 20

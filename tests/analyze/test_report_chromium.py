@@ -48,10 +48,21 @@ class DevTools:
         self._r, from_chrome_w = os.pipe()
         assert CHROMIUM
         self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--no-first-run",
-             f"--user-data-dir={profile_dir}", "about:blank"],
-            pass_fds=(3, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=lambda: _as_fds_3_and_4(to_chrome_r, from_chrome_w))
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--remote-debugging-pipe",
+                "--no-first-run",
+                f"--user-data-dir={profile_dir}",
+                "about:blank",
+            ],
+            pass_fds=(3, 4),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: _as_fds_3_and_4(to_chrome_r, from_chrome_w),
+        )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buf = b""
@@ -133,8 +144,9 @@ def browser(tmp_path: Path):
     dt.session = dt.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
     for domain in ("Runtime", "Log", "Page"):
         dt.call(f"{domain}.enable")
-    dt.call("Emulation.setDeviceMetricsOverride", width=VIEWPORT[0], height=VIEWPORT[1], deviceScaleFactor=1,
-            mobile=False)
+    dt.call(
+        "Emulation.setDeviceMetricsOverride", width=VIEWPORT[0], height=VIEWPORT[1], deviceScaleFactor=1, mobile=False
+    )
     yield dt
     dt.close()
 
@@ -147,8 +159,13 @@ def test_the_page_draws_offline_without_errors_and_opens_on_the_top_finding(tmp_
     profiles(data)
     job(22, n=20, starved=True).export(data)  # off-CPU spans: a starved input pipeline
     page = tmp_path / "report.html"
-    cli = subprocess.run([sys.executable, "-m", "otelbpf.cli", "report", str(data), "-o", str(page)],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    cli = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "report", str(data), "-o", str(page)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert cli.returncode == 0, cli.stderr
     browser.call("Page.navigate", url=page.as_uri())
     browser.wait_for("Page.loadEventFired")
@@ -156,8 +173,9 @@ def test_the_page_draws_offline_without_errors_and_opens_on_the_top_finding(tmp_
     # every flame graph drawn by the component, each timeline an SVG with its lanes' rects
     drawn = browser.evaluate("[...document.querySelectorAll('.flame')].map(e => e.querySelectorAll('svg rect').length)")
     assert isinstance(drawn, list) and len(drawn) >= 5 and all(n > 0 for n in drawn), drawn
-    lanes = browser.evaluate("[...document.querySelectorAll('svg.timeline')]"
-                             ".map(s => s.querySelectorAll('rect').length)")
+    lanes = browser.evaluate(
+        "[...document.querySelectorAll('svg.timeline')].map(s => s.querySelectorAll('rect').length)"
+    )
     assert isinstance(lanes, list) and lanes and all(n > 0 for n in lanes), lanes
     # the AI flame graph's switch: another weight, another legend and another tree
     ai = "document.querySelector('select[id$=\"-weight\"]')"
@@ -169,9 +187,11 @@ def test_the_page_draws_offline_without_errors_and_opens_on_the_top_finding(tmp_
     browser.evaluate("new Promise(r => setTimeout(r, 400))")  # the transition
     assert browser.problems() == []
     # the first screen shows the top finding: its heading in the DOM, its box inside the viewport
-    top = browser.evaluate("(() => { const h = document.querySelector('#finding-1 h3');"
-                           " const r = h.getBoundingClientRect();"
-                           " return [h.textContent, r.top, r.bottom, innerHeight]; })()")
+    top = browser.evaluate(
+        "(() => { const h = document.querySelector('#finding-1 h3');"
+        " const r = h.getBoundingClientRect();"
+        " return [h.textContent, r.top, r.bottom, innerHeight]; })()"
+    )
     assert isinstance(top, list)
     text, y0, y1, height = top
     assert text.startswith("1. input_starvation: job22 (pid 22): ~0.380s"), text  # the costliest cause planted

@@ -21,9 +21,25 @@ pytestmark = pytest.mark.bpf
 
 def test_run_ends_with_the_report_in_the_output_folder(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OTELBPF_RECEIVERS": "cuda"}
-    out = subprocess.run([sys.executable, "-m", "otelbpf.cli", "run", "--", str(WORKLOAD), "--lib", str(FAKE_CUDART),
-                          "--iterations", "30"],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "otelbpf.cli",
+            "run",
+            "--",
+            str(WORKLOAD),
+            "--lib",
+            str(FAKE_CUDART),
+            "--iterations",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     page_path = tmp_path / "otelbpf-out" / "report.html"
     assert "otelbpf: wrote ./otelbpf-out/report.html: " in out.stderr, out.stderr[-2000:]

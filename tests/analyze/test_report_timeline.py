@@ -23,10 +23,26 @@ def job(directory: Path, syncs: int) -> None:
         t.call("cudaStreamSynchronize", i * 10_000)
     t.call("cudaMemcpy", MS, **{"cuda.memcpy.bytes": 4096, "cuda.memcpy.direction": "H2D"})
     t.call("cudaLaunchKernel", 0, **{"cuda.kernel.name": "gemm"})
-    t.spans.append(make_span("off_cpu", resource=t.res, scope=scope("otelbpf.sched"), start_ns=t.t, end_ns=t.t + 3 * MS,
-                             attributes={"thread.name": "train", "otelbpf.sched.reason": "futex"}))
-    t.spans.append(make_span("ncclAllReduce", resource=t.res, scope=scope("otelbpf.nccl"), start_ns=t.t + 4 * MS,
-                             end_ns=t.t + 6 * MS, attributes={}))
+    t.spans.append(
+        make_span(
+            "off_cpu",
+            resource=t.res,
+            scope=scope("otelbpf.sched"),
+            start_ns=t.t,
+            end_ns=t.t + 3 * MS,
+            attributes={"thread.name": "train", "otelbpf.sched.reason": "futex"},
+        )
+    )
+    t.spans.append(
+        make_span(
+            "ncclAllReduce",
+            resource=t.res,
+            scope=scope("otelbpf.nccl"),
+            start_ns=t.t + 4 * MS,
+            end_ns=t.t + 6 * MS,
+            attributes={},
+        )
+    )
     t.t += 6 * MS
     t.export(directory)
 

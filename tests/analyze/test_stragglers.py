@@ -16,16 +16,30 @@ from otelbpf.analyze import clock_offsets
 
 
 def cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "otelbpf.cli", "stragglers", *map(str, args)], capture_output=True,
-                          text=True, cwd=REPO, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "stragglers", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
 
 
 def span(name: str, rank: int, seq: int, start: int, end: int, comm: str = "00000000000000aa", **extra) -> dict:
-    attrs = {"nccl.comm.id": {"stringValue": comm}, "nccl.seq": {"intValue": str(seq)},
-             "nccl.rank": {"intValue": str(rank)}, "nccl.nranks": {"intValue": "2"},
-             "nccl.completion": {"stringValue": "observed"}, **extra}
-    return {"name": name, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
-            "attributes": [{"key": k, "value": v} for k, v in attrs.items()]}
+    attrs = {
+        "nccl.comm.id": {"stringValue": comm},
+        "nccl.seq": {"intValue": str(seq)},
+        "nccl.rank": {"intValue": str(rank)},
+        "nccl.nranks": {"intValue": "2"},
+        "nccl.completion": {"stringValue": "observed"},
+        **extra,
+    }
+    return {
+        "name": name,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(end),
+        "attributes": [{"key": k, "value": v} for k, v in attrs.items()],
+    }
 
 
 def request(pid: int, spans: list[dict], host: str = "h") -> dict:

@@ -120,8 +120,15 @@ def export_metrics(directory: Path, *entries: tuple[Resource, object, list], rot
 
 
 def span(name: str, start: int, duration_ns: int, error: str | None = None, resource: Resource = JOB):
-    return make_span(name, resource=resource, scope=CUDA, start_ns=start, end_ns=start + duration_ns,
-                     attributes={"cuda.api.function": name}, error=error)
+    return make_span(
+        name,
+        resource=resource,
+        scope=CUDA,
+        start_ns=start,
+        end_ns=start + duration_ns,
+        attributes={"cuda.api.function": name},
+        error=error,
+    )
 
 
 @pytest.fixture
@@ -184,8 +191,12 @@ def test_summary_reports_each_process_then_the_agent(telemetry: Path) -> None:
 def test_rotated_files_are_read_too(tmp_path: Path) -> None:
     # ~0.6 MiB per request into 1 MiB files: the first two requests end up in a rotated file.
     for i in range(3):
-        export_metrics(tmp_path, (JOB, CUDA, job_metrics(T0 + i * 10**9, launches=10 + i)),
-                       (AGENT, OWN, [m.gauge("padding", "1", "x" * 600_000, [({}, 0)], T0)]), rotate_bytes=1 << 20)
+        export_metrics(
+            tmp_path,
+            (JOB, CUDA, job_metrics(T0 + i * 10**9, launches=10 + i)),
+            (AGENT, OWN, [m.gauge("padding", "1", "x" * 600_000, [({}, 0)], T0)]),
+            rotate_bytes=1 << 20,
+        )
     assert len(list(tmp_path.glob("metrics-*.jsonl"))) == 1
     rc, text = run(tmp_path)
     assert rc == 0
@@ -204,14 +215,18 @@ def test_a_malformed_line_is_exit_2_naming_file_and_line(telemetry: Path) -> Non
     ("name", "line", "reason"),
     [
         ("traces.jsonl", "[1, 2]", "a JSON list, not an object"),
-        ("traces.jsonl", '{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "x"}]}]}]}',
-         "no field 'endTimeUnixNano'"),
+        (
+            "traces.jsonl",
+            '{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "x"}]}]}]}',
+            "no field 'endTimeUnixNano'",
+        ),
         ("metrics.jsonl", '{"resourceMetrics": 5}', "'int' object is not iterable"),
     ],
     ids=["not-an-object", "span-without-times", "wrong-type"],
 )
-def test_json_that_is_not_otlp_is_exit_2_naming_file_and_line(telemetry: Path, name: str, line: str,
-                                                               reason: str) -> None:
+def test_json_that_is_not_otlp_is_exit_2_naming_file_and_line(
+    telemetry: Path, name: str, line: str, reason: str
+) -> None:
     with open(telemetry / name, "a") as f:
         f.write(line + "\n")
     rc, text = run(telemetry)
@@ -229,8 +244,9 @@ def test_missing_and_empty_directories(tmp_path: Path) -> None:
 
 
 def test_cli_prints_the_summary(telemetry: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "otelbpf.cli", "summary", str(telemetry)],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "summary", str(telemetry)], capture_output=True, text=True, cwd=REPO
+    )
     assert out.returncode == 0, out.stderr
     assert "trainer (pid 4242)\n" in out.stdout
     assert "  kernel launches: 22 (cudaLaunchKernel 20, cudaGraphLaunch 2)\n" in out.stdout

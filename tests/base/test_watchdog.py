@@ -32,7 +32,7 @@ def test_a_stall_is_counted_once_and_an_idle_worker_never():
     assert health.get("otelbpf.agent.stalls", worker="otelbpf-process", item="http events") == 1
     w.end()
     assert w.busy_seconds() == 0.0
-    w.begin("http events")   # a new stall of the same item counts again
+    w.begin("http events")  # a new stall of the same item counts again
     clock.now += 11
     w.check()
     assert health.get("otelbpf.agent.stalls", worker="otelbpf-process", item="http events") == 2

@@ -25,14 +25,20 @@ ALIAS_BOMB = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
 def _limited(mib: int):
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (mib << 20, mib << 20))
+
     return limit
 
 
 def validate(path: Path) -> subprocess.CompletedProcess:
     """`otelbpf validate -c path` with 1 GiB of address space and 30 s: a config that takes
     more is the bug."""
-    return subprocess.run([sys.executable, "-m", "otelbpf.cli", "validate", "-c", str(path)], capture_output=True,
-                          text=True, timeout=30, preexec_fn=_limited(1024))
+    return subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "validate", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        preexec_fn=_limited(1024),
+    )
 
 
 # --- row 5: limits before parsing ---------------------------------------------------------------
@@ -120,8 +126,9 @@ def test_header_values_that_no_transport_sends_are_refused(value: str):
 def test_header_from_the_environment_names_the_variable():
     text = MINIMAL.replace("  file:\n", "  file:\n  otlphttp: {endpoint: 'http://c:4318'}\n")
 
-    error = one_error(text.replace("exporters: [file]", "exporters: [otlphttp]"),
-                      OTEL_EXPORTER_OTLP_HEADERS="api-key=a%0D%0Ab")
+    error = one_error(
+        text.replace("exporters: [file]", "exporters: [otlphttp]"), OTEL_EXPORTER_OTLP_HEADERS="api-key=a%0D%0Ab"
+    )
 
     assert error.startswith("exporters.otlphttp.headers.api-key: '\\r' is not allowed")
     assert error.endswith("(value from OTEL_EXPORTER_OTLP_HEADERS)")
@@ -144,9 +151,13 @@ def test_pyroscope_credentials_are_header_safe():
     assert "exporters.pyroscope.bearer_token:" in one_error(text)
 
 
-@pytest.mark.parametrize("option, value", [
-    ("max_spans_per_second", 10**30), ("launch_sample_every", 10**30),
-])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("max_spans_per_second", 10**30),
+        ("launch_sample_every", 10**30),
+    ],
+)
 def test_unbounded_integers_are_bounded(option: str, value: int):
     error = one_error(MINIMAL.replace("  cuda:\n", f"  cuda: {{{option}: {value}}}\n"))
     assert f"receivers.cuda.{option}:" in error and "less than or equal" in error
@@ -158,9 +169,10 @@ def test_pid_beyond_pid_max_is_refused():
 
 
 def test_file_exporter_modes():
-    config = load_config_text(MINIMAL.replace("  file:\n", "  file: {file_mode: '0640', dir_mode: '0750'}\n"),
-                              source="t")
+    config = load_config_text(
+        MINIMAL.replace("  file:\n", "  file: {file_mode: '0640', dir_mode: '0750'}\n"), source="t"
+    )
     assert (config.exporters["file"].file_mode, config.exporters["file"].dir_mode) == (0o640, 0o750)
     assert "the owner (the agent) needs" in one_error(MINIMAL.replace("  file:\n", "  file: {file_mode: '0400'}\n"))
     assert "invalid mode" in one_error(MINIMAL.replace("  file:\n", "  file: {file_mode: 'rw'}\n"))
-    assert "NUL" in one_error(MINIMAL.replace("  file:\n", "  file: {directory: \"out\\0x\"}\n"))
+    assert "NUL" in one_error(MINIMAL.replace("  file:\n", '  file: {directory: "out\\0x"}\n'))

@@ -24,8 +24,12 @@ def errors(text: str, **env: str) -> list[str]:
 
 
 def test_pyroscope_server_address_without_a_file_replaces_the_file_exporter():
-    env = {"PYROSCOPE_SERVER_ADDRESS": "http://pyro:4040", "PYROSCOPE_BASIC_AUTH_USER": "u",
-           "PYROSCOPE_BASIC_AUTH_PASSWORD": "p", "PYROSCOPE_TENANT_ID": "t"}
+    env = {
+        "PYROSCOPE_SERVER_ADDRESS": "http://pyro:4040",
+        "PYROSCOPE_BASIC_AUTH_USER": "u",
+        "PYROSCOPE_BASIC_AUTH_PASSWORD": "p",
+        "PYROSCOPE_TENANT_ID": "t",
+    }
     config = load_config(None, env=env)
     [(name, exporter)] = config.pipeline_exporters("profiles")
     assert name == "pyroscope" and isinstance(exporter, PyroscopeExporterConfig)
@@ -74,7 +78,9 @@ service:
 
 
 def test_cuda_memory_needs_the_cuda_receiver():
-    found = errors(PROFILES.replace("{cuda_memory: false}", "{}").replace("pyroscope: {}", "pyroscope: {endpoint: 'http://p:1'}"))
+    found = errors(
+        PROFILES.replace("{cuda_memory: false}", "{}").replace("pyroscope: {}", "pyroscope: {endpoint: 'http://p:1'}")
+    )
     assert any("receivers.profiling.cuda_memory: CUDA memory profiles need the cuda receiver" in e for e in found)
 
 

@@ -10,9 +10,9 @@ from otelbpf.correlate.spans import new_context
 def test_a_batching_thread_is_linked_to_every_request_other_threads_hold_open():
     c = Causality()
     a, b, other = new_context(), new_context(), new_context()
-    ia = c.open(1, 10, 100, a)   # two handler threads read two requests
+    ia = c.open(1, 10, 100, a)  # two handler threads read two requests
     c.open(1, 11, 110, b)
-    c.open(2, 10, 100, other)    # another process's request is never linked
+    c.open(2, 10, 100, other)  # another process's request is never linked
     # The engine thread (12) launches the batch's kernels: no parent, a link to each request.
     assert c.parent(1, 12, 150) is None
     assert c.in_flight(1, 12, 150) == [b, a]

@@ -55,8 +55,20 @@ class Events:
         self.rows: list[tuple] = []
         self.ts = time.monotonic_ns() - 10**9
 
-    def add(self, kind: Kind, func: int, *, ret: int = 0, dur: int = 1000, flags: int = 0,
-            a0: int = 0, a1: int = 0, a2: int = 0, a3: int = 0, pid: int | None = None) -> Events:
+    def add(
+        self,
+        kind: Kind,
+        func: int,
+        *,
+        ret: int = 0,
+        dur: int = 1000,
+        flags: int = 0,
+        a0: int = 0,
+        a1: int = 0,
+        a2: int = 0,
+        a3: int = 0,
+        pid: int | None = None,
+    ) -> Events:
         self.ts += 10_000
         pid = self.pid if pid is None else pid
         self.rows.append((self.ts, dur, pid, self.tid, int(kind), int(func), flags, ret, a0, a1, a2, a3))
@@ -76,8 +88,15 @@ class Events:
     def sync(self, func: int = F.cudaStreamSynchronize, stream: int = 0, **kw) -> Events:
         return self.add(Kind.CUDA_SYNC, func, a0=stream, **kw)
 
-    def launch(self, fn: int, func: int = F.cudaLaunchKernel, grid: int = pack_dim(1), block: int = pack_dim(1),
-               stream: int = 0, **kw) -> Events:
+    def launch(
+        self,
+        fn: int,
+        func: int = F.cudaLaunchKernel,
+        grid: int = pack_dim(1),
+        block: int = pack_dim(1),
+        stream: int = 0,
+        **kw,
+    ) -> Events:
         return self.add(Kind.CUDA_LAUNCH, func, a0=fn, a1=grid, a2=block, a3=stream, dur=0, **kw)
 
     def exit(self, comm: str = "job", **kw) -> Events:
@@ -121,7 +140,8 @@ class Harness:
         self.info = ProcessInfo()
         self.sym = Symbolizer()
         self.correlator = CudaCorrelator(
-            CorrelatorSettings(self.info, MonotonicClock(), self.spans.extend), self.sym,
+            CorrelatorSettings(self.info, MonotonicClock(), self.spans.extend),
+            self.sym,
             read_map=lambda name: list(self.maps[name].items()),
             forget_keys=self._forget,
             on_sampled_out=self.sampled_out.append,
@@ -181,7 +201,8 @@ def test_memory_in_use_and_high_water() -> None:
     assert isinstance(m["cuda.memory.in_use"].data, Gauge)
     assert points(m["otelbpf.cuda.anomalies"]) == {(("reason", "incomplete"),): 1, (("reason", "untracked_free"),): 1}
     assert points(m["cuda.api.calls"]) == {
-        (("cuda.api.function", "cudaMalloc"),): 3, (("cuda.api.function", "cudaFree"),): 3,
+        (("cuda.api.function", "cudaMalloc"),): 3,
+        (("cuda.api.function", "cudaFree"),): 3,
     }
     h.correlator.on_events(ev.free(0xB000).malloc(200, 0xD000).array())
     m = h.collect()[ME]
@@ -255,9 +276,13 @@ def test_spans_carry_the_call_and_errors_set_their_status() -> None:
     copy, malloc, launch, sync = h.spans
     assert copy.name == "cudaMemcpyAsync"
     assert dict(copy.attributes) == {
-        "cuda.api.function": "cudaMemcpyAsync", "cuda.api.layer": "runtime", "thread.id": ME + 1,
+        "cuda.api.function": "cudaMemcpyAsync",
+        "cuda.api.layer": "runtime",
+        "thread.id": ME + 1,
         "cuda.memcpy.bytes": 4096,
-        "cuda.memcpy.direction": "H2D", "cuda.memcpy.async": True, "cuda.stream": "0x5eed0001",
+        "cuda.memcpy.direction": "H2D",
+        "cuda.memcpy.async": True,
+        "cuda.stream": "0x5eed0001",
         "cuda.api.return_code": 0,
     }
     assert copy.status.status_code == StatusCode.UNSET
@@ -287,7 +312,8 @@ def test_driver_launches_are_named_from_the_function_name_strings() -> None:
     ev.launch(0xF1, func=F.cuLaunchKernel).launch(0xF2, func=F.cuLaunchKernel).launch(0xF3, func=F.cuLaunchKernel)
     h.correlator.on_events(ev.array())
     assert [(s.attributes["cuda.kernel.name"], s.attributes["cuda.kernel.name_source"]) for s in h.spans] == [
-        ("vector_add(float*, float*, float*, int)", "driver"), ("triton_poi_fused_add_mul_0", "driver"),
+        ("vector_add(float*, float*, float*, int)", "driver"),
+        ("triton_poi_fused_add_mul_0", "driver"),
         ("[unresolved kernel 0xf3]", "unresolved"),
     ]
 
@@ -315,7 +341,9 @@ def test_min_span_duration_drops_short_calls_but_not_launches_or_incomplete_ones
     ev.sync(dur=0, flags=FLAG_INCOMPLETE)
     h.correlator.on_events(ev.array())
     assert [(s.name, s.end_time - s.start_time) for s in h.spans] == [
-        ("cudaStreamSynchronize", 10_000), ("cudaLaunchKernel", 0), ("cudaStreamSynchronize", 0),
+        ("cudaStreamSynchronize", 10_000),
+        ("cudaLaunchKernel", 0),
+        ("cudaStreamSynchronize", 0),
     ]
     # Metrics still count every call.
     assert points(h.collect()[ME]["cuda.api.calls"])[(("cuda.api.function", "cudaStreamSynchronize"),)] == 2
@@ -448,8 +476,7 @@ def test_registered_device_names_name_the_kernels_behind_cuda13_handles() -> Non
     stub_scale, stub_plain, handle = 0x401000, 0x402000, 0x5555_0000_1230  # a heap handle in no file
     ev = Events()
     ev.add(Kind.CUDA_KERNEL_NAME, F["__cudaRegisterFunction"], a0=stub_scale, a1=base, dur=0)
-    ev.add(Kind.CUDA_KERNEL_NAME, F["__cudaRegisterFunction"], a0=stub_plain, a1=base + NAMES.raw.index(b"_Z5"),
-           dur=0)
+    ev.add(Kind.CUDA_KERNEL_NAME, F["__cudaRegisterFunction"], a0=stub_plain, a1=base + NAMES.raw.index(b"_Z5"), dur=0)
     ev.add(Kind.CUDA_KERNEL_ALIAS, F["__cudaGetKernel"], a0=handle, a1=stub_scale)
     ev.launch(handle).launch(stub_plain)
     h.correlator.on_events(ev.array())
@@ -462,10 +489,7 @@ def test_a_late_attach_names_a_handle_from_its_launch_site_in_a_device_stub(tmp_
     return address lies in nvcc's __device_stub__<mangled>, resolved from the ELF symbols
     of a real program built here."""
     src = tmp_path / "stub.c"
-    src.write_text(
-        "void _Z24__device_stub__Z5plainPfPf(float *p) { (void)p; }\n"
-        "int main(void) { return 0; }\n"
-    )
+    src.write_text("void _Z24__device_stub__Z5plainPfPf(float *p) { (void)p; }\nint main(void) { return 0; }\n")
     exe = tmp_path / "stub"
     subprocess.run(["gcc", "-O0", "-o", str(exe), str(src)], check=True)
     subprocess.run(["gcc", "-O0", "-shared", "-fPIC", "-o", str(exe) + ".so", str(src)], check=True)
@@ -518,10 +542,10 @@ def test_copies_from_pinned_memory_are_told_from_pageable_ones() -> None:
     h = Harness()
     ev = Events()
     ev.add(Kind.CUDA_HOST_ALLOC, F.cudaHostAlloc, a0=1 << 20, a1=0x10_0000)
-    ev.add(Kind.CUDA_MEMCPY, F.cudaMemcpy, a0=4096, a1=1, a3=0x10_0000 + 512)   # H2D from pinned
-    ev.add(Kind.CUDA_MEMCPY, F.cudaMemcpy, a0=100, a1=2, a3=0x30_0000)          # D2H to pageable
+    ev.add(Kind.CUDA_MEMCPY, F.cudaMemcpy, a0=4096, a1=1, a3=0x10_0000 + 512)  # H2D from pinned
+    ev.add(Kind.CUDA_MEMCPY, F.cudaMemcpy, a0=100, a1=2, a3=0x30_0000)  # D2H to pageable
     ev.add(Kind.CUDA_HOST_FREE, F.cudaFreeHost, a0=0x10_0000)
-    ev.add(Kind.CUDA_MEMCPY, F.cudaMemcpy, a0=8, a1=1, a3=0x10_0000)            # freed: pageable now
+    ev.add(Kind.CUDA_MEMCPY, F.cudaMemcpy, a0=8, a1=1, a3=0x10_0000)  # freed: pageable now
     h.correlator.on_events(ev.array())
     kinds = [s.attributes.get("cuda.memcpy.host_memory") for s in h.spans if s.name == "cudaMemcpy"]
     assert kinds == ["pinned", "pageable", "pageable"]
@@ -544,7 +568,8 @@ def test_an_event_query_that_is_not_ready_is_an_answer_not_an_error() -> None:
     assert h.spans[2].attributes["cuda.event"] == "0xe1"
     m = h.collect()[ME]
     assert points(m["cuda.api.calls"]) == {
-        (("cuda.api.function", "cudaEventQuery"),): 2, (("cuda.api.function", "cudaEventSynchronize"),): 1,
+        (("cuda.api.function", "cudaEventQuery"),): 2,
+        (("cuda.api.function", "cudaEventSynchronize"),): 1,
     }
     assert "cuda.api.errors" not in m
 

@@ -9,14 +9,28 @@ import pytest
 from otelbpf.correlate.genai import JsonScanner, RequestFacts, ResponseFacts, attributes, operation
 from otelbpf.correlate.protocols.limits import Limits
 
-REQUEST = json.dumps({"messages": [{"role": "system", "content": "be \"model\": brief \\ {["},
-                                   {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-                      "model": "meta-llama/Llama-3.1-8B-Instruct", "stream": True,
-                      "stream_options": {"include_usage": True}, "temperature": 0.5}).encode()
-RESPONSE = json.dumps({"id": "chatcmpl-7", "object": "chat.completion", "created": 1, "model": "llama-3.1",
-                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                                    "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": 21, "completion_tokens": 2, "total_tokens": 23}}).encode()
+REQUEST = json.dumps(
+    {
+        "messages": [
+            {"role": "system", "content": 'be "model": brief \\ {['},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ],
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.5,
+    }
+).encode()
+RESPONSE = json.dumps(
+    {
+        "id": "chatcmpl-7",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "llama-3.1",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 21, "completion_tokens": 2, "total_tokens": 23},
+    }
+).encode()
 
 
 def test_operations():
@@ -39,8 +53,10 @@ def test_request_content_only_when_asked_and_clipped():
     r = RequestFacts("chat", content_cap=4)
     for i in range(0, len(REQUEST), 5):
         r.data(REQUEST[i : i + 5], None)
-    assert r.input_messages() == [{"role": "system", "parts": [{"type": "text", "content": "be "}]},
-                                  {"role": "user", "parts": [{"type": "text", "content": "hi"}]}]
+    assert r.input_messages() == [
+        {"role": "system", "parts": [{"type": "text", "content": "be "}]},
+        {"role": "user", "parts": [{"type": "text", "content": "hi"}]},
+    ]
 
 
 def test_json_response_at_every_split():
@@ -50,7 +66,13 @@ def test_json_response_at_every_split():
         f.data(RESPONSE[cut:])
         f.body_done()
         assert (f.model, f.id, f.input_tokens, f.output_tokens, f.finish_reasons, f.problem) == (
-            "llama-3.1", "chatcmpl-7", 21, 2, ["stop"], ""), cut
+            "llama-3.1",
+            "chatcmpl-7",
+            21,
+            2,
+            ["stop"],
+            "",
+        ), cut
 
 
 def test_a_gap_ends_the_reading_and_usage_is_not_guessed():
@@ -62,16 +84,19 @@ def test_a_gap_ends_the_reading_and_usage_is_not_guessed():
     assert (f.id, f.model, f.input_tokens) == ("chatcmpl-7", None, None)
 
 
-@pytest.mark.parametrize("body, reason", [
-    (b'{"usage": {"prompt_tokens": 1, "completion_tokens": -3}}', "bad_usage"),
-    (b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2.5}}', "bad_usage"),
-    (b'{"usage": {"prompt_tokens": 1, "completion_tokens": 99999999999999999999}}', "bad_usage"),
-    (b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2}', "bad_usage"),   # never closed
-    (b'{"usage": {"prompt_tokens": 1 "completion_tokens": 2}}', "bad_json"),
-    (b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2]]', "bad_json"),
-    (b'{"model": "a": "b"}', "bad_json"),
-    (b'[' * 100, "too_deep"),
-])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (b'{"usage": {"prompt_tokens": 1, "completion_tokens": -3}}', "bad_usage"),
+        (b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2.5}}', "bad_usage"),
+        (b'{"usage": {"prompt_tokens": 1, "completion_tokens": 99999999999999999999}}', "bad_usage"),
+        (b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2}', "bad_usage"),  # never closed
+        (b'{"usage": {"prompt_tokens": 1 "completion_tokens": 2}}', "bad_json"),
+        (b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2]]', "bad_json"),
+        (b'{"model": "a": "b"}', "bad_json"),
+        (b"[" * 100, "too_deep"),
+    ],
+)
 def test_malformed_json_is_named_and_no_counts_are_taken(body, reason):
     f = ResponseFacts()
     f.data(body)
@@ -103,7 +128,12 @@ def test_sse_events_count_output_and_take_usage_from_the_last():
     f.event(b'{"id":"c1","model":"m","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2}}', 400)
     f.event(b"[DONE]", 500)
     assert (f.token_events, f.first_token_ns, f.input_tokens, f.output_tokens, f.finish_reasons) == (
-        3, 100, 9, 2, ["stop"])
+        3,
+        100,
+        9,
+        2,
+        ["stop"],
+    )
 
 
 def test_attributes_follow_the_semantic_conventions():
@@ -113,6 +143,10 @@ def test_attributes_follow_the_semantic_conventions():
     f.event(b'{"model":"served","choices":[{"delta":{"content":"a"}}]}', 1)
     f.event(b'{"model":"served","choices":[{"delta":{"content":"b"}}]}', 2)
     assert attributes(r, f, lambda v: v[:10]) == {
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "meta-llama",
-        "gen_ai.response.model": "served", "gen_ai.usage.output_tokens": 2,
-        "otelbpf.gen_ai.usage.output_tokens.estimated": True}
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "meta-llama",
+        "gen_ai.response.model": "served",
+        "gen_ai.usage.output_tokens": 2,
+        "otelbpf.gen_ai.usage.output_tokens.estimated": True,
+    }

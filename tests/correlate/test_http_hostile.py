@@ -29,6 +29,7 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 def within(seconds: int = 2):
     """Fail, rather than hang the suite, if the block takes longer (a parse position moving
     backwards spins forever)."""
+
     def hang(*_):
         raise TimeoutError(f"still running after {seconds}s")
 
@@ -50,8 +51,9 @@ def test_chunk_sizes_int_accepts_but_http_forbids_desync_and_never_move_backward
     with within():
         # "-6" right after the head made the old parser step back onto the head's CRLF and re-read
         # the same size line forever.
-        conn.feed(True, b"POST /up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\nhello\r\n0\r\n\r\n",
-                  0, 1)
+        conn.feed(
+            True, b"POST /up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\nhello\r\n0\r\n\r\n", 0, 1
+        )
         [ex] = conn.feed(False, OK, 0, 2)
     assert conn.problems == {"bad_chunk_size": 1}
     assert ex.request.problem == "bad_chunk_size" and ex.request.body_size == 0 and ex.request.size > 0
@@ -59,8 +61,13 @@ def test_chunk_sizes_int_accepts_but_http_forbids_desync_and_never_move_backward
 
 def test_valid_chunk_sizes_with_extensions_still_parse():
     conn = Http1Connection()
-    conn.feed(True, b"POST /up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nA ;name=v\r\n0123456789\r\n"
-              b"00000000000005\r\nhello\r\n0\r\n\r\n", 0, 1)
+    conn.feed(
+        True,
+        b"POST /up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nA ;name=v\r\n0123456789\r\n"
+        b"00000000000005\r\nhello\r\n0\r\n\r\n",
+        0,
+        1,
+    )
     [ex] = conn.feed(False, OK, 0, 2)
     assert ex.request.complete and ex.request.body_size == 15 and conn.problems == {}
 
@@ -101,8 +108,9 @@ def test_request_targets_outside_the_grammar_desync_and_are_counted(target):
     assert conn.feed(False, OK, 0, 2)[0].request is None  # answered nothing followed
 
 
-@pytest.mark.parametrize("method,target", [("CONNECT", "host:443"), ("OPTIONS", "*"), ("GET", "http://h/x"),
-                                           ("GET", "/caf\xc3\xa9")])
+@pytest.mark.parametrize(
+    "method,target", [("CONNECT", "host:443"), ("OPTIONS", "*"), ("GET", "http://h/x"), ("GET", "/caf\xc3\xa9")]
+)
 def test_the_other_target_forms_are_followed(method, target):
     conn = Http1Connection()
     conn.feed(True, f"{method} {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode("latin-1"), 0, 1)
@@ -125,9 +133,14 @@ def test_the_row_1_hang_does_not_stop_the_correlator():
 
 def test_bad_status_and_grpc_paths_keep_the_record_and_count_the_problem():
     ec, es = Encoder(), Encoder()
-    calls = [grpc_call(ec, es, 1, status="abc"), grpc_call(ec, es, 3, path="x/y/z"),
-             grpc_call(ec, es, 5, path="/a/b/c"), grpc_call(ec, es, 7, status="9" * 30, grpc_status="9" * 30),
-             grpc_call(ec, es, 9, grpc_status="17"), grpc_call(ec, es, 11)]
+    calls = [
+        grpc_call(ec, es, 1, status="abc"),
+        grpc_call(ec, es, 3, path="x/y/z"),
+        grpc_call(ec, es, 5, path="/a/b/c"),
+        grpc_call(ec, es, 7, status="9" * 30, grpc_status="9" * 30),
+        grpc_call(ec, es, 9, grpc_status="17"),
+        grpc_call(ec, es, 11),
+    ]
     c2s, s2c = h2_connection(calls)
     w = Wire()
     w.accept(10)
@@ -178,9 +191,17 @@ def test_an_int_beyond_int64_is_clamped_and_counted_not_a_lost_batch():
     from opentelemetry.sdk.resources import Resource
 
     otlp_json.CONVERSIONS.take()
-    spans = [make_span("s", resource=Resource({}), scope=scope("t"), start_ns=1, end_ns=2,
-                       attributes={"big": 1 << 70, "neg": -(1 << 80), "list": [1, 1 << 64], "ok": 5})
-             for _ in range(3)]
+    spans = [
+        make_span(
+            "s",
+            resource=Resource({}),
+            scope=scope("t"),
+            start_ns=1,
+            end_ns=2,
+            attributes={"big": 1 << 70, "neg": -(1 << 80), "list": [1, 1 << 64], "ok": 5},
+        )
+        for _ in range(3)
+    ]
     message = encode_spans_proto(spans)
     attrs = {kv.key: kv.value for kv in message.resource_spans[0].scope_spans[0].spans[0].attributes}
     assert attrs["big"].int_value == INT64_MAX and attrs["neg"].int_value == -(1 << 63)
@@ -350,14 +371,23 @@ def test_unknown_methods_share_the_other_series():
 # -- rows 9 and 10: credentials in targets, Host and the log ---------------------------------------------
 
 
-@pytest.mark.parametrize("request_bytes,path,host", [
-    (b"GET http://alice:pw-secret@origin.example:8080/p?token=q-secret HTTP/1.1\r\nHost: origin.example\r\n\r\n",
-     "/p", "origin.example"),
-    (b"GET /cart;jsessionid=sess-secret/item;v=1;x HTTP/1.1\r\nHost: bob:host-secret@shop.example:80\r\n\r\n",
-     "/cart;jsessionid=REDACTED/item;v=REDACTED;x", "shop.example"),
-    (b"GET https://u-secret@h.example HTTP/1.1\r\n\r\n", "/", "h.example"),
-    (b"CONNECT u:pw-secret@h.example:443 HTTP/1.1\r\n\r\n", "h.example:443", None),
-])
+@pytest.mark.parametrize(
+    "request_bytes,path,host",
+    [
+        (
+            b"GET http://alice:pw-secret@origin.example:8080/p?token=q-secret HTTP/1.1\r\nHost: origin.example\r\n\r\n",
+            "/p",
+            "origin.example",
+        ),
+        (
+            b"GET /cart;jsessionid=sess-secret/item;v=1;x HTTP/1.1\r\nHost: bob:host-secret@shop.example:80\r\n\r\n",
+            "/cart;jsessionid=REDACTED/item;v=REDACTED;x",
+            "shop.example",
+        ),
+        (b"GET https://u-secret@h.example HTTP/1.1\r\n\r\n", "/", "h.example"),
+        (b"CONNECT u:pw-secret@h.example:443 HTTP/1.1\r\n\r\n", "h.example:443", None),
+    ],
+)
 def test_userinfo_and_path_parameters_never_reach_a_span(request_bytes, path, host):
     w = Wire()
     w.exchange(10, request_bytes, OK)

@@ -73,14 +73,22 @@ def test_modify_to_rtr_names_the_peer_and_a_failed_call_is_an_error():
     ctx, qpn, remote = 0x5500, 0x1A4, 0x1A5
     gid = bytes(10) + b"\xff\xff" + bytes([192, 168, 7, 9])
     c.on_events(_event(Kind.IBV_CREATE_QP, IbvFunc.ibv_create_qp, a=(ctx, 0x77, qpn | 2 << 32, 64 | 64 << 32)))
-    c.on_events(_event(Kind.IBV_QP_GID, IbvFunc.ibv_modify_qp,
-                       a=(ctx, qpn, int.from_bytes(gid[:8], "little"), int.from_bytes(gid[8:], "little"))))
+    c.on_events(
+        _event(
+            Kind.IBV_QP_GID,
+            IbvFunc.ibv_modify_qp,
+            a=(ctx, qpn, int.from_bytes(gid[:8], "little"), int.from_bytes(gid[8:], "little")),
+        )
+    )
     # a1: qpn | RTR << 24 | has state | is_global | has AV | has dest | dest << 32 | mtu 4096 (5) << 56
     a1 = qpn | 2 << 24 | 1 << 28 | 1 << 29 | 1 << 30 | 1 << 31 | remote << 32 | 5 << 56
     mask = abi.IBV_QP_STATE | abi.IBV_QP_AV | abi.IBV_QP_DEST_QPN
     c.on_events(_event(Kind.IBV_MODIFY_QP, IbvFunc.ibv_modify_qp, a=(ctx, a1, mask | 7 << 32 | 1 << 48, 0x77)))
-    c.on_events(_event(Kind.IBV_MODIFY_QP, IbvFunc.ibv_modify_qp, ret=22,
-                       a=(ctx, qpn | 3 << 24 | 1 << 28, abi.IBV_QP_STATE, 0x77)))
+    c.on_events(
+        _event(
+            Kind.IBV_MODIFY_QP, IbvFunc.ibv_modify_qp, ret=22, a=(ctx, qpn | 3 << 24 | 1 << 28, abi.IBV_QP_STATE, 0x77)
+        )
+    )
     create, rtr, failed = spans
     assert create.name == "ibv_create_qp" and create.attributes["rdma.qp.type"] == "RC"
     assert rtr.attributes["rdma.qp.state"] == "RTR" and rtr.attributes["rdma.qp.remote.num"] == remote
@@ -98,8 +106,17 @@ def test_process_exit_ends_open_queue_pairs_and_error_completions_become_spans()
     ctx, qpn = 0x5500, 0x2B0
     c.on_events(_event(Kind.IBV_CREATE_QP, IbvFunc.ibv_create_qp, a=(ctx, 0x88, qpn | 2 << 32, 0)))
     status = abi.WC_STATUS.index("RNR_RETRY_EXC_ERR")
-    c.on_events(_event(Kind.IBV_COMPLETION, 0, ts=2_000, dur=40_000, ret=status, flags=FLAG_IBV_POSTED,
-                       a=(ctx, qpn | 0xF5 << 32, 0xD00, 0 | 100 << 32)))
+    c.on_events(
+        _event(
+            Kind.IBV_COMPLETION,
+            0,
+            ts=2_000,
+            dur=40_000,
+            ret=status,
+            flags=FLAG_IBV_POSTED,
+            a=(ctx, qpn | 0xF5 << 32, 0xD00, 0 | 100 << 32),
+        )
+    )
     exit_rec = _event(Kind.PROC_EXIT, 0, ts=90_000)
     c.on_events(exit_rec)
     _create, completion, lifetime = spans
@@ -116,13 +133,19 @@ def _counters(gen: int, sends: int):
     posted = list(zeros)
     posted[0] = sends
     queue = SimpleNamespace(lat_count=0)
-    return SimpleNamespace(gen=gen, posted=posted, posted_bytes=list(posted), done=zeros, done_bytes=zeros,
-                           q=[queue, queue], unmatched=0)
+    return SimpleNamespace(
+        gen=gen, posted=posted, posted_bytes=list(posted), done=zeros, done_bytes=zeros, q=[queue, queue], unmatched=0
+    )
 
 
 def _posted_points(c: IbverbsCorrelator) -> list:
-    return [p for _res, metrics in c.collect() for metric in metrics if metric.name == "rdma.wr.posted"
-            for p in metric.data.data_points]
+    return [
+        p
+        for _res, metrics in c.collect()
+        for metric in metrics
+        if metric.name == "rdma.wr.posted"
+        for p in metric.data.data_points
+    ]
 
 
 def test_counters_read_before_their_qp_events_are_described_after_sync():
@@ -133,11 +156,21 @@ def test_counters_read_before_their_qp_events_are_described_after_sync():
     gid = bytes(10) + b"\xff\xff" + bytes([192, 168, 7, 9])
     pending = [
         _event(Kind.IBV_CREATE_QP, IbvFunc.ibv_create_qp, a=(ctx, 0x77, qpn | 2 << 32, 64 | 64 << 32)),
-        _event(Kind.IBV_QP_GID, IbvFunc.ibv_modify_qp,
-               a=(ctx, qpn, int.from_bytes(gid[:8], "little"), int.from_bytes(gid[8:], "little"))),
-        _event(Kind.IBV_MODIFY_QP, IbvFunc.ibv_modify_qp,
-               a=(ctx, qpn | 2 << 24 | 1 << 28 | 1 << 29 | 1 << 30 | 1 << 31 | 0x1A5 << 32,
-                  abi.IBV_QP_STATE | abi.IBV_QP_AV | abi.IBV_QP_DEST_QPN, 0x77)),
+        _event(
+            Kind.IBV_QP_GID,
+            IbvFunc.ibv_modify_qp,
+            a=(ctx, qpn, int.from_bytes(gid[:8], "little"), int.from_bytes(gid[8:], "little")),
+        ),
+        _event(
+            Kind.IBV_MODIFY_QP,
+            IbvFunc.ibv_modify_qp,
+            a=(
+                ctx,
+                qpn | 2 << 24 | 1 << 28 | 1 << 29 | 1 << 30 | 1 << 31 | 0x1A5 << 32,
+                abi.IBV_QP_STATE | abi.IBV_QP_AV | abi.IBV_QP_DEST_QPN,
+                0x77,
+            ),
+        ),
     ]
     key = SimpleNamespace(pid=os.getpid(), ctx=ctx, qpn=qpn, gen=gen)
     maps = {"ibv_qps": [(key, _counters(gen, 5))]}

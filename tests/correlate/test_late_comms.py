@@ -13,7 +13,7 @@ from otelbpf.correlate.late_comms import LateComm, LateComms, Round, Signature
 from otelbpf.correlate.launch_env import Launch
 
 MS = 1_000_000
-SIGNATURE: Signature = (1, 1024, 7, 0, -1)   # AllReduce of 1024 float32, sum
+SIGNATURE: Signature = (1, 1024, 7, 0, -1)  # AllReduce of 1024 float32, sum
 
 
 @dataclass(eq=False)
@@ -61,7 +61,8 @@ def rounds(job: Job, rank_rounds: dict[int, list[tuple[float, float]]]) -> dict[
     """Feeds each rank's (enter, observed) collectives in time order; rank -> its calls."""
     timeline = sorted(
         [(t, 0, r, i) for r, cs in rank_rounds.items() for i, (t, _) in enumerate(cs)]
-        + [(done, 1, r, i) for r, cs in rank_rounds.items() for i, (_, done) in enumerate(cs)])
+        + [(done, 1, r, i) for r, cs in rank_rounds.items() for i, (_, done) in enumerate(cs)]
+    )
     calls: dict[int, list[Call]] = {r: [] for r in rank_rounds}
     for t, what, r, i in timeline:
         if what == 0:
@@ -71,8 +72,9 @@ def rounds(job: Job, rank_rounds: dict[int, list[tuple[float, float]]]) -> dict[
     return calls
 
 
-def schedule(n: int, late_ms: float, lag_ms: dict[int, float], period_ms: float = 300,
-             duration_ms: float = 200) -> dict[int, list[tuple[float, float]]]:
+def schedule(
+    n: int, late_ms: float, lag_ms: dict[int, float], period_ms: float = 300, duration_ms: float = 200
+) -> dict[int, list[tuple[float, float]]]:
     """Rank 1 enters every collective ``late_ms`` after ranks 0 and 2; it ends ``duration_ms``
     after the last entry; rank r observes that ``lag_ms[r]`` later."""
     out: dict[int, list[tuple[float, float]]] = {r: [] for r in range(3)}

@@ -20,8 +20,8 @@ def test_a_server_finds_the_client_request_in_flight_on_its_connection():
     assert links.find(("127.0.0.1", 40000), 8080, 0, 150) == first
     assert links.find(("127.0.0.1", 40000), 8080, 0, 350) == second
     assert links.find(("127.0.0.1", 40000), 8080, 0, 250) is None
-    assert links.find(("127.0.0.1", 40001), 8080, 0, 150) is None   # another connection
-    assert links.find(("127.0.0.1", 40000), 8080, 3, 150) is None   # another HTTP/2 stream
+    assert links.find(("127.0.0.1", 40001), 8080, 0, 150) is None  # another connection
+    assert links.find(("127.0.0.1", 40000), 8080, 3, 150) is None  # another HTTP/2 stream
 
 
 def test_addresses_of_real_sockets_from_proc():
@@ -53,9 +53,19 @@ def test_ipv4_mapped_addresses_read_as_ipv4():
 def test_traceparent_parsing_accepts_only_valid_headers():
     ctx = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
     assert (ctx.trace_id, ctx.span_id, ctx.is_remote, int(ctx.trace_flags)) == (
-        0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True, 1)
-    for bad in (None, "", "00-0000-00f067aa0ba902b7-01", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-                "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-xyz"):
+        0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        0x00F067AA0BA902B7,
+        True,
+        1,
+    )
+    for bad in (
+        None,
+        "",
+        "00-0000-00f067aa0ba902b7-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-xyz",
+    ):
         assert parse_traceparent(bad) is None
 
 

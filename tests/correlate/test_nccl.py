@@ -36,8 +36,19 @@ class Events:
 
     def allreduce(self, ts, pid, comm, *, enq=MS // 10, unknown=True, seq=0, rank=-1, nranks=-1, count=1024):
         flags = FLAG_NCCL_UNKNOWN_COMM if unknown else 0
-        self.add(ts, pid, Kind.NCCL_ENTER, NcclFunc.ncclAllReduce, dur=pack(rank, nranks), flags=flags, ret=-1,
-                 a0=comm, a1=seq, a2=args(count), a3=STREAM)
+        self.add(
+            ts,
+            pid,
+            Kind.NCCL_ENTER,
+            NcclFunc.ncclAllReduce,
+            dur=pack(rank, nranks),
+            flags=flags,
+            ret=-1,
+            a0=comm,
+            a1=seq,
+            a2=args(count),
+            a3=STREAM,
+        )
         self.add(ts + enq, pid, Kind.NCCL_RETURN, NcclFunc.ncclAllReduce)
 
     def array(self) -> np.ndarray:
@@ -63,8 +74,12 @@ def ar_spans(spans, pid=None):
 
 
 def findings(spans):
-    return [(s.resource.attributes["process.pid"], dict(e.attributes)) for s in spans for e in s.events
-            if e.name == "nccl.straggler"]
+    return [
+        (s.resource.attributes["process.pid"], dict(e.attributes))
+        for s in spans
+        for e in s.events
+        if e.name == "nccl.straggler"
+    ]
 
 
 # ---- completion as PyTorch sees it
@@ -90,8 +105,10 @@ def test_completion_is_observed_through_the_event_recorded_after_the_collective(
     a = span.attributes
     method = {"query": "event_query", "sync": "event_sync", "wait": "stream_wait"}[how]
     assert (a["nccl.completion"], a["nccl.completion.method"], a["cuda.event"]) == ("observed", method, "0xe1")
-    assert a["nccl.sync.function"] == {"query": "cudaEventQuery", "sync": "cudaEventSynchronize",
-                                        "wait": "cudaStreamSynchronize"}[how]
+    assert (
+        a["nccl.sync.function"]
+        == {"query": "cudaEventQuery", "sync": "cudaEventSynchronize", "wait": "cudaStreamSynchronize"}[how]
+    )
     # the compute stream's synchronize also waited for the work behind the wait: only a bound
     assert a.get("nccl.completion.bound") == ("upper" if how == "wait" else None)
     assert span.end_time - span.start_time == 50 * MS + 2000
@@ -120,10 +137,12 @@ def test_an_event_recorded_on_another_stream_or_before_the_collective_observes_n
 
 
 def test_launcher_environment_is_parsed():
-    assert parse({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}, 7) == \
-        Launch(3, 8, "env:RANK", "torchelastic:x", 1)
-    assert parse({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "9"}, 7) == \
-        Launch(2, 4, "env:SLURM_PROCID", "slurm:9.", -1)
+    assert parse({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}, 7) == Launch(
+        3, 8, "env:RANK", "torchelastic:x", 1
+    )
+    assert parse({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "9"}, 7) == Launch(
+        2, 4, "env:SLURM_PROCID", "slurm:9.", -1
+    )
     assert parse({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, 7).job == "parent:7"
     assert parse({"RANK": "5", "WORLD_SIZE": "4"}, 7) is None, "a rank outside the world is not believed"
     assert parse({"RANK": "x"}, 7) is None and parse({}, 7) is None
@@ -144,16 +163,27 @@ def observe(ev: Events, how: str, pid: int, enqueued: int, done: int, event: int
         ev.add(enqueued + MS, pid, Kind.CUDA_CALL, CudaFunc.cudaEventQuery, a0=event, ret=600, dur=1000)  # not ready
         ev.add(done - 10_000, pid, Kind.CUDA_CALL, CudaFunc.cudaEventQuery, a0=event, dur=10_000)
     elif how == "sync":
-        ev.add(enqueued + MS, pid, Kind.CUDA_SYNC, CudaFunc.cudaEventSynchronize, a0=event, a1=1,
-               dur=done - enqueued - MS)
+        ev.add(
+            enqueued + MS, pid, Kind.CUDA_SYNC, CudaFunc.cudaEventSynchronize, a0=event, a1=1, dur=done - enqueued - MS
+        )
     else:  # wait: the compute stream waits; the host learns at its next compute synchronize
         ev.add(enqueued + MS, pid, Kind.CUDA_CALL, CudaFunc.cudaStreamWaitEvent, a0=event, a2=COMPUTE, dur=1000)
         ev.add(done - 10_000, pid, Kind.CUDA_SYNC, CudaFunc.cudaStreamSynchronize, a0=COMPUTE, dur=10_000)
 
 
-def late_job(iterations: int, late_ms: float, *, slow: int = 2, ranks: int = 4, skip: dict | None = None,
-             period_ms: float = 300, duration_ms: float = 200, jitter=None, how: str = "query",
-             lag_ms=None) -> Events:
+def late_job(
+    iterations: int,
+    late_ms: float,
+    *,
+    slow: int = 2,
+    ranks: int = 4,
+    skip: dict | None = None,
+    period_ms: float = 300,
+    duration_ms: float = 200,
+    jitter=None,
+    how: str = "query",
+    lag_ms=None,
+) -> Events:
     """``ranks`` processes (pids 100+r), each with its own comm pointer, none seen at init;
     rank ``slow`` enters late_ms after the others; all observe completion duration_ms after the
     last entry (``how``: the way they observe it), plus ``lag_ms(r)`` for an observation that
@@ -189,11 +219,20 @@ def test_late_attached_ranks_are_identified_from_the_environment_and_compared(ho
     for r in range(4):
         ss = by_pid[100 + r]
         assert [s.attributes["nccl.seq"] for s in ss] == list(range(1 + (2 if r == 3 else 0), 13))
-        assert all((s.attributes["nccl.rank"], s.attributes["nccl.nranks"], s.attributes["nccl.rank.source"],
-                    s.attributes["nccl.comm.source"]) == (r, 4, "env:RANK", "aligned") for s in ss)
+        assert all(
+            (
+                s.attributes["nccl.rank"],
+                s.attributes["nccl.nranks"],
+                s.attributes["nccl.rank.source"],
+                s.attributes["nccl.comm.source"],
+            )
+            == (r, 4, "env:RANK", "aligned")
+            for s in ss
+        )
         assert ss[0].attributes["nccl.comm.address"] == f"{0xC000 + r:#x}"
-        assert {(s.attributes["nccl.completion.method"], s.attributes.get("nccl.completion.bound")) for s in ss} \
-            == {(METHODS[how], "upper" if how == "wait" else None)}
+        assert {(s.attributes["nccl.completion.method"], s.attributes.get("nccl.completion.bound")) for s in ss} == {
+            (METHODS[how], "upper" if how == "wait" else None)
+        }
     found = findings(spans)
     assert found and {pid for pid, _ in found} == {102}
     assert len(found) >= 12 - 5
@@ -207,8 +246,9 @@ def test_a_healthy_jittery_job_has_no_straggler(how):
     rnd = np.random.default_rng(3)
     table = rnd.uniform(0, 30 * MS, size=(60, 4))
     lags = rnd.uniform(0, 20, size=4)  # wait: each rank's compute after the wait, observed late by it
-    ev = late_job(60, 0, jitter=lambda k, r: table[k, r], how=how,
-                  lag_ms=(lambda r: lags[r]) if how == "wait" else None)
+    ev = late_job(
+        60, 0, jitter=lambda k, r: table[k, r], how=how, lag_ms=(lambda r: lags[r]) if how == "wait" else None
+    )
     c, spans = correlator({100 + r: torchrun(r) for r in range(4)})
     c.on_events(ev.array())
     assert len(ar_spans(spans)) == 240 and not findings(spans)
@@ -230,11 +270,17 @@ def test_a_rank_that_observes_completion_after_the_others_entered_the_next_round
     # the others made no 13th: the last fits one round only, and is placed in it
     assert (last.attributes["nccl.comm.source"], last.attributes["nccl.seq"]) == ("aligned", 12)
     for pid in (100, 101, 103):
-        assert [s.attributes["nccl.seq"] for s in sorted(ar_spans(spans, pid), key=lambda s: s.start_time)] == \
-            list(range(1, 13))
+        assert [s.attributes["nccl.seq"] for s in sorted(ar_spans(spans, pid), key=lambda s: s.start_time)] == list(
+            range(1, 13)
+        )
     assert not findings(spans), "no straggler invented from a rank that cannot be placed"
-    anomalies = {dict(dp.attributes)["reason"]: dp.value for _, ms in c.collect() for m in ms
-                 if m.name == "otelbpf.nccl.anomalies" for dp in m.data.data_points}
+    anomalies = {
+        dict(dp.attributes)["reason"]: dp.value
+        for _, ms in c.collect()
+        for m in ms
+        if m.name == "otelbpf.nccl.anomalies"
+        for dp in m.data.data_points
+    }
     assert anomalies.get("late_comm_ambiguous") == 11
 
 
@@ -261,8 +307,13 @@ def test_the_same_rank_twice_in_one_group_is_reported_and_never_compared():
     c.on_events(ev.array())
     assert not findings(spans)
     assert {s.attributes["nccl.comm.source"] for s in ar_spans(spans)} == {"conflicted"}
-    anomalies = {dict(dp.attributes)["reason"]: dp.value for _, ms in c.collect() for m in ms
-                 if m.name == "otelbpf.nccl.anomalies" for dp in m.data.data_points}
+    anomalies = {
+        dict(dp.attributes)["reason"]: dp.value
+        for _, ms in c.collect()
+        for m in ms
+        if m.name == "otelbpf.nccl.anomalies"
+        for dp in m.data.data_points
+    }
     assert anomalies.get("duplicate_rank") == 1
 
 
@@ -297,8 +348,9 @@ def test_known_communicators_say_their_rank_came_from_init():
         ev.add(1100 * MS, 100 + r, Kind.CUDA_SYNC, CudaFunc.cudaStreamSynchronize, a0=STREAM, dur=MS)
     c, spans = correlator({})
     c.on_events(ev.array())
-    assert {(s.attributes["nccl.rank.source"], s.attributes["nccl.comm.source"]) for s in ar_spans(spans)} == \
-        {("init", "init")}
+    assert {(s.attributes["nccl.rank.source"], s.attributes["nccl.comm.source"]) for s in ar_spans(spans)} == {
+        ("init", "init")
+    }
 
 
 # ---- two ranks whose communicator was initialised under the probes: the spans' facts
@@ -315,11 +367,34 @@ def init_rank(ev: Events, ts: int, pid: int, rank: int, nranks: int = 2) -> None
     ev.add(ts + 2 * MS, pid, Kind.NCCL_RETURN, NcclFunc.ncclCommInitRank)
 
 
-def collective(ev: Events, ts: int, pid: int, rank: int, func: NcclFunc, seq: int, *, count: int = 1024,
-               dtype: int = F32, op: int = 0, root: int = -1, ret: int = 0, nranks: int = 2) -> None:
+def collective(
+    ev: Events,
+    ts: int,
+    pid: int,
+    rank: int,
+    func: NcclFunc,
+    seq: int,
+    *,
+    count: int = 1024,
+    dtype: int = F32,
+    op: int = 0,
+    root: int = -1,
+    ret: int = 0,
+    nranks: int = 2,
+) -> None:
     """An NCCL call on COMM entered at ``ts``, returned 0.1 ms later with ``ret``."""
-    ev.add(ts, pid, Kind.NCCL_ENTER, func, dur=pack(rank, nranks), ret=root, a0=COMM, a1=seq,
-           a2=args(count, dtype, op), a3=STREAM)
+    ev.add(
+        ts,
+        pid,
+        Kind.NCCL_ENTER,
+        func,
+        dur=pack(rank, nranks),
+        ret=root,
+        a0=COMM,
+        a1=seq,
+        a2=args(count, dtype, op),
+        a3=STREAM,
+    )
     ev.add(ts + MS // 10, pid, Kind.NCCL_RETURN, func, ret=ret)
 
 
@@ -360,17 +435,43 @@ def test_collectives_of_two_ranks_carry_op_size_sequence_and_communicator() -> N
     for rank, calls in ranks.items():
         assert set(calls) == {"ncclAllReduce", "ncclAllGather", "ncclBroadcast"}
         ar, ag, bc = calls["ncclAllReduce"], calls["ncclAllGather"], calls["ncclBroadcast"]
-        common = {"nccl.comm.id": f"{COMM:016x}", "nccl.comm.source": "init", "nccl.rank": rank,
-                  "nccl.rank.source": "init", "nccl.nranks": 2, "nccl.completion": "observed",
-                  "nccl.completion.method": "stream_sync", "nccl.sync.function": "cudaStreamSynchronize",
-                  "cuda.stream": f"{STREAM:#x}", "nccl.result": "ncclSuccess"}
-        for span, expected in ((ar, {"nccl.op": "AllReduce", "nccl.seq": 1, "nccl.count": 1024,
-                                     "nccl.datatype": "float32", "nccl.bytes": 4096, "nccl.reduction": "max"}),
-                               # all-gather counts every rank's part: 256 float16 x 2 ranks
-                               (ag, {"nccl.op": "AllGather", "nccl.seq": 2, "nccl.count": 256,
-                                     "nccl.datatype": "float16", "nccl.bytes": 1024}),
-                               (bc, {"nccl.op": "Broadcast", "nccl.seq": 3, "nccl.bytes": 40,
-                                     "nccl.root": BCAST_ROOT})):
+        common = {
+            "nccl.comm.id": f"{COMM:016x}",
+            "nccl.comm.source": "init",
+            "nccl.rank": rank,
+            "nccl.rank.source": "init",
+            "nccl.nranks": 2,
+            "nccl.completion": "observed",
+            "nccl.completion.method": "stream_sync",
+            "nccl.sync.function": "cudaStreamSynchronize",
+            "cuda.stream": f"{STREAM:#x}",
+            "nccl.result": "ncclSuccess",
+        }
+        for span, expected in (
+            (
+                ar,
+                {
+                    "nccl.op": "AllReduce",
+                    "nccl.seq": 1,
+                    "nccl.count": 1024,
+                    "nccl.datatype": "float32",
+                    "nccl.bytes": 4096,
+                    "nccl.reduction": "max",
+                },
+            ),
+            # all-gather counts every rank's part: 256 float16 x 2 ranks
+            (
+                ag,
+                {
+                    "nccl.op": "AllGather",
+                    "nccl.seq": 2,
+                    "nccl.count": 256,
+                    "nccl.datatype": "float16",
+                    "nccl.bytes": 1024,
+                },
+            ),
+            (bc, {"nccl.op": "Broadcast", "nccl.seq": 3, "nccl.bytes": 40, "nccl.root": BCAST_ROOT}),
+        ):
             expected = {**common, **expected}
             assert {k: span.attributes.get(k) for k in expected} == expected
             assert "nccl.reduction" not in span.attributes or span is ar
@@ -411,7 +512,8 @@ def test_a_collective_that_returns_an_error_is_a_failed_span_and_counted() -> No
     [(_, metrics)] = c.collect()
     [errors] = [metric for metric in metrics if metric.name == "nccl.errors"]
     assert [(dict(p.attributes), p.value) for p in errors.data.data_points] == [
-        ({"nccl.function": "ncclAllReduce", "nccl.result": "ncclInvalidArgument"}, 1)]
+        ({"nccl.function": "ncclAllReduce", "nccl.result": "ncclInvalidArgument"}, 1)
+    ]
 
 
 def test_send_and_recv_in_a_group_are_children_of_one_group_span() -> None:

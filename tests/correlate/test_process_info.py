@@ -164,8 +164,9 @@ def test_resource_is_read_once_and_outlives_the_process(sleeper: subprocess.Pope
 
 def test_forget_before_an_exec_rereads_only_older_resources(tmp_path) -> None:
     go = tmp_path / "go"
-    proc = spawn("/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.01; done; exec {SLEEP} 30",
-                 env={"OTEL_SERVICE_NAME": "svc"})
+    proc = spawn(
+        "/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.01; done; exec {SLEEP} 30", env={"OTEL_SERVICE_NAME": "svc"}
+    )
     try:
         info = ProcessInfo()
         before_read = time.monotonic_ns()

@@ -54,6 +54,7 @@ def test_an_instruction_not_started_has_the_def_line_and_a_short_table_none():
 def test_a_copy_cut_inside_an_entry_keeps_the_lines_before_it():
     """The kernel copies the first 1 KiB of a line table; once the process is gone that copy
     is all there is, and it may end inside a varint. (It used to raise, losing the round.)"""
+
     def f(x):
         y = x + 1
         z = y * 2
@@ -69,6 +70,7 @@ def test_a_copy_cut_inside_an_entry_keeps_the_lines_before_it():
 def test_a_line_no_c_int_holds_ends_the_table():
     """Bytes that are not this code's table (its memory reused before it was read) must not
     give lines pprof cannot encode: the ranges before the impossible line stand."""
+
     def f(x):
         return x + 1
 

@@ -45,18 +45,30 @@ STACKS = {
 
 
 class OffKey(ctypes.Structure):
-    _fields_ = [("tgid", ctypes.c_uint32), ("tid", ctypes.c_uint32), ("kstack", ctypes.c_int32),
-                ("state", ctypes.c_uint32)]
+    _fields_ = [
+        ("tgid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("kstack", ctypes.c_int32),
+        ("state", ctypes.c_uint32),
+    ]
 
 
 class OffVal(ctypes.Structure):
-    _fields_ = [("count", ctypes.c_uint64), ("blocked_ns", ctypes.c_uint64), ("runq_ns", ctypes.c_uint64),
-                ("comm", ctypes.c_char * 16)]
+    _fields_ = [
+        ("count", ctypes.c_uint64),
+        ("blocked_ns", ctypes.c_uint64),
+        ("runq_ns", ctypes.c_uint64),
+        ("comm", ctypes.c_char * 16),
+    ]
 
 
 class RunqKey(ctypes.Structure):
-    _fields_ = [("tgid", ctypes.c_uint32), ("tid", ctypes.c_uint32), ("slot", ctypes.c_uint32),
-                ("pad", ctypes.c_uint32)]
+    _fields_ = [
+        ("tgid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("slot", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
 
 
 class Table:
@@ -96,7 +108,9 @@ class Rig:
             lambda name, keys: self.forgotten.setdefault(name, []).extend(keys),
             lambda fn: fn(bpf),
             lambda metric, n, **attrs: self.counts.append((metric, n, attrs)),
-            traces=True, max_spans_per_second=1000, kernel_symbols=KernelSymbols(str(ksyms)),
+            traces=True,
+            max_spans_per_second=1000,
+            kernel_symbols=KernelSymbols(str(ksyms)),
         )
 
     def off_cpu(self, tid: int, name: str, stack: int, state: int, blocked: int, runq: int, count: int = 1) -> None:
@@ -128,11 +142,14 @@ def test_reasons_from_state_and_stack() -> None:
 
 def test_long_intervals_become_spans_with_reason_and_stack(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    rig.corr.on_ring("schedevents", records(
-        (ME + 1, "train", FUTEX_STACK, State.sleeping, 20_000_000, 50_000),
-        (ME + 2, "loader", SLEEP_STACK, State.sleeping, 19_000_000, 0),
-        (ME + 1, "train", -1, State.preempted, 0, 4_000_000),
-    ))
+    rig.corr.on_ring(
+        "schedevents",
+        records(
+            (ME + 1, "train", FUTEX_STACK, State.sleeping, 20_000_000, 50_000),
+            (ME + 2, "loader", SLEEP_STACK, State.sleeping, 19_000_000, 0),
+            (ME + 1, "train", -1, State.preempted, 0, 4_000_000),
+        ),
+    )
     by = {(s.attributes["thread.name"], s.attributes["otelbpf.sched.reason"]): s for s in rig.spans}
     assert set(by) == {("train", "futex"), ("loader", "sleep"), ("train", "preempted")}
     futex = by[("train", "futex")]
@@ -140,7 +157,11 @@ def test_long_intervals_become_spans_with_reason_and_stack(tmp_path: Path) -> No
     assert futex.end_time - futex.start_time == 20_050_000
     assert futex.attributes["thread.id"] == ME + 1 and futex.attributes["otelbpf.sched.blocked_ns"] == 20_000_000
     # the scheduler's own frames are dropped; the rest innermost first
-    assert list(futex.attributes["otelbpf.sched.kernel_stack"]) == ["futex_wait_queue", "__x64_sys_futex", "do_syscall_64"]
+    assert list(futex.attributes["otelbpf.sched.kernel_stack"]) == [
+        "futex_wait_queue",
+        "__x64_sys_futex",
+        "do_syscall_64",
+    ]
     assert futex.resource.attributes["process.pid"] == ME
     assert "otelbpf.sched.kernel_stack" not in by[("train", "preempted")].attributes
 
@@ -160,16 +181,25 @@ def test_metrics_per_thread_name_and_reason(tmp_path: Path) -> None:
     rig.off_cpu(ME + 1, "train", -1, State.preempted, 0, 200_000_000, count=50)
     rig.off_cpu(ME + 2, "loader", SLEEP_STACK, State.sleeping, 1_000_000_000, 2_000_000, count=50)
     rig.off_cpu(ME + 3, "saver", FSYNC_STACK, State.disk, 50_000_000, 0, count=2)
-    rig.queued(ME + 1, 22, 50)   # ~4 ms each
-    rig.queued(ME + 1, 15, 45)   # ~33 us
+    rig.queued(ME + 1, 22, 50)  # ~4 ms each
+    rig.queued(ME + 1, 15, 45)  # ~33 us
     rig.queued(ME + 2, 15, 50)
     [(res, metrics)] = rig.corr.collect()
     assert res.attributes["process.pid"] == ME
     by = {mt.name: mt for mt in metrics}
-    off = {(p.attributes["thread.name"], p.attributes["otelbpf.sched.reason"]): p.value
-           for p in by["otelbpf.thread.off_cpu.time"].data.data_points}
-    assert off == pytest.approx({("train", "futex"): 0.901, ("train", "cuda"): 0.3, ("train", "preempted"): 0.2,
-                                 ("loader", "sleep"): 1.002, ("saver", "io"): 0.05})
+    off = {
+        (p.attributes["thread.name"], p.attributes["otelbpf.sched.reason"]): p.value
+        for p in by["otelbpf.thread.off_cpu.time"].data.data_points
+    }
+    assert off == pytest.approx(
+        {
+            ("train", "futex"): 0.901,
+            ("train", "cuda"): 0.3,
+            ("train", "preempted"): 0.2,
+            ("loader", "sleep"): 1.002,
+            ("saver", "io"): 0.05,
+        }
+    )
     assert isinstance(by["otelbpf.thread.off_cpu.time"].data, Sum)
     hist = by["otelbpf.thread.runqueue.latency"].data
     assert isinstance(hist, Histogram)
@@ -197,8 +227,14 @@ def test_an_exited_process_is_exported_once_more_then_forgotten(tmp_path: Path) 
 
 
 def test_the_family_compiles_in_its_limits() -> None:
-    fam = sched_family(span_threshold_ns=2_000_000, ring_bytes=1 << 20, thread_entries=4096, off_entries=8192,
-                       runq_entries=16384, stack_entries=2048)
+    fam = sched_family(
+        span_threshold_ns=2_000_000,
+        ring_bytes=1 << 20,
+        thread_entries=4096,
+        off_entries=8192,
+        runq_entries=16384,
+        stack_entries=2048,
+    )
     assert fam.c_file == "sched.c" and fam.libraries == ()
     assert {"-DSCHED_SPAN_NS=2000000ULL", "-DSCHED_RING_PAGES=256", "-DSCHED_STACK_ENTRIES=2048"} <= set(fam.cflags)
     assert [r.name for r in fam.rings] == ["schedevents"] and fam.rings[0].dtype.itemsize == 56
@@ -219,8 +255,11 @@ def test_a_process_that_exits_before_its_first_export_is_forgotten_after_it(tmp_
 
 def test_an_exec_reads_the_resource_again(tmp_path: Path) -> None:
     """A forked shell that execs the job: the series carry the job's resource after the exec."""
-    child = subprocess.Popen(["/bin/sh", "-c", f"read x; exec {sys.executable} -c 'import sys; sys.stdin.read()'"],
-                             stdin=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        ["/bin/sh", "-c", f"read x; exec {sys.executable} -c 'import sys; sys.stdin.read()'"],
+        stdin=subprocess.PIPE,
+        text=True,
+    )
     try:
         rig = Rig(tmp_path)
         rig.off.append((OffKey(child.pid, child.pid, -1, State.sleeping), OffVal(1, 10_000_000, 0, b"sh")))
@@ -232,7 +271,12 @@ def test_an_exec_reads_the_resource_again(tmp_path: Path) -> None:
         while "python" not in os.readlink(f"/proc/{child.pid}/exe") and time.monotonic() < deadline:
             time.sleep(0.01)
         execs = np.zeros(1, EVENT_DTYPE)
-        execs["kind"], execs["pid"], execs["tid"], execs["ts_ns"] = int(Kind.PROC_EXEC), child.pid, child.pid, time.monotonic_ns()
+        execs["kind"], execs["pid"], execs["tid"], execs["ts_ns"] = (
+            int(Kind.PROC_EXEC),
+            child.pid,
+            child.pid,
+            time.monotonic_ns(),
+        )
         rig.corr.on_events(execs)
         [(res, _m)] = rig.corr.collect()
         assert "python" in str(res.attributes.get("process.executable.name", ""))

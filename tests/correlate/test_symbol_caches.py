@@ -21,8 +21,24 @@ LIBS = sorted({m.path for m in read_maps(os.getpid()) if m.path.endswith(".so") 
 def function_addresses(n: int) -> list[int]:
     """``n`` distinct code addresses of this process (libc's exported functions)."""
     libc = ctypes.CDLL(None)
-    names = ["malloc", "free", "calloc", "realloc", "strlen", "memcpy", "memset", "strcmp", "getpid", "open",
-             "close", "read", "write", "printf", "qsort", "strtol"]
+    names = [
+        "malloc",
+        "free",
+        "calloc",
+        "realloc",
+        "strlen",
+        "memcpy",
+        "memset",
+        "strcmp",
+        "getpid",
+        "open",
+        "close",
+        "read",
+        "write",
+        "printf",
+        "qsort",
+        "strtol",
+    ]
     return [ctypes.cast(getattr(libc, f), ctypes.c_void_p).value for f in names[:n]]
 
 

@@ -28,9 +28,20 @@ class Workload:
     def __init__(self, lib: Path = FAKE_CUDART, *extra: str) -> None:
         self.lib = lib
         self.proc = subprocess.Popen(
-            [str(WORKLOAD), "--lib", str(lib), "--iterations", "1", "--launches-per-iter", "3",
-             "--delay-before-exit-ms", "60000", *extra],
-            stdout=subprocess.PIPE, text=True,
+            [
+                str(WORKLOAD),
+                "--lib",
+                str(lib),
+                "--iterations",
+                "1",
+                "--launches-per-iter",
+                "3",
+                "--delay-before-exit-ms",
+                "60000",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         self.pid = self.proc.pid
         self._summary: dict | None = None
@@ -196,8 +207,12 @@ def test_a_data_mapping_in_the_snapshot_never_names_code_mapped_there_later(tmp_
     range is reused for a library's code. The code is found by reading the maps again."""
     data = tmp_path / "table.bin"
     data.write_bytes(bytes(0x10000))
-    proc = subprocess.Popen([sys.executable, "-c", REMAP, str(data), str(FAKE_CUDART)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REMAP, str(data), str(FAKE_CUDART)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         addr = int(proc.stdout.readline(), 16)
         sym = Symbolizer()

@@ -58,8 +58,13 @@ def world():
     causality = Causality()
 
     def make(**kw) -> TorchCorrelator:
-        return TorchCorrelator(CorrelatorSettings(ProcessInfo(), MonotonicClock(), spans.extend), Symbols(), causality,
-                               on_sampled_out=sampled.append, **kw)
+        return TorchCorrelator(
+            CorrelatorSettings(ProcessInfo(), MonotonicClock(), spans.extend),
+            Symbols(),
+            causality,
+            on_sampled_out=sampled.append,
+            **kw,
+        )
 
     return make, spans, causality, sampled
 
@@ -98,8 +103,10 @@ def test_a_nested_call_waits_for_the_call_around_it_across_batches(world):
     assert spans == []
     torch.on_events(records((SOFTMAX, 1 * MS, 7 * MS, 0)))
     assert {s.name for s in spans} == {"softmax_int", "_softmax"}
-    assert next(s for s in spans if s.name == "_softmax").parent == next(
-        s for s in spans if s.name == "softmax_int").context
+    assert (
+        next(s for s in spans if s.name == "_softmax").parent
+        == next(s for s in spans if s.name == "softmax_int").context
+    )
 
 
 def test_a_call_whose_enclosing_call_never_returns_becomes_a_root(world):
@@ -114,8 +121,7 @@ def test_short_calls_make_no_span_and_what_ran_inside_them_nests_one_up(world):
     make, spans, causality, _ = world
     torch = make(min_span_ns=6 * MS)
     # outer 7 ms and middle 6.5 ms make spans, the innermost 1 ms does not
-    torch.on_events(records((MM, 2 * MS, 1 * MS, 2), (_SOFTMAX, MS // 2, int(6.5 * MS), 1),
-                            (SOFTMAX, 0, 7 * MS, 0)))
+    torch.on_events(records((MM, 2 * MS, 1 * MS, 2), (_SOFTMAX, MS // 2, int(6.5 * MS), 1), (SOFTMAX, 0, 7 * MS, 0)))
     assert sorted(s.name for s in spans) == ["_softmax", "softmax_int"]
     outer = next(s for s in spans if s.name == "softmax_int")
     middle = next(s for s in spans if s.name == "_softmax")
@@ -140,8 +146,9 @@ def test_metrics_count_every_call(world):
     assert spans == []
     ((_resource, metrics),) = torch.collect()
     by_name = {m.name: m for m in metrics}
-    calls = {p.attributes["torch.operator.name"]: p.value
-             for p in by_name["otelbpf.torch.operator.calls"].data.data_points}
+    calls = {
+        p.attributes["torch.operator.name"]: p.value for p in by_name["otelbpf.torch.operator.calls"].data.data_points
+    }
     assert calls == {"mm": 6, "softmax_int": 1}
     hist = {p.attributes["torch.operator.name"]: p for p in by_name["otelbpf.torch.operator.duration"].data.data_points}
     assert hist["mm"].count == 6 and hist["mm"].sum == pytest.approx((1 + 2 + 3 + 4 + 5 + 4) * 1e-6)

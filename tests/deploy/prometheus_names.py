@@ -21,10 +21,28 @@ import re
 from dataclasses import dataclass
 
 UNITS = {
-    "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds",
-    "us": "microseconds", "ns": "nanoseconds", "By": "bytes", "KiBy": "kibibytes", "MiBy": "mebibytes",
-    "GiBy": "gibibytes", "KBy": "kilobytes", "MBy": "megabytes", "GBy": "gigabytes", "bit": "bits",
-    "%": "percent", "Hz": "hertz", "V": "volts", "A": "amperes", "J": "joules", "W": "watts", "Cel": "celsius",
+    "d": "days",
+    "h": "hours",
+    "min": "minutes",
+    "s": "seconds",
+    "ms": "milliseconds",
+    "us": "microseconds",
+    "ns": "nanoseconds",
+    "By": "bytes",
+    "KiBy": "kibibytes",
+    "MiBy": "mebibytes",
+    "GiBy": "gibibytes",
+    "KBy": "kilobytes",
+    "MBy": "megabytes",
+    "GBy": "gigabytes",
+    "bit": "bits",
+    "%": "percent",
+    "Hz": "hertz",
+    "V": "volts",
+    "A": "amperes",
+    "J": "joules",
+    "W": "watts",
+    "Cel": "celsius",
 }
 PER_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
 

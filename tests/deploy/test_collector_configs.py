@@ -25,8 +25,14 @@ ALL = {"traces", "metrics", "logs"}
 COMPONENTS = {
     "receivers": {"otlp": ALL, "otlpjsonfile": ALL},
     "processors": {"batch": ALL, "memory_limiter": ALL, "resource": ALL, "k8sattributes": ALL},
-    "exporters": {"otlp": ALL, "otlphttp": ALL, "file": ALL, "debug": ALL,
-                  "prometheus": {"metrics"}, "prometheusremotewrite": {"metrics"}},
+    "exporters": {
+        "otlp": ALL,
+        "otlphttp": ALL,
+        "file": ALL,
+        "debug": ALL,
+        "prometheus": {"metrics"},
+        "prometheusremotewrite": {"metrics"},
+    },
 }
 ENV_REF = re.compile(r"\$\{([^}]*)\}")
 
@@ -125,7 +131,9 @@ def test_k8s_config_associates_pods_by_what_the_agent_exports():
     k8s = config["processors"]["k8sattributes"]
     sources = [s for rule in k8s["pod_association"] for s in rule["sources"]]
     assert [(s["from"], s["name"]) for s in sources] == [
-        ("resource_attribute", "k8s.pod.uid"), ("resource_attribute", "container.id")]
+        ("resource_attribute", "k8s.pod.uid"),
+        ("resource_attribute", "container.id"),
+    ]
     assert {"k8s.namespace.name", "k8s.pod.name", "k8s.node.name"} <= set(k8s["extract"]["metadata"])
     for pipeline in config["service"]["pipelines"].values():
         assert "k8sattributes" in pipeline["processors"]

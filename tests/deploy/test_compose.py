@@ -39,8 +39,15 @@ def test_the_schema_catches_a_misspelt_key():
 
 
 def test_the_stack_has_every_service():
-    assert set(compose()["services"]) == {"otelbpf", "demo", "otel-collector", "tempo", "prometheus", "pyroscope",
-                                          "grafana"}
+    assert set(compose()["services"]) == {
+        "otelbpf",
+        "demo",
+        "otel-collector",
+        "tempo",
+        "prometheus",
+        "pyroscope",
+        "grafana",
+    }
 
 
 def _bind_sources(service: dict) -> list[str]:
@@ -67,8 +74,14 @@ def test_the_agent_has_the_host_view_and_the_documented_capabilities():
     assert {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH"} <= set(agent["cap_add"])
     assert "privileged" not in agent
     hosts = {s for s in _bind_sources(agent) if s.startswith("/")}
-    assert hosts == {"/sys/kernel/tracing", "/sys/kernel/debug", "/sys/kernel/btf", "/sys/fs/bpf", "/lib/modules",
-                     "/usr/src"}
+    assert hosts == {
+        "/sys/kernel/tracing",
+        "/sys/kernel/debug",
+        "/sys/kernel/btf",
+        "/sys/fs/bpf",
+        "/lib/modules",
+        "/usr/src",
+    }
 
 
 def test_the_agent_config_loads_and_points_where_compose_says():
@@ -94,8 +107,11 @@ def test_collector_tempo_prometheus_and_grafana_are_wired():
     )
     datasources = yaml.safe_load((COMPOSE_DIR / "grafana/provisioning/datasources/datasources.yaml").read_text())
     urls = {d["uid"]: d["url"] for d in datasources["datasources"]}
-    assert urls == {"prometheus": "http://prometheus:9090", "tempo": f"http://tempo:{tempo['server']['http_listen_port']}",
-                    "pyroscope": "http://pyroscope:4040"}
+    assert urls == {
+        "prometheus": "http://prometheus:9090",
+        "tempo": f"http://tempo:{tempo['server']['http_listen_port']}",
+        "pyroscope": "http://pyroscope:4040",
+    }
     provider = yaml.safe_load((COMPOSE_DIR / "grafana/provisioning/dashboards/dashboards.yaml").read_text())
     path = provider["providers"][0]["options"]["path"]
     assert any(v == f"./grafana/dashboards:{path}:ro" for v in services["grafana"]["volumes"])

@@ -50,9 +50,13 @@ def promql_queries() -> list[tuple[str, str]]:
 
 
 def traceql_queries() -> list[tuple[str, str]]:
-    return [(f"{path.name}: {panel['title']}", target["query"])
-            for path in DASHBOARDS for panel in panels(json.loads(path.read_text()))
-            for target in panel.get("targets", []) if target.get("queryType") == "traceql"]
+    return [
+        (f"{path.name}: {panel['title']}", target["query"])
+        for path in DASHBOARDS
+        for panel in panels(json.loads(path.read_text()))
+        for target in panel.get("targets", [])
+        if target.get("queryType") == "traceql"
+    ]
 
 
 def _substitute(expr: str) -> str:
@@ -96,7 +100,8 @@ def test_committed_dashboards_are_what_the_script_builds():
     out = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert [p.name for p in DASHBOARDS] == sorted(
-        ["otelbpf-agent.json", "otelbpf-gpu.json", "otelbpf-http.json", "otelbpf-nccl.json"])
+        ["otelbpf-agent.json", "otelbpf-gpu.json", "otelbpf-http.json", "otelbpf-nccl.json"]
+    )
 
 
 def test_dashboards_load_into_the_sdk_models_and_use_provisioned_datasources():
@@ -123,17 +128,23 @@ def test_a_broken_query_is_caught():
         promql_parser.parse("sum by (le (rate(x[1m]))")
 
 
-@pytest.mark.parametrize("otlp, prom", [
-    (OtlpMetric("cuda.kernel.launches", "{launch}", "sum", True), "cuda_kernel_launches_total"),
-    (OtlpMetric("cuda.memcpy.bytes", "By", "sum", True), "cuda_memcpy_bytes_total"),
-    (OtlpMetric("cuda.memory.in_use", "By", "gauge", False), "cuda_memory_in_use_bytes"),
-    (OtlpMetric("cuda.sync.duration", "s", "histogram", False), "cuda_sync_duration_seconds"),
-    (OtlpMetric("nccl.algorithm.bandwidth", "By/s", "histogram", False), "nccl_algorithm_bandwidth_bytes_per_second"),
-    (OtlpMetric("otelbpf.export.sent", "1", "sum", True), "otelbpf_export_sent_total"),
-    (OtlpMetric("gpu.utilization", "1", "gauge", False), "gpu_utilization_ratio"),
-    (OtlpMetric("otelbpf.spans.queued", "{span}", "gauge", False), "otelbpf_spans_queued"),
-    (OtlpMetric("process.memory.usage", "By", "sum", False), "process_memory_usage_bytes"),
-])
+@pytest.mark.parametrize(
+    "otlp, prom",
+    [
+        (OtlpMetric("cuda.kernel.launches", "{launch}", "sum", True), "cuda_kernel_launches_total"),
+        (OtlpMetric("cuda.memcpy.bytes", "By", "sum", True), "cuda_memcpy_bytes_total"),
+        (OtlpMetric("cuda.memory.in_use", "By", "gauge", False), "cuda_memory_in_use_bytes"),
+        (OtlpMetric("cuda.sync.duration", "s", "histogram", False), "cuda_sync_duration_seconds"),
+        (
+            OtlpMetric("nccl.algorithm.bandwidth", "By/s", "histogram", False),
+            "nccl_algorithm_bandwidth_bytes_per_second",
+        ),
+        (OtlpMetric("otelbpf.export.sent", "1", "sum", True), "otelbpf_export_sent_total"),
+        (OtlpMetric("gpu.utilization", "1", "gauge", False), "gpu_utilization_ratio"),
+        (OtlpMetric("otelbpf.spans.queued", "{span}", "gauge", False), "otelbpf_spans_queued"),
+        (OtlpMetric("process.memory.usage", "By", "sum", False), "process_memory_usage_bytes"),
+    ],
+)
 def test_prometheus_names(otlp, prom):
     assert metric_name(otlp) == prom
     assert label_name("cuda.memcpy.host_memory") == "cuda_memcpy_host_memory"
@@ -152,25 +163,37 @@ def real_run(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("dashboards")
     receivers = ["cuda", "http", "nccl"]
     doc = {
-        "receivers": {"cuda": {"search_paths": []}, "http": {"processes": "all", "max_spans_per_second": 5},
-                      "nccl": {"search_paths": []}},
+        "receivers": {
+            "cuda": {"search_paths": []},
+            "http": {"processes": "all", "max_spans_per_second": 5},
+            "nccl": {"search_paths": []},
+        },
         "processors": {"batch": {"timeout": "100ms"}},
-        "exporters": {"file": {"directory": str(tmp / "out")},
-                      "otlphttp/down": {"endpoint": "http://127.0.0.1:9", "timeout": "500ms"}},
-        "service": {"pipelines": {
-            "traces": {"receivers": receivers, "processors": ["batch"], "exporters": ["file", "otlphttp/down"]},
-            "metrics": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]}},
-            "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms"}},
+        "exporters": {
+            "file": {"directory": str(tmp / "out")},
+            "otlphttp/down": {"endpoint": "http://127.0.0.1:9", "timeout": "500ms"},
+        },
+        "service": {
+            "pipelines": {
+                "traces": {"receivers": receivers, "processors": ["batch"], "exporters": ["file", "otlphttp/down"]},
+                "metrics": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]},
+            },
+            "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms"},
+        },
     }
     cfg = tmp / "otelbpf.yaml"
     cfg.write_text(yaml.safe_dump(doc))
-    with AgentProcess(["-c", str(cfg), "--", sys.executable, str(TRAFFIC), "--build", str(BUILD),
-                       "--rounds", "2"]) as agent:
+    with AgentProcess(
+        ["-c", str(cfg), "--", sys.executable, str(TRAFFIC), "--build", str(BUILD), "--rounds", "2"]
+    ) as agent:
         assert agent.wait(300) == 0, agent.output
     rounds = [json.loads(line) for line in agent.output.splitlines() if line.startswith('{"round"')]
     assert len(rounds) == 2, agent.output
-    return {"metrics": _exported_series(tmp / "out" / "metrics.jsonl"),
-            "spans": _span_facts(tmp / "out" / "traces.jsonl"), "rounds": rounds}
+    return {
+        "metrics": _exported_series(tmp / "out" / "metrics.jsonl"),
+        "spans": _span_facts(tmp / "out" / "traces.jsonl"),
+        "rounds": rounds,
+    }
 
 
 def _exported_series(path: Path) -> dict[str, set[str]]:

@@ -43,8 +43,11 @@ def test_hadolint_really_lints(tmp_path):
 
 def test_every_copied_path_exists_and_is_not_ignored():
     text = DOCKERFILE.read_text()
-    ignored = {line.strip() for line in (DOCKERFILE.parent / "Dockerfile.dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (DOCKERFILE.parent / "Dockerfile.dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     sources = [src for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M) for src in line.split()[:-1]]
     assert sources
     for src in sources:

@@ -21,8 +21,13 @@ MANIFESTS = sorted(K8S.glob("*.yaml"))
 VERSIONS = ["1.25.0", kubernetes_validate.latest_version()]
 #: What the agent reads from the host (docs/capabilities.md, "Kernel filesystems").
 HOST_PATHS = {"/sys/kernel/tracing", "/sys/kernel/debug", "/sys/fs/bpf", "/sys/kernel/btf", "/lib/modules", "/usr/src"}
-ENV = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "PYROSCOPE_SERVER_ADDRESS": "http://pyroscope:4040",
-       "K8S_NODE_NAME": "node-1", "K8S_POD_NAME": "pod", "K8S_NAMESPACE": "ns"}
+ENV = {
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+    "PYROSCOPE_SERVER_ADDRESS": "http://pyroscope:4040",
+    "K8S_NODE_NAME": "node-1",
+    "K8S_POD_NAME": "pod",
+    "K8S_NAMESPACE": "ns",
+}
 
 
 def documents(path: Path) -> list[dict]:
@@ -81,8 +86,11 @@ def test_agent_gets_exactly_the_documented_privileges(spec, container):
 
 def _host_mounts(spec: dict, container: dict) -> dict[str, tuple[str, bool]]:
     paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    return {paths[m["name"]]: (m["mountPath"], m.get("readOnly", False))
-            for m in container["volumeMounts"] if m["name"] in paths}
+    return {
+        paths[m["name"]]: (m["mountPath"], m.get("readOnly", False))
+        for m in container["volumeMounts"]
+        if m["name"] in paths
+    }
 
 
 def test_daemonset_mounts_the_host_filesystems_at_their_own_paths():

@@ -38,8 +38,12 @@ def wheel(tmp_path_factory) -> Path:
     for tree in ("otelbpf", "bpf"):
         shutil.copytree(REPO / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("dist")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out),
-                            str(src)], capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stdout + build.stderr
     (whl,) = out.glob("otelbpf-*.whl")
     return whl
@@ -60,16 +64,36 @@ def venv(wheel, tmp_path_factory) -> Path:
         ).strip()
     )
     (site / "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "install",
-                              "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(path / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stdout + install.stderr
     return path
 
 
 def in_venv(venv: Path, *argv: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env={**env, "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}"})
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**env, "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}"},
+    )
 
 
 def test_wheel_carries_every_module_and_bpf_source(wheel):
@@ -77,8 +101,10 @@ def test_wheel_carries_every_module_and_bpf_source(wheel):
     package = REPO / "otelbpf"
     wanted = [str(p.relative_to(REPO)) for p in package.rglob("*.py") if "__pycache__" not in p.parts]
     wanted.append("otelbpf/config/otelbpf.yaml")  # the built-in default config, read as package data
-    wanted += [f"otelbpf/analyze/report_assets/{p.name}"  # the report's vendored scripts and their licenses
-               for p in (package / "analyze" / "report_assets").iterdir()]
+    wanted += [
+        f"otelbpf/analyze/report_assets/{p.name}"  # the report's vendored scripts and their licenses
+        for p in (package / "analyze" / "report_assets").iterdir()
+    ]
     sources = [f"otelbpf/bpf/{p.name}" for p in (REPO / "bpf").iterdir() if p.suffix in (".c", ".h")]
     assert any(s.endswith(".c") for s in sources) and any(s.endswith(".h") for s in sources)
     missing = [name for name in wanted + sources if name not in names]
@@ -88,15 +114,21 @@ def test_wheel_carries_every_module_and_bpf_source(wheel):
 
 
 def test_installed_tool_works_outside_the_repository(venv, tmp_path):
-    where = in_venv(venv, "python", "-c", "import bcc, otelbpf; print(otelbpf.__file__); print(bcc.__file__)",
-                    cwd=tmp_path)
+    where = in_venv(
+        venv, "python", "-c", "import bcc, otelbpf; print(otelbpf.__file__); print(bcc.__file__)", cwd=tmp_path
+    )
     assert where.returncode == 0, where.stderr
     module, bcc = where.stdout.split()
     assert Path(module).is_relative_to(venv), f"otelbpf imported from {module}, not the installed wheel"
     assert bcc.startswith("/usr/lib/python3/dist-packages/"), "BCC is Debian's"
-    sources = in_venv(venv, "python", "-c",
-                      "from importlib import resources; d = resources.files('otelbpf') / 'bpf'; "
-                      "print(sorted(p.name for p in d.iterdir() if p.name.endswith(('.c', '.h'))))", cwd=tmp_path)
+    sources = in_venv(
+        venv,
+        "python",
+        "-c",
+        "from importlib import resources; d = resources.files('otelbpf') / 'bpf'; "
+        "print(sorted(p.name for p in d.iterdir() if p.name.endswith(('.c', '.h'))))",
+        cwd=tmp_path,
+    )
     shipped = sorted(p.name for p in (REPO / "bpf").iterdir() if p.suffix in (".c", ".h"))
     assert sources.stdout.strip() == repr(shipped)
     builtin = in_venv(venv, "otelbpf", "validate", cwd=tmp_path)  # the default config, from the package
@@ -118,13 +150,35 @@ def test_installed_agent_compiles_its_packaged_probes_and_counts_launches(venv, 
         "receivers: {cuda: {search_paths: []}}\n"
         "exporters: {file: {directory: ./out}}\n"
         "service:\n  pipelines:\n    metrics: {receivers: [cuda], exporters: [file]}\n"
-        "  telemetry: {metrics_interval: 300ms, drain_interval: 20ms}\n")
-    run = in_venv(venv, "otelbpf", "run", "-c", str(config), "--", str(WORKLOAD), "--lib", str(FAKE_CUDART),
-                  "--iterations", "2", "--launches-per-iter", "3", cwd=tmp_path, timeout=300)
+        "  telemetry: {metrics_interval: 300ms, drain_interval: 20ms}\n"
+    )
+    run = in_venv(
+        venv,
+        "otelbpf",
+        "run",
+        "-c",
+        str(config),
+        "--",
+        str(WORKLOAD),
+        "--lib",
+        str(FAKE_CUDART),
+        "--iterations",
+        "2",
+        "--launches-per-iter",
+        "3",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     summary = json.loads(next(line for line in run.stdout.splitlines() if line.startswith('{"workload"')))
-    launches = [p for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
-                for rm in json.loads(line)["resourceMetrics"] for sm in rm["scopeMetrics"] for m in sm["metrics"]
-                if m["name"] == "cuda.kernel.launches" for p in m["sum"]["dataPoints"]]
+    launches = [
+        p
+        for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+        for rm in json.loads(line)["resourceMetrics"]
+        for sm in rm["scopeMetrics"]
+        for m in sm["metrics"]
+        if m["name"] == "cuda.kernel.launches"
+        for p in m["sum"]["dataPoints"]
+    ]
     assert launches, run.stderr
     assert int(launches[-1]["asInt"]) == sum(k["launches"] for k in summary["kernels"]) == 6

@@ -48,8 +48,9 @@ def real_cudart13() -> Path:
 
 
 def run_json(cmd: list[object], env: dict[str, str] | None = None) -> dict:
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -87,15 +88,28 @@ def test_cuda13_handles_are_driver_heap_pointers_not_host_stubs() -> None:
 
 
 def test_cuda13_ptsz_and_late_registration(tmp_path: Path) -> None:
-    s = run_json([WORKLOAD, "--lib", FAKE_CUDART13, "--cuda13", "--ptsz", "--register-late", "--iterations", 2,
-                  "--launches-per-iter", 3])
+    s = run_json(
+        [
+            WORKLOAD,
+            "--lib",
+            FAKE_CUDART13,
+            "--cuda13",
+            "--ptsz",
+            "--register-late",
+            "--iterations",
+            2,
+            "--launches-per-iter",
+            3,
+        ]
+    )
     assert nonzero(s["calls"])["__cudaLaunchKernel_ptsz"] == 6
     assert s["driver_calls"]["cuLaunchKernel_ptsz"] == 6 and "cuLaunchKernel" not in s["driver_calls"]
 
 
 def test_cuda13_launch_ex_passes_host_functions() -> None:
-    s = run_json([WORKLOAD, "--lib", FAKE_CUDART13, "--cuda13", "--launch-ex", "--iterations", 1,
-                  "--launches-per-iter", 5])
+    s = run_json(
+        [WORKLOAD, "--lib", FAKE_CUDART13, "--cuda13", "--launch-ex", "--iterations", 1, "--launches-per-iter", 5]
+    )
     calls = nonzero(s["calls"])
     assert calls["cudaLaunchKernelExC"] == 5 and "__cudaGetKernel" not in calls
     assert s["return_codes"]["cudaLaunchKernelExC"] == {"0": 5} and s["driver_calls"]["cuLaunchKernelEx"] == 5
@@ -119,8 +133,24 @@ def test_cuda13_workload_on_the_real_runtime_keeps_host_stubs_as_handles(real_cu
 
 
 def test_every_runtime_call_enters_the_driver() -> None:
-    s = run_json([WORKLOAD, "--lib", FAKE_CUDART12, "--iterations", 2, "--launches-per-iter", 3, "--async",
-                  "--graph-launches", 1, "--events", "--async-alloc", "--host-memory", "registered"])
+    s = run_json(
+        [
+            WORKLOAD,
+            "--lib",
+            FAKE_CUDART12,
+            "--iterations",
+            2,
+            "--launches-per-iter",
+            3,
+            "--async",
+            "--graph-launches",
+            1,
+            "--events",
+            "--async-alloc",
+            "--host-memory",
+            "registered",
+        ]
+    )
     not_ready = s["return_codes"].pop("cudaEventQuery")  # 600 while the launches before it "run"
     assert set(not_ready) <= {"0", "600"} and sum(not_ready.values()) == 2
     assert all(set(codes) <= {"0"} for codes in s["return_codes"].values())
@@ -138,17 +168,50 @@ def test_every_runtime_call_enters_the_driver() -> None:
 
 
 def test_driver_options_count_each_call() -> None:
-    s = run_json([WORKLOAD, "--lib", FAKE_CUDART13, "--driver-lib", FAKE_CUDA, "--iterations", 2,
-                  "--launches-per-iter", 2, "--driver-copies", "--vmm", "--driver-ptsz", "--driver-graph-launches", 1,
-                  "--host-memory", "pinned", "--alloc-bytes", 8192, "--h2d-bytes", 8192, "--d2h-bytes", 8192])
+    s = run_json(
+        [
+            WORKLOAD,
+            "--lib",
+            FAKE_CUDART13,
+            "--driver-lib",
+            FAKE_CUDA,
+            "--iterations",
+            2,
+            "--launches-per-iter",
+            2,
+            "--driver-copies",
+            "--vmm",
+            "--driver-ptsz",
+            "--driver-graph-launches",
+            1,
+            "--host-memory",
+            "pinned",
+            "--alloc-bytes",
+            8192,
+            "--h2d-bytes",
+            8192,
+            "--d2h-bytes",
+            8192,
+        ]
+    )
     codes = {name: c for name, c in s["return_codes"].items() if name.startswith("cu") and not name.startswith("cuda")}
     assert all(set(c) <= {"0"} for c in codes.values()), codes
     calls = nonzero(s["calls"])
     # the runtime's cudaMemcpy calls (2 H2D, 2 D2H) come on top of the workload's own
     assert s["driver_calls"]["cuMemcpyHtoD_v2"] == s["driver_calls"]["cuMemcpyDtoH_v2"] == 4
-    for name in ("cuMemcpyDtoD_v2", "cuMemcpy", "cuMemcpy2D_v2",
-                 "cuMemcpy3D_v2", "cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease",
-                 "cuMemAddressFree", "cuGraphLaunch"):
+    for name in (
+        "cuMemcpyDtoD_v2",
+        "cuMemcpy",
+        "cuMemcpy2D_v2",
+        "cuMemcpy3D_v2",
+        "cuMemAddressReserve",
+        "cuMemCreate",
+        "cuMemMap",
+        "cuMemUnmap",
+        "cuMemRelease",
+        "cuMemAddressFree",
+        "cuGraphLaunch",
+    ):
         assert calls[name] == 2 == s["driver_calls"][name], name
     assert calls["cuLaunchKernel_ptsz"] == 4 and calls["cudaMallocHost"] == calls["cudaFreeHost"] == 2
     assert s["driver_calls"]["cuMemAllocHost_v2"] == 2
@@ -157,19 +220,27 @@ def test_driver_options_count_each_call() -> None:
 
 
 def test_no_driver_means_35_everywhere(tmp_path: Path) -> None:
-    s = run_json([WORKLOAD, "--lib", FAKE_CUDART13, "--cuda13", "--iterations", 1, "--launches-per-iter", 2],
-                 env={"FAKECUDA_DRIVER": str(tmp_path / "missing.so")})
+    s = run_json(
+        [WORKLOAD, "--lib", FAKE_CUDART13, "--cuda13", "--iterations", 1, "--launches-per-iter", 2],
+        env={"FAKECUDA_DRIVER": str(tmp_path / "missing.so")},
+    )
     assert {name: set(c) for name, c in s["return_codes"].items() if c and not name.startswith("__cudaPop")} == {
-        "cudaMalloc": {"35"}, "cudaFree": {"35"}, "cudaMemcpy": {"35"}, "cudaDeviceSynchronize": {"35"},
-        "cudaGetLastError": {"35"}, "__cudaGetKernel": {"35"}, "__cudaLaunchKernel": {"35"},
+        "cudaMalloc": {"35"},
+        "cudaFree": {"35"},
+        "cudaMemcpy": {"35"},
+        "cudaDeviceSynchronize": {"35"},
+        "cudaGetLastError": {"35"},
+        "__cudaGetKernel": {"35"},
+        "__cudaLaunchKernel": {"35"},
     }
     launched = [k for k in s["kernels"] if k["launches"]]
     assert len(launched) == 2 and all(k["handle"] == k["host_stub"] for k in launched), "it stays the host function"
 
 
 def test_thunks_jump_into_cudaLaunchKernel() -> None:
-    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(FAKE_CUDART13)], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", str(FAKE_CUDART13)], capture_output=True, text=True, check=True
+    ).stdout
     for thunk, target in (
         ("__cudaLaunchKernel", "cudaLaunchKernel"),
         ("__cudaLaunchKernel_ptsz", "cudaLaunchKernel_ptsz"),
@@ -178,11 +249,13 @@ def test_thunks_jump_into_cudaLaunchKernel() -> None:
         ops = [line.split("\t")[1].split()[0] for line in body if "\t" in line][:5]
         assert ops == ["endbr64", "push", "mov", "pop", "jmp"], (thunk, ops)
         assert body[4].endswith(f"<{target}>")
-    dyn = subprocess.run(["nm", "-D", "--defined-only", str(FAKE_CUDART13)], capture_output=True, text=True,
-                         check=True).stdout
+    dyn = subprocess.run(
+        ["nm", "-D", "--defined-only", str(FAKE_CUDART13)], capture_output=True, text=True, check=True
+    ).stdout
     assert "__cudaGetKernel@@libcudart.so.13" in dyn and "cudaGetKernel@@libcudart.so.13" in dyn
-    dyn12 = subprocess.run(["nm", "-D", "--defined-only", str(FAKE_CUDART12)], capture_output=True, text=True,
-                           check=True).stdout
+    dyn12 = subprocess.run(
+        ["nm", "-D", "--defined-only", str(FAKE_CUDART12)], capture_output=True, text=True, check=True
+    ).stdout
     assert "__cudaGetKernel" not in dyn12 and "__cudaRegisterFunction@@libcudart.so.12" in dyn12
 
 
@@ -197,8 +270,13 @@ def test_nvcc_program_on_both_runtimes(nvcc_built: Path, real_cudart13: Path, pr
     assert real["return_codes"]["launch"] == {"35": 23} and real["return_codes"]["cudaLaunchKernelEx"] == {"35": 4}
     assert real["per_kind"] == {"plain": 5, "namespaced": 5, "templated": 5, "functor": 4, "lambda": 4}
     fake = run_json(args, env=on_stand_in())
-    assert fake["return_codes"] == {"cudaMalloc": {"0": 1}, "launch": {"0": 23}, "cudaLaunchKernelEx": {"0": 4},
-                                    "cudaDeviceSynchronize": {"0": 1}, "cudaFree": {"0": 1}}
+    assert fake["return_codes"] == {
+        "cudaMalloc": {"0": 1},
+        "launch": {"0": 23},
+        "cudaLaunchKernelEx": {"0": 4},
+        "cudaDeviceSynchronize": {"0": 1},
+        "cudaFree": {"0": 1},
+    }
     d = fake["driver_calls"]
     assert d["cuLaunchKernel"] == 23 and d["cuLaunchKernelEx"] == 4
     assert d["cuLibraryGetKernel"] == 5, "one handle per kernel: __cudaGetKernel once per call site"
@@ -206,10 +284,12 @@ def test_nvcc_program_on_both_runtimes(nvcc_built: Path, real_cudart13: Path, pr
 
 
 def test_nvcc_program_undefined_symbols_are_all_in_the_stand_in(nvcc_built: Path) -> None:
-    need = subprocess.run(["nm", "-D", "--undefined-only", str(nvcc_built / "nvcc_launches")], capture_output=True,
-                          text=True, check=True).stdout
-    have = subprocess.run(["nm", "-D", "--defined-only", str(FAKE_CUDART13)], capture_output=True, text=True,
-                          check=True).stdout
+    need = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(nvcc_built / "nvcc_launches")], capture_output=True, text=True, check=True
+    ).stdout
+    have = subprocess.run(
+        ["nm", "-D", "--defined-only", str(FAKE_CUDART13)], capture_output=True, text=True, check=True
+    ).stdout
     wanted = {line.split()[-1] for line in need.splitlines() if "@libcudart.so.13" in line}
     assert wanted and wanted <= {line.split()[-1].replace("@@", "@") for line in have.splitlines()}
 
@@ -217,18 +297,21 @@ def test_nvcc_program_undefined_symbols_are_all_in_the_stand_in(nvcc_built: Path
 def test_static_runtime_program_has_no_dynamic_cuda(nvcc_built: Path, real_cudart13: Path) -> None:
     s = run_json([nvcc_built / "nvcc_launches_static", "--launches", 7])
     assert s["return_codes"]["launch"] == {"35": 7}
-    dyn = subprocess.run(["nm", "-D", str(nvcc_built / "nvcc_launches_static")], capture_output=True, text=True,
-                         check=True).stdout
+    dyn = subprocess.run(
+        ["nm", "-D", str(nvcc_built / "nvcc_launches_static")], capture_output=True, text=True, check=True
+    ).stdout
     assert "cudaLaunchKernel" not in dyn
-    local = subprocess.run(["nm", str(nvcc_built / "nvcc_launches_static")], capture_output=True, text=True,
-                           check=True).stdout.split()
+    local = subprocess.run(
+        ["nm", str(nvcc_built / "nvcc_launches_static")], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert "cudaLaunchKernel" in local, "the runtime lives in the executable's .symtab"
 
 
 def test_nvcc_library_dlopened_late(nvcc_built: Path, real_cudart13: Path) -> None:
     lib = nvcc_built / "libnvcc_kernels.so"
-    assert ".symtab" not in subprocess.run(["readelf", "-S", str(lib)], capture_output=True, text=True,
-                                           check=True).stdout, "stripped"
+    assert (
+        ".symtab" not in subprocess.run(["readelf", "-S", str(lib)], capture_output=True, text=True, check=True).stdout
+    ), "stripped"
     args = [nvcc_built / "nvcc_dlopen_host", "--lib", lib, "--launches", 9]
     real = run_json(args)
     assert real["return_codes"]["launch"] == {"35": 9}
@@ -238,9 +321,13 @@ def test_nvcc_library_dlopened_late(nvcc_built: Path, real_cudart13: Path) -> No
 
 def test_nvcc_program_waits_for_its_file(nvcc_built: Path, tmp_path: Path) -> None:
     go = tmp_path / "go"
-    proc = subprocess.Popen([str(nvcc_built / "nvcc_launches"), "--launches", "2", "--wait-for-file", str(go)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **on_stand_in()})
+    proc = subprocess.Popen(
+        [str(nvcc_built / "nvcc_launches"), "--launches", "2", "--wait-for-file", str(go)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **on_stand_in()},
+    )
     try:
         assert "waiting for" in proc.stderr.readline()
         assert proc.poll() is None

@@ -27,8 +27,13 @@ pytestmark = [
 
 
 def workload(*args: str, env: dict | None = None) -> dict:
-    out = subprocess.run([str(FAKEDEV), str(WORKLOAD), *args], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **(env or {})})
+    out = subprocess.run(
+        [str(FAKEDEV), str(WORKLOAD), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -47,11 +52,18 @@ def test_transfer_through_the_real_libibverbs():
     assert (a["remote_qpn"], b["remote_qpn"]) == (b["qpn"], a["qpn"])
     assert a["transitions"] == b["transitions"] == 3
     n = 7
-    assert a["posted"] == {"SEND": [n, 3000 * n], "RDMA_WRITE": [n, 65536 * n], "RDMA_READ": [n, 8192 * n],
-                           "RECV": [n, 0]}
+    assert a["posted"] == {
+        "SEND": [n, 3000 * n],
+        "RDMA_WRITE": [n, 65536 * n],
+        "RDMA_READ": [n, 8192 * n],
+        "RECV": [n, 0],
+    }
     assert b["posted"] == {"RECV": [n, 8192 * n], "RDMA_WRITE_WITH_IMM": [n, 4096 * n]}
-    assert a["completions"] == {"SEND:SUCCESS": [n, 3000 * n], "RDMA_READ:SUCCESS": [n, 8192 * n],
-                                "RECV_RDMA_WITH_IMM:SUCCESS": [n, 4096 * n]}
+    assert a["completions"] == {
+        "SEND:SUCCESS": [n, 3000 * n],
+        "RDMA_READ:SUCCESS": [n, 8192 * n],
+        "RECV_RDMA_WITH_IMM:SUCCESS": [n, 4096 * n],
+    }
     assert b["completions"] == {"RECV:SUCCESS": [n, 3000 * n], "RDMA_WRITE:SUCCESS": [n, 4096 * n]}
 
 
@@ -88,8 +100,13 @@ def test_provider_exports_nothing_and_starts_with_endbr64():
 
 
 def test_no_device_outside_the_namespace():
-    out = subprocess.run([str(WORKLOAD)], capture_output=True, text=True, timeout=30,
-                         env={k: v for k, v in os.environ.items() if k not in ("SYSFS_PATH", "RDMAV_DRIVERS")})
+    out = subprocess.run(
+        [str(WORKLOAD)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={k: v for k, v in os.environ.items() if k not in ("SYSFS_PATH", "RDMAV_DRIVERS")},
+    )
     assert out.returncode == 1 and "no RDMA device" in out.stderr
     assert not Path("/dev/infiniband").exists()
     scratch = Path("/run/otelbpf-fakeverbs")  # fakedev.sh's mount point: a private tmpfs only inside

@@ -25,9 +25,23 @@ FAKE_NCCL = BUILD / "fakenccl" / "libnccl.so.2"
 FAKE_CUDART = BUILD / "fakecudart" / "libcudart.so.12"
 JOB = BUILD / "nccl_job"
 API = [
-    "ncclGetVersion", "ncclGetUniqueId", "ncclCommInitRank", "ncclCommInitAll", "ncclCommInitRankConfig",
-    "ncclCommSplit", "ncclCommDestroy", "ncclCommAbort", "ncclAllReduce", "ncclAllGather", "ncclReduceScatter",
-    "ncclBroadcast", "ncclReduce", "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd",
+    "ncclGetVersion",
+    "ncclGetUniqueId",
+    "ncclCommInitRank",
+    "ncclCommInitAll",
+    "ncclCommInitRankConfig",
+    "ncclCommSplit",
+    "ncclCommDestroy",
+    "ncclCommAbort",
+    "ncclAllReduce",
+    "ncclAllGather",
+    "ncclReduceScatter",
+    "ncclBroadcast",
+    "ncclReduce",
+    "ncclSend",
+    "ncclRecv",
+    "ncclGroupStart",
+    "ncclGroupEnd",
 ]
 
 
@@ -107,8 +121,16 @@ def test_a_collective_waits_for_the_slow_rank_and_each_kind_of_slowness_shows_wh
 
 
 def test_groups_splits_and_every_operation_complete() -> None:
-    s = job("--ranks", 4, "--iterations", 3, "--split", "--group", "--ops",
-            "allreduce,allgather,reducescatter,broadcast,reduce,sendrecv")
+    s = job(
+        "--ranks",
+        4,
+        "--iterations",
+        3,
+        "--split",
+        "--group",
+        "--ops",
+        "allreduce,allgather,reducescatter,broadcast,reduce,sendrecv",
+    )
     for r in s["ranks"]:
         assert (r["ended"], r["errors"], r["iterations"]) == ("completed", 0, 3)
         assert (r["split_nranks"], r["split_rank"]) == (2, r["rank"] // 2)
@@ -126,8 +148,24 @@ def test_a_rank_dying_inside_a_collective_fails_the_others() -> None:
 
 @pytest.mark.parametrize("how", ["destroy", "abort"])
 def test_ending_a_communicator_with_collectives_in_flight(how: str) -> None:
-    s = job("--ranks", 3, "--iterations", 5, "--end-rank", 1, "--end-iter", 2, "--end-how", how,
-            "--slow-rank", 2, "--slow-kind", "compute", "--slow-ms", 60)
+    s = job(
+        "--ranks",
+        3,
+        "--iterations",
+        5,
+        "--end-rank",
+        1,
+        "--end-iter",
+        2,
+        "--end-how",
+        how,
+        "--slow-rank",
+        2,
+        "--slow-kind",
+        "compute",
+        "--slow-ms",
+        60,
+    )
     ended = s["ranks"][1]
     assert ended["ended"] == ("destroyed" if how == "destroy" else "aborted") and ended["iterations"] == 3
     if how == "destroy":  # waits for the in-flight collective, which waits for the slow rank

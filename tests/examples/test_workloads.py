@@ -39,9 +39,19 @@ KERNEL_NAMES = [
     "void at::native::elementwise_kernel<128, 4>(int, float*)",
 ]
 RUNTIME_CALLS = [
-    "cudaMalloc", "cudaFree", "cudaMemcpy", "cudaMemcpyAsync", "cudaMemcpyAsync_ptsz", "cudaStreamSynchronize",
-    "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize", "cudaLaunchKernel", "cudaLaunchKernel_ptsz",
-    "cudaLaunchKernelExC", "cudaGraphLaunch", "cudaGetLastError",
+    "cudaMalloc",
+    "cudaFree",
+    "cudaMemcpy",
+    "cudaMemcpyAsync",
+    "cudaMemcpyAsync_ptsz",
+    "cudaStreamSynchronize",
+    "cudaStreamSynchronize_ptsz",
+    "cudaDeviceSynchronize",
+    "cudaLaunchKernel",
+    "cudaLaunchKernel_ptsz",
+    "cudaLaunchKernelExC",
+    "cudaGraphLaunch",
+    "cudaGetLastError",
 ]
 ENDBR64 = bytes.fromhex("f30f1efa")
 
@@ -59,7 +69,10 @@ def real_cudart() -> Path:
 
 def run_workload(*args: object, env: dict[str, str] | None = None) -> dict:
     result = subprocess.run(
-        [str(WORKLOAD), *map(str, args)], capture_output=True, text=True, timeout=60,
+        [str(WORKLOAD), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, **(env or {})},
     )
     assert result.returncode == 0, result.stderr
@@ -104,7 +117,7 @@ def first_bytes(lib: Path, count: int = 5) -> dict[str, bytes]:
         text = elf.get_section_by_name(".text")
         data = text.data()
         return {
-            sym.name: data[sym["st_value"] - text["sh_addr"]:][:count]
+            sym.name: data[sym["st_value"] - text["sh_addr"] :][:count]
             for sym in elf.get_section_by_name(".dynsym").iter_symbols()
             if sym["st_info"]["type"] == "STT_FUNC" and sym["st_shndx"] != "SHN_UNDEF"
         }
@@ -114,11 +127,30 @@ def first_bytes(lib: Path, count: int = 5) -> dict[str, bytes]:
 
 
 def test_sequence_counts_follow_the_options() -> None:
-    s = run_workload("--lib", FAKE_CUDART, "--iterations", 4, "--launches-per-iter", 5, "--alloc-bytes", 8192,
-                     "--h2d-bytes", 8192, "--d2h-bytes", 1024, "--graph-launches", 1)
+    s = run_workload(
+        "--lib",
+        FAKE_CUDART,
+        "--iterations",
+        4,
+        "--launches-per-iter",
+        5,
+        "--alloc-bytes",
+        8192,
+        "--h2d-bytes",
+        8192,
+        "--d2h-bytes",
+        1024,
+        "--graph-launches",
+        1,
+    )
     assert nonzero(s["calls"]) == {
-        "cudaMalloc": 4, "cudaMemcpy": 8, "cudaLaunchKernel": 20, "cudaGraphLaunch": 4,
-        "cudaDeviceSynchronize": 4, "cudaFree": 4, "cudaGetLastError": 1,
+        "cudaMalloc": 4,
+        "cudaMemcpy": 8,
+        "cudaLaunchKernel": 20,
+        "cudaGraphLaunch": 4,
+        "cudaDeviceSynchronize": 4,
+        "cudaFree": 4,
+        "cudaGetLastError": 1,
     }
     assert all(codes == {"0": s["calls"][name]} for name, codes in s["return_codes"].items() if codes)
     assert s["memcpy"] == {"h2d": {"calls": 4, "bytes": 4 * 8192}, "d2h": {"calls": 4, "bytes": 4 * 1024}}
@@ -141,19 +173,29 @@ def test_kernels_are_mangled_host_stubs_in_the_binary() -> None:
 def test_async_ptsz_uses_only_the_ptsz_variants() -> None:
     s = run_workload("--lib", FAKE_CUDART, "--iterations", 3, "--launches-per-iter", 2, "--async", "--ptsz")
     assert nonzero(s["calls"]) == {
-        "cudaMalloc": 3, "cudaMemcpyAsync_ptsz": 6, "cudaLaunchKernel_ptsz": 6, "cudaStreamSynchronize_ptsz": 3,
-        "cudaDeviceSynchronize": 3, "cudaFree": 3, "cudaGetLastError": 1,
+        "cudaMalloc": 3,
+        "cudaMemcpyAsync_ptsz": 6,
+        "cudaLaunchKernel_ptsz": 6,
+        "cudaStreamSynchronize_ptsz": 3,
+        "cudaDeviceSynchronize": 3,
+        "cudaFree": 3,
+        "cudaGetLastError": 1,
     }
     assert s["streams"] == ["0x5eed0001"] and s["roundtrip"]["mismatched"] == 0
 
 
 def test_launch_ex_with_driver_library() -> None:
-    s = run_workload("--lib", FAKE_CUDART, "--driver-lib", FAKE_CUDA, "--iterations", 2, "--launches-per-iter", 3,
-                     "--launch-ex")
+    s = run_workload(
+        "--lib", FAKE_CUDART, "--driver-lib", FAKE_CUDA, "--iterations", 2, "--launches-per-iter", 3, "--launch-ex"
+    )
     calls = nonzero(s["calls"])
     assert calls["cudaLaunchKernelExC"] == 6 and "cudaLaunchKernel" not in calls
     assert {k: calls[k] for k in calls if k.startswith("cu") and not k.startswith("cuda")} == {
-        "cuInit": 1, "cuModuleGetFunction": 2, "cuMemAlloc_v2": 2, "cuLaunchKernelEx": 6, "cuMemFree_v2": 2,
+        "cuInit": 1,
+        "cuModuleGetFunction": 2,
+        "cuMemAlloc_v2": 2,
+        "cuLaunchKernelEx": 6,
+        "cuMemFree_v2": 2,
     }
     handles = [k["handle"] for k in s["driver_kernels"]]
     assert len(set(handles)) == 2 and "0x0" not in handles
@@ -170,8 +212,20 @@ def test_threads_run_the_whole_sequence_each() -> None:
 
 
 def test_leak_keeps_buffers_allocated() -> None:
-    s = run_workload("--lib", FAKE_CUDART, "--iterations", 2, "--leak", 3, "--alloc-bytes", 4096,
-                     "--h2d-bytes", 4096, "--d2h-bytes", 4096)
+    s = run_workload(
+        "--lib",
+        FAKE_CUDART,
+        "--iterations",
+        2,
+        "--leak",
+        3,
+        "--alloc-bytes",
+        4096,
+        "--h2d-bytes",
+        4096,
+        "--d2h-bytes",
+        4096,
+    )
     assert len(set(s["leaked"])) == 3 and "0x0" not in s["leaked"]
     assert s["calls"]["cudaMalloc"] == 5 and s["calls"]["cudaFree"] == 2
 
@@ -192,9 +246,20 @@ def test_exit_midway_leaves_a_sync_in_flight() -> None:
 def test_delays_and_wait_for_file_order_the_library_load(tmp_path: Path) -> None:
     go = tmp_path / "go"
     proc = subprocess.Popen(
-        [str(WORKLOAD), "--lib", str(FAKE_CUDART), "--iterations", "1", "--delay-before-dlopen-ms", "300",
-         "--wait-for-file", str(go)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            str(WORKLOAD),
+            "--lib",
+            str(FAKE_CUDART),
+            "--iterations",
+            "1",
+            "--delay-before-dlopen-ms",
+            "300",
+            "--wait-for-file",
+            str(go),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         time.sleep(0.1)
@@ -232,8 +297,9 @@ def test_workload_explains_bad_invocations(args: list[str], message: str) -> Non
 
 
 def test_workload_on_real_libcudart_sees_error_35(real_cudart: Path) -> None:
-    s = run_workload("--lib", real_cudart, "--iterations", 2, "--launches-per-iter", 3, "--async",
-                     "--graph-launches", 1, "--leak", 1)
+    s = run_workload(
+        "--lib", real_cudart, "--iterations", 2, "--launches-per-iter", 3, "--async", "--graph-launches", 1, "--leak", 1
+    )
     for name in RUNTIME_CALLS:
         if s["calls"][name]:
             assert s["return_codes"][name] == {"35": s["calls"][name]}, name
@@ -242,8 +308,12 @@ def test_workload_on_real_libcudart_sees_error_35(real_cudart: Path) -> None:
 
 
 def test_real_cudart_py_gets_35_everywhere(real_cudart: Path) -> None:
-    result = subprocess.run([sys.executable, str(REAL_CUDART_PY), "--iterations", "3", "--bytes", "4096"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(REAL_CUDART_PY), "--iterations", "3", "--bytes", "4096"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     s = json.loads(result.stdout)
     assert Path(s["lib"]) == real_cudart
@@ -256,8 +326,12 @@ def test_real_cudart_py_gets_35_everywhere(real_cudart: Path) -> None:
 
 
 def test_real_cudart_py_on_the_stand_in_succeeds() -> None:
-    result = subprocess.run([sys.executable, str(REAL_CUDART_PY), "--lib", str(FAKE_CUDART), "--iterations", "2"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(REAL_CUDART_PY), "--lib", str(FAKE_CUDART), "--iterations", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert all(codes == {"0": 2} for codes in json.loads(result.stdout)["return_codes"].values())
 
@@ -298,8 +372,7 @@ def test_fake_runtime_launch_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert cuda.cudaGraphLaunch(None, None) == 1
 
 
-def test_fake_sync_waits_for_the_kernels_queued_on_that_stream(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fake_sync_waits_for_the_kernels_queued_on_that_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKECUDA_KERNEL_US", "20000")  # read when the driver's copy loads
     cuda = runtime(fresh_copy(FAKE_CUDART, tmp_path, monkeypatch))
     func = ctypes.cast(ctypes.CDLL("libc.so.6").abs, ctypes.c_void_p)
@@ -344,8 +417,9 @@ def test_fake_driver(tmp_path: Path) -> None:
 
 
 def test_fake_libraries_look_like_nvidias() -> None:
-    dyn = subprocess.run(["nm", "-D", "--defined-only", str(FAKE_CUDART)], capture_output=True, text=True,
-                         check=True).stdout
+    dyn = subprocess.run(
+        ["nm", "-D", "--defined-only", str(FAKE_CUDART)], capture_output=True, text=True, check=True
+    ).stdout
     assert "cudaLaunchKernel@@libcudart.so.12" in dyn, "same symbol version as the real library"
     assert "devmem_alloc" not in dyn
     soname = subprocess.run(["readelf", "-d", str(FAKE_CUDA)], capture_output=True, text=True, check=True).stdout
@@ -355,8 +429,15 @@ def test_fake_libraries_look_like_nvidias() -> None:
 def test_first_instructions_are_as_documented() -> None:
     # GCC gives leaf functions no frame (examples/cuda/README.md lists them)
     leaf_functions = {
-        "cudaGetErrorString", "__cudaRegisterFatBinaryEnd", "__cudaInitModule", "__cudaRegisterVar",
-        "__cudaRegisterManagedVar", "cuInit", "cuDriverGetVersion", "cuMemGetAllocationGranularity", "fakecuda_calls",
+        "cudaGetErrorString",
+        "__cudaRegisterFatBinaryEnd",
+        "__cudaInitModule",
+        "__cudaRegisterVar",
+        "__cudaRegisterManagedVar",
+        "cuInit",
+        "cuDriverGetVersion",
+        "cuMemGetAllocationGranularity",
+        "fakecuda_calls",
     }
     for lib in (FAKE_CUDART, FAKE_CUDART13, FAKE_CUDA):
         for name, code in first_bytes(lib).items():
@@ -374,12 +455,22 @@ def test_first_instructions_are_as_documented() -> None:
 
 
 def test_launch_loop_modes() -> None:
-    loop = subprocess.run([str(LAUNCH_LOOP), "--lib", str(FAKE_CUDART), "--calls", "20000", "--runs", "3"],
-                          capture_output=True, text=True, timeout=60, check=True)
+    loop = subprocess.run(
+        [str(LAUNCH_LOOP), "--lib", str(FAKE_CUDART), "--calls", "20000", "--runs", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     s = json.loads(loop.stdout)
     assert s["return_code"] == 0 and len(s["ns_per_call"]) == 3 and s["median_ns_per_call"] > 0
-    rate = subprocess.run([str(LAUNCH_LOOP), "--lib", str(NOPFUNC), "--func", "nop5_func", "--rate", "20000",
-                           "--seconds", "0.3"], capture_output=True, text=True, timeout=60, check=True)
+    rate = subprocess.run(
+        [str(LAUNCH_LOOP), "--lib", str(NOPFUNC), "--func", "nop5_func", "--rate", "20000", "--seconds", "0.3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     r = json.loads(rate.stdout)
     assert r["mode"] == "rate" and r["calls"] == pytest.approx(6000, rel=0.05)
 

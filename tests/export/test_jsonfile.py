@@ -35,15 +35,29 @@ T0 = 1_700_000_000_000_000_000
 
 
 def spans(n: int = 3, blob: str = "") -> list:
-    parent = make_span("request", resource=RESOURCE, scope=SCOPE, start_ns=T0, end_ns=T0 + 10**6,
-                       attributes={"http.request.method": "GET"}, kind=SpanKind.SERVER)
+    parent = make_span(
+        "request",
+        resource=RESOURCE,
+        scope=SCOPE,
+        start_ns=T0,
+        end_ns=T0 + 10**6,
+        attributes={"http.request.method": "GET"},
+        kind=SpanKind.SERVER,
+    )
     out = [parent]
     for i in range(n - 1):
-        out.append(make_span(
-            "cudaMemcpy", resource=RESOURCE, scope=SCOPE, start_ns=T0 + i, end_ns=T0 + i + 500,
-            attributes={"cuda.memcpy.bytes": 4096 * i, "cuda.memcpy.async": False, "ratio": 0.5, "blob": blob},
-            error="cudaErrorInsufficientDriver (35)" if i % 2 else None, parent=parent.context,
-        ))
+        out.append(
+            make_span(
+                "cudaMemcpy",
+                resource=RESOURCE,
+                scope=SCOPE,
+                start_ns=T0 + i,
+                end_ns=T0 + i + 500,
+                attributes={"cuda.memcpy.bytes": 4096 * i, "cuda.memcpy.async": False, "ratio": 0.5, "blob": blob},
+                error="cudaErrorInsufficientDriver (35)" if i % 2 else None,
+                parent=parent.context,
+            )
+        )
     return out
 
 
@@ -113,8 +127,16 @@ def test_span_line_is_otlp_json_and_parses_back_into_the_same_request(tmp_path: 
 
 def test_link_ids_are_hex_too(tmp_path: Path) -> None:
     target = new_context()
-    span = ReadableSpan(name="s", context=new_context(), resource=RESOURCE, attributes={}, links=[Link(target)],
-                        start_time=T0, end_time=T0 + 1, instrumentation_scope=SCOPE)
+    span = ReadableSpan(
+        name="s",
+        context=new_context(),
+        resource=RESOURCE,
+        attributes={},
+        links=[Link(target)],
+        start_time=T0,
+        end_time=T0 + 1,
+        instrumentation_scope=SCOPE,
+    )
     exporter = FileSpanExporter(str(tmp_path))
     exporter.export([span])
     exporter.shutdown()
@@ -225,8 +247,12 @@ exporter.shutdown()
 
 def test_a_write_that_fails_part_way_leaves_only_whole_lines(tmp_path: Path) -> None:
     """A real short write: the file size limit stops the fifth line part way through."""
-    out = subprocess.run([sys.executable, "-c", FILE_SIZE_LIMITED, str(tmp_path)], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMITED, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stderr
     results = out.stdout.split()
     written = results.count("SUCCESS")

@@ -71,22 +71,32 @@ def test_a_failing_source_does_not_hide_the_others() -> None:
 
 def test_sources_are_grouped_by_resource() -> None:
     same_job = Resource({"process.pid": 10, "service.name": "job"})  # equal attributes, another object
-    loop = MetricsLoop([], [
-        lambda: [(JOB, CUDA, [counter("a", 1)]), (OTHER, CUDA, [counter("b", 2)])],
-        lambda: [(same_job, AGENT, [counter("c", 3)])],
-    ], Health(), interval_s=60)
+    loop = MetricsLoop(
+        [],
+        [
+            lambda: [(JOB, CUDA, [counter("a", 1)]), (OTHER, CUDA, [counter("b", 2)])],
+            lambda: [(same_job, AGENT, [counter("c", 3)])],
+        ],
+        Health(),
+        interval_s=60,
+    )
     assert summary(loop.collect()) == {
         "job": {"otelbpf.cuda": ["a"], "otelbpf": ["c"]},
         "other": {"otelbpf.cuda": ["b"]},
     }
 
 
-@pytest.mark.parametrize("bad", [Recording(MetricExportResult.FAILURE), Recording(raises=True)],
-                         ids=["returns-failure", "raises"])
+@pytest.mark.parametrize(
+    "bad", [Recording(MetricExportResult.FAILURE), Recording(raises=True)], ids=["returns-failure", "raises"]
+)
 def test_a_failing_exporter_is_counted_and_the_file_still_gets_every_export(tmp_path: Path, bad: Recording) -> None:
     health = Health()
-    loop = MetricsLoop([("bad", bad), ("file", FileMetricExporter(str(tmp_path)))],
-                       [lambda: [(JOB, CUDA, [counter("a", 1)])]], health, interval_s=60)
+    loop = MetricsLoop(
+        [("bad", bad), ("file", FileMetricExporter(str(tmp_path)))],
+        [lambda: [(JOB, CUDA, [counter("a", 1)])]],
+        health,
+        interval_s=60,
+    )
     loop.export_once()
     loop.export_once()
     loop.stop()
@@ -106,8 +116,12 @@ def test_nothing_to_export_exports_nothing() -> None:
 def test_the_timer_exports_and_stop_exports_the_totals_once_more(tmp_path: Path) -> None:
     values = iter(range(1, 10_000))
     rec = Recording()
-    loop = MetricsLoop([("rec", rec), ("file", FileMetricExporter(str(tmp_path)))],
-                       [lambda: [(JOB, CUDA, [counter("calls", next(values))])]], Health(), interval_s=0.02)
+    loop = MetricsLoop(
+        [("rec", rec), ("file", FileMetricExporter(str(tmp_path)))],
+        [lambda: [(JOB, CUDA, [counter("calls", next(values))])]],
+        Health(),
+        interval_s=0.02,
+    )
     loop.start()
     assert wait_until(lambda: len(rec.exports) >= 3, timeout=10)
     loop.stop()
@@ -126,8 +140,9 @@ def test_the_timer_exports_and_stop_exports_the_totals_once_more(tmp_path: Path)
 def test_a_broken_source_never_stops_the_timer() -> None:
     rec = Recording()
     health = Health()
-    loop = MetricsLoop([("rec", rec)], [broken_source, lambda: [(JOB, CUDA, [counter("a", 1)])]], health,
-                       interval_s=0.02)
+    loop = MetricsLoop(
+        [("rec", rec)], [broken_source, lambda: [(JOB, CUDA, [counter("a", 1)])]], health, interval_s=0.02
+    )
     loop.start()
     try:
         assert wait_until(lambda: len(rec.exports) >= 3, timeout=10)
@@ -140,8 +155,13 @@ def test_a_broken_source_never_stops_the_timer() -> None:
 def test_on_collect_gets_the_collection_the_exporters_get_and_counts_as_no_export() -> None:
     health, rec, seen = Health(), Recording(), []
     calls = iter(range(1, 100))
-    loop = MetricsLoop([("rec", rec)], [lambda: [(JOB, CUDA, [counter("a", next(calls))])]], health, interval_s=60,
-                       on_collect=seen.append)
+    loop = MetricsLoop(
+        [("rec", rec)],
+        [lambda: [(JOB, CUDA, [counter("a", next(calls))])]],
+        health,
+        interval_s=60,
+        on_collect=seen.append,
+    )
     loop.export_once()
     assert seen == rec.exports and len(seen) == 1  # one collect() for both: a source is asked once
     assert health.get("otelbpf.export.sent", signal="metrics", exporter="rec") == 1

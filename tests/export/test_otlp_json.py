@@ -26,23 +26,75 @@ S1, S2 = scope("otelbpf.http"), InstrumentationScope("otelbpf.cuda", "0.1", "htt
 
 def assorted() -> list[ReadableSpan]:
     remote = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1), trace_state=TraceState([("k", "v")]))
-    attrs = {"s": "x", "empty": "", "b": True, "f": False, "i": -7, "big": 2**63 - 1, "d": 0.25, "whole": 3.0,
-             "inf": float("inf"), "strs": ("a", "b"), "ints": [1, 2], "bools": (True,), "floats": [0.5],
-             "none": ()}
+    attrs = {
+        "s": "x",
+        "empty": "",
+        "b": True,
+        "f": False,
+        "i": -7,
+        "big": 2**63 - 1,
+        "d": 0.25,
+        "whole": 3.0,
+        "inf": float("inf"),
+        "strs": ("a", "b"),
+        "ints": [1, 2],
+        "bools": (True,),
+        "floats": [0.5],
+        "none": (),
+    }
     own = SpanContext(0x1234, 0x99, is_remote=False, trace_state=TraceState([("vendor", "a=b"), ("x", "y")]))
     return [
-        make_span("GET", resource=A, scope=S1, start_ns=T0, end_ns=T0 + 10, attributes=attrs, kind=SpanKind.SERVER,
-                  parent=remote),
-        make_span("cudaMemcpy", resource=A, scope=S2, start_ns=T0 + 1, end_ns=T0 + 2, attributes={},
-                  error="cudaErrorInsufficientDriver (35)",
-                  events=[Event("nccl.straggler", {"rank": 3, "lag": 0.5}, T0 + 1), Event("bare", None, T0 + 2)]),
-        make_span("POST", resource=B, scope=S1, start_ns=T0, end_ns=T0 + 5, attributes={"x": 1},
-                  kind=SpanKind.CLIENT, parent=new_context()),
-        ReadableSpan(name="linked", context=own, resource=EMPTY, instrumentation_scope=None,
-                     links=[Link(remote, {"why": "peer"}), Link(new_context())], status=Status(StatusCode.OK),
-                     kind=SpanKind.CONSUMER, start_time=T0, end_time=T0 + 1),
-        ReadableSpan(name="", context=new_context(), resource=A, instrumentation_scope=S1,
-                     status=Status(StatusCode.ERROR), kind=SpanKind.PRODUCER, start_time=T0, end_time=T0),
+        make_span(
+            "GET",
+            resource=A,
+            scope=S1,
+            start_ns=T0,
+            end_ns=T0 + 10,
+            attributes=attrs,
+            kind=SpanKind.SERVER,
+            parent=remote,
+        ),
+        make_span(
+            "cudaMemcpy",
+            resource=A,
+            scope=S2,
+            start_ns=T0 + 1,
+            end_ns=T0 + 2,
+            attributes={},
+            error="cudaErrorInsufficientDriver (35)",
+            events=[Event("nccl.straggler", {"rank": 3, "lag": 0.5}, T0 + 1), Event("bare", None, T0 + 2)],
+        ),
+        make_span(
+            "POST",
+            resource=B,
+            scope=S1,
+            start_ns=T0,
+            end_ns=T0 + 5,
+            attributes={"x": 1},
+            kind=SpanKind.CLIENT,
+            parent=new_context(),
+        ),
+        ReadableSpan(
+            name="linked",
+            context=own,
+            resource=EMPTY,
+            instrumentation_scope=None,
+            links=[Link(remote, {"why": "peer"}), Link(new_context())],
+            status=Status(StatusCode.OK),
+            kind=SpanKind.CONSUMER,
+            start_time=T0,
+            end_time=T0 + 1,
+        ),
+        ReadableSpan(
+            name="",
+            context=new_context(),
+            resource=A,
+            instrumentation_scope=S1,
+            status=Status(StatusCode.ERROR),
+            kind=SpanKind.PRODUCER,
+            start_time=T0,
+            end_time=T0,
+        ),
         make_span("GET", resource=A, scope=S1, start_ns=T0 + 3, end_ns=T0 + 4, attributes={"again": "same group"}),
     ]
 
@@ -59,8 +111,9 @@ def test_edge_sizes(n: int) -> None:
 
 
 def test_nan_is_spelled_as_protobuf_json_does() -> None:
-    span = make_span("x", resource=A, scope=S1, start_ns=T0, end_ns=T0, attributes={"nan": float("nan"),
-                                                                                    "ninf": float("-inf")})
+    span = make_span(
+        "x", resource=A, scope=S1, start_ns=T0, end_ns=T0, attributes={"nan": float("nan"), "ninf": float("-inf")}
+    )
     assert json.loads(encode_spans_json([span])) == json.loads(to_otlp_json(encode_spans([span])))
 
 

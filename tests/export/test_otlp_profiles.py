@@ -29,10 +29,23 @@ from otelbpf.export.otlp_profiles import (
 from otelbpf.export.profile_export import encoded
 
 T0 = 1_700_000_000_000_000_000
-LIBC = Frame("memcpy", "native", module="libc.so.6", path="/usr/lib/libc.so.6", build_id="ab12",
-             address=0x7F00_0010, mapping=(0x7F00_0000, 0x7F10_0000, 0x1000))
-LIBX = Frame("x_work", "native", module="libx.so", path="/opt/libx.so", address=0x5000_0020,
-             mapping=(0x5000_0000, 0x5001_0000, 0))
+LIBC = Frame(
+    "memcpy",
+    "native",
+    module="libc.so.6",
+    path="/usr/lib/libc.so.6",
+    build_id="ab12",
+    address=0x7F00_0010,
+    mapping=(0x7F00_0000, 0x7F10_0000, 0x1000),
+)
+LIBX = Frame(
+    "x_work",
+    "native",
+    module="libx.so",
+    path="/opt/libx.so",
+    address=0x5000_0020,
+    mapping=(0x5000_0000, 0x5001_0000, 0),
+)
 KERNEL = Frame("do_syscall_64", "kernel", module="[kernel.kallsyms]", address=0xFFFF_FFFF_8100_0000)
 LEAF = Frame("leaf", "python", "/w/t.py", 3, 1)
 ROOT = Frame("root", "python", "/w/t.py", 9, 8)
@@ -45,13 +58,30 @@ def cpu_profile(pid: int = 42, service: str = "train", **labels: str) -> Profile
         Sample([KERNEL, LIBC, LEAF, ROOT], (1, 10), common),
         Sample([LIBX, ROOT], (2, 20), {**common, "thread": "worker"}),
     ]
-    return Profile("process_cpu", "cpu", common, pid, T0, T0 + 10**10, 99, CPU_SAMPLE_TYPES, "cpu",
-                   ("cpu", "nanoseconds"), 10, samples)
+    return Profile(
+        "process_cpu",
+        "cpu",
+        common,
+        pid,
+        T0,
+        T0 + 10**10,
+        99,
+        CPU_SAMPLE_TYPES,
+        "cpu",
+        ("cpu", "nanoseconds"),
+        10,
+        samples,
+    )
 
 
 def resource(pid: int = 42, service: str = "train") -> dict:
-    return {"service.name": service, "host.name": "h", "process.pid": pid, "container.id": "c0ffee",
-            "process.command_args": ["python", "t.py"]}
+    return {
+        "service.name": service,
+        "host.name": "h",
+        "process.pid": pid,
+        "container.id": "c0ffee",
+        "process.command_args": ["python", "t.py"],
+    }
 
 
 def test_one_profile_per_sample_type_with_its_stacks_values_and_resource():
@@ -63,14 +93,22 @@ def test_one_profile_per_sample_type_with_its_stacks_values_and_resource():
     assert {s.period_type for s in samples} == {("cpu", "nanoseconds")}
     by_type = {t: {tuple(s.functions()): s.value for s in samples if s.sample_type == t} for t in CPU_SAMPLE_TYPES}
     assert by_type[("samples", "count")] == {
-        ("memcpy", "leaf", "root"): 3, ("do_syscall_64", "memcpy", "leaf", "root"): 1, ("x_work", "root"): 2}
+        ("memcpy", "leaf", "root"): 3,
+        ("do_syscall_64", "memcpy", "leaf", "root"): 1,
+        ("x_work", "root"): 2,
+    }
     assert by_type[("cpu", "nanoseconds")] == {
-        ("memcpy", "leaf", "root"): 30, ("do_syscall_64", "memcpy", "leaf", "root"): 10, ("x_work", "root"): 20}
+        ("memcpy", "leaf", "root"): 30,
+        ("do_syscall_64", "memcpy", "leaf", "root"): 10,
+        ("x_work", "root"): 20,
+    }
     s = samples[0]
     assert s.resource == resource() and s.scope == "otelbpf.profiling"
     # the labels the resource already says are not repeated; the others stay, per sample where they differ
     assert {frozenset(x.attributes.items()) for x in samples} == {
-        frozenset({("env", "prod")}), frozenset({("env", "prod"), ("thread", "worker")})}
+        frozenset({("env", "prod")}),
+        frozenset({("env", "prod"), ("thread", "worker")}),
+    }
     frames = {f.function: f for x in samples for f in x.frames}
     assert frames["memcpy"] == frames["memcpy"].__class__("memcpy", "", 0, "native", "/usr/lib/libc.so.6", "ab12")
     assert (frames["leaf"].kind, frames["leaf"].filename, frames["leaf"].line) == ("cpython", "/w/t.py", 3)
@@ -90,12 +128,14 @@ def test_dictionary_holds_each_item_once_across_profiles_and_processes():
         table = getattr(d, name)
         assert len({m.SerializeToString(deterministic=True) for m in table}) == len(table), name
     assert len(set(d.string_table)) == len(d.string_table)
-    assert len(d.stack_table) == 1 + 3           # three distinct stacks, shared by all six profiles
-    assert len(d.mapping_table) == 1 + 2         # libc and libx; kernel and Python frames have none
+    assert len(d.stack_table) == 1 + 3  # three distinct stacks, shared by all six profiles
+    assert len(d.mapping_table) == 1 + 2  # libc and libx; kernel and Python frames have none
     assert len(d.function_table) == 1 + 5
     # one ResourceProfiles per process: the two pid-42 records share theirs
-    pids = [[kv.value.int_value for kv in rp.resource.attributes if kv.key == "process.pid"][0]
-            for rp in request.resource_profiles]
+    pids = [
+        [kv.value.int_value for kv in rp.resource.attributes if kv.key == "process.pid"][0]
+        for rp in request.resource_profiles
+    ]
     assert pids == [42, 43]
     assert [len(rp.scope_profiles[0].profiles) for rp in request.resource_profiles] == [4, 2]
 
@@ -103,10 +143,19 @@ def test_dictionary_holds_each_item_once_across_profiles_and_processes():
 def test_memory_profile_skips_zero_values_and_falls_back_to_labels_for_the_resource():
     labels = {"service_name": "infer", "host_name": "h", "process_pid": "7", "memory_device": "cuda"}
     alloc = Frame("cudaMalloc", "native")
-    profile = Profile("memory", "cuda_memory", labels, 7, T0, T0 + 10**9, 0, MEMORY_SAMPLE_TYPES, "inuse_space",
-                      samples=[Sample([alloc, ROOT], (2, 4096, 0, 0), labels),
-                               Sample([alloc, LEAF], (1, 512, 1, 512), labels)])
-    request = encode_request([encoded(profile)])    # no resource given: the labels say it
+    profile = Profile(
+        "memory",
+        "cuda_memory",
+        labels,
+        7,
+        T0,
+        T0 + 10**9,
+        0,
+        MEMORY_SAMPLE_TYPES,
+        "inuse_space",
+        samples=[Sample([alloc, ROOT], (2, 4096, 0, 0), labels), Sample([alloc, LEAF], (1, 512, 1, 512), labels)],
+    )
+    request = encode_request([encoded(profile)])  # no resource given: the labels say it
     check(request)
     samples = decode(request)
     assert samples[0].resource == {"service.name": "infer", "host.name": "h", "process.pid": 7}
@@ -147,7 +196,7 @@ def test_grpc_delivers_batches_with_headers(receiver):
     e.shutdown()
     assert not receiver.errors
     assert health.get("otelbpf.export.sent", signal="profiles", exporter="otlp") == 20
-    assert len(receiver.requests) >= 2          # 20 records go in batches of at most 16
+    assert len(receiver.requests) >= 2  # 20 records go in batches of at most 16
     assert {s.resource["process.pid"] for s in receiver.samples()} == set(range(100, 120))
     assert all(m.get("x-tenant") == "t1" for m in receiver.metadata)
 
@@ -184,21 +233,27 @@ def closed_port() -> int:
 
 def test_endpoint_down_export_returns_at_once_and_every_drop_is_counted():
     health = Health()
-    e = grpc_exporter(f"http://127.0.0.1:{closed_port()}", health, max_queue_size=3,
-                      retry=RetryConfig(initial_interval="20ms", max_interval="40ms", max_elapsed_time="300ms"))
+    e = grpc_exporter(
+        f"http://127.0.0.1:{closed_port()}",
+        health,
+        max_queue_size=3,
+        retry=RetryConfig(initial_interval="20ms", max_interval="40ms", max_elapsed_time="300ms"),
+    )
     records = [encoded(cpu_profile(pid), resource(pid)) for pid in range(10)]
     t0 = time.monotonic()
     for r in records:
         e.export([r])
-    assert time.monotonic() - t0 < 0.1              # the profiler is never held up
+    assert time.monotonic() - t0 < 0.1  # the profiler is never held up
     deadline = time.monotonic() + 10
     while health.get("otelbpf.export.dropped", signal="profiles", reason="export_failed", exporter="otlp") == 0:
         assert time.monotonic() < deadline, "the first batch was never given up on"
         time.sleep(0.02)
     e.shutdown(timeout_s=0.2)
-    dropped = {reason: health.get("otelbpf.export.dropped", signal="profiles", reason=reason, exporter="otlp")
-               for reason in ("queue_full", "export_failed", "shutdown")}
-    assert dropped["queue_full"] >= 6               # the queue holds 3; the sender took at most one batch
+    dropped = {
+        reason: health.get("otelbpf.export.dropped", signal="profiles", reason=reason, exporter="otlp")
+        for reason in ("queue_full", "export_failed", "shutdown")
+    }
+    assert dropped["queue_full"] >= 6  # the queue holds 3; the sender took at most one batch
     assert sum(dropped.values()) == 10
     assert health.get("otelbpf.export.retries", signal="profiles", exporter="otlp") >= 2
     assert health.get("otelbpf.export.sent", signal="profiles", exporter="otlp") == 0
@@ -214,7 +269,7 @@ def test_endpoint_back_up_gets_what_was_retried(receiver):
     while not health.get("otelbpf.export.retries", signal="profiles", exporter="otlp"):
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    again = OtlpProfilesReceiver(port)     # the same port, as a collector that restarts
+    again = OtlpProfilesReceiver(port)  # the same port, as a collector that restarts
     try:
         assert again.wait_for(lambda r: r.requests, timeout=10)
         e.shutdown()
@@ -278,7 +333,7 @@ def test_http_posts_gzipped_protobuf_to_the_profiles_path_and_retries_503():
         assert health.get("otelbpf.export.retries", signal="profiles", exporter="otlphttp") == 1
         assert health.get("otelbpf.export.sent", signal="profiles", exporter="otlphttp") == 1
         [(path, headers, request)] = server.requests
-        assert path == "/v1development/profiles"    # the Collector's otlphttp path for the signal
+        assert path == "/v1development/profiles"  # the Collector's otlphttp path for the signal
         assert headers["Content-Type"] == "application/x-protobuf" and headers["Content-Encoding"] == "gzip"
         assert headers["authorization"] == "Bearer x"
         assert {tuple(s.functions()) for s in decode(request)} >= {("memcpy", "leaf", "root")}
@@ -291,8 +346,9 @@ def test_http_400_is_refused_without_retry():
     try:
         health = Health()
         server.fail = [400]
-        e = OtlpProfileExporter("otlphttp", HttpTransport(OtlpHttpExporterConfig(endpoint=server.endpoint)), health,
-                                retry=FAST_RETRY)
+        e = OtlpProfileExporter(
+            "otlphttp", HttpTransport(OtlpHttpExporterConfig(endpoint=server.endpoint)), health, retry=FAST_RETRY
+        )
         e.export([encoded(cpu_profile(), resource())])
         e.shutdown()
         assert health.get("otelbpf.export.dropped", signal="profiles", reason="refused", exporter="otlphttp") == 1
@@ -319,8 +375,9 @@ def profiles_config(exporters: str, names: str):
 def test_otlp_and_otlphttp_in_the_profiles_pipeline_build_otlp_profile_exporters():
     from otelbpf.export.profile_export import profile_exporter
 
-    config = profiles_config('{otlp: {endpoint: "localhost:4317"}, otlphttp/p: {endpoint: "http://c:4318"}}',
-                             "otlp, otlphttp/p")
+    config = profiles_config(
+        '{otlp: {endpoint: "localhost:4317"}, otlphttp/p: {endpoint: "http://c:4318"}}', "otlp, otlphttp/p"
+    )
     assert config.exporters["otlphttp/p"].url("profiles") == "http://c:4318/v1development/profiles"
     health = Health()
     built = [profile_exporter(n, c, health) for n, c in config.pipeline_exporters("profiles")]

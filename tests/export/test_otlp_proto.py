@@ -29,10 +29,13 @@ def test_edge_sizes(n: int) -> None:
 
 
 def test_non_finite_doubles_survive() -> None:
-    span = make_span("x", resource=A, scope=S1, start_ns=T0, end_ns=T0, attributes={"nan": float("nan"),
-                                                                                    "inf": float("inf")})
-    values = {kv.key: kv.value.double_value for kv in encode_spans_proto([span]).resource_spans[0]
-              .scope_spans[0].spans[0].attributes}
+    span = make_span(
+        "x", resource=A, scope=S1, start_ns=T0, end_ns=T0, attributes={"nan": float("nan"), "inf": float("inf")}
+    )
+    values = {
+        kv.key: kv.value.double_value
+        for kv in encode_spans_proto([span]).resource_spans[0].scope_spans[0].spans[0].attributes
+    }
     assert math.isnan(values["nan"]) and values["inf"] == float("inf")
 
 

@@ -11,15 +11,28 @@ from otelbpf.correlate.stacks import TRUNCATED, Frame
 from otelbpf.export.pprof import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, ProfileBuilder
 from otelbpf.export.profile_export import PprofFileExporter, ProfileRecord
 
-NATIVE = Frame("crunch", "native", module="ext.so", path="/x/ext.so", build_id="ab12", address=0x7F0000001234,
-               mapping=(0x7F0000000000, 0x7F0000010000, 0))
+NATIVE = Frame(
+    "crunch",
+    "native",
+    module="ext.so",
+    path="/x/ext.so",
+    build_id="ab12",
+    address=0x7F0000001234,
+    mapping=(0x7F0000000000, 0x7F0000010000, 0),
+)
 PY_LEAF = Frame("forward", "python", "model.py", 42, 40)
 PY_ROOT = Frame("train_step", "python", "train.py", 7, 3)
 
 
 def test_cpu_profile_reads_back_with_values_frames_and_labels(tmp_path: Path):
-    b = ProfileBuilder(CPU_SAMPLE_TYPES, time_ns=1_700_000_000_000_000_000, duration_ns=10**10,
-                       period_type=("cpu", "nanoseconds"), period=10_101_010, default_sample_type="cpu")
+    b = ProfileBuilder(
+        CPU_SAMPLE_TYPES,
+        time_ns=1_700_000_000_000_000_000,
+        duration_ns=10**10,
+        period_type=("cpu", "nanoseconds"),
+        period=10_101_010,
+        default_sample_type="cpu",
+    )
     labels = {"service_name": "train", "process_pid": "42"}
     b.add([NATIVE, PY_LEAF, PY_ROOT], [5, 5 * 10_101_010], labels)
     b.add([PY_LEAF, PY_ROOT, TRUNCATED], [2, 2 * 10_101_010], labels)
@@ -30,7 +43,10 @@ def test_cpu_profile_reads_back_with_values_frames_and_labels(tmp_path: Path):
     assert raw.total(0) == 7
     first, second = raw.samples
     assert [(f.function, f.file, f.line) for f in first.frames] == [
-        ("crunch", "", 0), ("forward", "model.py", 42), ("train_step", "train.py", 7)]
+        ("crunch", "", 0),
+        ("forward", "model.py", 42),
+        ("train_step", "train.py", 7),
+    ]
     assert second.functions() == ["forward", "train_step", "[truncated]"]
     assert first.labels == {"service_name": "train", "process_pid": "42"}
 

@@ -17,16 +17,22 @@ from otelbpf.export.pyroscope import PyroscopeExporter
 
 
 def record(service: str = "train", value: int = 3) -> ProfileRecord:
-    b = ProfileBuilder(CPU_SAMPLE_TYPES, time_ns=1_700_000_000_000_000_000, duration_ns=10**10,
-                       period_type=("cpu", "nanoseconds"), period=10_101_010)
+    b = ProfileBuilder(
+        CPU_SAMPLE_TYPES,
+        time_ns=1_700_000_000_000_000_000,
+        duration_ns=10**10,
+        period_type=("cpu", "nanoseconds"),
+        period=10_101_010,
+    )
     labels = {"service_name": service, "host_name": "h", "process_pid": "42"}
     b.add(
         [Frame("leaf", "python", "t.py", 3, 1), Frame("root", "python", "t.py", 9, 8)],
         [value, value * 10_101_010],
         labels,
     )
-    return ProfileRecord("process_cpu", "cpu", labels, 42, 1_700_000_000_000_000_000, 1_700_000_010_000_000_000, 99,
-                         b.encode())
+    return ProfileRecord(
+        "process_cpu", "cpu", labels, 42, 1_700_000_000_000_000_000, 1_700_000_010_000_000_000, 99, b.encode()
+    )
 
 
 @pytest.fixture
@@ -45,14 +51,21 @@ def exporter(receiver: PyroscopeReceiver, health: Health, **cfg) -> PyroscopeExp
 
 def test_push_sends_labels_and_a_decodable_profile_with_basic_auth_and_tenant(receiver):
     health = Health()
-    e = exporter(receiver, health, basic_auth={"username": "u", "password": "p"}, tenant_id="t1",
-                 headers={"X-Extra": "1"})
+    e = exporter(
+        receiver, health, basic_auth={"username": "u", "password": "p"}, tenant_id="t1", headers={"X-Extra": "1"}
+    )
     e.export([record()])
     e.shutdown(10)
     [p] = receiver.profiles
     assert p.api == "push"
-    assert p.labels == {"__name__": "process_cpu", "__delta__": "false", "pyroscope_spy": "otelbpf",
-                        "service_name": "train", "host_name": "h", "process_pid": "42"}
+    assert p.labels == {
+        "__name__": "process_cpu",
+        "__delta__": "false",
+        "pyroscope_spy": "otelbpf",
+        "service_name": "train",
+        "host_name": "h",
+        "process_pid": "42",
+    }
     assert p.headers["Authorization"] == "Basic dTpw"
     assert p.headers["X-Scope-OrgID"] == "t1" and p.headers["X-Extra"] == "1"
     assert p.headers["Connect-Protocol-Version"] == "1"
@@ -122,16 +135,23 @@ def test_giving_up_after_max_elapsed_time_is_counted(receiver):
 def test_a_full_queue_drops_the_oldest_and_counts_them(receiver):
     health = Health()
     receiver.fail_next(1000, 503)  # the sender is stuck retrying the first profile
-    e = exporter(receiver, health, max_queue_size=2,
-                 retry={"initial_interval": "1s", "max_interval": "1s", "max_elapsed_time": "1s"})
+    e = exporter(
+        receiver,
+        health,
+        max_queue_size=2,
+        retry={"initial_interval": "1s", "max_interval": "1s", "max_elapsed_time": "1s"},
+    )
     e.export([record(f"s{i}") for i in range(6)])
     time.sleep(0.2)
     assert len(e) <= 2
     e.shutdown(0.5)
     dropped = health.get("otelbpf.export.dropped", signal="profiles", reason="queue_full", exporter="pyroscope")
     assert dropped >= 3
-    total = dropped + health.get("otelbpf.export.dropped", signal="profiles", reason="shutdown", exporter="pyroscope") \
+    total = (
+        dropped
+        + health.get("otelbpf.export.dropped", signal="profiles", reason="shutdown", exporter="pyroscope")
         + health.get("otelbpf.export.dropped", signal="profiles", reason="export_failed", exporter="pyroscope")
+    )
     assert total == 6
 
 

@@ -42,8 +42,11 @@ def test_the_output_directory_as_a_link_is_refused(tmp_path: Path, victim: Path)
     elsewhere.mkdir()
     (tmp_path / "out").symlink_to(elsewhere)
 
-    for make in (lambda: FileSpanExporter(str(tmp_path / "out")), lambda: FileMetricExporter(str(tmp_path / "out")),
-                 lambda: PprofFileExporter(str(tmp_path / "out"), Health())):
+    for make in (
+        lambda: FileSpanExporter(str(tmp_path / "out")),
+        lambda: FileMetricExporter(str(tmp_path / "out")),
+        lambda: PprofFileExporter(str(tmp_path / "out"), Health()),
+    ):
         with pytest.raises(UnsafeOutput, match="out is a symbolic link or not a directory"):
             make()
     assert list(elsewhere.iterdir()) == []
@@ -102,7 +105,9 @@ def test_profile_temp_file_is_random_and_exclusive(tmp_path: Path, victim: Path)
     assert victim.read_text() == VICTIM_TEXT
     assert Path(final).read_bytes() == b"pprof" and not Path(final).is_symlink()
     assert sorted(p.name for p in Path(exporter.directory).iterdir() if not p.is_symlink()) == [
-        "train-42-cpu-5.pb.gz", "train-42-cpu-6.pb.gz"]
+        "train-42-cpu-5.pb.gz",
+        "train-42-cpu-6.pb.gz",
+    ]
     assert health.get("otelbpf.export.sent") == 2
 
 
@@ -175,8 +180,13 @@ def test_run_refuses_a_linked_output_directory_with_a_clear_error(tmp_path: Path
     config = tmp_path / "c.yaml"
     config.write_text(AGENT_CONFIG % (tmp_path / "out"))
 
-    out = subprocess.run([sys.executable, "-m", "otelbpf.cli", "run", "-c", str(config), "--duration", "1"],
-                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(config), "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
 
     assert out.returncode == 1, out.stderr[-3000:]
     assert f"otelbpf: output directory {tmp_path / 'out'} is a symbolic link" in out.stderr

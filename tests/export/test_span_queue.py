@@ -26,8 +26,10 @@ SCOPE = scope("otelbpf.test")
 
 
 def spans(n: int, start: int = 0) -> list[ReadableSpan]:
-    return [make_span(f"s{i}", resource=RESOURCE, scope=SCOPE, start_ns=i, end_ns=i + 1, attributes={})
-            for i in range(start, start + n)]
+    return [
+        make_span(f"s{i}", resource=RESOURCE, scope=SCOPE, start_ns=i, end_ns=i + 1, attributes={})
+        for i in range(start, start + n)
+    ]
 
 
 def names(batch: Sequence[ReadableSpan]) -> list[str]:
@@ -37,8 +39,9 @@ def names(batch: Sequence[ReadableSpan]) -> list[str]:
 class Recording(SpanExporter):
     """Keeps every batch; optionally blocks inside export until released, or fails."""
 
-    def __init__(self, *, block: bool = False, result: SpanExportResult = SpanExportResult.SUCCESS,
-                 raises: bool = False) -> None:
+    def __init__(
+        self, *, block: bool = False, result: SpanExportResult = SpanExportResult.SUCCESS, raises: bool = False
+    ) -> None:
         self.batches: list[list[str]] = []
         self.entered = threading.Event()
         self.release = threading.Event()
@@ -104,8 +107,9 @@ def test_a_full_queue_drops_and_counts_while_the_exporter_is_stuck() -> None:
     assert health.get("otelbpf.export.dropped") == 6
 
 
-@pytest.mark.parametrize("failing", [Recording(result=SpanExportResult.FAILURE), Recording(raises=True)],
-                         ids=["returns-failure", "raises"])
+@pytest.mark.parametrize(
+    "failing", [Recording(result=SpanExportResult.FAILURE), Recording(raises=True)], ids=["returns-failure", "raises"]
+)
 def test_a_failing_exporter_is_counted_and_does_not_stop_the_others(failing: Recording) -> None:
     healthy = Recording()
     health = Health()
@@ -165,4 +169,3 @@ def test_spans_reach_a_real_file_exporter(tmp_path: Path) -> None:
                 written += [s["name"] for s in ss["spans"]]
     assert written == [f"s{i}" for i in range(12)]
     assert health.get("otelbpf.export.sent", exporter="file", signal="traces") == 12
-

@@ -108,6 +108,7 @@ def http1_target(data: bytes) -> None:
 
 def http2_target(data: bytes) -> None:
     """Frames after a valid preface and SETTINGS (else nearly every input stops at the preface)."""
+
     def sinks(stream: http2.Stream) -> None:
         stream.request_sink = CheckingSink()
 
@@ -172,7 +173,7 @@ def genai_target(data: bytes) -> None:
     response.body_done()
     for tokens in (response.input_tokens, response.output_tokens):
         assert tokens is None or (type(tokens) is int and 0 <= tokens < genai.MAX_TOKENS)
-    attrs = genai.attributes(request, response, lambda v: v[:DEFAULT.attribute_chars])
+    attrs = genai.attributes(request, response, lambda v: v[: DEFAULT.attribute_chars])
     span = make_span("fuzz", resource=_RESOURCE, scope=_SCOPE, start_ns=1, end_ns=2, attributes=attrs)
     encode_spans_proto([span]).SerializeToString()
     json.loads(encode_spans_json([span]))
@@ -199,8 +200,15 @@ def grpc_target(data: bytes) -> None:
     values = [f.decode("latin-1") for f in fields[:5]] + [""] * (5 - min(5, len(fields)))
     tail = fields[5] if len(fields) > 5 else b""
     ec, es = Encoder(), Encoder()
-    c, s = grpc_call(ec, es, 1, path=values[0] or "/", status=values[1] or "200", grpc_status=values[2] or "0",
-                     extra=[(":authority", values[3]), ("x-meta", values[4])])
+    c, s = grpc_call(
+        ec,
+        es,
+        1,
+        path=values[0] or "/",
+        status=values[1] or "200",
+        grpc_status=values[2] or "0",
+        extra=[(":authority", values[3]), ("x-meta", values[4])],
+    )
     c2s, s2c = h2_connection([(c, s)])
     w = _wire()
     w.accept(10)
@@ -272,32 +280,65 @@ def seeds() -> dict[str, list[bytes]]:
     c1, s1 = grpc_call(ec, es, 1)
     c3, s3 = grpc_call(ec, es, 3, path="/pkg.Svc/Other", grpc_status="5")
     b1 = Encoder().encode([(":method", "GET"), (":path", "/"), ("cookie", "a=b")])
-    events = (b": hi\n\ndata: {\"model\": \"m\", \"choices\": []}\r\n\r\nevent: x\ndata: a\ndata: b\n\n"
-              b"data: {\"usage\": {\"prompt_tokens\": 1, \"completion_tokens\": 2}}\n\ndata: [DONE]\n\n")
-    body = json.dumps({"messages": [{"role": "user", "content": "q\"\\"}], "model": "m", "stream": True}).encode()
-    usage = json.dumps({"id": "c", "model": "m", "choices": [{"delta": {"content": "x"}, "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 3, "completion_tokens": 4}}).encode()
-    sse_body = (b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body,
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events.split(b"\n\n") if e) + b"0\r\n\r\n")
+    events = (
+        b': hi\n\ndata: {"model": "m", "choices": []}\r\n\r\nevent: x\ndata: a\ndata: b\n\n'
+        b'data: {"usage": {"prompt_tokens": 1, "completion_tokens": 2}}\n\ndata: [DONE]\n\n'
+    )
+    body = json.dumps({"messages": [{"role": "user", "content": 'q"\\'}], "model": "m", "stream": True}).encode()
+    usage = json.dumps(
+        {
+            "id": "c",
+            "model": "m",
+            "choices": [{"delta": {"content": "x"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+        }
+    ).encode()
+    sse_body = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body,
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events.split(b"\n\n") if e)
+        + b"0\r\n\r\n",
+    )
     return {
         "http1": [
             encode_chunks([(True, get, 0), (False, ok, 0)]),
             encode_chunks([(True, chunked_req, 0), (False, chunked_resp, 0)]),
-            encode_chunks([(True, get + get + b"HEAD / HTTP/1.1\r\n\r\n", 0), (False, ok + ok, 0),
-                           (False, b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", 0)]),
-            encode_chunks([(True, b"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nab", 3),
-                           (False, b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", 0)]),
+            encode_chunks(
+                [
+                    (True, get + get + b"HEAD / HTTP/1.1\r\n\r\n", 0),
+                    (False, ok + ok, 0),
+                    (False, b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", 0),
+                ]
+            ),
+            encode_chunks(
+                [
+                    (True, b"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nab", 3),
+                    (False, b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", 0),
+                ]
+            ),
             encode_chunks([(True, sse_body[0], 0), (False, sse_body[1], 0)]),
         ],
         "http2": [encode_chunks([(True, c1, 0), (False, s1, 0), (True, c3, 0), (False, s3, 0)])],
         "hpack": [bytes([len(b1)]) + b1 + Encoder().encode([(":status", "200"), ("grpc-status", "0")])],
         "grpc": [b"/demo.Echo/Unary\x00200\x000\x00svc:50051\x00meta", b"/a/b\x00404\x0013\x00u:p@h\x00v\x00\0\0\0"],
-        "sse": [encode_chunks([(False, events[:30], 0), (False, events[30:], 0)]),
-                encode_chunks([(False, events[:20], 9), (False, events[20:], 0)])],
-        "genai": [encode_chunks([(True, body, 0), (False, usage, 0), (False, usage, 0)]),
-                  encode_chunks([(True, body[:20], 7), (False, b"x", 0), (False, usage[:30], 0),
-                                 (False, usage[30:], 0)])],
-        "otlp": [bytes([0, 9]) + (1 << 70).to_bytes(9, "big") + bytes([2, 3]) + b"abc" + bytes([1, 8]) + bytes(8)
-                 + bytes([4, 18]) + bytes(18) + bytes([5, 2]) + b"zz"],
+        "sse": [
+            encode_chunks([(False, events[:30], 0), (False, events[30:], 0)]),
+            encode_chunks([(False, events[:20], 9), (False, events[20:], 0)]),
+        ],
+        "genai": [
+            encode_chunks([(True, body, 0), (False, usage, 0), (False, usage, 0)]),
+            encode_chunks([(True, body[:20], 7), (False, b"x", 0), (False, usage[:30], 0), (False, usage[30:], 0)]),
+        ],
+        "otlp": [
+            bytes([0, 9])
+            + (1 << 70).to_bytes(9, "big")
+            + bytes([2, 3])
+            + b"abc"
+            + bytes([1, 8])
+            + bytes(8)
+            + bytes([4, 18])
+            + bytes(18)
+            + bytes([5, 2])
+            + b"zz"
+        ],
     }

@@ -15,12 +15,18 @@ from fuzz.targets import TARGETS, encode_chunks, grpc_target, http1_target, seed
 from otelbpf.correlate.genai import ResponseFacts
 
 #: No example database in the working tree; short runs; a slow input is the alarm's to judge.
-FUZZ = settings(max_examples=1000, deadline=None, database=None, derandomize=False,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=1000,
+    deadline=None,
+    database=None,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def bounded(target, data: bytes, seconds: int = 2) -> None:
     """``target(data)``, failing if it takes longer than ``seconds``."""
+
     def hang(*_):
         raise TimeoutError(f"input still running after {seconds}s: {data!r}")
 
@@ -35,9 +41,9 @@ def bounded(target, data: bytes, seconds: int = 2) -> None:
 
 def _mutated(name: str):
     """Seeds with random bytes spliced in, cut or overwritten: mutation from valid input."""
-    return st.tuples(st.sampled_from(seeds()[name]), st.integers(0, 10_000), st.integers(0, 64),
-                     st.binary(max_size=64)).map(lambda t: t[0][: t[1] % (len(t[0]) + 1)] + t[3]
-                                                 + t[0][t[1] % (len(t[0]) + 1) + t[2]:])
+    return st.tuples(
+        st.sampled_from(seeds()[name]), st.integers(0, 10_000), st.integers(0, 64), st.binary(max_size=64)
+    ).map(lambda t: t[0][: t[1] % (len(t[0]) + 1)] + t[3] + t[0][t[1] % (len(t[0]) + 1) + t[2] :])
 
 
 @FUZZ
@@ -51,8 +57,10 @@ _NOISE = st.text(" \t_+-;=x0\r", max_size=4)
 
 
 @FUZZ
-@given(parts=st.lists(st.tuples(_NOISE, _HEX, _NOISE, st.binary(max_size=40)), max_size=6),
-       length=st.one_of(st.none(), st.from_regex(r"\A[ +\-0-9,_]{0,24}\Z")))
+@given(
+    parts=st.lists(st.tuples(_NOISE, _HEX, _NOISE, st.binary(max_size=40)), max_size=6),
+    length=st.one_of(st.none(), st.from_regex(r"\A[ +\-0-9,_]{0,24}\Z")),
+)
 def test_http1_framing_numbers(parts, length):
     """Chunk-size lines and Content-Length values from the characters ``int()`` tolerates and HTTP
     does not, in otherwise valid messages, split at random."""
@@ -64,8 +72,16 @@ def test_http1_framing_numbers(parts, length):
         body = b"".join(p[3] for p in parts)
     stream = head + body
     cut = len(stream) // 2
-    bounded(http1_target, encode_chunks([(True, stream[:cut], 0), (True, stream[cut:], 0),
-                                         (False, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", 0)]))
+    bounded(
+        http1_target,
+        encode_chunks(
+            [
+                (True, stream[:cut], 0),
+                (True, stream[cut:], 0),
+                (False, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", 0),
+            ]
+        ),
+    )
 
 
 @FUZZ
@@ -80,8 +96,11 @@ def test_hpack(data):
     bounded(TARGETS["hpack"], data)
 
 
-_VALUE = st.one_of(st.text(max_size=30), st.from_regex(r"\A/[a-z.]{0,8}(/[a-z;=]{0,8}){0,3}\Z"),
-                   st.integers(-10**30, 10**30).map(str))
+_VALUE = st.one_of(
+    st.text(max_size=30),
+    st.from_regex(r"\A/[a-z.]{0,8}(/[a-z;=]{0,8}){0,3}\Z"),
+    st.integers(-(10**30), 10**30).map(str),
+)
 
 
 @settings(FUZZ, max_examples=200)
@@ -112,17 +131,28 @@ def test_genai(data):
 
 
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["model", "usage", "prompt_tokens", "completion_tokens", "id", "choices", "x", "\\\""]),
-        inner, max_size=4),
-    max_leaves=20)
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["model", "usage", "prompt_tokens", "completion_tokens", "id", "choices", "x", '\\"']),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
 
 
 @settings(FUZZ, max_examples=500)
-@given(doc=st.dictionaries(st.sampled_from(["model", "usage", "id", "choices", "x"]), _JSON, max_size=5),
-       cuts=st.lists(st.integers(0, 10_000), max_size=4))
+@given(
+    doc=st.dictionaries(st.sampled_from(["model", "usage", "id", "choices", "x"]), _JSON, max_size=5),
+    cuts=st.lists(st.integers(0, 10_000), max_size=4),
+)
 def test_genai_agrees_with_json_loads(doc, cuts):
     """Any JSON document, split anywhere: what the scanner reads is what ``json.loads`` says is there."""
     raw = json.dumps(doc).encode()

@@ -32,8 +32,9 @@ def real_cudart() -> Path:
     return Path(list(nvidia.cuda_runtime.__path__)[0]) / "lib" / "libcudart.so.12"
 
 
-def config(exporter: dict, *, tmp: Path, cuda: dict | None = None, metrics_interval: str = "300ms",
-           extra: dict | None = None) -> Path:
+def config(
+    exporter: dict, *, tmp: Path, cuda: dict | None = None, metrics_interval: str = "300ms", extra: dict | None = None
+) -> Path:
     """Write a config with one exporter named ``exporter['name']`` in both pipelines."""
     name = exporter.pop("name")
     doc = {
@@ -69,8 +70,12 @@ class AgentProcess:
     def __init__(self, args: list[str], env: dict | None = None) -> None:
         self.args = [sys.executable, "-m", "otelbpf.cli", "run", *args]
         self.proc = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, **(env or {})}, cwd=REPO,
+            self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
         )
         self.lines: list[str] = []
         self._ready = threading.Event()
@@ -129,7 +134,10 @@ class AgentProcess:
 def run_workload(*args: str, lib: Path = FAKE_CUDART, env: dict | None = None, timeout: float = 60) -> dict:
     """Run cuda_workload to completion; return its JSON summary."""
     out = subprocess.run(
-        [str(WORKLOAD), "--lib", str(lib), *args], capture_output=True, text=True, timeout=timeout,
+        [str(WORKLOAD), "--lib", str(lib), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
     assert out.returncode == 0, out.stderr

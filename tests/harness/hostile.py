@@ -58,15 +58,31 @@ def data_frame(payload: bytes, stream: int, *, end_stream: bool = False) -> byte
     return frame(DATA, FLAG_END_STREAM if end_stream else 0, stream, payload)
 
 
-def grpc_call(enc_client: Encoder, enc_server: Encoder, stream: int, *, path: str = "/demo.Echo/Unary",
-              status: str = "200", grpc_status: str = "0", extra: list | None = None) -> tuple[bytes, bytes]:
+def grpc_call(
+    enc_client: Encoder,
+    enc_server: Encoder,
+    stream: int,
+    *,
+    path: str = "/demo.Echo/Unary",
+    status: str = "200",
+    grpc_status: str = "0",
+    extra: list | None = None,
+) -> tuple[bytes, bytes]:
     """(client bytes, server bytes) of one unary gRPC call on ``stream``; any value may be hostile."""
-    request = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "svc:50051"),
-               ("content-type", "application/grpc"), *(extra or [])]
+    request = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "svc:50051"),
+        ("content-type", "application/grpc"),
+        *(extra or []),
+    ]
     c2s = headers_frame(enc_client.encode(request), stream) + data_frame(b"\0\0\0\0\x01x", stream, end_stream=True)
-    s2c = (headers_frame(enc_server.encode([(":status", status), ("content-type", "application/grpc")]), stream)
-           + data_frame(b"\0\0\0\0\x01y", stream)
-           + headers_frame(enc_server.encode([("grpc-status", grpc_status)]), stream, end_stream=True))
+    s2c = (
+        headers_frame(enc_server.encode([(":status", status), ("content-type", "application/grpc")]), stream)
+        + data_frame(b"\0\0\0\0\x01y", stream)
+        + headers_frame(enc_server.encode([("grpc-status", grpc_status)]), stream, end_stream=True)
+    )
     return c2s, s2c
 
 
@@ -88,8 +104,14 @@ class Wire:
 
     def __post_init__(self) -> None:
         settings = CorrelatorSettings(ProcessInfo(), MonotonicClock(), self._emit)
-        self.correlator = HttpCorrelator(settings, self._count, Causality(), lambda m, items: None, ports=[PORT],
-                                         **{"max_spans_per_second": 10**9, **self.correlator_options})
+        self.correlator = HttpCorrelator(
+            settings,
+            self._count,
+            Causality(),
+            lambda m, items: None,
+            ports=[PORT],
+            **{"max_spans_per_second": 10**9, **self.correlator_options},
+        )
 
     def _emit(self, spans: list) -> None:
         self.spans_made += len(spans)
@@ -118,13 +140,20 @@ class Wire:
     def client_sent(self, fd: int, data: bytes, pid: int = PID) -> None:
         """The server read ``data``: in reads of at most MAX_READ bytes, every byte captured."""
         for i in range(0, len(data), MAX_READ):
-            self._add(Kind.SOCK_DATA, SockFunc.read, fd, ret=len(data[i : i + MAX_READ]), data=data[i : i + MAX_READ],
-                      pid=pid)
+            self._add(
+                Kind.SOCK_DATA, SockFunc.read, fd, ret=len(data[i : i + MAX_READ]), data=data[i : i + MAX_READ], pid=pid
+            )
 
     def server_sent(self, fd: int, data: bytes, pid: int = PID) -> None:
         for i in range(0, len(data), MAX_READ):
-            self._add(Kind.SOCK_DATA, SockFunc.write, fd, ret=len(data[i : i + MAX_READ]), data=data[i : i + MAX_READ],
-                      pid=pid)
+            self._add(
+                Kind.SOCK_DATA,
+                SockFunc.write,
+                fd,
+                ret=len(data[i : i + MAX_READ]),
+                data=data[i : i + MAX_READ],
+                pid=pid,
+            )
 
     def close(self, fd: int, pid: int = PID) -> None:
         self._add(Kind.SOCK_CLOSE, SockFunc.close, fd, pid=pid)

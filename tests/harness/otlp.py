@@ -159,8 +159,9 @@ class OtlpCollector:
 
     # -- waiting and diagnostics ---------------------------------------------------------
 
-    def wait_for(self, predicate: Callable[[], T], timeout: float = 10.0, what: str | None = None,
-                 interval: float = 0.05) -> T:
+    def wait_for(
+        self, predicate: Callable[[], T], timeout: float = 10.0, what: str | None = None, interval: float = 0.05
+    ) -> T:
         """Poll ``predicate()`` until it returns something truthy, and return that.
 
         On timeout raise ``AssertionError`` naming ``what`` was awaited, what did arrive

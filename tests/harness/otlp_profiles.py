@@ -36,8 +36,8 @@ class DecodedFrame:
     function: str
     filename: str
     line: int
-    kind: str           # profile.frame.type, "" where none
-    mapping: str        # the mapping's file name, "" where none
+    kind: str  # profile.frame.type, "" where none
+    mapping: str  # the mapping's file name, "" where none
     build_id: str
 
 
@@ -47,9 +47,9 @@ class DecodedSample:
     scope: str
     sample_type: tuple[str, str]
     period_type: tuple[str, str]
-    frames: tuple[DecodedFrame, ...]   # leaf first
+    frames: tuple[DecodedFrame, ...]  # leaf first
     value: int
-    attributes: dict                   # the profile's and the sample's
+    attributes: dict  # the profile's and the sample's
 
     def functions(self) -> list[str]:
         return [f.function for f in self.frames]
@@ -58,9 +58,14 @@ class DecodedSample:
 def check(request: Request) -> None:
     """Raise ``ValueError`` where the request breaks the format's rules."""
     d = request.dictionary
-    tables = {"mapping_table": d.mapping_table, "location_table": d.location_table,
-              "function_table": d.function_table, "link_table": d.link_table,
-              "attribute_table": d.attribute_table, "stack_table": d.stack_table}
+    tables = {
+        "mapping_table": d.mapping_table,
+        "location_table": d.location_table,
+        "function_table": d.function_table,
+        "link_table": d.link_table,
+        "attribute_table": d.attribute_table,
+        "stack_table": d.stack_table,
+    }
     if not d.string_table or d.string_table[0] != "":
         raise ValueError("string_table[0] must be the empty string")
     for name, table in tables.items():
@@ -118,9 +123,12 @@ def decode(request: Request) -> list[DecodedSample]:
         fn = d.function_table[loc.lines[0].function_index] if loc.lines else None
         m = d.mapping_table[loc.mapping_index]
         return DecodedFrame(
-            s[fn.name_strindex] if fn else "", s[fn.filename_strindex] if fn else "",
-            loc.lines[0].line if loc.lines else 0, str(attrs(loc.attribute_indices).get("profile.frame.type", "")),
-            s[m.filename_strindex], str(attrs(m.attribute_indices).get("process.executable.build_id.gnu", "")),
+            s[fn.name_strindex] if fn else "",
+            s[fn.filename_strindex] if fn else "",
+            loc.lines[0].line if loc.lines else 0,
+            str(attrs(loc.attribute_indices).get("profile.frame.type", "")),
+            s[m.filename_strindex],
+            str(attrs(m.attribute_indices).get("process.executable.build_id.gnu", "")),
         )
 
     out = []
@@ -133,8 +141,17 @@ def decode(request: Request) -> list[DecodedSample]:
                 pt = (s[p.period_type.type_strindex], s[p.period_type.unit_strindex])
                 for sample in p.samples:
                     frames = tuple(frame(i) for i in d.stack_table[sample.stack_index].location_indices)
-                    out.append(DecodedSample(resource, sp.scope.name, st, pt, frames, sample.values[0],
-                                             {**common, **attrs(sample.attribute_indices)}))
+                    out.append(
+                        DecodedSample(
+                            resource,
+                            sp.scope.name,
+                            st,
+                            pt,
+                            frames,
+                            sample.values[0],
+                            {**common, **attrs(sample.attribute_indices)},
+                        )
+                    )
     return out
 
 
@@ -154,11 +171,13 @@ class OtlpProfilesReceiver:
         self.metadata: list[dict[str, str]] = []
         self.errors: list[str] = []
         self.calls = 0
-        self.reject = 0                       # profiles to report rejected in each answer
+        self.reject = 0  # profiles to report rejected in each answer
         self._fail: list[grpc.StatusCode] = []
         self._lock = threading.Lock()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="otlp-profiles"),
-                                   options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="otlp-profiles"),
+            options=[("grpc.max_receive_message_length", 64 << 20)],
+        )
         service_grpc.add_ProfilesServiceServicer_to_server(_Service(self), self._server)
         self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         self._server.start()

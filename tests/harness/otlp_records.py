@@ -131,8 +131,7 @@ def spans_of(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
                     events=[(event.name, attributes(event.attributes)) for event in span.events],
                     event_times_ns=[event.time_unix_nano for event in span.events],
                     links=[
-                        (link.trace_id.hex(), link.span_id.hex(), attributes(link.attributes))
-                        for link in span.links
+                        (link.trace_id.hex(), link.span_id.hex(), attributes(link.attributes)) for link in span.links
                     ],
                 )
 

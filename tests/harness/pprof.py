@@ -28,7 +28,7 @@ class Loc:
 @dataclass
 class Sample:
     values: list[int]
-    frames: list[Loc]          # leaf first
+    frames: list[Loc]  # leaf first
     labels: dict[str, str]
 
     def functions(self) -> list[str]:
@@ -37,7 +37,7 @@ class Sample:
 
 @dataclass
 class RawProfile:
-    sample_types: list[str]    # "type/unit"
+    sample_types: list[str]  # "type/unit"
     samples: list[Sample]
 
     def total(self, index: int = 0) -> int:

@@ -27,10 +27,10 @@ from otelbpf.export.proto.push.v1 import push_pb2
 
 @dataclass
 class ReceivedProfile:
-    api: str                      # push | ingest
+    api: str  # push | ingest
     labels: dict[str, str]
     profile: profile_pb2.Profile
-    raw: bytes                    # the gzipped pprof as sent
+    raw: bytes  # the gzipped pprof as sent
     headers: dict[str, str]
     query: dict[str, str] = field(default_factory=dict)
 
@@ -54,7 +54,7 @@ def decode_pprof(raw: bytes) -> profile_pb2.Profile:
 class PyroscopeReceiver:
     def __init__(self) -> None:
         self.profiles: list[ReceivedProfile] = []
-        self.requests: list[tuple[str, int]] = []   # (path, status answered)
+        self.requests: list[tuple[str, int]] = []  # (path, status answered)
         self.errors: list[str] = []
         self._fail: list[tuple[int, dict[str, str]]] = []
         self._lock = threading.Lock()
@@ -114,8 +114,9 @@ class PyroscopeReceiver:
                 if "__name__" not in labels or "service_name" not in labels:
                     raise ValueError(f"series without __name__ or service_name: {labels}")
                 for sample in series.samples:
-                    out.append(ReceivedProfile("push", labels, decode_pprof(sample.raw_profile), sample.raw_profile,
-                                               headers))
+                    out.append(
+                        ReceivedProfile("push", labels, decode_pprof(sample.raw_profile), sample.raw_profile, headers)
+                    )
             return out
         if url.path == "/ingest":
             query = dict(urllib.parse.parse_qsl(url.query))
@@ -136,8 +137,10 @@ class PyroscopeReceiver:
             if value:
                 return value
             time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; received {len(self.profiles)} profiles, "
-                             f"requests {self.requests}, errors {self.errors}")
+        raise AssertionError(
+            f"timed out waiting for {what}; received {len(self.profiles)} profiles, "
+            f"requests {self.requests}, errors {self.errors}"
+        )
 
     def close(self) -> None:
         self._server.shutdown()

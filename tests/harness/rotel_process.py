@@ -63,8 +63,9 @@ def _accepts(port: int) -> bool:
 class RotelProcess:
     """rotel receiving OTLP on loopback gRPC + HTTP and exporting OTLP/gRPC to ``export_endpoint``."""
 
-    def __init__(self, export_endpoint: str, log_path: Path, *, verbosity: str = "basic",
-                 batch_timeout: str = "20ms") -> None:
+    def __init__(
+        self, export_endpoint: str, log_path: Path, *, verbosity: str = "basic", batch_timeout: str = "20ms"
+    ) -> None:
         if not ROTEL_AGENT.is_file():
             raise RuntimeError(
                 f"rotel's collector binary is missing at {ROTEL_AGENT}; "
@@ -80,16 +81,28 @@ class RotelProcess:
 
     def _command(self) -> list[str]:
         return [
-            *_die_with_parent(), str(ROTEL_AGENT), "start",
-            "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc_port}",
-            "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",
+            *_die_with_parent(),
+            str(ROTEL_AGENT),
+            "start",
+            "--otlp-grpc-endpoint",
+            f"127.0.0.1:{self.grpc_port}",
+            "--otlp-http-endpoint",
+            f"127.0.0.1:{self.http_port}",
             "--otlp-receiver-logs-disabled",
-            "--debug-log", "traces", "--debug-log", "metrics",
-            "--debug-log-verbosity", self.verbosity,
-            "--batch-timeout", self.batch_timeout,
-            "--exporter", "otlp",
-            "--otlp-exporter-endpoint", self.export_endpoint,
-            "--otlp-exporter-protocol", "grpc",
+            "--debug-log",
+            "traces",
+            "--debug-log",
+            "metrics",
+            "--debug-log-verbosity",
+            self.verbosity,
+            "--batch-timeout",
+            self.batch_timeout,
+            "--exporter",
+            "otlp",
+            "--otlp-exporter-endpoint",
+            self.export_endpoint,
+            "--otlp-exporter-protocol",
+            "grpc",
         ]
 
     @staticmethod
@@ -133,10 +146,15 @@ class RotelProcess:
                 else:
                     time.sleep(0.1)
             else:
-                hint = (f"; another process holds port {self.grpc_port} or {self.http_port}, which this "
-                        "collector keeps across restarts" if conflict else "")
-                raise RuntimeError(f"rotel did not start: {failure}{hint}\n--- rotel output ---\n"
-                                   f"{self._last_run_output()}")
+                hint = (
+                    f"; another process holds port {self.grpc_port} or {self.http_port}, which this "
+                    "collector keeps across restarts"
+                    if conflict
+                    else ""
+                )
+                raise RuntimeError(
+                    f"rotel did not start: {failure}{hint}\n--- rotel output ---\n{self._last_run_output()}"
+                )
 
     def _launch(self) -> str | None:
         """Run rotel once; ``None`` when it is serving, else why not."""
@@ -145,7 +163,10 @@ class RotelProcess:
             log.write(f"{_RUN_MARKER} #{self._starts}: {' '.join(self._command())}\n".encode())
             log.flush()
             self._process = subprocess.Popen(
-                self._command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self._command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 env=self._environment(),
             )
         deadline = time.monotonic() + _READY_TIMEOUT_S

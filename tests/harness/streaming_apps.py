@@ -51,11 +51,18 @@ class Completions(BaseHTTPRequestHandler):
         if request.get("stream"):
             self._stream(model, request.get("max_tokens", 0))
             return
-        body = json.dumps({"id": "cmpl-json", "object": "chat.completion", "created": 0, "model": model,
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(TOKENS)},
-                                        "finish_reason": "stop"}],
-                           "usage": {"prompt_tokens": request.get("max_tokens", 0),
-                                     "completion_tokens": len(TOKENS)}}).encode()
+        body = json.dumps(
+            {
+                "id": "cmpl-json",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "".join(TOKENS)}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": request.get("max_tokens", 0), "completion_tokens": len(TOKENS)},
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -75,8 +82,15 @@ class Completions(BaseHTTPRequestHandler):
             last = i == len(TOKENS) - 1
             choice = {"index": 0, "delta": {"content": text}, "finish_reason": "stop" if last else None}
             self._event({"id": "cmpl-sse", "object": "chat.completion.chunk", "model": model, "choices": [choice]})
-        self._event({"id": "cmpl-sse", "object": "chat.completion.chunk", "model": model, "choices": [],
-                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(TOKENS)}})
+        self._event(
+            {
+                "id": "cmpl-sse",
+                "object": "chat.completion.chunk",
+                "model": model,
+                "choices": [],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(TOKENS)},
+            }
+        )
         self._event("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
@@ -98,7 +112,8 @@ def _generate(request: bytes, context: grpc.ServicerContext):
 def serve_grpc(port: int) -> grpc.Server:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     handler = grpc.method_handlers_generic_handler(
-        GRPC_SERVICE, {"Generate": grpc.unary_stream_rpc_method_handler(_generate)})
+        GRPC_SERVICE, {"Generate": grpc.unary_stream_rpc_method_handler(_generate)}
+    )
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()

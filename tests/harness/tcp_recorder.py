@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 @dataclass
 class Chunk:
-    conn: int              # connection number, in accept order
+    conn: int  # connection number, in accept order
     client_to_server: bool
     data: bytes
-    t: float               # time.monotonic() of the recv
+    t: float  # time.monotonic() of the recv
 
 
 class TcpRecorder:

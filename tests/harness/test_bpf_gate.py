@@ -18,8 +18,9 @@ from harness.bpf_gate import bpf_required
         ({"OTELBPF_REQUIRE_BPF": "1"}, True),
     ],
 )
-def test_bpf_required_follows_ci_and_opt_in(monkeypatch: pytest.MonkeyPatch, environment: dict[str, str],
-                                            required: bool) -> None:
+def test_bpf_required_follows_ci_and_opt_in(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], required: bool
+) -> None:
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("OTELBPF_REQUIRE_BPF", raising=False)
     for name, value in environment.items():

@@ -59,12 +59,17 @@ def test_spans_arrive_exactly(otlp_collector: OtlpCollector, protocol: str) -> N
     provider = tracer_provider(otlp_collector, protocol, resource)
     tracer = provider.get_tracer("harness.scope", "1.2.3")
     root = tracer.start_span(
-        "request", kind=SpanKind.SERVER, start_time=T0,
+        "request",
+        kind=SpanKind.SERVER,
+        start_time=T0,
         attributes={"i": 7, "d": 2.5, "b": True, "s": "text", "list": ["a", "b"], "neg": -3},
     )
     linked = SpanContext(LINKED_TRACE, LINKED_SPAN, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
     child = tracer.start_span(
-        "cudaMemcpy", context=trace.set_span_in_context(root), kind=SpanKind.CLIENT, start_time=T0 + 1_000,
+        "cudaMemcpy",
+        context=trace.set_span_in_context(root),
+        kind=SpanKind.CLIENT,
+        start_time=T0 + 1_000,
         links=[Link(linked, {"link.kind": "follows"})],
     )
     child.add_event("copy.done", {"bytes": 4096, "async": False}, timestamp=T0 + 4_000)
@@ -77,22 +82,37 @@ def test_spans_arrive_exactly(otlp_collector: OtlpCollector, protocol: str) -> N
     spans = {span.name: span for span in otlp_collector.spans()}
     trace_id = f"{root.get_span_context().trace_id:032x}"
     root_id = f"{root.get_span_context().span_id:016x}"
-    common = dict(trace_id=trace_id, resource=dict(resource.attributes), scope_name="harness.scope",
-                  scope_version="1.2.3")
+    common = dict(
+        trace_id=trace_id, resource=dict(resource.attributes), scope_name="harness.scope", scope_version="1.2.3"
+    )
     assert len(otlp_collector.spans()) == 2
     assert spans == {
         "request": SpanRecord(
-            name="request", kind="SPAN_KIND_SERVER", span_id=root_id, parent_span_id="",
-            start_ns=T0, end_ns=T0 + 10_000,
+            name="request",
+            kind="SPAN_KIND_SERVER",
+            span_id=root_id,
+            parent_span_id="",
+            start_ns=T0,
+            end_ns=T0 + 10_000,
             attributes={"i": 7, "d": 2.5, "b": True, "s": "text", "list": ["a", "b"], "neg": -3},
-            status_code="STATUS_CODE_UNSET", status_message="", **common,
+            status_code="STATUS_CODE_UNSET",
+            status_message="",
+            **common,
         ),
         "cudaMemcpy": SpanRecord(
-            name="cudaMemcpy", kind="SPAN_KIND_CLIENT", span_id=f"{child.get_span_context().span_id:016x}",
-            parent_span_id=root_id, start_ns=T0 + 1_000, end_ns=T0 + 5_000, attributes={},
-            status_code="STATUS_CODE_ERROR", status_message="error 35",
-            events=[("copy.done", {"bytes": 4096, "async": False})], event_times_ns=[T0 + 4_000],
-            links=[(f"{LINKED_TRACE:032x}", f"{LINKED_SPAN:016x}", {"link.kind": "follows"})], **common,
+            name="cudaMemcpy",
+            kind="SPAN_KIND_CLIENT",
+            span_id=f"{child.get_span_context().span_id:016x}",
+            parent_span_id=root_id,
+            start_ns=T0 + 1_000,
+            end_ns=T0 + 5_000,
+            attributes={},
+            status_code="STATUS_CODE_ERROR",
+            status_message="error 35",
+            events=[("copy.done", {"bytes": 4096, "async": False})],
+            event_times_ns=[T0 + 4_000],
+            links=[(f"{LINKED_TRACE:032x}", f"{LINKED_SPAN:016x}", {"link.kind": "follows"})],
+            **common,
         ),
     }
     assert spans["cudaMemcpy"].duration_ns == 4_000
@@ -127,8 +147,9 @@ def test_metrics_arrive_exactly_with_exemplars(otlp_collector: OtlpCollector, pr
     provider.shutdown()  # collects and exports once
 
     names = {"latency", "bytes", "inflight", "temperature"}
-    otlp_collector.wait_for(lambda: names <= {p.name for p in otlp_collector.metric_points()}, timeout=5,
-                            what=f"points of {sorted(names)}")
+    otlp_collector.wait_for(
+        lambda: names <= {p.name for p in otlp_collector.metric_points()}, timeout=5, what=f"points of {sorted(names)}"
+    )
     points = {point.name: point for point in otlp_collector.metric_points()}
     assert len(otlp_collector.metric_points()) == 4
     trace_id = f"{span.get_span_context().trace_id:032x}"
@@ -136,13 +157,29 @@ def test_metrics_arrive_exactly_with_exemplars(otlp_collector: OtlpCollector, pr
     latency_point = points["latency"]
     common = dict(resource=dict(resource.attributes), scope_name="harness.meter")
     assert latency_point == MetricPoint(
-        name="latency", description="", unit="ms", kind="histogram", is_monotonic=None,
-        temporality="AGGREGATION_TEMPORALITY_CUMULATIVE", attributes={"route": "/a"},
-        start_time_ns=latency_point.start_time_ns, time_ns=latency_point.time_ns,
-        count=4, sum=555.5, min=0.5, max=500.0, bucket_counts=[1, 1, 1, 1], explicit_bounds=[1.0, 10.0, 100.0],
+        name="latency",
+        description="",
+        unit="ms",
+        kind="histogram",
+        is_monotonic=None,
+        temporality="AGGREGATION_TEMPORALITY_CUMULATIVE",
+        attributes={"route": "/a"},
+        start_time_ns=latency_point.start_time_ns,
+        time_ns=latency_point.time_ns,
+        count=4,
+        sum=555.5,
+        min=0.5,
+        max=500.0,
+        bucket_counts=[1, 1, 1, 1],
+        explicit_bounds=[1.0, 10.0, 100.0],
         exemplars=[
-            {"value": value, "filtered_attributes": {"peer": "x"}, "time_ns": exemplar["time_ns"],
-             "trace_id": trace_id, "span_id": span_id}
+            {
+                "value": value,
+                "filtered_attributes": {"peer": "x"},
+                "time_ns": exemplar["time_ns"],
+                "trace_id": trace_id,
+                "span_id": span_id,
+            }
             for value, exemplar in zip((0.5, 5.0, 50.0, 500.0), latency_point.exemplars, strict=True)
         ],
         **common,
@@ -151,17 +188,35 @@ def test_metrics_arrive_exactly_with_exemplars(otlp_collector: OtlpCollector, pr
     assert all(recorded_from <= e["time_ns"] <= recorded_until for e in latency_point.exemplars)
     bytes_point = points["bytes"]
     assert (bytes_point.kind, bytes_point.is_monotonic, bytes_point.temporality) == (
-        "sum", True, "AGGREGATION_TEMPORALITY_DELTA")
+        "sum",
+        True,
+        "AGGREGATION_TEMPORALITY_DELTA",
+    )
     assert (bytes_point.value, bytes_point.unit, bytes_point.description, bytes_point.attributes) == (
-        4096, "By", "bytes copied", {"direction": "h2d"})
+        4096,
+        "By",
+        "bytes copied",
+        {"direction": "h2d"},
+    )
     assert [(e["value"], e["filtered_attributes"], e["trace_id"], e["span_id"]) for e in bytes_point.exemplars] == [
-        (4096, {}, trace_id, span_id)]
+        (4096, {}, trace_id, span_id)
+    ]
     inflight_point = points["inflight"]
     assert (inflight_point.kind, inflight_point.is_monotonic, inflight_point.temporality, inflight_point.value) == (
-        "sum", False, "AGGREGATION_TEMPORALITY_CUMULATIVE", -2)
+        "sum",
+        False,
+        "AGGREGATION_TEMPORALITY_CUMULATIVE",
+        -2,
+    )
     gauge = points["temperature"]
     assert (gauge.kind, gauge.value, gauge.unit, gauge.attributes, gauge.temporality, gauge.is_monotonic) == (
-        "gauge", 41.5, "Cel", {"gpu": 0}, None, None)
+        "gauge",
+        41.5,
+        "Cel",
+        {"gpu": 0},
+        None,
+        None,
+    )
     assert all(point.resource == dict(resource.attributes) for point in points.values())
 
 

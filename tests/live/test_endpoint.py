@@ -89,7 +89,7 @@ def test_not_a_snapshot_is_refused(tmp_path: Path) -> None:
             conn.sendall(body)
             conn.close()
 
-    t = threading.Thread(target=answer, args=([b'{"version": 2}\n', b'[1, 2]\n'],))
+    t = threading.Thread(target=answer, args=([b'{"version": 2}\n', b"[1, 2]\n"],))
     t.start()
     try:
         for _ in range(2):

@@ -34,40 +34,109 @@ class Clock:
 
 
 def sync_hist(count: int, seconds: float) -> HistogramDataPoint:
-    return HistogramDataPoint(attributes={"cuda.api.function": "cudaStreamSynchronize"}, start_time_unix_nano=T0,
-                              time_unix_nano=T0, count=count, sum=seconds, bucket_counts=[count], explicit_bounds=[],
-                              min=0.0, max=seconds)
+    return HistogramDataPoint(
+        attributes={"cuda.api.function": "cudaStreamSynchronize"},
+        start_time_unix_nano=T0,
+        time_unix_nano=T0,
+        count=count,
+        sum=seconds,
+        bucket_counts=[count],
+        explicit_bounds=[],
+        min=0.0,
+        max=seconds,
+    )
 
 
 def collection(k: int) -> MetricsData:
     """The k-th collection: counts that grow by known amounts per collection."""
     gpu = [
-        m.cumulative_sum("cuda.api.calls", "{call}", "", [
-            ({"cuda.api.function": "cudaMemcpy"}, 100 * k), ({"cuda.api.function": "cudaLaunchKernel"}, 1000 * k)],
-            T0, T0),
-        m.cumulative_sum("cuda.kernel.launches", "{launch}", "",
-                         [({"cuda.api.function": "cudaLaunchKernel"}, 1000 * k)], T0, T0),
-        m.cumulative_sum("cuda.kernel.launches.top", "{launch}", "",
-                         [({"cuda.kernel.name": "gemm"}, 800 * k), ({"cuda.kernel.name": "relu"}, 200 * k)], T0, T0),
+        m.cumulative_sum(
+            "cuda.api.calls",
+            "{call}",
+            "",
+            [({"cuda.api.function": "cudaMemcpy"}, 100 * k), ({"cuda.api.function": "cudaLaunchKernel"}, 1000 * k)],
+            T0,
+            T0,
+        ),
+        m.cumulative_sum(
+            "cuda.kernel.launches", "{launch}", "", [({"cuda.api.function": "cudaLaunchKernel"}, 1000 * k)], T0, T0
+        ),
+        m.cumulative_sum(
+            "cuda.kernel.launches.top",
+            "{launch}",
+            "",
+            [({"cuda.kernel.name": "gemm"}, 800 * k), ({"cuda.kernel.name": "relu"}, 200 * k)],
+            T0,
+            T0,
+        ),
         m.cumulative_sum("cuda.memcpy.bytes", "By", "", [({"cuda.memcpy.direction": "H2D"}, (1 << 20) * k)], T0, T0),
-        m.cumulative_sum("cuda.memcpy.host_bytes", "By", "", [
-            ({"cuda.memcpy.direction": "H2D", "cuda.memcpy.host_memory": "pageable"}, (3 << 18) * k),
-            ({"cuda.memcpy.direction": "H2D", "cuda.memcpy.host_memory": "pinned"}, (1 << 18) * k)], T0, T0),
+        m.cumulative_sum(
+            "cuda.memcpy.host_bytes",
+            "By",
+            "",
+            [
+                ({"cuda.memcpy.direction": "H2D", "cuda.memcpy.host_memory": "pageable"}, (3 << 18) * k),
+                ({"cuda.memcpy.direction": "H2D", "cuda.memcpy.host_memory": "pinned"}, (1 << 18) * k),
+            ],
+            T0,
+            T0,
+        ),
         m.gauge("cuda.memory.in_use", "By", "", [({}, 4096 * k)], T0),
         m.gauge("cuda.memory.high_water", "By", "", [({}, 8192)], T0),
         m.histogram("cuda.sync.duration", "s", "", [sync_hist(10 * k, 0.5 * k)]),
     ]
-    ranks = [ResourceMetrics(r, [ScopeMetrics(NCCL, [
-        m.cumulative_sum("nccl.collectives", "{call}", "", [({"nccl.op": "AllReduce"}, 20 * k)], T0, T0),
-        *([m.cumulative_sum("nccl.straggler", "{collective}", "", [({"nccl.straggler.class": "compute-slow"}, 3 * k)],
-                            T0, T0)] if r is RANK1 else []),
-    ], "")], "") for r in (RANK0, RANK1)]
-    agent = ResourceMetrics(AGENT, [ScopeMetrics(scope("otelbpf.agent"), [
-        m.cumulative_sum("otelbpf.events.received", "{event}", "", [({"ring": "events"}, 5000 * k)], T0, T0),
-        m.cumulative_sum("otelbpf.events.lost", "{event}", "", [({"reason": "ring_buffer_full"}, 7)], T0, T0),
-        m.cumulative_sum("process.cpu.time", "s", "", [({"cpu.mode": "user"}, 0.25 * k)], T0, T0),
-        m.gauge("process.memory.usage", "By", "", [({}, 150 << 20)], T0),
-    ], "")], "")
+    ranks = [
+        ResourceMetrics(
+            r,
+            [
+                ScopeMetrics(
+                    NCCL,
+                    [
+                        m.cumulative_sum(
+                            "nccl.collectives", "{call}", "", [({"nccl.op": "AllReduce"}, 20 * k)], T0, T0
+                        ),
+                        *(
+                            [
+                                m.cumulative_sum(
+                                    "nccl.straggler",
+                                    "{collective}",
+                                    "",
+                                    [({"nccl.straggler.class": "compute-slow"}, 3 * k)],
+                                    T0,
+                                    T0,
+                                )
+                            ]
+                            if r is RANK1
+                            else []
+                        ),
+                    ],
+                    "",
+                )
+            ],
+            "",
+        )
+        for r in (RANK0, RANK1)
+    ]
+    agent = ResourceMetrics(
+        AGENT,
+        [
+            ScopeMetrics(
+                scope("otelbpf.agent"),
+                [
+                    m.cumulative_sum(
+                        "otelbpf.events.received", "{event}", "", [({"ring": "events"}, 5000 * k)], T0, T0
+                    ),
+                    m.cumulative_sum(
+                        "otelbpf.events.lost", "{event}", "", [({"reason": "ring_buffer_full"}, 7)], T0, T0
+                    ),
+                    m.cumulative_sum("process.cpu.time", "s", "", [({"cpu.mode": "user"}, 0.25 * k)], T0, T0),
+                    m.gauge("process.memory.usage", "By", "", [({}, 150 << 20)], T0),
+                ],
+                "",
+            )
+        ],
+        "",
+    )
     return MetricsData([ResourceMetrics(GPU, [ScopeMetrics(CUDA, gpu, "")], ""), *ranks, agent])
 
 
@@ -75,17 +144,50 @@ def spans() -> list:
     out = []
     for i in range(1, 101):  # copies of 1..100 ms, all pageable: the diagnosis sees them
         t = T0 + i * 200 * MS
-        out.append(make_span("cudaMemcpy", resource=GPU, scope=CUDA, start_ns=t, end_ns=t + i * MS, attributes={
-            "cuda.api.function": "cudaMemcpy", "thread.id": 7, "cuda.memcpy.bytes": 1 << 20,
-            "cuda.memcpy.direction": "H2D", "cuda.memcpy.host_memory": "pageable"}))
+        out.append(
+            make_span(
+                "cudaMemcpy",
+                resource=GPU,
+                scope=CUDA,
+                start_ns=t,
+                end_ns=t + i * MS,
+                attributes={
+                    "cuda.api.function": "cudaMemcpy",
+                    "thread.id": 7,
+                    "cuda.memcpy.bytes": 1 << 20,
+                    "cuda.memcpy.direction": "H2D",
+                    "cuda.memcpy.host_memory": "pageable",
+                },
+            )
+        )
     for i in range(10):  # one route, two statuses; 4 of 10 are 500s
         t = T0 + i * S
-        out.append(make_span("GET", resource=GPU, scope=HTTP, start_ns=t, end_ns=t + (i + 1) * MS,
-                             kind=SpanKind.SERVER, attributes={"http.request.method": "GET", "url.path": "/infer",
-                                                               "http.response.status_code": 500 if i < 4 else 200}))
+        out.append(
+            make_span(
+                "GET",
+                resource=GPU,
+                scope=HTTP,
+                start_ns=t,
+                end_ns=t + (i + 1) * MS,
+                kind=SpanKind.SERVER,
+                attributes={
+                    "http.request.method": "GET",
+                    "url.path": "/infer",
+                    "http.response.status_code": 500 if i < 4 else 200,
+                },
+            )
+        )
     for rank, res in enumerate((RANK0, RANK1)):
-        out.append(make_span("ncclAllReduce", resource=res, scope=NCCL, start_ns=T0, end_ns=T0 + MS,
-                             attributes={"nccl.rank": rank, "x": "y" * 1000}))
+        out.append(
+            make_span(
+                "ncclAllReduce",
+                resource=res,
+                scope=NCCL,
+                start_ns=T0,
+                end_ns=T0 + MS,
+                attributes={"nccl.rank": rank, "x": "y" * 1000},
+            )
+        )
     return out
 
 
@@ -136,7 +238,9 @@ def test_latency_percentiles_and_red_numbers_come_from_the_recent_spans() -> Non
 def test_ranks_name_the_current_straggler_and_findings_come_from_the_diagnosis() -> None:
     t = model.build(*state_with_two_collections())
     assert [(r.rank, r.pid, r.collectives, r.collectives_per_s, r.straggled, r.current_straggler) for r in t.ranks] == [
-        (0, 200, 60, 20.0, 0, False), (1, 201, 60, 20.0, 9, True)]
+        (0, 200, 60, 20.0, 0, False),
+        (1, 201, 60, 20.0, 9, True),
+    ]
     causes = {(f["cause"], f["process"]) for f in t.findings}
     assert ("pageable_copies", "train (pid 100)") in causes and ("nccl_straggler", "job (pid 201)") in causes
     pageable = next(f for f in t.findings if f["cause"] == "pageable_copies")

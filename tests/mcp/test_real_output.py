@@ -29,21 +29,30 @@ def out(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("mcp")
     receivers = ["cuda", "http", "nccl"]
     doc = {
-        "receivers": {"cuda": {"search_paths": [], "min_span_duration": "0s"}, "http": {},
-                      "nccl": {"search_paths": []}, "profiling": {"interval": "2s"}},
+        "receivers": {
+            "cuda": {"search_paths": [], "min_span_duration": "0s"},
+            "http": {},
+            "nccl": {"search_paths": []},
+            "profiling": {"interval": "2s"},
+        },
         "processors": {"batch": {"timeout": "100ms"}},
         "exporters": {"file": {"directory": str(tmp / "out")}},
-        "service": {"pipelines": {
-            "traces": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]},
-            "metrics": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]},
-            "profiles": {"receivers": ["profiling"], "exporters": ["file"]}},
-            "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms"}},
+        "service": {
+            "pipelines": {
+                "traces": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]},
+                "metrics": {"receivers": receivers, "processors": ["batch"], "exporters": ["file"]},
+                "profiles": {"receivers": ["profiling"], "exporters": ["file"]},
+            },
+            "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms"},
+        },
     }
     cfg = tmp / "otelbpf.yaml"
     cfg.write_text(yaml.safe_dump(doc))
-    pageable = (f"{WORKLOAD} --lib {BUILD / 'fakecudart13' / 'libcudart.so.13'} --cuda13 --iterations 40 "
-                f"--host-memory pageable --h2d-bytes {8 << 20} --d2h-bytes {8 << 20} --alloc-bytes {8 << 20}"
-                " >/dev/null")
+    pageable = (
+        f"{WORKLOAD} --lib {BUILD / 'fakecudart13' / 'libcudart.so.13'} --cuda13 --iterations 40 "
+        f"--host-memory pageable --h2d-bytes {8 << 20} --d2h-bytes {8 << 20} --alloc-bytes {8 << 20}"
+        " >/dev/null"
+    )
     traffic = f"{sys.executable} {REPO / 'deploy' / 'demo' / 'traffic.py'} --build {BUILD} --rounds 1 --requests 5"
     job = f"{traffic} && {pageable}"
     with AgentProcess(["-c", str(cfg), "--", "sh", "-c", job]) as agent:
@@ -53,8 +62,9 @@ def out(tmp_path_factory) -> Path:
 
 def ask(out: Path, *calls: tuple[str, dict]) -> list[dict]:
     async def go() -> list[dict]:
-        server = StdioServerParameters(command=sys.executable, args=["-m", "otelbpf.cli", "mcp", str(out)],
-                                       cwd=str(REPO))
+        server = StdioServerParameters(
+            command=sys.executable, args=["-m", "otelbpf.cli", "mcp", str(out)], cwd=str(REPO)
+        )
         answers = []
         async with Client(server) as client:
             for name, args in calls:
@@ -62,6 +72,7 @@ def ask(out: Path, *calls: tuple[str, dict]) -> list[dict]:
                 assert not r.is_error, (name, r.content[0].text)
                 answers.append(json.loads(r.content[0].text))
         return answers
+
     return anyio.run(go)
 
 
@@ -77,8 +88,15 @@ def exported_spans(out: Path) -> dict[str, dict]:
 
 def test_every_tool_answers_from_the_real_files_and_its_citations_exist(out: Path) -> None:
     procs, gpu, kernels, findings, strag, slow, ranks = ask(
-        out, ("list_processes", {}), ("gpu_summary", {}), ("top_kernels", {"limit": 50}), ("findings", {}),
-        ("stragglers", {}), ("slow_requests", {"limit": 5, "route": "/predict"}), ("compare_ranks", {"a": 0, "b": 1}))
+        out,
+        ("list_processes", {}),
+        ("gpu_summary", {}),
+        ("top_kernels", {"limit": 50}),
+        ("findings", {}),
+        ("stragglers", {}),
+        ("slow_requests", {"limit": 5, "route": "/predict"}),
+        ("compare_ranks", {"a": 0, "b": 1}),
+    )
     spans = exported_spans(out)
     assert procs["lines_still_being_written"] == []
     flags = [p["gpu"] for p in procs["processes"]]
@@ -117,8 +135,13 @@ def test_flamegraph_top_agrees_with_go_tool_pprof(out: Path) -> None:
     assert cpu, procs
     [top] = ask(out, ("flamegraph_top", {"profile": cpu[0], "n": 5}))
     assert top["sample_type"] == "cpu" and top["functions"]
-    report = subprocess.run(["go", "tool", "pprof", "-top", "-cum", "-unit=ns", "-sample_index=cpu",
-                             str(out / "profiles" / cpu[0])], capture_output=True, text=True, timeout=120, check=True)
+    report = subprocess.run(
+        ["go", "tool", "pprof", "-top", "-cum", "-unit=ns", "-sample_index=cpu", str(out / "profiles" / cpu[0])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     rows = {}
     for line in report.stdout.splitlines():
         m = re.match(r"\s*(\d+)(?:ns)?\s+\S+\s+\S+\s+(\d+)(?:ns)?\s+\S+\s+(.+)$", line)

@@ -32,8 +32,17 @@ from otelbpf.mcp.server import MAX_LIMIT, TOKEN_ENV, BearerAuth, build, http_app
 
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
-TOOLS = {"list_processes", "gpu_summary", "top_kernels", "findings", "stragglers", "slow_requests", "trace",
-         "flamegraph_top", "compare_ranks"}
+TOOLS = {
+    "list_processes",
+    "gpu_summary",
+    "top_kernels",
+    "findings",
+    "stragglers",
+    "slow_requests",
+    "trace",
+    "flamegraph_top",
+    "compare_ranks",
+}
 
 
 def _write(directory: Path) -> dict:
@@ -44,21 +53,49 @@ def _write(directory: Path) -> dict:
     spans, planted = [], {}
     for i, dur in enumerate((50 * MS, 5 * MS)):
         t = T0 + i * 100 * MS
-        req = make_span("GET", resource=web, scope=http, start_ns=t, end_ns=t + dur, kind=SpanKind.SERVER, attributes={
-            "http.request.method": "GET", "url.path": f"/r{i}", "http.response.status_code": 200})
-        copy = make_span("cudaMemcpy", resource=web, scope=cuda, start_ns=t + MS, end_ns=t + 3 * MS,
-                         parent=req.context, attributes={"cuda.memcpy.bytes": 4096, "cuda.memcpy.direction": "H2D"})
+        req = make_span(
+            "GET",
+            resource=web,
+            scope=http,
+            start_ns=t,
+            end_ns=t + dur,
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": "GET", "url.path": f"/r{i}", "http.response.status_code": 200},
+        )
+        copy = make_span(
+            "cudaMemcpy",
+            resource=web,
+            scope=cuda,
+            start_ns=t + MS,
+            end_ns=t + 3 * MS,
+            parent=req.context,
+            attributes={"cuda.memcpy.bytes": 4096, "cuda.memcpy.direction": "H2D"},
+        )
         spans += [req, copy]
-        planted.setdefault("requests", []).append((f"{req.context.trace_id:032x}", f"{req.context.span_id:016x}",
-                                                   f"{copy.context.span_id:016x}"))
+        planted.setdefault("requests", []).append(
+            (f"{req.context.trace_id:032x}", f"{req.context.span_id:016x}", f"{copy.context.span_id:016x}")
+        )
     for rank in (0, 1):
         res = Resource({"service.name": "job", "process.pid": 20 + rank, "host.name": "h"})
         for seq in range(1, 6):
             t = T0 + seq * 200 * MS + rank * 30 * MS
             end = T0 + seq * 200 * MS + 40 * MS
-            spans.append(make_span("ncclAllReduce", resource=res, scope=nccl, start_ns=t, end_ns=end,
-                                   attributes={"nccl.comm.id": "00000000000000aa", "nccl.seq": seq, "nccl.rank": rank,
-                                               "nccl.nranks": 2, "nccl.completion": "observed"}))
+            spans.append(
+                make_span(
+                    "ncclAllReduce",
+                    resource=res,
+                    scope=nccl,
+                    start_ns=t,
+                    end_ns=end,
+                    attributes={
+                        "nccl.comm.id": "00000000000000aa",
+                        "nccl.seq": seq,
+                        "nccl.rank": rank,
+                        "nccl.nranks": 2,
+                        "nccl.completion": "observed",
+                    },
+                )
+            )
     ex = FileSpanExporter(str(directory))
     ex.export(spans)
     ex.shutdown()
@@ -77,6 +114,7 @@ def folder(tmp_path: Path) -> tuple[Path, dict]:
 
 def call(directory: Path, *calls: tuple[str, dict], between=None) -> list:
     """Call tools in one session; ``between(i)`` runs before call i (to change the folder)."""
+
     async def go() -> list:
         out = []
         async with Client(build(Folder(str(directory)))) as client:
@@ -86,6 +124,7 @@ def call(directory: Path, *calls: tuple[str, dict], between=None) -> list:
                 r = await client.call_tool(name, args)
                 out.append((r.is_error, r.content[0].text if r.is_error else json.loads(r.content[0].text)))
         return out
+
     return anyio.run(go)
 
 
@@ -93,6 +132,7 @@ def test_the_tools_are_listed_read_only(folder) -> None:
     async def go():
         async with Client(build(Folder(str(folder[0])))) as client:
             return (await client.list_tools()).tools
+
     tools = anyio.run(go)
     assert {t.name for t in tools} == TOOLS
     assert all(t.annotations.read_only_hint and not t.annotations.destructive_hint for t in tools)
@@ -180,6 +220,7 @@ def test_a_missing_folder_and_one_past_the_size_cap_are_tool_errors(tmp_path: Pa
     async def go():
         async with Client(build(Folder(str(tmp_path), max_bytes=100))) as client:
             return await client.call_tool("gpu_summary", {})
+
     r = anyio.run(go)
     assert r.is_error and "more than the 0 MiB this server reads" in r.content[0].text
 
@@ -195,8 +236,14 @@ def test_http_needs_the_bearer_token(folder) -> None:
 
     token = "t" * 32
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(http_app(build(Folder(str(folder[0]))), token, "127.0.0.1"),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            http_app(build(Folder(str(folder[0]))), token, "127.0.0.1"),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -209,9 +256,12 @@ def test_http_needs_the_bearer_token(folder) -> None:
             assert httpx2.post(url, json=body, headers=headers).status_code == 401
 
         async def go():
-            async with httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}) as http, \
-                    Client(streamable_http_client(url, http_client=http)) as client:
+            async with (
+                httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}) as http,
+                Client(streamable_http_client(url, http_client=http)) as client,
+            ):
                 return await client.call_tool("list_processes", {"limit": 1})
+
         r = anyio.run(go)
         assert not r.is_error and json.loads(r.content[0].text)["total"] == 3
     finally:
@@ -230,8 +280,13 @@ def test_http_refuses_to_start_without_a_token_and_binds_to_localhost(folder, tm
     r = subprocess.run([*cmd, "--token-file", str(loose)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "readable by others" in r.stderr
     port = _free_port()
-    proc = subprocess.Popen([*cmd, "--port", str(port)], env={**env, TOKEN_ENV: "s" * 32}, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port)],
+        env={**env, TOKEN_ENV: "s" * 32},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         listening = f"0100007F:{port:04X}"
         deadline = time.monotonic() + 30

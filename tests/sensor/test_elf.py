@@ -39,7 +39,9 @@ def instruction_bytes(path: Path, vaddr: int, n: int = 4) -> bytes:
     """The first ``n`` bytes of code at ``vaddr``, as objdump disassembles them."""
     out = subprocess.run(
         ["objdump", "-d", f"--start-address={vaddr:#x}", f"--stop-address={vaddr + n:#x}", str(path)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     code = bytearray()
     for line in out.stdout.splitlines():
@@ -146,9 +148,20 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "tiny.c").write_text(TINY_C)
     out = d / "libtiny.so"
     subprocess.run(
-        ["gcc", "-O2", "-fPIC", "-shared", "-fcf-protection=full", "-Wl,-Ttext-segment=0x200000",
-         str(d / "tiny.c"), "-o", str(out)],
-        check=True, capture_output=True, text=True,
+        [
+            "gcc",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-fcf-protection=full",
+            "-Wl,-Ttext-segment=0x200000",
+            str(d / "tiny.c"),
+            "-o",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return out
 
@@ -218,8 +231,17 @@ def test_missing_file_raises_os_error(tmp_path: Path) -> None:
 
 # -- .symtab: a CUDA runtime linked statically into an nvcc program ---------------------
 
-STATIC_NAMES = ["cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc", "cudaFree", "cudaMemcpy",
-                "cudaDeviceSynchronize", "__cudaRegisterFunction", "__cudaGetKernel", "__cudaLaunchKernel"]
+STATIC_NAMES = [
+    "cudaLaunchKernel",
+    "cudaLaunchKernel_ptsz",
+    "cudaMalloc",
+    "cudaFree",
+    "cudaMemcpy",
+    "cudaDeviceSynchronize",
+    "__cudaRegisterFunction",
+    "__cudaGetKernel",
+    "__cudaLaunchKernel",
+]
 
 
 def nm_functions(path: Path) -> dict[str, tuple[set[int], str]]:
@@ -256,15 +278,17 @@ def test_symtab_sites_of_a_static_runtime_match_nm_and_objdump(nvcc_programs: di
             assert site.probe_vaddr == (site.vaddr + 4 if head == elf.ENDBR64 else site.vaddr)
     # The runtime's entry points are local symbols: what .dynsym-only resolution never saw.
     assert {"cudaLaunchKernel", "cudaMalloc", "__cudaRegisterFunction"} <= {
-        n for n in STATIC_NAMES if table[n][1] == "t"}
+        n for n in STATIC_NAMES if table[n][1] == "t"
+    }
 
 
 def test_symtab_names_stored_inside_longer_names_are_found(nvcc_programs: dict[str, Path]) -> None:
     """ld stores "cudaLaunchKernel" as the tail of "__cudaLaunchKernel" in .strtab: a search
     for the name between two NULs would miss it."""
     program = nvcc_programs["static"]
-    strtab = subprocess.run(["readelf", "-W", "-p", ".strtab", str(program)], check=True, capture_output=True,
-                            text=True).stdout
+    strtab = subprocess.run(
+        ["readelf", "-W", "-p", ".strtab", str(program)], check=True, capture_output=True, text=True
+    ).stdout
     strings = {line.split("]", 1)[1].strip() for line in strtab.splitlines() if "]" in line}
     assert "__cudaLaunchKernel" in strings and "cudaLaunchKernel" not in strings
     [site] = elf.resolve(str(program), ["cudaLaunchKernel"], symtab=True)["cudaLaunchKernel"]

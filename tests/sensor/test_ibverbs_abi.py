@@ -28,8 +28,10 @@ needs_lib = pytest.mark.skipif(not LIBIBVERBS.exists(), reason="libibverbs1 is n
 
 def _compile_and_run(tmp_path: Path, body: str) -> str:
     src = tmp_path / "probe.c"
-    src.write_text("#include <infiniband/verbs.h>\n#include <stddef.h>\n#include <stdio.h>\n"
-                   f"int main(void) {{\n{body}\nreturn 0;\n}}\n")
+    src.write_text(
+        "#include <infiniband/verbs.h>\n#include <stddef.h>\n#include <stdio.h>\n"
+        f"int main(void) {{\n{body}\nreturn 0;\n}}\n"
+    )
     exe = tmp_path / "probe"
     subprocess.run(["gcc", str(src), "-o", str(exe)], check=True, capture_output=True)
     return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
@@ -42,11 +44,21 @@ def test_offsets_sizes_and_enums_match_the_installed_header(tmp_path):
         lines.append(f'printf("{name} %zu\\n", offsetof(struct {struct}, {member}));')
     for struct in abi.SIZES:
         lines.append(f'printf("sizeof_{struct} %zu\\n", sizeof(struct {struct}));')
-    enums = {"IBV_SEND_SIGNALED": abi.IBV_SEND_SIGNALED, "IBV_QP_STATE": abi.IBV_QP_STATE,
-             "IBV_QP_PORT": abi.IBV_QP_PORT, "IBV_QP_AV": abi.IBV_QP_AV, "IBV_QP_DEST_QPN": abi.IBV_QP_DEST_QPN,
-             "IBV_WC_RECV": abi.IBV_WC_RECV, "IBV_WC_RETRY_EXC_ERR": abi.WC_STATUS.index("RETRY_EXC_ERR"),
-             "IBV_WC_TM_RNDV_INCOMPLETE": len(abi.WC_STATUS) - 1, "IBV_QPS_ERR": abi.QP_STATES.index("ERR"),
-             "IBV_QPT_RC": 2, "IBV_WR_RDMA_READ": 4, "IBV_WR_ATOMIC_WRITE": 15, "IBV_MTU_4096": 5}
+    enums = {
+        "IBV_SEND_SIGNALED": abi.IBV_SEND_SIGNALED,
+        "IBV_QP_STATE": abi.IBV_QP_STATE,
+        "IBV_QP_PORT": abi.IBV_QP_PORT,
+        "IBV_QP_AV": abi.IBV_QP_AV,
+        "IBV_QP_DEST_QPN": abi.IBV_QP_DEST_QPN,
+        "IBV_WC_RECV": abi.IBV_WC_RECV,
+        "IBV_WC_RETRY_EXC_ERR": abi.WC_STATUS.index("RETRY_EXC_ERR"),
+        "IBV_WC_TM_RNDV_INCOMPLETE": len(abi.WC_STATUS) - 1,
+        "IBV_QPS_ERR": abi.QP_STATES.index("ERR"),
+        "IBV_QPT_RC": 2,
+        "IBV_WR_RDMA_READ": 4,
+        "IBV_WR_ATOMIC_WRITE": 15,
+        "IBV_MTU_4096": 5,
+    }
     for name in enums:
         lines.append(f'printf("{name} %d\\n", (int){name});')
     got = dict(line.split() for line in _compile_and_run(tmp_path, "\n".join(lines)).splitlines())
@@ -74,10 +86,31 @@ def test_probes_go_on_the_default_version_that_callers_reach():
         selected = spec.select(sites.get(spec.symbol, []))
         assert len(selected) == 1, spec.symbol
         chosen[spec.symbol] = selected[0]
-    assert {s: chosen[s].version for s in ("ibv_open_device", "ibv_create_qp", "ibv_modify_qp", "ibv_reg_mr",
-                                          "ibv_dereg_mr", "ibv_destroy_qp", "ibv_create_cq", "ibv_close_device")} == \
-        dict.fromkeys(("ibv_open_device", "ibv_create_qp", "ibv_modify_qp", "ibv_reg_mr", "ibv_dereg_mr",
-                       "ibv_destroy_qp", "ibv_create_cq", "ibv_close_device"), "IBVERBS_1.1")
+    assert {
+        s: chosen[s].version
+        for s in (
+            "ibv_open_device",
+            "ibv_create_qp",
+            "ibv_modify_qp",
+            "ibv_reg_mr",
+            "ibv_dereg_mr",
+            "ibv_destroy_qp",
+            "ibv_create_cq",
+            "ibv_close_device",
+        )
+    } == dict.fromkeys(
+        (
+            "ibv_open_device",
+            "ibv_create_qp",
+            "ibv_modify_qp",
+            "ibv_reg_mr",
+            "ibv_dereg_mr",
+            "ibv_destroy_qp",
+            "ibv_create_cq",
+            "ibv_close_device",
+        ),
+        "IBVERBS_1.1",
+    )
     assert chosen["ibv_reg_mr_iova2"].version == "IBVERBS_1.8"
     assert chosen["ibv_reg_dmabuf_mr"].version == "IBVERBS_1.12"
     for symbol, site in chosen.items():

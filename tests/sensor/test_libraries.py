@@ -32,7 +32,8 @@ def loaded_workload(lib: Path, go: Path, cwd: Path | None = None) -> subprocess.
     """cuda_workload with ``lib`` dlopen'ed, waiting for ``go`` before its first CUDA call."""
     proc = subprocess.Popen(
         [str(WORKLOAD), "--lib", str(lib), "--iterations", "1", "--wait-for-file", str(go)],
-        stdout=subprocess.DEVNULL, cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        cwd=cwd,
     )
     shown = str(lib) if lib.is_absolute() else os.path.join(cwd or os.getcwd(), lib)
     if not wait_until(lambda: os.path.normpath(shown) in libraries.mapped_paths(proc.pid), timeout=10):
@@ -128,8 +129,9 @@ def test_a_library_only_in_the_process_mount_namespace_is_found_through_its_root
     mnt = tmp_path / "ns"
     mnt.mkdir()
     script = f"mount -t tmpfs none {mnt} && cp {FAKE_CUDART} {mnt}/ && echo ready && exec sleep 30"
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         shown = f"{mnt}/libcudart.so.12"
@@ -179,7 +181,12 @@ def test_a_static_runtime_executable_is_found_in_its_process(nvcc_programs: dict
         exe = libraries.executable(proc.pid, FAMILIES)
         assert exe is not None
         assert (exe.path, exe.shown_path, exe.family, exe.kind, exe.key) == (
-            f"/proc/{proc.pid}/exe", str(program), "cuda", "cudart_static", inode(program))
+            f"/proc/{proc.pid}/exe",
+            str(program),
+            "cuda",
+            "cudart_static",
+            inode(program),
+        )
         assert exe in list(libraries.from_process(proc.pid, FAMILIES))
     finally:
         (tmp_path / "go").touch()
@@ -222,8 +229,9 @@ def test_other_executables_and_scripts_are_not_of_any_kind(tmp_path: Path) -> No
     assert libraries.executable(os.getpid(), [cuda_family(["cuda"])]) is None
 
 
-def test_each_executable_is_read_once(nvcc_programs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                      tmp_path: Path) -> None:
+def test_each_executable_is_read_once(
+    nvcc_programs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     copy = tmp_path / "copy"
     shutil.copy(nvcc_programs["static"], copy)  # an inode no other test has classified
     reads = []
@@ -246,8 +254,9 @@ def test_in_process_falls_back_to_the_host_path_only_for_a_gone_process(tmp_path
     if shutil.which("unshare") is None:
         pytest.skip("util-linux unshare is not installed")
     script = f"mount -t tmpfs none {tmp_path} && echo ready && exec sleep 30"
-    hidden = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                              stdout=subprocess.PIPE, text=True)
+    hidden = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert hidden.stdout.readline().strip() == "ready"
         assert libraries.in_process(hidden.pid, shown, FAMILIES) is None

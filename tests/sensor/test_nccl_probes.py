@@ -67,8 +67,9 @@ def gated(command: list[str]) -> tuple[subprocess.Popen, int]:
     """Start ``command`` held at a gate (as the agent does), with its stdout captured."""
     r, w = os.pipe()
     gate = "import os,sys; os.read(int(sys.argv[1]), 1); os.execvp(sys.argv[2], sys.argv[2:])"
-    proc = subprocess.Popen([sys.executable, "-c", gate, str(r), *command], pass_fds=(r,), stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", gate, str(r), *command], pass_fds=(r,), stdout=subprocess.PIPE, text=True
+    )
     os.close(r)
     return proc, w
 
@@ -81,11 +82,22 @@ def test_probes_read_the_arguments_a_real_process_passes_the_real_library(real_n
     from otelbpf.sensor.sensor import Sensor, SensorOptions
 
     batches: list[np.ndarray] = []
-    child, gate = gated([sys.executable, str(REAL_NCCL_PY), "--lib", str(real_nccl), "--nranks", "4", "--rank", "2",
-                         "--stream", "0xabc0"])
+    child, gate = gated(
+        [
+            sys.executable,
+            str(REAL_NCCL_PY),
+            "--lib",
+            str(real_nccl),
+            "--nranks",
+            "4",
+            "--rank",
+            "2",
+            "--stream",
+            "0xabc0",
+        ]
+    )
     sensor = Sensor(
-        SensorOptions(families=[nccl_family()], pids=[child.pid], search_globs=[str(real_nccl)],
-                      drain_interval_s=0.02),
+        SensorOptions(families=[nccl_family()], pids=[child.pid], search_globs=[str(real_nccl)], drain_interval_s=0.02),
         lambda ring, arr: batches.append(arr) if ring == "events" else None,
     )
     try:
@@ -100,15 +112,23 @@ def test_probes_read_the_arguments_a_real_process_passes_the_real_library(real_n
         child.kill()
         sensor.stop()
     ran = json.loads(out)
-    assert ran["results"] == {"ncclGetVersion": 0, "ncclGetUniqueId": 0, "ncclCommInitRank": 1, "ncclAllReduce": 4,
-                              "ncclBroadcast": 4, "ncclGroupStart": 0, "ncclGroupEnd": 0}
+    assert ran["results"] == {
+        "ncclGetVersion": 0,
+        "ncclGetUniqueId": 0,
+        "ncclCommInitRank": 1,
+        "ncclAllReduce": 4,
+        "ncclBroadcast": 4,
+        "ncclGroupStart": 0,
+        "ncclGroupEnd": 0,
+    }
     events = np.concatenate(batches)
     mine = events[
         (events["pid"] == child.pid) & (events["kind"] >= Kind.NCCL_ENTER) & (events["kind"] <= Kind.NCCL_COMM)
     ]
     calls = [(Kind(r["kind"]).name, NcclFunc(r["func"]).name) for r in mine]
     assert calls == [
-        (k, f) for f in ("ncclCommInitRank", "ncclAllReduce", "ncclBroadcast", "ncclGroupStart", "ncclGroupEnd")
+        (k, f)
+        for f in ("ncclCommInitRank", "ncclAllReduce", "ncclBroadcast", "ncclGroupStart", "ncclGroupEnd")
         for k in ("NCCL_ENTER", "NCCL_RETURN")
     ], "one entry and one return per call: the aliases are probed once"
     init, init_ret, allreduce, allreduce_ret, bcast, bcast_ret = mine[:6]

@@ -41,8 +41,9 @@ def test_without_a_driver_the_sampler_counts_once_and_ends():
     sampler.stop()
     assert sampler.unavailable == "library_not_found"
     assert delivered == [] and sampler.devices == []
-    assert health.snapshot() == [("otelbpf.gpu.nvml.failures", {"function": "nvmlInit",
-                                                                 "reason": "library_not_found"}, 1)]
+    assert health.snapshot() == [
+        ("otelbpf.gpu.nvml.failures", {"function": "nvmlInit", "reason": "library_not_found"}, 1)
+    ]
     assert probe() == (False, "library_not_found")
 
 
@@ -90,8 +91,9 @@ def fake_run() -> dict:
     GPU 1 lost at 1.2 s, with this test's pid as the process on GPU 0."""
     assert (FAKE_DIR / LIBRARY).exists(), "run examples/build.sh"
     env = {**os.environ, "LD_LIBRARY_PATH": str(FAKE_DIR), "FAKENVML": f"pid={os.getpid()},lost_ms=1200,step_ms=50"}
-    out = subprocess.run([sys.executable, "-c", SAMPLE_FOR, "1.5"], env=env, cwd=REPO, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", SAMPLE_FOR, "1.5"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -99,10 +101,20 @@ def fake_run() -> dict:
 def test_devices_are_named_as_the_driver_names_them(fake_run):
     assert fake_run["probe"] == [True, "driver 580.65.06-fake, 2 GPU(s)"]
     assert fake_run["devices"] == [
-        {"index": 0, "uuid": "GPU-00000000-0000-4000-8000-000000000000", "name": "NVIDIA H100 80GB HBM3",
-         "pci_bus_id": "00000000:3B:00.0", "driver_version": "580.65.06-fake"},
-        {"index": 1, "uuid": "GPU-11111111-1111-4111-8111-111111111111", "name": "NVIDIA H100 80GB HBM3",
-         "pci_bus_id": "00000000:86:00.0", "driver_version": "580.65.06-fake"},
+        {
+            "index": 0,
+            "uuid": "GPU-00000000-0000-4000-8000-000000000000",
+            "name": "NVIDIA H100 80GB HBM3",
+            "pci_bus_id": "00000000:3B:00.0",
+            "driver_version": "580.65.06-fake",
+        },
+        {
+            "index": 1,
+            "uuid": "GPU-11111111-1111-4111-8111-111111111111",
+            "name": "NVIDIA H100 80GB HBM3",
+            "pci_bus_id": "00000000:86:00.0",
+            "driver_version": "580.65.06-fake",
+        },
     ]
 
 

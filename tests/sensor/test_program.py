@@ -150,9 +150,7 @@ def test_unwatched_processes_are_ignored(filtered: Loaded) -> None:
 
 @pytest.mark.bpf
 def test_children_of_watched_processes_are_followed_through_exec_and_exit(watching_me: Loaded) -> None:
-    child = subprocess.run(
-        ["/bin/sh", "-c", f"exec /usr/bin/head -c 0 {FAKE_CUDART}"], check=True
-    )
+    child = subprocess.run(["/bin/sh", "-c", f"exec /usr/bin/head -c 0 {FAKE_CUDART}"], check=True)
     del child
     events = watching_me.events.drain()
     life = [(Kind(int(e["kind"])), comm(e)) for e in events]

@@ -129,8 +129,12 @@ def test_offsets_match_the_headers(tmp_path, version):
             assert value == po.FRAME_OWNED_BY_CSTACK
             continue
         assert getattr(offsets, name) == value, f"{version} {name}: table {getattr(offsets, name)}, headers {value}"
-    assert layout == {(3, 10): po.LAYOUT_310, (3, 11): po.LAYOUT_311, (3, 12): po.LAYOUT_312,
-                      (3, 13): po.LAYOUT_313}[(major, minor)]
+    assert (
+        layout
+        == {(3, 10): po.LAYOUT_310, (3, 11): po.LAYOUT_311, (3, 12): po.LAYOUT_312, (3, 13): po.LAYOUT_313}[
+            (major, minor)
+        ]
+    )
 
 
 @pytest.mark.parametrize("version", sorted(po.TABLE))
@@ -139,8 +143,13 @@ def test_the_code_tag_range_covers_its_fields_and_fits_the_walkers_buffer(versio
     256-byte buffer and takes the tag's fields (and 3.13's type) from there."""
     offsets = po.TABLE[version][1]
     start, end = offsets.code_tag_start, offsets.code_tag_start + offsets.code_tag_size
-    fields = [offsets.object_type, offsets.code_firstlineno, offsets.code_filename, offsets.code_name,
-              offsets.code_linetable]
+    fields = [
+        offsets.object_type,
+        offsets.code_firstlineno,
+        offsets.code_filename,
+        offsets.code_name,
+        offsets.code_linetable,
+    ]
     if version >= (3, 12):
         fields.append(offsets.code_version)
     else:

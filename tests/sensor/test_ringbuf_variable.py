@@ -165,8 +165,9 @@ def test_max_records_leaves_the_rest_for_the_next_drain(program: Program, ring: 
     assert len(rest) == 5
 
 
-def test_a_full_ring_refuses_and_the_drain_returns_exactly_what_was_sent(program: Program,
-                                                                         ring: VariableRingReader) -> None:
+def test_a_full_ring_refuses_and_the_drain_returns_exactly_what_was_sent(
+    program: Program, ring: VariableRingReader
+) -> None:
     program.reset(os.getpid())
     fire(200)  # ~35 KiB offered to a 4 KiB ring: once full, only records short enough still fit
     got = ring.drain()

@@ -25,8 +25,12 @@ def test_the_ring_record_is_laid_out_as_in_c() -> None:
 def test_states_stats_and_slots_are_the_c_ones() -> None:
     d = {name: x.value for name, x in defines(SOURCE).items()}
     assert {s.name: int(s) for s in State} == {
-        "preempted": d["SCHED_PREEMPTED"], "sleeping": d["SCHED_SLEEPING"], "disk": d["SCHED_DISK"],
-        "other": d["SCHED_OTHER"], "new": d["SCHED_NEW"]}
+        "preempted": d["SCHED_PREEMPTED"],
+        "sleeping": d["SCHED_SLEEPING"],
+        "disk": d["SCHED_DISK"],
+        "other": d["SCHED_OTHER"],
+        "new": d["SCHED_NEW"],
+    }
     slots = {d[f"SCHED_STAT_{name.upper()}"]: name for name in STATS}
     assert sorted(slots) == list(range(d["SCHED_STAT_MAX"])) and [slots[i] for i in sorted(slots)] == list(STATS)
     assert d["SCHED_SLOTS"] == SLOTS

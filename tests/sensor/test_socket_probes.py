@@ -78,8 +78,7 @@ def loaded(request: pytest.FixtureRequest) -> Iterator[tuple[int, Loaded]]:
 
 def test_records_carry_exactly_the_bytes_each_syscall_moved(loaded: tuple[int, Loaded]) -> None:
     payload, prog = loaded
-    child = subprocess.Popen([sys.executable, "-c", EXCHANGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+    child = subprocess.Popen([sys.executable, "-c", EXCHANGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     prog.watch(child.pid)
     out, _ = child.communicate("go\n", timeout=60)
     assert child.returncode == 0

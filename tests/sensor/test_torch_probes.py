@@ -46,16 +46,16 @@ def test_patterns_select_operators_by_shell_pattern():
 
 def test_return_sites_decode_instructions_not_bytes():
     code = bytes.fromhex(
-        "55"              # push rbp
-        "4889e5"          # mov rbp, rsp
-        "b8c3000000"      # mov eax, 0xc3: a 0xc3 byte that is no ret
-        "85c0"            # test eax, eax
-        "7402"            # je +2
-        "5d"              # pop rbp
-        "c3"              # ret            (offset 14)
-        "31c0"            # xor eax, eax
-        "5d"              # pop rbp
-        "f3c3"            # repz ret       (offset 18)
+        "55"  # push rbp
+        "4889e5"  # mov rbp, rsp
+        "b8c3000000"  # mov eax, 0xc3: a 0xc3 byte that is no ret
+        "85c0"  # test eax, eax
+        "7402"  # je +2
+        "5d"  # pop rbp
+        "c3"  # ret            (offset 14)
+        "31c0"  # xor eax, eax
+        "5d"  # pop rbp
+        "f3c3"  # repz ret       (offset 18)
     )
     assert return_sites(code, 0x1000) == (0x1000 + 14, 0x1000 + 18)
 
@@ -110,7 +110,8 @@ def test_family_probes_an_entry_and_every_return(ops_library: Path):
     probes = cache.probes(str(ops_library))
     (site,) = cache.sites(str(ops_library))
     assert [(p.vaddr, p.program) for p in probes] == [(site.entry, ENTRY_PROGRAM)] + [
-        (e, EXIT_PROGRAM) for e in site.exits]
+        (e, EXIT_PROGRAM) for e in site.exits
+    ]
     assert not any(p.ret for p in probes)  # no uretprobe: C++ exceptions must unwind
     fam = torch_family(["mm"], max_depth=8)
     assert fam.library_kind("libtorch_cpu.so") is not None and fam.library_kind("libtorch_cuda.so") is None

@@ -11,5 +11,12 @@ from otelbpf.config.receivers.registry import (
     ReceiverType,
 )
 
-__all__ = ["CHOOSABLE_RECEIVERS", "PROFILE_RECEIVERS", "RECEIVER_TYPES", "REGISTRY", "Need", "ReceiverConfig",
-           "ReceiverType"]
+__all__ = [
+    "CHOOSABLE_RECEIVERS",
+    "PROFILE_RECEIVERS",
+    "RECEIVER_TYPES",
+    "REGISTRY",
+    "Need",
+    "ReceiverConfig",
+    "ReceiverType",
+]

@@ -33,6 +33,8 @@ class ProfilingReceiverConfig(ReceiverConfig):
     def needs(self) -> list[Need]:
         if not self.cuda_memory:
             return []
-        why = ("CUDA memory profiles need the cuda receiver's probes: add the cuda receiver to a pipeline, "
-               "or set cuda_memory: false")
+        why = (
+            "CUDA memory profiles need the cuda receiver's probes: add the cuda receiver to a pipeline, "
+            "or set cuda_memory: false"
+        )
         return [Need(receiver="cuda", option="cuda_memory", why=why)]

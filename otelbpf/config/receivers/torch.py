@@ -14,15 +14,26 @@ from otelbpf.config.units import Duration, RingSize
 #: copies that move tensors between devices and types. Names are ``at::_ops`` names: the
 #: ATen operator, with ``_<overload>`` when it has one (``aten::softmax.int``: ``softmax_int``).
 DEFAULT_OPERATORS: tuple[str, ...] = (
-    "matmul", "mm", "addmm", "bmm",
+    "matmul",
+    "mm",
+    "addmm",
+    "bmm",
     "convolution",
     "scaled_dot_product_attention",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_cudnn_attention",
     "layer_norm",
-    "softmax_int", "_softmax",
+    "softmax_int",
+    "_softmax",
     "embedding",
-    "copy_", "to_dtype", "to_device", "to_dtype_layout", "to_other", "_to_copy",
+    "copy_",
+    "to_dtype",
+    "to_device",
+    "to_dtype_layout",
+    "to_other",
+    "_to_copy",
 )
 
 _DEFAULT_TORCH_SEARCH_PATHS = (

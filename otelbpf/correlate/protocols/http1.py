@@ -90,9 +90,9 @@ class Head:
     headers: list[tuple[str, str]]
     #: Each header's first value, by name: several are looked up per message (framing, Host, traceparent).
     first: dict[str, str] = field(repr=False, compare=False)
-    method: str = ""       # requests
-    target: str = ""       # requests
-    status: int = 0        # responses
+    method: str = ""  # requests
+    target: str = ""  # requests
+    status: int = 0  # responses
     truncated: bool = False  # the header block was not captured whole
 
     def get(self, name: str) -> str | None:
@@ -123,14 +123,14 @@ class BodySink(Protocol):
 @dataclass(slots=True)
 class Message:
     head: Head
-    first: Stamp            # chunk that carried the first byte
+    first: Stamp  # chunk that carried the first byte
     last: Stamp | None = None  # chunk that carried the last byte
-    size: int = 0           # bytes on the wire, head included
+    size: int = 0  # bytes on the wire, head included
     body_size: int = 0
     complete: bool = False
-    problem: str = ""       # why it is incomplete
-    tag: Any = None         # the consumer's own (the span opened for it)
-    chunks: int = 0         # chunks of a chunked body (the last, empty one not counted)
+    problem: str = ""  # why it is incomplete
+    tag: Any = None  # the consumer's own (the span opened for it)
+    chunks: int = 0  # chunks of a chunked body (the last, empty one not counted)
     sink: BodySink | None = None  # the consumer's, set at its head: told the body's bytes
 
 
@@ -139,11 +139,13 @@ def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
     m = (_REQUEST_LINE_TEXT if is_request else _STATUS_LINE_TEXT).match(text)
     if not m:
         return None
-    rest = text[m.end():]
+    rest = text[m.end() :]
     if truncated:
         rest = rest[: rest.rfind("\n") + 1]  # the last line may be cut short
-    headers = [(name.lower(), (value[:-1] if value[-1:] == "\r" else value).rstrip(" \t"))
-               for name, value in _HEADER_LINE.findall(rest)]
+    headers = [
+        (name.lower(), (value[:-1] if value[-1:] == "\r" else value).rstrip(" \t"))
+        for name, value in _HEADER_LINE.findall(rest)
+    ]
     first = dict(reversed(headers))
     if is_request:
         method, target, version = m.groups()
@@ -153,7 +155,7 @@ def _parse_head(block: bytes, is_request: bool, truncated: bool) -> Head | None:
 
 @dataclass
 class _State:
-    mode: str = "start"   # start | head | length | chunk_size | chunk_data | chunk_crlf | trailers | close | desync
+    mode: str = "start"  # start | head | length | chunk_size | chunk_data | chunk_crlf | trailers | close | desync
     buf: bytearray = field(default_factory=bytearray)
     remaining: int = 0
 
@@ -379,8 +381,9 @@ class MessageStream:
         cl = first.get("content-length")
         if cl is not None:
             # Every field when some header repeats (one pass, only then), else the one value.
-            n = _content_length([v for k, v in head.headers if k == "content-length"]
-                                if len(first) != len(head.headers) else [cl])
+            n = _content_length(
+                [v for k, v in head.headers if k == "content-length"] if len(first) != len(head.headers) else [cl]
+            )
             if n is None:
                 return "desync", 0
             return ("length", n) if n > 0 else ("done", 0)
@@ -492,7 +495,7 @@ class Exchange:
     request: Message | None
     response: Message | None
     error: str = ""
-    at: Stamp = None        # chunk (or connection end) that finished it
+    at: Stamp = None  # chunk (or connection end) that finished it
 
 
 class Http1Connection:
@@ -504,29 +507,44 @@ class Http1Connection:
     ``feed`` returns exchanges that are finished: answered, or given up on.
     """
 
-    def __init__(self, *, on_request: Callable[[Message], None] = lambda m: None,
-                 on_response: Callable[[Message | None, Message], None] = lambda q, r: None,
-                 synchronized: bool = True, limits: Limits = DEFAULT, held: Held | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        on_request: Callable[[Message], None] = lambda m: None,
+        on_response: Callable[[Message | None, Message], None] = lambda q, r: None,
+        synchronized: bool = True,
+        limits: Limits = DEFAULT,
+        held: Held | None = None,
+    ) -> None:
         #: Requests whose head was seen, not yet answered, in order; runs not followed stand in as _Skipped.
         self._pending: deque[Message | _Skipped] = deque()
-        self._held_here = 0        # Messages in _pending
-        self._held_bytes = 0       # bytes of their heads
+        self._held_here = 0  # Messages in _pending
+        self._held_bytes = 0  # bytes of their heads
         self._limits = limits
         self._held = held if held is not None else Held(limits.held_per_process)
         self._on_request = on_request
         self._on_response = on_response
         #: Counts of what could not be followed in either direction, by reason (read after every chunk).
         self.problems: dict[str, int] = {}
-        self.requests = MessageStream(True, on_head=self._request_head, synchronized=synchronized,
-                                      problems=self.problems)
-        self.responses = MessageStream(False, request_method=self._answered_method, on_head=self._response_head,
-                                       synchronized=synchronized, problems=self.problems)
+        self.requests = MessageStream(
+            True, on_head=self._request_head, synchronized=synchronized, problems=self.problems
+        )
+        self.responses = MessageStream(
+            False,
+            request_method=self._answered_method,
+            on_head=self._response_head,
+            synchronized=synchronized,
+            problems=self.problems,
+        )
         self._out: list[Exchange] = []
 
     def _request_head(self, msg: Message) -> None:
         limits = self._limits
-        if (self._held_here < limits.pending_requests and self._held_bytes + msg.size <= limits.pending_head_bytes
-                and self._held.take()):
+        if (
+            self._held_here < limits.pending_requests
+            and self._held_bytes + msg.size <= limits.pending_head_bytes
+            and self._held.take()
+        ):
             self._pending.append(msg)
             self._held_here += 1
             self._held_bytes += msg.size

@@ -91,11 +91,11 @@ class Frame:
     flags: int
     stream_id: int
     length: int
-    stamp: Stamp              # chunk that carried the frame header
-    payload: bytes = b""      # kept types only (and DATA its stream wants): up to the first gap
-    lost: bool = False        # part of a kept payload was not captured
-    end_stamp: Stamp = None   # chunk that carried the last payload byte
-    keep: bool = False        # its payload is kept
+    stamp: Stamp  # chunk that carried the frame header
+    payload: bytes = b""  # kept types only (and DATA its stream wants): up to the first gap
+    lost: bool = False  # part of a kept payload was not captured
+    end_stamp: Stamp = None  # chunk that carried the last payload byte
+    keep: bool = False  # its payload is kept
     #: A whole DATA frame's chunk, its payload at ``at``: cut out only if a sink wants it.
     src: bytes | None = None
     at: int = 0
@@ -125,10 +125,10 @@ class FrameReader:
         self._first = True  # each endpoint's first frame is SETTINGS
         #: SETTINGS_MAX_FRAME_SIZE the receiving side advertised (16384 until it says otherwise).
         self.max_length = 16384
-        self._hdr = bytearray()           # a frame header split across chunks
+        self._hdr = bytearray()  # a frame header split across chunks
         self._frame: Frame | None = None  # a frame whose payload continues in the next chunk
-        self._left = 0                    # its payload bytes still to come
-        self._buf = bytearray()           # its payload so far (kept types)
+        self._left = 0  # its payload bytes still to come
+        self._buf = bytearray()  # its payload so far (kept types)
         #: Why this direction can no longer be read ("" while it can).
         self.broken = ""
 
@@ -207,8 +207,11 @@ class FrameReader:
             return None
         if ftype < 10:
             on_stream, fixed = _ON_STREAM[ftype], _FIXED_LENGTH[ftype]
-            if ((on_stream is not None and on_stream != bool(stream_id)) or (fixed is not None and length != fixed)
-                    or (ftype == SETTINGS and length % 6)):
+            if (
+                (on_stream is not None and on_stream != bool(stream_id))
+                or (fixed is not None and length != fixed)
+                or (ftype == SETTINGS and length % 6)
+            ):
                 self.broken = "invalid_frame"
                 return None
         if self._first:
@@ -282,22 +285,22 @@ class Stream:
     """One request/response exchange on an HTTP/2 connection."""
 
     id: int
-    first: Stamp                         # chunk with the request HEADERS
+    first: Stamp  # chunk with the request HEADERS
     request_headers: list[tuple[str, str]] = field(default_factory=list)
     response_headers: list[tuple[str, str]] = field(default_factory=list)
     trailers: list[tuple[str, str]] = field(default_factory=list)
-    request_ended: Stamp = None          # client's END_STREAM
+    request_ended: Stamp = None  # client's END_STREAM
     response_first: Stamp = None
-    last: Stamp = None                   # server's END_STREAM, RST_STREAM, or the connection's end
-    request_bytes: int = 0               # DATA payload bytes
+    last: Stamp = None  # server's END_STREAM, RST_STREAM, or the connection's end
+    request_bytes: int = 0  # DATA payload bytes
     response_bytes: int = 0
     reset_code: int | None = None
     complete: bool = False
-    headers_lost: bool = False           # some header block of the stream could not be decoded
+    headers_lost: bool = False  # some header block of the stream could not be decoded
     problem: str = ""
-    tag: Any = None                      # the consumer's own (the span opened for it)
-    response_frames: int = 0             # DATA frames with a payload, server to client
-    first_data: Stamp = None             # chunk with the first of them
+    tag: Any = None  # the consumer's own (the span opened for it)
+    response_frames: int = 0  # DATA frames with a payload, server to client
+    first_data: Stamp = None  # chunk with the first of them
     #: The consumer's, set when the request's (response's) HEADERS are decoded: told that body's bytes.
     request_sink: BodySink | None = None
     response_sink: BodySink | None = None
@@ -337,9 +340,9 @@ class _Direction:
         self.decoder = Decoder()
         self.decoder.max_header_list_size = limits.header_block
         self._table_cap = limits.hpack_table
-        self.hpack_lost = ""   # why this direction's table is unknown
+        self.hpack_lost = ""  # why this direction's table is unknown
         self.block: list[Frame] = []  # header block being assembled (HEADERS/PUSH_PROMISE + CONTINUATIONs)
-        self.block_bytes = 0   # its length on the wire so far
+        self.block_bytes = 0  # its length on the wire so far
         #: Header block segments decoded since the dynamic table last changed, by their bytes.
         self._decoded: dict[bytes, Headers] = {}
         self._table_seen = (self.decoder.header_table.maxsize, 0, None)  # see _table_changed
@@ -404,10 +407,15 @@ class H2Connection:
     second frame is told of the first frame's start too); ``feed`` returns streams that finished.
     """
 
-    def __init__(self, *, on_request: Callable[[Stream], None] = lambda s: None,
-                 on_response: Callable[[Stream], None] = lambda s: None,
-                 on_streaming: Callable[[Stream], None] = lambda s: None, limits: Limits = DEFAULT,
-                 held: Held | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        on_request: Callable[[Stream], None] = lambda s: None,
+        on_response: Callable[[Stream], None] = lambda s: None,
+        on_streaming: Callable[[Stream], None] = lambda s: None,
+        limits: Limits = DEFAULT,
+        held: Held | None = None,
+    ) -> None:
         self._dirs = {c2s: _Direction(c2s, limits) for c2s in (True, False)}
         for c2s, d in self._dirs.items():
             d.reader.deliver_to(functools.partial(self._frame, c2s, d), functools.partial(self._wants_data, c2s))

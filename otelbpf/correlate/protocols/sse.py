@@ -42,19 +42,29 @@ class Event:
 class EventStream:
     """One response body's events. ``feed`` returns the events its piece completed."""
 
-    __slots__ = ("_line", "_data", "_lines", "_type", "_truncated", "_skip_line", "_resync", "_max_line",
-                 "_max_data", "problems")
+    __slots__ = (
+        "_line",
+        "_data",
+        "_lines",
+        "_type",
+        "_truncated",
+        "_skip_line",
+        "_resync",
+        "_max_line",
+        "_max_data",
+        "problems",
+    )
 
     def __init__(self, *, max_line: int = DEFAULT.sse_line, max_data: int = DEFAULT.sse_data) -> None:
         self._max_line = max_line
         self._max_data = max_data
-        self._line = bytearray()   # a line begun in an earlier piece
-        self._data = bytearray()   # the event's data so far
-        self._lines = 0            # data lines in the event so far
+        self._line = bytearray()  # a line begun in an earlier piece
+        self._data = bytearray()  # the event's data so far
+        self._lines = 0  # data lines in the event so far
         self._type = ""
         self._truncated = False
-        self._skip_line = False    # the line under way is too long: skipped to its end
-        self._resync = False       # after a gap: skipping to the next blank line
+        self._skip_line = False  # the line under way is too long: skipped to its end
+        self._resync = False  # after a gap: skipping to the next blank line
         #: What could not be followed, by reason.
         self.problems: dict[str, int] = {}
 

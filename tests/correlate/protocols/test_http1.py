@@ -86,8 +86,14 @@ def _wait_for_chunks(recorder, n: int) -> list:
 
 def test_keep_alive_requests_of_every_framing_are_paired_in_order(recorded):
     client = http.client.HTTPConnection("127.0.0.1", recorded.port)
-    calls = [("GET", "/a", None), ("POST", "/upload", b"y" * 3000), ("HEAD", "/h", None), ("GET", "/chunked", None),
-             ("GET", "/missing", None), ("GET", "/big", None)] * 5
+    calls = [
+        ("GET", "/a", None),
+        ("POST", "/upload", b"y" * 3000),
+        ("HEAD", "/h", None),
+        ("GET", "/chunked", None),
+        ("GET", "/missing", None),
+        ("GET", "/big", None),
+    ] * 5
     for method, path, body in calls:
         client.request(method, path, body=body, headers={"Authorization": "Bearer secret"})
         client.getresponse().read()
@@ -100,8 +106,14 @@ def test_keep_alive_requests_of_every_framing_are_paired_in_order(recorded):
     assert [e.response.head.status for e in exchanges] == [status[p] for _, p, _ in calls]
     assert all(e.request.complete and e.response.complete and not e.error for e in exchanges)
     sizes = {e.request.head.target: (e.request.body_size, e.response.body_size) for e in exchanges}
-    assert sizes == {"/a": (0, 11), "/upload": (3000, 0), "/h": (0, 0), "/chunked": (0, 5310), "/missing": (0, 11),
-                     "/big": (0, 7000)}
+    assert sizes == {
+        "/a": (0, 11),
+        "/upload": (3000, 0),
+        "/h": (0, 0),
+        "/chunked": (0, 5310),
+        "/missing": (0, 11),
+        "/big": (0, 7000),
+    }
     assert exchanges[0].request.head.get("authorization") == "Bearer secret"
     assert conn.problems == {}
 
@@ -114,7 +126,11 @@ def test_bodies_larger_than_the_capture_are_skipped_by_length(recorded):
     chunks = _wait_for_chunks(recorded, 8)
     _, exchanges = _replay(chunks, cap=256)
     assert [(e.request.head.target, e.response.head.status, e.response.body_size) for e in exchanges] == [
-        ("/big", 200, 7000), ("/a", 200, 11), ("/big", 200, 7000), ("/a", 200, 11)]
+        ("/big", 200, 7000),
+        ("/a", 200, 11),
+        ("/big", 200, 7000),
+        ("/a", 200, 11),
+    ]
     assert all(e.response.complete for e in exchanges)
 
 
@@ -153,7 +169,11 @@ def test_pipelined_requests_in_one_write_are_answered_in_order():
         server.shutdown()
         server.server_close()
     assert [(e.request.head.target, e.response.head.status) for e in exchanges] == [
-        ("/a", 200), ("/missing", 404), ("/upload", 201), ("/big", 200)]
+        ("/a", 200),
+        ("/missing", 404),
+        ("/upload", 201),
+        ("/big", 200),
+    ]
 
 
 def test_joining_mid_connection_starts_at_the_next_request(recorded):
@@ -232,8 +252,7 @@ def test_sinks_get_bodies_de_chunked_with_chunk_starts_and_gaps():
         response.sink = sinks["response"] = _Sink()
 
     request = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
-    response = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n")
+    response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
     for cut in range(len(response) + 1):
         conn = Http1Connection(on_request=on_request, on_response=on_response)
         conn.feed(True, request, 0, "q")
@@ -247,5 +266,10 @@ def test_sinks_get_bodies_de_chunked_with_chunk_starts_and_gaps():
     conn.feed(True, request, 0, "q")
     conn.feed(False, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\na\r\n0123", 6, "a")
     conn.feed(False, b"\r\n1\r\nz\r\n0\r\n\r\n", 0, "b")
-    assert sinks["response"].calls == [("unit", "a"), ("data", b"0123", "a"), ("gap", 6), ("unit", "b"),
-                                       ("data", b"z", "b")]
+    assert sinks["response"].calls == [
+        ("unit", "a"),
+        ("data", b"0123", "a"),
+        ("gap", 6),
+        ("unit", "b"),
+        ("data", b"z", "b"),
+    ]

@@ -86,8 +86,17 @@ def _client_server():
 
 
 def _request(client, server, stream_id: int, path: str, status: str = "200", body: bytes = b"ok"):
-    client.send_headers(stream_id, [(":method", "GET"), (":path", path), (":scheme", "http"), (":authority", "svc"),
-                                    ("x-custom", f"value-{stream_id}")], end_stream=True)
+    client.send_headers(
+        stream_id,
+        [
+            (":method", "GET"),
+            (":path", path),
+            (":scheme", "http"),
+            (":authority", "svc"),
+            ("x-custom", f"value-{stream_id}"),
+        ],
+        end_stream=True,
+    )
     c2s = client.data_to_send()
     server.receive_data(c2s)
     server.send_headers(stream_id, [(":status", status), ("content-length", str(len(body)))])
@@ -108,10 +117,14 @@ def test_dynamic_table_is_kept_per_direction_across_streams():
         done += conn.feed(True, c2s, 0, (sid, "req"))
         done += conn.feed(False, s2c, 0, (sid, "resp"))
     assert [(s.id, s.header(":path"), s.header("x-custom"), s.header(":status", "response")) for s in done] == [
-        (1, "/p0", "value-1", "200"), (3, "/p1", "value-3", "200"), (5, "/p2", "value-5", "404"),
-        (7, "/p3", "value-7", "200")]
-    assert all(s.complete and s.response_bytes == 2 and s.first == (s.id, "req") and s.last == (s.id, "resp")
-               for s in done)
+        (1, "/p0", "value-1", "200"),
+        (3, "/p1", "value-3", "200"),
+        (5, "/p2", "value-5", "404"),
+        (7, "/p3", "value-7", "200"),
+    ]
+    assert all(
+        s.complete and s.response_bytes == 2 and s.first == (s.id, "req") and s.last == (s.id, "resp") for s in done
+    )
 
 
 def test_a_frame_cut_short_by_the_connection_end_is_counted():
@@ -269,10 +282,13 @@ def test_a_full_table_that_changes_but_keeps_its_length_and_newest_value_is_noti
     conn.feed(True, PREFACE + EMPTY_SETTINGS, 0, 0)
     x_a, x_b = b"\x40\x03x-a\x011", b"\x40\x03x-b\x012"  # literals indexed: 36 bytes in the table each
     second_newest = b"\xbf"  # index 63
-    blocks = [b"\x3f\x45" + x_b + x_a,  # table size 100: [x-a, x-b], full
-              GET + second_newest, GET + second_newest,
-              GET + x_a,  # [x-a, x-a]: x-b evicted; same length, newest equal to the one before
-              GET + second_newest]
+    blocks = [
+        b"\x3f\x45" + x_b + x_a,  # table size 100: [x-a, x-b], full
+        GET + second_newest,
+        GET + second_newest,
+        GET + x_a,  # [x-a, x-a]: x-b evicted; same length, newest equal to the one before
+        GET + second_newest,
+    ]
     for i, block in enumerate(blocks):
         conn.feed(True, _headers_frame(2 * i + 1, block), 0, i)
     streams = conn.close(99)
@@ -314,8 +330,9 @@ def test_data_frames_reach_the_stream_sinks_split_padded_and_cut():
     conn = H2Connection(on_request=on_request, on_response=on_response)
     conn.feed(True, c0, 0, 0)
     conn.feed(False, s0, 0, 0)
-    client.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
-                            (":authority", "s")])
+    client.send_headers(
+        1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"), (":authority", "s")]
+    )
     client.send_data(1, b"hello", end_stream=True, pad_length=3)
     request = client.data_to_send()
     conn.feed(True, request, 0, 1)
@@ -328,10 +345,15 @@ def test_data_frames_reach_the_stream_sinks_split_padded_and_cut():
     third = s2c.rindex(b"c" * 300)
     split = s2c.index(b"b" * 200) + 50
     conn.feed(False, s2c[:split], 0, 2)
-    conn.feed(False, s2c[split:third + 100], len(s2c) - third - 100, 3)  # the last frame is cut after 100 bytes
+    conn.feed(False, s2c[split : third + 100], len(s2c) - third - 100, 3)  # the last frame is cut after 100 bytes
     assert sinks["request"].calls == [("unit", 1), ("data", b"hello", 1)]
     assert sinks["response"].calls == [
-        ("unit", 2), ("data", b"data: a\n\n", 2),
-        ("unit", 2), ("data", b"data: " + b"b" * 200 + b"\n\n", 3),
-        ("unit", 3), ("data", b"c" * 100, 3), ("gap", 200)]
+        ("unit", 2),
+        ("data", b"data: a\n\n", 2),
+        ("unit", 2),
+        ("data", b"data: " + b"b" * 200 + b"\n\n", 3),
+        ("unit", 3),
+        ("data", b"c" * 100, 3),
+        ("gap", 200),
+    ]
     assert conn.problems == {}

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from otelbpf.correlate.protocols.sse import EventStream
 
-STREAM = (b": keep-alive comment\n\n"
-          b"data: {\"a\": 1}\n\n"
-          b"event: delta\r\ndata: line one\r\ndata:line two\r\nid: 7\r\n\r\n"
-          b"retry: 100\n\n"          # no data: not an event
-          b"data\n\n"                # a field without a colon: empty data
-          b"data: [DONE]\n\n")
+STREAM = (
+    b": keep-alive comment\n\n"
+    b'data: {"a": 1}\n\n'
+    b"event: delta\r\ndata: line one\r\ndata:line two\r\nid: 7\r\n\r\n"
+    b"retry: 100\n\n"  # no data: not an event
+    b"data\n\n"  # a field without a colon: empty data
+    b"data: [DONE]\n\n"
+)
 EXPECTED = [(b'{"a": 1}', "message"), (b"line one\nline two", "delta"), (b"", "message"), (b"[DONE]", "message")]
 
 
