@@ -230,6 +230,8 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
     ) -> None:
         super().__init__(settings, max_spans_per_second=max_spans_per_second)
         self._sync = sync
+        #: exports skipped because the events describing the counters were not processed in time
+        self.deferred_exports = 0
         self._read_map = read_map
         self._forget_keys = forget_keys
         self._traces = traces
@@ -497,8 +499,12 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
             error_keys[(k.pid, k.ctx, k.qpn, k.gen)].append(k)
         # The counters just read may run ahead of the events naming their QP's peer and
         # state (ibv_modify_qp): process every event emitted before the read, or a QP's
-        # posts would go out once without its peer attributes, a series of its own.
-        self._sync()
+        # posts would go out once without its peer attributes, a series of its own. When
+        # processing lags too far behind (the sync timed out, counted by the agent), this
+        # export is skipped: the counters are cumulative, the next export carries them all.
+        if self._sync() is False:
+            self.deferred_exports += 1
+            return []
         out = []
         with self._lock:
             self._finished = {pid: t for pid, t in self._finished.items() if t > now - 60 * 10**9}
