@@ -49,7 +49,7 @@ class MapAccess:
         self.with_bpf: Callable[[Callable[[Any], Any]], Any] = lambda fn: None
 
 
-@dataclass
+@dataclass(eq=False)  # hashable by identity: its bound methods are handed out as callbacks
 class Context:
     """What every correlator may use."""
 
