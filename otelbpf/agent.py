@@ -221,18 +221,24 @@ class Agent:
         peer arrives with ibv_modify_qp on the events ring). A correlator reads its
         maps, then calls this, so what it counted is described before it is
         exported. Bounded: a backlog longer than ``timeout_s`` is counted and
-        left to the next export. A no-op once the agent is stopping (the stop
-        path drains and processes everything itself).
+        left to the next export. Once the agent stops, the sensor's final drain
+        feeds the processing thread and this waits for that thread to end
+        instead: a metrics export racing the stop would otherwise name counters
+        whose events are still queued, then forget them.
         """
-        if not self._processor.is_alive() or self.sensor.stopping:
+        if not self._processor.is_alive():
             return True
-        self.sensor.drain_tick()
-        done = threading.Event()
-        self._work.put(done)
-        if done.wait(timeout_s):
-            return True
-        self.health.add("otelbpf.metrics.sync_timeouts")
-        return False
+        if self.sensor.stopping:
+            self._processor.join(timeout_s)
+            ok = not self._processor.is_alive()
+        else:
+            self.sensor.drain_tick()
+            done = threading.Event()
+            self._work.put(done)
+            ok = done.wait(timeout_s)
+        if not ok:
+            self.health.add("otelbpf.metrics.sync_timeouts")
+        return ok
 
     def _mark_library_users(self) -> None:
         """Host mode with the sockets family: tell the kernel which running processes map a

@@ -490,6 +490,11 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
     def collect(self) -> list[tuple[Resource, list[Metric]]]:
         """Cumulative per-QP metrics per process; forgets destroyed QPs and exited processes."""
         now = self._clock.now_wall()
+        # Only processes whose exit was processed before the maps are read are forgotten after
+        # this export: one whose exit event arrives during the sync below may have posted after
+        # the read, and its final counters go out with the next export.
+        with self._lock:
+            exited = {pid for pid, p in self._procs.items() if p.exited}
         live = self._read_map("ibv_qps")
         retired = self._read_map("ibv_retired")
         errors: dict[tuple, Counter] = defaultdict(Counter)
@@ -523,7 +528,10 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
                         qp = _Qp(k.pid, k.ctx, k.qpn, k.gen, now, end_reason="destroyed")
                 final[k.pid].append((qp, stats))
                 done.append(((k.pid, k.ctx, k.qpn, k.gen), k))
-            for pid in set(counted) | set(final) | {pid for pid, p in self._procs.items() if p.mrs or p.anomalies}:
+            # A process that ever registered memory is exported until it is forgotten: its
+            # gauges fall to zero when its regions are deregistered, and that zero must go out.
+            noted = {pid for pid, p in self._procs.items() if p.regions or p.anomalies}
+            for pid in set(counted) | set(final) | noted:
                 p = self._proc(pid)
                 series = _Series()
                 for qp, stats in counted.get(pid, []):
@@ -543,7 +551,7 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
                 metrics = self._process_metrics(p, series, now)
                 if metrics:
                     out.append((p.resource, metrics))
-            self._forget(done, live, error_keys, now)
+            self._forget(done, live, error_keys, exited, now)
         return out
 
     def _incarnation(self, pid: int, ctx: int, qpn: int, gen: int, now: int) -> _Qp:
@@ -592,16 +600,18 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
         if s.unmatched:
             series.add("otelbpf.ibverbs.anomalies", {"reason": "completion_post_unseen"}, s.unmatched, start)
 
-    def _forget(self, done, live, error_keys, now: int) -> None:
-        """After export: destroyed QPs' final counters and everything of exited processes."""
+    def _forget(self, done, live, error_keys, exited: set[int], now: int) -> None:
+        """After export: destroyed QPs' final counters and everything of processes that had
+        exited before the counters were read."""
         gone_keys = {key for key, _k in done}
-        exited = {pid for pid, p in self._procs.items() if p.exited}
         self._forget_keys("ibv_retired", [k for _key, k in done])
         self._forget_keys("ibv_qps", [k for k, _s in live if k.pid in exited])
         self._forget_keys(
             "ibv_errors", [k for key, ks in error_keys.items() if key in gone_keys or key[0] in exited for k in ks]
         )
         for key, qp in list(self._current.items()):
+            if qp.end_reason == "process_exited":
+                continue  # its live counters are read once more, then it goes with its process
             if qp.end_ns is not None and (qp.gen is None or (*key, qp.gen) in gone_keys):
                 del self._current[key]
         for pid in exited:

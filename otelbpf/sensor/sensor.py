@@ -559,8 +559,12 @@ class Sensor:
                 table[table.Key(k)] = table.Leaf(v)
 
     def delete_keys(self, name: str, keys: list[object]) -> None:
+        """Forget counters already exported. Once unloaded, from the final snapshot: a
+        metrics export racing the stop must not leave them to be exported again."""
         with self._lock:
             if self._bpf is None:
+                gone = {bytes(memoryview(k)) for k in keys}  # type: ignore[arg-type]  # ctypes keys
+                self._final[name] = [(k, v) for k, v in self._final.get(name, []) if bytes(memoryview(k)) not in gone]
                 return
             table = self._bpf[name]
             for k in keys:
