@@ -170,6 +170,9 @@ static __always_inline void sched_close(u32 tid, struct sched_thread *t, u64 now
         __sync_fetch_and_add(&v->count, 1);
         __sync_fetch_and_add(&v->blocked_ns, blocked);
         __sync_fetch_and_add(&v->runq_ns, runq);
+        /* The thread's current name: one that names itself after its first wait (the same
+         * kernel stack as its later ones, so the same key) is counted under the new name. */
+        __builtin_memcpy(v->comm, t->comm, sizeof(v->comm));
     } else {
         struct sched_off_val nv = {.count = 1, .blocked_ns = blocked, .runq_ns = runq};
         __builtin_memcpy(nv.comm, t->comm, sizeof(nv.comm));
