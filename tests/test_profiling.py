@@ -290,6 +290,18 @@ def unknown_python_share(samples: list[pprof.Sample], index: int) -> float:
     return sum(s.values[index] for s in samples if any(python(f) and unknown(f) for f in s.frames)) / total
 
 
+def unknown_python_frames(samples: list[pprof.Sample]) -> list[tuple[str, str, int]]:
+    """The unnamed Python frames, for a failure's message."""
+    return sorted(
+        {
+            (f.function, f.file, f.line)
+            for s in samples
+            for f in s.frames
+            if f.function.startswith("[python code") or (f.file and f.line <= 0)
+        }
+    )
+
+
 @pytest.mark.parametrize("interpreter", sorted(MODULE_INTERPRETERS))
 def test_module_level_code_is_named_by_file_and_line_in_cpu_and_memory_profiles(tmp_path, interpreter):
     """`<module>` frames of a script's top level, of a module's import-time code (freed once
@@ -309,7 +321,10 @@ def test_module_level_code_is_named_by_file_and_line_in_cpu_and_memory_profiles(
     assert ("<module>", imported, marked_line(MODULE_IMPORT, "import_spin")) in frames
     for n, path in enumerate(generated):
         assert ("<module>", str(path), 4 + n) in frames, (n, sorted(f for f in frames if f[0] == "<module>"))
-    assert unknown_python_share(cpu, 0) == 0
+    # A CPU sample is taken at any instant, also inside the short life of a compile()d code
+    # object the agent reads from the process after the sample: a rare one may find it gone
+    # (0.2% once in a loaded CI run). Allocations are named at their call: none may be unknown.
+    assert unknown_python_share(cpu, 0) <= 0.01, unknown_python_frames(cpu)
 
     memory = profiles(tmp_path, "cuda_memory")
     mib = 1 << 20
