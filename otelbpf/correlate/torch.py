@@ -74,6 +74,11 @@ class Call:
         return 1 + sum(c.size() for c in self.children)
 
 
+def _of_process(pid: int) -> Callable[[Call], bool]:
+    """The calls of one process (a closure per pid, where a loop's lambda would bind the last one)."""
+    return lambda call: call.pid == pid
+
+
 @dataclass
 class _Process:
     resource: Resource
@@ -121,7 +126,7 @@ class TorchCorrelator(CorrelatorBase[_Process]):
             for pid in arr["pid"][arr["kind"] == int(Kind.PROC_EXIT)].tolist():
                 if pid in self._procs:
                     self._procs[pid].exited = True
-                self._flush(lambda c, p=pid: c.pid == p, spans)
+                self._flush(_of_process(pid), spans)
             if len(calls):
                 newest = int(calls["ts_ns"].max())
                 self._flush(lambda c: c.end_ns < newest - ORPHAN_NS, spans)

@@ -25,7 +25,7 @@ import logging
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
+from typing import Protocol, cast
 
 from otelbpf.config import Config, ExporterConfig, PyroscopeExporterConfig
 
@@ -110,7 +110,29 @@ def self_profiler(config: Config) -> SelfProfiler | None:
     return SelfProfiler(target(cfg.endpoint, dict(config.pipeline_exporters("profiles"))), cfg.sample_rate)
 
 
-def _pyroscope() -> ModuleType:
+class _Pyroscope(Protocol):
+    """The two calls this module makes into pyroscope-io (which ships no type hints)."""
+
+    def configure(
+        self,
+        *,
+        application_name: str,
+        server_address: str,
+        sample_rate: int,
+        basic_auth_username: str,
+        basic_auth_password: str,
+        tenant_id: str,
+        http_headers: dict[str, str],
+        tags: dict[str, str],
+        oncpu: bool,
+        gil_only: bool,
+    ) -> None: ...
+
+    def shutdown(self) -> bool: ...
+
+
+def _pyroscope() -> _Pyroscope:
     import pyroscope  # type: ignore[import-untyped]
 
-    return pyroscope
+    # pyroscope-io is untyped (Any): the Protocol spells out the calls made above, checked at the call sites.
+    return cast(_Pyroscope, pyroscope)
