@@ -224,6 +224,12 @@ class MessageStream:
 
     # -- state machine -----------------------------------------------------------
 
+    def _reading(self) -> Message:
+        """The message being read: every mode between its first byte and its end (or desync) has one."""
+        msg = self._msg
+        assert msg is not None, f"no message in mode {self._s.mode}"
+        return msg
+
     def _starts_message(self, data: bytes) -> bool:
         return looks_like_request(data) if self.is_request else looks_like_response(data)
 
@@ -256,10 +262,10 @@ class MessageStream:
                 if len(s.buf) > MAX_HEAD:
                     self._desync("head_too_large")
                     return len(data)
-                self._msg.size += len(data) - pos
+                self._reading().size += len(data) - pos
                 return len(data)
             used = m.end() - before
-            self._msg.size += used
+            self._reading().size += used
             self._head_done(bytes(s.buf[: m.end()]), truncated=False)
             s.buf.clear()
             return pos + used
@@ -267,7 +273,7 @@ class MessageStream:
             n = len(data) - pos
             if mode != "close" and s.remaining < n:
                 n = s.remaining
-            msg = self._msg
+            msg = self._reading()
             msg.size += n
             msg.body_size += n
             if msg.sink is not None and n and msg.sink.wants_bytes:
@@ -286,7 +292,7 @@ class MessageStream:
             if data[pos : pos + n] != b"\r\n"[2 - s.remaining : 2 - s.remaining + n]:
                 self._desync("bad_chunk")
                 return len(data)
-            self._msg.size += n
+            self._reading().size += n
             s.remaining -= n
             if s.remaining == 0:
                 s.mode = "chunk_size"
@@ -295,12 +301,12 @@ class MessageStream:
             end = data.find(b"\n", pos)
             if end < 0:
                 s.buf += data[pos:]
-                self._msg.size += len(data) - pos
+                self._reading().size += len(data) - pos
                 if len(s.buf) > 4096:
                     self._desync("bad_chunk")
                 return len(data)
             s.buf += data[pos : end + 1]
-            self._msg.size += end + 1 - pos
+            self._reading().size += end + 1 - pos
             line = bytes(s.buf).rstrip(b"\r\n")
             s.buf.clear()
             if mode == "trailers":
@@ -316,7 +322,7 @@ class MessageStream:
                 s.mode = "trailers"
             else:
                 s.mode, s.remaining = "chunk_data", size
-                msg = self._msg
+                msg = self._reading()
                 msg.chunks += 1
                 if msg.sink is not None:
                     msg.sink.unit(self._stamp)
@@ -343,7 +349,7 @@ class MessageStream:
             self._msg = None
             self._desync("bad_request_target")
             return
-        msg = self._msg
+        msg = self._reading()
         msg.head = head
         if not self.is_request and 100 <= head.status < 200 and head.status != 101:
             # An interim response (100 Continue): the final one follows.
@@ -392,7 +398,7 @@ class MessageStream:
         return "close", 0
 
     def _body(self, n: int) -> None:
-        msg = self._msg
+        msg = self._reading()
         msg.size += n
         msg.body_size += n
         if msg.sink is not None and n:
@@ -417,7 +423,7 @@ class MessageStream:
         elif s.mode == "head":
             # The head was not captured whole: keep what was, say so, and wait
             # for the next message start.
-            self._msg.size += missing
+            self._reading().size += missing
             self._head_done(bytes(s.buf), truncated=True)
             s.buf.clear()
             if self._s.mode != "desync":
@@ -434,7 +440,7 @@ class MessageStream:
             self._msg = None
 
     def _finish(self) -> None:
-        msg = self._msg
+        msg = self._reading()
         msg.last = self._stamp
         msg.complete = True
         self._done.append(msg)
@@ -471,7 +477,7 @@ def _content_length(values: list[str]) -> int | None:
     """The body length that Content-Length fields say, or None if they are not valid or disagree."""
     if len(values) == 1 and values[0].isdigit() and values[0].isascii() and len(values[0]) <= 15:
         return int(values[0])  # the usual case, without the regex
-    lengths = set()
+    lengths: set[int] = set()
     for value in values:
         if not _CONTENT_LENGTH.fullmatch(value):
             return None

@@ -149,7 +149,7 @@ class FrameReader:
             pos = self._preface(data)
         while pos < end and not self.broken:
             if self._frame is not None:
-                pos = self._continue(data, pos, stamp)
+                pos = self._continue(self._frame, data, pos, stamp)
             elif self._hdr or end - pos < 9:
                 pos = self._split_header(data, pos, stamp)
             else:
@@ -237,13 +237,12 @@ class FrameReader:
             if frame is not None:
                 self._begin(frame)
                 if not frame.length:
-                    self._emit(self._end_frame(stamp))
+                    self._emit(self._end_frame(frame, stamp))
         return pos + n
 
-    def _continue(self, data: bytes, pos: int, stamp: Stamp) -> int:
-        """More of the payload of a frame begun in an earlier chunk."""
+    def _continue(self, frame: Frame, data: bytes, pos: int, stamp: Stamp) -> int:
+        """More of the payload of ``frame``, the one begun in an earlier chunk."""
         n = min(self._left, len(data) - pos)
-        frame = self._frame
         if frame.keep:
             if frame.length > self._keep_limit:
                 frame.lost = True
@@ -251,11 +250,11 @@ class FrameReader:
                 self._buf += data[pos : pos + n]
         self._left -= n
         if self._left == 0:
-            self._emit(self._end_frame(stamp))
+            self._emit(self._end_frame(frame, stamp))
         return pos + n
 
-    def _end_frame(self, stamp: Stamp) -> Frame:
-        frame = self._frame
+    def _end_frame(self, frame: Frame, stamp: Stamp) -> Frame:
+        """``frame`` (the one carried over) ends: it takes the payload kept, and none is carried over."""
         frame.payload = bytes(self._buf)
         frame.end_stamp = stamp
         self._frame = None
@@ -263,15 +262,16 @@ class FrameReader:
         return frame
 
     def _gap(self, missing: int, stamp: Stamp) -> None:
-        if self._frame is None or self._preface_left:
+        frame = self._frame
+        if frame is None or self._preface_left:
             self.broken = "gap_in_framing"
             return
         n = min(missing, self._left)
         self._left -= n
-        if self._frame.keep:
-            self._frame.lost = True
+        if frame.keep:
+            frame.lost = True
         if self._left == 0:
-            self._emit(self._end_frame(stamp))
+            self._emit(self._end_frame(frame, stamp))
         if missing > n:
             self.broken = "gap_in_framing"
 
@@ -306,7 +306,8 @@ class Stream:
     response_sink: BodySink | None = None
 
     def header(self, name: str, where: str = "request") -> str | None:
-        for k, v in getattr(self, _HEADER_LISTS[where]):
+        headers: Headers = getattr(self, _HEADER_LISTS[where])
+        for k, v in headers:
             if k == name:
                 return v
         return None
@@ -345,7 +346,8 @@ class _Direction:
         self.block_bytes = 0  # its length on the wire so far
         #: Header block segments decoded since the dynamic table last changed, by their bytes.
         self._decoded: dict[bytes, Headers] = {}
-        self._table_seen = (self.decoder.header_table.maxsize, 0, None)  # see _table_changed
+        #: The table's size limit, length and newest entry (by identity): see _table_changed.
+        self._table_seen: tuple[int, int, tuple[bytes, bytes] | None] = (self.decoder.header_table.maxsize, 0, None)
 
     def decode(self, block: bytes) -> Headers:
         """The block's headers. Its leading run of one-byte indexed fields (the pseudo-headers and
@@ -353,7 +355,9 @@ class _Direction:
         the rest (say a ``traceparent`` literal, new every call), so that the run is remembered on
         its own; a table size update after such a run is not split off (the decoder must see it
         out of place, and fail)."""
-        split = _INDEXED_RUN.match(block).end()
+        run = _INDEXED_RUN.match(block)
+        assert run is not None  # a starred pattern matches every block, if only the empty run
+        split = run.end()
         if 0 < split < len(block) and block[split] & 0xE0 != 0x20:
             return self._decode_segment(block[:split]) + self._decode_segment(block[split:])
         return self._decode_segment(block)
