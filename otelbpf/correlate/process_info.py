@@ -17,6 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.util.types import AttributeValue
 
 from otelbpf.correlate.container import container_attributes
+from otelbpf.correlate.symbolizer import EVICTIONS
 
 
 def _read(path: str) -> bytes | None:
@@ -46,9 +47,22 @@ class ProcessInfo:
     ``service.name`` comes from the configured resource attributes, else the
     target's own ``OTEL_SERVICE_NAME`` (what its SDK would report), else the
     executable name, so eBPF spans land in the same service as SDK spans.
+
+    A resource outlives its process (its last spans, metrics and profiles are exported after
+    it exits), but not by more than ``gone_grace_s``: at most every ``sweep_s``, what is held
+    for processes found gone that long (resource, read time, task name) is released. The agent
+    describes every process it sees start; without it, on a host that starts processes all
+    day, the entries of exited ones filled the LRU to ``max_processes`` (~1.2 KiB each).
     """
 
-    def __init__(self, configured: Mapping[str, AttributeValue] | None = None, max_processes: int = 8192) -> None:
+    def __init__(
+        self,
+        configured: Mapping[str, AttributeValue] | None = None,
+        max_processes: int = 8192,
+        *,
+        gone_grace_s: float = 120.0,
+        sweep_s: float = 10.0,
+    ) -> None:
         self._configured = dict(configured or {})
         self._host = socket.gethostname()
         self._max = max_processes
@@ -56,6 +70,15 @@ class ProcessInfo:
         self._taken: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns when read
         self._comm: OrderedDict[int, str] = OrderedDict()  # LRU too: noted for every exec and exit seen
         self._lock = threading.Lock()
+        self._grace_ns = int(gone_grace_s * 1e9)
+        self._sweep_ns = int(sweep_s * 1e9)
+        self._swept_ns = time.monotonic_ns()
+        self._gone_since: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns it was first found gone
+
+    def __len__(self) -> int:
+        """Processes anything is held for (resource or task name)."""
+        with self._lock:
+            return len(self._cache.keys() | self._comm.keys())
 
     def note_comm(self, pid: int, comm: str) -> None:
         """The kernel's task name, a fallback when /proc/PID is gone."""
@@ -65,6 +88,8 @@ class ProcessInfo:
                 self._comm.move_to_end(pid)
                 while len(self._comm) > self._max:
                     self._comm.popitem(last=False)
+                    EVICTIONS["process_names"] += 1
+        self._maybe_sweep()
 
     def resource(self, pid: int) -> Resource:
         with self._lock:
@@ -76,9 +101,32 @@ class ProcessInfo:
                     old, _ = self._cache.popitem(last=False)
                     self._taken.pop(old, None)
                     self._comm.pop(old, None)
+                    EVICTIONS["process_info"] += 1
             else:
                 self._cache.move_to_end(pid)
-            return res
+        self._maybe_sweep()
+        return res
+
+    def _maybe_sweep(self) -> None:
+        now = time.monotonic_ns()
+        if now - self._swept_ns >= self._sweep_ns:
+            self.release_exited(now)
+
+    def release_exited(self, now_ns: int) -> None:
+        """Release what is held for processes found gone ``gone_grace_s`` ago or more (a pid
+        alive again keeps its entries: its exec replaces its resource)."""
+        self._swept_ns = now_ns
+        with self._lock:
+            pids = self._cache.keys() | self._comm.keys()
+        gone = {pid for pid in pids if not os.path.exists(f"/proc/{pid}")}
+        with self._lock:
+            self._gone_since = {pid: self._gone_since.get(pid, now_ns) for pid in gone}
+            expired = [pid for pid, since in self._gone_since.items() if now_ns - since >= self._grace_ns]
+            for pid in expired:
+                self._cache.pop(pid, None)
+                self._taken.pop(pid, None)
+                self._comm.pop(pid, None)
+                del self._gone_since[pid]
 
     def forget(self, pid: int, before_ns: int | None = None) -> None:
         """Drop the cached resource (only if read before ``before_ns``, e.g.

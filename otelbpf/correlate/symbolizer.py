@@ -222,7 +222,8 @@ def _narrow(values: np.ndarray) -> np.ndarray:
 
 
 #: Cache evictions, by cache (``tables``: symbol tables; ``processes``: maps snapshots;
-#: ``names``: resolved addresses), exported as ``otelbpf.cache.evictions`` by whoever holds a
+#: ``names``: resolved addresses; ``process_info``, ``process_names``: ProcessInfo's resources
+#: and task names), exported as ``otelbpf.cache.evictions`` by whoever holds a
 #: Health (see ``Symbolizer``). Module-wide, as the table cache is.
 EVICTIONS: Counter[str] = Counter()
 

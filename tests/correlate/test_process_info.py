@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from harness.agent import wait_until
 from otelbpf import __version__
 from otelbpf.correlate.process_info import ProcessInfo, agent_resource
+from otelbpf.correlate.symbolizer import EVICTIONS
 
 SLEEP = shutil.which("sleep")
 
@@ -192,3 +194,51 @@ def test_agent_resource_keeps_its_own_service_name() -> None:
     assert attrs["service.version"] == __version__
     assert attrs["process.pid"] == os.getpid()
     assert attrs["deployment.environment"] == "prod"
+
+
+def test_what_is_held_for_exited_processes_is_released_after_a_grace(sleeper: subprocess.Popen) -> None:
+    """The agent describes every process it sees start: held until the LRU's bound, the
+    entries of exited ones were memory that grew with the host's process churn."""
+    info = ProcessInfo(gone_grace_s=60, sweep_s=3600)
+    info.resource(sleeper.pid)
+    exited, first = [], None
+    for _ in range(20):
+        proc = subprocess.Popen(["true"])
+        first = first or info.resource(proc.pid)
+        info.note_comm(proc.pid, "true")
+        proc.wait()
+        exited.append(proc.pid)
+        info.note_comm(proc.pid, "true")  # its exit seen
+    assert len(info) == 21
+    t0 = time.monotonic_ns()
+    info.release_exited(t0)  # found gone now: its last spans may still be exported
+    assert len(info) == 21
+    assert info.resource(exited[0]) is first
+    info.release_exited(t0 + 59 * 10**9)
+    assert len(info) == 21
+    info.release_exited(t0 + 60 * 10**9)
+    assert len(info) == 1  # the live process only
+    assert info.resource(sleeper.pid).attributes["service.name"] == "checkout"
+
+
+def test_the_sweep_runs_by_itself_as_processes_are_described(sleeper: subprocess.Popen) -> None:
+    info = ProcessInfo(gone_grace_s=0, sweep_s=0)
+    proc = subprocess.Popen(["true"])
+    info.resource(proc.pid)
+    proc.wait()
+    info.resource(sleeper.pid)  # a new process described: the sweep finds the first gone
+    assert len(info) == 1
+
+
+def test_evictions_are_counted() -> None:
+    info = ProcessInfo(max_processes=2)
+    before = Counter(EVICTIONS)
+    pids = never_a_pid(5)
+    for pid in pids:
+        info.resource(pid)
+        info.note_comm(pid, "x")
+    assert EVICTIONS["process_info"] - before["process_info"] == 3  # their task names go with them
+    assert len(info) == 2
+    for pid in never_a_pid(3):
+        info.note_comm(pid, "exec seen, never described")
+    assert EVICTIONS["process_names"] - before["process_names"] == 3
