@@ -41,6 +41,7 @@ from otelbpf.export.self_profiling import self_profiler
 from otelbpf.export.span_queue import SpanQueue
 from otelbpf.jobguard import Job
 from otelbpf.live import endpoint as live_endpoint
+from otelbpf.live.findings import FindingsReporter
 from otelbpf.live.state import LiveState
 from otelbpf.receivers import Context, MapAccess, RingCorrelator
 from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
@@ -151,10 +152,19 @@ class Agent:
         self.live = LiveState()  # what `otelbpf top` reads: the last metrics collected, the last spans
         self.live_endpoint: live_endpoint.StateServer | None = None
         self.metrics: MetricsLoop | None = None
+        #: the diagnosis, live: findings as spans and gauges at the metrics rhythm
+        self.findings: FindingsReporter | None = None
+        if config.pipeline("metrics") and config.service.findings.enabled:
+            self.findings = FindingsReporter(
+                self.live.snapshot,
+                lambda pid: self.process_info.resource(pid),
+                lambda spans: self.spans.offer(spans) if self.spans is not None else None,
+                to_seconds(config.service.findings.repeat_interval),
+            )
         if config.pipeline("metrics"):
             self.metrics = MetricsLoop(
                 [(n, metric_exporter(c)) for n, c in config.pipeline_exporters("metrics")],
-                [self._receiver_metrics, self._health_metrics],
+                [self._receiver_metrics, self._health_metrics, *([self.findings.collect] if self.findings else [])],
                 self.health,
                 to_seconds(config.service.telemetry.metrics_interval),
                 on_collect=self.live.on_metrics,
@@ -444,6 +454,8 @@ class Agent:
         self._processor.join(timeout=30)
         self._watchdog_stop.set()
         done("processing")
+        if self.findings is not None:
+            self.findings.collect()  # the last findings' spans, while the traces pipeline takes them
         if self.spans is not None:
             self.spans.close()  # flush; what cannot go is counted before...
         done("spans")

@@ -75,6 +75,17 @@ class TelemetryConfig(Section):
     self_profiling: SelfProfilingConfig = SelfProfilingConfig()
 
 
+class FindingsConfig(Section):
+    """The diagnosis run live in the agent (live/findings.py): ``otelbpf.finding`` spans linked
+    to their evidence, and ``otelbpf.finding.cost``/``share`` gauges, at the metrics rhythm."""
+
+    enabled: bool = True
+    #: A finding still present is sent again as a span at most this often (its gauges go
+    #: out at every metrics export).
+    repeat_interval: PositiveDuration = 60_000_000_000
+
+
 class ServiceConfig(Section):
     pipelines: PipelinesConfig
     telemetry: TelemetryConfig = TelemetryConfig()
+    findings: FindingsConfig = FindingsConfig()

@@ -214,11 +214,28 @@ def test_the_real_agent_finds_pageable_copies_planted_in_a_workload(tmp_path: Pa
         assert agent.wait(timeout=120) == 0, agent.output
     findings = diagnose(str(out))
     causes = [f.cause for f in findings]
+    # The agent diagnosed it live too: an otelbpf.finding span linked to the copies it cites.
+    spans = {
+        s["spanId"]: s
+        for line in (out / "traces.jsonl").read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    }
+    live = {
+        attrs["otelbpf.finding.cause"]: s
+        for s in spans.values()
+        if s["name"] == "otelbpf.finding"
+        for attrs in [{a["key"]: next(iter(a["value"].values())) for a in s["attributes"]}]
+    }
     if memory == "pageable":
         assert causes and causes[0] == "pageable_copies", [(f.cause, f.cost_s) for f in findings]
         assert findings[0].evidence["copies"] == 80 and findings[0].evidence["bytes"] >= 80 * (8 << 20)
+        links = live["pageable_copies"].get("links", [])
+        assert links and all(spans[k["spanId"]]["name"] == "cudaMemcpy" for k in links), links
     else:
         assert "pageable_copies" not in causes, findings
+        assert "pageable_copies" not in live, live
 
 
 def test_a_process_whose_calls_all_fail_is_told_so_first(tmp_path: Path) -> None:
