@@ -14,8 +14,19 @@ import os
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from otelbpf.analyze.summary import _attrs, _proc_key, _read, load_metrics
+
+#: A JSON object as read from OTLP-JSON or the live state, and as the tools answer: its values are
+#: whatever JSON holds (attribute values are str, int, float, bool or lists of them).
+JsonObject = dict[str, Any]
+#: A process, as summary.py keys it: (service.name, process.pid).
+ProcKey = tuple[str, int]
+#: One metric series of a process: (metric name, its attributes sorted into pairs).
+SeriesKey = tuple[str, tuple[tuple[str, Any], ...]]
+#: summary.load_metrics' answer: per process, each series' last (time, OTLP-JSON point, kind).
+Metrics = dict[ProcKey, dict[SeriesKey, tuple[int, JsonObject, str]]]
 
 #: Largest attribute text kept per span: answers stay small, and a hostile URL stays short.
 MAX_TEXT = 256
@@ -38,8 +49,8 @@ class Span:
     start: int
     end: int
     error: bool
-    attrs: dict
-    proc: tuple
+    attrs: JsonObject
+    proc: ProcKey
 
     @property
     def duration_ms(self) -> float:
@@ -54,8 +65,8 @@ class Data:
     by_id: dict[tuple[str, str], Span] = field(default_factory=dict)
     by_trace: dict[str, list[Span]] = field(default_factory=lambda: defaultdict(list))
     children: dict[tuple[str, str], list[Span]] = field(default_factory=lambda: defaultdict(list))
-    procs: dict[tuple, dict] = field(default_factory=dict)
-    metrics: dict = field(default_factory=dict)  # summary.load_metrics: proc -> {(name, attrs): (t, point, kind)}
+    procs: dict[ProcKey, JsonObject] = field(default_factory=dict)  # resource attributes
+    metrics: Metrics = field(default_factory=dict)
     partial: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
@@ -75,7 +86,7 @@ class Folder:
         self.path = os.path.realpath(path)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._signature: tuple = ()
+        self._signature: tuple[tuple[str, int, int, int], ...] = ()
         self._data: Data | None = None
 
     def telemetry_files(self) -> list[str]:
@@ -90,7 +101,8 @@ class Folder:
         """The pprof files' names (not paths): what ``flamegraph_top`` accepts."""
         return sorted(os.path.basename(p) for p in glob.glob(os.path.join(self.profiles_dir(), "*.pb.gz")))
 
-    def _stat(self) -> tuple:
+    def _stat(self) -> tuple[tuple[str, int, int, int], ...]:
+        """(path, inode, size, mtime) of each telemetry file: what changes when one is written or rotated."""
         out = []
         for path in self.telemetry_files():
             try:
@@ -133,7 +145,7 @@ class Folder:
         data = Data(files=[os.path.basename(p) for p in self.telemetry_files()])
         data.metrics = load_metrics(self.path, data.procs, data.partial)
 
-        def add(req: dict) -> None:
+        def add(req: JsonObject) -> None:
             for rs in req.get("resourceSpans", []):
                 res = _attrs(rs.get("resource", {}).get("attributes"))
                 proc = _proc_key(res)

@@ -6,7 +6,7 @@ run; profiles are not in it (they are files, or Pyroscope's)."""
 from __future__ import annotations
 
 from otelbpf.live import endpoint, model
-from otelbpf.mcp.folder import Data, Span
+from otelbpf.mcp.folder import Data, JsonObject, Span
 
 
 class LiveSource:
@@ -16,7 +16,7 @@ class LiveSource:
         self.socket_path = socket_path
         self.path = socket_path or endpoint.run_dir()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> JsonObject:
         """Raises EndpointError (no agent, a stale socket, a timeout)."""
         return endpoint.fetch(self.socket_path) if self.socket_path else endpoint.fetch_newest()
 
@@ -27,7 +27,7 @@ class LiveSource:
         return to_data(self.snapshot())
 
 
-def to_data(snap: dict) -> Data:
+def to_data(snap: JsonObject) -> Data:
     """A snapshot as the tools' ``Data``: processes keyed (service, pid) as summary.py keys
     them, metric points in the OTLP-JSON shape the analyze readers take."""
     data = Data(files=[f"live: agent pid {snap.get('agent_pid')}"])
@@ -65,7 +65,7 @@ def to_data(snap: dict) -> Data:
     return data
 
 
-def findings(snap: dict, limit: int) -> dict:
+def findings(snap: JsonObject, limit: int) -> JsonObject:
     """The live view's findings (the diagnosis engine over the recent spans, NCCL stragglers)."""
     tables = model.build(None, snap)
     data = to_data(snap)
@@ -79,7 +79,7 @@ def findings(snap: dict, limit: int) -> dict:
     return {"total": len(tables.findings), "findings": out, "files": data.files, "lines_still_being_written": []}
 
 
-def ranks(snap: dict, limit: int) -> dict:
+def ranks(snap: JsonObject, limit: int) -> JsonObject:
     """NCCL ranks as the agent's live straggler detector counts them."""
     tables = model.build(None, snap)
     return {"ranks": [vars(r) for r in tables.ranks[:limit]], "total": len(tables.ranks)}

@@ -14,6 +14,7 @@ from collections import defaultdict
 from google.protobuf.message import DecodeError
 
 from otelbpf.export.proto import profile_pb2
+from otelbpf.mcp.folder import JsonObject
 
 #: Refuse a profile that inflates past this (a gzip bomb, or not the agent's file).
 MAX_PROFILE_BYTES = 64 << 20
@@ -40,7 +41,7 @@ def _decode(raw: bytes) -> profile_pb2.Profile:
     return p
 
 
-def top_functions(raw: bytes, n: int, sample_type: str | None = None) -> dict:
+def top_functions(raw: bytes, n: int, sample_type: str | None = None) -> JsonObject:
     """The ``n`` functions with the largest total value, with their self value and cited samples."""
     p = _decode(raw)
     strings = p.string_table

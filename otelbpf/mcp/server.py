@@ -16,7 +16,7 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from mcp.server.mcpserver import MCPServer
@@ -26,7 +26,7 @@ from pydantic import Field
 
 from otelbpf.live.endpoint import EndpointError
 from otelbpf.mcp import live, tools
-from otelbpf.mcp.folder import Folder, FolderError
+from otelbpf.mcp.folder import Folder, FolderError, JsonObject
 
 MAX_LIMIT = 200
 TOKEN_ENV = "OTELBPF_MCP_TOKEN"
@@ -38,6 +38,9 @@ Pid = Annotated[int | None, Field(ge=0, le=1 << 22, description="only this proce
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
 
+_Tool = TypeVar("_Tool", bound=Callable[..., Any])
+
+
 class TokenError(Exception):
     """No usable bearer token for the HTTP transport."""
 
@@ -45,6 +48,9 @@ class TokenError(Exception):
 def build(source: Folder | live.LiveSource) -> MCPServer:
     """The server with its tools over an output folder, or over a running agent's live state."""
     is_live = isinstance(source, live.LiveSource)
+    # The source as its own type, for the tools that differ between the two.
+    live_source = source if isinstance(source, live.LiveSource) else None
+    folder = source if isinstance(source, Folder) else None
     what = (
         f"the live state of the running otelbpf agent ({source.path}): its last metrics and last spans"
         if is_live
@@ -58,8 +64,8 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
         "metric points or profile samples it rests on (`evidence`).",
     )
 
-    async def answer(call: Callable[..., dict], *args: Any, with_data: bool = True) -> dict:
-        def work() -> dict:
+    async def answer(call: Callable[..., JsonObject], *args: Any, with_data: bool = True) -> JsonObject:
+        def work() -> JsonObject:
             try:
                 return call(source.load(), *args) if with_data else call(*args)
             except (FolderError, EndpointError, tools.ToolInputError) as exc:
@@ -67,59 +73,63 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
 
         return await anyio.to_thread.run_sync(work)
 
-    def tool(fn: Callable) -> Callable:
-        return server.tool(annotations=READ_ONLY)(fn)
+    def tool(fn: _Tool) -> _Tool:
+        # structured_output=False: the answers go out as JSON text, with no output schema. (The SDK infers
+        # one from a dict[str, Any] return annotation, which a bare ``dict`` did not give it.)
+        return server.tool(annotations=READ_ONLY, structured_output=False)(fn)
 
     @tool
-    async def list_processes(limit: Limit = 50) -> dict:
+    async def list_processes(limit: Limit = 50) -> JsonObject:
         """Processes in the folder, GPU processes first: service, pid, command line, spans by scope,
         kernel launches, their profile files."""
         return await answer(lambda d: tools.list_processes(d, source.profile_files(), limit))
 
     @tool
-    async def gpu_summary(pid: Pid = None) -> dict:
+    async def gpu_summary(pid: Pid = None) -> JsonObject:
         """Per GPU process: launches and calls by API function, bytes copied by direction and by pinned or
         pageable host memory, sync waits, device memory high-water, CUDA errors, its slowest calls."""
         return await answer(tools.gpu_summary, pid)
 
     @tool
-    async def top_kernels(pid: Pid = None, limit: Limit = 20) -> dict:
+    async def top_kernels(pid: Pid = None, limit: Limit = 20) -> JsonObject:
         """Kernels by launches (demangled names), per process."""
         return await answer(tools.top_kernels, pid, limit)
 
     @tool
-    async def findings(limit: Limit = 20) -> dict:
+    async def findings(limit: Limit = 20) -> JsonObject:
         """Why the GPU sits idle (`otelbpf diagnose`): causes ranked by estimated cost, with the fix and
         the spans that show each."""
-        if is_live:
-            return await answer(lambda: live.findings(source.snapshot(), limit), with_data=False)
-        return await answer(lambda d: tools.findings(source, d, limit))
+        if live_source is not None:
+            return await answer(lambda: live.findings(live_source.snapshot(), limit), with_data=False)
+        assert folder is not None  # one or the other
+        return await answer(lambda d: tools.findings(folder, d, limit))
 
     @tool
     async def stragglers(
         threshold_ms: Annotated[float, Field(ge=0, le=60_000)] = 1.0,
         min_share: Annotated[float, Field(ge=0, le=1)] = 0.3,
         limit: Limit = 20,
-    ) -> dict:
+    ) -> JsonObject:
         """NCCL ranks that enter collectives last (`otelbpf stragglers`): persistent stragglers, their class
         (compute, host or communication slow), and the collectives where each entered latest. Live: the
         agent's own detector's counts (``threshold_ms`` and ``min_share`` apply to folders)."""
-        if is_live:
-            return await answer(lambda: _live_ranks(source, limit), with_data=False)
-        return await answer(lambda d: tools.stragglers_report(source, d, threshold_ms, min_share, limit))
+        if live_source is not None:
+            return await answer(lambda: _live_ranks(live_source, limit), with_data=False)
+        assert folder is not None  # one or the other
+        return await answer(lambda d: tools.stragglers_report(folder, d, threshold_ms, min_share, limit))
 
     @tool
     async def slow_requests(
         limit: Limit = 10,
         min_duration_ms: Annotated[float, Field(ge=0)] = 0.0,
         route: Annotated[str | None, Field(max_length=256)] = None,
-    ) -> dict:
+    ) -> JsonObject:
         """The slowest HTTP/gRPC server requests, each with its CUDA children and the share of its time
         spent in CUDA calls. ``route``: keep routes containing this text."""
         return await answer(tools.slow_requests, limit, min_duration_ms, route)
 
     @tool
-    async def trace(trace_id: Annotated[str, Field(min_length=1, max_length=64)], limit: Limit = 100) -> dict:
+    async def trace(trace_id: Annotated[str, Field(min_length=1, max_length=64)], limit: Limit = 100) -> JsonObject:
         """Every span of one trace, in start order, with its depth in the tree."""
         return await answer(tools.trace, trace_id, limit)
 
@@ -128,12 +138,12 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
         profile: Annotated[str, Field(min_length=1, max_length=256)],
         n: Limit = 20,
         sample_type: Annotated[str | None, Field(max_length=64)] = None,
-    ) -> dict:
+    ) -> JsonObject:
         """The heaviest functions of one pprof profile (a file name from list_processes' `profiles`): total
         and self value, and the samples that weigh most in each."""
-        if is_live:
+        if folder is None:
             raise ToolError("profiles are not in the live state: run this server over an output folder")
-        return await answer(tools.flamegraph_top, source, profile, n, sample_type, with_data=False)
+        return await answer(tools.flamegraph_top, folder, profile, n, sample_type, with_data=False)
 
     @tool
     async def compare_ranks(
@@ -141,7 +151,7 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
         b: Annotated[int, Field(ge=0, le=1 << 20)],
         comm: Annotated[str | None, Field(max_length=32)] = None,
         limit: Limit = 10,
-    ) -> dict:
+    ) -> JsonObject:
         """Two NCCL ranks side by side on each communicator they share: who entered later how often, the
         entry gap, durations, GPU wait and host phases, and the collectives with the widest gap."""
         return await answer(tools.compare_ranks, a, b, comm, limit)
@@ -149,7 +159,7 @@ def build(source: Folder | live.LiveSource) -> MCPServer:
     return server
 
 
-def _live_ranks(source: live.LiveSource, limit: int) -> dict:
+def _live_ranks(source: live.LiveSource, limit: int) -> JsonObject:
     snap = source.snapshot()
     out = live.ranks(snap, limit)
     tools.cite_late_entries(live.to_data(snap), out["ranks"])
@@ -182,7 +192,7 @@ class BearerAuth:
     def __init__(self, app: Any, token: str) -> None:
         self.app, self._expected = app, f"Bearer {token}".encode()
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             given = dict(scope.get("headers") or ()).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):

@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 from otelbpf.analyze import collectives, diagnose, stragglers
 from otelbpf.analyze.summary import _num
-from otelbpf.mcp.folder import Data, Folder, FolderError, Span
+from otelbpf.mcp.folder import Data, Folder, FolderError, JsonObject, ProcKey, Span
 from otelbpf.mcp.profiles import ProfileError, top_functions
 
 #: Span kinds (OTLP): server requests are what ``slow_requests`` lists.
@@ -36,11 +36,11 @@ class ToolInputError(Exception):
     """The caller asked for something the folder does not have; the message says what there is."""
 
 
-def _cite(spans: list[Span], n: int = EVIDENCE) -> list[dict]:
+def _cite(spans: list[Span], n: int = EVIDENCE) -> list[JsonObject]:
     return [{"trace_id": s.trace_id, "span_id": s.span_id} for s in spans[:n]]
 
 
-def _label(proc: tuple, res: dict) -> dict:
+def _label(proc: ProcKey, res: JsonObject) -> JsonObject:
     return {
         "service": res.get("service.name", proc[0]),
         "pid": int(res.get("process.pid", proc[1]) or 0),
@@ -48,29 +48,29 @@ def _label(proc: tuple, res: dict) -> dict:
     }
 
 
-def _points(data: Data, proc: tuple, name: str) -> list[tuple[dict, dict, int]]:
+def _points(data: Data, proc: ProcKey, name: str) -> list[tuple[JsonObject, JsonObject, int]]:
     """(attributes, point, time) of every series of ``name`` in the process, as last exported."""
     return [(dict(a), dp, t) for (n, a), (t, dp, _k) in data.metrics.get(proc, {}).items() if n == name]
 
 
-def _metric_cite(name: str, attrs: dict, t: int) -> dict:
+def _metric_cite(name: str, attrs: JsonObject, t: int) -> JsonObject:
     return {"metric": name, "attributes": attrs, "time_unix_nano": str(t)}
 
 
-def _by_proc(data: Data) -> dict[tuple, list[Span]]:
-    out: dict[tuple, list[Span]] = defaultdict(list)
+def _by_proc(data: Data) -> dict[ProcKey, list[Span]]:
+    out: dict[ProcKey, list[Span]] = defaultdict(list)
     for s in data.spans:
         out[s.proc].append(s)
     return out
 
 
-def _is_gpu(data: Data, proc: tuple, spans: list[Span]) -> bool:
+def _is_gpu(data: Data, proc: ProcKey, spans: list[Span]) -> bool:
     return any(s.scope in (CUDA_SCOPE, NCCL_SCOPE) for s in spans) or any(
         n.startswith(("cuda.", "nccl.")) for (n, _a) in data.metrics.get(proc, {})
     )
 
 
-def _procs(data: Data, pid: int | None) -> list[tuple]:
+def _procs(data: Data, pid: int | None) -> list[ProcKey]:
     keys = [k for k in data.procs if k[0] != "otelbpf"]
     if pid is not None:
         keys = [k for k in keys if int(data.procs[k].get("process.pid", k[1]) or 0) == pid]
@@ -80,11 +80,11 @@ def _procs(data: Data, pid: int | None) -> list[tuple]:
     return keys
 
 
-def _meta(data: Data) -> dict:
+def _meta(data: Data) -> JsonObject:
     return {"files": data.files, "lines_still_being_written": data.partial}
 
 
-def list_processes(data: Data, profiles: list[str], limit: int) -> dict:
+def list_processes(data: Data, profiles: list[str], limit: int) -> JsonObject:
     spans = _by_proc(data)
     rows = []
     for proc in _procs(data, None):
@@ -110,7 +110,7 @@ def list_processes(data: Data, profiles: list[str], limit: int) -> dict:
     return {"total": len(rows), "processes": rows[:limit], **_meta(data)}
 
 
-def gpu_summary(data: Data, pid: int | None) -> dict:
+def gpu_summary(data: Data, pid: int | None) -> JsonObject:
     spans = _by_proc(data)
     out = [
         _gpu_process(data, proc, spans.get(proc, []))
@@ -120,10 +120,10 @@ def gpu_summary(data: Data, pid: int | None) -> dict:
     return {"total": len(out), "processes": out, **_meta(data)}
 
 
-def _gpu_process(data: Data, proc: tuple, mine: list[Span]) -> dict:
-    cites: list[dict] = []
+def _gpu_process(data: Data, proc: ProcKey, mine: list[Span]) -> JsonObject:
+    cites: list[JsonObject] = []
 
-    def series(name: str) -> list[tuple[dict, dict]]:
+    def series(name: str) -> list[tuple[JsonObject, JsonObject]]:
         got = _points(data, proc, name)
         cites.extend(_metric_cite(name, a, t) for a, _dp, t in got)
         return [(a, dp) for a, dp, _t in got]
@@ -169,7 +169,7 @@ def _gpu_process(data: Data, proc: tuple, mine: list[Span]) -> dict:
     }
 
 
-def top_kernels(data: Data, pid: int | None, limit: int) -> dict:
+def top_kernels(data: Data, pid: int | None, limit: int) -> JsonObject:
     spans = _by_proc(data)
     rows = []
     for proc in _procs(data, pid):
@@ -195,7 +195,7 @@ def top_kernels(data: Data, pid: int | None, limit: int) -> dict:
     return {"total": len(rows), "kernels": rows[:limit], **_meta(data)}
 
 
-def findings(folder: Folder, data: Data, limit: int) -> dict:
+def findings(folder: Folder, data: Data, limit: int) -> JsonObject:
     partial: list[str] = []
     try:
         found = diagnose.diagnose(folder.path, partial)
@@ -232,7 +232,7 @@ def _lateness(group: list[Span]) -> dict[str, int]:
     return out
 
 
-def stragglers_report(folder: Folder, data: Data, threshold_ms: float, min_share: float, limit: int) -> dict:
+def stragglers_report(folder: Folder, data: Data, threshold_ms: float, min_share: float, limit: int) -> JsonObject:
     try:
         cols = collectives.read([folder.path], workers=1)
     except (collectives.ReadError, OSError) as exc:
@@ -247,7 +247,7 @@ def stragglers_report(folder: Folder, data: Data, threshold_ms: float, min_share
     return {**out, **_meta(data)}
 
 
-def cite_late_entries(data: Data, ranks: list[dict]) -> None:
+def cite_late_entries(data: Data, ranks: list[JsonObject]) -> None:
     """Give each rank (a dict with its ``pid``) the collectives where it entered latest."""
     late: dict[int, list[tuple[int, Span]]] = defaultdict(list)
     for group in _collectives(data).values():
@@ -260,7 +260,7 @@ def cite_late_entries(data: Data, ranks: list[dict]) -> None:
         r["evidence"] = {"latest_entries": _cite(mine)}
 
 
-def slow_requests(data: Data, limit: int, min_duration_ms: float, route: str | None) -> dict:
+def slow_requests(data: Data, limit: int, min_duration_ms: float, route: str | None) -> JsonObject:
     requests = [s for s in data.spans if s.kind == SERVER and s.duration_ms >= min_duration_ms]
     if route:
         requests = [s for s in requests if route in _route(s)]
@@ -304,7 +304,8 @@ def _route(s: Span) -> str:
 
 
 def _descendants(data: Data, root: Span, cap: int = 1000) -> list[Span]:
-    out, todo = [], [root]
+    out: list[Span] = []
+    todo = [root]
     while todo and len(out) < cap:
         node = todo.pop()
         for kid in data.children.get((node.trace_id, node.span_id), []):
@@ -313,7 +314,7 @@ def _descendants(data: Data, root: Span, cap: int = 1000) -> list[Span]:
     return out
 
 
-def trace(data: Data, trace_id: str, limit: int) -> dict:
+def trace(data: Data, trace_id: str, limit: int) -> JsonObject:
     trace_id = trace_id.strip().lower()
     if not TRACE_ID.match(trace_id):
         raise ToolInputError(f"{trace_id[:40]!r} is not a trace id (32 hex digits)")
@@ -359,7 +360,7 @@ def trace(data: Data, trace_id: str, limit: int) -> dict:
     }
 
 
-def flamegraph_top(folder: Folder, profile: str, n: int, sample_type: str | None) -> dict:
+def flamegraph_top(folder: Folder, profile: str, n: int, sample_type: str | None) -> JsonObject:
     names = folder.profile_files()
     if not PROFILE_NAME.match(profile) or profile not in names:
         raise ToolInputError(
@@ -379,7 +380,7 @@ def flamegraph_top(folder: Folder, profile: str, n: int, sample_type: str | None
     return {"profile": profile, **out}
 
 
-def compare_ranks(data: Data, a: int, b: int, comm: str | None, limit: int) -> dict:
+def compare_ranks(data: Data, a: int, b: int, comm: str | None, limit: int) -> JsonObject:
     """Rank ``a`` against rank ``b`` on every communicator where both took part."""
     pairs: dict[str, list[tuple[Span, Span]]] = defaultdict(list)
     for (comm_id, _seq), group in _collectives(data).items():
@@ -404,7 +405,7 @@ def compare_ranks(data: Data, a: int, b: int, comm: str | None, limit: int) -> d
             + f"; ranks seen: {ranks}"
         )
 
-    def side(spans: list[Span]) -> dict:
+    def side(spans: list[Span]) -> JsonObject:
         def mean(key: str) -> float | None:
             got = [float(s.attrs[key]) for s in spans if isinstance(s.attrs.get(key), (int, float))]
             return round(statistics.fmean(got) * 1e3, 4) if got else None
