@@ -66,7 +66,6 @@ class Agent:
         *,
         pids: Sequence[int] = (),
         pause_on_load: bool = False,
-        processing_queue_records: int = 1 << 20,
     ) -> None:
         self.config = config
         self.health = Health()
@@ -139,11 +138,11 @@ class Agent:
         maps.with_bpf = self.sensor.with_bpf
         ctx.sync = self.sync
         self.sensor.on_process = self._describe_process
-        # Bounded in records, not batches: one drained batch can hold ~60k events. Records
-        # larger than an event (socket payloads) weigh as many events as they are long.
+        # Bounded in bytes (as 64-byte events), not batches: one drained batch can hold ~60k
+        # events. Records larger than an event (socket payloads) weigh as many as they are long.
         self._work: queue.Queue[tuple[str, np.ndarray] | threading.Event | None] = queue.Queue()
         self._queued = 0
-        self._queued_max = processing_queue_records
+        self._queued_max = config.service.telemetry.processing_queue_size // 64  # in 64-byte events
         self._queued_lock = threading.Lock()
         self._processor = threading.Thread(target=self._process_loop, name="otelbpf-process", daemon=True)
         #: says when the processing thread is stuck on one batch (base/watchdog.py)

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from otelbpf.config.fields import Section, http_url, unique
-from otelbpf.config.units import PositiveDuration
+from otelbpf.config.units import PositiveDuration, Size
 
 
 class TargetsConfig(Section):
@@ -72,6 +72,10 @@ class TelemetryConfig(Section):
     metrics_interval: PositiveDuration = 10_000_000_000
     drain_interval: PositiveDuration = 50_000_000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: Records drained from the rings and not yet processed, at most (bytes): a processing
+    #: thread held up (a slow export, a starved CPU) costs this much memory, then drops, counted
+    #: (``otelbpf.events.dropped{reason=processing_queue_full}``).
+    processing_queue_size: Size = Field(16 << 20, ge=1 << 20, le=1 << 30)
     self_profiling: SelfProfilingConfig = SelfProfilingConfig()
 
 
