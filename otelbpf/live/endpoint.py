@@ -20,6 +20,10 @@ import socket
 import stat
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the snapshot's type only: a viewer needs none of state.py's OpenTelemetry imports
+    from otelbpf.live.state import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +71,7 @@ def sockets(directory: str | None = None) -> list[str]:
 class StateServer:
     """Serves ``snapshot()`` on a unix socket from a daemon thread."""
 
-    def __init__(self, snapshot: Callable[[], dict], directory: str | None = None) -> None:
+    def __init__(self, snapshot: Callable[[], JsonObject], directory: str | None = None) -> None:
         self._snapshot = snapshot
         directory = directory or run_dir()
         _private_dir(directory)
@@ -119,7 +123,7 @@ class StateServer:
             pass
 
 
-def fetch(path: str, timeout_s: float = 5.0) -> dict:
+def fetch(path: str, timeout_s: float = 5.0) -> JsonObject:
     """One snapshot from the agent at ``path``. Raises EndpointError with the reason."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
@@ -161,7 +165,7 @@ def fetch(path: str, timeout_s: float = 5.0) -> dict:
     return snap
 
 
-def fetch_newest(directory: str | None = None, timeout_s: float = 5.0) -> dict:
+def fetch_newest(directory: str | None = None, timeout_s: float = 5.0) -> JsonObject:
     """A snapshot from the newest agent in the run directory that answers: a socket left by an
     agent killed with -9 is passed over. Raises EndpointError naming the first failure."""
     directory = directory or run_dir()
@@ -176,7 +180,7 @@ def fetch_newest(directory: str | None = None, timeout_s: float = 5.0) -> dict:
     raise EndpointError(errors[0] + (f" (and {len(errors) - 1} more sockets)" if len(errors) > 1 else ""))
 
 
-def serve(snapshot: Callable[[], dict]) -> StateServer | None:
+def serve(snapshot: Callable[[], JsonObject]) -> StateServer | None:
     """The agent's endpoint, or None (turned off, or the run directory refused: said in the log)."""
     if os.environ.get("OTELBPF_LIVE", "").lower() in ("0", "off", "false", "no"):
         return None

@@ -13,12 +13,18 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from otelbpf.analyze import diagnose
+from otelbpf.live.state import JsonObject
 
 AGENT_SERVICE = "otelbpf"
 CUDA_SCOPE, NCCL_SCOPE, HTTP_SCOPE = "otelbpf.cuda", "otelbpf.nccl", "otelbpf.http"
 SERVER = 2
+#: One metric series: (metric name, its attributes sorted into pairs).
+SeriesKey = tuple[str, tuple[tuple[str, Any], ...]]
+#: A process's series, each with its point (the snapshot's, with its metric's ``kind`` added).
+Points = dict[SeriesKey, JsonObject]
 
 
 @dataclass
@@ -98,20 +104,20 @@ class Tables:
     kernels: list[KernelRow] = field(default_factory=list)
     ranks: list[RankRow] = field(default_factory=list)
     routes: list[RouteRow] = field(default_factory=list)
-    findings: list[dict] = field(default_factory=list)
+    findings: list[JsonObject] = field(default_factory=list)
     agent: AgentRow | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 
-def _pid(resource: dict) -> int:
+def _pid(resource: JsonObject) -> int:
     return int(resource.get("process.pid", 0) or 0)
 
 
-def _series(snap: dict | None) -> dict[int, dict[tuple, dict]]:
+def _series(snap: JsonObject | None) -> dict[int, Points]:
     """pid -> {(metric, attrs tuple): point}; the agent's own under pid -1."""
-    out: dict[int, dict[tuple, dict]] = defaultdict(dict)
+    out: dict[int, Points] = defaultdict(dict)
     for proc in (snap or {}).get("processes", []):
         res = proc.get("resource", {})
         pid = -1 if res.get("service.name") == AGENT_SERVICE else _pid(res)
@@ -121,13 +127,13 @@ def _series(snap: dict | None) -> dict[int, dict[tuple, dict]]:
     return out
 
 
-def _val(p: dict | None) -> float:
+def _val(p: JsonObject | None) -> float:
     if p is None:
         return 0.0
     return float(p.get("value", p.get("sum", 0)) or 0)
 
 
-def _sum(points: dict[tuple, dict], name: str, *keys: str) -> dict[str, float]:
+def _sum(points: Points, name: str, *keys: str) -> dict[str, float]:
     """``name``'s points summed by the values of ``keys`` (joined by a space; "" with none)."""
     out: dict[str, float] = defaultdict(float)
     for (n, attrs), p in points.items():
@@ -146,7 +152,7 @@ def _pct(values: list[float], q: float) -> float:
 class Rates:
     """Per-second deltas between an older and a newer metric collection."""
 
-    def __init__(self, old: dict | None, new: dict) -> None:
+    def __init__(self, old: JsonObject | None, new: JsonObject) -> None:
         t0 = (old or {}).get("metrics_time_unix_nano", 0)
         t1 = new.get("metrics_time_unix_nano", 0)
         self.dt = (t1 - t0) / 1e9 if old and t1 > t0 else None
@@ -164,7 +170,7 @@ class Rates:
         return None if got is None else sum(got.values())
 
 
-def build(old: dict | None, new: dict) -> Tables:
+def build(old: JsonObject | None, new: JsonObject) -> Tables:
     """The tables for ``new``, with rates against ``old`` (an earlier snapshot whose metrics
     are from an earlier collection; None: no rates yet)."""
     rates = Rates(old, new)
@@ -173,7 +179,7 @@ def build(old: dict | None, new: dict) -> Tables:
     mt = new.get("metrics_time_unix_nano", 0)
     tables = Tables(time_unix_nano=t, metrics_age_s=round((t - mt) / 1e9, 1) if mt else None)
     spans = new.get("spans", [])
-    by_pid: dict[int, list[dict]] = defaultdict(list)
+    by_pid: dict[int, list[JsonObject]] = defaultdict(list)
     services: dict[int, str] = {}
     for s in spans:
         by_pid[s.get("pid", 0)].append(s)
@@ -225,7 +231,7 @@ def build(old: dict | None, new: dict) -> Tables:
     return tables
 
 
-def _apis(tables: Tables, rates: Rates, pid: int, points: dict, spans: list[dict]) -> None:
+def _apis(tables: Tables, rates: Rates, pid: int, points: Points, spans: list[JsonObject]) -> None:
     calls = _sum(points, "cuda.api.calls", "cuda.api.function")
     per_s = rates.per_s(pid, "cuda.api.calls", "cuda.api.function") or {}
     durations: dict[str, list[float]] = defaultdict(list)
@@ -248,13 +254,13 @@ def _apis(tables: Tables, rates: Rates, pid: int, points: dict, spans: list[dict
         )
 
 
-def _kernels(tables: Tables, rates: Rates, pid: int, points: dict) -> None:
+def _kernels(tables: Tables, rates: Rates, pid: int, points: Points) -> None:
     per_s = rates.per_s(pid, "cuda.kernel.launches.top", "cuda.kernel.name") or {}
     for name, n in _sum(points, "cuda.kernel.launches.top", "cuda.kernel.name").items():
         tables.kernels.append(KernelRow(pid, name, int(n), per_s.get(name) if rates.dt else None))
 
 
-def _rank(tables: Tables, rates: Rates, pid: int, service: str, points: dict, spans: list[dict]) -> None:
+def _rank(tables: Tables, rates: Rates, pid: int, service: str, points: Points, spans: list[JsonObject]) -> None:
     collectives = sum(_sum(points, "nccl.collectives").values())
     if not collectives and not any(s.get("scope") == NCCL_SCOPE for s in spans):
         return
@@ -276,8 +282,8 @@ def _rank(tables: Tables, rates: Rates, pid: int, service: str, points: dict, sp
     )
 
 
-def _routes(tables: Tables, pid: int, spans: list[dict]) -> None:
-    groups: dict[str, list[dict]] = defaultdict(list)
+def _routes(tables: Tables, pid: int, spans: list[JsonObject]) -> None:
+    groups: dict[str, list[JsonObject]] = defaultdict(list)
     for s in spans:
         if s.get("scope") == HTTP_SCOPE and s.get("kind") == SERVER:
             a = s.get("attributes", {})
@@ -306,7 +312,7 @@ def _routes(tables: Tables, pid: int, spans: list[dict]) -> None:
         )
 
 
-def _findings(pid: int, service: str, points: dict, spans: list[dict]) -> list[dict]:
+def _findings(pid: int, service: str, points: Points, spans: list[JsonObject]) -> list[JsonObject]:
     """The diagnosis engine over this process's recent CUDA spans and latest metrics."""
     cuda = [
         diagnose._Span(
@@ -341,7 +347,7 @@ def _findings(pid: int, service: str, points: dict, spans: list[dict]) -> list[d
     return out
 
 
-def _agent(rates: Rates, points: dict) -> AgentRow | None:
+def _agent(rates: Rates, points: Points) -> AgentRow | None:
     if not points:
         return None
     received = _sum(points, "otelbpf.events.received")

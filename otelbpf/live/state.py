@@ -23,11 +23,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from opentelemetry.sdk.metrics.export import Gauge, Histogram, MetricsData, Sum
+from opentelemetry.sdk.metrics.export import DataT, ExponentialHistogram, Gauge, Histogram, MetricsData, Sum
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.util.types import Attributes
 
 VERSION = 1
+#: A JSON object: a snapshot (its shape is above) or one of its parts, as sent and as read back.
+JsonObject = dict[str, Any]
 #: Attribute text longer than this is cut in snapshots (a URL, a kernel name).
 MAX_TEXT = 160
 
@@ -42,22 +46,24 @@ def _value(v: object) -> object:
     return str(v)[:MAX_TEXT]
 
 
-def _attrs(attrs) -> dict:
+def _attrs(attrs: Attributes) -> dict[str, object]:
     return {str(k): _value(v) for k, v in (attrs or {}).items()}
 
 
-def _points(data) -> tuple[str, list[dict]]:
-    if isinstance(data, Histogram):
+def _points(data: DataT) -> tuple[str, list[JsonObject]]:
+    # An exponential histogram's points (count, sum, max) read as a histogram's: they have no value.
+    if isinstance(data, (Histogram, ExponentialHistogram)):
         return "histogram", [
             {"attributes": _attrs(p.attributes), "count": p.count, "sum": p.sum, "max": p.max} for p in data.data_points
         ]
-    kind = "sum" if isinstance(data, Sum) else "gauge" if isinstance(data, Gauge) else type(data).__name__.lower()
+    kind = "sum" if isinstance(data, Sum) else "gauge"
     return kind, [{"attributes": _attrs(p.attributes), "value": p.value} for p in data.data_points]
 
 
-def _span(s: ReadableSpan) -> dict:
+def _span(s: ReadableSpan) -> JsonObject:
     ctx, parent = s.context, s.parent
     res = s.resource.attributes if s.resource else {}
+    pid = res.get("process.pid", 0)
     return {
         "name": s.name,
         "scope": s.instrumentation_scope.name if s.instrumentation_scope else "",
@@ -69,7 +75,7 @@ def _span(s: ReadableSpan) -> dict:
         "end": s.end_time or 0,
         "error": s.status.status_code.value == 2,
         "attributes": _attrs(s.attributes),
-        "pid": int(res.get("process.pid", 0) or 0),
+        "pid": int(pid or 0) if isinstance(pid, (int, float, str)) else 0,
         "service": str(res.get("service.name", "")),
     }
 
@@ -84,7 +90,7 @@ class LiveState:
         self._metrics: MetricsData | None = None
         self._metrics_at = 0
         self._lock = threading.Lock()
-        self._cached: tuple[float, dict] | None = None
+        self._cached: tuple[float, JsonObject] | None = None
         self._min_interval = min_interval_s
 
     def on_spans(self, spans: Sequence[ReadableSpan]) -> None:
@@ -95,7 +101,7 @@ class LiveState:
         with self._lock:
             self._metrics, self._metrics_at = data, self._clock()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> JsonObject:
         now = time.monotonic()
         with self._lock:
             if self._cached and now - self._cached[0] < self._min_interval:
