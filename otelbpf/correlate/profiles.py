@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,10 @@ from otelbpf.correlate.stacks import Frame, PythonFrame, kernel, merge, native
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.sensor import python_offsets
 from otelbpf.sensor.python_offsets import LAYOUT_NAMES, PythonLayoutError, PythonProcess
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import Metric
+    from opentelemetry.sdk.resources import Resource
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +264,7 @@ class Profiler:
             if not known:
                 self._inspect(int(pid))
 
-    def collect(self) -> list:
+    def collect(self) -> list[tuple[Resource, list[Metric]]]:
         return []
 
     # -- processes -----------------------------------------------------------
@@ -376,8 +380,8 @@ class Profiler:
                 counts.tolist(),
             )
         )
-        allocs: list = []
-        inuse: list = []
+        allocs: list[tuple[int, int, int, int, int, int]] = []
+        inuse: list[tuple[int, int, int, int, int, int]] = []
         if self.cuda_memory:
             keys, values = drain(bpf["mem_alloc"])
             allocs = list(
@@ -659,7 +663,7 @@ class Profiler:
         with self._lock:
             reimaged, self._reimaged = self._reimaged, set()
         self._prune_resolved(reimaged)
-        by_pid: dict[int, list] = defaultdict(list)
+        by_pid: dict[int, list[tuple[int, int, int, int]]] = defaultdict(list)  # user, kernel, py, count
         for pid, user, kern, py, count in raw.samples:
             by_pid[pid].append((user, kern, py, count))
         for pid, rows in by_pid.items():

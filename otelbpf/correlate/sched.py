@@ -346,7 +346,7 @@ def _useful(frames: tuple[str, ...]) -> tuple[str, ...]:
     return frames[i:] or frames
 
 
-def _runq_point(attrs: dict, slots: np.ndarray, total_s: float, start_ns: int, now_ns: int) -> HistogramDataPoint:
+def _runq_point(attrs: m.Attrs, slots: np.ndarray, total_s: float, start_ns: int, now_ns: int) -> HistogramDataPoint:
     """An explicit-bucket point from the kernel's log2(ns) slots: slots below 1 us go to the
     first bucket; min and max are the bounds of the lowest and highest slot used."""
     counts = np.concatenate(([slots[:11].sum()], slots[11:]))

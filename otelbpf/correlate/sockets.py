@@ -25,6 +25,8 @@ from otelbpf.correlate.netaddr import TCP_LISTEN, TcpTables, address_from_raw, f
 from otelbpf.sensor.socket_probes import IGNORE, LISTEN_MAP, STATE_MAP, TRACK
 
 Address = tuple[str, int]
+#: When a chunk was read (http.py's Stamp): (syscall start ns, its end ns, thread id).
+Stamp = tuple[int, int, int]
 
 
 @dataclass
@@ -37,13 +39,14 @@ class Conn:
     midstream: bool  # traced from the middle: its beginning was not seen
     protocol: str | None = None  # http1 | http2 | tls | unknown, once inferred
     session: Any = None  # the protocol parser
-    pending: list = field(default_factory=list)  # chunks that came before the protocol was known
+    #: Chunks that came before the protocol was known: (egress, payload, bytes missing after it, stamp).
+    pending: list[tuple[bool, bytes, int, Stamp]] = field(default_factory=list)
     ended: bool = False  # EOF or an error was seen
-    last_stamp: tuple = (0, 0, 0)  # of the last chunk parsed
-    reported: dict = field(default_factory=dict)  # parser problems already counted, by reason
+    last_stamp: Stamp = (0, 0, 0)  # of the last chunk parsed
+    reported: dict[str, int] = field(default_factory=dict)  # parser problems already counted, by reason
     #: The span attributes naming both ends, and what they were derived from (Host header, role, addresses):
     #: derived once per connection rather than per request (see HttpCorrelator._host_attrs).
-    ends_attrs: tuple | None = None
+    ends_attrs: tuple[tuple[str | None, str | None, Address | None, Address | None], dict[str, Any]] | None = None
 
 
 class Connections:

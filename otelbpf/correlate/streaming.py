@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
 
 from otelbpf.correlate.genai import ResponseFacts
-from otelbpf.correlate.metrics import DURATION_BOUNDS
+from otelbpf.correlate.metrics import DURATION_BOUNDS, Attrs
 from otelbpf.correlate.protocols.limits import DEFAULT, Limits
 from otelbpf.correlate.protocols.sse import EventStream
 
@@ -54,7 +54,7 @@ class Gaps:
         self.min = min(self.min, other.min)
         self.max = max(self.max, other.max)
 
-    def point(self, attrs: dict, start_ns: int, now_ns: int) -> HistogramDataPoint:
+    def point(self, attrs: Attrs, start_ns: int, now_ns: int) -> HistogramDataPoint:
         return HistogramDataPoint(
             attributes=attrs,
             start_time_unix_nano=start_ns,
