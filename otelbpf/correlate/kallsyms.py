@@ -23,7 +23,7 @@ class KernelSymbols:
         self._addrs = np.zeros(0, dtype=np.uint64)
         self._order = np.zeros(0, dtype=np.uint32)  # address i is symbol _order[i] of the file
         self._starts = np.zeros(1, dtype=np.uint32)  # symbol j's name is _names[_starts[j]:_starts[j + 1]]
-        self._names = b""
+        self._names = bytearray()
         self._load()
 
     def _load(self) -> None:
@@ -47,7 +47,7 @@ class KernelSymbols:
         self._addrs = np.frombuffer(addrs, dtype=np.uint64)[order]
         self._order = order.astype(np.uint32)
         self._starts = np.frombuffer(starts, dtype=np.uint32)
-        self._names = bytes(names)
+        self._names = names  # not copied to bytes: that doubled the peak
         self._read_at = time.monotonic()
 
     def __len__(self) -> int:
