@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TextIO
 
-from otelbpf.analyze.summary import _attrs, _num, _read
+from otelbpf.analyze.summary import Json, _attrs, _num, _read
 
 UTILIZATION = "hw.gpu.utilization"
 
@@ -38,7 +38,7 @@ def gpu_idle(directory: str, partial: list[str] | None = None) -> list[GpuIdle]:
     values: dict[str, list[tuple[int, float]]] = defaultdict(list)
     names: dict[str, str] = {}
 
-    def add(req: dict) -> None:
+    def add(req: Json) -> None:
         for rm in req.get("resourceMetrics", []):
             for sm in rm.get("scopeMetrics", []):
                 for metric in sm.get("metrics", []):

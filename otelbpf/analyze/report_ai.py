@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from otelbpf.analyze.diagnose import _SYNCS
 from otelbpf.analyze.report_tree import Node, read_profile
+from otelbpf.analyze.summary import Json, ProcKey
 
 #: A frame inside a GPU library's API (CPU samples whose stack holds one are kept).
 CUDA_API = re.compile(r"^(cuda|cu[A-Z]|nccl|cublas|cudnn)\w*$")
@@ -96,7 +97,7 @@ class AiSpans:
         #: count it too) -> value: calls of one parent with the same frames summed as they come
         self._pending: dict[tuple[int, str, str, str, tuple[str, ...], bool], int] = defaultdict(int)
 
-    def span(self, key: tuple, scope: str | None, sp: dict, attrs: dict, duration_ns: int) -> None:
+    def span(self, key: ProcKey, scope: str | None, sp: Json, attrs: Json, duration_ns: int) -> None:
         if scope == _SCHED:
             return
         if scope != _CUDA:

@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from otelbpf.analyze.diagnose import _SYNCS
+from otelbpf.analyze.summary import Json, ProcKey
 
 MAX_PER_LANE = 2000
 #: Lanes, top to bottom.
@@ -36,7 +37,7 @@ class Timeline:
         self._lanes: dict[int, dict[str, Lane]] = defaultdict(dict)
         self._seq = itertools.count()
 
-    def span(self, key: tuple, scope: str | None, sp: dict, attrs: dict, duration_ns: int) -> None:
+    def span(self, key: ProcKey, scope: str | None, sp: Json, attrs: Json, duration_ns: int) -> None:
         which = self._lane(scope, str(sp.get("name", "")), attrs)
         if which is None:
             return
@@ -57,7 +58,7 @@ class Timeline:
             heapq.heapreplace(lane.kept, item)
 
     @staticmethod
-    def _lane(scope: str | None, name: str, attrs: dict) -> str | None:
+    def _lane(scope: str | None, name: str, attrs: Json) -> str | None:
         if scope in _SCOPES:
             return _SCOPES[scope]
         if scope != "otelbpf.cuda":
@@ -68,7 +69,7 @@ class Timeline:
             return "copies"
         return "CUDA API"
 
-    def to_json(self, pid: int) -> dict | None:
+    def to_json(self, pid: int) -> Json | None:
         """{t0 (epoch ns), end (ms after t0), lanes: [{name, total, shown, spans: [[start ms, ms, label]]}]}."""
         lanes = self._lanes.get(pid)
         if not lanes:

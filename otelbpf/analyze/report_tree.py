@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from otelbpf.export.proto import profile_pb2
 
@@ -14,6 +15,14 @@ from otelbpf.export.proto import profile_pb2
 #: anyway, and they would make it large); their parent keeps their value.
 MIN_FRAME_SHARE = 0.002
 MAX_DEPTH = 128
+
+
+class FlameNode(TypedDict):
+    """A frame as d3-flame-graph reads it."""
+
+    name: str
+    value: int
+    children: list[FlameNode]
 
 
 @dataclass
@@ -30,11 +39,11 @@ class Node:
             node = node.children.setdefault(f, Node(f))
             node.value += value
 
-    def to_json(self, min_share: float = MIN_FRAME_SHARE) -> dict:
+    def to_json(self, min_share: float = MIN_FRAME_SHARE) -> FlameNode:
         """The tree as d3-flame-graph reads it, children below ``min_share`` of the root left out."""
         floor = self.value * min_share
 
-        def walk(node: Node) -> dict:
+        def walk(node: Node) -> FlameNode:
             kids = [walk(c) for c in sorted(node.children.values(), key=lambda n: -n.value) if c.value >= floor]
             return {"name": node.name, "value": node.value, "children": kids}
 

@@ -9,10 +9,27 @@ import json
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from typing import TextIO
+from typing import Any, TextIO, TypedDict
+
+#: An object of an OTLP-JSON line (a request, a resource, a data point...): whatever its JSON holds.
+Json = dict[str, Any]
+#: A process: (service.name, process.pid) from its resource attributes.
+ProcKey = tuple[str, int]
+#: One metric series of a process: (metric name, its attributes sorted into pairs).
+SeriesKey = tuple[str, tuple[tuple[str, Any], ...]]
+#: load_metrics' answer: per process, each series' latest (time ns, OTLP-JSON point, kind).
+Latest = dict[ProcKey, dict[SeriesKey, tuple[int, Json, str]]]
 
 
-def _value(v: dict) -> object:
+class SpanStats(TypedDict):
+    """load's span counts for one process."""
+
+    count: Counter[str]  # spans by name
+    errors: Counter[str]  # error spans by name
+    slowest: list[tuple[int, str, Json]]  # (duration ns, name, attributes) of every span
+
+
+def _value(v: Json) -> object:
     for k in ("stringValue", "boolValue", "doubleValue"):
         if k in v:
             return v[k]
@@ -23,11 +40,11 @@ def _value(v: dict) -> object:
     return None
 
 
-def _attrs(items: list | None) -> dict:
+def _attrs(items: list[Json] | None) -> Json:
     return {a["key"]: _value(a.get("value", {})) for a in items or []}
 
 
-def _read(directory: str, signal: str, add: Callable[[dict], None], partial: list[str] | None = None) -> None:
+def _read(directory: str, signal: str, add: Callable[[Json], None], partial: list[str] | None = None) -> None:
     """Feed every request line to ``add``, rotated files first. A line that is not an
     OTLP-JSON request (not JSON, or JSON of another shape) is a ValueError naming its
     file and line, never a traceback. With ``partial`` (a folder read while the agent
@@ -56,11 +73,11 @@ def _read(directory: str, signal: str, add: Callable[[dict], None], partial: lis
                     raise ValueError(f"{path}:{n}: not OTLP-JSON: {exc}") from exc
 
 
-def _proc_key(res: dict) -> tuple:
+def _proc_key(res: Json) -> ProcKey:
     return (res.get("service.name", "?"), res.get("process.pid", 0))
 
 
-def scoped(req: dict, signal: str, procs: dict) -> Iterator[tuple[tuple, dict]]:
+def scoped(req: Json, signal: str, procs: dict[ProcKey, Json]) -> Iterator[tuple[ProcKey, Json]]:
     """(process key, scope block) of each ``scope<signal>`` in one OTLP-JSON request
     (``signal``: "Spans" or "Metrics"); ``procs`` gains each process's resource attributes."""
     for r in req.get(f"resource{signal}", []):
@@ -71,12 +88,12 @@ def scoped(req: dict, signal: str, procs: dict) -> Iterator[tuple[tuple, dict]]:
             yield key, block
 
 
-def load_metrics(directory: str, procs: dict, partial: list[str] | None = None) -> dict:
+def load_metrics(directory: str, procs: dict[ProcKey, Json], partial: list[str] | None = None) -> Latest:
     """The latest point of every series, per process: proc -> {(metric, attrs tuple): (time,
     point, kind)}; ``procs`` gains each process's resource attributes. ``partial``: see _read."""
-    latest: dict = defaultdict(dict)
+    latest: Latest = defaultdict(dict)
 
-    def add_metrics(req: dict) -> None:
+    def add_metrics(req: Json) -> None:
         for key, sm in scoped(req, "Metrics", procs):
             for metric in sm.get("metrics", []):
                 for kind in ("sum", "gauge", "histogram"):
@@ -92,13 +109,13 @@ def load_metrics(directory: str, procs: dict, partial: list[str] | None = None) 
     return latest
 
 
-def load(directory: str) -> tuple[dict, dict, dict]:
+def load(directory: str) -> tuple[Latest, dict[ProcKey, SpanStats], dict[ProcKey, Json]]:
     """(latest metric points, span stats, process descriptions) per process."""
-    spans: dict = defaultdict(lambda: {"count": Counter(), "errors": Counter(), "slowest": []})
-    procs: dict = {}
+    spans: dict[ProcKey, SpanStats] = defaultdict(_span_stats)
+    procs: dict[ProcKey, Json] = {}
     latest = load_metrics(directory, procs)
 
-    def add_spans(req: dict) -> None:
+    def add_spans(req: Json) -> None:
         for key, ss in scoped(req, "Spans", procs):
             for sp in ss.get("spans", []):
                 st = spans[key]
@@ -112,7 +129,11 @@ def load(directory: str) -> tuple[dict, dict, dict]:
     return latest, spans, procs
 
 
-def _num(dp: dict) -> float:
+def _span_stats() -> SpanStats:
+    return {"count": Counter(), "errors": Counter(), "slowest": []}
+
+
+def _num(dp: Json) -> float:
     if "asInt" in dp:
         return int(dp["asInt"])
     return float(dp.get("asDouble", 0))
@@ -142,7 +163,7 @@ def summarize(directory: str, out: TextIO) -> int:
         res = procs[key]
         points = latest.get(key, {})
 
-        def series(name: str, points: dict = points) -> list[tuple[dict, dict, str]]:
+        def series(name: str, points: dict[SeriesKey, tuple[int, Json, str]] = points) -> list[tuple[Json, Json, str]]:
             return [(dict(a), dp, kind) for (n, a), (_t, dp, kind) in points.items() if n == name]
 
         title = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"

@@ -16,17 +16,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from otelbpf.analyze.summary import _attrs, _proc_key, _read, load_metrics
+from otelbpf.analyze.summary import Latest, ProcKey, _attrs, _proc_key, _read, load_metrics
 
 #: A JSON object as read from OTLP-JSON or the live state, and as the tools answer: its values are
 #: whatever JSON holds (attribute values are str, int, float, bool or lists of them).
 JsonObject = dict[str, Any]
-#: A process, as summary.py keys it: (service.name, process.pid).
-ProcKey = tuple[str, int]
-#: One metric series of a process: (metric name, its attributes sorted into pairs).
-SeriesKey = tuple[str, tuple[tuple[str, Any], ...]]
-#: summary.load_metrics' answer: per process, each series' last (time, OTLP-JSON point, kind).
-Metrics = dict[ProcKey, dict[SeriesKey, tuple[int, JsonObject, str]]]
 
 #: Largest attribute text kept per span: answers stay small, and a hostile URL stays short.
 MAX_TEXT = 256
@@ -66,7 +60,7 @@ class Data:
     by_trace: dict[str, list[Span]] = field(default_factory=lambda: defaultdict(list))
     children: dict[tuple[str, str], list[Span]] = field(default_factory=lambda: defaultdict(list))
     procs: dict[ProcKey, JsonObject] = field(default_factory=dict)  # resource attributes
-    metrics: Metrics = field(default_factory=dict)
+    metrics: Latest = field(default_factory=dict)  # summary.load_metrics: each series' last point
     partial: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
