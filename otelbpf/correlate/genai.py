@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from otelbpf.correlate.protocols.limits import DEFAULT, Limits
 
@@ -105,7 +107,7 @@ class JsonScanner:
         self.read = 0
         self.done = False
         self.broken = ""
-        self.values: dict[str, list] = {}
+        self.values: dict[str, list[object]] = {}  # JSON scalars (str, int, float, bool) by key
         self.clipped = False  # some value was longer than its cap, or beyond MAX_VALUES
 
     @property
@@ -305,12 +307,12 @@ class JsonScanner:
 def _unescape(raw: bytes) -> str:
     """A JSON string's content (as read: possibly cut in the middle of an escape, dropped then)."""
     try:
-        return json.loads(b'"' + raw + b'"')
+        return str(json.loads(b'"' + raw + b'"'))  # a JSON string literal loads as a str
     except ValueError:
         cut = raw.rfind(b"\\", max(len(raw) - 6, 0))
         if cut >= 0:
             try:
-                return json.loads(b'"' + raw[:cut] + b'"')
+                return str(json.loads(b'"' + raw[:cut] + b'"'))
             except ValueError:
                 pass
         return raw.decode("utf-8", "replace")
@@ -381,7 +383,7 @@ class RequestFacts:
         values = self._scanner.values.get("stream")
         return values[0] if values and isinstance(values[0], bool) else None
 
-    def input_messages(self) -> list[dict] | None:
+    def input_messages(self) -> list[dict[str, Any]] | None:
         """``gen_ai.input.messages`` (the semantic conventions' shape: role and text parts), if content is read."""
         if not self._content_cap:
             return None
@@ -487,23 +489,23 @@ class ResponseFacts:
                 self._output_chars += len(text)
                 self.output.append(text)
 
-    def output_messages(self) -> list[dict] | None:
+    def output_messages(self) -> list[dict[str, Any]] | None:
         if not self.content_cap:
             return None
-        message: dict = {"role": "assistant", "parts": [{"type": "text", "content": "".join(self.output)}]}
+        message: dict[str, Any] = {"role": "assistant", "parts": [{"type": "text", "content": "".join(self.output)}]}
         if self.finish_reasons:
             message["finish_reason"] = self.finish_reasons[0]
         return [message]
 
 
-def _token_count(values: list | None) -> int | None:
+def _token_count(values: list[object] | None) -> int | None:
     if not values or len(values) != 1:
         return None
     n = values[0]
     return n if type(n) is int and 0 <= n < MAX_TOKENS else None
 
 
-def attributes(request: RequestFacts, response: ResponseFacts | None, clip) -> dict[str, object]:
+def attributes(request: RequestFacts, response: ResponseFacts | None, clip: Callable[[str], str]) -> dict[str, object]:
     """Span attributes in the GenAI semantic conventions. ``clip``: the correlator's string bound."""
     attrs: dict[str, object] = {"gen_ai.operation.name": request.operation, "gen_ai.provider.name": PROVIDER}
     if request.model:
