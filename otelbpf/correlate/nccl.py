@@ -47,11 +47,12 @@ from opentelemetry.sdk.metrics.export import Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext
+from opentelemetry.util.types import AttributeValue
 
 from otelbpf.base.events import FLAG_INCOMPLETE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 from otelbpf.correlate import launch_env
 from otelbpf.correlate import metrics as m
-from otelbpf.correlate.adaptive import CommDetector, Params
+from otelbpf.correlate.adaptive import CommDetector, Params, Verdict
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.late_comms import LateComm, LateComms, Round, Signature
 from otelbpf.correlate.lateness import UNKNOWN, classify, components
@@ -204,7 +205,7 @@ class _Call:
     completion: str = ""
     method: str = ""  # nccl.completion.method
     event: int = 0  # the CUDA event recorded after it, if any
-    waiters: set = field(default_factory=set)  # streams made to wait on that event
+    waiters: set[int] = field(default_factory=set)  # streams made to wait on that event
     rank_source: str = ""
     late: LateComm | None = None  # its communicator predates the probes
     round: Round | None = None  # the late communicator's round it was placed in
@@ -213,9 +214,15 @@ class _Call:
     phase: int | None = None  # since the process's previous collective completed
     gpu_wait: int = 0  # of that, time in synchronize calls
     group: _Group | None = None
-    finding: dict | None = None
+    finding: dict[str, AttributeValue] | None = None
     incomplete: bool = False
     done: bool = False
+
+    @property
+    def enqueued_ns(self) -> int:
+        """When it was enqueued: set for every call in a process's ``pending``, bound to an event or waited on."""
+        assert self.enqueued is not None, "a pending NCCL call has no enqueue time"
+        return self.enqueued
 
     @property
     def end(self) -> int:
@@ -258,26 +265,28 @@ class _Group:
 class _Process:
     resource: Resource
     start_ns: int
-    open: dict = field(default_factory=lambda: defaultdict(list))  # tid -> stack of open calls
-    depth: dict = field(default_factory=Counter)  # tid -> group nesting
-    groups: dict = field(default_factory=dict)  # tid -> open outermost group
-    pending: list = field(default_factory=list)  # enqueued, completion not yet seen
-    comms: dict = field(default_factory=dict)  # comm id -> rank
-    comm_source: dict = field(default_factory=dict)  # comm id -> how its rank is known
-    events: dict = field(default_factory=dict)  # CUDA event -> calls recorded behind
+    open: dict[int, list[_Call]] = field(default_factory=lambda: defaultdict(list))  # tid -> stack of open calls
+    depth: Counter[int] = field(default_factory=Counter)  # tid -> group nesting
+    groups: dict[int, _Group] = field(default_factory=dict)  # tid -> open outermost group
+    pending: list[_Call] = field(default_factory=list)  # enqueued, completion not yet seen
+    comms: dict[int, int] = field(default_factory=dict)  # comm id -> rank
+    comm_source: dict[int, str] = field(default_factory=dict)  # comm id -> how its rank is known
+    events: dict[int, list[_Call]] = field(default_factory=dict)  # CUDA event -> calls recorded behind
     launch: launch_env.Launch | None = None
     last_done: int | None = None  # the last collective's completion (or enqueue): the phase start
     gpu_wait: int = 0  # synchronize time since last_done
-    calls: Counter = field(default_factory=Counter)  # op -> collectives
-    bytes: Counter = field(default_factory=Counter)  # op -> bytes
-    errors: Counter = field(default_factory=Counter)  # (function, result) -> calls
-    wait: dict = field(default_factory=lambda: defaultdict(m.HistogramState))
-    bandwidth: dict = field(default_factory=lambda: defaultdict(lambda: m.HistogramState(BANDWIDTH_BOUNDS)))
-    stragglers: Counter = field(default_factory=Counter)  # (comm hex, class) -> findings
-    lateness: dict = field(default_factory=lambda: defaultdict(m.HistogramState))
-    anomalies: Counter = field(default_factory=Counter)  # reason -> calls
+    calls: Counter[str] = field(default_factory=Counter)  # op -> collectives
+    bytes: Counter[str] = field(default_factory=Counter)  # op -> bytes
+    errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (function, result) -> calls
+    wait: dict[str, m.HistogramState] = field(default_factory=lambda: defaultdict(m.HistogramState))  # by op
+    bandwidth: dict[str, m.HistogramState] = field(
+        default_factory=lambda: defaultdict(lambda: m.HistogramState(BANDWIDTH_BOUNDS))
+    )  # by op
+    stragglers: Counter[tuple[str, str]] = field(default_factory=Counter)  # (comm hex, class) -> findings
+    lateness: dict[str, m.HistogramState] = field(default_factory=lambda: defaultdict(m.HistogramState))  # by class
+    anomalies: Counter[str] = field(default_factory=Counter)  # reason -> calls
     #: (histogram, attribute) -> values of this batch, added to the histograms at its end
-    samples: dict = field(default_factory=lambda: defaultdict(list))
+    samples: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
     exited: bool = False
 
     def flush_samples(self) -> None:
@@ -351,7 +360,7 @@ class NcclCorrelator(CorrelatorBase[_Process]):
     def _new_process(self, pid: int, resource: Resource, start_ns: int) -> _Process:
         return _Process(resource, start_ns, launch=self._launch_of(pid))
 
-    def _dispatch(self, rec: tuple) -> None:
+    def _dispatch(self, rec: tuple[int, ...]) -> None:  # a row of the ring buffer's record array
         ts, dur, pid, tid, kind, func, flags, ret, a0, a1, a2, a3 = rec
         self._now = max(self._now, ts)
         if kind == Kind.NCCL_ENTER:
@@ -372,7 +381,20 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         elif kind == Kind.PROC_EXIT:
             self._exit(ts, pid)
 
-    def _enter(self, ts, packed_rank, pid, tid, func, flags, ret, a0, a1, a2, a3) -> None:
+    def _enter(
+        self,
+        ts: int,
+        packed_rank: int,
+        pid: int,
+        tid: int,
+        func: int,
+        flags: int,
+        ret: int,
+        a0: int,
+        a1: int,
+        a2: int,
+        a3: int,
+    ) -> None:
         p = self._proc(pid)
         rank, nranks = _rank(packed_rank)
         call = _Call(func, pid, tid, ts, comm=a0, known=not flags & FLAG_NCCL_UNKNOWN_COMM, rank=rank, nranks=nranks)
@@ -502,9 +524,9 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         if is_event:
             observed, method = [c for c in p.events.pop(target, ()) if not c.done], EVENT_SYNC
         elif func in _DEVICE_SYNCS:
-            observed, method = [c for c in p.pending if c.enqueued <= ts], DEVICE_SYNC
+            observed, method = [c for c in p.pending if c.enqueued_ns <= ts], DEVICE_SYNC
         else:
-            observed = [c for c in p.pending if c.enqueued <= ts and (c.stream == target or target in c.waiters)]
+            observed = [c for c in p.pending if c.enqueued_ns <= ts and (c.stream == target or target in c.waiters)]
             method = STREAM_SYNC
         self._observed(p, observed, ts, dur, func, method, target)
 
@@ -519,7 +541,7 @@ class NcclCorrelator(CorrelatorBase[_Process]):
             behind += [
                 c
                 for c in p.pending
-                if c.enqueued <= ts and c not in behind and (c.stream == stream or stream in c.waiters)
+                if c.enqueued_ns <= ts and c not in behind and (c.stream == stream or stream in c.waiters)
             ]
             if behind:
                 p.events[event] = behind
@@ -587,7 +609,7 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         """Collectives nobody synchronized on within the timeout; stale straggler groups."""
         horizon = self._now - self._timeout
         for p in self._procs.values():
-            stale = [c for c in p.pending if c.enqueued < horizon]
+            stale = [c for c in p.pending if c.enqueued_ns < horizon]
             for call in stale:
                 p.pending.remove(call)
                 self._finish(p, call, UNOBSERVED)
@@ -639,8 +661,8 @@ class NcclCorrelator(CorrelatorBase[_Process]):
                     arrived[verdict.member], [c for w, c in arrived.items() if w != verdict.member], verdict
                 )
 
-    def _straggled(self, late: _Call, others: list[_Call], verdict) -> None:
-        finding: dict[str, object] = {
+    def _straggled(self, late: _Call, others: list[_Call], verdict: Verdict[tuple[int, int]]) -> None:
+        finding: dict[str, AttributeValue] = {
             "nccl.straggler.lateness": verdict.deviation_ns / 1e9,
             "nccl.straggler.threshold": verdict.threshold_ns / 1e9,
             "nccl.straggler.spread": verdict.spread_ns / 1e9,
