@@ -39,11 +39,18 @@ import json
 import statistics
 from bisect import bisect_left
 from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from otelbpf.analyze.gpu_idle import gpu_idle, write_gpu_idle
-from otelbpf.analyze.summary import _attrs, _num, _read, load_metrics, scoped
+from otelbpf.analyze.summary import Json, Latest, ProcKey, SeriesKey, _attrs, _num, _read, load_metrics, scoped
+
+#: One process's latest metric points, read only: an entry of summary.load_metrics' answer, or the live
+#: view's (whose kind may be missing).
+Points = Mapping[SeriesKey, tuple[int, Json, str | None]]
+#: _process_findings' ``add``: (cause, cost s, summary, evidence) -> kept if it weighs enough.
+AddFinding = Callable[[str, float, str, dict[str, Any]], None]
 
 #: How each cause's cost is estimated (printed with --explain, and in docs).
 COSTS = {
@@ -126,7 +133,7 @@ class Finding:
     cost_s: float  # estimated seconds (see COSTS)
     share: float  # cost / the process's traced window
     summary: str
-    evidence: dict = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)  # JSON: span ids, figures, stacks
     fix: str = ""
 
 
@@ -136,18 +143,20 @@ class _Span:
     start: int
     end: int
     tid: int
-    attrs: dict
+    attrs: Json
     span_id: str
 
 
-def _load(directory: str, partial: list[str] | None = None) -> tuple[dict, dict, dict, dict]:
+def _load(
+    directory: str, partial: list[str] | None = None
+) -> tuple[dict[ProcKey, list[_Span]], Latest, dict[ProcKey, Json], dict[ProcKey, list[_Span]]]:
     """(CUDA spans per process, latest metric points per process, resources, off-CPU spans
     per process); ``partial``: see summary._read."""
-    spans: dict = defaultdict(list)
-    off_cpu: dict = defaultdict(list)
-    procs: dict = {}
+    spans: dict[ProcKey, list[_Span]] = defaultdict(list)
+    off_cpu: dict[ProcKey, list[_Span]] = defaultdict(list)
+    procs: dict[ProcKey, Json] = {}
 
-    def add_spans(req: dict) -> None:
+    def add_spans(req: Json) -> None:
         for key, ss in scoped(req, "Spans", procs):
             into = {"otelbpf.cuda": spans, SCHED_SCOPE: off_cpu}.get(ss.get("scope", {}).get("name"))
             if into is None:
@@ -170,7 +179,7 @@ def _load(directory: str, partial: list[str] | None = None) -> tuple[dict, dict,
     return spans, latest, procs, off_cpu
 
 
-def _metric(points: dict, name: str, **match: object) -> list[tuple[dict, dict]]:
+def _metric(points: Points, name: str, **match: object) -> list[tuple[Json, Json]]:
     return [
         (dict(a), dp)
         for (n, a), (_t, dp, _kind) in points.items()
@@ -183,14 +192,14 @@ def _ids(spans: list[_Span]) -> list[str]:
 
 
 def _process_findings(
-    label: str, spans: list[_Span], points: dict, off_cpu: list[_Span] | None = None
+    label: str, spans: list[_Span], points: Points, off_cpu: list[_Span] | None = None
 ) -> list[Finding]:
     if not spans:
         return []
     window = max(1, max(s.end for s in spans) - min(s.start for s in spans)) / 1e9
     out: list[Finding] = []
 
-    def add(cause: str, cost: float, summary: str, evidence: dict) -> None:
+    def add(cause: str, cost: float, summary: str, evidence: dict[str, Any]) -> None:
         if cost / window >= MIN_SHARE and cost >= MIN_COST_S:
             out.append(
                 Finding(
@@ -382,9 +391,9 @@ def _inside_cuda(interval: _Span, calls: list[_Span], starts: list[int]) -> bool
     return i > 0 and calls[i - 1].end > interval.start
 
 
-def _stacks(intervals: list[_Span], part: str) -> list[dict]:
+def _stacks(intervals: list[_Span], part: str) -> list[dict[str, Any]]:
     """The kernel stacks that cost the most, with their seconds."""
-    by: dict[tuple, float] = defaultdict(float)
+    by: dict[tuple[str, ...], float] = defaultdict(float)
     for s in intervals:
         by[tuple(s.attrs.get("otelbpf.sched.kernel_stack") or ())] += int(s.attrs.get(part, 0)) / 1e9
     return [
@@ -398,7 +407,7 @@ def _thread_names(intervals: list[_Span]) -> dict[str, str]:
     return {str(s.tid): str(s.attrs.get("thread.name", "")) for s in intervals}
 
 
-def _other_threads(points: dict, launcher_names: set[str]) -> dict[str, dict[str, float]]:
+def _other_threads(points: Points, launcher_names: set[str]) -> dict[str, dict[str, float]]:
     """Off-CPU seconds of the process's other threads by reason (the data loaders: busy
     threads are seldom off the CPU; blocked ones are)."""
     out: dict[str, dict[str, float]] = defaultdict(dict)
@@ -409,7 +418,7 @@ def _other_threads(points: dict, launcher_names: set[str]) -> dict[str, dict[str
     return dict(out)
 
 
-def _sched_findings(spans: list[_Span], points: dict, off_cpu: list[_Span], window: float, add) -> None:
+def _sched_findings(spans: list[_Span], points: Points, off_cpu: list[_Span], window: float, add: AddFinding) -> None:
     """input_starvation, host_contention and blocking_io from the launching threads'
     off-CPU intervals within the CUDA window."""
     launchers = _launchers(spans)
