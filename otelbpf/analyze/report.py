@@ -25,14 +25,14 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib import resources
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from otelbpf.analyze import collectives, profile_diff, report_ai, stragglers
 from otelbpf.analyze.diagnose import COSTS, SCHED_SCOPE, Finding, diagnose
 from otelbpf.analyze.report_ai import PROFILE_NAME, AiSpans, Weight
 from otelbpf.analyze.report_timeline import Timeline
 from otelbpf.analyze.report_tree import Node, read_profile
-from otelbpf.analyze.summary import _attrs, _num, _proc_key, _read, load_metrics
+from otelbpf.analyze.summary import Json, ProcKey, SeriesKey, _attrs, _num, _proc_key, _read, load_metrics
 from otelbpf.config import Config, FileExporterConfig
 from otelbpf.export.safe_files import OutputDir
 
@@ -92,16 +92,26 @@ def flame_graphs(directory: str, problems: list[str]) -> list[FlameGraph]:
     return [g for g in graphs.values() if g.root.value > 0]
 
 
+class SpanVisitor(Protocol):
+    """What read_spans hands each span to (_Spans, report_ai.AiSpans, report_timeline.Timeline)."""
+
+    def span(self, key: ProcKey, scope: str | None, sp: Json, attrs: Json, duration_ns: int) -> None: ...
+
+
+#: One process's latest metric points (an entry of summary.load_metrics' answer).
+Points = dict[SeriesKey, tuple[int, Json, str]]
+
+
 class _Spans:
     """Span visitor: traced time per CUDA API function, and the off-CPU flame graph (the sched
     receiver's ``off_cpu`` spans: thread, reason, then the kernel stack outermost first,
     weighted by time off the CPU)."""
 
     def __init__(self) -> None:
-        self.calls: dict[tuple, dict[str, ApiTime]] = defaultdict(lambda: defaultdict(ApiTime))
-        self.off: dict[tuple, FlameGraph] = {}
+        self.calls: dict[ProcKey, dict[str, ApiTime]] = defaultdict(lambda: defaultdict(ApiTime))
+        self.off: dict[ProcKey, FlameGraph] = {}
 
-    def span(self, key: tuple, scope: str | None, sp: dict, a: dict, d: int) -> None:
+    def span(self, key: ProcKey, scope: str | None, sp: Json, a: Json, d: int) -> None:
         if scope == "otelbpf.cuda":
             t = self.calls[key][sp["name"]]
             t.calls += 1
@@ -124,10 +134,10 @@ class _Spans:
             g.root.add([f"thread {a.get('thread.name', '?')}", str(a.get("otelbpf.sched.reason", "?")), *stack], d)
 
 
-def read_spans(directory: str, visitors: list, partial: list[str] | None = None) -> None:
+def read_spans(directory: str, visitors: list[SpanVisitor], partial: list[str] | None = None) -> None:
     """Every span of the folder, once, to each visitor's ``span(process key, scope, span, attributes, ns)``."""
 
-    def add(req: dict) -> None:
+    def add(req: Json) -> None:
         for rs in req.get("resourceSpans", []):
             key = _proc_key(_attrs(rs.get("resource", {}).get("attributes")))
             for ss in rs.get("scopeSpans", []):
@@ -241,10 +251,10 @@ class _Charts:
     """Collects what the script draws (one JSON block) and hands out element ids."""
 
     def __init__(self) -> None:
-        self.flames: list[dict] = []
-        self.timelines: list[dict] = []
+        self.flames: list[Json] = []
+        self.timelines: list[Json] = []
 
-    def flame(self, heading: str, weights: list[dict], differential: bool = False) -> str:
+    def flame(self, heading: str, weights: list[Json], differential: bool = False) -> str:
         fid = f"flame-{len(self.flames)}"
         self.flames.append({"id": fid, "weights": weights, "differential": differential})
         switch = ""
@@ -259,7 +269,7 @@ class _Charts:
             f"<div class='chart flame' id='{fid}'></div><div class='details' id='{fid}-details'></div>"
         )
 
-    def timeline(self, data: dict) -> str:
+    def timeline(self, data: Json) -> str:
         tid = f"timeline-{len(self.timelines)}"
         self.timelines.append({"id": tid, **data})
         notes = [
@@ -281,7 +291,7 @@ class _Charts:
         )
 
 
-def _weight_json(w: Weight) -> dict:
+def _weight_json(w: Weight) -> Json:
     coverage = ""
     if w.counted:
         part = "The spans" if w.comparable == w.root.value else "Its synchronize calls"
@@ -318,11 +328,11 @@ def _finding_html(i: int, f: Finding) -> str:
     )
 
 
-def _series(points: dict, name: str) -> list[tuple[dict, dict]]:
+def _series(points: Points, name: str) -> list[tuple[Json, Json]]:
     return [(dict(a), dp) for (n, a), (_t, dp, _k) in points.items() if n == name]
 
 
-def _counted(points: dict) -> dict[str, float]:
+def _counted(points: Points) -> dict[str, float]:
     """What the metrics counted of the span-based AI weights (so the page can say how much the spans hold)."""
     sync_s = sum(float(dp.get("sum", 0)) for _a, dp in _series(points, "cuda.sync.duration"))
     return {
@@ -333,12 +343,12 @@ def _counted(points: dict) -> dict[str, float]:
 
 
 def _process_html(
-    res: dict,
-    points: dict,
+    res: Json,
+    points: Points,
     calls: dict[str, ApiTime],
     graphs: list[FlameGraph],
     ai: list[Weight],
-    timeline: dict | None,
+    timeline: Json | None,
     charts: _Charts,
 ) -> str:
     title = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
@@ -487,7 +497,7 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     except ValueError as exc:
         findings = []
         problems.append(f"no diagnosis: {exc}")
-    procs: dict = {}
+    procs: dict[ProcKey, Json] = {}
     try:
         latest = load_metrics(directory, procs, partial)
     except ValueError as exc:
@@ -501,9 +511,9 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     problems += [f"{where}: an incomplete last line, skipped" for where in partial]
     graphs = flame_graphs(directory, problems)
     ai = report_ai.merge(ai_spans.weights(), report_ai.from_profiles(directory))
-    by_proc: dict[tuple, list[FlameGraph]] = defaultdict(list)
+    by_proc: dict[ProcKey, list[FlameGraph]] = defaultdict(list)
 
-    def key_of(service: str, pid: int) -> tuple:
+    def key_of(service: str, pid: int) -> ProcKey:
         key = next((k for k, r in procs.items() if int(r.get("process.pid", -1) or -1) == pid), (service, pid))
         procs.setdefault(key, {"service.name": service, "process.pid": pid})
         return key
