@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import DataT, ExponentialHistogram, Gauge, Histogram, MetricsData, Sum
+from opentelemetry.sdk.metrics.export import DataT, ExponentialHistogram, Histogram, MetricsData, Sum
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.util.types import Attributes
 

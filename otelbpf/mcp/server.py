@@ -2,9 +2,10 @@
 
 Read-only by construction: the tools read one output folder chosen at start, or a running
 agent's live state (``--live``, mcp/live.py), never a path a caller names (a profile is named
-by its file name, checked against the folder's list), and nothing runs a command. Every list is cut at ``limit`` (at most ``MAX_LIMIT``); a bad
-argument, an unknown id, or a folder that cannot be read comes back as a tool error that
-says what is there, and the server goes on serving.
+by its file name, checked against the folder's list), and nothing runs a command. Every list
+is cut at ``limit`` (at most ``MAX_LIMIT``); a bad argument, an unknown id, or a folder that
+cannot be read comes back as a tool error that says what is there, and the server goes on
+serving.
 
 HTTP binds to 127.0.0.1 unless told otherwise, with the SDK's DNS-rebinding check on
 localhost, and every request must carry ``Authorization: Bearer <token>``: the token comes
