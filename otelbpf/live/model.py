@@ -313,23 +313,29 @@ def _routes(tables: Tables, pid: int, spans: list[JsonObject]) -> None:
 
 
 def _findings(pid: int, service: str, points: Points, spans: list[JsonObject]) -> list[JsonObject]:
-    """The diagnosis engine over this process's recent CUDA spans and latest metrics."""
-    cuda = [
-        diagnose._Span(
-            s["name"],
-            s["start"],
-            s["end"],
-            int(s["attributes"].get("thread.id", 0) or 0),
-            s["attributes"],
-            s["span_id"],
-        )
-        for s in spans
-        if s.get("scope") == CUDA_SCOPE
-    ]
+    """The diagnosis engine over this process's recent CUDA spans, its off-CPU spans (the
+    ``sched`` receiver's, when on: input starvation, blocking I/O, host contention) and its
+    latest metrics."""
+
+    def of(scope_name: str) -> list[diagnose._Span]:
+        return [
+            diagnose._Span(
+                s["name"],
+                s["start"],
+                s["end"],
+                int(s["attributes"].get("thread.id", 0) or 0),
+                s["attributes"],
+                s["span_id"],
+            )
+            for s in spans
+            if s.get("scope") == scope_name
+        ]
+
     latest = {
         (n, a): (0, {"asDouble": p["value"]} if "value" in p else p, p.get("kind")) for (n, a), p in points.items()
     }
-    out = [asdict(f) for f in diagnose._process_findings(f"{service} (pid {pid})", cuda, latest)]
+    label = f"{service} (pid {pid})"
+    out = [asdict(f) for f in diagnose._process_findings(label, of(CUDA_SCOPE), latest, of(diagnose.SCHED_SCOPE))]
     straggled = _sum(points, "nccl.straggler", "nccl.straggler.class")
     if straggled:
         cls = max(straggled, key=lambda k: straggled[k])

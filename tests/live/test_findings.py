@@ -144,3 +144,47 @@ def test_nothing_new_since_the_last_collection_is_not_diagnosed_again() -> None:
     r, sent = reporter(state, clock)
     assert r.collect() and len(sent) == 1
     assert r.collect() == []
+
+
+def test_off_cpu_spans_of_the_sched_receiver_give_live_host_side_findings() -> None:
+    """A launching thread that waits 30 ms on a futex before each of its 20 launches (a slow
+    data loader): the live diagnosis sees the sched receiver's off_cpu spans too."""
+    clock = Clock()
+    state = LiveState(min_interval_s=0, clock=clock)
+    cuda, sched = scope("otelbpf.cuda"), scope("otelbpf.sched")
+    spans = []
+    for i in range(20):
+        t = T0 + i * 40 * MS
+        spans.append(
+            make_span(
+                "off_cpu",
+                resource=GPU,
+                scope=sched,
+                start_ns=t,
+                end_ns=t + 30 * MS,
+                attributes={
+                    "thread.id": 7,
+                    "thread.name": "train",
+                    "otelbpf.sched.reason": "futex",
+                    "otelbpf.sched.blocked_ns": 30 * MS,
+                    "otelbpf.sched.runqueue_ns": 0,
+                },
+            )
+        )
+        spans.append(
+            make_span(
+                "cudaLaunchKernel",
+                resource=GPU,
+                scope=cuda,
+                start_ns=t + 31 * MS,
+                end_ns=t + 31 * MS + 10_000,
+                attributes={"cuda.api.function": "cudaLaunchKernel", "thread.id": 7},
+            )
+        )
+    state.on_spans(spans)
+    r, sent = reporter(state, clock)
+    clock.now = T0 + 2 * S
+    r.collect()
+    [starved] = [s for s in sent if s.attributes["otelbpf.finding.cause"] == "input_starvation"]
+    assert starved.attributes["otelbpf.finding.evidence.waits"] == 19  # the first precedes any CUDA call
+    assert {link.context.span_id for link in starved.links} <= {s.context.span_id for s in spans if s.name == "off_cpu"}
