@@ -156,7 +156,7 @@ class Agent:
         if config.pipeline("metrics") and config.service.findings.enabled:
             self.findings = FindingsReporter(
                 self.live.snapshot,
-                lambda pid: self.process_info.resource(pid),
+                lambda pid: self.live.resource(pid) or self.process_info.resource(pid),
                 lambda spans: self.spans.offer(spans) if self.spans is not None else None,
                 to_seconds(config.service.findings.repeat_interval),
             )

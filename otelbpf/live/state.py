@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import DataT, ExponentialHistogram, Histogram, MetricsData, Sum
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.util.types import Attributes
 
@@ -100,6 +101,14 @@ class LiveState:
     def on_metrics(self, data: MetricsData) -> None:
         with self._lock:
             self._metrics, self._metrics_at = data, self._clock()
+
+    def resource(self, pid: int) -> Resource | None:
+        """The resource the newest span of process ``pid`` still held carries: the one its
+        telemetry went out with, also after the process exited and the agent forgot it."""
+        for span in reversed(self._spans.copy()):
+            if span.resource is not None and span.resource.attributes.get("process.pid") == pid:
+                return span.resource
+        return None
 
     def snapshot(self) -> JsonObject:
         now = time.monotonic()

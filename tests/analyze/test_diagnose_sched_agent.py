@@ -142,3 +142,35 @@ def test_sched_metrics_name_the_reasons(traced) -> None:
     assert float(off["train/futex"]["asDouble"]) > 0.6 and float(off["loader/sleep"]["asDouble"]) > 0.6
     runq = [dp for (n, _a), (_t, dp, _k) in latest[key].items() if n == "otelbpf.thread.runqueue.latency"]
     assert runq and sum(int(dp["count"]) for dp in runq) > 0
+
+
+def test_the_agent_told_the_starvation_live_with_links_to_the_waits(traced) -> None:
+    """The same diagnosis ran in the agent while the job ran: an otelbpf.finding span on the
+    starved job's resource, linked to off_cpu spans the agent exported."""
+    import json
+
+    out, pids = traced
+    spans = [
+        (rs["resource"], s)
+        for line in (out / "traces.jsonl").read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
+
+    def attrs(items: list) -> dict:
+        return {a["key"]: next(iter(a["value"].values()), None) for a in items}
+
+    names = {s["spanId"]: s["name"] for _r, s in spans}
+    live = [
+        s
+        for res, s in spans
+        if s["name"] == "otelbpf.finding"
+        and int(attrs(res["attributes"]).get("process.pid", 0)) == pids["starved"]
+        and attrs(s["attributes"])["otelbpf.finding.cause"] == "input_starvation"
+    ]
+    assert live, sorted(
+        {attrs(s["attributes"]).get("otelbpf.finding.cause") for _r, s in spans if s["name"] == "otelbpf.finding"}
+    )
+    links = [k["spanId"] for s in live for k in s.get("links", [])]
+    assert links and {names.get(k) for k in links} == {"off_cpu"}, links

@@ -53,3 +53,14 @@ def test_an_exponential_histogram_is_snapshotted_by_count_sum_and_max():
         },
         {"name": "reads", "kind": "sum", "points": [{"attributes": {"op": "read"}, "value": 7}]},
     ]
+
+
+def test_a_process_resource_is_the_one_its_newest_span_carries() -> None:
+    from otelbpf.correlate.spans import make_span, scope
+
+    state = LiveState()
+    old, new = Resource({"process.pid": 42, "service.name": "sh"}), Resource({"process.pid": 42, "service.name": "py"})
+    other = Resource({"process.pid": 7})
+    for res in (old, new, other):
+        state.on_spans([make_span("s", resource=res, scope=scope("t"), start_ns=1, end_ns=2, attributes={})])
+    assert state.resource(42) is new and state.resource(7) is other and state.resource(9) is None
