@@ -70,6 +70,7 @@ struct strevent {
 #define EV_SOCK_LOCAL 45        /* the local address of a connect()ed socket (bpf/sockets.c) */
 #define EV_PROFILE_PROC 50      /* first CPU sample or CUDA allocation of a process (bpf/profile.c) */
 #define EV_TORCH_OP 70          /* a torch operator returned (bpf/torch.c): a0 entry address, a1 depth, a2 exit address */
+#define EV_HANDOFF 80           /* the wake-up that handed the thread its work, reported at its next CUDA call: ts_ns the wake-up, a0 the waker's tid (0: that work is done, none known since), a1 the waker's own waker's tid (0: none), a2 when that one woke it */
 #define EV_CUDA_FUNC_NAME 100   /* internal (cuda.c): cuModuleGetFunction / cuLibraryGetKernel: out handle, name */
 #define EV_CUDA_GET_HANDLE 101  /* internal (cuda.c): __cudaGetKernel / cudaGetKernel / cuKernelGetFunction: out handle, target */
 
@@ -158,6 +159,104 @@ static __always_inline void remember_call(u64 pid_tgid, u8 kind, u8 func, u16 fl
     if (inflight.update(&pid_tgid, &e) != 0)
         count_stat(STAT_INFLIGHT_FULL);
 }
+
+#ifdef HANDOFFS
+/* Work handed between threads (a thread pool): who woke each thread of a traced process
+ * with its work, kept by the sched:sched_wakeup(_new) tracepoints (sockets.c, or sched.c
+ * when the sched family owns them) and reported once, as an EV_HANDOFF, ahead of the woken
+ * thread's next CUDA event (cuda.c): a thread that launches CUDA work with no request of
+ * its own is a child of the request its waker was serving (correlate/causality.py). One
+ * hop back is kept with each wake-up (the waker's own waker), so work handed on twice is
+ * followed; nothing is emitted per wake-up.
+ *
+ * Which wake-up handed the work: a worker waits long for work and briefly for locks once it
+ * has some (Python's GIL: whichever thread drops it wakes the next holder, whatever request
+ * it serves). So a later wake-up replaces the one kept only when it ended a longer wait
+ * (time since the thread's previous wake-up: an upper bound of the wait, close for a thread
+ * that runs briefly between waits). Once the thread, having used the work (a CUDA call
+ * reported, another thread woken), wakes the thread that handed it (the result handed back),
+ * that work is done: the record says "handed by none" (waker 0) until the next wake-up. */
+struct handoff {
+    u64 ts;         /* the wake-up kept */
+    u64 hop_ts;     /* the waker's own kept wake-up (hop != 0) */
+    u64 gap;        /* the wait it ended: ts - the thread's wake-up before it */
+    u64 last_ts;    /* the thread's latest wake-up, kept or not */
+    u32 waker_pid;  /* the waker's process: a wake-up from another process is not a hand-off */
+    u32 waker;      /* the waker's tid; 0: the work handed is done, none known since */
+    u32 hop;        /* the waker's own waker, of the same process; 0: none */
+    u32 reported;   /* EV_HANDOFF emitted for the wake-up kept */
+    u32 passed;     /* the thread has woken another since (the work handed on, or a lock) */
+};
+
+BPF_TABLE("lru_hash", u32, struct handoff, handoffs, HANDOFF_ENTRIES);
+
+/* sched_wakeup(_new) of thread ``wakee`` by the current thread: one lookup for an untraced
+ * process (host mode: lib_users, the processes that can launch CUDA work; else the watched
+ * pids), two lookups and a write for a traced one. Wake-ups from interrupt context name
+ * whatever ran then: user space only trusts one whose waker served exactly one request,
+ * still open at the CUDA call, that the thread's other recent wake-ups do not contradict. */
+static __always_inline void handoff_wakeup(u32 wakee)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+#ifdef FILTER_PIDS
+    if (!watched.lookup(&tgid))
+        return;
+#else
+    if (!lib_users.lookup(&tgid))
+        return;
+#endif
+    if (tid == wakee)
+        return;
+    u64 now = bpf_ktime_get_ns();
+    struct handoff h = {.ts = now, .gap = now, .last_ts = now, .waker_pid = tgid, .waker = tid};
+    struct handoff *mine = handoffs.lookup(&tid);
+    if (mine && mine->waker_pid == tgid) {
+        h.hop = mine->waker;
+        h.hop_ts = mine->ts;
+        if (mine->waker != wakee) {
+            mine->passed = 1;
+        } else if (mine->reported || mine->passed) {
+            /* The result handed back (not a new thread's "started" signal to its creator):
+             * that work is done, and what the thread does next was handed by no one known
+             * until its next wake-up (a worker that takes queued work without sleeping). */
+            mine->ts = now;
+            mine->waker = 0;
+            mine->hop = 0;
+            mine->gap = 0;
+            mine->reported = 0;
+            mine->passed = 0;
+        }
+    }
+    struct handoff *kept = handoffs.lookup(&wakee);
+    if (kept) {
+        h.gap = now - kept->last_ts;
+        if (h.gap < kept->gap) {
+            kept->last_ts = now;  /* a shorter wait than the one kept: a lock, not its work */
+            return;
+        }
+    }
+    handoffs.update(&wakee, &h);
+}
+
+/* Ahead of a CUDA event of the current thread: its last wake-up, if not reported yet and
+ * from a thread of its own process. */
+static __always_inline void report_handoff(u64 id)
+{
+    u32 tid = (u32)id;
+    struct handoff *h = handoffs.lookup(&tid);
+    if (!h || h->reported || h->waker_pid != (u32)(id >> 32))
+        return;
+    h->reported = 1;
+    struct event e = {};
+    new_event(&e, id, EV_HANDOFF, 0);
+    e.ts_ns = h->ts;
+    e.a0 = h->waker;
+    e.a1 = h->hop;
+    e.a2 = h->hop_ts;
+    emit(&e);
+}
+#endif
 
 /* Hand user space a library open (or an RDMA context) at once: submitted with a wake-up,
  * and, when ``pause`` (PAUSE_ON_LOAD, 0 or 1 from user space: only where the agent started

@@ -189,6 +189,9 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
         e.flags = flags;
         e.a0 = fn;
         fill_launch(ctx, variant, &e);
+#ifdef HANDOFFS
+        report_handoff(id);
+#endif
         emit(&e);
     }
 #endif
@@ -265,6 +268,9 @@ static __always_inline int on_entry(u8 kind, u8 func, u16 flags, u64 a0, u64 a1,
         if (open && !(open->flags & EVF_DRIVER) && cuda_kind(open->kind))
             return 0;  /* the runtime's call, in flight on this thread, is the one counted */
     }
+#ifdef HANDOFFS
+    report_handoff(id);  /* the wake-up that handed this thread its work, before the call's own */
+#endif
     remember_call(id, kind, func, flags, a0, a1, a2, a3);
     return 0;
 }

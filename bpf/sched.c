@@ -252,6 +252,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
 TRACEPOINT_PROBE(sched, sched_wakeup)
 {
     u32 tid = args->pid;
+#ifdef HANDOFFS
+    handoff_wakeup(tid);  /* common.h: the sockets family's hand-offs */
+#endif
     struct sched_thread *t = sched_threads.lookup(&tid);
     if (t && t->off_ts && !t->wake_ts)
         t->wake_ts = bpf_ktime_get_ns();
@@ -263,6 +266,9 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
  * wait is kept in its entry and accounted at its first switch-out, in its own context. */
 TRACEPOINT_PROBE(sched, sched_wakeup_new)
 {
+#ifdef HANDOFFS
+    handoff_wakeup(args->pid);
+#endif
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!sched_traced(tgid))
         return 0;

@@ -552,3 +552,19 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
         sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
     return 0;
 }
+
+#if defined(HANDOFFS) && !defined(SCHED_WAKEUP_PROBES)
+/* Who woke whom, for work handed between threads (common.h: handoff_wakeup); the sched
+ * family, when loaded, owns these tracepoints and calls it itself. */
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+    handoff_wakeup(args->pid);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup_new)
+{
+    handoff_wakeup(args->pid);
+    return 0;
+}
+#endif

@@ -140,6 +140,8 @@ def _cuda(name: str, cfg: CudaReceiverConfig, ctx: Context) -> Receiver:
         on_sampled_out=ctx.sampled_out(name),
         parent_of=ctx.causality.parent,
         in_flight=ctx.causality.in_flight,
+        handed=ctx.causality.handed,
+        on_handoffs=ctx.causality.woken,
     )
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 
@@ -153,6 +155,7 @@ def _http(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
         payload_bytes=cfg.payload_size,
         ring_bytes=cfg.ring_buffer_size,
         lib_users_only=cfg.processes == "gpu",
+        handoffs=cfg.handoffs and ctx.traces,
     )
     correlator = HttpCorrelator(
         ctx.correlator_settings(),

@@ -80,6 +80,9 @@ class Kind(enum.IntEnum):
     PROFILE_PROC = 50  # first CPU sample or CUDA allocation of a process (bpf/profile.c): inspect it
     CUDA_LAUNCH_SITE = 60  # first launch of (process, API, handle): a0 handle, a1 return address, a2 its caller's
     TORCH_OP = 70  # a torch operator returned (bpf/torch.c): a0 entry address, a1 depth, a2 exit address
+    #: the thread's last wake-up by another thread of its process, ahead of its next CUDA event
+    #: (common.h): ts_ns the wake-up, a0 the waker's tid, a1 the waker's own waker (0: none), a2 when
+    HANDOFF = 80
 
 
 class StrKind(enum.IntEnum):

@@ -10,8 +10,19 @@ Thread pools handing work to other threads, and event loops (asyncio, gRPC's
 completion queues) serving several requests on one thread, break that
 assumption. What can be detected is detected: when a thread has more than one
 request open at a moment, a lookup at that moment answers "no parent" (and is
-counted) rather than picking one; the requests involved are marked. Work
-handed to another thread is not followed to one parent either.
+counted) rather than picking one; the requests involved are marked.
+
+Work handed to another thread is followed by wake-ups (``woken``, ``handed``): a
+thread with no request of its own, last woken by a thread of its process that
+was then serving exactly one request R, still open when the woken thread acts,
+works for R (the pool worker a request handler submitted to). When the waker
+served none, the waker's own waker at that time is asked the same (one hop:
+handler -> dispatcher -> worker). A waker with several requests open (an event
+loop) gives no parent: that is a step serving many, linked below. A wake-up is
+evidence, not proof (a lock hand-off such as Python's GIL, or an interrupt, can
+name another thread): the kernel keeps, per thread, the wake-up that ended its
+longest wait since it last handed a result back (bpf/common.h), R must still be
+open at the act, and every span says how it was tied.
 
 Instead, what has no single parent is linked: ``in_flight`` answers every request
 of the process open at that moment, on any thread, so a CUDA call made by an
@@ -43,6 +54,20 @@ MAX_PER_THREAD = 1 << 16
 _SCAN = 64
 #: Requests in flight a span is linked to, at most (the most recently started).
 MAX_LINKS = 32
+#: Wake-ups kept per thread (the latest): a lookup wants the last one before an event
+#: processed a few drains late.
+MAX_WAKES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Thread ``waker`` woke a thread at ``ts_ns``; ``hop`` (0: none) had last woken ``waker``
+    at ``hop_ts_ns`` (bpf/common.h: struct handoff)."""
+
+    ts_ns: int
+    waker: int
+    hop: int = 0
+    hop_ts_ns: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -59,6 +84,10 @@ class Interval:
         return self.start_ns <= ts_ns and (self.end_ns is None or ts_ns <= self.end_ns)
 
 
+#: ``_handed_by``'s answer for a waker with several requests open (an event loop).
+_SEVERAL = Interval(0, SpanContext(0, 0, False))
+
+
 class _Thread:
     def __init__(self) -> None:
         self.starts: list[int] = []
@@ -69,6 +98,9 @@ class _Thread:
         #: Closed nested scopes (``Causality.scope``), by start.
         self.scope_starts: list[int] = []
         self.scopes: list[tuple[int, int, SpanContext]] = []
+        #: Its last wake-ups by other threads of its process, by time (``Causality.woken``).
+        self.wake_times: list[int] = []
+        self.wakes: list[Wake] = []
 
 
 class Causality:
@@ -143,18 +175,62 @@ class Causality:
             for start, end, context in reversed(t.scopes[max(0, i - _SCAN) : i]):
                 if start <= ts_ns <= end:
                     return context
-            hits = [iv for iv in t.open if iv.contains(ts_ns)]
-            i = bisect.bisect_right(t.starts, ts_ns)
-            for iv in reversed(t.intervals[max(0, i - _SCAN) : i]):
-                if iv.end_ns is not None and iv.contains(ts_ns):
-                    hits.append(iv)
-            if len(hits) == 1:
-                return hits[0].context
+            hits = self._open_at(t, ts_ns)
+            return hits[0].context if len(hits) == 1 else None
+
+    def _open_at(self, t: _Thread, ts_ns: int) -> list[Interval]:
+        """The requests thread ``t`` had open at ``ts_ns``; several are counted and marked."""
+        hits = [iv for iv in t.open if iv.contains(ts_ns)]
+        i = bisect.bisect_right(t.starts, ts_ns)
+        for iv in reversed(t.intervals[max(0, i - _SCAN) : i]):
+            if iv.end_ns is not None and iv.contains(ts_ns):
+                hits.append(iv)
+        if len(hits) > 1:
+            self.ambiguous_lookups += 1
+            for iv in hits:
+                iv.concurrent = True
+        return hits
+
+    def woken(self, pid: int, tid: int, wake: Wake) -> None:
+        """Thread (pid, tid) was woken by another thread of its process (an EV_HANDOFF)."""
+        with self._lock:
+            t = self._threads.get((pid, tid))
+            if t is None:
+                t = self._threads[(pid, tid)] = _Thread()
+            i = bisect.bisect_right(t.wake_times, wake.ts_ns)
+            t.wake_times.insert(i, wake.ts_ns)
+            t.wakes.insert(i, wake)
+            if len(t.wakes) > MAX_WAKES:
+                del t.wake_times[0], t.wakes[0]
+
+    def handed(self, pid: int, tid: int, ts_ns: int) -> SpanContext | None:
+        """The request that handed (pid, tid) what it did at ``ts_ns``: asked where ``parent``
+        gave none. The wake-up that handed the thread its work (the last one reported before
+        ``ts_ns``: the kernel keeps the one that ended its wait for work, not a lock's) names
+        the one request its waker was serving then, or, when the waker served none, its own
+        waker's (one hop); that request must still be open at ``ts_ns``. A waker serving
+        several (an event loop) gives no parent rather than a guess."""
+        with self._lock:
+            t = self._threads.get((pid, tid))
+            if t is None or not t.wakes:
+                return None
+            i = bisect.bisect_right(t.wake_times, ts_ns)
+            iv = self._handed_by(pid, t.wakes[i - 1]) if i else None
+            if iv is None or iv is _SEVERAL or (iv.end_ns is not None and iv.end_ns < ts_ns):
+                return None
+            return iv.context
+
+    def _handed_by(self, pid: int, wake: Wake) -> Interval | None:
+        """The one request the waker (else its own waker) had open at the wake-up; _SEVERAL when
+        it had more than one."""
+        for waker, at in ((wake.waker, wake.ts_ns), (wake.hop, wake.hop_ts_ns)):
+            w = self._threads.get((pid, waker)) if waker else None
+            hits = self._open_at(w, at) if w is not None else []
             if len(hits) > 1:
-                self.ambiguous_lookups += 1
-                for iv in hits:
-                    iv.concurrent = True
-            return None
+                return _SEVERAL
+            if hits:
+                return hits[0]
+        return None
 
     def in_flight(self, pid: int, tid: int, ts_ns: int) -> list[SpanContext]:
         """The requests of process ``pid`` open at ``ts_ns`` on any thread (what a step that serves
@@ -189,7 +265,7 @@ class Causality:
         """Forget threads with nothing open and nothing recent (thread-per-connection servers make many)."""
         for key, t in list(self._threads.items()):
             self._prune(t, now_ns)
-            if not t.open and not t.intervals and not t.scopes:
+            if not t.open and not t.intervals and not t.scopes and not t.wakes:
                 del self._threads[key]
         for pid, p in list(self._procs.items()):
             self._prune(p, now_ns)
@@ -208,6 +284,10 @@ class Causality:
         if gone > 0:
             del t.scope_starts[:gone]
             del t.scopes[:gone]
+        stale = bisect.bisect_left(t.wake_times, horizon)
+        if stale:
+            del t.wake_times[:stale]
+            del t.wakes[:stale]
         old = bisect.bisect_left(t.starts, horizon)  # started before the window: ended too, mostly
         keep = [iv for iv in t.intervals[:old] if iv.end_ns is None or iv.end_ns >= horizon]
         t.intervals[:old] = keep

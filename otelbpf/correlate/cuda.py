@@ -24,6 +24,7 @@ from opentelemetry.trace import Link, SpanContext
 from otelbpf.base.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
+from otelbpf.correlate.causality import Wake
 from otelbpf.correlate.cuda_errors import error_name
 from otelbpf.correlate.kernel_names import KernelNames
 from otelbpf.correlate.spans import make_span, scope
@@ -109,6 +110,8 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         on_sampled_out: Callable[[int], None] = lambda n: None,
         parent_of: Callable[[int, int, int], SpanContext | None] = lambda pid, tid, ts: None,
         in_flight: Callable[[int, int, int], list[SpanContext]] = lambda pid, tid, ts: [],
+        handed: Callable[[int, int, int], SpanContext | None] = lambda pid, tid, ts: None,
+        on_handoffs: Callable[[int, int, Wake], None] = lambda pid, tid, wake: None,
     ) -> None:
         super().__init__(settings, max_spans_per_second=max_spans_per_second)
         self._sym = symbolizer
@@ -122,6 +125,10 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         self._parent_of = parent_of
         #: (pid, tid, monotonic ns) -> the requests in flight then: links of a span with no parent
         self._in_flight = in_flight
+        #: (pid, tid, monotonic ns) -> the request that handed the thread its work (a wake-up)
+        self._handed = handed
+        #: EV_HANDOFF records -> causality: who woke the thread that makes the next CUDA calls
+        self._on_handoffs = on_handoffs
         #: pid -> wall time its last metrics were exported after it exited; its
         #: map keys may still be read once more (final snapshot) and are ignored.
         self._finished: dict[int, int] = {}
@@ -153,6 +160,10 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         spans: list[ReadableSpan] = []
         with self._lock:
             self._freed, self._copy_memory = {}, {}
+            for pid, tid, ts, waker, hop, hop_ts in arr[arr["kind"] == Kind.HANDOFF][
+                ["pid", "tid", "ts_ns", "a0", "a1", "a2"]
+            ].tolist():
+                self._on_handoffs(pid, tid, Wake(ts, waker, hop, hop_ts))
             self._aggregate(arr)
             wanted = arr[self._span_worthy(arr)]
             allowed = self._budget.take(len(wanted))
@@ -339,11 +350,16 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 attrs["cuda.error.name"] = error_name(fname, ret)
                 error = f"{attrs['cuda.error.name']} ({ret})"
         start = self._clock.to_wall(ts)
-        parent = self._parent_of(pid, tid, ts)
+        parent, how = self._parent_of(pid, tid, ts), "thread"
+        if parent is None:  # work a request handed to this thread (a pool worker)
+            parent, how = self._handed(pid, tid, ts), "wakeup"
         # No single request: an event loop's or a batching engine's step serves all those in flight.
         links = [Link(c) for c in self._in_flight(pid, tid, ts)] if parent is None else ()
         if links:
             attrs["otelbpf.links.in_flight"] = len(links)
+            how = "link"
+        if parent is not None or links:
+            attrs["otelbpf.causality"] = how
         return make_span(
             fname,
             resource=self._proc(pid).resource,

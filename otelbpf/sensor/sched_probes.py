@@ -78,6 +78,7 @@ def sched_family(
             f"-DSCHED_RUNQ_ENTRIES={runq_entries}",
             f"-DSCHED_STACK_ENTRIES={stack_entries}",
             f"-DAGENT_PID={os.getpid()}",
+            "-DSCHED_WAKEUP_PROBES=1",  # sched.c owns sched_wakeup(_new): sockets.c's hand-offs go through it
         ),
         rings=(RingSpec(RING, RECORD_DTYPE, ring_bytes),),
         on_unload=on_unload,

@@ -25,6 +25,8 @@ MAX_IOV = 64
 #: Bounds of the payload copied per call: a power of two (the BPF code masks
 #: offsets with it) whose scratch record fits the 32 KiB per-CPU value limit.
 MIN_PAYLOAD, MAX_PAYLOAD = 64, 8192
+#: Threads whose last wake-up is kept (an LRU: the threads of traced processes woken lately).
+HANDOFF_ENTRIES = 16384
 
 
 def port_filter_c(ports: list[int]) -> str:
@@ -40,10 +42,13 @@ def socket_family(
     ring_bytes: int,
     state_entries: int = 65536,
     lib_users_only: bool = False,
+    handoffs: bool = False,
 ) -> ProbeFamily:
     """The family for the configured ports (empty: every TCP port). ``lib_users_only``: in
     host mode, only processes that opened a library another family probes (and their
-    children) are traced; the others cost one map lookup per socket syscall."""
+    children) are traced; the others cost one map lookup per socket syscall. ``handoffs``:
+    who woke whom among a traced process's threads (sched_wakeup, common.h), so that CUDA
+    work handed to a pool thread is a child of the request that handed it."""
     if payload_bytes & (payload_bytes - 1) or not MIN_PAYLOAD <= payload_bytes <= MAX_PAYLOAD:
         raise ValueError(f"payload size must be a power of two in [{MIN_PAYLOAD}, {MAX_PAYLOAD}], got {payload_bytes}")
     assert int(SockFunc.close) == 12  # SF_* in sockets.c
@@ -59,6 +64,7 @@ def socket_family(
             f"-DSOCK_MAX_IOV={MAX_IOV}",
             f"-DAGENT_PID={os.getpid()}",
             *(("-DSOCK_LIB_USERS_ONLY=1",) if lib_users_only else ()),
+            *(("-DHANDOFFS=1", f"-DHANDOFF_ENTRIES={HANDOFF_ENTRIES}") if handoffs else ()),
         ),
         rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True),),
     )

@@ -27,6 +27,9 @@ class HttpReceiverConfig(ReceiverConfig):
     #: clipped). Off: bodies never leave the agent, only the model and token counts read from them.
     capture_message_content: bool = False
     max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
+    #: Follow work handed to another thread of the process (a thread pool) by wake-ups: a
+    #: sched_wakeup tracepoint keeps who last woke each thread of a traced process.
+    handoffs: bool = True
 
     @field_validator("ports")
     @classmethod
