@@ -597,6 +597,33 @@ def test_calls_made_on_a_thread_while_it_serves_a_request_are_children_of_that_r
     assert spans[("cudaStreamSynchronize", ME + 1)].parent is None
 
 
+def test_a_hand_off_record_makes_a_pool_threads_calls_children_of_the_request_that_woke_it() -> None:
+    """EV_HANDOFF (the wake-up that handed a thread its work) goes to causality ahead of the spans
+    of its batch; each span says how it was tied: thread, wakeup, or link."""
+    causality = Causality()
+    h = Harness(
+        parent_of=causality.parent,
+        in_flight=causality.in_flight,
+        handed=causality.handed,
+        on_handoffs=causality.woken,
+    )
+    handler, worker, loose = Events(tid=ME + 1), Events(tid=ME + 2), Events(tid=ME + 3)
+    worker.ts = loose.ts = handler.ts
+    request = new_context()
+    causality.open(ME, ME + 1, handler.ts + 1_000, request)
+    worker.add(Kind.HANDOFF, 0, dur=0, a0=ME + 1)  # +10 us: the handler woke the worker
+    worker.rows[-1] = (handler.ts + 2_000, *worker.rows[-1][1:])  # ... at +2 us (ts_ns: the wake-up)
+    worker.malloc(1 << 20, 0xA000)  # +20 us
+    handler.malloc(1 << 20, 0xB000)  # +10 us, on the request's own thread
+    loose.malloc(1 << 20, 0xC000)  # +10 us: a thread nobody handed work to
+    h.correlator.on_events(np.concatenate([worker.array(), handler.array(), loose.array()]))
+    spans = {s.attributes["thread.id"]: s for s in h.spans}
+    assert (spans[ME + 2].parent, spans[ME + 2].attributes["otelbpf.causality"]) == (request, "wakeup")
+    assert (spans[ME + 1].parent, spans[ME + 1].attributes["otelbpf.causality"]) == (request, "thread")
+    assert spans[ME + 3].parent is None and spans[ME + 3].attributes["otelbpf.causality"] == "link"
+    assert [link.context for link in spans[ME + 3].links] == [request]
+
+
 def test_driver_calls_graph_launches_event_waits_and_vmm_handles_say_what_they_are() -> None:
     h = Harness()
     ev = Events()
