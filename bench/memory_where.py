@@ -77,8 +77,8 @@ def caches(agent: Agent) -> dict[str, int | float]:
         "profiler_stacks": len(profiler._stacks) + len(profiler._py_stacks),
         "profiler_resolved": len(profiler._resolved),
         "profiler_codes": len(profiler._codes),
-        "process_info": len(getattr(agent.process_info, "_cache", {}) or {}),
-        "processing_queue_mib": round(agent._queued * 64 / 2**20, 1),  # events waiting for the processing thread
+        "process_info": len(agent.process_info),  # processes a resource or task name is held for
+        "processing_queue_mib": round(agent._queued * 64 / 2**20, 1),  # drained, waiting for the processing thread
         "processing_queue_max_mib": round(agent._queued_max * 64 / 2**20, 1),
         "evictions": dict(symbolizer.EVICTIONS),
     }
