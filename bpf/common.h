@@ -174,8 +174,9 @@ static __always_inline void remember_call(u64 pid_tgid, u8 kind, u8 func, u16 fl
  * it serves). So a later wake-up replaces the one kept only when it ended a longer wait
  * (time since the thread's previous wake-up: an upper bound of the wait, close for a thread
  * that runs briefly between waits). Once the thread, having used the work (a CUDA call
- * reported, another thread woken), wakes the thread that handed it (the result handed back),
- * that work is done: the record says "handed by none" (waker 0) until the next wake-up. */
+ * reported), wakes the thread that handed it (the result handed back), that work is done:
+ * the record says "handed by none" (waker 0) until the next wake-up. A thread that only hands
+ * work on (a dispatcher) keeps its record until a longer wait's wake-up replaces it. */
 struct handoff {
     u64 ts;         /* the wake-up kept */
     u64 hop_ts;     /* the waker's own kept wake-up (hop != 0) */
@@ -185,8 +186,11 @@ struct handoff {
     u32 waker;      /* the waker's tid; 0: the work handed is done, none known since */
     u32 hop;        /* the waker's own waker, of the same process; 0: none */
     u32 reported;   /* EV_HANDOFF emitted for the wake-up kept */
-    u32 passed;     /* the thread has woken another since (the work handed on, or a lock) */
 };
+
+/* internal: the wait a thread's first wake-up is taken to have ended (none was seen before it:
+ * a new thread, or one evicted): longer than a lock's, shorter than a pool's idle spells. */
+#define HANDOFF_FRESH_GAP_NS 100000000ULL
 
 BPF_TABLE("lru_hash", u32, struct handoff, handoffs, HANDOFF_ENTRIES);
 
@@ -209,23 +213,21 @@ static __always_inline void handoff_wakeup(u32 wakee)
     if (tid == wakee)
         return;
     u64 now = bpf_ktime_get_ns();
-    struct handoff h = {.ts = now, .gap = now, .last_ts = now, .waker_pid = tgid, .waker = tid};
+    struct handoff h = {.ts = now, .gap = HANDOFF_FRESH_GAP_NS, .last_ts = now, .waker_pid = tgid, .waker = tid};
     struct handoff *mine = handoffs.lookup(&tid);
     if (mine && mine->waker_pid == tgid) {
         h.hop = mine->waker;
         h.hop_ts = mine->ts;
-        if (mine->waker != wakee) {
-            mine->passed = 1;
-        } else if (mine->reported || mine->passed) {
-            /* The result handed back (not a new thread's "started" signal to its creator):
-             * that work is done, and what the thread does next was handed by no one known
-             * until its next wake-up (a worker that takes queued work without sleeping). */
+        if (mine->waker == wakee && mine->reported) {
+            /* The result handed back (not a new thread's "started" signal to its creator, nor
+             * a lock passed before the work was used): that work is done, and what the thread
+             * does next was handed by no one known until its next wake-up (a worker that takes
+             * queued work without sleeping). */
             mine->ts = now;
             mine->waker = 0;
             mine->hop = 0;
             mine->gap = 0;
             mine->reported = 0;
-            mine->passed = 0;
         }
     }
     struct handoff *kept = handoffs.lookup(&wakee);

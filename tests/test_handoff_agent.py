@@ -75,6 +75,8 @@ def stack(tmp_path_factory):
         ):
             agent.wait_ready()
             time.sleep(0.5)  # the agent's first /proc scan attaches the CUDA probes to the services
+            # A first request: the agent looks up the pool's listener (bound before it started).
+            get_all(pool_port, ["/work/99/1"])
             yield collector, (pool_port, pool.pid), (loop_port, loop.pid)
             assert agent.proc.poll() is None, agent.output
             assert agent.stop(timeout=120) == 0, agent.output

@@ -21,8 +21,8 @@ handler -> dispatcher -> worker). A waker with several requests open (an event
 loop) gives no parent: that is a step serving many, linked below. A wake-up is
 evidence, not proof (a lock hand-off such as Python's GIL, or an interrupt, can
 name another thread): the kernel keeps, per thread, the wake-up that ended its
-longest wait since it last handed a result back (bpf/common.h), R must still be
-open at the act, and every span says how it was tied.
+longest wait since it last handed a result back (bpf/common.h), the waker must
+still be serving R alone at the act, and every span says how it was tied.
 
 Instead, what has no single parent is linked: ``in_flight`` answers every request
 of the process open at that moment, on any thread, so a CUDA call made by an
@@ -82,10 +82,6 @@ class Interval:
 
     def contains(self, ts_ns: int) -> bool:
         return self.start_ns <= ts_ns and (self.end_ns is None or ts_ns <= self.end_ns)
-
-
-#: ``_handed_by``'s answer for a waker with several requests open (an event loop).
-_SEVERAL = Interval(0, SpanContext(0, 0, False))
 
 
 class _Thread:
@@ -208,28 +204,32 @@ class Causality:
         gave none. The wake-up that handed the thread its work (the last one reported before
         ``ts_ns``: the kernel keeps the one that ended its wait for work, not a lock's) names
         the one request its waker was serving then, or, when the waker served none, its own
-        waker's (one hop); that request must still be open at ``ts_ns``. A waker serving
-        several (an event loop) gives no parent rather than a guess."""
+        waker's (one hop). The waker must still be serving that request alone at ``ts_ns``: a
+        waker that serves several meanwhile (an event loop that read more requests, whose work
+        a batching thread serves together) gives no parent rather than a guess."""
         with self._lock:
             t = self._threads.get((pid, tid))
             if t is None or not t.wakes:
                 return None
             i = bisect.bisect_right(t.wake_times, ts_ns)
-            iv = self._handed_by(pid, t.wakes[i - 1]) if i else None
-            if iv is None or iv is _SEVERAL or (iv.end_ns is not None and iv.end_ns < ts_ns):
+            found = self._handed_by(pid, t.wakes[i - 1]) if i else None
+            if found is None:
                 return None
-            return iv.context
+            iv, waker = found
+            return iv.context if self._open_at(waker, ts_ns) == [iv] else None
 
-    def _handed_by(self, pid: int, wake: Wake) -> Interval | None:
-        """The one request the waker (else its own waker) had open at the wake-up; _SEVERAL when
-        it had more than one."""
+    def _handed_by(self, pid: int, wake: Wake) -> tuple[Interval, _Thread] | None:
+        """The one request the waker (else its own waker) had open at the wake-up, and that
+        thread; None when it had none, or several."""
         for waker, at in ((wake.waker, wake.ts_ns), (wake.hop, wake.hop_ts_ns)):
             w = self._threads.get((pid, waker)) if waker else None
-            hits = self._open_at(w, at) if w is not None else []
+            if w is None:
+                continue
+            hits = self._open_at(w, at)
             if len(hits) > 1:
-                return _SEVERAL
+                return None
             if hits:
-                return hits[0]
+                return hits[0], w
         return None
 
     def in_flight(self, pid: int, tid: int, ts_ns: int) -> list[SpanContext]:

@@ -62,6 +62,19 @@ def test_a_waker_serving_several_requests_gives_no_parent() -> None:
     assert c.in_flight(PID, WORKER, 200) == [ctx(2), ctx(1)]  # linked instead
 
 
+def test_a_waker_that_took_more_requests_since_gives_no_parent() -> None:
+    """An event loop handed request 1 to a batching thread alone, then read two more before the
+    batch ran: the batch serves all three, and is linked to them rather than parented to one."""
+    c = Causality()
+    c.open(PID, LOOP, 100, ctx(1))
+    c.woken(PID, WORKER, Wake(150, LOOP))
+    assert c.handed(PID, WORKER, 160) == ctx(1)
+    c.open(PID, LOOP, 170, ctx(2))
+    c.open(PID, LOOP, 180, ctx(3))
+    assert c.handed(PID, WORKER, 200) is None
+    assert len(c.in_flight(PID, WORKER, 200)) == 3
+
+
 def test_work_handed_on_twice_is_followed_one_hop_and_no_further() -> None:
     c = Causality()
     c.open(PID, HANDLER, 100, ctx(1))

@@ -8,7 +8,7 @@ Run as ``python -m harness.pool_apps KIND PORT CUDART``; prints ``ready`` once l
   the allocation's size says which request it served, then waits until N requests' work is done,
   so the N requests are all open at once and each is served by a worker of its own (a worker
   taking queued work without sleeping is another case: docs/design-notes.md). ``GET /hop/K/N``:
-  the same, handed to a dispatcher pool whose task submits the work to the worker pool.
+  the same, handed to a dispatcher pool whose task submits the work to a second worker pool.
 - ``loop``: an asyncio server whose loop thread holds ``LOOP_BATCH`` requests open at once, then
   hands each one's work to a pool (``run_in_executor``): the waker served several requests, so
   none of them is the work's one parent.
@@ -20,6 +20,7 @@ import asyncio
 import ctypes
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -36,11 +37,13 @@ def work(cudart: ctypes.CDLL, marker: int, done: threading.Barrier | None = None
     assert cudart.cudaFree(ptr) == 0
     if done is not None:
         done.wait(timeout=10)
+        time.sleep(0.03 * (marker % 10))  # the responses a little apart too
 
 
 def serve_pool(port: int, cudart: ctypes.CDLL) -> None:
     workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="worker")
     dispatch = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dispatch")
+    hop_workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hopworker")  # its own threads
     rounds: dict[int, threading.Barrier] = {}  # N -> the N workers of a round (reusable)
     lock = threading.Lock()
 
@@ -57,7 +60,7 @@ def serve_pool(port: int, cudart: ctypes.CDLL) -> None:
             if route == "work":
                 workers.submit(work, cudart, int(marker), done).result()
             else:
-                dispatch.submit(lambda: workers.submit(work, cudart, int(marker), done).result()).result()
+                dispatch.submit(lambda: hop_workers.submit(work, cudart, int(marker), done).result()).result()
             body = f"done {marker}".encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
