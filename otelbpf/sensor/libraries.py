@@ -87,9 +87,20 @@ def in_process(pid: int, path: str, families: list[ProbeFamily]) -> LibraryFile 
             return None
     through_root = f"/proc/{pid}/root{path}"
     lib = _make(through_root, path, families)
-    if lib is None and not os.path.exists(f"/proc/{pid}") and os.path.exists(path):
+    if lib is None and not _root_visible(pid) and os.path.exists(path):
         lib = _make(path, path, families)
     return lib
+
+
+def _root_visible(pid: int) -> bool:
+    """Can the process's mount namespace still be looked through? Not once it has exited:
+    gone, or a zombie not yet reaped (its /proc entry stays, its root link is gone: a
+    short-lived process's library was missed when its parent had not reaped it yet)."""
+    try:
+        os.stat(f"/proc/{pid}/root/")
+    except OSError:
+        return False
+    return True
 
 
 def executable(pid: int, families: list[ProbeFamily], exec_path: str | None = None) -> LibraryFile | None:

@@ -263,3 +263,15 @@ def test_in_process_falls_back_to_the_host_path_only_for_a_gone_process(tmp_path
     finally:
         hidden.kill()
         hidden.wait()
+
+
+def test_a_library_opened_by_a_process_now_a_zombie_is_found_by_its_host_path(tmp_path: Path) -> None:
+    """A short-lived process that opened the library and exited, not reaped yet: its /proc
+    entry is there, its namespace is not; the host path stands in as for one already gone."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_until(lambda: Path(f"/proc/{child.pid}/stat").read_text().split()[2] == "Z", timeout=10)
+    try:
+        lib = libraries.in_process(child.pid, str(FAKE_CUDART), [cuda_family(["cudart"])])
+        assert lib is not None and lib.path == str(FAKE_CUDART) and lib.kind == "cudart"
+    finally:
+        child.wait()
