@@ -454,7 +454,11 @@ class Agent:
         self._watchdog_stop.set()
         done("processing")
         if self.findings is not None:
-            self.findings.collect()  # the last findings' spans, while the traces pipeline takes them
+            try:
+                self.findings.collect()  # the last findings' spans, while the traces pipeline takes them
+            except Exception:  # a diagnosis that fails must not stop the flush below
+                log.exception("the last live diagnosis failed")
+                self.health.add("otelbpf.metrics.source_errors")
         if self.spans is not None:
             self.spans.close()  # flush; what cannot go is counted before...
         done("spans")
