@@ -92,6 +92,7 @@ class Config(Section):
         """Pipelines exist and name only defined components (checked on the raw input, so these
         errors are listed with any others), and every OTLP exporter in use has a URL."""
         errors = reference_errors(data) if isinstance(data, Mapping) else []
+        undefined = bool(errors)
         try:
             config = handler(data)
         except ValidationError as exc:
@@ -106,8 +107,9 @@ class Config(Section):
                     message = f"{missing} (the {signal} pipeline uses this exporter)"
                     errors.append(custom_error("missing_endpoint", message, ("exporters", name, "endpoint"), None))
         errors.extend(_profile_pipeline_errors(config))
-        errors.extend(_needs_errors(config))
-        errors.extend(_self_profiling_errors(config))
+        if not undefined:  # these read the pipelines through the accessors, which look each name up
+            errors.extend(_needs_errors(config))
+            errors.extend(_self_profiling_errors(config))
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return config
@@ -188,7 +190,7 @@ def _profile_pipeline_errors(config: Config) -> list[InitErrorDetails]:
         pipeline = config.pipeline(signal)
         profiles = signal == "profiles"
         for index, name in enumerate(pipeline.receivers):  # type: ignore[union-attr]
-            if isinstance(config.receivers.get(name), PROFILE_RECEIVERS) != profiles:
+            if name in config.receivers and isinstance(config.receivers[name], PROFILE_RECEIVERS) != profiles:
                 why = (
                     f"receiver {name!r} produces no profiles"
                     if profiles

@@ -104,3 +104,33 @@ def test_config_is_immutable():
 
     with pytest.raises(ValueError, match="frozen"):
         config.receivers["cuda"].launch_sample_every = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "pipelines",
+    [
+        "traces: {receivers: [cuda, cdua], exporters: [file]}",
+        "profiles: {receivers: [profiling, cdua], exporters: [file]}",
+    ],
+)
+def test_a_typo_beside_a_defined_receiver_is_the_not_defined_error(pipelines: str):
+    """The needs check looked every pipeline receiver up and raised KeyError (a traceback)."""
+    text = MINIMAL.replace("  cuda:\n", "  cuda:\n  profiling:\n").replace(
+        "traces: {receivers: [cuda], exporters: [file]}", pipelines
+    )
+
+    assert one_error(text).endswith(
+        "receivers[1]: receiver 'cdua' is not defined under receivers (did you mean 'cuda'?); "
+        "defined receivers: cuda, profiling"
+    )
+
+
+def test_a_typo_in_the_profiles_exporters_with_self_profiling_on_is_the_not_defined_error():
+    text = MINIMAL.replace("  cuda:\n", "  cuda:\n  profiling:\n").replace(
+        "traces: {receivers: [cuda], exporters: [file]}",
+        "profiles: {receivers: [profiling], exporters: [file, fiel]}\n  telemetry: {self_profiling: {enabled: true}}",
+    )
+
+    assert one_error(text).endswith(
+        "exporters[1]: exporter 'fiel' is not defined under exporters (did you mean 'file'?); defined exporters: file"
+    )
