@@ -20,7 +20,29 @@ from otelbpf.config.units import format_size
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently), builds each
+    collection whole (so a recursive alias is refused, marked, instead of building a cycle that
+    later walks recurse into forever), and turns any value PyYAML cannot build (a 5,000-digit
+    int, ``2001-02-30``, ``!!int abc``) into an error at its line and column."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.deep_construct = True
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        if node in self.recursive_objects:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a recursive alias (*name inside the &name it refers to) builds no value", node.start_mark
+            )
+        try:
+            return super().construct_object(node, deep)
+        except yaml.MarkedYAMLError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+            tag = node.tag.removeprefix("tag:yaml.org,2002:")
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot build this {tag} value ({type(exc).__name__}: {exc})", node.start_mark
+            ) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Mark] = {}

@@ -176,3 +176,67 @@ def test_file_exporter_modes():
     assert "the owner (the agent) needs" in one_error(MINIMAL.replace("  file:\n", "  file: {file_mode: '0400'}\n"))
     assert "invalid mode" in one_error(MINIMAL.replace("  file:\n", "  file: {file_mode: 'rw'}\n"))
     assert "NUL" in one_error(MINIMAL.replace("  file:\n", '  file: {directory: "out\\0x"}\n'))
+
+
+# --- values PyYAML cannot build: marked errors, never a traceback ----------------------------------
+
+
+def validate_and_run(path: Path) -> str:
+    """`otelbpf validate -c path` and `otelbpf run -c path`: both exit 2 with the same message,
+    which is returned."""
+    outs = [
+        subprocess.run(
+            [sys.executable, "-m", "otelbpf.cli", command, "-c", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_limited(1024),
+        )
+        for command in ("validate", "run")
+    ]
+    for out in outs:
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert "Traceback" not in out.stderr
+    assert outs[0].stderr == outs[1].stderr
+    return outs[0].stderr
+
+
+@pytest.mark.parametrize(
+    "value, where, what",
+    [
+        ("1" * 5000, "2:23", "cannot build this int value (ValueError: Exceeds the limit (4300 digits)"),
+        ("2001-02-30", "2:23", "cannot build this timestamp value (ValueError: day is out of range for month)"),
+        ("!!int abc", "2:23", "cannot build this int value"),
+        ("!!bool maybe", "2:23", "cannot build this bool value"),
+        ("!!timestamp never", "2:23", "cannot build this timestamp value"),
+        ("!!map [1]", "2:23", "cannot build this map value"),
+        ("!!python/object:os.system {}", "2:23", "could not determine a constructor for the tag"),
+        ("!unknown x", "2:23", "could not determine a constructor for the tag '!unknown'"),
+    ],
+)
+def test_values_pyyaml_cannot_build_are_marked_errors(value: str, where: str, what: str):
+    error = one_error(MINIMAL.replace("  cuda:\n", f"  cuda: {{top_kernels: {value}}}\n"))
+
+    assert error.startswith(f"test.yaml:{where}: invalid YAML: ") and what in error
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        (MINIMAL + "x: &a [*a]\n", "8:4"),
+        (MINIMAL + "x: &a {b: {c: *a}}\n", "8:4"),
+        ("receivers: &r\n  cuda: *r\n" + MINIMAL.split("\n", 2)[2], "1:12"),
+    ],
+)
+def test_a_recursive_alias_is_a_marked_error(text: str, where: str):
+    """PyYAML builds a cycle; walking it (substitution, validation) was a RecursionError."""
+    assert one_error(text) == (
+        f"test.yaml:{where}: invalid YAML: a recursive alias (*name inside the &name it refers to) builds no value"
+    )
+
+
+def test_validate_and_run_refuse_an_unbuildable_value_alike(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL.replace("  cuda:\n", "  cuda: {top_kernels: " + "9" * 5000 + "}\n") + "x: &a [*a]\n")
+
+    assert f"{path}:2:23: invalid YAML: cannot build this int value" in validate_and_run(path)
