@@ -16,7 +16,7 @@ from otelbpf.config.messages import describe, format_issue
 from otelbpf.config.model import Config
 from otelbpf.config.parse import MAX_CONFIG_BYTES, parse_yaml
 from otelbpf.config.selection import choose_receivers
-from otelbpf.config.substitution import substitute
+from otelbpf.config.substitution import SubstitutionLimit, substitute
 
 
 def load_config(
@@ -50,7 +50,11 @@ def load_config_text(text: str, *, source: str = "<string>", env: Mapping[str, s
 def _build(text: str, source: str, env: Mapping[str, str], *, from_file: bool, receivers: str | None = None) -> Config:
     data, root = parse_yaml(text, source)
     found = Findings()
-    data = substitute(data, (), env, found)
+    file_root = root if from_file else None  # positions in the built-in default would only confuse
+    try:
+        data = substitute(data, (), env, found)
+    except SubstitutionLimit as exc:
+        raise ConfigError(source, [format_issue(exc.path, str(exc), source, file_root, found.origins)]) from None
     if receivers is not None:
         choose_receivers(data, receivers, found)
     overlay(data, env, found, from_file=from_file)
@@ -67,6 +71,5 @@ def _build(text: str, source: str, env: Mapping[str, str], *, from_file: bool, r
     else:
         if not found.issues:
             return config
-    file_root = root if from_file else None  # positions in the built-in default would only confuse
     lines = [format_issue(path, message, source, file_root, found.origins) for path, message in found.issues]
     raise ConfigError(source, list(dict.fromkeys(lines)))

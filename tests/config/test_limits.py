@@ -240,3 +240,15 @@ def test_validate_and_run_refuse_an_unbuildable_value_alike(tmp_path: Path):
     path.write_text(MINIMAL.replace("  cuda:\n", "  cuda: {top_kernels: " + "9" * 5000 + "}\n") + "x: &a [*a]\n")
 
     assert f"{path}:2:23: invalid YAML: cannot build this int value" in validate_and_run(path)
+
+
+def test_substitution_repeated_through_aliases_is_bounded(tmp_path: Path):
+    """A 680 KB file: one 600 KB ``${X:-...}`` string aliased 20,000 times made 12 GB (minutes of
+    CPU) before substitution was bounded; now exit 2 at once, in validate and run alike."""
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + 'a: &a "${X:-' + "y" * 600_000 + '}"\nb: [' + ", ".join(["*a"] * 20_000) + "]\n")
+
+    stderr = validate_and_run(path)
+
+    assert f"{path}:8:4: b[" in stderr
+    assert "${...} substitution reads and writes more than 4MiB in all" in stderr

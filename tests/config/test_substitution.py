@@ -50,3 +50,16 @@ def test_invalid_value_from_a_variable_says_so():
 def test_unsupported_provider_and_bad_names():
     assert "unsupported provider 'file'" in one_error(with_exporter("file/b: {directory: '${file:/x}'}"))
     assert "'1X' is not a variable name" in one_error(with_exporter("file/b: {directory: '${1X}'}"))
+
+
+def test_a_long_value_substituted_once_is_fine():
+    token = "t" * 200_000
+    config = load(with_exporter("otlp: {endpoint: 'c:4317', headers: {authorization: '${TOKEN}'}}"), TOKEN=token)
+
+    assert config.exporters["otlp"].headers["authorization"] == token
+
+
+def test_a_huge_variable_is_bounded_too():
+    assert "substitution reads and writes more than 4MiB" in one_error(
+        with_exporter("otlp: {endpoint: 'c:4317', headers: {authorization: '${TOKEN}'}}"), TOKEN="t" * (5 << 20)
+    )
