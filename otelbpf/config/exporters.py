@@ -9,7 +9,17 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 
-from otelbpf.config.fields import FilePath, GrpcHeaders, Headers, HeaderValue, Section, http_url
+from otelbpf.config.fields import (
+    FilePath,
+    GrpcHeaders,
+    Headers,
+    HeaderValue,
+    ReadableFile,
+    Section,
+    endpoint_port,
+    endpoint_text,
+    http_url,
+)
 from otelbpf.config.signals import Signal
 from otelbpf.config.units import PositiveDuration, Size
 
@@ -17,9 +27,9 @@ from otelbpf.config.units import PositiveDuration, Size
 class HttpTLSConfig(Section):
     """TLS for the HTTP exporter; the endpoint's scheme (http/https) decides whether TLS is used."""
 
-    ca_file: FilePath | None = None
-    cert_file: FilePath | None = None
-    key_file: FilePath | None = None
+    ca_file: ReadableFile | None = None
+    cert_file: ReadableFile | None = None
+    key_file: ReadableFile | None = None
 
     @model_validator(mode="after")
     def _client_pair(self) -> HttpTLSConfig:
@@ -211,14 +221,15 @@ def endpoint_scheme(endpoint: str | None) -> str | None:
 
 def _grpc_target(endpoint: str) -> str:
     hint = "write host:port or http(s)://host[:port] (e.g. localhost:4317)"
+    endpoint_text(endpoint)
     scheme = endpoint_scheme(endpoint)
     if scheme is not None and scheme not in ("http", "https"):
         raise ValueError(f"gRPC endpoint {endpoint!r} has scheme {scheme!r}: {hint}")
     parts = urllib.parse.urlsplit(endpoint if scheme else f"//{endpoint}")
     try:
-        port = parts.port
-    except ValueError:
-        raise ValueError(f"gRPC endpoint {endpoint!r} has an invalid port: {hint}") from None
+        port = endpoint_port(endpoint, parts)
+    except ValueError as exc:
+        raise ValueError(f"{exc}: {hint}") from None
     if not parts.hostname or parts.path not in ("", "/") or parts.query:
         raise ValueError(f"gRPC endpoint {endpoint!r} is not {hint.removeprefix('write ')}")
     if port is None:

@@ -4,7 +4,9 @@ loaded configs are frozen), and the checks that more than one section runs on it
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import urllib.parse
 from typing import Annotated, Any
 
@@ -34,10 +36,37 @@ def absolute_glob(pattern: str) -> str:
 def http_url(value: str | None, example: str) -> str | None:
     """``value`` as it is when unset or an http(s):// URL with a host, else an error showing ``example``."""
     if value is not None:
+        endpoint_text(value)
         parts = urllib.parse.urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{value!r} is not an http(s):// URL with a host (like {example})")
+        endpoint_port(value, parts)
     return value
+
+
+_ENDPOINT_TEXT = re.compile(r"[\x21-\x7e]+")
+
+
+def endpoint_text(endpoint: str) -> None:
+    """An endpoint is printable ASCII without spaces: urllib takes ``"a b:4317"`` or a control
+    character in a host as they are, and every export then fails (or goes elsewhere)."""
+    if not _ENDPOINT_TEXT.fullmatch(endpoint):
+        bad = next((c for c in endpoint if not _ENDPOINT_TEXT.fullmatch(c)), "")
+        what = f"{bad!r} is not allowed" if bad else "it is empty"
+        raise ValueError(f"endpoint {endpoint!r}: {what}: printable ASCII, no spaces or control characters")
+
+
+def endpoint_port(endpoint: str, parts: urllib.parse.SplitResult) -> int | None:
+    """The port written in ``parts`` (of ``endpoint``), 1 to 65535 in digits, or None if none is."""
+    hostport = parts.netloc.rpartition("@")[2]
+    _, bracket, after = hostport.rpartition("]")  # an IPv6 literal: the port follows its bracket
+    tail = after if bracket else hostport
+    if ":" not in tail:
+        return None
+    text = tail.rpartition(":")[2]
+    if not (text.isascii() and text.isdigit() and len(text) <= 5 and 1 <= int(text) <= 65535):
+        raise ValueError(f"endpoint {endpoint!r}: port {text!r} is not a number from 1 to 65535")
+    return int(text)
 
 
 #: A library search path: an absolute glob (``/usr/lib/*/libnccl.so*``).
@@ -71,15 +100,22 @@ def _unique_names(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-def _lowercase_names(value: dict[str, str]) -> dict[str, str]:
-    """gRPC metadata keys are lowercase: an upper-case one fails every export."""
+def _grpc_names(value: dict[str, str]) -> dict[str, str]:
+    """gRPC metadata keys are lowercase (an upper-case one fails every export), and a ``-bin``
+    key carries bytes: grpc raises TypeError at every export given a str value for it."""
+    binary = [name for name in value if name.lower().endswith("-bin")]
+    if binary:
+        raise ValueError(
+            f"{', '.join(map(repr, binary))}: gRPC metadata names ending in -bin carry binary values, "
+            "which a config cannot give: rename the header"
+        )
     return {name.lower(): text for name, text in _unique_names(value).items()}
 
 
 HeaderValue = Annotated[str, AfterValidator(_header_value)]
 _HeaderName = Annotated[str, AfterValidator(_header_name)]
 Headers = Annotated[dict[_HeaderName, HeaderValue], AfterValidator(_unique_names)]
-GrpcHeaders = Annotated[dict[_HeaderName, HeaderValue], AfterValidator(_lowercase_names)]
+GrpcHeaders = Annotated[dict[_HeaderName, HeaderValue], AfterValidator(_grpc_names)]
 
 
 def _no_nul(value: str) -> str:
@@ -89,3 +125,22 @@ def _no_nul(value: str) -> str:
 
 
 FilePath = Annotated[str, AfterValidator(_no_nul)]
+
+
+def _readable_file(path: str) -> str:
+    """What an exporter reads when it starts (a TLS CA, certificate or key): checked when the
+    config is loaded, so that ``validate`` fails where ``run`` would (relative paths are read
+    from the working directory, as ``run`` reads them)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path!r}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path!r} is not a regular file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"cannot read {path!r}: permission denied")
+    return path
+
+
+#: A file the agent reads at start: it must exist and be readable then.
+ReadableFile = Annotated[str, AfterValidator(_no_nul), AfterValidator(_readable_file)]

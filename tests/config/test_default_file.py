@@ -114,10 +114,18 @@ def test_the_built_in_default_is_the_file():
     assert load_config(None, env={}) == LOADED
 
 
-def test_the_exporter_examples_are_a_valid_config():
-    """The commented-out exporters, uncommented, load (and can be named in a pipeline)."""
+def test_the_exporter_examples_are_a_valid_config(tmp_path):
+    """The commented-out exporters, uncommented, load (and can be named in a pipeline); their
+    TLS files (which must exist) are made in tmp_path."""
+    exporters = exporter_examples()
+    for body in exporters.values():
+        tls = (body or {}).get("tls") or {}
+        for key in ("ca_file", "cert_file", "key_file"):
+            if key in tls:
+                tls[key] = str(tmp_path / key)
+                (tmp_path / key).write_text("PEM\n")
     examples = {
-        "exporters": exporter_examples(),
+        "exporters": exporters,
         "receivers": {"cuda": None},
         "service": {"pipelines": {"traces": {"receivers": ["cuda"], "exporters": ["otlp", "otlphttp", "otlp/tempo"]}}},
     }

@@ -87,7 +87,9 @@ def test_a_signal_without_an_endpoint_keeps_the_file_exporter():
     assert [n for n, _ in config.pipeline_exporters("metrics")] == ["file"]
 
 
-def test_exporter_variables_are_parsed():
+def test_exporter_variables_are_parsed(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("PEM\n")
     config = load_config(
         None,
         env={
@@ -96,14 +98,14 @@ def test_exporter_variables_are_parsed():
             "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
             "OTEL_EXPORTER_OTLP_INSECURE": "true",
             "OTEL_EXPORTER_OTLP_COMPRESSION": "none",
-            "OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/ca.pem",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE": str(ca),
         },
     )
 
     otlp = config.exporters["otlp"]
     assert otlp.headers == {"api-key": "a,b=c", "x-team": "ml ops"}
     assert otlp.timeout == 2_500_000_000  # OTEL_EXPORTER_OTLP_TIMEOUT is in milliseconds
-    assert otlp.insecure is True and otlp.tls.ca_file == "/etc/ca.pem"
+    assert otlp.insecure is True and otlp.tls.ca_file == str(ca)
     assert otlp.compression == "none"
 
 
