@@ -190,7 +190,7 @@ def _nccl(name: str, cfg: NcclReceiverConfig, ctx: Context) -> Receiver:
 #: config model type -> builder
 def _profiling(name: str, cfg: ProfilingReceiverConfig, ctx: Context) -> Receiver:
     from otelbpf.config import to_seconds
-    from otelbpf.correlate.profiles import Profiler
+    from otelbpf.correlate.profiles import CacheSizes, Profiler
     from otelbpf.sensor.profile_probes import profile_family
 
     profiler = Profiler(
@@ -202,6 +202,13 @@ def _profiling(name: str, cfg: ProfilingReceiverConfig, ctx: Context) -> Receive
         cuda_memory=cfg.cuda_memory,
         python=cfg.python,
         labels=ctx.profile_attributes,
+        caches=CacheSizes(
+            stacks=cfg.cached_stacks,
+            python_stacks=cfg.cached_python_stacks,
+            resolved_stacks=cfg.cached_resolved_stacks,
+            frames=cfg.cached_frames,
+            code_objects=cfg.cached_code_objects,
+        ),
     )
     profiler.run_locked = lambda fn: ctx.maps.with_bpf(fn)
     family = profile_family(

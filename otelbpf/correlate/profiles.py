@@ -4,8 +4,11 @@ pprof per process and kind (CPU; CUDA memory), with merged Python + native stack
 Threads: the family's ``on_load`` (sensor start) attaches the perf event and starts the
 collection thread; ``on_events`` (the agent's processing thread) learns of new processes,
 execs and exits; ``on_unload`` (sensor stop, after the last drain) makes the final
-collection. Map reads happen under the sensor's lock (``run_locked``), symbolization and
-encoding outside it.
+collection. Only kernel map operations happen under the sensor's lock (``run_locked``), in
+three short holds a round: taking the aggregates and stacks, looking up the code objects they
+name, deleting what went stale. Caching, decoding, symbolization and encoding happen outside
+it: the agent's processing thread needs that lock too, and waited behind whole rounds (0.4-2.3 s
+on a busy host, issue 14). Every cache is bounded (``CacheSizes``), evictions counted.
 
 Kernel maps are emptied as they are read: sample counts and allocation counts are
 lookup-and-deleted, stacks are copied into caches here and deleted there (the kernel
@@ -15,6 +18,7 @@ are a running balance.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -24,9 +28,9 @@ import threading
 import time
 from array import array
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -35,6 +39,7 @@ from otelbpf.base.health import Health
 from otelbpf.correlate import pylines
 from otelbpf.correlate.kallsyms import KernelSymbols
 from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.profile_cache import Interned, Lru
 from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
 from otelbpf.correlate.spans import scope
 from otelbpf.correlate.stacks import Frame, PythonFrame, kernel, merge, native
@@ -71,8 +76,10 @@ RunLocked = Callable[[Callable[[Any], Any]], Any]
 Sink = Callable[[list[Profile]], None]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CodeInfo:
+    """A code object as the kernel copied it; its line table decoded on first use."""
+
     name: str
     filename: str
     firstlineno: int
@@ -80,6 +87,18 @@ class CodeInfo:
     table_size: int
     table_addr: int
     captured_ns: int
+    index: pylines.LineIndex | None = None
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    """Entries each of the profiler's caches holds at most (``receivers.profiling.cached_*``)."""
+
+    stacks: int = 16384  # native stacks copied from the kernel, by hash
+    python_stacks: int = 16384  # Python stacks, the kernel's bytes
+    resolved_stacks: int = 16384  # (process, stacks) -> merged frames
+    frames: int = 65536  # distinct frames, shared by the resolved stacks
+    code_objects: int = 8192  # Python code objects, by process
 
 
 CodeKey = tuple[int, int]  # (address, tag): one code object (bpf/profile.c code_tag)
@@ -108,6 +127,55 @@ class _Raw:
     gone: dict[int, _Proc]  # processes that exited before this read: forgotten once it is emitted
 
 
+_Arrays = tuple[np.ndarray, np.ndarray]  # a map's keys and values, as read
+
+
+@dataclass
+class _Taken:
+    """One read of the kernel maps, as it lay there (taken under the sensor's lock)."""
+
+    end_ns: int
+    read_mono_ns: int
+    samples: _Arrays
+    allocs: _Arrays | None
+    inuse: _Arrays | None
+    stacks: _Arrays
+    py_stacks: _Arrays
+    tables: _Arrays
+    stats: dict[str, int]
+
+
+_Steps = Generator[bool, Any, None]  # a round: yields whether its next step needs the kernel
+
+
+_T = TypeVar("_T")
+
+
+def _mark_used(cache: Lru[int, tuple[_T, int, int]], hashes: set[int], round_: int) -> int:
+    """Mark the cached stacks a read's samples refer to as used this round; how many are not cached."""
+    missing = 0
+    for h in hashes:
+        hit = cache.get(h)
+        if hit is None:
+            missing += 1
+        elif hit[2] != round_:
+            cache.put(h, (hit[0], hit[1], round_))
+    return missing
+
+
+def _mem_rows(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, int, int, int, int, int]]:
+    return list(
+        zip(
+            keys["pid"].tolist(),
+            keys["func"].tolist(),
+            keys["user"].tolist(),
+            keys["py"].tolist(),
+            values["bytes"].tolist(),
+            values["count"].tolist(),
+        )
+    )
+
+
 def _decode_str(raw: bytes, kind: int) -> str:
     codec = {0: "ascii", 1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}.get(kind, "latin-1")
     return raw.decode(codec, errors="replace")
@@ -118,12 +186,14 @@ def _field(leaf: Any, name: str, size: int) -> bytes:
     return ctypes.string_at(ctypes.addressof(leaf) + getattr(type(leaf), name).offset, size)
 
 
-def drain(table: Any, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Every (key, value) of a BPF hash map, looked up and deleted in one pass, as numpy
-    arrays of the map's own layouts. BCC's items_lookup_and_delete_batch allocates and
-    zeroes buffers for the map's whole capacity on each call (17 MiB for a stack map) and
-    hands back one ctypes object per entry; this reads ``chunk`` entries per syscall."""
+def drain(table: Any, chunk: int = 1024, *, keep: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Every (key, value) of a BPF hash map, looked up and deleted in one pass (``keep``: only
+    looked up), as numpy arrays of the map's own layouts. BCC's items_lookup_and_delete_batch
+    allocates and zeroes buffers for the map's whole capacity on each call (17 MiB for a stack
+    map) and hands back one ctypes object per entry; this reads ``chunk`` entries per syscall."""
     from bcc.libbcc import lib
+
+    batch = lib.bpf_lookup_batch if keep else lib.bpf_lookup_and_delete_batch
 
     key_type, value_type = np.dtype(table.Key), np.dtype(table.Leaf)
     keys, values = [], []
@@ -132,7 +202,7 @@ def drain(table: Any, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
     while True:
         kbuf, vbuf = np.empty(chunk, key_type), np.empty(chunk, value_type)
         count.value = chunk
-        res = lib.bpf_lookup_and_delete_batch(
+        res = batch(
             table.map_fd,
             ctypes.byref(cursor) if started else None,
             ctypes.byref(after),
@@ -145,7 +215,7 @@ def drain(table: Any, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
             chunk *= 2
             continue
         if err not in (0, errno.ENOENT):
-            raise OSError(err, f"BPF_MAP_LOOKUP_AND_DELETE_BATCH: {os.strerror(err)}")
+            raise OSError(err, f"BPF_MAP_LOOKUP{'' if keep else '_AND_DELETE'}_BATCH: {os.strerror(err)}")
         keys.append(kbuf[: count.value])
         values.append(vbuf[: count.value])
         if err == errno.ENOENT:  # the end of the map
@@ -173,6 +243,7 @@ class Profiler:
         cuda_memory: bool,
         python: bool,
         labels: dict[str, Any] | None = None,
+        caches: CacheSizes = CacheSizes(),
     ) -> None:
         self._info = process_info
         self._health = health
@@ -188,27 +259,35 @@ class Profiler:
         self._host = socket.gethostname()
         self._lock = threading.Lock()
         self._procs: dict[int, _Proc] = {}
-        # Native stacks as 8 bytes a frame (array "Q"): as tuples of Python ints (~40 bytes a
-        # frame) they were the profiler's largest structure on a busy host (issue 14).
-        self._stacks: dict[int, tuple[Sequence[int], int]] = {}
-        self._py_stacks: dict[int, tuple[tuple[tuple[int, int, int, int], ...], int]] = {}  # (code, offset, flags, tag)
-        self._codes: dict[tuple[int, int, int], CodeInfo] = {}  # (pid, code, tag)
-        self._lines: dict[tuple[int, int, int], pylines.LineIndex] = {}  # decoded line tables, as _codes
+        # Stack hash -> (frames, flags, round last used), dropped when unused for two rounds.
+        # Native stacks as 8 bytes a frame (array "Q"), Python ones as the kernel's 16-byte
+        # frames (decoded when used): as tuples of Python ints (~40 bytes a value) they were
+        # the profiler's largest structure on a busy host (issue 14).
+        self._stacks: Lru[int, tuple[array[int], int, int]] = Lru("stacks", caches.stacks)
+        self._py_stacks: Lru[int, tuple[bytes, int, int]] = Lru("python_stacks", caches.python_stacks)
+        self._py_frame_dtype: np.dtype | None = None  # the kernel's Python frame layout, from the first drain
+        # (pid, code, tag) -> what the kernel copied; an evicted one is deleted there too (recaptured)
+        self._codes: Lru[tuple[int, int, int], CodeInfo] = Lru("code_objects", caches.code_objects, self._code_evicted)
+        self._stale_codes: set[tuple[int, int, int]] = set()  # kernel entries to delete at the next round's end
         # line table chunks taken from the kernel, (pid, code, tag) -> (index -> bytes, round taken): kept
         # until their code's entry is read (the kernel writes chunks first), two rounds at most
         self._chunks: dict[tuple[int, int, int], tuple[dict[int, bytes], int]] = {}
-        self._used: dict[int, int] = {}  # stack hash -> round last used (cache eviction)
         # (pid, user, kernel, Python stack hash) -> (frames, round last used): a stack seen
         # again is not symbolized again; dropped as the stacks above are, and with its process.
-        self._resolved: dict[tuple[int, int, int, int], tuple[list[Frame], int]] = {}
+        self._resolved: Lru[tuple[int, int, int, int], tuple[list[Frame], int]] = Lru(
+            "resolved_stacks", caches.resolved_stacks
+        )
+        self._frame = Interned[Frame]("frames", caches.frames)  # one object per distinct frame
         self._reimaged: set[int] = set()  # exec'd since the last emit: their stacks resolve anew
         self._round = 0
         self._loaded_layouts: set[int] = set()
         self._last_ns = time.time_ns()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._collect_lock = threading.Lock()  # one read or emit at a time; taken after the sensor's lock
+        self._collect_lock = threading.Lock()  # one step of a round at a time; taken after the sensor's lock
+        self._current: _Steps | None = None  # the collection thread's round in progress
         self._reading_stopped = False
+        self.lock_holds: list[float] = []  # the sensor's lock held by each kernel step of the round, s
         self.frames_symbolized = 0
         self.symbolize_seconds = 0.0
 
@@ -239,12 +318,18 @@ class Profiler:
 
     def on_unload(self, bpf: Any) -> None:
         """The final read. The collection thread is not joined: it may be waiting for the
-        sensor's lock, held here; once it gets it, it finds reading stopped."""
+        sensor's lock, held here. A round it has begun is finished here first (what it took
+        from the kernel is in no other read); then it finds its round gone and reading stopped."""
         self._stop.set()
         self._process_pending_inspections(bpf)
         with self._collect_lock:
             self._reading_stopped = True
-            self._emit(self._read(bpf))
+            if self._current is not None:
+                self._finish(self._current, bpf)
+                self._current = None
+            rnd = self._round_steps()
+            next(rnd)
+            self._finish(rnd, bpf)
 
     # -- correlator protocol (processing thread) ----------------------------
 
@@ -322,8 +407,7 @@ class Profiler:
             old = self._procs.pop(pid, None)
             if old is not None:
                 for code, tag in old.codes:
-                    self._codes.pop((pid, code, tag), None)
-                    self._lines.pop((pid, code, tag), None)
+                    self._codes.pop((pid, code, tag))
         self._sym.forget(pid)
 
         def drop(bpf: Any) -> None:
@@ -360,20 +444,82 @@ class Profiler:
                 self._health.add("otelbpf.profile.collection_errors", 1)
 
     def collect_once(self) -> None:
-        raw = self.run_locked(self._read_unless_stopped)
-        if raw is not None:
-            with self._collect_lock:
-                self._emit(raw)
-
-    def _read_unless_stopped(self, bpf: Any) -> _Raw | None:
-        """Lock order: the sensor's lock (held by the caller), then the collection lock."""
+        """One round by the collection thread. Its kernel steps run under the sensor's lock, one
+        short hold each (``run_locked``); copying, decoding, symbolizing and exporting outside
+        it, under the collection lock only. A round the final read took over (``on_unload``)
+        is left to it."""
         with self._collect_lock:
-            return None if self._reading_stopped else self._read(bpf)
+            if self._reading_stopped:
+                return
+            rnd = self._current = self._round_steps()
+            locked: bool | None = next(rnd)
+        while locked is not None:
+            locked = self.run_locked(lambda bpf: self._advance(rnd, bpf)) if locked else self._advance(rnd, None)
 
-    def _read(self, bpf: Any) -> _Raw:
-        """Everything the kernel aggregated since the last read (sensor lock held)."""
+    def _advance(self, rnd: _Steps, bpf: Any) -> bool | None:
+        """The round's next step (``bpf`` for a kernel step, whose hold is timed): whether the one
+        after needs the kernel, None when the round is over or no longer this thread's."""
+        with self._collect_lock:
+            if self._current is not rnd:
+                return None
+            t0 = time.perf_counter()
+            try:
+                return rnd.send(bpf)
+            except StopIteration:
+                self._current = None
+                return None
+            finally:
+                if bpf is not None:
+                    self.lock_holds.append(time.perf_counter() - t0)
+
+    def _finish(self, rnd: _Steps, bpf: Any) -> None:
+        """Every remaining step of a round, at once (the final read: the sensor's lock held)."""
+        with contextlib.suppress(StopIteration):
+            while True:
+                rnd.send(bpf)
+
+    def _round_steps(self) -> _Steps:
+        """One round: take what the kernel aggregated (lock), cache and decode it; look up the
+        code objects its Python stacks name (lock), decode them; delete what is stale in the
+        kernel (lock); symbolize and export. Yields whether the next step needs the kernel
+        (then it is sent the BPF object)."""
+        self.lock_holds = []
+        bpf = yield True
+        taken = self._take(bpf)
+        yield False
+        raw, wanted = self._digest(taken)
+        bpf = yield True
+        leaves = self._lookup_codes(bpf, wanted)
+        yield False
+        self._name_codes(leaves)
+        bpf = yield True
+        self._delete_stale(bpf, raw)
+        yield False
+        log.debug(
+            "profile round %d: sensor lock held %s ms",
+            self._round,
+            "/".join(f"{s * 1e3:.1f}" for s in self.lock_holds),
+        )
+        self._emit(raw)
+
+    def _take(self, bpf: Any) -> _Taken:
+        """Everything the kernel aggregated since the last read, as it lies in the maps (kernel
+        operations only: the sensor's lock is held)."""
         end, mono = time.time_ns(), time.monotonic_ns()
-        keys, counts = drain(bpf["cpu_samples"])
+        samples = drain(bpf["cpu_samples"])
+        allocs = inuse = None
+        if self.cuda_memory:
+            allocs = drain(bpf["mem_alloc"])
+            inuse = drain(bpf["mem_inuse"], keep=True)
+        stacks, py_stacks, tables = drain(bpf["stacks"]), drain(bpf["py_stacks"]), drain(bpf["py_tables"])
+        stats = bpf["profile_stats"]
+        drops = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
+        return _Taken(end, mono, samples, allocs, inuse, stacks, py_stacks, tables, drops)
+
+    def _digest(self, t: _Taken) -> tuple[_Raw, set[tuple[int, int, int]]]:
+        """The read as rows, its stacks cached; and the code objects its Python stacks name that
+        are not known yet (to look up in the kernel)."""
+        keys, counts = t.samples
         samples = list(
             zip(
                 keys["pid"].tolist(),
@@ -383,67 +529,57 @@ class Profiler:
                 counts.tolist(),
             )
         )
-        allocs: list[tuple[int, int, int, int, int, int]] = []
-        inuse: list[tuple[int, int, int, int, int, int]] = []
-        if self.cuda_memory:
-            keys, values = drain(bpf["mem_alloc"])
-            allocs = list(
-                zip(
-                    keys["pid"].tolist(),
-                    keys["func"].tolist(),
-                    keys["user"].tolist(),
-                    keys["py"].tolist(),
-                    values["bytes"].tolist(),
-                    values["count"].tolist(),
-                )
-            )
-            inuse = [(k.pid, k.func, k.user, k.py, v.bytes, v.count) for k, v in bpf["mem_inuse"].items()]
+        allocs = _mem_rows(*t.allocs) if t.allocs is not None else []
+        inuse = _mem_rows(*t.inuse) if t.inuse is not None else []
         self._round += 1
         natives = {h for s in samples for h in (s[1], s[2])} | {a[2] for a in allocs + inuse}
         pys = {s[3] for s in samples} | {a[3] for a in allocs + inuse}
-        self._copy_stacks(bpf, natives - {0}, pys - {0})
-        self._take_chunks(bpf)
-        self._copy_codes(bpf, [(s[0], s[3]) for s in samples] + [(a[0], a[3]) for a in allocs + inuse])
-        stats = bpf["profile_stats"]
-        drops = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
-        gone = self._cleanup_exited(bpf, {s[0] for s in samples}, {a[0] for a in inuse})
-        start, self._last_ns = self._last_ns, end
-        return _Raw(start, end, mono, samples, allocs, inuse, drops, gone)
+        self._copy_stacks(t.stacks, t.py_stacks, natives - {0}, pys - {0})
+        self._take_chunks(t.tables)
+        wanted = set()
+        for pid, h in {(s[0], s[3]) for s in samples} | {(a[0], a[3]) for a in allocs + inuse}:
+            for code, _offset, _flags, tag in self._py_frames(h)[0]:
+                if code and (pid, code, tag) not in self._codes:
+                    wanted.add((pid, code, tag))
+        with self._lock:
+            sampled = {s[0] for s in samples}
+            gone = {pid: p for pid, p in self._procs.items() if p.exited and pid not in sampled}
+        start, self._last_ns = self._last_ns, t.end_ns
+        return _Raw(start, t.end_ns, t.read_mono_ns, samples, allocs, inuse, t.stats, gone), wanted
 
-    def _copy_stacks(self, bpf: Any, natives: set[int], pys: set[int]) -> None:
-        """Take every stack the kernel stored since the last read, the map emptied (it stores
-        a stack again when it sees it again: a stack that stayed cached here was never
-        deleted there, and the map filled up with stacks long out of use). ``natives`` and
+    def _copy_stacks(self, stacks: _Arrays, py_stacks: _Arrays, natives: set[int], pys: set[int]) -> None:
+        """Cache every stack the kernel stored since the last read (its map was emptied: it
+        stores a stack again when it sees it again; a stack that stayed cached here was never
+        deleted there, and the map filled up with stacks long out of use). Native stacks as 8
+        bytes a frame, Python ones as the kernel's bytes, decoded when used. ``natives`` and
         ``pys``: the hashes this read's samples refer to, kept two more rounds."""
-        keys, leaves = drain(bpf["stacks"])
+        keys, leaves = stacks
         for h, n, flags, ips in zip(keys.tolist(), leaves["len"].tolist(), leaves["flags"].tolist(), leaves["ip"]):
-            self._used[h] = self._round
-            if h not in self._stacks:
-                self._stacks[h] = (array("Q", ips[:n].astype(np.uint64, copy=False).tobytes()), flags)
-        keys, leaves = drain(bpf["py_stacks"])
+            self._stacks.put(h, (array("Q", ips[:n].astype(np.uint64, copy=False).tobytes()), flags, self._round))
+        keys, leaves = py_stacks
+        if len(keys):
+            self._py_frame_dtype = leaves.dtype["f"].base
         frames = leaves["f"]
         for i, (h, n, flags) in enumerate(zip(keys.tolist(), leaves["len"].tolist(), leaves["flags"].tolist())):
-            self._used[h] = self._round
-            if h not in self._py_stacks:
-                f = frames[i, :n]
-                self._py_stacks[h] = (
-                    tuple(zip(f["code"].tolist(), f["offset"].tolist(), f["flags"].tolist(), f["tag"].tolist())),
-                    flags,
-                )
-        for h in natives | pys:
-            self._used[h] = self._round
-        missing = len(natives - self._stacks.keys()) + len(pys - self._py_stacks.keys())
+            self._py_stacks.put(h, (frames[i, :n].tobytes(), flags, self._round))
+        missing = _mark_used(self._stacks, natives, self._round) + _mark_used(self._py_stacks, pys, self._round)
         if missing:
             self._health.add("otelbpf.profile.stacks_missing", missing)
-        stale = [h for h, r in self._used.items() if r < self._round - 2]
-        for h in stale:
-            del self._used[h]
-            self._stacks.pop(h, None)
-            self._py_stacks.pop(h, None)
+        oldest = self._round - 2
+        self._stacks.release(lambda _h, v: v[2] < oldest)
+        self._py_stacks.release(lambda _h, v: v[2] < oldest)
 
-    def _take_chunks(self, bpf: Any) -> None:
-        """Every line table chunk the kernel wrote since the last read, its map emptied."""
-        keys, leaves = drain(bpf["py_tables"])
+    def _py_frames(self, h: int) -> tuple[list[tuple[int, int, int, int]], int]:
+        """A cached Python stack's frames as (code, offset, flags, tag), and its flags."""
+        hit = self._py_stacks.get(h) if h else None
+        if hit is None or self._py_frame_dtype is None:
+            return [], 0
+        f = np.frombuffer(hit[0], dtype=self._py_frame_dtype)
+        return list(zip(f["code"].tolist(), f["offset"].tolist(), f["flags"].tolist(), f["tag"].tolist())), hit[1]
+
+    def _take_chunks(self, tables: _Arrays) -> None:
+        """The line table chunks the kernel wrote since the last read, by code object."""
+        keys, leaves = tables
         code = keys["code"]
         for pid, tag, addr, index, chunk in zip(
             code["pid"].tolist(), code["tag"].tolist(), code["code"].tolist(), keys["index"].tolist(), leaves["b"]
@@ -451,32 +587,37 @@ class Profiler:
             self._chunks.setdefault((pid, addr, tag), ({}, self._round))[0][index] = chunk.tobytes()
         self._chunks = {k: v for k, v in self._chunks.items() if v[1] >= self._round - 2}
 
-    def _copy_codes(self, bpf: Any, refs: list[tuple[int, int]]) -> None:
+    @staticmethod
+    def _lookup_codes(bpf: Any, wanted: set[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], Any]]:
+        """The kernel's entries of these code objects, copied (kernel lookups only: the sensor's
+        lock is held). One not captured yet is absent: a later sample will capture it."""
         table = bpf["py_codes"]
-        for pid, h in refs:
-            frames = self._py_stacks.get(h, ((), 0))[0]
-            for code, _offset, _flags, tag in frames:
-                if not code or (pid, code, tag) in self._codes:
-                    continue
-                try:
-                    leaf = table[table.Key(pid=pid, tag=tag, code=code)]
-                except KeyError:
-                    continue  # not captured yet: a later sample will (or superseded, see _supersede)
-                line_table = self._line_table_copy(pid, code, tag, leaf.table_len)
-                if line_table is None:
-                    continue  # its chunks were written after this read took them: next read
-                info = CodeInfo(
-                    name=_decode_str(_field(leaf, "name", leaf.name_len), leaf.name_kind),
-                    filename=("…" if leaf.file_cut else "")
-                    + _decode_str(_field(leaf, "file", leaf.file_len), leaf.file_kind),
-                    firstlineno=leaf.firstlineno,
-                    table=line_table,
-                    table_size=leaf.table_size,
-                    table_addr=leaf.table_addr,
-                    captured_ns=leaf.captured_ns,
-                )
-                self._codes[(pid, code, tag)] = info
-                self._supersede(bpf, pid, (code, tag), info)
+        out = []
+        for pid, code, tag in wanted:
+            try:
+                out.append(((pid, code, tag), table[table.Key(pid=pid, tag=tag, code=code)]))
+            except KeyError:
+                continue
+        return out
+
+    def _name_codes(self, leaves: list[tuple[tuple[int, int, int], Any]]) -> None:
+        """Decode the code objects looked up, once their line tables are all taken."""
+        for (pid, code, tag), leaf in leaves:
+            line_table = self._line_table_copy(pid, code, tag, leaf.table_len)
+            if line_table is None:
+                continue  # its chunks were written after this read took them: next read
+            info = CodeInfo(
+                name=_decode_str(_field(leaf, "name", leaf.name_len), leaf.name_kind),
+                filename=("…" if leaf.file_cut else "")
+                + _decode_str(_field(leaf, "file", leaf.file_len), leaf.file_kind),
+                firstlineno=leaf.firstlineno,
+                table=line_table,
+                table_size=leaf.table_size,
+                table_addr=leaf.table_addr,
+                captured_ns=leaf.captured_ns,
+            )
+            self._codes.put((pid, code, tag), info)
+            self._supersede(pid, (code, tag), info)
 
     def _line_table_copy(self, pid: int, code: int, tag: int, length: int) -> bytes | None:
         """The ``length`` bytes of line table the kernel copied for a code object, from the
@@ -489,10 +630,10 @@ class Profiler:
             return None
         return b"".join(chunks[i] for i in range(count))[:length]
 
-    def _supersede(self, bpf: Any, pid: int, key: CodeKey, info: CodeInfo) -> None:
+    def _supersede(self, pid: int, key: CodeKey, info: CodeInfo) -> None:
         """Two code objects seen at one address: the one captured earlier was freed. Its
-        kernel entry goes now (code made again and again, by exec() or a module's import,
-        would fill the map), its info here after this round's profiles are out."""
+        kernel entry goes this round (code made again and again, by exec() or a module's
+        import, would fill the map), its info here after this round's profiles are out."""
         with self._lock:
             proc = self._procs.setdefault(pid, _Proc())
             proc.codes.add(key)
@@ -504,33 +645,42 @@ class Profiler:
             older = other if known is None or known.captured_ns <= info.captured_ns else key
             proc.latest[key[0]] = key if older == other else other
             proc.superseded.add(older)
-        self._delete_codes(bpf, pid, {older})
+            self._stale_codes.add((pid, *older))
 
-    def _cleanup_exited(self, bpf: Any, sampled: set[int], held_memory: set[int]) -> dict[int, _Proc]:
-        """Drop from the kernel what is kept for processes that exited before this read
-        (their last samples are in it); what user space knows of them goes after the emit."""
+    def _code_evicted(self, key: tuple[int, int, int], _info: CodeInfo) -> None:
+        """A code object pushed out of the cache: its kernel entry goes too, so that the kernel
+        captures it again (with its line table) when it is sampled again."""
         with self._lock:
-            procs = {pid: p for pid, p in self._procs.items() if p.exited and pid not in sampled}
-        gone = list(procs)
-        if not gone:
-            return procs
+            self._stale_codes.add(key)
+            proc = self._procs.get(key[0])
+            if proc is not None:
+                proc.codes.discard(key[1:])
+
+    def _delete_stale(self, bpf: Any, raw: _Raw) -> None:
+        """Kernel deletions (the sensor's lock is held): code objects superseded or evicted, and
+        what is kept for processes that exited before this read (their last samples are in
+        it; what user space knows of them goes after the emit)."""
+        with self._lock:
+            stale, self._stale_codes = self._stale_codes, set()
+        codes = bpf["py_codes"]
+        for pid, code, tag in stale:
+            with contextlib.suppress(KeyError):
+                del codes[codes.Key(pid=pid, tag=tag, code=code)]
+        if not raw.gone:
+            return
         table = bpf["py_procs"]
-        for pid, p in procs.items():
-            try:
+        for pid, p in raw.gone.items():
+            with contextlib.suppress(KeyError):
                 del table[table.Key(pid)]
-            except KeyError:
-                pass
             self._delete_codes(bpf, pid, p.codes)
-        pids = set(gone) & held_memory
-        if pids:  # iterating the live-allocation map is costly: only for processes that allocated
+        pids = raw.gone.keys() & {a[0] for a in raw.inuse}
+        if pids:  # the live-allocation map is large: read only for processes that allocated
             for name in ("mem_inuse", "mem_live"):
                 t = bpf[name]
-                for k in [k for k in t if k.pid in pids]:
-                    try:
-                        del t[k]
-                    except KeyError:
-                        pass
-        return procs
+                keys, _ = drain(t, keep=True)
+                for row in keys[np.isin(keys["pid"], list(pids))]:
+                    with contextlib.suppress(KeyError):
+                        del t[t.Key.from_buffer_copy(row.tobytes())]
 
     def _forget(self, procs: dict[int, _Proc]) -> None:
         with self._lock:
@@ -542,12 +692,10 @@ class Profiler:
                 p.superseded = set()
         for pid, codes in superseded.items():
             for code, tag in codes:
-                self._codes.pop((pid, code, tag), None)
-                self._lines.pop((pid, code, tag), None)
+                self._codes.pop((pid, code, tag))
         for pid, p in procs.items():
             for code, tag in p.codes:
-                self._codes.pop((pid, code, tag), None)
-                self._lines.pop((pid, code, tag), None)
+                self._codes.pop((pid, code, tag))
             self._sym.forget(pid)
         self._prune_resolved(set(procs))
 
@@ -555,14 +703,14 @@ class Profiler:
         """Resolved stacks go when unused for two rounds (as their hashes do), and with
         their process (an exit, or an exec: the same addresses are another program's)."""
         oldest = self._round - 2
-        self._resolved = {k: v for k, v in self._resolved.items() if v[1] >= oldest and k[0] not in pids}
+        self._resolved.release(lambda k, v: v[1] < oldest or k[0] in pids)
 
     # -- symbolization -------------------------------------------------------
 
     def _python_frames(self, pid: int, h: int, version: tuple[int, int]) -> tuple[list[PythonFrame], bool, bool]:
         """The stack's frames, whether it was truncated, and whether every code object
         was named (one not captured yet will be, by a later sample)."""
-        frames, flags = self._py_stacks.get(h, ((), 0))
+        frames, flags = self._py_frames(h)
         out: list[PythonFrame] = []
         named = True
         for code, offset, fflags, tag in frames:
@@ -577,15 +725,15 @@ class Profiler:
                 out.append(PythonFrame(f"[python code {code:#x}]", "", 0, 0, bool(fflags & PYF_ENTRY)))
                 named = False
                 continue
-            line = self._line_index((pid, code, tag), info, version).line(offset)
+            line = self._line_index(pid, info, version).line(offset)
             out.append(PythonFrame(info.name, info.filename, line or 0, info.firstlineno, bool(fflags & PYF_ENTRY)))
         return out, bool(flags & STACKF_TRUNCATED), named
 
-    def _line_index(self, key: tuple[int, int, int], info: CodeInfo, version: tuple[int, int]) -> pylines.LineIndex:
-        index = self._lines.get(key)
-        if index is None:
-            index = self._lines[key] = pylines.LineIndex(self._line_table(key[0], info), info.firstlineno, version)
-        return index
+    def _line_index(self, pid: int, info: CodeInfo, version: tuple[int, int]) -> pylines.LineIndex:
+        """The code object's decoded line table, made on first use and kept with it."""
+        if info.index is None:
+            info.index = pylines.LineIndex(self._line_table(pid, info), info.firstlineno, version)
+        return info.index
 
     @staticmethod
     def _line_table(pid: int, info: CodeInfo) -> bytes:
@@ -609,15 +757,16 @@ class Profiler:
         key = (pid, user, kern, py)
         hit = self._resolved.get(key)
         if hit is not None:
-            self._resolved[key] = (hit[0], self._round)
+            if hit[1] != self._round:
+                self._resolved.put(key, (hit[0], self._round))
             return hit[0]
         t0 = time.perf_counter()
         kframes: list[Frame] = []
         if kern:
             if self._ksyms is None:
                 self._ksyms = KernelSymbols()
-            kframes = [kernel(self._ksyms.lookup(ip), ip) for ip in self._stacks.get(kern, ((), 0))[0]]
-        ips, uflags = self._stacks.get(user, ((), 0))
+            kframes = [kernel(self._ksyms.lookup(ip), ip) for ip in self._native_ips(kern)[0]]
+        ips, uflags = self._native_ips(user)
         # A return address is just past its call: look up the byte before it (not for the leaf).
         uframes = [
             native(self._sym.frame(pid, ip - 1 if i and ip else ip, fresh_after_ns), ip) for i, ip in enumerate(ips)
@@ -625,7 +774,7 @@ class Profiler:
         pyframes, py_truncated, named = (
             self._python_frames(pid, py, proc.version) if py and proc else ([], False, not py)
         )
-        out = kframes + merge(
+        merged = merge(
             uframes,
             pyframes,
             interpreter=proc.interpreter.rsplit("/", 1)[-1] if proc else None,
@@ -633,11 +782,16 @@ class Profiler:
             native_truncated=bool(uflags & STACKF_TRUNCATED) or (not ips and not pyframes and not kframes),
             python_truncated=py_truncated,
         )
+        out = [self._frame(f) for f in kframes + merged]  # shared: frames repeat across stacks
         self.frames_symbolized += len(kframes) + len(uframes) + len(pyframes)
         self.symbolize_seconds += time.perf_counter() - t0
         if named:
-            self._resolved[key] = (out, self._round)
+            self._resolved.put(key, (out, self._round))
         return out
+
+    def _native_ips(self, h: int) -> tuple[array[int], int]:
+        hit = self._stacks.get(h) if h else None
+        return (hit[0], hit[1]) if hit is not None else (array("Q"), 0)
 
     def _labels_for(self, pid: int) -> dict[str, str]:
         attrs = self._info.resource(pid).attributes

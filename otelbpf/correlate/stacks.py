@@ -38,9 +38,10 @@ THREAD_ROOTS = frozenset(
 EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Frame:
-    """A frame as pprof gets it: a Location with one Line of one Function."""
+    """A frame as pprof gets it: a Location with one Line of one Function. Slotted: resolved
+    stacks hold tens of thousands on a busy host (~100 bytes each here, ~400 with a dict)."""
 
     function: str
     kind: str = "native"  # native | kernel | python | marker
@@ -57,7 +58,7 @@ class Frame:
 TRUNCATED = Frame("[truncated]", kind="marker")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PythonFrame:
     function: str
     filename: str

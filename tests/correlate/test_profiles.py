@@ -15,7 +15,6 @@ import dis
 import os
 from collections.abc import Callable
 from types import CodeType
-from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -25,8 +24,9 @@ from otelbpf.base.health import Health
 from otelbpf.correlate import profiles
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile
-from otelbpf.correlate.profiles import PY_CHUNK_LEN, Profiler
+from otelbpf.correlate.profiles import PY_CHUNK_LEN, CacheSizes, Profiler
 from otelbpf.correlate.stacks import TRUNCATED
+from otelbpf.correlate.symbolizer import EVICTIONS
 
 PID = os.getpid()
 HZ = 99
@@ -41,18 +41,6 @@ TABLE_KEY = np.dtype([("code", [("pid", "<u4"), ("tag", "<u4"), ("code", "<u8")]
 TABLE_LEAF = np.dtype([("b", "u1", (PY_CHUNK_LEN,))])
 MEM_KEY = np.dtype([("pid", "<u4"), ("func", "<u4"), ("user", "<u8"), ("py", "<u8")])
 MEM_VALUE = np.dtype([("bytes", "<u8"), ("count", "<u8")])
-
-
-class MemKey(NamedTuple):
-    pid: int
-    func: int
-    user: int
-    py: int
-
-
-class MemValue(NamedTuple):
-    bytes: int
-    count: int
 
 
 class CodeLeaf(ctypes.Structure):
@@ -74,17 +62,25 @@ class CodeLeaf(ctypes.Structure):
     ]
 
 
+#: Whether the sensor's lock is held (the fake ``run_locked`` sets it), and each map operation
+#: with that state: only kernel map operations may run under the lock.
+SENSOR_LOCK = {"held": False}
+MAP_OPS: list[tuple[str, bool]] = []
+
+
 class FakeMap:
-    """A BPF map as the profiler uses one: drained whole (keys, values), or looked up by key."""
+    """A BPF map as the profiler uses one: drained whole (keys, values), or looked up or deleted by key."""
 
     def __init__(
         self, keys: np.ndarray | None = None, values: np.ndarray | None = None, entries: dict | None = None
     ) -> None:
         self.keys, self.values, self.entries = keys, values, entries or {}
 
-    def drain(self) -> tuple[np.ndarray, np.ndarray]:
+    def drain(self, chunk: int = 1024, *, keep: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        MAP_OPS.append(("drain", SENSOR_LOCK["held"]))
         keys, values = self.keys, self.values
-        self.keys, self.values = keys[:0], values[:0]
+        if not keep:
+            self.keys, self.values = keys[:0], values[:0]
         return keys, values
 
     @staticmethod
@@ -92,9 +88,15 @@ class FakeMap:
         return args or tuple(sorted(fields.items()))
 
     def __getitem__(self, key: tuple) -> object:
+        MAP_OPS.append(("lookup", SENSOR_LOCK["held"]))
         return self.entries[key]
 
+    def __delitem__(self, key: tuple) -> None:
+        MAP_OPS.append(("delete", SENSOR_LOCK["held"]))
+        del self.entries[key]
+
     def items(self) -> list:
+        MAP_OPS.append(("items", SENSOR_LOCK["held"]))
         return list(self.entries.items())
 
 
@@ -175,8 +177,41 @@ def maps(samples: list[tuple], allocs: list[tuple] = (), inuse: list[tuple] = ()
         "py_codes": py_codes,
         "profile_stats": FakeMap(entries={FakeMap.Key(i): [0, 0] for i in range(8)}),
         "mem_alloc": FakeMap(rows(MEM_KEY, *(a[:4] for a in allocs)), rows(MEM_VALUE, *(a[4:] for a in allocs))),
-        "mem_inuse": FakeMap(entries={MemKey(*row[:4]): MemValue(*row[4:]) for row in inuse}),
+        "mem_inuse": FakeMap(rows(MEM_KEY, *(a[:4] for a in inuse)), rows(MEM_VALUE, *(a[4:] for a in inuse))),
+        "py_procs": FakeMap(),
     }
+
+
+def locked(bpf: dict[str, FakeMap]) -> Callable[[Callable], object]:
+    """The sensor's ``with_bpf``: ``fn(bpf)`` with the (fake) lock held."""
+
+    def run(fn: Callable) -> object:
+        SENSOR_LOCK["held"] = True
+        try:
+            return fn(bpf)
+        finally:
+            SENSOR_LOCK["held"] = False
+
+    return run
+
+
+def announced(out: list[Profile], health: Health, caches: CacheSizes | None = None) -> Profiler:
+    """A profiler that was told of this process (its first sample): inspected, found to run CPython."""
+    profiler = Profiler(
+        ProcessInfo(),
+        health,
+        out.extend,
+        sample_hz=HZ,
+        interval_s=60,
+        cuda_memory=True,
+        python=True,
+        labels={"team.name": "ml"},
+        caches=caches or CacheSizes(),
+    )
+    announce = np.zeros(1, dtype=EVENT_DTYPE)
+    announce["kind"], announce["pid"] = Kind.PROFILE_PROC, PID
+    profiler.on_events(announce)
+    return profiler
 
 
 @pytest.fixture
@@ -187,22 +222,8 @@ def profiled(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[list[Profil
     def run(samples: list[tuple], allocs: list[tuple] = (), inuse: list[tuple] = ()) -> tuple[list[Profile], Health]:
         out: list[Profile] = []
         health = Health()
-        profiler = Profiler(
-            ProcessInfo(),
-            health,
-            out.extend,
-            sample_hz=HZ,
-            interval_s=60,
-            cuda_memory=True,
-            python=True,
-            labels={"team.name": "ml"},
-        )
-        # The kernel announced this process (its first sample): it is inspected, found to run CPython.
-        announce = np.zeros(1, dtype=EVENT_DTYPE)
-        announce["kind"], announce["pid"] = Kind.PROFILE_PROC, PID
-        profiler.on_events(announce)
-        bpf = maps(samples, allocs, inuse)
-        profiler.run_locked = lambda fn: fn(bpf)
+        profiler = announced(out, health)
+        profiler.run_locked = locked(maps(samples, allocs, inuse))
         profiler.collect_once()
         return out, health
 
@@ -268,3 +289,97 @@ def test_cuda_allocations_become_a_memory_profile_led_by_the_allocating_call(pro
 def test_nothing_sampled_makes_no_profile(profiled) -> None:
     out, health = profiled([])
     assert out == [] and health.get("otelbpf.profile.samples") == 0
+
+
+# -- the sensor's lock: held for kernel map operations only ---------------------------------------------------
+
+
+def test_a_round_holds_the_sensors_lock_only_for_map_operations_in_three_short_steps(monkeypatch) -> None:
+    """Symbolizing and decoding under the sensor's lock kept the agent's processing thread waiting
+    for whole rounds (0.4-2.3 s on a busy host, issue 14)."""
+    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    outside: list[tuple[str, bool]] = []
+    frame, line_index = profiles.Symbolizer.frame, profiles.pylines.LineIndex
+
+    def symbolize(self, *args, **kwargs):
+        outside.append(("symbolize", SENSOR_LOCK["held"]))
+        return frame(self, *args, **kwargs)
+
+    def decode_lines(*args, **kwargs):
+        outside.append(("line table", SENSOR_LOCK["held"]))
+        return line_index(*args, **kwargs)
+
+    monkeypatch.setattr(profiles.Symbolizer, "frame", symbolize)
+    monkeypatch.setattr(profiles.pylines, "LineIndex", decode_lines)
+    out: list[Profile] = []
+    profiler = announced(out, Health())
+    holds: list[int] = []
+    run = locked(maps([(PID, NATIVE_STACK, 0, PY_STACK, 3)]))
+    profiler.run_locked = lambda fn: holds.append(len(MAP_OPS)) or run(fn)
+    MAP_OPS.clear()
+    profiler.collect_once()
+    [profile] = out
+    assert [f.function for f in profile.samples[0].frames[1:3]] == ["inner", "outer"]
+    assert MAP_OPS and all(held for _, held in MAP_OPS), MAP_OPS
+    assert {"symbolize", "line table"} <= {what for what, _ in outside}
+    assert not any(held for _, held in outside), outside
+    assert len(holds) == len(profiler.lock_holds) == 3  # take; look code objects up; delete what is stale
+
+
+def test_the_final_read_finishes_a_round_in_progress_and_no_sample_is_lost_or_doubled(monkeypatch) -> None:
+    """The sensor stops (``on_unload``, its lock held) while the collection thread is between two
+    steps of a round: what that round took from the kernel is in no other read."""
+    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    out: list[Profile] = []
+    profiler = announced(out, Health())
+    bpf = maps([(PID, NATIVE_STACK, 0, PY_STACK, 3)])
+    run, calls = locked(bpf), []
+
+    def sensor(fn: Callable) -> object:
+        calls.append(fn)
+        if len(calls) == 2:  # the round took the samples; the sensor stops before its next step
+            run(profiler.on_unload)
+        return run(fn)
+
+    profiler.run_locked = sensor
+    profiler.collect_once()
+    assert len(calls) == 2  # the thread's round ended when the final read took it over
+    assert [s.values for p in out for s in p.samples] == [(3, 3 * PERIOD)]
+    assert [p.samples[0].frames[1].function for p in out] == ["inner"]
+    profiler.collect_once()  # reading stopped: nothing more
+    assert len(calls) == 2
+
+
+# -- bounded caches -------------------------------------------------------------------------------------------
+
+
+def test_a_code_object_evicted_from_a_full_cache_is_counted_and_deleted_in_the_kernel(monkeypatch) -> None:
+    """Its line table chunks were taken: only a fresh capture by the kernel can name it again."""
+    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    monkeypatch.setitem(EVICTIONS, "profile_code_objects", 0)
+    out: list[Profile] = []
+    profiler = announced(out, Health(), CacheSizes(code_objects=1))
+    bpf = maps([(PID, NATIVE_STACK, 0, PY_STACK, 3)])
+    profiler.run_locked = locked(bpf)
+    profiler.collect_once()
+    assert EVICTIONS["profile_code_objects"] == 1
+    assert len(bpf["py_codes"].entries) == 1  # the evicted one's entry went: the kernel captures it again
+
+
+def test_stacks_beyond_the_cache_bound_are_evicted_counted_and_their_samples_kept(monkeypatch) -> None:
+    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    monkeypatch.setitem(EVICTIONS, "profile_stacks", 0)
+    out: list[Profile] = []
+    health = Health()
+    profiler = announced(out, health, CacheSizes(stacks=1))
+    profiler.run_locked = locked(maps([(PID, NATIVE_STACK, 0, 0, 3), (PID, ONLY_NATIVE_STACK, 0, 0, 2)]))
+    profiler.collect_once()
+    [profile] = out
+    assert sorted(s.values[0] for s in profile.samples) == [2, 3]
+    assert EVICTIONS["profile_stacks"] == 1 and health.get("otelbpf.profile.stacks_missing") == 1
+
+
+def test_equal_frames_of_different_stacks_are_one_object(profiled) -> None:
+    out, _ = profiled([(PID, NATIVE_STACK, 0, PY_STACK, 3), (PID, ONLY_NATIVE_STACK, 0, 0, 2)])
+    merged, native = out[0].samples
+    assert merged.frames[0] == native.frames[0] and merged.frames[0] is native.frames[0]

@@ -22,6 +22,11 @@ class ProfilingReceiverConfig(ReceiverConfig):
     live_allocations: int = Field(262144, ge=1024, le=1 << 24)
     symbol_tables: int = Field(128, ge=8, le=4096)
     symbol_table_bytes: Size = Field(64 << 20, ge=1 << 20, le=4 << 30)
+    cached_stacks: int = Field(16384, ge=256, le=1 << 20)
+    cached_python_stacks: int = Field(16384, ge=256, le=1 << 20)
+    cached_resolved_stacks: int = Field(16384, ge=256, le=1 << 20)
+    cached_frames: int = Field(65536, ge=1024, le=1 << 22)
+    cached_code_objects: int = Field(8192, ge=256, le=1 << 20)
 
     @field_validator("max_python_frames")
     @classmethod
