@@ -10,6 +10,9 @@ from otelbpf.config.fields import HEADER_NAME, unique
 from otelbpf.config.receivers.base import ReceiverConfig
 from otelbpf.config.units import RingSize, Size, format_size
 
+#: Ports a config may list (1,024 compile in ~1 s).
+MAX_PORTS = 1024
+
 
 class HttpReceiverConfig(ReceiverConfig):
     """Syscall tracepoints on sockets: HTTP/1.x, HTTP/2 and gRPC spans and RED metrics."""
@@ -18,6 +21,8 @@ class HttpReceiverConfig(ReceiverConfig):
     #: (CUDA, NCCL, ibverbs) and their children; ``all`` every process. --pid and run --
     #: trace their targets either way.
     processes: Literal["gpu", "all"] = "gpu"
+    #: At most ``MAX_PORTS``: each is one comparison in the generated BPF C, and BCC's clang
+    #: crashed (a segfault) on 20,000.
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = []
     payload_size: Size = 4 << 10
     ring_buffer_size: RingSize = 16 << 20
@@ -30,6 +35,14 @@ class HttpReceiverConfig(ReceiverConfig):
     #: Follow work handed to another thread of the process (a thread pool) by wake-ups: a
     #: sched_wakeup tracepoint keeps who last woke each thread of a traced process.
     handoffs: bool = True
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _few_ports(cls, value: object) -> object:
+        """Before each port is checked (and the repeats looked for, in quadratic time)."""
+        if isinstance(value, list) and len(value) > MAX_PORTS:
+            raise ValueError(f"at most {MAX_PORTS} ports (one comparison each in the kernel), got {len(value)}")
+        return value
 
     @field_validator("ports")
     @classmethod

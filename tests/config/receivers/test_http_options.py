@@ -49,3 +49,17 @@ def test_message_content_is_off_unless_asked_for():
     assert HttpReceiverConfig().capture_message_content is False
     cfg = load_config_text("receivers: {http: {capture_message_content: true}}\n" + PIPELINES, env={})
     assert cfg.receivers["http"].capture_message_content is True
+
+
+def test_at_most_1024_ports():
+    """20,000 ports made BCC's clang segfault compiling the port filter; 1,024 compile."""
+    ports = ", ".join(str(p) for p in range(1, 20_001))
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(f"receivers: {{http: {{ports: [{ports}]}}}}\n" + PIPELINES, source="t.yaml", env={})
+
+    assert caught.value.errors == [
+        "t.yaml:1:20: receivers.http.ports: at most 1024 ports (one comparison each in the kernel), got 20000"
+    ]
+    most = ", ".join(str(p) for p in range(1, 1025))
+    cfg = load_config_text(f"receivers: {{http: {{ports: [{most}]}}}}\n" + PIPELINES, env={})
+    assert len(cfg.receivers["http"].ports) == 1024
