@@ -132,7 +132,7 @@ def loaded(condition: str) -> Iterator[object | None]:
 
         fam = socket_family([], payload_bytes=4096, ring_bytes=1 << 20, handoffs=condition != "sockets")
         text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=1 << 20)
-        bpf = BPF(text=text, cflags=cflags)
+        bpf = program.load(text, cflags, [fam])
     try:
         yield bpf
     finally:

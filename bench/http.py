@@ -162,8 +162,6 @@ def probes_only(port: int, pid: int) -> Iterator[dict]:
     """The agent's socket probes loaded here, the ring drained and discarded: the kernel-side cost alone."""
     import threading
 
-    from bcc import BPF
-
     sys.path.insert(0, str(ROOT))
     from otelbpf.sensor import program
     from otelbpf.sensor.ringbuf import VariableRingReader
@@ -171,7 +169,7 @@ def probes_only(port: int, pid: int) -> Iterator[dict]:
 
     fam = socket_family([port], payload_bytes=4096, ring_bytes=16 << 20)
     text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=256 << 10)
-    bpf = BPF(text=text, cflags=list(cflags))
+    bpf = program.load(text, cflags, [fam])
     watched = bpf["watched"]
     watched[watched.Key(pid)] = watched.Leaf(1)
     reader = VariableRingReader(bpf["sockdata"].map_fd, 16 << 20, fam.rings[0].dtype)

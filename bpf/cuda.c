@@ -67,7 +67,7 @@ static __always_inline u64 stack_arg(struct pt_regs *ctx, int n)
     /* At function entry, [sp] is the return address and the 7th integer
      * argument is at sp + 8 (SysV x86-64). */
     u64 v = 0;
-    bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
+    read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
     return v;
 }
 
@@ -89,7 +89,7 @@ static __always_inline u64 host_side(u64 kind, u64 dst, u64 src)
 static __always_inline u64 return_address(struct pt_regs *ctx)
 {
     u64 v = 0;
-    bpf_probe_read_user(&v, sizeof(v), (void *)PT_REGS_SP(ctx));
+    read_user(&v, sizeof(v), (void *)PT_REGS_SP(ctx));
     return v;
 }
 
@@ -104,8 +104,8 @@ static __always_inline void fill_launch(struct pt_regs *ctx, u8 variant, struct 
         e->a3 = stack_arg(ctx, 8);
         break;
     case LAUNCH_RUNTIME_EX:  /* cudaLaunchKernelExC(const cudaLaunchConfig_t *, func, args) */
-        bpf_probe_read_user(cfg, 24, (void *)PT_REGS_PARM1(ctx));
-        bpf_probe_read_user(&stream, 8, (void *)(PT_REGS_PARM1(ctx) + 32));
+        read_user(cfg, 24, (void *)PT_REGS_PARM1(ctx));
+        read_user(&stream, 8, (void *)(PT_REGS_PARM1(ctx) + 32));
         e->a1 = pack_dim(cfg[0], cfg[1], cfg[2]);
         e->a2 = pack_dim(cfg[3], cfg[4], cfg[5]);
         e->a3 = stream;
@@ -116,8 +116,8 @@ static __always_inline void fill_launch(struct pt_regs *ctx, u8 variant, struct 
         e->a3 = stack_arg(ctx, 9);
         break;
     case LAUNCH_DRIVER_EX:   /* cuLaunchKernelEx(const CUlaunchConfig *, f, params, extra) */
-        bpf_probe_read_user(cfg, 28, (void *)PT_REGS_PARM1(ctx));
-        bpf_probe_read_user(&stream, 8, (void *)(PT_REGS_PARM1(ctx) + 32));
+        read_user(cfg, 28, (void *)PT_REGS_PARM1(ctx));
+        read_user(&stream, 8, (void *)(PT_REGS_PARM1(ctx) + 32));
         e->a1 = pack_dim(cfg[0], cfg[1], cfg[2]);
         e->a2 = pack_dim(cfg[3], cfg[4], cfg[5]);
         e->a3 = stream;
@@ -171,7 +171,7 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
             /* and the caller's caller when frame pointers are kept (nvcc builds host
              * code at -O0: <<<>>> stubs call an out-of-line __cudaLaunchKernel_helper
              * that every kernel shares); garbage otherwise, which user space tells. */
-            bpf_probe_read_user(&site.a2, sizeof(site.a2), (void *)(PT_REGS_FP(ctx) + 8));
+            read_user(&site.a2, sizeof(site.a2), (void *)(PT_REGS_FP(ctx) + 8));
             emit(&site);
         } else {
             /* Another CPU created it first, or the map is full. */
@@ -284,26 +284,26 @@ static __always_inline int on_memcpy_desc(struct pt_regs *ctx, u8 func, int dims
     u32 src_type = 0, dst_type = 0;
     u64 width = 0, height = 0, depth = 1, host = 0;
     if (dims == 2) {
-        bpf_probe_read_user(&src_type, 4, (void *)(p + 16));
-        bpf_probe_read_user(&dst_type, 4, (void *)(p + 72));
-        bpf_probe_read_user(&width, 8, (void *)(p + 112));
-        bpf_probe_read_user(&height, 8, (void *)(p + 120));
+        read_user(&src_type, 4, (void *)(p + 16));
+        read_user(&dst_type, 4, (void *)(p + 72));
+        read_user(&width, 8, (void *)(p + 112));
+        read_user(&height, 8, (void *)(p + 120));
     } else {
-        bpf_probe_read_user(&src_type, 4, (void *)(p + 32));
-        bpf_probe_read_user(&dst_type, 4, (void *)(p + 120));
-        bpf_probe_read_user(&width, 8, (void *)(p + 176));
-        bpf_probe_read_user(&height, 8, (void *)(p + 184));
-        bpf_probe_read_user(&depth, 8, (void *)(p + 192));
+        read_user(&src_type, 4, (void *)(p + 32));
+        read_user(&dst_type, 4, (void *)(p + 120));
+        read_user(&width, 8, (void *)(p + 176));
+        read_user(&height, 8, (void *)(p + 184));
+        read_user(&depth, 8, (void *)(p + 192));
     }
     /* CUmemorytype: 1 host, 2 device, 3 array, 4 unified -> cudaMemcpyKind */
     u64 kind = 4;
     int src_dev = src_type == 2 || src_type == 3, dst_dev = dst_type == 2 || dst_type == 3;
     if (src_type == 1 && dst_dev) {
         kind = 1;
-        bpf_probe_read_user(&host, 8, (void *)(p + (dims == 2 ? 24 : 40)));
+        read_user(&host, 8, (void *)(p + (dims == 2 ? 24 : 40)));
     } else if (src_dev && dst_type == 1) {
         kind = 2;
-        bpf_probe_read_user(&host, 8, (void *)(p + (dims == 2 ? 80 : 128)));
+        read_user(&host, 8, (void *)(p + (dims == 2 ? 80 : 128)));
     } else if (src_dev && dst_dev) {
         kind = 3;
     } else if (src_type == 1 && dst_type == 1) {
@@ -336,7 +336,7 @@ static __always_inline int on_return(struct pt_regs *ctx, u16 driver)
         /* a1 held the caller's out-pointer; the address or handle is there now. */
         u64 out = 0;
         if (e.ret == 0)
-            bpf_probe_read_user(&out, sizeof(out), (void *)e.a1);
+            read_user(&out, sizeof(out), (void *)e.a1);
         e.a1 = out;
     }
     if (e.kind == EV_CUDA_MALLOC) {
@@ -360,7 +360,7 @@ static __always_inline int on_return(struct pt_regs *ctx, u16 driver)
         s->pid = e.pid;
         s->kind = SEV_CUDA_FUNC_NAME;
         s->a0 = e.a1;
-        bpf_probe_read_user_str(s->s, sizeof(s->s), (void *)e.a2);
+        read_user_str(s->s, sizeof(s->s), (void *)e.a2);
         strevents.ringbuf_submit(s, 0);
         return 0;
     } else if (e.kind == EV_CUDA_GET_HANDLE) {

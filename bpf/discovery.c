@@ -72,7 +72,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
     if (!is_watched(id >> 32))
         return 0;
     char path[256];
-    int n = bpf_probe_read_user_str(path, 240, args->filename);
+    int n = read_user_str(path, 240, args->filename);
     if (n <= 0)
         return 0;
     /* Test the prefix right after every '/' (and at the start, for relative

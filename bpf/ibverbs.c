@@ -115,14 +115,14 @@ BPF_TASK_STORAGE(ibv_polls, struct ibv_poll_args);
 static __always_inline u64 read_u64(u64 addr)
 {
     u64 v = 0;
-    bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+    read_user(&v, sizeof(v), (void *)addr);
     return v;
 }
 
 static __always_inline u32 read_u32(u64 addr)
 {
     u32 v = 0;
-    bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+    read_user(&v, sizeof(v), (void *)addr);
     return v;
 }
 
@@ -289,7 +289,7 @@ static __always_inline int on_post(struct pt_regs *ctx, int recv)
     u64 wr = PT_REGS_PARM2(ctx);
     /* struct ibv_qp up to qp_num in one read: context at 0, qp_num at 52. */
     u32 head[IBV_QP_QP_NUM / 4 + 1] = {};
-    bpf_probe_read_user(head, sizeof(head), (void *)qp);
+    read_user(head, sizeof(head), (void *)qp);
     struct ibv_qp_key k = {.pid = tgid, .qpn = head[IBV_QP_QP_NUM / 4]};
     k.ctx = head[IBV_QP_CONTEXT / 4] | ((u64)head[IBV_QP_CONTEXT / 4 + 1] << 32);
     struct ibv_qp_stats *s = qp_stats(&k);
@@ -301,7 +301,7 @@ static __always_inline int on_post(struct pt_regs *ctx, int recv)
         if (!wr)
             break;
         struct ibv_wr_head h = {};
-        if (bpf_probe_read_user(&h, recv ? 28 : sizeof(h), (void *)wr))
+        if (read_user(&h, recv ? 28 : sizeof(h), (void *)wr))
             break;
         u64 bytes = sge_bytes(h.sg_list, h.num_sge);
         u32 slot = (recv ? IBV_WR_SLOT_RECV : wr_slot(h.opcode)) & (IBV_SLOTS - 1);
@@ -414,7 +414,7 @@ int ibv_poll_cq_return(struct pt_regs *ctx)
         if (i >= n)
             break;
         struct ibv_wc_head w = {};
-        if (bpf_probe_read_user(&w, sizeof(w), (void *)(a.wc + i * IBV_SIZEOF_IBV_WC)))
+        if (read_user(&w, sizeof(w), (void *)(a.wc + i * IBV_SIZEOF_IBV_WC)))
             break;
         if (!s || k.qpn != w.qp_num) {
             k.qpn = w.qp_num;
@@ -469,18 +469,18 @@ static __always_inline void finish_modify(struct event *e)
     u8 is_global = 0, ah_port = 0, port = 0;
     u16 dlid = 0;
     if (mask & IBV_MASK_AV) {
-        bpf_probe_read_user(&is_global, 1, (void *)(attr + IBV_QPATTR_IS_GLOBAL));
-        bpf_probe_read_user(&dlid, 2, (void *)(attr + IBV_QPATTR_DLID));
-        bpf_probe_read_user(&ah_port, 1, (void *)(attr + IBV_QPATTR_AH_PORT));
+        read_user(&is_global, 1, (void *)(attr + IBV_QPATTR_IS_GLOBAL));
+        read_user(&dlid, 2, (void *)(attr + IBV_QPATTR_DLID));
+        read_user(&ah_port, 1, (void *)(attr + IBV_QPATTR_AH_PORT));
     }
     if (mask & IBV_MASK_PORT)
-        bpf_probe_read_user(&port, 1, (void *)(attr + IBV_QPATTR_PORT_NUM));
+        read_user(&port, 1, (void *)(attr + IBV_QPATTR_PORT_NUM));
     if ((mask & IBV_MASK_AV) && is_global) {
         struct event g = *e;
         g.kind = EV_IBV_QP_GID;
         g.a0 = qctx;
         g.a1 = qpn;
-        bpf_probe_read_user(&g.a2, 16, (void *)(attr + IBV_QPATTR_DGID));
+        read_user(&g.a2, 16, (void *)(attr + IBV_QPATTR_DGID));
         emit(&g);
     }
     e->a3 = qp;
@@ -505,7 +505,7 @@ static __always_inline void report_context(struct event *e)
     s->exec = 0;
     s->a0 = e->a1;
     u64 dev = read_u64(e->a1 + IBV_CTX_DEVICE);
-    bpf_probe_read_user_str(s->s, 64, (void *)(dev + IBV_DEVICE_NAME));
+    read_user_str(s->s, 64, (void *)(dev + IBV_DEVICE_NAME));
     submit_open(s, PAUSE_ON_LOAD && IBV_DATA_PATH);
 }
 

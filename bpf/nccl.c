@@ -98,7 +98,7 @@ static __always_inline u64 nccl_stack_arg(struct pt_regs *ctx, int n)
 {
     /* At function entry [sp] is the return address; the 7th integer argument is at sp + 8. */
     u64 v = 0;
-    bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
+    read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
     return v;
 }
 
@@ -184,7 +184,7 @@ static __always_inline int nccl_init_rank(struct pt_regs *ctx, u8 func)
         return 0;
     u64 words[16] = {};
     u64 h = 0;
-    if (bpf_probe_read_user(words, sizeof(words), (void *)(PT_REGS_SP(ctx) + 8)) == 0) {
+    if (read_user(words, sizeof(words), (void *)(PT_REGS_SP(ctx) + 8)) == 0) {
         h = 0xcbf29ce484222325ULL;
 #pragma unroll
         for (int i = 0; i < 16; i++)
@@ -335,7 +335,7 @@ static __always_inline int nccl_init_return(struct pt_regs *ctx, u8 func)
     struct nccl_comm_info info = {.id = call.id, .rank = call.rank, .nranks = call.nranks};
     u64 comm = 0;
     if (func != NCCL_FUNC_INIT_ALL) {
-        bpf_probe_read_user(&comm, sizeof(comm), (void *)call.out);
+        read_user(&comm, sizeof(comm), (void *)call.out);
         if (comm)  /* ncclCommSplit with NCCL_SPLIT_NOCOLOR gives none */
             nccl_known(&e, tgid, comm, &info, call.parent);
         nccl_emit_return(id, func, ret);
@@ -344,7 +344,7 @@ static __always_inline int nccl_init_return(struct pt_regs *ctx, u8 func)
     /* Every rank lives here: one record says ranks 0..n-1 of this id; the loop stays free of
      * branches other than its bound so the verifier's state count stays small. */
     u64 first = 0;
-    bpf_probe_read_user(&first, sizeof(first), (void *)call.out);
+    read_user(&first, sizeof(first), (void *)call.out);
     info.id = nccl_finish(nccl_mix(nccl_mix(0xcbf29ce484222325ULL, tgid), first));
     struct nccl_comm_key k = {.pid = tgid};
     u32 n = call.nranks < 0 ? 0 : (u32)call.nranks;
@@ -353,7 +353,7 @@ static __always_inline int nccl_init_return(struct pt_regs *ctx, u8 func)
     for (u32 i = 0; i < NCCL_INIT_ALL_MAX; i++) {
         if (i >= n)
             break;
-        bpf_probe_read_user(&k.comm, sizeof(k.comm), (void *)(call.out + 8 * i));
+        read_user(&k.comm, sizeof(k.comm), (void *)(call.out + 8 * i));
         info.rank = i;
         nccl_comms.update(&k, &info);
     }
@@ -379,7 +379,7 @@ static __always_inline int nccl_query_return(struct pt_regs *ctx, u8 func, int i
         return 0;
     struct nccl_comm_info *c = nccl_comm(tgid, call.comm);
     s32 value = -1;
-    bpf_probe_read_user(&value, sizeof(value), (void *)call.out);
+    read_user(&value, sizeof(value), (void *)call.out);
     if (!c) {
         /* Created before the probes: user space learns its rank or size (a1 0: no id). */
         struct event u = {};

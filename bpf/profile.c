@@ -323,8 +323,8 @@ static __always_inline u32 read_pystr(struct py_proc *p, u64 obj, char *dst, u32
     u64 length = 0;
     if (!obj)
         return 0;
-    bpf_probe_read_user(&state, sizeof(state), (void *)(obj + p->o.unicode_state));
-    bpf_probe_read_user(&length, sizeof(length), (void *)(obj + p->o.unicode_length));
+    read_user(&state, sizeof(state), (void *)(obj + p->o.unicode_state));
+    read_user(&length, sizeof(length), (void *)(obj + p->o.unicode_length));
     u32 kind = (state >> 2) & 7;
     if (!((state >> 5) & 1) || kind == 0 || kind == 3 || kind > 4)
         return 0;
@@ -341,7 +341,7 @@ static __always_inline u32 read_pystr(struct py_proc *p, u64 obj, char *dst, u32
     u32 n = bytes;
     if (n > cap)
         n = cap;
-    bpf_probe_read_user(dst, n, (void *)data);
+    read_user(dst, n, (void *)data);
     *kind_out = ascii ? 0 : kind;
     return n;
 }
@@ -365,7 +365,7 @@ static __always_inline u32 copy_table(struct py_code_key *k, u64 addr, u64 size)
         if (off >= size)
             break;
         u32 n = size - off > PY_CHUNK_LEN ? PY_CHUNK_LEN : size - off;
-        if (bpf_probe_read_user(chunk->b, n, (void *)(addr + off)) != 0)
+        if (read_user(chunk->b, n, (void *)(addr + off)) != 0)
             break;
         ck.index = i;
         if (py_tables.update(&ck, chunk) != 0) {
@@ -389,7 +389,7 @@ static __always_inline int capture_code(struct py_proc *p, struct py_code_key *k
     struct frame_buf *fb = scratch_buf.lookup(&zero);
     if (!c || !ck || !fb)
         return 0;
-    if (bpf_probe_read_user(fb->b, p->o.code_size & 0xff, (void *)k->code) != 0)
+    if (read_user(fb->b, p->o.code_size & 0xff, (void *)k->code) != 0)
         return 0;
     *ck = *k;
     c->firstlineno = load32(fb, p->o.code_firstlineno);
@@ -400,7 +400,7 @@ static __always_inline int capture_code(struct py_proc *p, struct py_code_key *k
     c->file_len = read_pystr(p, load64(fb, p->o.code_filename), c->file, PY_FILE_LEN, &c->file_kind, &c->file_cut, 1);
     u64 table = load64(fb, p->o.code_linetable);
     u64 size = 0;
-    bpf_probe_read_user(&size, sizeof(size), (void *)(table + p->o.bytes_size));
+    read_user(&size, sizeof(size), (void *)(table + p->o.bytes_size));
     c->table_size = size;
     c->table_addr = table + p->o.bytes_data;
     c->table_len = 0;
@@ -435,7 +435,7 @@ static __always_inline u32 code_tag(struct py_proc *p, struct frame_buf *fb, con
     t = mix(t, table);
     if (layout == LAYOUT_310 || layout == LAYOUT_311) {
         u64 head[4] = {};  /* ob_size, ob_shash (cached late: not used), 16 bytes of data */
-        bpf_probe_read_user(head, sizeof(head), (void *)(table + p->o.bytes_size));
+        read_user(head, sizeof(head), (void *)(table + p->o.bytes_size));
         t = mix(mix(mix(t, head[0]), head[2]), head[3]);
     } else {
         t = mix(t, load32(fb, p->o.code_version - start));
@@ -457,7 +457,7 @@ static __always_inline u64 find_tstate(struct py_proc *p, u32 tid)
     if (cached) {
         if (cached->tstate) {
             u64 id = 0;
-            bpf_probe_read_user(&id, sizeof(id), (void *)(cached->tstate + p->o.tstate_thread_id));
+            read_user(&id, sizeof(id), (void *)(cached->tstate + p->o.tstate_thread_id));
             if (id == fsbase)
                 return cached->tstate;
         } else if (now - cached->checked_ns < 1000000000ULL) {
@@ -466,20 +466,20 @@ static __always_inline u64 find_tstate(struct py_proc *p, u32 tid)
     }
     struct py_thread found = {.tstate = 0, .checked_ns = now};
     u64 interp = 0, t = 0;
-    bpf_probe_read_user(&interp, sizeof(interp), (void *)(p->runtime + p->o.runtime_interp_head));
+    read_user(&interp, sizeof(interp), (void *)(p->runtime + p->o.runtime_interp_head));
     if (interp)
-        bpf_probe_read_user(&t, sizeof(t), (void *)(interp + p->o.interp_threads_head));
+        read_user(&t, sizeof(t), (void *)(interp + p->o.interp_threads_head));
     for (int i = 0; i < PY_MAX_THREADS; i++) {
         if (!t)
             break;
         u64 id = 0;
-        bpf_probe_read_user(&id, sizeof(id), (void *)(t + p->o.tstate_thread_id));
+        read_user(&id, sizeof(id), (void *)(t + p->o.tstate_thread_id));
         if (id == fsbase) {
             found.tstate = t;
             break;
         }
         u64 next = 0;
-        bpf_probe_read_user(&next, sizeof(next), (void *)(t + p->o.tstate_next));
+        read_user(&next, sizeof(next), (void *)(t + p->o.tstate_next));
         t = next;
     }
     py_threads.update(&tid, &found);
@@ -496,12 +496,12 @@ static __always_inline u64 python_stack(struct py_proc *p, u32 tid, const u8 lay
     if (!tstate)
         return 0;
     u64 frame = 0;
-    bpf_probe_read_user(&frame, sizeof(frame), (void *)(tstate + p->o.tstate_frame));
+    read_user(&frame, sizeof(frame), (void *)(tstate + p->o.tstate_frame));
     if (layout == LAYOUT_311 || layout == LAYOUT_312) {
         u64 cframe = frame;
         frame = 0;
         if (cframe)
-            bpf_probe_read_user(&frame, sizeof(frame), (void *)(cframe + p->o.cframe_current));
+            read_user(&frame, sizeof(frame), (void *)(cframe + p->o.cframe_current));
     }
     if (!frame)
         return 0;
@@ -516,7 +516,7 @@ static __always_inline u64 python_stack(struct py_proc *p, u32 tid, const u8 lay
     for (int i = 0; i < PY_MAX_FRAMES + 8; i++) {
         if (!frame)
             break;
-        if (bpf_probe_read_user(fb->b, p->o.frame_size & 0xff, (void *)frame) != 0) {
+        if (read_user(fb->b, p->o.frame_size & 0xff, (void *)frame) != 0) {
             st->flags |= STACKF_TRUNCATED;
             frame = 0;
             break;
@@ -538,7 +538,7 @@ static __always_inline u64 python_stack(struct py_proc *p, u32 tid, const u8 lay
                 f->flags = fb->b[p->o.frame_owner & 0xff] == p->o.owner_cstack ? PYF_SHIM : 0;
         }
         f->tag = 0;
-        if (code && bpf_probe_read_user(fb->b, p->o.code_tag_size & 0xff, (void *)(code + p->o.code_tag_start)) == 0) {
+        if (code && read_user(fb->b, p->o.code_tag_size & 0xff, (void *)(code + p->o.code_tag_start)) == 0) {
             f->tag = code_tag(p, fb, layout);
             /* 3.13: f_executable is not always code */
             if (layout == LAYOUT_313 && load64(fb, p->o.object_type - p->o.code_tag_start) != p->code_type)

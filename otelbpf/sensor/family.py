@@ -130,6 +130,18 @@ class RuntimeTargets:
 
 
 @dataclass(frozen=True)
+class TailCall:
+    """A program the family's probes tail-call: ``program`` (a function of the family's C,
+    of the same BPF program type as its callers) loaded after the compile and put in slot
+    ``index`` of the ``BPF_PROG_ARRAY`` named ``array``. Code shared by several tracepoints
+    is verified once this way instead of once per inlined copy (bpf/sockets.c)."""
+
+    array: str
+    index: int
+    program: str
+
+
+@dataclass(frozen=True)
 class ProbeFamily:
     name: str
     c_file: str  # in bpf/; "" for a family with no C (gpu: a poller started by on_load)
@@ -139,6 +151,9 @@ class ProbeFamily:
     cflags: tuple[str, ...] = field(default_factory=tuple)
     rings: tuple[RingSpec, ...] = ()
     runtime: RuntimeTargets | None = None
+    #: Tracepoint programs the family's probes tail-call; until one is in place its callers
+    #: find an empty slot (and count what they lose).
+    tail_calls: tuple[TailCall, ...] = ()
     #: Called with the loaded BCC object once every probe is attached (e.g. to
     #: attach perf events), and before it is unloaded, after the last drain
     #: (e.g. for a final read of the family's maps). Both under the sensor's lock.

@@ -7,12 +7,34 @@ entry points.
 
 from __future__ import annotations
 
+import ctypes
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 from otelbpf.sensor.family import ProbeFamily
+
+#: Signals a process is sent asynchronously (an operator's kill, a terminal, a supervisor,
+#: a child's exit): held while programs are verified, see ``signals_held``.
+ASYNC_SIGNALS = frozenset(
+    {
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGCHLD,
+        signal.SIGALRM,
+        signal.SIGPIPE,
+        signal.SIGWINCH,
+    }
+)
 
 
 @cache
@@ -72,3 +94,45 @@ def build(
         parts.append(fam.generated_c)
         cflags.extend(fam.cflags)
     return "\n".join(parts), cflags
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold the asynchronous signals on this thread, deliver them on leaving.
+
+    The kernel's verifier gives up with EAGAIN when a signal is pending for the loading
+    thread, so a SIGTERM, a SIGHUP or any handled signal that arrives during the seconds of
+    a compile would make the agent fail to start. Held, they wait and arrive right after
+    the load (a SIGTERM then stops the agent as usual). A ptrace stop (a debugger, py-spy
+    without --nonblocking) interrupts a load the same way and cannot be held.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, ASYNC_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def place_tail_calls(bpf: Any, families: Sequence[ProbeFamily]) -> None:
+    """Load each family's tail-called programs into their program arrays."""
+    from bcc import BPF  # imported late: `otelbpf --help` works without BCC
+
+    for fam in families:
+        for tc in fam.tail_calls:
+            fn = bpf.load_func(tc.program, BPF.TRACEPOINT)
+            bpf[tc.array][ctypes.c_int(tc.index)] = ctypes.c_int(fn.fd)
+
+
+def load(text: str, cflags: Sequence[str], families: Sequence[ProbeFamily]) -> Any:
+    """Compile and load the program with its tail calls in place, asynchronous signals held
+    (``signals_held``); the BCC object. A program left half loaded is unloaded again."""
+    from bcc import BPF
+
+    with signals_held():
+        bpf = BPF(text=text, cflags=list(cflags))
+        try:
+            place_tail_calls(bpf, families)
+        except BaseException:
+            bpf.cleanup()
+            raise
+    return bpf

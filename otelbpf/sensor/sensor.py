@@ -137,8 +137,6 @@ class Sensor:
     # -- life cycle -------------------------------------------------------
 
     def start(self) -> None:
-        from bcc import BPF  # imported late: `otelbpf --help` works without BCC
-
         text, cflags = program.build(
             self.options.families,
             filter_pids=bool(self.options.pids),
@@ -147,7 +145,7 @@ class Sensor:
         )
         t0 = time.monotonic()
         try:
-            self._bpf = bpf = BPF(text=text, cflags=cflags)
+            self._bpf = bpf = program.load(text, cflags, self.options.families)
         except Exception as exc:
             raise SensorError(
                 f"could not compile/load the BPF program: {exc}. Run `otelbpf doctor` to see what this host lacks."

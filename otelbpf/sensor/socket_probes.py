@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from otelbpf.base.events import SOCK_RECORD_DTYPE, SockFunc
-from otelbpf.sensor.family import ProbeFamily, RingSpec
+from otelbpf.sensor.family import ProbeFamily, RingSpec, TailCall
 
 RING = "sockdata"
 #: Kernel maps user space writes into (see bpf/sockets.c).
@@ -67,4 +67,5 @@ def socket_family(
             *(("-DHANDOFFS=1", f"-DHANDOFF_ENTRIES={HANDOFF_ENTRIES}") if handoffs else ()),
         ),
         rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True),),
+        tail_calls=(TailCall("sock_capture_prog", 0, "sock_capture"),),
     )

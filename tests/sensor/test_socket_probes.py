@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from otelbpf.base.events import Kind, SockFunc
+from otelbpf.base.events import Kind, SockFunc, Stat
 from otelbpf.sensor import program
 from otelbpf.sensor.ringbuf import VariableRingReader
 from otelbpf.sensor.socket_probes import socket_family
@@ -50,12 +50,11 @@ print(json.dumps(moved))
 
 
 class Loaded:
-    def __init__(self, payload: int) -> None:
-        from bcc import BPF
-
+    def __init__(self, payload: int, *, place_tail_calls: bool = True) -> None:
         self.family = socket_family([], payload_bytes=payload, ring_bytes=RING)
         text, cflags = program.build([self.family], filter_pids=True, events_ring_bytes=64 << 10)
-        self.bpf = BPF(text=text.encode(), cflags=list(cflags))  # loads every tracepoint: the verifier's say
+        # loads every tracepoint: the verifier's say
+        self.bpf = program.load(text, cflags, [self.family] if place_tail_calls else [])
         self.ring = VariableRingReader(self.bpf[b"sockdata"].map_fd, RING, self.family.rings[0].dtype)
 
     def watch(self, pid: int) -> None:
@@ -96,3 +95,41 @@ def test_records_carry_exactly_the_bytes_each_syscall_moved(loaded: tuple[int, L
         assert captured == bytes_moved[:cap]
     kinds = {int(k) for k in mine["kind"][np.isin(mine["fd"], fds)]}
     assert {Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT} <= kinds
+
+
+def _exchange(prog: Loaded) -> tuple[int, list[tuple[int, int, bytes]], np.ndarray]:
+    """Run EXCHANGE watched: its pid, what it says each syscall moved, the records of its fds."""
+    child = subprocess.Popen([sys.executable, "-c", EXCHANGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    prog.watch(child.pid)
+    out, _ = child.communicate("go\n", timeout=60)
+    assert child.returncode == 0
+    moved = [(fd, func, bytes.fromhex(h)) for fd, func, h in json.loads(out)]
+    recs = prog.ring.drain()
+    mine = recs[(recs["pid"] == child.pid) & np.isin(recs["fd"], sorted({fd for fd, _, _ in moved}))]
+    return child.pid, moved, mine
+
+
+def test_exits_before_the_capture_is_in_place_are_counted_lost() -> None:
+    """The data exits tail-call the capture program, which user space places right after the
+    compile: a call returning before that is counted lost, never captured from stale
+    arguments, and the next calls are captured once it is in place."""
+    prog = Loaded(64, place_tail_calls=False)
+    try:
+        stats = prog.bpf[b"stats"]
+
+        def lost() -> int:
+            return sum(stats[stats.Key(Stat.SOCK_LOST)])
+
+        _, moved, mine = _exchange(prog)
+        assert not (mine["kind"] == Kind.SOCK_DATA).any()
+        assert lost() >= len(moved)  # every data call of the exchange, at least
+        assert {Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT} <= {int(k) for k in mine["kind"]}  # no tail call: unaffected
+
+        program.place_tail_calls(prog.bpf, [prog.family])
+        before = lost()
+        _, moved, mine = _exchange(prog)
+        data = mine[mine["kind"] == Kind.SOCK_DATA]
+        assert [(int(r["fd"]), int(r["func"])) for r in data] == [(fd, func) for fd, func, _ in moved]
+        assert lost() == before
+    finally:
+        prog.close()
