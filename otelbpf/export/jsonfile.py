@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import os
 import threading
 import time
@@ -26,7 +27,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelbpf.export.otlp_json import encode_spans_json
-from otelbpf.export.safe_files import OutputDir
+from otelbpf.export.safe_files import OutputDir, UnsafeOutput
+
+log = logging.getLogger(__name__)
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
@@ -64,6 +67,7 @@ class _JsonLines:
         self._dir, self._name, self._rotate = out, name, rotate_bytes
         self._lock = threading.Lock()
         self._rotations = 0
+        self._refused = ""  # the last refusal logged
         self._f: io.FileIO | None = self._open()
 
     def _open(self) -> io.FileIO:
@@ -73,7 +77,13 @@ class _JsonLines:
         data = memoryview(line + b"\n")
         with self._lock:
             if self._f is None:
-                self._f = self._open()
+                try:
+                    self._f = self._open()
+                except UnsafeOutput as exc:  # counted as a failed export by the caller; said once
+                    if str(exc) != self._refused:
+                        log.error("%s", exc)
+                        self._refused = str(exc)
+                    raise
             end = self._f.seek(0, os.SEEK_END)
             try:
                 while data:

@@ -4,7 +4,8 @@ The agent runs as root, and its output directory may sit where other users can w
 (a shared working directory, /tmp). Whatever name it opens there could be a symbolic link
 to /etc/passwd, a FIFO that blocks the exporter, or a hard link to a file it must not
 touch. So every path is opened relative to a directory descriptor taken once, with
-O_NOFOLLOW, and must turn out to be a regular file with a single link; temporary files
+O_NOFOLLOW, and must turn out to be a regular file with a single link, owned by the agent's
+user (another user's file, planted where the agent will append, is not written); temporary files
 get random names and O_EXCL. What is created is owner-only by default (the telemetry
 names paths, hosts and peers).
 """
@@ -90,12 +91,14 @@ class OutputDir:
             if not stat.S_ISREG(st.st_mode)
             else "has other hard links"
             if st.st_nlink != 1
+            else f"is owned by uid {st.st_uid}, not the agent's (uid {os.geteuid()}); remove it or chown it"
+            if st.st_uid != os.geteuid()
             else None
         )
         if why:
             os.close(fd)
             raise UnsafeOutput(f"{shown} {why}: refusing to write to it")
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != self.file_mode:
+        if stat.S_IMODE(st.st_mode) != self.file_mode:
             os.fchmod(fd, self.file_mode)  # a file an older agent left 0644
         return fd
 

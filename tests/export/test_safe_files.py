@@ -202,3 +202,52 @@ def test_concurrent_profile_exports_use_distinct_temp_files(tmp_path: Path):
         t.join()
     names = sorted(p.name for p in Path(exporter.directory).iterdir())
     assert names == sorted(f"train-42-cpu-{i}.pb.gz" for i in range(8))
+
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+
+
+def other_users_file(path: Path, text: str = "theirs\n") -> Path:
+    path.write_text(text)
+    os.chown(path, NOBODY, NOBODY)
+    path.chmod(0o666)
+    return path
+
+
+@as_root
+def test_an_existing_file_of_another_user_is_refused(tmp_path: Path):
+    """As root the agent appended to whatever file a user left under the output name."""
+    out = tmp_path / "out"
+    out.mkdir()
+    theirs = other_users_file(out / "traces.jsonl")
+    other_users_file(out / "metrics.jsonl")
+
+    with pytest.raises(UnsafeOutput, match=r"traces.jsonl is owned by uid 65534, not the agent's \(uid 0\)"):
+        FileSpanExporter(str(out))
+    with pytest.raises(UnsafeOutput, match="metrics.jsonl is owned by uid 65534"):
+        FileMetricExporter(str(out))
+    assert theirs.read_text() == "theirs\n" and mode(theirs) == 0o666 and theirs.stat().st_uid == NOBODY
+
+
+@as_root
+def test_another_users_file_met_while_running_is_counted_and_said_once(tmp_path: Path, caplog):
+    """A file planted where the exporter opens again (after a failed rotation) fails the export
+    (counted by the caller as otelbpf.export.failures) and is logged once, never written."""
+    out = tmp_path / "out"
+    exporter = FileSpanExporter(str(out))
+    exporter._out._f.close()
+    exporter._out._f = None  # as after a rotation whose rename failed
+    (out / "traces.jsonl").unlink()
+    theirs = other_users_file(out / "traces.jsonl")
+
+    for _ in range(3):
+        with pytest.raises(UnsafeOutput):
+            exporter._out.write(b"x")
+    exporter.shutdown()
+
+    assert theirs.read_text() == "theirs\n"
+    assert [r.getMessage() for r in caplog.records if "owned by uid 65534" in r.getMessage()] == [
+        f"{out / 'traces.jsonl'} is owned by uid 65534, not the agent's (uid 0); remove it or chown it: "
+        "refusing to write to it"
+    ]
