@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         from otelbpf.base.privileges import drop_unneeded
         from otelbpf.sensor.sensor import SensorError
 
-        drop_unneeded()
+        drop_unneeded(command=False, receivers=config.enabled_receivers())
         try:
             return top.standalone(config, args.pid, args.interval)
         except SensorError as exc:
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     from otelbpf.jobguard import Job
 
     job = Job(command) if command else None
-    drop_unneeded()
+    drop_unneeded(command=job is not None, receivers=config.enabled_receivers())
     from otelbpf.agent import run
     from otelbpf.export.safe_files import UnsafeOutput
     from otelbpf.sensor.sensor import SensorError

@@ -83,18 +83,61 @@ def span_names(out: Path) -> set[str]:
     return names
 
 
+REQUIRED_MASK = sum(1 << c for c in (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH))
+
+
 def test_kept_set():
     everything = (1 << 41) - 1
-    kept = kept_mask(everything, (6, 18))
-    assert kept == sum(
-        1 << c for c in (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_KILL, CAP_SYSLOG)
-    )
-    assert kept_mask(everything, (5, 10)) >> CAP_SYS_RESOURCE & 1
-    assert kept_mask(1 << CAP_BPF, (6, 18)) == 1 << CAP_BPF  # never more than held
+    kept = kept_mask(everything, (6, 18), command=True, kernel_symbols=True)
+    assert kept == REQUIRED_MASK | 1 << CAP_KILL | 1 << CAP_SYSLOG
+    assert kept_mask(everything, (6, 18), command=False, kernel_symbols=False) == REQUIRED_MASK
+    assert kept_mask(everything, (6, 18), command=True, kernel_symbols=False) == REQUIRED_MASK | 1 << CAP_KILL
+    assert kept_mask(everything, (6, 18), command=False, kernel_symbols=True) == REQUIRED_MASK | 1 << CAP_SYSLOG
+    assert kept_mask(everything, (5, 10), command=False, kernel_symbols=False) >> CAP_SYS_RESOURCE & 1
+    assert kept_mask(1 << CAP_BPF, (6, 18), command=True, kernel_symbols=True) == 1 << CAP_BPF  # never more than held
     assert capability_sets("CapEff:\t00000000a80425fb\nCapBnd:\t000001ffffffffff\n") == {
         "CapEff": 0xA80425FB,
         "CapBnd": 0x1FFFFFFFFFF,
     }
+
+
+DROP = """
+import json
+from otelbpf.base.privileges import capability_sets, drop_unneeded
+drop_unneeded(command={command}, receivers={receivers!r})
+print(json.dumps(capability_sets()))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root's capabilities to drop")
+@pytest.mark.parametrize(
+    "command, receivers, kill, syslog",
+    [
+        (False, {"cuda", "http"}, False, False),
+        (True, {"cuda"}, True, False),
+        (False, {"cuda", "profiling"}, False, True),
+        (True, {"sched"}, True, True),
+    ],
+)
+def test_kill_and_syslog_are_kept_only_when_needed(command: bool, receivers: set, kill: bool, syslog: bool):
+    """CAP_KILL resumes a command the agent paused; CAP_SYSLOG gives /proc/kallsyms its
+    addresses for kernel frames (profiling, sched). Both were kept in every run."""
+    held = capability_sets()["CapPrm"]
+    if not (held >> CAP_KILL & 1 and held >> CAP_SYSLOG & 1):
+        pytest.skip("this root lacks CAP_KILL or CAP_SYSLOG")
+    out = subprocess.run(
+        [sys.executable, "-c", DROP.format(command=command, receivers=receivers)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=True,
+    )
+    sets = json.loads(out.stdout)
+
+    for name in ("CapEff", "CapPrm", "CapBnd"):
+        assert (sets[name] >> CAP_KILL & 1, sets[name] >> CAP_SYSLOG & 1) == (kill, syslog), name
+        assert sets[name] & REQUIRED_MASK == held & REQUIRED_MASK
 
 
 @pytest.mark.bpf
@@ -145,11 +188,11 @@ def test_the_agent_keeps_only_what_it_needs_in_every_thread(tmp_path: Path):
     with AgentProcess(["-c", str(cfg), "--", "sh", "-c", script]) as agent:
         agent.wait_ready()
         assert wait_until(caps_file.exists, timeout=30)
-        kept = kept_mask(mine["CapPrm"], (6, 18))
+        kept = kept_mask(mine["CapPrm"], (6, 18), command=True, kernel_symbols=False)  # cuda alone: no kallsyms
         assert thread_sets(agent.proc.pid) == {(kept, kept, 0, 0, kept & mine["CapBnd"])}
         assert len(os.listdir(f"/proc/{agent.proc.pid}/task")) > 3  # the check covered its threads
         gate.touch()
         assert agent.wait(120) == 0, agent.output
     assert int(caps_file.read_text().split()[1], 16) == mine["CapEff"]
-    assert "capabilities kept: dac_read_search,kill,sys_ptrace,sys_admin,syslog,perfmon,bpf" in agent.output
+    assert "capabilities kept: dac_read_search,kill,sys_ptrace,sys_admin,perfmon,bpf" in agent.output
     assert {"cudaMalloc", "cudaMemcpy"} <= span_names(tmp_path / "out")

@@ -10,9 +10,10 @@ effective, permitted, inheritable, ambient and bounding sets, while the agent is
 thread (capabilities belong to threads; every later thread inherits the reduced set):
 
 - kept: CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH (the set
-  docs/capabilities.md measures), and, where held, CAP_KILL (SIGCONT to a paused command
-  that changed user), CAP_SYSLOG (kernel frame names in profiles: /proc/kallsyms shows zeros
-  without it) and, before Linux 5.11, CAP_SYS_RESOURCE (BPF memory charged to memlock);
+  docs/capabilities.md measures), and, where held, CAP_KILL only when the agent runs a
+  command (``run -- CMD``: SIGCONT to a paused command that changed user), CAP_SYSLOG only
+  when the profiling or sched receiver is enabled (kernel frame names: /proc/kallsyms shows
+  zeros without it) and, before Linux 5.11, CAP_SYS_RESOURCE (BPF memory charged to memlock);
 - dropped, for instance: CAP_DAC_OVERRIDE (the agent writes only where its user may),
   CAP_SETUID, CAP_SYS_MODULE, CAP_NET_ADMIN, CAP_CHOWN.
 
@@ -86,15 +87,26 @@ def require_privileges() -> None:
         )
 
 
-def kept_mask(held: int, kernel: tuple[int, int]) -> int:
-    """The capabilities, of those ``held``, that the agent keeps for its life."""
-    keep = {*REQUIRED, CAP_KILL, CAP_SYSLOG, *((CAP_SYS_RESOURCE,) if kernel < (5, 11) else ())}
+#: Receivers that name kernel frames (their stacks go through /proc/kallsyms): CAP_SYSLOG.
+KERNEL_SYMBOL_RECEIVERS = frozenset({"profiling", "sched"})
+
+
+def kept_mask(held: int, kernel: tuple[int, int], *, command: bool, kernel_symbols: bool) -> int:
+    """The capabilities, of those ``held``, that the agent keeps for its life: CAP_KILL only
+    with a ``command`` it may have to resume, CAP_SYSLOG only if it reads ``kernel_symbols``."""
+    keep = {
+        *REQUIRED,
+        *((CAP_KILL,) if command else ()),
+        *((CAP_SYSLOG,) if kernel_symbols else ()),
+        *((CAP_SYS_RESOURCE,) if kernel < (5, 11) else ()),
+    }
     mask: int = sum(1 << c for c in keep)
     return held & mask
 
 
-def drop_unneeded() -> int:
-    """Drop every capability the agent never needs (module doc); returns the mask kept.
+def drop_unneeded(*, command: bool, receivers: set[str]) -> int:
+    """Drop every capability the agent does not need (module doc) with a ``command`` of its
+    own or not, and these enabled ``receivers``; returns the mask kept.
 
     Call it while the process has one thread: other threads would keep their sets."""
     threads = len(os.listdir("/proc/self/task"))
@@ -102,7 +114,9 @@ def drop_unneeded() -> int:
         log.warning("dropping capabilities with %d threads running: only this thread's are dropped", threads)
     libc = ctypes.CDLL(None, use_errno=True)
     sets = capability_sets()
-    keep = kept_mask(sets["CapPrm"], kernel_version())
+    keep = kept_mask(
+        sets["CapPrm"], kernel_version(), command=command, kernel_symbols=bool(receivers & KERNEL_SYMBOL_RECEIVERS)
+    )
     if sets["CapEff"] >> CAP_SETPCAP & 1:  # needed to shrink the bounding set
         last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
         for cap in range(last + 1):
