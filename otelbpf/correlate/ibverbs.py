@@ -201,6 +201,18 @@ class _Series:
         return out
 
 
+def continue_series(series: _Series, ended: _Series, carry: _Series) -> None:
+    """One export of a process: add the QPs that ended since the last one (``ended``) to the
+    live ones (``series``), then what ended in earlier exports (``carry``) to every series
+    that goes on. A QP number used again with the same peer (a library reloaded, a QP made
+    again) continues its series: cumulative, monotonic. ``ended`` comes first: a later
+    incarnation destroyed with nothing live beside it still continues the earlier one's
+    counts (merged after the carry, it restarted them: 12 fell back to 6)."""
+    series.merge(ended)
+    series.merge(carry, only_existing=True)
+    carry.merge(ended)
+
+
 @dataclass
 class _Process:
     pid: int
@@ -543,11 +555,7 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
                 for qp in self._current.values():
                     if qp.pid == pid and id(qp) not in counted_qps and qp.transitions:
                         self._add_qp(series, qp, None, errors)  # never counted in the kernel
-                # A QP number used again with the same peer continues its series (cumulative,
-                # monotonic): what ended in earlier exports is carried into what is live now.
-                series.merge(p.carry, only_existing=True)
-                series.merge(ended)
-                p.carry.merge(ended)
+                continue_series(series, ended, p.carry)
                 metrics = self._process_metrics(p, series, now)
                 if metrics:
                     out.append((p.resource, metrics))

@@ -12,7 +12,7 @@ import numpy as np
 from otelbpf.base.events import EVENT_DTYPE, FLAG_IBV_POSTED, IbvFunc, Kind
 from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.ibverbs import LATENCY_BOUNDS, IbverbsCorrelator, _Series, peer_address
+from otelbpf.correlate.ibverbs import LATENCY_BOUNDS, IbverbsCorrelator, _Series, continue_series, peer_address
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.sensor import ibverbs_abi as abi
 
@@ -38,20 +38,37 @@ def test_a_reused_qp_number_continues_its_series():
     attrs = {"rdma.qp.num": 420, "rdma.wr.opcode": "SEND"}
     ended.add("rdma.wr.posted", attrs, 7, start=100)
     live.add("rdma.wr.posted", attrs, 3, start=200)
-    live.merge(carry, only_existing=True)
-    live.merge(ended)
-    carry.merge(ended)
+    continue_series(live, ended, carry)
     (metric,) = live.metrics(now=300)
     (point,) = metric.data.data_points
     assert point.value == 10 and point.start_time_unix_nano == 100
     # Next export: the live QP went on to 5; the ended one is carried, not exported alone.
     nxt = _Series()
     nxt.add("rdma.wr.posted", attrs, 5, start=200)
-    nxt.merge(carry, only_existing=True)
+    continue_series(nxt, _Series(), carry)
     assert nxt.metrics(now=400)[0].data.data_points[0].value == 12
     other = _Series()
-    other.merge(carry, only_existing=True)
+    continue_series(other, _Series(), carry)
     assert other.metrics(now=400) == []
+
+
+def test_a_later_incarnation_destroyed_with_nothing_live_continues_the_series():
+    """A library reloaded: its QP numbers come back. The second incarnation is destroyed in a
+    later export than the first, with nothing live beside it: its counts add to the first's
+    (the series fell back from 12 to 6 when the carry was merged before the ended QPs)."""
+    carry = _Series()
+    attrs = {"rdma.qp.num": 7, "rdma.wr.opcode": "SEND"}
+    first = _Series()
+    first.add("rdma.wr.posted", attrs, 6, start=100)
+    series = _Series()
+    continue_series(series, first, carry)
+    assert series.metrics(now=200)[0].data.data_points[0].value == 6
+    second = _Series()
+    second.add("rdma.wr.posted", attrs, 6, start=300)
+    series = _Series()
+    continue_series(series, second, carry)
+    (point,) = series.metrics(now=400)[0].data.data_points
+    assert point.value == 12 and point.start_time_unix_nano == 100
 
 
 def _event(kind: Kind, func: int, *, ts: int = 1_000, dur: int = 500, ret: int = 0, a=(0, 0, 0, 0), flags: int = 0):
