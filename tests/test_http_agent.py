@@ -347,17 +347,15 @@ def test_concurrent_requests_on_one_asyncio_thread_are_marked_and_not_linked(otl
         agent_running(tmp_path, c, [front_port, back_port]),
     ):
 
-        def call() -> None:
-            conn = http.client.HTTPConnection("127.0.0.1", front_port)
+        # Both requests are sent before either answer is read: two client threads could start
+        # more than the server's 300 ms apart under load, and the first request would then
+        # rightly be the only one in flight (and parent its call).
+        conns = [http.client.HTTPConnection("127.0.0.1", front_port) for _ in range(2)]
+        for conn in conns:
             conn.request("GET", "/slow")
+        for conn in conns:
             assert conn.getresponse().read() == b"async"
             conn.close()
-
-        threads = [threading.Thread(target=call) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
         served = c.wait_for(
             lambda: len(spans(c, pid=front.pid, kind="server")) == 2 and spans(c, pid=front.pid, kind="server"),
             what="2 asyncio server spans",
