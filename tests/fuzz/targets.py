@@ -1,9 +1,10 @@
 """Fuzz targets: one function per parser or encoder, taking any bytes.
 
 Each raises (AssertionError for a broken invariant, anything else for a crash) only on a bug; it
-returns on every input a hostile peer could send. Run briefly by tests/fuzz/test_fuzz.py
-(hypothesis), at length by bench/fuzz.py (atheris, coverage-guided), and on every kept crash or
-hang by tests/fuzz/test_corpus.py. The time bound per input is the runner's (hypothesis
+returns on every input a hostile peer (or, for ``config``, a config file) could send. Run briefly
+by tests/fuzz/test_fuzz.py (hypothesis) and tests/fuzz/test_atheris.py (atheris, ~2 s each), at
+length by bench/fuzz.py (atheris, coverage-guided), and on every kept crash or hang by
+tests/fuzz/test_corpus.py. The time bound per input is the runner's (hypothesis
 ``deadline``, libFuzzer ``-timeout``): a parse position that moves backwards shows as a hang.
 
 Invariants checked besides "no exception": positions and sizes never negative, and what a
@@ -12,8 +13,12 @@ connection holds stays under its caps (protocols/limits.py).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
+import os
 import struct
+import tempfile
 from collections.abc import Callable, Iterator
 
 from hpack import Encoder
@@ -21,6 +26,7 @@ from hpack.exceptions import HPACKError
 from opentelemetry.sdk.resources import Resource
 
 from harness.hostile import Wire, grpc_call, h2_connection
+from otelbpf.config import ConfigError, load_config
 from otelbpf.correlate import genai
 from otelbpf.correlate.protocols import http1, http2, sse
 from otelbpf.correlate.protocols.limits import DEFAULT
@@ -259,6 +265,31 @@ def otlp_target(data: bytes) -> None:
             assert INT64_MIN <= int(kv["value"]["intValue"]) <= INT64_MAX
 
 
+#: What ``${env:...}`` references in fuzzed configs find.
+_CONFIG_ENV = {"PORT": "4317", "HOST": "collector", "EMPTY": "", "OTEL_SERVICE_NAME": "fuzz"}
+
+
+@functools.cache
+def _config_file() -> str:
+    """One scratch file per process: the config is read from a path, as ``run -c`` reads it."""
+    fd, path = tempfile.mkstemp(prefix="otelbpf-fuzz-", suffix=".yaml")
+    os.close(fd)
+    atexit.register(os.unlink, path)
+    return path
+
+
+def config_target(data: bytes) -> None:
+    """Any bytes as a config file: loaded, or refused with ConfigError (exit 2 in the CLI),
+    never any other exception (a traceback)."""
+    path = _config_file()
+    with open(path, "wb") as f:
+        f.write(data)
+    try:
+        load_config(path, env=_CONFIG_ENV)
+    except ConfigError as exc:
+        assert exc.errors, exc
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "http1": http1_target,
     "http2": http2_target,
@@ -267,7 +298,24 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "otlp": otlp_target,
     "sse": sse_target,
     "genai": genai_target,
+    "config": config_target,
 }
+
+
+CONFIG_SEED = b"""\
+receivers:
+  cuda:
+  http: {ports: [8080], capture_headers: [x-id]}
+processors:
+  batch: {timeout: 100ms}
+exporters:
+  file:
+service:
+  pipelines:
+    traces: {receivers: [cuda, http], processors: [batch], exporters: [file]}
+    metrics: {receivers: [cuda], exporters: [file]}
+  telemetry: {metrics_interval: 10s}
+"""
 
 
 def seeds() -> dict[str, list[bytes]]:
@@ -328,6 +376,17 @@ def seeds() -> dict[str, list[bytes]]:
         "genai": [
             encode_chunks([(True, body, 0), (False, usage, 0), (False, usage, 0)]),
             encode_chunks([(True, body[:20], 7), (False, b"x", 0), (False, usage[:30], 0), (False, usage[30:], 0)]),
+        ],
+        "config": [
+            CONFIG_SEED,
+            CONFIG_SEED.replace(
+                b"  cuda:\n", b"  cuda: &c {ring_buffer_size: 1MiB, search_paths: ['/usr/lib/*']}\n  nccl: *c\n"
+            ),
+            CONFIG_SEED.replace(
+                b"  file:\n",
+                b"  file: {file_mode: '0600'}\n  otlp: {endpoint: '${env:HOST}:${PORT:-1}', "
+                b"headers: {a: '$$x ${EMPTY:-y}'}, tls: {insecure: true}}\n",
+            ).replace(b"exporters: [file]}\n  telemetry", b"exporters: [file, otlp]}\n  telemetry"),
         ],
         "otlp": [
             bytes([0, 9])

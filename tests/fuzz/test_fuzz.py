@@ -130,6 +130,13 @@ def test_genai(data):
     bounded(TARGETS["genai"], data)
 
 
+@settings(FUZZ, max_examples=300)
+@given(data=st.one_of(st.binary(max_size=512), _mutated("config")))
+def test_config(data):
+    """Any bytes as a config file: ConfigError (exit 2) or a config, never another exception."""
+    bounded(TARGETS["config"], data)
+
+
 _JSON = st.recursive(
     st.none()
     | st.booleans()
