@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from opentelemetry.sdk.metrics.export import Metric
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelbpf import receivers
 from otelbpf.base.health import Health
@@ -35,7 +37,7 @@ from otelbpf.correlate.profile_record import Profile
 from otelbpf.correlate.spans import scope
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.export.factory import metric_exporter, span_exporter
-from otelbpf.export.metrics_loop import MetricsLoop
+from otelbpf.export.metrics_loop import MetricsLoop, Source
 from otelbpf.export.profile_export import encoded, profile_exporter
 from otelbpf.export.self_profiling import self_profiler
 from otelbpf.export.span_queue import SpanQueue
@@ -163,7 +165,11 @@ class Agent:
         if config.pipeline("metrics"):
             self.metrics = MetricsLoop(
                 [(n, metric_exporter(c)) for n, c in config.pipeline_exporters("metrics")],
-                [self._receiver_metrics, self._health_metrics, *([self.findings.collect] if self.findings else [])],
+                [
+                    *(self._receiver_source(r) for r in self.receivers),
+                    self._health_metrics,
+                    *([self.findings.collect] if self.findings else []),
+                ],
                 self.health,
                 to_seconds(config.service.telemetry.metrics_interval),
                 on_collect=self.live.on_metrics,
@@ -284,8 +290,16 @@ class Agent:
 
     # -- metrics sources --------------------------------------------------
 
-    def _receiver_metrics(self):
-        return [(res, r.correlator.scope, metrics) for r in self.receivers for res, metrics in r.correlator.collect()]
+    @staticmethod
+    def _receiver_source(r: receivers.Receiver) -> Source:
+        """One receiver's metrics as a source of its own: a receiver whose collect() blocks
+        (behind its stuck processing thread) holds up none of the others."""
+
+        def collect() -> list[tuple[Resource, InstrumentationScope, list[Metric]]]:
+            return [(res, r.correlator.scope, metrics) for res, metrics in r.correlator.collect()]
+
+        collect.__qualname__ = f"receiver {r.name}"
+        return collect
 
     def _health_metrics(self):
         from otelbpf.export.otlp_json import CONVERSIONS
@@ -450,7 +464,9 @@ class Agent:
         self.sensor.stop()  # detach, final drain
         done("sensor")
         self._work.put(None)
-        self._processor.join(timeout=30)
+        # What is queued is processed before the final exports; a thread the watchdog saw
+        # stuck on one batch will not get there: do not wait the full time for it.
+        self._processor.join(timeout=2 if self.watchdog.stalled() else 30)
         self._watchdog_stop.set()
         done("processing")
         if self.findings is not None:

@@ -49,6 +49,10 @@ class Watchdog:
         busy = self._busy
         return self._clock() - busy[1] if busy is not None else 0.0
 
+    def stalled(self) -> bool:
+        """Busy with one item past the stall threshold now."""
+        return self.busy_seconds() >= self._stall_after
+
     def check(self) -> float:
         """Report a stall once (log with the stack, count); returns the current busy seconds."""
         busy = self._busy

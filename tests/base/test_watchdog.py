@@ -63,3 +63,17 @@ def test_the_log_shows_where_the_real_thread_is_stuck(caplog):
     assert health.get("otelbpf.agent.stalls", worker="worker", item="a batch") == 1
     [record] = [r for r in caplog.records if "busy with a batch" in r.getMessage()]
     assert "stuck_in_a_parser" in record.getMessage()
+
+
+def test_stalled_says_whether_the_worker_is_stuck_now():
+    """Agent.stop waits 2 s, not 30, for a processing thread that is stalled."""
+    clock = FakeClock()
+    w = Watchdog("otelbpf-process", Health(), stall_after_s=10, clock=clock)
+    assert not w.stalled()
+    w.begin("cuda events")
+    clock.now += 9
+    assert not w.stalled()
+    clock.now += 1
+    assert w.stalled()
+    w.end()
+    assert not w.stalled()
