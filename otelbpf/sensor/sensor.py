@@ -454,18 +454,21 @@ class Sensor:
             return False
         added = failed = total = 0
         first_error = ""
-        with self._lock:
-            if self._bpf is None:
-                return True
-            for target in targets:
-                attach = self._bpf.attach_uretprobe if target.ret else self._bpf.attach_uprobe
-                total += 1
-                probe = (*lib.key, target.vaddr, target.program)
+        # The lock is taken per probe, not per library: each attach may wait ~0.1 s in the
+        # kernel (more under load), and a library of 80 probes held the processing thread's
+        # map reads and the metrics export behind it for seconds.
+        for target in targets:
+            total += 1
+            probe = (*lib.key, target.vaddr, target.program)
+            if self._stop.is_set():  # never hold up stop()
+                self.attach_stats.probes += added
+                return False
+            with self._lock:
+                if self._bpf is None:
+                    return True
                 if probe in self._probes:
                     continue
-                if self._stop.is_set():  # each attach may wait ~0.1 s: never hold up stop()
-                    self.attach_stats.probes += added
-                    return False
+                attach = self._bpf.attach_uretprobe if target.ret else self._bpf.attach_uprobe
                 try:
                     attach(name=lib.path, addr=target.vaddr, fn_name=target.program)
                 except Exception as exc:
@@ -473,7 +476,7 @@ class Sensor:
                     first_error = first_error or f"{target.label}@{target.vaddr:#x}: {exc}"
                     continue
                 self._probes.add(probe)
-                added += 1
+            added += 1
         self.attach_stats.probes += added
         if failed:
             self._count(
