@@ -432,3 +432,21 @@ def test_drain_takes_every_entry_once_and_leaves_the_map_empty():
         assert len(drain(table)[0]) == 0
     finally:
         bpf.cleanup()
+
+
+def test_drain_keep_reads_every_entry_and_leaves_the_map_as_it_was():
+    """``keep``: batched lookups without deletes (the bytes-in-use balance, read every round)."""
+    from bcc import BPF
+
+    from otelbpf.correlate.profiles import drain
+
+    bpf = BPF(text=b"BPF_HASH(h, u64, u64, 4096);")
+    try:
+        table = bpf[b"h"]
+        for i in range(1, 1001):
+            table[table.Key(i)] = table.Leaf(i * 5)
+        keys, values = drain(table, chunk=128, keep=True)
+        assert sorted(keys.tolist()) == list(range(1, 1001)) and (values == keys * 5).all()
+        assert len(list(table.keys())) == 1000
+    finally:
+        bpf.cleanup()
