@@ -18,17 +18,19 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from types import FrameType
 
 import numpy as np
 from opentelemetry.sdk.metrics.export import Metric
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelbpf import receivers
 from otelbpf.base.health import Health
 from otelbpf.base.threadname import name_os_thread
 from otelbpf.base.watchdog import Watchdog, run_checks
-from otelbpf.config import BatchProcessorConfig, Config, to_seconds
+from otelbpf.config import BatchProcessorConfig, Config, ReceiverConfig, to_seconds
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate import symbolizer
 from otelbpf.correlate.clock import MonotonicClock
@@ -175,8 +177,8 @@ class Agent:
                 on_collect=self.live.on_metrics,
             )
 
-    def _receiver_configs(self):
-        seen = {}
+    def _receiver_configs(self) -> list[tuple[str, ReceiverConfig]]:
+        seen: dict[str, ReceiverConfig] = {}
         for s in ("traces", "metrics", "profiles"):
             for name, cfg in self.config.pipeline_receivers(s):
                 seen[name] = cfg
@@ -283,7 +285,7 @@ class Agent:
         for _name, exporter in self.profile_exporters:
             exporter.export(records)
 
-    def _emit_spans(self, spans: list) -> None:
+    def _emit_spans(self, spans: list[ReadableSpan]) -> None:
         self.live.on_spans(spans)
         if self.spans is not None:
             self.spans.offer(spans)
@@ -301,7 +303,7 @@ class Agent:
         collect.__qualname__ = f"receiver {r.name}"
         return collect
 
-    def _health_metrics(self):
+    def _health_metrics(self) -> list[tuple[Resource, InstrumentationScope, list[Metric]]]:
         from otelbpf.export.otlp_json import CONVERSIONS
 
         for kind, n in CONVERSIONS.take().items():  # values an OTLP encoder had to clamp
@@ -340,7 +342,7 @@ class Agent:
                 now,
             )
         )
-        by_name: dict[str, list] = {}
+        by_name: dict[str, list[tuple[m.Attrs, int]]] = {}
         for name, attrs, value in self.health.snapshot():
             by_name.setdefault(name, []).append((attrs, value))
         for name, points in by_name.items():
@@ -519,7 +521,7 @@ def _rss_bytes() -> int:
         return 0
 
 
-def spawn_gated(command: list[str]) -> tuple[subprocess.Popen, int]:
+def spawn_gated(command: list[str]) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``command`` stopped at a gate, so it can be watched before it runs.
 
     The child blocks reading a pipe before exec'ing the command (same pid),
@@ -581,7 +583,7 @@ def run(
     wake = threading.Event()
     received: list[int] = []
 
-    def on_signal(sig: int, _frame) -> None:
+    def on_signal(sig: int, _frame: FrameType | None) -> None:
         received.append(sig)
         wake.set()
 

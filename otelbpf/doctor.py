@@ -178,7 +178,7 @@ def _bpf(cmd: int, attr: bytes) -> int:
         raise OSError(errno.ENOSYS, f"no known bpf(2) syscall number for {platform.machine()}")
     libc = ctypes.CDLL(None, use_errno=True)
     buf = ctypes.create_string_buffer(attr.ljust(BPF_ATTR_SIZE, b"\0"), BPF_ATTR_SIZE)
-    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_long(cmd), buf, ctypes.c_ulong(BPF_ATTR_SIZE))
+    fd: int = libc.syscall(ctypes.c_long(nr), ctypes.c_long(cmd), buf, ctypes.c_ulong(BPF_ATTR_SIZE))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))

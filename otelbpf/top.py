@@ -23,6 +23,7 @@ import time
 import tty
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -30,6 +31,10 @@ from rich.table import Table
 from rich.text import Text
 
 from otelbpf.live import endpoint, model
+
+if TYPE_CHECKING:
+    from otelbpf.config import Config
+    from otelbpf.live.state import JsonObject
 
 SORTS = ("gpu", "calls/s", "bytes/s", "pid")
 KEYS = "s sort  p pid filter  f freeze  q quit"
@@ -61,15 +66,15 @@ def _ms(v: float | None) -> str:
 class Viewer:
     """Snapshots in, a renderable out; the keys' state (sort, pid filter, freeze)."""
 
-    def __init__(self, source: Callable[[], dict]) -> None:
+    def __init__(self, source: Callable[[], JsonObject]) -> None:
         self.source = source
         self.sort = SORTS[0]
         self.pid: int | None = None
         self.typing: str | None = None  # digits of a pid filter being typed
         self.frozen = False
         self.error = ""
-        self.base: dict | None = None  # an earlier collection: the rates' start
-        self.last: dict | None = None
+        self.base: JsonObject | None = None  # an earlier collection: the rates' start
+        self.last: JsonObject | None = None
         self.tables: model.Tables | None = None
         self.notes: deque[str] = deque(maxlen=2)
 
@@ -136,7 +141,7 @@ class Viewer:
         if self.frozen:
             head.append("  FROZEN", style="bold reverse")
         head.append(f"   {KEYS}", style="dim")
-        parts: list = [head]
+        parts: list[Text | Table] = [head]
         if t is not None:
             parts.append(self._agent(t))
         if self.error:
@@ -146,7 +151,7 @@ class Viewer:
         if t is None:
             parts.append(Text("waiting for the first snapshot..."))
             return Group(*parts)
-        parts += [
+        tables = [
             self._processes(t),
             self._findings(t),
             self._ranks(t),
@@ -154,7 +159,7 @@ class Viewer:
             self._kernels(t),
             self._routes(t),
         ]
-        return Group(*[p for p in parts if p is not None])
+        return Group(*parts, *[p for p in tables if p is not None])
 
     @staticmethod
     def _table(title: str, *columns: str) -> Table:
@@ -312,7 +317,7 @@ class _Notes(logging.Handler):
         self.viewer.notes.append(f"{record.levelname.lower()}: {record.getMessage()}"[:200])
 
 
-def socket_source(path: str | None) -> Callable[[], dict]:
+def socket_source(path: str | None) -> Callable[[], JsonObject]:
     """Snapshots from ``path``, or from the newest agent that answers in the run directory."""
     return (lambda: endpoint.fetch(path)) if path else endpoint.fetch_newest
 
@@ -344,7 +349,7 @@ def run(viewer: Viewer, interval_s: float = 1.0) -> int:
     return 0
 
 
-def standalone(config, pids: list[int], interval_s: float = 1.0) -> int:
+def standalone(config: Config, pids: list[int], interval_s: float = 1.0) -> int:
     """``otelbpf top --pid N``: an agent in this process (its exporters as configured), its live
     state drawn directly; the agent's warnings show in the view."""
     from otelbpf.agent import Agent

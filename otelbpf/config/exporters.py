@@ -116,7 +116,8 @@ class OtlpHttpExporterConfig(Section):
 
     def signal_endpoint(self, signal: Signal | Literal["profiles"]) -> str | None:
         """The URL set for ``signal`` alone (``traces_endpoint``, ...), if any."""
-        return getattr(self, f"{signal}_endpoint")
+        endpoint: str | None = getattr(self, f"{signal}_endpoint")
+        return endpoint
 
     def url(self, signal: Signal | Literal["profiles"]) -> str:
         """Where ``signal`` is POSTed."""

@@ -77,35 +77,31 @@ def check_shape(text: str, source: str) -> None:
         raise ConfigError(source, [f"{source}: larger than {format_size(MAX_CONFIG_BYTES)}: not a config file"])
     anchors: dict[str, int] = {}
     open_nodes: list[list[Any]] = [[None, 0]]  # [anchor, nodes so far] per open collection
-    loader = yaml.SafeLoader(text)
-    try:
-        while loader.check_event():
-            event = loader.get_event()
-            if isinstance(event, yaml.CollectionStartEvent):
-                open_nodes.append([event.anchor, 1])
-                if len(open_nodes) - 1 > MAX_CONFIG_DEPTH:
-                    _shape_error(source, event, f"nested more than {MAX_CONFIG_DEPTH} levels deep")
-                continue
-            if isinstance(event, yaml.CollectionEndEvent):
-                anchor, count = open_nodes.pop()
-            elif isinstance(event, yaml.ScalarEvent):
-                anchor, count = event.anchor, 1
-            elif isinstance(event, yaml.AliasEvent):
-                anchor, count = None, anchors.get(event.anchor or "", 1)
-            else:
-                continue
-            if anchor is not None:
-                anchors[anchor] = count
-            open_nodes[-1][1] += count
-            if open_nodes[-1][1] > MAX_CONFIG_NODES:
-                _shape_error(
-                    source,
-                    event,
-                    f"more than {MAX_CONFIG_NODES} values once YAML aliases (*name) "
-                    "are expanded: an alias bomb, or a config that is not one",
-                )
-    finally:
-        loader.dispose()
+    # yaml.parse: the loader's event loop, typed; the loader is disposed when the loop ends or raises.
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_nodes.append([event.anchor, 1])
+            if len(open_nodes) - 1 > MAX_CONFIG_DEPTH:
+                _shape_error(source, event, f"nested more than {MAX_CONFIG_DEPTH} levels deep")
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, count = open_nodes.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, count = event.anchor, 1
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, count = None, anchors.get(event.anchor or "", 1)
+        else:
+            continue
+        if anchor is not None:
+            anchors[anchor] = count
+        open_nodes[-1][1] += count
+        if open_nodes[-1][1] > MAX_CONFIG_NODES:
+            _shape_error(
+                source,
+                event,
+                f"more than {MAX_CONFIG_NODES} values once YAML aliases (*name) "
+                "are expanded: an alias bomb, or a config that is not one",
+            )
 
 
 def _shape_error(source: str, event: yaml.Event, what: str) -> None:
