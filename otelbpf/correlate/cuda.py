@@ -67,19 +67,21 @@ class _Process:
 
     resource: Resource
     start_ns: int
-    calls: Counter = field(default_factory=Counter)  # function -> calls
-    errors: Counter = field(default_factory=Counter)  # (function, code) -> calls
-    memcpy_bytes: Counter = field(default_factory=Counter)  # direction -> bytes
-    sync: dict = field(default_factory=lambda: defaultdict(m.HistogramState))  # function -> histogram
-    live: dict = field(default_factory=dict)  # device address -> bytes
+    calls: Counter[str] = field(default_factory=Counter)  # function -> calls
+    errors: Counter[tuple[str, int]] = field(default_factory=Counter)  # (function, code) -> calls
+    memcpy_bytes: Counter[str] = field(default_factory=Counter)  # direction -> bytes
+    # function -> histogram
+    sync: defaultdict[str, m.HistogramState] = field(default_factory=lambda: defaultdict(m.HistogramState))
+    live: dict[int, int] = field(default_factory=dict)  # device address -> bytes
     in_use: int = 0
     high_water: int = 0
     untracked_frees: int = 0
     incomplete: int = 0
     kernels: KernelNames = field(default_factory=KernelNames)
-    pinned: dict = field(default_factory=dict)  # page-locked host address -> bytes
-    pinned_starts: list = field(default_factory=list)  # sorted keys of pinned
-    pinned_copy_bytes: Counter = field(default_factory=Counter)  # (direction, pinned|pageable) -> bytes
+    pinned: dict[int, int] = field(default_factory=dict)  # page-locked host address -> bytes
+    pinned_starts: list[int] = field(default_factory=list)  # sorted keys of pinned
+    # (direction, pinned|pageable) -> bytes
+    pinned_copy_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     exited: bool = False
 
     def host_memory(self, addr: int) -> str:
@@ -243,7 +245,7 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 k.sites[(func, a0)] = (a1, a2)
         k.learn()
 
-    def _track_memory(self, p: _Process, rec: tuple) -> None:
+    def _track_memory(self, p: _Process, rec: tuple[int, ...]) -> None:
         ts, _dur, pid, _tid, kind, _func, _flags, ret, a0, a1, _a2, _a3 = rec
         if ret != 0:
             return
@@ -289,9 +291,10 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         kind = arr["kind"]
         paired = np.isin(kind, PAIRED_KINDS)
         long_enough = (arr["duration_ns"] >= self._min_span_ns) | ((arr["flags"] & FLAG_INCOMPLETE) != 0)
-        return (kind == Kind.CUDA_LAUNCH) | (paired & long_enough)
+        worthy: np.ndarray = (kind == Kind.CUDA_LAUNCH) | (paired & long_enough)
+        return worthy
 
-    def _span(self, rec: tuple) -> ReadableSpan | None:
+    def _span(self, rec: tuple[int, ...]) -> ReadableSpan | None:
         ts, dur, pid, tid, kind, func, flags, ret, a0, a1, a2, a3 = rec
         incomplete = bool(flags & FLAG_INCOMPLETE)
         cfunc = CudaFunc(func)
@@ -400,7 +403,7 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         for key, count in self._read_map("launches"):
             launches[key.pid].append((key.func, key.fn, count))
             map_keys[key.pid].append(key)
-        launch_errors: dict[int, Counter] = defaultdict(Counter)
+        launch_errors: dict[int, Counter[tuple[str, int]]] = defaultdict(Counter)
         error_keys: dict[int, list[object]] = defaultdict(list)
         for key, count in self._read_map("launch_errors"):
             launch_errors[key.pid][(CudaFunc(key.func).name, key.ret)] += count
@@ -428,10 +431,15 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         return out
 
     def _process_metrics(
-        self, pid: int, p: _Process, launches: list[tuple[int, int, int]], launch_errors: Counter, now: int
+        self,
+        pid: int,
+        p: _Process,
+        launches: list[tuple[int, int, int]],
+        launch_errors: Counter[tuple[str, int]],
+        now: int,
     ) -> list[Metric]:
-        by_func: Counter = Counter()
-        per_kernel: Counter = Counter()
+        by_func: Counter[str] = Counter()
+        per_kernel: Counter[tuple[str, int]] = Counter()
         for func, fn, count in launches:
             fname = CudaFunc(func).name
             by_func[fname] += count
@@ -441,7 +449,7 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         errors = p.errors + launch_errors
         # How each kernel launched here got its name (a self metric: the share left
         # unresolved is what an operator checks first).
-        sources: Counter = Counter()
+        sources: Counter[str] = Counter()
         for (f, fn), c in per_kernel.items():
             sources[self._kernel_name(pid, CudaFunc[f], fn)[1]] += c
         built = [
