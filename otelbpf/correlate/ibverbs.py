@@ -22,18 +22,20 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.util.types import AttributeValue
 
 from otelbpf.base.events import FLAG_IBV_POSTED, FLAG_INCOMPLETE, IbvFunc, Kind, StrKind
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.sensor import ibverbs_abi as abi
-from otelbpf.sensor.family import MapReader
+from otelbpf.sensor.family import MapEntries, MapReader
 from otelbpf.sensor.ibverbs_probes import read_memory
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,9 @@ LATENCY_BOUNDS = tuple(2.0**b / 1e9 for b in range(1, 36))
 QUEUES = ("send", "receive")
 
 QpKey = tuple[int, int, int]  # pid, context, qpn
+QpGenKey = tuple[int, int, int, int]  # pid, context, qpn, gen: one incarnation's counters
+#: The error counters' key as looked up: a QP whose counters the kernel has not shown has no gen.
+_ErrorsKey = tuple[int, int, int, int | None]
 
 
 def peer_address(gid: bytes) -> str | None:
@@ -84,12 +89,12 @@ class _Qp:
     port: int | None = None
     gid: bytes | None = None
     mtu: int | None = None
-    transitions: Counter = field(default_factory=Counter)  # new state -> count
+    transitions: Counter[str] = field(default_factory=Counter)  # new state -> count
     end_ns: int | None = None
     end_reason: str | None = None
 
-    def attributes(self, device: str | None) -> dict[str, object]:
-        attrs: dict[str, object] = {"rdma.qp.num": self.qpn}
+    def attributes(self, device: str | None) -> dict[str, AttributeValue]:
+        attrs: dict[str, AttributeValue] = {"rdma.qp.num": self.qpn}
         if device:
             attrs["rdma.device.name"] = device
         if self.qp_type:
@@ -134,26 +139,30 @@ _METRICS = {
 }
 
 
+#: (metric name, attributes): one series of a process's metrics.
+_SeriesKey = tuple[str, frozenset[tuple[str, AttributeValue]]]
+
+
 class _Series:
     """Points of one process's metrics, summed by (metric, attributes)."""
 
     def __init__(self) -> None:
-        self.values: dict[tuple[str, frozenset], float] = {}
-        self.hists: dict[tuple[str, frozenset], tuple[np.ndarray, float]] = {}
-        self.starts: dict[tuple[str, frozenset], int] = {}
+        self.values: dict[_SeriesKey, float] = {}
+        self.hists: dict[_SeriesKey, tuple[np.ndarray, float]] = {}
+        self.starts: dict[_SeriesKey, int] = {}
 
-    def add(self, name: str, attrs: dict, value: float, start: int) -> None:
+    def add(self, name: str, attrs: m.Attrs, value: float, start: int) -> None:
         key = (name, frozenset(attrs.items()))
         self.values[key] = self.values.get(key, 0) + value
         self.starts[key] = min(self.starts.get(key, start), start)
 
-    def add_histogram(self, name: str, attrs: dict, counts: np.ndarray, total: float, start: int) -> None:
+    def add_histogram(self, name: str, attrs: m.Attrs, counts: np.ndarray, total: float, start: int) -> None:
         key = (name, frozenset(attrs.items()))
         old_counts, old_total = self.hists.get(key, (0, 0.0))
         self.hists[key] = (counts + old_counts, total + old_total)
         self.starts[key] = min(self.starts.get(key, start), start)
 
-    def set_gauge(self, name: str, attrs: dict, value: float) -> None:
+    def set_gauge(self, name: str, attrs: m.Attrs, value: float) -> None:
         self.values[(name, frozenset(attrs.items()))] = value
 
     def merge(self, other: _Series, only_existing: bool = False) -> None:
@@ -165,37 +174,42 @@ class _Series:
                 self.add_histogram(key[0], dict(key[1]), counts, total, other.starts[key])
 
     def metrics(self, now: int) -> list[Metric]:
-        by_name: dict[str, list] = defaultdict(list)
+        # A name's points are either sums or gauges (values) or histograms, never both.
+        by_name: dict[str, list[tuple[m.Attrs, float, int]]] = defaultdict(list)
         for (name, attrs), v in sorted(self.values.items(), key=lambda kv: kv[0][0]):
             by_name[name].append((dict(attrs), v, self.starts.get((name, attrs), 0)))
+        hists_by_name: dict[str, list[tuple[m.Attrs, tuple[np.ndarray, float], int]]] = defaultdict(list)
         for (name, attrs), (counts, total) in self.hists.items():
-            by_name[name].append((dict(attrs), (counts, total), self.starts[(name, attrs)]))
+            hists_by_name[name].append((dict(attrs), (counts, total), self.starts[(name, attrs)]))
         out = []
         for name, points in by_name.items():
             kind, unit, description = _METRICS[name]
             metric: Metric | None
             if kind == "sum":
                 metric = m.cumulative_sum_since(name, unit, description, points, now)
-            elif kind == "gauge":
-                metric = m.gauge(name, unit, description, [(a, v) for a, v, _st in points], now)
             else:
-                # The kernel's log2 buckets keep no min or max: None leaves OTLP's optional fields
-                # unset (the SDK's dataclass types them float only).
-                hdps = [
-                    HistogramDataPoint(
-                        attributes=a,
-                        start_time_unix_nano=st,
-                        time_unix_nano=now,
-                        count=int(c.sum()),
-                        sum=t,
-                        bucket_counts=[int(x) for x in c],
-                        explicit_bounds=list(LATENCY_BOUNDS),
-                        min=None,  # type: ignore[arg-type]
-                        max=None,  # type: ignore[arg-type]
-                    )
-                    for a, (c, t), st in points
-                ]
-                metric = m.histogram(name, unit, description, hdps)
+                metric = m.gauge(name, unit, description, [(a, v) for a, v, _st in points], now)
+            if metric is not None:  # never None: a name is here for its points
+                out.append(metric)
+        for name, hist_points in hists_by_name.items():
+            _kind, unit, description = _METRICS[name]
+            # The kernel's log2 buckets keep no min or max: None leaves OTLP's optional fields
+            # unset (the SDK's dataclass types them float only).
+            hdps = [
+                HistogramDataPoint(
+                    attributes=a,
+                    start_time_unix_nano=st,
+                    time_unix_nano=now,
+                    count=int(c.sum()),
+                    sum=t,
+                    bucket_counts=[int(x) for x in c],
+                    explicit_bounds=list(LATENCY_BOUNDS),
+                    min=None,  # type: ignore[arg-type]
+                    max=None,  # type: ignore[arg-type]
+                )
+                for a, (c, t), st in hist_points
+            ]
+            metric = m.histogram(name, unit, description, hdps)
             if metric is not None:  # never None: a name is here for its points
                 out.append(metric)
         return out
@@ -218,10 +232,10 @@ class _Process:
     pid: int
     resource: Resource
     start_ns: int
-    mrs: dict = field(default_factory=dict)  # mr pointer -> (context, bytes)
-    registered: Counter = field(default_factory=Counter)  # context -> bytes registered now
-    regions: Counter = field(default_factory=Counter)  # context -> MRs registered now
-    anomalies: Counter = field(default_factory=Counter)
+    mrs: dict[int, tuple[int, int]] = field(default_factory=dict)  # mr pointer -> (context, bytes)
+    registered: Counter[int] = field(default_factory=Counter)  # context -> bytes registered now
+    regions: Counter[int] = field(default_factory=Counter)  # context -> MRs registered now
+    anomalies: Counter[str] = field(default_factory=Counter)  # reason -> events
     exited: bool = False
     carry: _Series = field(default_factory=lambda: _Series())  # counts of QPs destroyed and exported
 
@@ -250,7 +264,7 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
         self._on_sampled_out = on_sampled_out
         self._devices: dict[tuple[int, int], str] = {}  # (pid, context) -> device name
         self._current: dict[QpKey, _Qp] = {}  # the latest incarnation of each QP number
-        self._retired: dict[tuple[int, int, int, int], _Qp] = {}  # destroyed, counters not yet exported
+        self._retired: dict[QpGenKey, _Qp] = {}  # destroyed, counters not yet exported
         #: pid -> wall time its last metrics were exported after it exited: its map keys may be
         #: read once more (the sensor's final snapshot) and are ignored then.
         self._finished: dict[int, int] = {}
@@ -287,7 +301,7 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
             self.spans_emitted += len(spans)
             self._emit(spans)
 
-    def _event(self, rec: tuple) -> list[ReadableSpan]:
+    def _event(self, rec: tuple[int, ...]) -> list[ReadableSpan]:
         ts, dur, pid, tid, kind, func, flags, ret, a0, a1, a2, a3 = rec
         if kind == Kind.PROC_EXIT:
             return self._process_exit(pid, ts)
@@ -416,7 +430,7 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
                 return None
         return name
 
-    def _call_span(self, rec: tuple, ctx: int, attrs: dict[str, object]) -> ReadableSpan:
+    def _call_span(self, rec: tuple[int, ...], ctx: int, attrs: dict[str, object]) -> ReadableSpan:
         ts, dur, pid, _tid, kind, func, flags, ret, *_ = rec
         name = IbvFunc(func).name
         device = self.device_name(pid, ctx)
@@ -462,11 +476,11 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
             error=error,
         )
 
-    def _completion_span(self, rec: tuple) -> list[ReadableSpan]:
+    def _completion_span(self, rec: tuple[int, ...]) -> list[ReadableSpan]:
         ts, dur, pid, tid, _kind, slot, flags, status, ctx, a1, wr_id, a3 = rec
         qpn = a1 & 0xFFFFFFFF
         qp = self._current.get((pid, ctx, qpn))
-        attrs = qp.attributes(self.device_name(pid, ctx)) if qp else {"rdma.qp.num": qpn}
+        attrs: dict[str, AttributeValue] = qp.attributes(self.device_name(pid, ctx)) if qp else {"rdma.qp.num": qpn}
         attrs.update(
             {
                 "thread.id": tid,
@@ -509,8 +523,8 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
             exited = {pid for pid, p in self._procs.items() if p.exited}
         live = self._read_map("ibv_qps")
         retired = self._read_map("ibv_retired")
-        errors: dict[tuple, Counter] = defaultdict(Counter)
-        error_keys: dict[tuple, list] = defaultdict(list)
+        errors: dict[_ErrorsKey, Counter[tuple[int, int]]] = defaultdict(Counter)  # -> (slot, status) -> count
+        error_keys: dict[_ErrorsKey, list[object]] = defaultdict(list)
         for k, v in self._read_map("ibv_errors"):
             errors[(k.pid, k.ctx, k.qpn, k.gen)][(k.slot, k.status)] += v
             error_keys[(k.pid, k.ctx, k.qpn, k.gen)].append(k)
@@ -530,7 +544,7 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
             counted: dict[int, list[tuple[_Qp, object]]] = defaultdict(list)
             for k, stats in live:
                 counted[k.pid].append((self._incarnation(k.pid, k.ctx, k.qpn, stats.gen, now), stats))
-            done: list[tuple[tuple, object]] = []
+            done: list[tuple[QpGenKey, object]] = []
             final: dict[int, list[tuple[_Qp, object]]] = defaultdict(list)
             for k, stats in retired:
                 qp = self._retired.pop((k.pid, k.ctx, k.qpn, k.gen), None)
@@ -576,7 +590,8 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
             qp = self._current[(pid, ctx, qpn)] = _Qp(pid, ctx, qpn, gen, now)
         return qp
 
-    def _add_qp(self, series: _Series, qp: _Qp, s, errors) -> None:
+    def _add_qp(self, series: _Series, qp: _Qp, s: Any, errors: dict[_ErrorsKey, Counter[tuple[int, int]]]) -> None:
+        """``s``: the QP's counters (a BCC ibv_qps or ibv_retired value), None when never counted."""
         base = qp.attributes(self.device_name(qp.pid, qp.ctx))
         start = qp.start_ns
         for state, n in qp.transitions.items():
@@ -608,7 +623,14 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
         if s.unmatched:
             series.add("otelbpf.ibverbs.anomalies", {"reason": "completion_post_unseen"}, s.unmatched, start)
 
-    def _forget(self, done, live, error_keys, exited: set[int], now: int) -> None:
+    def _forget(
+        self,
+        done: list[tuple[QpGenKey, object]],
+        live: MapEntries,
+        error_keys: dict[_ErrorsKey, list[object]],
+        exited: set[int],
+        now: int,
+    ) -> None:
         """After export: destroyed QPs' final counters and everything of processes that had
         exited before the counters were read."""
         gone_keys = {key for key, _k in done}
