@@ -46,13 +46,16 @@ import logging
 import re
 import traceback
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-from opentelemetry.sdk.metrics.export import Metric
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, Metric
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.util.types import AttributeValue
 
 from otelbpf.base.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
 from otelbpf.correlate import genai
@@ -140,8 +143,16 @@ _FIELDS = (
     "local_port",
 )
 
+#: A record's _FIELDS (ints) and its payload, as _record unpacks them.
+_Row = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, bytes]
+
 #: (entry ns, exit ns, thread id) of the syscall that carried a chunk.
 Stamp = tuple[int, int, int]
+#: An exchange's span attributes, by semantic-convention name: each name's own value type (str, int,
+#: bool, list[str]), and the metrics read some back as labels (rpc.service, error.type, ...).
+SpanAttrs = dict[str, Any]
+#: A metric series' labels: (name, value) pairs.
+Labels = tuple[tuple[str, AttributeValue], ...]
 
 
 @dataclass(slots=True)
@@ -164,10 +175,11 @@ class _Proc:
     resource: Resource
     start_ns: int
     exited: bool = False  # forgotten after its next export
-    durations: dict = field(default_factory=dict)  # (metric, attrs) -> m.HistogramState
-    gaps: dict = field(default_factory=dict)  # (metric, attrs) -> Gaps: between chunks, between events
-    routes: set = field(default_factory=set)  # gRPC (service, method) pairs with their own series
-    models: set = field(default_factory=set)  # GenAI model names with their own series
+    # (metric, labels) -> the series' histogram: durations, and gaps between chunks or events
+    durations: dict[tuple[str, Labels], m.HistogramState] = field(default_factory=dict)
+    gaps: dict[tuple[str, Labels], Gaps] = field(default_factory=dict)
+    routes: set[tuple[str, str]] = field(default_factory=set)  # gRPC (service, method) pairs with their own series
+    models: set[str] = field(default_factory=set)  # GenAI model names with their own series
 
 
 def parse_traceparent(value: str | None) -> SpanContext | None:
@@ -209,8 +221,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         update_map: Callable[[str, list[tuple[int, int]]], None],
         *,
         ports: list[int],
-        capture_headers: list[str] = (),
-        redact_headers: list[str] = (),
+        capture_headers: Sequence[str] = (),
+        redact_headers: Sequence[str] = (),
         max_spans_per_second: int = 20_000,
         traces: bool = True,
         limits: Limits = DEFAULT,
@@ -236,9 +248,10 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         self._max_models = max_models
         self._content_cap = limits.attribute_chars if capture_message_content else 0
         self._held: dict[int, Held] = {}  # by pid: pending requests and open streams of its connections
-        self._spans: list = []
-        self._durations: dict[tuple, list[float]] = defaultdict(list)  # (pid, metric, labels) -> seconds, this batch
-        self._series: dict[tuple, tuple] = {}  # labels in insertion order -> sorted (the series key)
+        self._spans: list[ReadableSpan] = []
+        # (pid, metric, labels) -> seconds, this batch
+        self._durations: dict[tuple[int, str, Labels], list[float]] = defaultdict(list)
+        self._series: dict[Labels, Labels] = {}  # labels in insertion order -> sorted (the series key)
         self._sampled_out = 0
 
     # -- input ------------------------------------------------------------------
@@ -288,7 +301,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             self._flush_durations()
         self._flush_spans()
 
-    def _guarded(self, fn: Callable, *args) -> None:
+    def _guarded(self, fn: Callable[..., object], *args: object) -> None:
         """``fn(*args)``; an exception is counted and logged by type and place only (its message may
         quote the traffic), and the caller goes on with the rest of its batch or connection."""
         try:
@@ -302,7 +315,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         log.error("http: %s failed: %s at %s:%d", what, type(exc).__name__, where.filename, where.lineno)
         self._count("otelbpf.http.problems", 1, reason="processing_error")
 
-    def _record(self, row: tuple, addrs: np.ndarray, i: int) -> None:
+    def _record(self, row: _Row, addrs: np.ndarray, i: int) -> None:
         """``row``: the record's _FIELDS and payload; ``addrs[i]``: its address, read only by control records."""
         ts, dur, pid, tid, fd, ret, kind, func, cap, flags, family, port, local_port, payload = row
         stamp = (ts, ts + dur, tid)
@@ -669,7 +682,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         self._problem("value_truncated")
         return value[: self._limits.attribute_chars]
 
-    def _host_attrs(self, conn: Conn, attrs: dict, host: str | None) -> None:
+    def _host_attrs(self, conn: Conn, attrs: SpanAttrs, host: str | None) -> None:
         """server.*, client.* and network.peer.* from the connection and the Host (:authority) header:
         the same for every request of a connection but for a change of Host, so derived once."""
         source = (host, conn.role, conn.local, conn.remote)
@@ -678,7 +691,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             cached = conn.ends_attrs = (source, self._ends_attrs(conn, host))
         attrs.update(cached[1])
 
-    def _ends_attrs(self, conn: Conn, host: str | None) -> dict:
+    def _ends_attrs(self, conn: Conn, host: str | None) -> dict[str, object]:
         attrs: dict[str, object] = {}
         name = self._clip(strip_userinfo(host or ""))
         if name.startswith("["):
@@ -699,7 +712,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             attrs["network.peer.address"], attrs["network.peer.port"] = conn.remote
         return attrs
 
-    def _header_attrs(self, attrs: dict, where: str, headers: list[tuple[str, str]]) -> None:
+    def _header_attrs(self, attrs: SpanAttrs, where: str, headers: list[tuple[str, str]]) -> None:
         for name in self._capture:
             values = [self._clip(v) for k, v in headers if k == name]
             if values:
@@ -715,7 +728,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         grpc: int | None,
         problem: str,
         grpc_message: str | None,
-        attrs: dict,
+        attrs: SpanAttrs,
         first_byte: Stamp | None,
     ) -> None:
         server = conn.role == "server"
@@ -770,9 +783,10 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         )
 
     def _record_metrics(
-        self, conn: Conn, server: bool, method: str, status: int, grpc: int | None, attrs: dict, seconds: float
+        self, conn: Conn, server: bool, method: str, status: int, grpc: int | None, attrs: SpanAttrs, seconds: float
     ) -> None:
         # The labels as (name, value) pairs in the order they are named here: the series' cache key.
+        key: Labels
         if grpc is not None or attrs.get("rpc.system") == "grpc":
             service, rpc_method = self._route(conn.pid, attrs["rpc.service"], attrs["rpc.method"])
             key = ("rpc.system", "grpc"), ("rpc.service", service), ("rpc.method", rpc_method)
@@ -799,7 +813,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         self._durations[(conn.pid, metric, series)].append(seconds)
 
     def _streamed(
-        self, conn: Conn, server: bool, w: ResponseWatch, attrs: dict, start_ns: int, first_byte: Stamp | None
+        self, conn: Conn, server: bool, w: ResponseWatch, attrs: SpanAttrs, start_ns: int, first_byte: Stamp | None
     ) -> None:
         """Span attributes and gap histograms of a watched response."""
         w.done()
@@ -839,7 +853,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         server: bool,
         request: genai.RequestFacts,
         watch: ResponseWatch | None,
-        attrs: dict,
+        attrs: SpanAttrs,
         start_ns: int,
         end_ns: int,
     ) -> None:
@@ -850,7 +864,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         attrs.update(genai.attributes(request, response, self._clip))
         if not server:
             return
-        key: tuple[tuple[str, object], ...] = (
+        key: Labels = (
             ("gen_ai.operation.name", request.operation),
             ("gen_ai.provider.name", genai.PROVIDER),
         )
@@ -927,15 +941,15 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             for pid, p in list(self._procs.items()):
                 if p.exited:
                     del self._procs[pid]  # this export carries its final counts
-                by_metric: dict[str, list] = defaultdict(list)
+                by_metric: dict[str, list[HistogramDataPoint]] = defaultdict(list)
                 for (metric, labels), hist in sorted(p.durations.items(), key=lambda kv: kv[0]):
                     by_metric[metric].append(hist.point(dict(labels), p.start_ns, now))
                 for (metric, labels), gaps in sorted(p.gaps.items(), key=lambda kv: kv[0]):
                     by_metric[metric].append(gaps.point(dict(labels), p.start_ns, now))
-                metrics = [
+                built = [
                     m.histogram(name, "s", _DESCRIPTIONS[name], points) for name, points in sorted(by_metric.items())
                 ]
-                metrics = [x for x in metrics if x is not None]
+                metrics = [x for x in built if x is not None]
                 if metrics:
                     out.append((p.resource, metrics))
         return out
