@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from opentelemetry.sdk.metrics.export import Metric
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelbpf.base.health import Health
@@ -33,6 +34,7 @@ from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.correlate.profile_record import Profile
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.sensor.family import MapEntries, MapReader, ProbeFamily
 
@@ -57,7 +59,7 @@ class Context:
     symbolizer: Symbolizer
     clock: MonotonicClock
     health: Health
-    emit_spans: Callable[[list], None]
+    emit_spans: Callable[[list[ReadableSpan]], None]
     maps: MapAccess
     traces: bool  # a traces pipeline exists: build spans at all
     #: Open server spans per thread: request receivers add them, every
@@ -67,8 +69,8 @@ class Context:
     #: after reading counting maps and before describing what they counted.
     sync: Callable[[], object] = lambda: None
     #: Profiles pipeline: where finished profiles go, and its resource attributes (labels).
-    export_profiles: Callable[[list], None] = lambda records: None
-    profile_attributes: dict = field(default_factory=dict)
+    export_profiles: Callable[[list[Profile]], None] = lambda records: None
+    profile_attributes: dict[str, str | bool | int | float] = field(default_factory=dict)
 
     def correlator_settings(self) -> CorrelatorSettings:
         return CorrelatorSettings(self.process_info, self.clock, self.emit_spans)
