@@ -10,7 +10,9 @@ thread name (a bench-only stand-in: the same ``threading.Lock`` inside). The chu
 process after another, ``python -c 'sum(range(10**6))'`` (each sampled, described, forgotten),
 ``--parallel`` at a time. Every ``--every`` seconds: RssAnon/RssFile of this process (the agent
 with a few KiB of this bench) and the longest hold and wait since the previous sample.
-Results: JSON, and a summary on stderr.
+The profiler's cache evictions (``otelbpf.cache.evictions{cache="profile_*"}``) are recorded with
+each sample. With code that logs each round's holds (``profile round N: sensor lock held a/b/c ms``, at
+debug level), the longest hold of each step too. Results: JSON, and a summary on stderr.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from otelbpf.agent import Agent  # noqa: E402
 from otelbpf.config import load_config_text  # noqa: E402
+from otelbpf.correlate import symbolizer  # noqa: E402
 
 
 class TimedLock:
@@ -85,6 +89,26 @@ class TimedLock:
         return out
 
 
+class RoundHolds(logging.Handler):
+    """The longest hold of each step of a round, from the profiler's debug line."""
+
+    LINE = re.compile(r"sensor lock held ([\d./]+) ms")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.longest: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = self.LINE.search(record.getMessage())
+        if m:
+            steps = [float(x) for x in m.group(1).split("/")]
+            self.longest = [max(a, b) for a, b in zip(steps, self.longest, strict=False)] or steps
+
+    def take(self) -> list[float]:
+        out, self.longest = self.longest, []
+        return out
+
+
 def memory() -> dict[str, float]:
     out = {}
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -110,6 +134,11 @@ def main() -> int:
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    steps = RoundHolds()
+    profiles_log = logging.getLogger("otelbpf.correlate.profiles")
+    profiles_log.setLevel(logging.DEBUG)
+    profiles_log.addHandler(steps)
+    profiles_log.propagate = False  # its other debug lines stay out of stderr
     work = Path(tempfile.mkdtemp(prefix="otelbpf-proflock-"))
     cfg = yaml.safe_load((ROOT / "otelbpf/config/otelbpf.yaml").read_text())
     cfg["exporters"]["file"]["directory"] = str(work / "out")
@@ -136,6 +165,8 @@ def main() -> int:
                 "load": os.getloadavg()[0],
                 "churn_processes": started[0],
                 "lock": timed.take(),
+                "step_holds_max_ms": steps.take(),
+                "profile_cache_evictions": {k: v for k, v in symbolizer.EVICTIONS.items() if k.startswith("profile_")},
             }
             samples.append(s)
             lock = s["lock"]
@@ -149,6 +180,8 @@ def main() -> int:
                         "profiles_hold_max_ms": lock["holds"].get("otelbpf-profiles", {}).get("max_ms"),
                         "profiles_holds": lock["holds"].get("otelbpf-profiles", {}).get("n"),
                         "process_wait_max_ms": lock["waits"].get("otelbpf-process", {}).get("max_ms"),
+                        "steps_max_ms": s["step_holds_max_ms"],
+                        "evictions": s["profile_cache_evictions"],
                     }
                 ),
                 file=sys.stderr,
