@@ -109,7 +109,8 @@ def test_a_process_exiting_before_the_attach_does_not_poison_its_library(otlp_co
 
 def test_a_library_seen_through_a_process_gone_before_the_attach_is_attached_by_its_host_path(tmp_path, fresh_cudart):
     """Deterministically what a short-lived process does: the library is found through
-    /proc/PID/root while the process lives, and the process is gone when the attach runs."""
+    /proc/PID/root while the process lives, and the process is gone when the attach runs
+    (or in its middle: every probe left then failed, by the next process's root as well)."""
     families = [cuda_family(["cudart"])]
     loader = subprocess.Popen(
         [sys.executable, "-c", LOAD_AND_WAIT, str(fresh_cudart)],
@@ -133,9 +134,8 @@ def test_a_library_seen_through_a_process_gone_before_the_attach_is_attached_by_
     sensor.start()
     try:
         sensor._attach(seen)  # as discovery does with what the open event said
-        assert sensor.attach_stats.by_reason["symbols"] == 1 and sensor.attach_stats.retrying == 1
-        assert seen.key not in {lib.key for lib in sensor.attached_libraries()}  # not marked: retried
-        assert wait_until(lambda: seen.key in {lib.key for lib in sensor.attached_libraries()}, timeout=20)
+        # At once by the host path (the same inode), not by the gone root and a retry.
+        assert not sensor.attach_stats.by_reason and sensor.attach_stats.retrying == 0
         [attached] = [lib for lib in sensor.attached_libraries() if lib.key == seen.key]
         assert attached.path == str(fresh_cudart)
         sites = elf.resolve(str(fresh_cudart), next(k for k in families[0].libraries if k.name == "cudart").symbols)

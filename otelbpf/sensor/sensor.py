@@ -443,6 +443,7 @@ class Sensor:
         (or the file cannot be probed at all, which retrying would not change)."""
         fam = next(f for f in self.options.families if f.name == lib.family)
         kind = next(k for k in fam.libraries if k.name == lib.kind)
+        lib = _by_host_path(lib)
         try:
             targets = _targets(kind, lib.path)
         except elf.NoSymbols as exc:
@@ -639,6 +640,23 @@ def _targets(kind: LibraryKind, path: str) -> list[ProbeAt]:
         for fn, ret in ((spec.entry, False), (spec.ret, True))
         if fn is not None
     ]
+
+
+def _by_host_path(lib: LibraryFile) -> LibraryFile:
+    """``lib`` by the path it was shown by, when that path leads to the same inode on the
+    host (a process in the agent's own mount namespace, the common case): unlike
+    /proc/PID/root/..., it outlives the process. Through the process's root, a short-lived
+    process that exited in the middle of an attach failed every probe left (each retry, by
+    the next such process's root, added about one). A container's file is not at its path
+    on the host: it stays reached through the process's root."""
+    if lib.path == lib.shown_path or not os.path.isabs(lib.shown_path):
+        return lib
+    try:
+        if elf.file_key(lib.shown_path) != lib.key:
+            return lib
+    except OSError:
+        return lib
+    return LibraryFile(lib.shown_path, lib.shown_path, lib.family, lib.kind, lib.key)
 
 
 def _reachable(lib: LibraryFile) -> LibraryFile | None:
