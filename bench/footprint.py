@@ -172,11 +172,14 @@ class AgentRun:
             env=env,
         )
         self.start_s = 0.0
+        self.stopped_at: float | None = None  # when Agent.stop said it was done (report.html follows)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stderr:  # type: ignore[union-attr]
             self.lines.append(line.rstrip("\n"))
+            if "otelbpf stopped in" in line:
+                self.stopped_at = time.monotonic()
             if "otelbpf running" in line and not self.running.is_set():
                 self.start_s = time.monotonic() - self.t0
                 self.running.set()
@@ -203,7 +206,12 @@ class AgentRun:
         took = time.monotonic() - t0
         time.sleep(0.3)  # the reader's last lines
         phases = next((ln.split("otelbpf stopped in ", 1)[1] for ln in self.lines if "otelbpf stopped in" in ln), "")
+        stopped = None if self.stopped_at is None else round(self.stopped_at - t0, 2)
         return {
+            # SIGTERM to "otelbpf stopped": probes gone, everything flushed (the stop)
+            "sigterm_to_stopped_s": stopped,
+            # then report.html from the file exporter's output (its `report` option; Ctrl-C skips it)
+            "report_s": None if stopped is None else round(took - stopped, 2),
             "sigterm_to_exit_s": round(took, 2),
             "exit_status": self.proc.returncode,
             "phases": phases,
@@ -352,7 +360,8 @@ def measure(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespac
         out["stop"] = agent.stop()
     out["stop"]["load_average"] = load()
     log(
-        f"  {name} start {out['start']['to_running_s']} s, stop {out['stop']['sigterm_to_exit_s']} s "
+        f"  {name} start {out['start']['to_running_s']} s, stop {out['stop']['sigterm_to_stopped_s']} s "
+        f"(+ report.html {out['stop']['report_s']} s) "
         f"({out['stop']['phases']})"
     )
     return out
@@ -449,7 +458,8 @@ def report(res: dict) -> None:
                 )
         print(
             f"{r['config']:8} start {r['start']['to_running_s']} s (compile {r['start']['bpf_compile_s']} s), "
-            f"stop {r['stop']['sigterm_to_exit_s']} s: {r['stop']['phases']}"
+            f"stop {r['stop']['sigterm_to_stopped_s']} s (+ report.html {r['stop']['report_s']} s): "
+            f"{r['stop']['phases']}"
         )
 
 

@@ -582,6 +582,10 @@ def after_run(config: Config, err: TextIO) -> list[str]:
         if not isinstance(cfg, FileExporterConfig) or not cfg.report or not os.path.isdir(cfg.directory):
             continue
         path = os.path.join(cfg.directory, RUN_REPORT)
+        # The agent has stopped and flushed; the page takes ~10 s per 50 MB of spans (a long
+        # run's): say so, so a wait after Ctrl-C is not mistaken for a stop that hangs.
+        err.write(f"otelbpf: stopped; writing {path} (Ctrl-C skips it)\n")
+        err.flush()
         try:
             page, findings, problems = render(cfg.directory)
             out = OutputDir(cfg.directory, dir_mode=cfg.dir_mode, file_mode=cfg.file_mode)
