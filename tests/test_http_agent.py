@@ -346,7 +346,6 @@ def test_concurrent_requests_on_one_asyncio_thread_are_marked_and_not_linked(otl
         app("asyncio", str(front_port), str(back_port)) as front,
         agent_running(tmp_path, c, [front_port, back_port]),
     ):
-
         # Both requests are sent before either answer is read: two client threads could start
         # more than the server's 300 ms apart under load, and the first request would then
         # rightly be the only one in flight (and parent its call).
