@@ -212,7 +212,10 @@ service:
     page = (on / "report.html").read_text()
     assert (on / "report.html").stat().st_mode & 0o777 == 0o600  # as the exporter writes its files
     assert 'id="finding-1"><h3>1. pageable_copies: job16' in page
-    assert err.getvalue() == f"otelbpf: wrote {on / 'report.html'}: 1 finding\n"
+    assert err.getvalue() == (
+        f"otelbpf: stopped; writing {on / 'report.html'} (Ctrl-C skips it)\n"
+        f"otelbpf: wrote {on / 'report.html'}: 1 finding\n"
+    )
     assert not (off / "report.html").exists() and not (tmp_path / "never-written").exists()
     # a link where the page goes is replaced, never written through
     (on / "report.html").unlink()
@@ -231,5 +234,7 @@ service:
     on.symlink_to(tmp_path / "real")
     err = io.StringIO()
     assert after_run(load_config_text(text, env={}), err) == []
-    assert err.getvalue().startswith(f"otelbpf: no {on / 'report.html'}: UnsafeOutput: "), err.getvalue()
+    assert err.getvalue().splitlines()[-1].startswith(f"otelbpf: no {on / 'report.html'}: UnsafeOutput: "), (
+        err.getvalue()
+    )
     assert not (tmp_path / "real" / "report.html").exists()
