@@ -74,11 +74,14 @@ class ProcessInfo:
         self._sweep_ns = int(sweep_s * 1e9)
         self._swept_ns = time.monotonic_ns()
         self._gone_since: dict[int, int] = {}  # pid -> CLOCK_MONOTONIC ns it was first found gone
+        # pid -> the resource of its process, ended (forget() without an exec): what every
+        # correlator exports late for that process, until the pid is a live program again.
+        self._ended: dict[int, Resource] = {}
 
     def __len__(self) -> int:
         """Processes anything is held for (resource or task name)."""
         with self._lock:
-            return len(self._cache.keys() | self._comm.keys())
+            return len(self._cache.keys() | self._comm.keys() | self._ended.keys())
 
     def note_comm(self, pid: int, comm: str) -> None:
         """The kernel's task name, a fallback when /proc/PID is gone."""
@@ -117,7 +120,7 @@ class ProcessInfo:
         alive again keeps its entries: its exec replaces its resource)."""
         self._swept_ns = now_ns
         with self._lock:
-            pids = self._cache.keys() | self._comm.keys()
+            pids = self._cache.keys() | self._comm.keys() | self._ended.keys()
         gone = {pid for pid in pids if not os.path.exists(f"/proc/{pid}")}
         with self._lock:
             self._gone_since = {pid: self._gone_since.get(pid, now_ns) for pid in gone}
@@ -126,15 +129,33 @@ class ProcessInfo:
                 self._cache.pop(pid, None)
                 self._taken.pop(pid, None)
                 self._comm.pop(pid, None)
+                self._ended.pop(pid, None)
                 del self._gone_since[pid]
 
     def forget(self, pid: int, before_ns: int | None = None) -> None:
-        """Drop the cached resource (only if read before ``before_ns``, e.g.
-        an exec event's CLOCK_MONOTONIC time)."""
+        """Drop the cached resource: after an exec (``before_ns``: the exec event's
+        CLOCK_MONOTONIC time; a resource read after it is kept), or when one correlator is done
+        with an ended process (no ``before_ns``).
+
+        An ended process's resource is kept aside, not dropped: the correlators share this
+        cache, and one that exports its last points after another forgot the process must name
+        the same resource. Read again from a gone process, it fell back to the task name
+        (``python`` beside the executable's ``python3.11``): two services for one pid. It is
+        used while /proc shows no program under the pid; a new process under a reused pid is
+        read afresh."""
         with self._lock:
-            if before_ns is not None and self._taken.get(pid, 0) >= before_ns:
-                return
-            self._cache.pop(pid, None)
+            if before_ns is not None:
+                if self._taken.get(pid, 0) >= before_ns:
+                    return
+                self._ended.pop(pid, None)
+                res = self._cache.pop(pid, None)
+            else:
+                res = self._cache.pop(pid, None)
+                if res is not None:
+                    self._ended[pid] = res
+                    while len(self._ended) > self._max:
+                        del self._ended[next(iter(self._ended))]
+                        EVICTIONS["process_info"] += 1
             self._taken.pop(pid, None)
 
     def _build(self, pid: int) -> Resource:
@@ -160,6 +181,9 @@ class ProcessInfo:
         attrs.update({k: v for k, v in target_attrs.items() if k not in attrs})
         service: AttributeValue = env.get("OTEL_SERVICE_NAME") or target_attrs.get("service.name")
         if not exe and not cmdline:
+            ended = self._ended.get(pid)
+            if ended is not None:
+                return ended  # see forget()
             attrs["otelbpf.process.exited"] = True  # gone before we could look
             if pid in self._comm:
                 attrs["process.executable.name"] = self._comm[pid]
@@ -167,6 +191,7 @@ class ProcessInfo:
             service = attrs.get("process.executable.name") or f"pid-{pid}"
         attrs["service.name"] = service
         attrs.update(self._configured)
+        self._ended.pop(pid, None)  # the pid is another process now
         return Resource(attrs)
 
     @staticmethod

@@ -164,6 +164,31 @@ def test_resource_is_read_once_and_outlives_the_process(sleeper: subprocess.Pope
     assert info.resource(sleeper.pid) is first
 
 
+def test_an_ended_process_keeps_its_resource_for_every_correlator(sleeper: subprocess.Popen) -> None:
+    """One correlator forgetting an ended process must not rename it for the others: read
+    again from the gone process, the resource fell back to the task name, two services for
+    one pid (CI: ``python3.11`` and ``python`` for the same job)."""
+    info = ProcessInfo()
+    info.note_comm(sleeper.pid, "sleepy")
+    first = info.resource(sleeper.pid)
+    sleeper.kill()
+    sleeper.wait()
+    info.forget(sleeper.pid)  # the cuda correlator is done with it
+    assert info.resource(sleeper.pid) is first  # the sched correlator's last points
+
+
+def test_a_live_process_under_a_forgotten_pid_is_read_afresh(sleeper: subprocess.Popen) -> None:
+    info = ProcessInfo()
+    first = info.resource(sleeper.pid)
+    info.forget(sleeper.pid)
+    again = info.resource(sleeper.pid)  # a program under the pid: whatever it is now, read from /proc
+    assert again is not first and again.attributes == first.attributes
+    info.forget(sleeper.pid, before_ns=time.monotonic_ns())  # an exec drops what was kept too
+    sleeper.kill()
+    sleeper.wait()
+    assert info.resource(sleeper.pid).attributes["otelbpf.process.exited"] is True
+
+
 def test_forget_before_an_exec_rereads_only_older_resources(tmp_path) -> None:
     go = tmp_path / "go"
     proc = spawn(
