@@ -12,8 +12,14 @@
  *   other inet ports and non-inet sockets IGNORE;
  * - I/O on an fd without an entry (a socket older than the agent, a file, a
  *   pipe) marks it PENDING and reports it once (EV_SOCK_UNKNOWN): user space
- *   reads /proc/PID/fd and writes TRACK or IGNORE back;
+ *   reads /proc/PID/fd and answers TRACK or IGNORE in `sock_verdict`;
  * - close() forgets a traced fd.
+ * User space never writes `sock_state` itself: its answer comes a drain later, when the fd
+ * number may already be another socket that connect() marked TRACK (a library's file read
+ * and closed, then the number reused by the next connection: the stale IGNORE silenced that
+ * connection). Each state the kernel sets carries a sequence number (the low 32 bits of the
+ * time in its record); a verdict names the sequence it answers and is taken only while the
+ * state it answers is still there, at the fd's next call.
  * A connect()ed socket's local address comes from sock:inet_sock_set_state.
  * Every read/write-like call on a TRACK fd becomes one record on the
  * `sockdata` ring: a 64-byte header plus the bytes captured, at most the
@@ -26,12 +32,21 @@
  *
  * The local port of an accepted connection is its listener's: bind() records
  * it in `listen_ports`; a listener bound before the agent is unknown there,
- * so its connections are traced provisionally (SOCKF_LISTENER_UNKNOWN) until
- * user space has looked the listener up and written its port back. */
+ * so its connections are traced provisionally (SOCKF_LISTENER_UNKNOWN,
+ * SK_PROVISIONAL) until user space has looked the listener up, written its port
+ * back and given its verdict on them. */
 
 #define SK_TRACK 1
 #define SK_IGNORE 2
 #define SK_PENDING 3
+#define SK_PROVISIONAL 4   /* traced, until user space's verdict on its listener says otherwise */
+
+/* A (process, fd)'s state: see the comment above. */
+struct sk_state {
+    u32 seq;
+    u8  state;
+    u8  pad[3];
+};
 
 #define SOCKF_LISTENER_UNKNOWN 1
 #define SOCKF_VECTOR_TRUNCATED 2
@@ -111,7 +126,9 @@ struct otel_iovec {
 };
 
 BPF_RINGBUF_OUTPUT(sockdata, SOCK_RING_PAGES);
-BPF_TABLE("lru_hash", u64, u8, sock_state, SOCK_STATE_ENTRIES);
+BPF_TABLE("lru_hash", u64, struct sk_state, sock_state, SOCK_STATE_ENTRIES);
+/* User space's answers: (seq << 8) | SK_TRACK or SK_IGNORE, for the state of that seq. */
+BPF_TABLE("lru_hash", u64, u64, sock_verdict, SOCK_STATE_ENTRIES);
 BPF_TABLE("lru_hash", u64, u32, listen_ports, 16384);
 /* A syscall's arguments, kept from its entry to its exit on the calling thread:
  * task-local storage, not a hash keyed by thread id. One lookup in the task's own
@@ -149,6 +166,27 @@ static __always_inline struct sock_args *begin_call(u8 func, s32 fd, u64 buf, u6
 static __always_inline u64 fd_key(u32 tgid, s32 fd)
 {
     return ((u64)tgid << 32) | (u32)fd;
+}
+
+/* The state of a (process, fd), with user space's verdict applied if one answers it. */
+static __always_inline struct sk_state *fd_state(u64 key)
+{
+    struct sk_state *st = sock_state.lookup(&key);
+    if (!st || (st->state != SK_PENDING && st->state != SK_PROVISIONAL))
+        return st;
+    u64 *verdict = sock_verdict.lookup(&key);
+    if (verdict && (u32)(*verdict >> 8) == st->seq) {
+        st->state = (u8)*verdict;
+        sock_verdict.delete(&key);
+    }
+    return st;
+}
+
+/* Set by the kernel: a new sequence, so no verdict on an earlier state applies to it. */
+static __always_inline void set_state(u64 key, u8 state, u64 ts)
+{
+    struct sk_state st = {.seq = (u32)ts, .state = state};
+    sock_state.update(&key, &st);
 }
 
 static __always_inline int sock_ignored_pid(u32 tgid)
@@ -219,23 +257,23 @@ static __always_inline int data_enter(u8 func, s32 fd, u64 buf, u64 vlen)
     if (sock_ignored_pid(tgid) || fd < 0)
         return 0;
     u64 key = fd_key(tgid, fd);
-    u8 *state = sock_state.lookup(&key);
-    if (!state) {
-        u8 pending = SK_PENDING;
-        sock_state.update(&key, &pending);
-        struct sock_rec *r = control_record(id, bpf_ktime_get_ns(), fd, 0, EV_SOCK_UNKNOWN, func);
+    struct sk_state *st = fd_state(key);
+    if (!st) {
+        u64 ts = bpf_ktime_get_ns();
+        set_state(key, SK_PENDING, ts);
+        struct sock_rec *r = control_record(id, ts, fd, 0, EV_SOCK_UNKNOWN, func);
         if (r)
             sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
         return 0;
     }
-    if (*state == SK_IGNORE)
+    if (st->state == SK_IGNORE)
         return 0;
     struct sock_args *a = begin_call(func, fd, buf, vlen);
     if (!a)
         return 0;
     /* A blocking read entered while user space is still deciding must be
      * captured if the answer is TRACK by the time it returns. */
-    a->pending = *state == SK_PENDING;
+    a->pending = st->state == SK_PENDING;
     return 0;
 }
 
@@ -320,9 +358,8 @@ static __always_inline int data_exit(void *ctx, long ret)
     if (!p || !p->func || p->func > SF_RECVMSG)
         return 0;
     if (p->pending) {
-        u64 key = fd_key(bpf_get_current_pid_tgid() >> 32, p->fd);
-        u8 *state = sock_state.lookup(&key);
-        if (!state || *state != SK_TRACK) {
+        struct sk_state *st = fd_state(fd_key(bpf_get_current_pid_tgid() >> 32, p->fd));
+        if (!st || (st->state != SK_TRACK && st->state != SK_PROVISIONAL)) {
             p->func = 0;
             return 0;
         }
@@ -425,11 +462,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
         return 0;
     if (args->ret != 0 && args->ret != -EINPROGRESS_)
         return 0;
-    u64 key = fd_key(id >> 32, a.fd);
     u8 state = SK_IGNORE;
     if ((a.family == AF_INET_ || a.family == AF_INET6_) && port_wanted(a.port))
         state = SK_TRACK;
-    sock_state.update(&key, &state);
+    set_state(fd_key(id >> 32, a.fd), state, a.ts);
     if (state != SK_TRACK)
         return 0;
     struct sock_rec *r = control_record(id, a.ts, a.fd, args->ret, EV_SOCK_CONNECT, SF_CONNECT);
@@ -531,10 +567,10 @@ static __always_inline int accept_exit(u8 func, long ret)
         state = SK_IGNORE;      /* the peer address says: not an inet socket */
     } else {
         flags = SOCKF_LISTENER_UNKNOWN;
+        state = SK_PROVISIONAL;
     }
-    u64 key = fd_key(tgid, (s32)ret);
-    sock_state.update(&key, &state);
-    if (state != SK_TRACK)
+    set_state(fd_key(tgid, (s32)ret), state, a.ts);
+    if (state == SK_IGNORE)
         return 0;
     r = control_record(id, a.ts, (s32)ret, a.fd, EV_SOCK_ACCEPT, func);
     if (!r)
@@ -575,8 +611,8 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
      * socket stays ignored when reused (new sockets pass connect/accept,
      * which classify them again), so a process opening and closing files
      * does not report the same fd number over and over. */
-    u8 *state = sock_state.lookup(&key);
-    if (!state || *state != SK_TRACK)
+    struct sk_state *st = sock_state.lookup(&key);
+    if (!st || (st->state != SK_TRACK && st->state != SK_PROVISIONAL))
         return 0;
     sock_state.delete(&key);
     struct sock_rec *r = control_record(id, bpf_ktime_get_ns(), fd, 0, EV_SOCK_CLOSE, SF_CLOSE);

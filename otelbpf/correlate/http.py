@@ -339,14 +339,14 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         elif kind == _ACCEPT:
             self._replace(pid, fd, stamp)
             known = not flags & SOCKF_LISTENER_UNKNOWN
-            self._conns.accepted(pid, fd, ret, family, port, addrs[i].tobytes(), local_port, known)
+            self._conns.accepted(pid, fd, ret, family, port, addrs[i].tobytes(), local_port, known, ts)
         elif kind == _LOCAL:
             conn = self._conns.get(pid, fd)
             if conn is not None and conn.role == "client":
                 conn.local = address_from_raw(family, port, addrs[i].tobytes()) or conn.local
         elif kind == _UNKNOWN:
             if self._conns.get(pid, fd) is None:
-                self._conns.unknown(pid, fd)
+                self._conns.unknown(pid, fd, ts)
         elif kind == _CLOSE:
             conn = self._conns.closed(pid, fd)
             if conn is not None:

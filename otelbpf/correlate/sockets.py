@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otelbpf.correlate.netaddr import TCP_LISTEN, TcpTables, address_from_raw, fd_inode
-from otelbpf.sensor.socket_probes import IGNORE, LISTEN_MAP, STATE_MAP, TRACK
+from otelbpf.sensor.socket_probes import IGNORE, LISTEN_MAP, TRACK, VERDICT_MAP, verdict
 
 Address = tuple[str, int]
 #: When a chunk was read (http.py's Stamp): (syscall start ns, its end ns, thread id).
@@ -58,7 +58,7 @@ class Connections:
         #: fds traced provisionally and then rejected: records already in flight for them are dropped.
         self._rejected: set[tuple[int, int]] = set()
         self._prepared: dict[tuple[int, int], int | None] = {}  # this batch's unclassified fds -> inode
-        self._writes: dict[str, list[tuple[int, int]]] = {STATE_MAP: [], LISTEN_MAP: []}
+        self._writes: dict[str, list[tuple[int, int]]] = {VERDICT_MAP: [], LISTEN_MAP: []}
 
     def wanted(self, *ports: int) -> bool:
         return not self._ports or any(p in self._ports for p in ports)
@@ -94,14 +94,17 @@ class Connections:
         raw_addr: bytes,
         local_port: int,
         listener_known: bool,
+        ts: int,
     ) -> Conn | None:
+        """``ts``: the record's time, which names the provisional state a verdict answers."""
         self._rejected.discard((pid, fd))
         if not listener_known:
             learned = self._learn_listener(pid, listen_fd)
             if learned is not None and not self.wanted(learned):
-                self._write(STATE_MAP, pid, fd, IGNORE)
+                self._write(VERDICT_MAP, pid, fd, verdict(ts, IGNORE))
                 self._rejected.add((pid, fd))
                 return None
+            self._write(VERDICT_MAP, pid, fd, verdict(ts, TRACK))  # the kernel stops asking
             local_port = learned or 0  # 0: unknown, looked up in /proc below
         # The peer is accept()'s argument and the local port the listener's; /proc only when
         # the caller passed no address buffer or the listener's port is unknown.
@@ -122,8 +125,8 @@ class Connections:
         self._prepared = {key: fd_inode(*key) for key in unknown}
         self._tables.refresh({pid for (pid, _), inode in self._prepared.items() if inode is not None})
 
-    def unknown(self, pid: int, fd: int) -> Conn | None:
-        """First I/O on an fd the kernel had not classified: trace it or not."""
+    def unknown(self, pid: int, fd: int, ts: int) -> Conn | None:
+        """First I/O on an fd the kernel had not classified (reported at ``ts``): trace it or not."""
         if (pid, fd) in self._prepared:
             inode = self._prepared.pop((pid, fd))
             sock = self._tables.get(pid, inode) if inode is not None else None
@@ -131,9 +134,9 @@ class Connections:
             inode = fd_inode(pid, fd)
             sock = self._tables.lookup(pid, inode) if inode is not None else None
         if sock is None or sock.state == TCP_LISTEN or not self.wanted(sock.local[1], sock.remote[1]):
-            self._write(STATE_MAP, pid, fd, IGNORE)
+            self._write(VERDICT_MAP, pid, fd, verdict(ts, IGNORE))
             return None
-        self._write(STATE_MAP, pid, fd, TRACK)
+        self._write(VERDICT_MAP, pid, fd, verdict(ts, TRACK))
         role = "server" if sock.local[1] in self._tables.listening_ports(pid) else "client"
         conn = Conn(pid, fd, role, sock.local, sock.remote, midstream=True)
         self._conns[(pid, fd)] = conn

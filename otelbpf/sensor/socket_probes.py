@@ -14,11 +14,20 @@ from otelbpf.base.events import SOCK_RECORD_DTYPE, SockFunc
 from otelbpf.sensor.family import ProbeFamily, RingSpec, TailCall
 
 RING = "sockdata"
-#: Kernel maps user space writes into (see bpf/sockets.c).
-STATE_MAP = "sock_state"
+#: Kernel maps user space writes into (see bpf/sockets.c): its verdicts on fds the kernel could
+#: not classify (never ``sock_state`` itself), and the ports of listeners older than the agent.
+VERDICT_MAP = "sock_verdict"
 LISTEN_MAP = "listen_ports"
-#: ``sock_state`` values.
-TRACK, IGNORE, PENDING = 1, 2, 3
+#: ``sock_state`` values a verdict gives.
+TRACK, IGNORE = 1, 2
+
+
+def verdict(ts_ns: int, state: int) -> int:
+    """A ``sock_verdict`` value: ``state`` for the fd's state the kernel set at ``ts_ns`` (the
+    time in the record that reported it), ignored if the fd has been set again since."""
+    return ((ts_ns & 0xFFFFFFFF) << 8) | state
+
+
 #: iovecs copied per readv/writev/sendmsg/recvmsg (gRPC gives every header of a
 #: HEADERS frame an iovec of its own: ~20 for one small request).
 MAX_IOV = 64

@@ -14,13 +14,15 @@ import numpy as np
 import pytest
 
 from otelbpf.base.events import Kind, SockFunc, Stat
+from otelbpf.correlate.sockets import Connections
 from otelbpf.sensor import program
 from otelbpf.sensor.ringbuf import VariableRingReader
-from otelbpf.sensor.socket_probes import socket_family
+from otelbpf.sensor.socket_probes import IGNORE, TRACK, socket_family
 
 pytestmark = pytest.mark.bpf
 
 RING = 1 << 20
+PENDING_STATE = 3  # SK_PENDING in sockets.c: set by the kernel only
 #: Waits for a line on stdin (its pid is watched by then), then talks TCP to itself and prints
 #: what each syscall moved: [fd, SockFunc, hex] in order.
 EXCHANGE = r"""
@@ -124,4 +126,78 @@ def test_exits_before_the_capture_is_in_place_are_counted_lost() -> None:
         assert [(int(r["fd"]), int(r["func"])) for r in data] == [(fd, func) for fd, func, _ in moved]
         assert lost() == before
     finally:
+        prog.close()
+
+
+#: Reads a file, closes it, then connects on the same fd number, each step on a line from stdin:
+#: what a library loaded between two requests does to the next request's connection.
+REUSE = r"""
+import os, socket, sys
+server = socket.create_server(("127.0.0.1", 0))
+sys.stdin.readline()
+fd = os.open(sys.executable, os.O_RDONLY)
+os.read(fd, 16)  # the first I/O on an fd number the kernel has not classified
+print(fd, flush=True)
+sys.stdin.readline()
+os.read(fd, 16)  # user space's verdict on it is in by now
+os.close(fd)
+print(fd, flush=True)
+sys.stdin.readline()
+client = socket.create_connection(server.getsockname())  # the lowest free number: the file's
+conn, _ = server.accept()
+print(client.fileno(), flush=True)
+sys.stdin.readline()
+client.sendall(b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
+conn.recv(100)
+print("done", flush=True)
+"""
+
+
+def test_a_verdict_is_taken_only_by_the_fd_state_it_answers() -> None:
+    """User space answers an unclassified fd a drain later. Its answer on a file read and closed
+    by then must not silence the connection that reuses the number: a stale IGNORE written
+    straight into ``sock_state`` lost one client span in three in CI (the frontend's driver
+    library, loaded between two of its calls to the backend)."""
+    prog = Loaded(64)
+    child = subprocess.Popen([sys.executable, "-c", REUSE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        state = prog.bpf[b"sock_state"]
+
+        def update(name: str, items: list[tuple[int, int]]) -> None:
+            table = prog.bpf[name.encode()]
+            for k, v in items:
+                table[table.Key(k)] = table.Leaf(v)
+
+        def step() -> str:
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write("\n")
+            child.stdin.flush()
+            return child.stdout.readline().strip()
+
+        conns = Connections([], update)
+        prog.watch(child.pid)
+        fd = int(step())
+        recs = prog.ring.drain()
+        unknown = recs[(recs["pid"] == child.pid) & (recs["fd"] == fd) & (recs["kind"] == Kind.SOCK_UNKNOWN)]
+        assert len(unknown) == 1
+        conns.prepare([(child.pid, fd)])
+        assert conns.unknown(child.pid, fd, int(unknown["ts_ns"][0])) is None  # a file: ignored
+        conns.flush()
+        key = state.Key((child.pid << 32) | fd)
+        assert state[key].state == PENDING_STATE  # taken at the fd's next call
+        assert int(step()) == fd
+        assert state[key].state == IGNORE
+
+        # The same answer again, now stale: the number is a new connection by the time it lands.
+        conns.unknown(child.pid, fd, int(unknown["ts_ns"][0]))
+        assert int(step()) == fd  # connected: the kernel marked it TRACK
+        conns.flush()
+        assert step() == "done"
+        recs = prog.ring.drain()
+        sent = recs[(recs["pid"] == child.pid) & (recs["fd"] == fd) & (recs["kind"] == Kind.SOCK_DATA)]
+        assert [bytes(r["data"][: r["cap"]]) for r in sent] == [b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n"[:64]]
+        assert state[key].state == TRACK
+    finally:
+        child.kill()
+        child.wait()
         prog.close()
