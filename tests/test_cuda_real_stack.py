@@ -107,11 +107,16 @@ def test_nvcc13_program_on_the_real_runtime_every_launch_counted_once_and_named(
         # (seen once in a full suite run, never alone: the registrations of the static
         # executable were missed; its symbols still name every kernel right but the lambda)
         pytest.xfail("static runtime: registration missed in this run, named by symbols")
-    assert names[PLAIN] == ("registration", 2 * rounds)
-    assert names[SCALE] == ("registration", rounds)
-    assert names[FUNCTOR] == ("registration", rounds)
+    # What a failure needs to be told apart (seen once in a full CI run, shared build: every
+    # kernel named by symbol): registrations never seen, or seen and unreadable (the agent
+    # logs those), or events lost.
+    lost = {p.attributes.get("reason", "?"): p.value for p in c.latest_points("otelbpf.events.lost") if p.value}
+    detail = f"names {names}, events lost {lost}; agent output:\n{agent.output[-6000:]}"
+    assert names[PLAIN] == ("registration", 2 * rounds), detail
+    assert names[SCALE] == ("registration", rounds), detail
+    assert names[FUNCTOR] == ("registration", rounds), detail
     lam = [n for n in names if n.startswith("void apply<") and "lambda" in n]
-    assert len(lam) == 1 and names[lam[0]] == ("registration", rounds), names
+    assert len(lam) == 1 and names[lam[0]] == ("registration", rounds), detail
     assert len(names) == 4, names
     named = c.latest_points("otelbpf.cuda.kernel_launches.named", **{"process.pid": pid})
     assert {p.attributes["otelbpf.name_source"]: p.value for p in named} == {"registration": 5 * rounds}

@@ -21,10 +21,13 @@ Names are read and demangled once per handle, when a launch needs them.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
 from otelbpf.correlate.symbolizer import Symbolizer, demangle
+
+log = logging.getLogger(__name__)
 
 _STUB = re.compile(r"^__device_stub__([^(]+)\(")
 
@@ -71,6 +74,9 @@ class KernelNames:
                 name = sym.read_string(pid, ptr)
                 if name:
                     return demangle(name), "registration"
+                # Once per handle (the answer is cached): a registration seen but unreadable
+                # tells apart from one never seen, which the launch attributes cannot.
+                log.info("pid %d: the name kernel %#x registered at %#x could not be read", pid, handle, ptr)
             nxt = self.aliases.get(handle)
             if nxt is None:
                 break
