@@ -144,6 +144,7 @@ def _cuda(name: str, cfg: CudaReceiverConfig, ctx: Context) -> Receiver:
         in_flight=ctx.causality.in_flight,
         handed=ctx.causality.handed,
         on_handoffs=ctx.causality.woken,
+        sync=lambda: ctx.sync(),
     )
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 

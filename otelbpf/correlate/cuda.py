@@ -114,6 +114,7 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         in_flight: Callable[[int, int, int], list[SpanContext]] = lambda pid, tid, ts: [],
         handed: Callable[[int, int, int], SpanContext | None] = lambda pid, tid, ts: None,
         on_handoffs: Callable[[int, int, Wake], None] = lambda pid, tid, wake: None,
+        sync: Callable[[], object] = lambda: None,
     ) -> None:
         super().__init__(settings, max_spans_per_second=max_spans_per_second)
         self._sym = symbolizer
@@ -131,6 +132,8 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         self._handed = handed
         #: EV_HANDOFF records -> causality: who woke the thread that makes the next CUDA calls
         self._on_handoffs = on_handoffs
+        #: Process every event emitted so far (Agent.sync): see collect().
+        self._sync = sync
         #: pid -> wall time its last metrics were exported after it exited; its
         #: map keys may still be read once more (final snapshot) and are ignored.
         self._finished: dict[int, int] = {}
@@ -408,6 +411,13 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         for key, count in self._read_map("launch_errors"):
             launch_errors[key.pid][(CudaFunc(key.func).name, key.ret)] += count
             error_keys[key.pid].append(key)
+        # The launch counts run ahead of the events that name their kernels (registrations,
+        # on the ring): a collect between a program's start and the next drain named its
+        # kernels by symbol, and every span after that too. Process what was emitted before
+        # the read first; late (the sync timed out, counted by the agent), a name found now
+        # is replaced once its facts arrive (kernel_names: only registration and driver
+        # names are final).
+        self._sync()
         out = []
         with self._lock:
             horizon = now - 60 * 10**9

@@ -33,8 +33,10 @@ _STUB = re.compile(r"^__device_stub__([^(]+)\(")
 
 #: ``cuda.kernel.name_source`` values, best first.
 SOURCES = ("registration", "driver", "symbol", "device_stub", "launch_site", "unresolved")
-#: Sources no later fact can better: resolved once per handle.
-_FINAL = frozenset(SOURCES[:3])
+#: Sources no later fact can better: resolved once per handle. Not "symbol": a registration
+#: that arrives after the first lookup (facts still on the ring while a metrics export names
+#: the launch map's kernels) names a lambda kernel that its host stub's symbol does not.
+_FINAL = frozenset(SOURCES[:2])
 
 
 @dataclass

@@ -1,0 +1,35 @@
+"""Kernel handle -> name (correlate/kernel_names.py), resolved against this very process: a
+libc function stands for a kernel's host stub (named by its ELF symbol) and a string in our
+memory for the device name a registration points to."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from otelbpf.correlate.kernel_names import KernelNames
+from otelbpf.correlate.symbolizer import Symbolizer
+
+LAUNCH = 1  # any function id: names are per (function, handle)
+
+
+def test_a_registration_learnt_after_a_symbol_lookup_names_the_kernel() -> None:
+    """A metrics export names the launch map's kernels as soon as they are counted, in the
+    kernel, while the registrations are still on the ring: the symbol found then must not
+    stick (it did: every later span of the program was named by symbol, its lambda kernel
+    by its host wrapper's name)."""
+    libc = ctypes.CDLL(None)
+    stub = ctypes.cast(libc.getpid, ctypes.c_void_p).value
+    assert stub is not None
+    device_name = ctypes.create_string_buffer(b"_Z5plainPf")
+    names, sym, pid = KernelNames(), Symbolizer(), os.getpid()
+
+    name, source = names.resolve(sym, pid, LAUNCH, stub)
+    assert source == "symbol" and "getpid" in name
+
+    names.registered[stub] = ctypes.addressof(device_name)
+    names.learn()
+    assert names.resolve(sym, pid, LAUNCH, stub) == ("plain(float*)", "registration")
+    names.registered.clear()
+    names.learn()
+    assert names.resolve(sym, pid, LAUNCH, stub) == ("plain(float*)", "registration")  # final
