@@ -134,6 +134,7 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         self._on_handoffs = on_handoffs
         #: Process every event emitted so far (Agent.sync): see collect().
         self._sync = sync
+        self.deferred_exports = 0  # exports skipped because the sync could not be done in time
         #: pid -> wall time its last metrics were exported after it exited; its
         #: map keys may still be read once more (final snapshot) and are ignored.
         self._finished: dict[int, int] = {}
@@ -414,10 +415,13 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         # The launch counts run ahead of the events that name their kernels (registrations,
         # on the ring): a collect between a program's start and the next drain named its
         # kernels by symbol, and every span after that too. Process what was emitted before
-        # the read first; late (the sync timed out, counted by the agent), a name found now
-        # is replaced once its facts arrive (kernel_names: only registration and driver
-        # names are final).
-        self._sync()
+        # the read first. When that cannot be done in time (the sync timed out, counted by
+        # the agent; or the agent is stopping and its final drain is still to come), this
+        # export is skipped: the counts are cumulative, the next export (at the latest the
+        # final one, which waits for the processing thread) carries them with their names.
+        if self._sync() is False:
+            self.deferred_exports += 1
+            return []
         out = []
         with self._lock:
             horizon = now - 60 * 10**9
