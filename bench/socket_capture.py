@@ -120,6 +120,11 @@ def main() -> int:
     ap.add_argument("--base", default="41c02d3", help="the revision whose bpf/ inlines the capture")
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument(
+        "--base-tail-called",
+        action="store_true",
+        help="the base's capture is tail-called too (a base after the tail call, e.g. before a probe change)",
+    )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +132,8 @@ def main() -> int:
         results: dict[str, list[dict]] = {"inlined": [], "tail_called": []}
         for i in range(a.rounds):
             for name in ("inlined", "tail_called") if i % 2 == 0 else ("tail_called", "inlined"):
-                r = one_round(base if name == "inlined" else ROOT / "bpf", name == "tail_called", a.requests)
+                is_base = name == "inlined"
+                r = one_round(base if is_base else ROOT / "bpf", not is_base or a.base_tail_called, a.requests)
                 results[name].append(r)
                 print(f"round {i + 1} {name:12} {r['ns_per_request']:7.0f} ns/request  {r}", flush=True)
     med = {k: statistics.median(r["ns_per_request"] for r in v) for k, v in results.items()}
@@ -136,7 +142,8 @@ def main() -> int:
         f"({med['tail_called'] - med['inlined']:+.0f} ns)"
     )
     out = a.out or ROOT / "bench" / "results" / f"socket_capture-{dt.date.today()}.json"
-    out.write_text(json.dumps({"base": a.base, "requests": a.requests, "results": results, "median": med}, indent=1))
+    doc = {"base": a.base, "base_tail_called": a.base_tail_called, "requests": a.requests}
+    out.write_text(json.dumps({**doc, "results": results, "median": med}, indent=1))
     print(f"results: {out}")
     return 0
 

@@ -134,7 +134,6 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         self._on_handoffs = on_handoffs
         #: Process every event emitted so far (Agent.sync): see collect().
         self._sync = sync
-        self.deferred_exports = 0  # exports skipped because the sync could not be done in time
         #: pid -> wall time its last metrics were exported after it exited; its
         #: map keys may still be read once more (final snapshot) and are ignored.
         self._finished: dict[int, int] = {}
@@ -420,7 +419,6 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         # export is skipped: the counts are cumulative, the next export (at the latest the
         # final one, which waits for the processing thread) carries them with their names.
         if self._sync() is False:
-            self.deferred_exports += 1
             return []
         out = []
         with self._lock:
