@@ -11,6 +11,8 @@ Two agents, one after the other, each in host mode and stopped with SIGTERM:
 Each goes through the same windows, ``--seconds`` long, with its RSS (VmRSS) sampled every
 second throughout and its CPU read per thread (/proc/PID/task/TID/stat) over each window:
 
+0. ``warmup``: the ``--warmup`` seconds right after "running" (default 30: three profile
+   intervals), when the profiler names every stack of the host's processes for the first time;
 1. ``idle``: nothing to trace (the host's own processes still get profiled);
 2. ``launches``: ``build/bench/launch_loop --rate R`` calling ``cudaLaunchKernel`` on a private
    copy of the stand-in runtime (default sampling: launches counted in the kernel, no span);
@@ -339,7 +341,11 @@ def measure(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespac
         "rss_at_running_mib": round(rss_kib(agent.proc.pid) / 1024, 1),
     }
     try:
-        time.sleep(2.0)  # the first /proc scan and profile read
+        # The first profile rounds name every stack the host's processes show for the first
+        # time (their libraries' symbol tables, /proc/kallsyms): a start-up cost, measured on
+        # its own so that "idle" is what the agent costs from then on.
+        out["warmup"] = window(agent, rss, a.warmup)
+        log(f"  {name} warm-up: cpu {out['warmup']['agent_cpu_pct_of_core']['total']:.1f}%")
         out["idle"] = window(agent, rss, a.seconds)
         log(f"  {name} idle: cpu {out['idle']['agent_cpu_pct_of_core']['total']:.1f}%, rss {out['idle']['rss_mib']}")
         out["launches"] = window(agent, rss, a.seconds, launches(lib, a.rate))
@@ -447,7 +453,7 @@ def report(res: dict) -> None:
     print(f"\nFootprint (load average before: {res['load_average_before']}, {res['machine']['cpus']} CPUs)")
     print(f"{'config':8} {'window':9} {'cpu %':>6} {'rss MiB min/max/end':>22} {'slope':>6} {'others %':>8}  load")
     for r in res["runs"]:
-        for w in ("idle", "launches", "mixed"):
+        for w in ("warmup", "idle", "launches", "mixed"):
             if w in r:
                 x = r[w]
                 mib = x["rss_mib"]
@@ -466,6 +472,12 @@ def report(res: dict) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=20.0, help="length of each window")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=30.0,
+        help="the window right after start, reported apart from idle (three profile intervals at the default)",
+    )
     p.add_argument("--rate", type=int, default=50_000, help="cudaLaunchKernel calls per second")
     p.add_argument("--http-rate", type=int, default=500, help="HTTP requests per second in the mixed window")
     p.add_argument("--configs", default="default,all")
@@ -476,7 +488,7 @@ def main() -> int:
     p.add_argument("--keep-workdir", action="store_true")
     a = p.parse_args()
     if a.quick:
-        a.seconds = 5.0
+        a.seconds = a.warmup = 5.0
     if os.geteuid() != 0:
         sys.exit("needs root (the agent loads eBPF)")
     for f in (LAUNCH_LOOP, FAKE_CUDART, HTTP_SERVER, NCCL_JOB):

@@ -20,8 +20,11 @@ import argparse
 import json
 import logging
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -29,6 +32,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import footprint  # noqa: E402
 from churn import Churn  # noqa: E402  (bench/ is not a package)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,19 +88,62 @@ def caches(agent: Agent) -> dict[str, int | float]:
     }
 
 
+class MixedLoad:
+    """footprint.py's mixed window on a thread: launches on a private copy of the stand-in
+    runtime, paced HTTP/1.1 to the bench server, the 2-rank NCCL job in a loop."""
+
+    def __init__(self, work: Path, seconds: float) -> None:
+        self.lib = work / "lib" / "libcudart.so.12"  # a private inode: other agents' probes stay off it
+        self.lib.parent.mkdir(parents=True)
+        shutil.copy2(footprint.FAKE_CUDART, self.lib)
+        self.port = footprint.free_port()
+        self.seconds = seconds
+        self.started = 0  # no short-lived processes counted here
+        self._server: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._server = subprocess.Popen(
+            [str(footprint.HTTP_SERVER), str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        time.sleep(0.3)
+        run = footprint.mixed(self.lib, 50_000, self.port, 500)
+        self._thread = threading.Thread(target=run, args=(self.seconds,), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self._server is not None:
+            self._server.terminate()
+            self._server.wait()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=120)
     p.add_argument("--every", type=float, default=20)
     p.add_argument("--out", type=Path)
     p.add_argument("--tracemalloc", action="store_true", help="trace Python allocations (costs memory itself)")
+    p.add_argument(
+        "--load",
+        choices=("churn", "mixed"),
+        default="churn",
+        help="churn: short-lived processes (churn.py); mixed: footprint.py's mixed window "
+        "(50k launches/s, 500 HTTP req/s, a 2-rank NCCL job) for the whole run",
+    )
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="otelbpf-memwhere-"))
-    cfg = yaml.safe_load((ROOT / "otelbpf/config/otelbpf.yaml").read_text())
+    if a.load == "mixed":
+        load = MixedLoad(work, a.seconds)
+        cfg = yaml.safe_load(footprint.config_for("all", work, load.lib, load.port).read_text())
+    else:
+        load = Churn(work / "churn")
+        cfg = yaml.safe_load((ROOT / "otelbpf/config/otelbpf.yaml").read_text())
+        for sig in ("traces", "metrics"):
+            cfg["service"]["pipelines"][sig]["receivers"] = ["cuda", "nccl", "ibverbs", "http"]
     cfg["exporters"]["file"]["directory"] = str(work / "out")
-    for sig in ("traces", "metrics"):
-        cfg["service"]["pipelines"][sig]["receivers"] = ["cuda", "nccl", "ibverbs", "http"]
     os.chdir(work)
     agent = Agent(load_config_text(yaml.safe_dump(cfg)))
     agent.start()
@@ -104,10 +151,9 @@ def main() -> int:
         tracemalloc.start(8)
     base = tracemalloc.take_snapshot() if a.tracemalloc else None
     samples = []
-    churn = Churn(work / "churn")
     t0 = time.monotonic()
     try:
-        churn.start()
+        load.start()
         while (t := time.monotonic() - t0) < a.seconds:
             time.sleep(min(a.every, a.seconds - t))
             top = tracemalloc.take_snapshot().compare_to(base, "traceback")[:12] if base is not None else []
@@ -118,7 +164,7 @@ def main() -> int:
                 "memory_mib": memory,
                 "after_malloc_trim_mib": proc_memory(),
                 "caches": caches(agent),
-                "churn_processes": churn.started,
+                "churn_processes": load.started,
                 "traced_mib": round(tracemalloc.get_traced_memory()[0] / 2**20, 1),
                 "top_growth": [
                     {
@@ -135,7 +181,7 @@ def main() -> int:
             for d in s["top_growth"][:6]:
                 print(f"   {d['kib']:7} KiB {d['count']:6}  {' < '.join(reversed(d['where']))}", file=sys.stderr)
     finally:
-        churn.stop()
+        load.stop()
         agent.stop()
     out = a.out or ROOT / "bench/results" / f"memory_where-{time.strftime('%Y-%m-%d')}.json"
     out.write_text(json.dumps(samples, indent=1) + "\n")

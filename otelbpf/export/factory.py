@@ -8,6 +8,8 @@ opentelemetry-exporter-otlp packages (their retry with back-off included);
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter
@@ -27,6 +29,37 @@ if TYPE_CHECKING:
     import grpc  # at run time imported where used: only an agent with a gRPC exporter loads it
 
 
+log = logging.getLogger(__name__)
+
+#: gRPC core's tracers that write each call's metadata (headers) to stderr: with them on, an
+#: exporter's credentials reach the agent's log.
+_METADATA_TRACERS = frozenset({"all", "http", "http1", "http2_stream_state", "call", "channel"})
+
+
+def traced_metadata(grpc_trace: str | None) -> list[str]:
+    """Tracers of a ``GRPC_TRACE`` value that print call metadata (``-name`` turns one off)."""
+    names = [t.strip() for t in (grpc_trace or "").split(",") if t.strip()]
+    return [t for t in names if t in _METADATA_TRACERS]
+
+
+def warn_traced_headers(cfg: OtlpExporterConfig) -> bool:
+    """Say so when ``GRPC_TRACE`` will print this exporter's headers: they are credentials
+    more often than not (an Authorization, an API key). The operator asked for the trace, so
+    it stays on; the warning names what it exposes. Returns whether it warned."""
+    tracers = traced_metadata(os.environ.get("GRPC_TRACE"))
+    if not cfg.headers or not tracers:
+        return False
+    log.warning(
+        "GRPC_TRACE=%s prints each call's metadata to stderr: the %s exporter's headers (%s) will "
+        "appear in this log in clear. Unset GRPC_TRACE, or leave out %s, outside a debugging session.",
+        os.environ.get("GRPC_TRACE"),
+        cfg.target,
+        ", ".join(sorted(cfg.headers)),
+        ",".join(tracers),
+    )
+    return True
+
+
 def _read(path: str | None) -> bytes | None:
     if path is None:
         return None
@@ -37,6 +70,7 @@ def _read(path: str | None) -> bytes | None:
 def _grpc_kwargs(cfg: OtlpExporterConfig) -> dict[str, Any]:
     import grpc
 
+    warn_traced_headers(cfg)
     kwargs: dict[str, Any] = {
         "endpoint": cfg.target,
         "insecure": cfg.insecure,

@@ -298,8 +298,9 @@ def _retry_info_s(error: grpc.RpcError) -> float | None:
 
 class GrpcTransport:
     def __init__(self, cfg: OtlpExporterConfig) -> None:
-        from otelbpf.export.factory import grpc_credentials
+        from otelbpf.export.factory import grpc_credentials, warn_traced_headers
 
+        warn_traced_headers(cfg)
         compression = grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
         if cfg.insecure:
             self._channel = grpc.insecure_channel(cfg.target, compression=compression)
