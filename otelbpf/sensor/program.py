@@ -17,6 +17,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from otelbpf.sensor import lean_compile
 from otelbpf.sensor.family import ProbeFamily
 
 #: Signals a process is sent asynchronously (an operator's kill, a terminal, a supervisor,
@@ -129,7 +130,8 @@ def load(text: str, cflags: Sequence[str], families: Sequence[ProbeFamily]) -> A
     from bcc import BPF
 
     with signals_held():
-        bpf = BPF(text=text, cflags=list(cflags))
+        with lean_compile.lean_modules():  # LLVM's state freed once compiled (lean_compile)
+            bpf = BPF(text=text, cflags=list(cflags))
         try:
             place_tail_calls(bpf, families)
         except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from otelbpf.sensor import program
 
@@ -31,3 +32,16 @@ def test_user_memory_is_read_only_through_the_inlined_wrappers() -> None:
 def test_the_wrappers_are_used() -> None:
     uses = sum(len(re.findall(r"\bread_user(_str)?\(", t)) for t in _sources().values())
     assert uses > 40  # every family reads user memory through them
+
+
+def test_no_code_prints_map_keys_through_bcc() -> None:
+    """The agent's BCC modules are built without the reader/writer JIT (sensor/lean_compile.py):
+    BCC's text printers and parsers of keys and values then abort the process."""
+    root = Path(__file__).resolve().parents[2] / "otelbpf"
+    callers = [
+        f"{p.relative_to(root)}:{n}"
+        for p in root.rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"\.(key|leaf)_(sprintf|scanf)\(", line)
+    ]
+    assert callers == []
