@@ -53,6 +53,9 @@ from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_ro
 log = logging.getLogger(__name__)
 
 AGENT_SCOPE = scope("otelbpf.agent")
+#: The drain thread pauses once the processing queue holds more than 1/8 of
+#: ``processing_queue_size`` (2 MiB of the default 16).
+QUEUE_PAUSE_DIVISOR = 8
 _KERNEL_DROP_REASONS = {
     "events_lost": "ring_buffer_full",
     "str_lost": "string_ring_full",
@@ -137,6 +140,7 @@ class Agent:
                 pause_on_load=pause_on_load,
             ),
             deliver=self._deliver,
+            backlogged=self._backlogged,
         )
         maps.read, maps.forget, maps.update = self.sensor.read_map, self.sensor.delete_keys, self.sensor.update_map
         maps.with_bpf = self.sensor.with_bpf
@@ -147,6 +151,11 @@ class Agent:
         self._work: queue.Queue[tuple[str, np.ndarray] | threading.Event | None] = queue.Queue()
         self._queued = 0
         self._queued_max = config.service.telemetry.processing_queue_size // 64  # in 64-byte events
+        # Past this the drain thread stops taking records from the kernel's rings until the
+        # processing thread catches up (Sensor._drain_loop): the rings, resident anyway, hold
+        # the backlog; the queue's full size is left for forced drains (sync, stop).
+        self._queued_pause = self._queued_max // QUEUE_PAUSE_DIVISOR
+        self._queued_peak = 0  # since the last health export
         self._queued_lock = threading.Lock()
         self._processor = threading.Thread(target=self._process_loop, name="otelbpf-process", daemon=True)
         #: says when the processing thread is stuck on one batch (base/watchdog.py)
@@ -194,10 +203,15 @@ class Agent:
             else:
                 full = False
                 self._queued += _weight(arr)
+                self._queued_peak = max(self._queued_peak, self._queued)
         if full:
             self.health.add("otelbpf.events.dropped", len(arr), reason="processing_queue_full", ring=ring)
         else:
             self._work.put((ring, arr))
+
+    def _backlogged(self) -> bool:
+        """Called by the drain thread before each tick: is the processing thread behind?"""
+        return self._queued > self._queued_pause
 
     def _process_loop(self) -> None:
         name_os_thread("otelbpf-process")
@@ -376,6 +390,27 @@ class Agent:
                 "{library}",
                 "Library files waiting for an attach retry",
                 [({}, a.retrying)],
+                now,
+            )
+        )
+        with self._queued_lock:
+            queued, peak, self._queued_peak = self._queued, self._queued_peak, self._queued
+        out.append(
+            m.gauge(
+                "otelbpf.processing.queued",
+                "By",
+                "Records drained and waiting for the processing thread (now, and the most since the last export)",
+                [({"state": "current"}, queued * 64), ({"state": "peak"}, peak * 64)],
+                now,
+            )
+        )
+        out.append(
+            m.cumulative_sum(
+                "otelbpf.drain.paused",
+                "{tick}",
+                "Drain ticks that left records in the kernel's rings: the processing thread was behind",
+                [({}, self.sensor.drain_pauses)],
+                start,
                 now,
             )
         )

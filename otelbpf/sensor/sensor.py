@@ -107,9 +107,13 @@ class _Retry:
 
 
 class Sensor:
-    def __init__(self, options: SensorOptions, deliver: Deliver) -> None:
+    def __init__(self, options: SensorOptions, deliver: Deliver, backlogged: Callable[[], bool] | None = None) -> None:
         self.options = options
         self._deliver = deliver
+        #: True while what was delivered waits unprocessed past the consumer's mark: the drain
+        #: loop then leaves the records in the kernel's rings (see _drain_loop).
+        self._backlogged = backlogged or (lambda: False)
+        self.drain_pauses = 0  # drain ticks skipped because the consumer was behind
         self._bpf: Any | None = None  # the loaded bcc.BPF (untyped); None before start and after stop
         self._lock = threading.Lock()  # serialises BCC object use across threads
         # Serialises ring draining: the drain thread's timer and a metrics export's
@@ -295,14 +299,23 @@ class Sensor:
             return n
 
     def _drain_loop(self) -> None:
-        """Every ``drain_interval`` while records come; after a tick that found every ring
-        empty the wait doubles, up to IDLE_DRAIN_FACTOR intervals, and the first record brings
-        it back. Idle, the wake-ups were most of this thread's cost (0.4% of a core at 50 ms)."""
+        """Every ``drain_interval`` while records come, unless the consumer is backlogged;
+        after a tick that found every ring empty the wait doubles, up to IDLE_DRAIN_FACTOR
+        intervals, and the first record brings it back. Idle, the wake-ups were most of this
+        thread's cost (0.4% of a core at 50 ms)."""
         name_os_thread("otelbpf-drain")
         base = self.options.drain_interval_s
         longest = base * IDLE_DRAIN_FACTOR
         interval = base
         while not self._stop.wait(interval):
+            if self._backlogged():
+                # The processing thread is behind: records wait in the kernel's rings, which are
+                # resident anyway, rather than as copies in the agent's heap (a second buffer of
+                # up to processing_queue_size). A full ring drops and counts in the kernel; a
+                # forced drain (sync, stop) still takes everything.
+                self.drain_pauses += 1
+                interval = base
+                continue
             try:
                 n = self.drain_tick()
             except Exception:  # keep draining whatever one batch did
