@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 #: gRPC core's tracers that write each call's metadata (headers) to stderr: with them on, an
 #: exporter's credentials reach the agent's log.
-_METADATA_TRACERS = frozenset({"all", "http", "http1", "http2_stream_state", "call", "channel"})
+_METADATA_TRACERS = frozenset({"all", "http", "http1"})
 
 
 def traced_metadata(grpc_trace: str | None) -> list[str]:

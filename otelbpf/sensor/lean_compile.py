@@ -63,7 +63,7 @@ class LeanCompiler:
             ctypes.c_bool,  # rw_engine_enabled
             ctypes.c_void_p,  # const std::string& maps_ns
             ctypes.c_bool,  # allow_rlimit
-            ctypes.c_char_p,  # dev_name (offload device): none
+            ctypes.c_char_p,  # dev_name (an offload device), as bcc.BPF passes it
         ]
         self._load = getattr(libbcc, _LOAD_STRING)
         self._load.restype = ctypes.c_int
@@ -80,15 +80,13 @@ class LeanCompiler:
         allow_rlimit: bool,
         device: bytes | None,
     ) -> int | None:
-        if device:  # offload to a NIC: BCC's own path, which this does not reproduce
-            return None
         text_buf = ctypes.create_string_buffer(text, len(text) + 1)
         empty = ctypes.create_string_buffer(1)
         text_str = _StdString(ctypes.addressof(text_buf), len(text))
         ns_str = _StdString(ctypes.addressof(empty), 0)
         module = self._new(_MODULE_BYTES)
         ctypes.memset(module, 0, _MODULE_BYTES)
-        self._ctor(module, flags, None, False, ctypes.addressof(ns_str), allow_rlimit, None)
+        self._ctor(module, flags, None, False, ctypes.addressof(ns_str), allow_rlimit, device)
         if self._load(module, ctypes.addressof(text_str), cflags, ncflags) != 0:
             self._destroy(module)  # what BCC's C API does with a module that did not compile
             return None

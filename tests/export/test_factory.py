@@ -15,6 +15,7 @@ def test_only_the_tracers_that_print_metadata_count():
     assert traced_metadata("") == []
     assert traced_metadata("api,round_robin") == []
     assert traced_metadata("api, http ,-http2_stream_state") == ["http"]
+    assert traced_metadata("channel,call_error,http1") == ["http1"]
     assert traced_metadata("all") == ["all"]
 
 
