@@ -34,6 +34,7 @@ from otelbpf.analyze.report_timeline import Timeline
 from otelbpf.analyze.report_tree import Node, read_profile
 from otelbpf.analyze.summary import Json, ProcKey, SeriesKey, _attrs, _num, _proc_key, _read, load_metrics
 from otelbpf.config import Config, FileExporterConfig
+from otelbpf.config.units import format_size
 from otelbpf.export.safe_files import OutputDir
 
 #: The vendored scripts, inlined in this order (d3-flame-graph takes its modules from ``d3``).
@@ -569,6 +570,16 @@ def run(directory: str, output: str, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def _telemetry_bytes(directory: str) -> int:
+    """Bytes of the OTLP-JSON files directly in ``directory`` (links not followed)."""
+    total = 0
+    with os.scandir(directory) as entries:
+        for e in entries:
+            if e.name.endswith(".jsonl") and e.is_file(follow_symlinks=False):
+                total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
 def after_run(config: Config, err: TextIO) -> list[str]:
     """The end of ``otelbpf run``: ``report.html`` in the directory of every file exporter a
     pipeline uses whose ``report`` is on, written as the exporter writes its files (owner-only,
@@ -582,6 +593,14 @@ def after_run(config: Config, err: TextIO) -> list[str]:
         if not isinstance(cfg, FileExporterConfig) or not cfg.report or not os.path.isdir(cfg.directory):
             continue
         path = os.path.join(cfg.directory, RUN_REPORT)
+        size = _telemetry_bytes(cfg.directory)
+        if size > cfg.report_max_input:
+            err.write(
+                f"otelbpf: stopped; no {path}: the run wrote {size / 2**20:.1f} MiB of telemetry there, over the file "
+                f"exporter's report_max_input ({format_size(cfg.report_max_input)}); "
+                f"`otelbpf report {cfg.directory} -o {path}` writes it\n"
+            )
+            continue
         # The agent has stopped and flushed; the page takes ~10 s per 50 MB of spans (a long
         # run's): say so, so a wait after Ctrl-C is not mistaken for a stop that hangs.
         err.write(f"otelbpf: stopped; writing {path} (Ctrl-C skips it)\n")

@@ -153,6 +153,10 @@ class FileExporterConfig(Section):
     dir_mode: Mode = 0o700
     #: ``otelbpf run`` ends by writing ``report.html`` (``otelbpf report``) into ``directory``.
     report: bool = True
+    #: ... unless the OTLP-JSON files there hold more than this: the page is built in the agent's
+    #: memory, about half the files' size (800 MiB for 1.4 GiB of spans), and takes ~10 s per
+    #: 300 MiB; past it the agent says so and ``otelbpf report`` writes the page on demand.
+    report_max_input: Size = 256 << 20
 
     @model_validator(mode="after")
     def _owner_can_use(self) -> FileExporterConfig:

@@ -238,3 +238,34 @@ service:
         err.getvalue()
     )
     assert not (tmp_path / "real" / "report.html").exists()
+
+
+def test_after_run_leaves_the_page_to_otelbpf_report_past_report_max_input(tmp_path: Path) -> None:
+    """The page is built in the stopping agent's memory (about half the files' size): past
+    ``report_max_input`` the agent says so and names the command, and writes nothing."""
+    from otelbpf.analyze.report import after_run
+    from otelbpf.config import load_config_text
+
+    out = tmp_path / "out"
+    steps(16, memory="pageable").export(out)
+    size = sum(p.stat().st_size for p in out.glob("*.jsonl"))
+    assert size > 4096
+
+    def config(limit: int) -> str:
+        return f"""
+receivers: {{cuda: {{}}}}
+exporters:
+  file: {{directory: {out}, report_max_input: {limit}}}
+service:
+  pipelines:
+    traces: {{receivers: [cuda], exporters: [file]}}
+"""
+
+    err = io.StringIO()
+    assert after_run(load_config_text(config(4096), env={}), err) == []
+    assert err.getvalue() == (
+        f"otelbpf: stopped; no {out / 'report.html'}: the run wrote {size / 2**20:.1f} MiB of telemetry there, "
+        f"over the file exporter's report_max_input (4KiB); `otelbpf report {out} -o {out / 'report.html'}` writes it\n"
+    )
+    assert not (out / "report.html").exists()
+    assert after_run(load_config_text(config(size), env={}), io.StringIO()) == [str(out / "report.html")]
