@@ -95,7 +95,8 @@ struct strevent {
 #define STAT_IBV_TRUNCATED 7   /* WR chain, SGE list or polled batch longer than the probe reads */
 #define STAT_TORCH_UNWOUND 8   /* torch operator frames left by an exception (no return seen) */
 #define STAT_TORCH_DEPTH 9     /* torch operators nested deeper than the probe tracks */
-#define STAT_MAX 10
+#define STAT_CALL_LOST 10      /* a CUDA call's shared program (cuda.c cuda_call) not reached */
+#define STAT_MAX 11
 
 BPF_RINGBUF_OUTPUT(events, EVENTS_RING_PAGES);
 BPF_RINGBUF_OUTPUT(strevents, STR_RING_PAGES);

@@ -63,6 +63,7 @@ _KERNEL_DROP_REASONS = {
     "launch_map_full": "launch_map_full",
     "sock_lost": "socket_ring_full",
     "sock_map_full": "socket_map_full",
+    "call_lost": "cuda_call_unplaced",
 }
 
 

@@ -117,6 +117,7 @@ class Stat(enum.IntEnum):
     IBV_TRUNCATED = 7
     TORCH_UNWOUND = 8
     TORCH_DEPTH = 9
+    CALL_LOST = 10
 
 
 def is_driver(func: int) -> bool:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from otelbpf.base.events import CudaFunc, Kind, is_driver
-from otelbpf.sensor.family import LibraryKind, ProbeFamily, ProbeSpec
+from otelbpf.sensor.family import LibraryKind, ProbeFamily, ProbeSpec, TailCall
 
 # symbol -> (launch variant, C expression of the kernel handle)
 _LAUNCHES = {
@@ -130,6 +130,9 @@ _FACTS = {
 }
 
 RETURN_PROGRAM = "uretprobe_cuda"
+#: The shared body of every paired call's entry, and the program array it is tail-called from.
+CALL_PROGRAM = "cuda_call"
+CALL_ARRAY = "cuda_call_prog"
 DRIVER_RETURN_PROGRAM = "uretprobe_cuda_driver"
 
 
@@ -152,13 +155,15 @@ def _generate(launch_errors: bool) -> tuple[str, dict[CudaFunc, ProbeSpec]]:
             lines.append(f"int {ret}(struct pt_regs *ctx) {{ return on_launch_return(ctx, {int(func)}); }}")
         body = "on_driver_launch" if is_driver(func) else "on_launch"
         entry(func, f"{body}(ctx, {int(func)}, {variant}, {fn})", ret)
+    # Paired calls hand their arguments to the shared cuda_call program (bpf/cuda.c hand_over).
     for func, (kind, flags, a0, a1, a2, a3) in _PAIRED.items():
         if is_driver(func):
             flags = f"EVF_DRIVER | {flags}"
         ret = DRIVER_RETURN_PROGRAM if is_driver(func) else RETURN_PROGRAM
-        entry(func, f"on_entry({kind}, {int(func)}, {flags}, {a0}, {a1}, {a2}, {a3})", ret)
+        entry(func, f"hand_over(ctx, {kind}, {int(func)}, {flags}, 0, {a0}, {a1}, {a2}, {a3})", ret)
     for func, (dims, stream) in _DESCRIBED_COPIES.items():
-        entry(func, f"on_memcpy_desc(ctx, {int(func)}, {dims}, {stream})", DRIVER_RETURN_PROGRAM)
+        desc = f"hand_over(ctx, EV_CUDA_MEMCPY, {int(func)}, EVF_DRIVER, 1, {dims}, {stream}, 0, 0)"
+        entry(func, desc, DRIVER_RETURN_PROGRAM)
     for func, (kind, a0, a1) in _FACTS.items():
         entry(func, f"on_fact({kind}, {int(func)}, {a0}, {a1})", None)
     return "\n".join(lines) + "\n", specs
@@ -211,4 +216,5 @@ def cuda_family(
         generated_c=code,
         counting_maps=("launches", "launch_errors"),
         cflags=(f"-DLAUNCH_SAMPLE_EVERY={int(launch_sample_every)}", f"-DLAUNCH_ENTRIES={int(launch_map_entries)}"),
+        tail_calls=(TailCall(CALL_ARRAY, 0, CALL_PROGRAM, "kprobe"),),
     )

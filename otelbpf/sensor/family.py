@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -132,13 +132,15 @@ class RuntimeTargets:
 @dataclass(frozen=True)
 class TailCall:
     """A program the family's probes tail-call: ``program`` (a function of the family's C,
-    of the same BPF program type as its callers) loaded after the compile and put in slot
-    ``index`` of the ``BPF_PROG_ARRAY`` named ``array``. Code shared by several tracepoints
-    is verified once this way instead of once per inlined copy (bpf/sockets.c)."""
+    of the same BPF program type as its callers: ``prog_type``, "tracepoint", or "kprobe" for
+    uprobes) loaded after the compile and put in slot ``index`` of the ``BPF_PROG_ARRAY``
+    named ``array``. Code shared by several probes is compiled and verified once this way
+    instead of once per inlined copy (bpf/sockets.c, bpf/cuda.c)."""
 
     array: str
     index: int
     program: str
+    prog_type: Literal["tracepoint", "kprobe"] = "tracepoint"
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ class ProbeFamily:
     cflags: tuple[str, ...] = field(default_factory=tuple)
     rings: tuple[RingSpec, ...] = ()
     runtime: RuntimeTargets | None = None
-    #: Tracepoint programs the family's probes tail-call; until one is in place its callers
+    #: Programs the family's probes tail-call; until one is in place its callers
     #: find an empty slot (and count what they lose).
     tail_calls: tuple[TailCall, ...] = ()
     #: Called with the loaded BCC object once every probe is attached (e.g. to

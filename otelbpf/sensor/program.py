@@ -118,9 +118,10 @@ def place_tail_calls(bpf: Any, families: Sequence[ProbeFamily]) -> None:
     """Load each family's tail-called programs into their program arrays."""
     from bcc import BPF  # imported late: `otelbpf --help` works without BCC
 
+    types = {"tracepoint": BPF.TRACEPOINT, "kprobe": BPF.KPROBE}
     for fam in families:
         for tc in fam.tail_calls:
-            fn = bpf.load_func(tc.program, BPF.TRACEPOINT)
+            fn = bpf.load_func(tc.program, types[tc.prog_type])
             bpf[tc.array][ctypes.c_int(tc.index)] = ctypes.c_int(fn.fd)
 
 

@@ -199,3 +199,43 @@ def test_pause_on_load_stops_the_process_at_its_open_until_resumed() -> None:
         child.kill()
         child.wait()
         loaded.close()
+
+
+@pytest.mark.bpf
+def test_a_paired_call_goes_through_the_shared_program_and_is_counted_lost_without_it(tmp_path: Path) -> None:
+    """cudaMalloc's entry hands its arguments to ``cuda_call`` by a tail call (bpf/cuda.c
+    hand_over): before the program is in its slot the call is counted (STAT_CALL_LOST),
+    once it is the call becomes one event with its size and returned pointer."""
+    import ctypes
+
+    from otelbpf.base.events import Stat
+
+    lib = tmp_path / "libcudart.so.12"  # a private inode: no other test's probes on it
+    lib.write_bytes(FAKE_CUDART.read_bytes())
+    loaded = Loaded(filter_pids=True)
+    try:
+        loaded.watch(os.getpid())
+        bpf = loaded.bpf
+        bpf.attach_uprobe(name=str(lib), sym="cudaMalloc", fn_name=b"uprobe_cudaMalloc")
+        bpf.attach_uretprobe(name=str(lib), sym="cudaMalloc", fn_name=b"uretprobe_cuda")
+        cudart = ctypes.CDLL(str(lib))
+        stats = bpf[b"stats"]
+
+        def lost() -> int:
+            return int(sum(stats[stats.Key(int(Stat.CALL_LOST))]))
+
+        def malloc(size: int) -> int:
+            p = ctypes.c_void_p()
+            assert cudart.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size)) == 0
+            return int(p.value or 0)
+
+        malloc(4096)
+        assert lost() == 1
+        assert not (loaded.events.drain()["kind"] == Kind.CUDA_MALLOC).any()
+        program.place_tail_calls(bpf, [FAMILY])
+        ptr = malloc(8192)
+        [e] = [e for e in loaded.events.drain() if e["kind"] == Kind.CUDA_MALLOC]
+        assert (int(e["a0"]), int(e["a1"]), int(e["pid"])) == (8192, ptr, os.getpid())
+        assert int(e["duration_ns"]) > 0 and lost() == 1
+    finally:
+        loaded.close()
