@@ -319,10 +319,13 @@ class Agent:
         return collect
 
     def _health_metrics(self) -> list[tuple[Resource, InstrumentationScope, list[Metric]]]:
+        from otelbpf.export.jsonfile import FILES_REMOVED
         from otelbpf.export.otlp_json import CONVERSIONS
 
         for kind, n in CONVERSIONS.take().items():  # values an OTLP encoder had to clamp
             self.health.add("otelbpf.export.values_converted", n, kind=kind)
+        for sig, n in FILES_REMOVED.take().items():  # the file exporter's oldest rotated files
+            self.health.add("otelbpf.export.files_removed", n, signal=sig)
         now = time.time_ns()
         start = int(self.started_at * 1e9)
         out: list[Metric | None] = []

@@ -149,6 +149,9 @@ class FileExporterConfig(Section):
 
     directory: FilePath = Field("./otelbpf-out", min_length=1)
     rotate_size: Size = 64 << 20
+    #: Rotated files kept per signal, the oldest removed first (0: all): with the default
+    #: rotation, 2 GiB of spans at most; removals counted in ``otelbpf.export.files_removed``.
+    max_rotated_files: int = Field(32, ge=0, le=1 << 20)
     file_mode: Mode = 0o600
     dir_mode: Mode = 0o700
     #: ``otelbpf run`` ends by writing ``report.html`` (``otelbpf report``) into ``directory``.

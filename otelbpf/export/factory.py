@@ -121,7 +121,13 @@ def span_exporter(cfg: ExporterConfig) -> SpanExporter:
 
         return HttpSpanExporter(**_http_kwargs(cfg, "traces"))
     if isinstance(cfg, FileExporterConfig):
-        return FileSpanExporter(cfg.directory, cfg.rotate_size, file_mode=cfg.file_mode, dir_mode=cfg.dir_mode)
+        return FileSpanExporter(
+            cfg.directory,
+            cfg.rotate_size,
+            max_rotated=cfg.max_rotated_files,
+            file_mode=cfg.file_mode,
+            dir_mode=cfg.dir_mode,
+        )
     raise TypeError(f"no span exporter for {type(cfg).__name__}")
 
 
@@ -135,5 +141,11 @@ def metric_exporter(cfg: ExporterConfig) -> MetricExporter:
 
         return HttpMetricExporter(**_http_kwargs(cfg, "metrics"))
     if isinstance(cfg, FileExporterConfig):
-        return FileMetricExporter(cfg.directory, cfg.rotate_size, file_mode=cfg.file_mode, dir_mode=cfg.dir_mode)
+        return FileMetricExporter(
+            cfg.directory,
+            cfg.rotate_size,
+            max_rotated=cfg.max_rotated_files,
+            file_mode=cfg.file_mode,
+            dir_mode=cfg.dir_mode,
+        )
     raise TypeError(f"no metric exporter for {type(cfg).__name__}")

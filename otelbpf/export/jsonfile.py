@@ -26,10 +26,14 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otelbpf.export.otlp_json import encode_spans_json
+from otelbpf.export.otlp_json import Conversions, encode_spans_json
 from otelbpf.export.safe_files import OutputDir, UnsafeOutput
 
 log = logging.getLogger(__name__)
+
+#: Rotated files removed past ``max_rotated`` (the oldest first), by signal; read by the agent
+#: into ``otelbpf.export.files_removed``.
+FILES_REMOVED = Conversions()
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
@@ -62,9 +66,9 @@ class _JsonLines:
     cannot be opened again after a rotation fails each write until it can.
     """
 
-    def __init__(self, out: OutputDir, name: str, rotate_bytes: int) -> None:
+    def __init__(self, out: OutputDir, name: str, rotate_bytes: int, max_rotated: int = 0) -> None:
         self.path = os.path.join(out.path, f"{name}.jsonl")
-        self._dir, self._name, self._rotate = out, name, rotate_bytes
+        self._dir, self._name, self._rotate, self._max_rotated = out, name, rotate_bytes, max_rotated
         self._lock = threading.Lock()
         self._rotations = 0
         self._refused = ""  # the last refusal logged
@@ -101,6 +105,32 @@ class _JsonLines:
                 rotated = f"{self._name}-{stamp}-{os.getpid()}-{self._rotations:06d}.jsonl"
                 self._dir.rename(f"{self._name}.jsonl", rotated)
                 self._f = self._open()
+                if self._max_rotated:
+                    self._remove_oldest()
+
+    def _remove_oldest(self) -> None:
+        """Keep the newest ``max_rotated`` rotated files of this signal in the directory (any
+        run's: their names sort oldest first), remove the rest (links removed, never followed)."""
+        with os.scandir(self._dir.fd) as entries:
+            rotated = sorted(
+                e.name
+                for e in entries
+                if e.name.startswith(f"{self._name}-")
+                and e.name.endswith(".jsonl")
+                and e.is_file(follow_symlinks=False)
+            )
+        for old in rotated[: max(len(rotated) - self._max_rotated, 0)]:
+            try:
+                os.unlink(old, dir_fd=self._dir.fd)
+            except FileNotFoundError:
+                continue
+            FILES_REMOVED.add(self._name)
+            log.info(
+                "removed %s: more than %d rotated %s files",
+                os.path.join(self._dir.path, old),
+                self._max_rotated,
+                self._name,
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -112,11 +142,19 @@ class _JsonLines:
 
 class FileSpanExporter(SpanExporter):
     def __init__(
-        self, directory: str, rotate_bytes: int = 64 << 20, *, file_mode: int = 0o600, dir_mode: int = 0o700
+        self,
+        directory: str,
+        rotate_bytes: int = 64 << 20,
+        *,
+        max_rotated: int = 0,
+        file_mode: int = 0o600,
+        dir_mode: int = 0o700,
     ) -> None:
-        """``rotate_bytes``: start a new file past this size (0: never). Raises UnsafeOutput
-        for a directory or file that is a link."""
-        self._out = _JsonLines(OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode), "traces", rotate_bytes)
+        """``rotate_bytes``: start a new file past this size (0: never); ``max_rotated``: rotated
+        files kept, the oldest removed first (0: all). Raises UnsafeOutput for a directory or
+        file that is a link."""
+        out = OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode)
+        self._out = _JsonLines(out, "traces", rotate_bytes, max_rotated)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
@@ -131,12 +169,18 @@ class FileSpanExporter(SpanExporter):
 
 class FileMetricExporter(MetricExporter):
     def __init__(
-        self, directory: str, rotate_bytes: int = 64 << 20, *, file_mode: int = 0o600, dir_mode: int = 0o700
+        self,
+        directory: str,
+        rotate_bytes: int = 64 << 20,
+        *,
+        max_rotated: int = 0,
+        file_mode: int = 0o600,
+        dir_mode: int = 0o700,
     ) -> None:
-        """``rotate_bytes``: start a new file past this size (0: never). Raises UnsafeOutput
-        for a directory or file that is a link."""
+        """As FileSpanExporter's."""
         super().__init__()
-        self._out = _JsonLines(OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode), "metrics", rotate_bytes)
+        out = OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode)
+        self._out = _JsonLines(out, "metrics", rotate_bytes, max_rotated)
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
         try:

@@ -268,3 +268,28 @@ def test_rotate_bytes_zero_never_rotates(tmp_path):
         exporter._out.write(b"x" * 100_000)
     exporter.shutdown()
     assert [p.name for p in tmp_path.iterdir()] == ["traces.jsonl"]
+
+
+def test_past_max_rotated_the_oldest_rotated_files_go_and_are_counted(tmp_path: Path) -> None:
+    """Keep the newest ``max_rotated`` rotated files (any run's: an older run's name sorts
+    first), remove the rest, count each; a link named like one is left alone, never followed."""
+    from otelbpf.export.jsonfile import FILES_REMOVED
+
+    FILES_REMOVED.take()
+    older_run = tmp_path / "traces-20200101T000000-1-000001.jsonl"
+    older_run.write_text("{}\n")
+    victim = tmp_path.parent / f"{tmp_path.name}-victim.jsonl"
+    victim.write_text("kept\n")
+    link = tmp_path / "traces-20200101T000000-1-000002.jsonl"
+    link.symlink_to(victim)
+    other_signal = tmp_path / "metrics-20200101T000000-1-000001.jsonl"
+    other_signal.write_text("{}\n")
+    exporter = FileSpanExporter(str(tmp_path), rotate_bytes=1 << 20, max_rotated=2)
+    for i in range(6):  # ~0.6 MiB a request: a rotation after every second one
+        assert exporter.export(spans(2, blob=f"{i}" * 600_000)) == SpanExportResult.SUCCESS
+    exporter.shutdown()
+    mine = sorted(p.name for p in tmp_path.glob(f"traces-*-{os.getpid()}-*.jsonl"))
+    assert [name[-12:] for name in mine] == ["000002.jsonl", "000003.jsonl"]
+    assert not older_run.exists() and other_signal.exists()
+    assert link.is_symlink() and victim.read_text() == "kept\n"
+    assert FILES_REMOVED.take() == {"traces": 2}  # the older run's file, then this run's first
