@@ -278,7 +278,7 @@ static __always_inline int on_entry(u8 kind, u8 func, u16 flags, u64 a0, u64 a1,
 
 /* Paired calls are ~70 entry points (malloc, memcpy, synchronize, events...), each rare
  * next to launches. Rather than an inlined copy of on_entry in each, which the compile
- * optimized and code-generated ~70 times (0.8 s of the agent's start), an entry point hands
+ * optimized and code-generated ~70 times (~1 s of the agent's start), an entry point hands
  * its arguments over in its thread's task storage and tail-calls one shared program,
  * `cuda_call`. Task storage, not a per-CPU slot: a uprobe program can be preempted on a
  * preemptible kernel, and another thread's call on the same CPU would overwrite a per-CPU

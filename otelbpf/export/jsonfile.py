@@ -110,7 +110,8 @@ class _JsonLines:
 
     def _remove_oldest(self) -> None:
         """Keep the newest ``max_rotated`` rotated files of this signal in the directory (any
-        run's: their names sort oldest first), remove the rest (links removed, never followed)."""
+        run's: their names sort oldest first), remove the rest. A link named like one is left
+        alone: never followed, never counted."""
         with os.scandir(self._dir.fd) as entries:
             rotated = sorted(
                 e.name
