@@ -152,6 +152,9 @@ class FileExporterConfig(Section):
     #: Rotated files kept per signal, the oldest removed first (0: all): with the default
     #: rotation, 2 GiB of spans at most; removals counted in ``otelbpf.export.files_removed``.
     max_rotated_files: int = Field(32, ge=0, le=1 << 20)
+    #: pprof files kept in ``profiles/`` (one per process, kind and interval), about: the ones
+    #: that ended first are removed past a tenth more (0: all); counted as for rotated files.
+    max_profile_files: int = Field(20000, ge=0, le=1 << 24)
     file_mode: Mode = 0o600
     dir_mode: Mode = 0o700
     #: ``otelbpf run`` ends by writing ``report.html`` (``otelbpf report``) into ``directory``.

@@ -51,19 +51,64 @@ class ProfileExporter(Protocol):
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+#: A profile file's name: its end time (ms) is the last field.
+_PROFILE_FILE = re.compile(r"^.+-(\d+)\.pb\.gz$")
+
+
 class PprofFileExporter:
     """``<directory>/profiles/<service>-<pid>-<kind>-<end time ms>.pb.gz``, one file per
     record, written whole under a random temporary name (O_EXCL) and renamed into place,
-    never through a link (``OutputDir``)."""
+    never through a link (``OutputDir``).
+
+    At most about ``max_files`` are kept: past a tenth more, the folder is read again and the
+    profiles that ended first (any run's) are removed down to ``max_files``, each counted in
+    ``otelbpf.export.files_removed{signal=profiles}``. A host that starts processes all day
+    writes one file per process and interval (7,500 in 7 minutes of bench/footprint.py's
+    mixed load); reading the folder only every tenth of the bound keeps that cheap."""
 
     def __init__(
-        self, directory: str, health: Health, name: str = "file", *, file_mode: int = 0o600, dir_mode: int = 0o700
+        self,
+        directory: str,
+        health: Health,
+        name: str = "file",
+        *,
+        max_files: int = 0,
+        file_mode: int = 0o600,
+        dir_mode: int = 0o700,
     ) -> None:
         self._out = OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode).subdir("profiles")
         self.directory = self._out.path
         self._health = health
         self._name = name
         self._lock = threading.Lock()
+        self._max = max_files
+        self._slack = max_files // 10 + 1
+        self._count = len(self._profiles()) if max_files else 0  # files here, as last counted
+
+    def _profiles(self) -> list[tuple[int, str]]:
+        """(end time ms, name) of the profile files here (links and other names left out)."""
+        out = []
+        with os.scandir(self._out.fd) as entries:
+            for e in entries:
+                m = _PROFILE_FILE.match(e.name)
+                if m and e.is_file(follow_symlinks=False):
+                    out.append((int(m.group(1)), e.name))
+        return out
+
+    def _trim(self) -> None:
+        """Remove the profiles that ended first, down to ``max_files``."""
+        files = sorted(self._profiles())
+        removed = 0
+        for _, name in files[: max(len(files) - self._max, 0)]:
+            try:
+                os.unlink(name, dir_fd=self._out.fd)
+            except FileNotFoundError:
+                continue
+            removed += 1
+        self._count = len(files) - removed
+        if removed:
+            self._health.add("otelbpf.export.files_removed", removed, signal="profiles")
+            log.info("removed %d profiles from %s: more than %d files", removed, self.directory, self._max)
 
     def file_name(self, r: ProfileRecord) -> str:
         service = _UNSAFE.sub("_", r.labels.get("service_name", "unknown"))[:80]
@@ -85,6 +130,12 @@ class PprofFileExporter:
                     )
                     continue
                 self._health.add("otelbpf.export.sent", 1, signal="profiles", exporter=self._name)
+                self._count += 1
+            if self._max and self._count >= self._max + self._slack:
+                try:
+                    self._trim()
+                except OSError as exc:
+                    log.warning("could not trim %s: %s", self.directory, exc)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         del timeout_s  # nothing queued
@@ -95,7 +146,14 @@ class PprofFileExporter:
 def profile_exporter(name: str, cfg: ExporterConfig, health: Health) -> ProfileExporter:
     """The exporter a profiles pipeline names: pprof files, Pyroscope, or OTLP profiles."""
     if isinstance(cfg, FileExporterConfig):
-        return PprofFileExporter(cfg.directory, health, name, file_mode=cfg.file_mode, dir_mode=cfg.dir_mode)
+        return PprofFileExporter(
+            cfg.directory,
+            health,
+            name,
+            max_files=cfg.max_profile_files,
+            file_mode=cfg.file_mode,
+            dir_mode=cfg.dir_mode,
+        )
     if isinstance(cfg, PyroscopeExporterConfig):
         from otelbpf.export.pyroscope import PyroscopeExporter
 

@@ -254,3 +254,28 @@ def test_another_users_file_met_while_running_is_counted_and_said_once(tmp_path:
         f"{out / 'traces.jsonl'} is owned by uid 65534, not the agent's (uid 0); remove it or chown it: "
         "refusing to write to it"
     ]
+
+
+def test_past_max_files_the_profiles_that_ended_first_go_and_are_counted(tmp_path: Path, victim: Path):
+    """Any run's profiles count (an older run's end first and go first); a link or another
+    name is left alone; the folder is read again only a tenth past the bound."""
+    health = Health()
+    folder = tmp_path / "out" / "profiles"
+    folder.mkdir(parents=True, mode=0o700)
+    for end in (1, 2, 3):
+        (folder / f"old-7-cpu-{end}.pb.gz").write_bytes(b"old")
+    (folder / "link-7-cpu-0.pb.gz").symlink_to(victim)
+    (folder / "notes.txt").write_text("mine\n")
+    exporter = PprofFileExporter(str(tmp_path / "out"), health, max_files=4)  # read again at 5
+    for end in (10, 11, 12, 13):
+        exporter.export([record(end)])
+    exporter.shutdown()
+    assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == [
+        "notes.txt",
+        "train-42-cpu-10.pb.gz",
+        "train-42-cpu-11.pb.gz",
+        "train-42-cpu-12.pb.gz",
+        "train-42-cpu-13.pb.gz",
+    ]
+    assert (folder / "link-7-cpu-0.pb.gz").is_symlink() and victim.read_text() == VICTIM_TEXT
+    assert health.get("otelbpf.export.files_removed") == 3
