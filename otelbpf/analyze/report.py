@@ -593,7 +593,10 @@ def after_run(config: Config, err: TextIO) -> list[str]:
         if not isinstance(cfg, FileExporterConfig) or not cfg.report or not os.path.isdir(cfg.directory):
             continue
         path = os.path.join(cfg.directory, RUN_REPORT)
-        size = _telemetry_bytes(cfg.directory)
+        try:
+            size = _telemetry_bytes(cfg.directory)
+        except OSError:
+            size = 0  # unreadable: the page's own reading says why, below
         if size > cfg.report_max_input:
             err.write(
                 f"otelbpf: stopped; no {path}: the run wrote {size / 2**20:.1f} MiB of telemetry there, over the file "

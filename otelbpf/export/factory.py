@@ -111,6 +111,16 @@ def _http_kwargs(cfg: OtlpHttpExporterConfig, signal: Signal) -> dict[str, Any]:
     return kwargs
 
 
+def _file_kwargs(cfg: FileExporterConfig) -> dict[str, int]:
+    """What the file exporter's span and metric halves share, after the directory."""
+    return {
+        "rotate_bytes": cfg.rotate_size,
+        "max_rotated": cfg.max_rotated_files,
+        "file_mode": cfg.file_mode,
+        "dir_mode": cfg.dir_mode,
+    }
+
+
 def span_exporter(cfg: ExporterConfig) -> SpanExporter:
     if isinstance(cfg, OtlpExporterConfig):
         from otelbpf.export.otlp_proto import FastOTLPSpanExporter
@@ -121,13 +131,7 @@ def span_exporter(cfg: ExporterConfig) -> SpanExporter:
 
         return HttpSpanExporter(**_http_kwargs(cfg, "traces"))
     if isinstance(cfg, FileExporterConfig):
-        return FileSpanExporter(
-            cfg.directory,
-            cfg.rotate_size,
-            max_rotated=cfg.max_rotated_files,
-            file_mode=cfg.file_mode,
-            dir_mode=cfg.dir_mode,
-        )
+        return FileSpanExporter(cfg.directory, **_file_kwargs(cfg))
     raise TypeError(f"no span exporter for {type(cfg).__name__}")
 
 
@@ -141,11 +145,5 @@ def metric_exporter(cfg: ExporterConfig) -> MetricExporter:
 
         return HttpMetricExporter(**_http_kwargs(cfg, "metrics"))
     if isinstance(cfg, FileExporterConfig):
-        return FileMetricExporter(
-            cfg.directory,
-            cfg.rotate_size,
-            max_rotated=cfg.max_rotated_files,
-            file_mode=cfg.file_mode,
-            dir_mode=cfg.dir_mode,
-        )
+        return FileMetricExporter(cfg.directory, **_file_kwargs(cfg))
     raise TypeError(f"no metric exporter for {type(cfg).__name__}")

@@ -106,7 +106,10 @@ class _JsonLines:
                 self._dir.rename(f"{self._name}.jsonl", rotated)
                 self._f = self._open()
                 if self._max_rotated:
-                    self._remove_oldest()
+                    try:
+                        self._remove_oldest()
+                    except OSError as exc:  # the line is written: the export succeeded all the same
+                        log.warning("could not remove old rotated %s files: %s", self._name, exc)
 
     def _remove_oldest(self) -> None:
         """Keep the newest ``max_rotated`` rotated files of this signal in the directory (any
@@ -154,8 +157,9 @@ class FileSpanExporter(SpanExporter):
         """``rotate_bytes``: start a new file past this size (0: never); ``max_rotated``: rotated
         files kept, the oldest removed first (0: all). Raises UnsafeOutput for a directory or
         file that is a link."""
-        out = OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode)
-        self._out = _JsonLines(out, "traces", rotate_bytes, max_rotated)
+        self._out = _JsonLines(
+            OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode), "traces", rotate_bytes, max_rotated
+        )
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
@@ -180,8 +184,9 @@ class FileMetricExporter(MetricExporter):
     ) -> None:
         """As FileSpanExporter's."""
         super().__init__()
-        out = OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode)
-        self._out = _JsonLines(out, "metrics", rotate_bytes, max_rotated)
+        self._out = _JsonLines(
+            OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode), "metrics", rotate_bytes, max_rotated
+        )
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
         try:

@@ -293,3 +293,20 @@ def test_past_max_rotated_the_oldest_rotated_files_go_and_are_counted(tmp_path: 
     assert not older_run.exists() and other_signal.exists()
     assert link.is_symlink() and victim.read_text() == "kept\n"
     assert FILES_REMOVED.take() == {"traces": 2}  # the older run's file, then this run's first
+
+
+def test_a_folder_that_cannot_be_listed_fails_no_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Removing old rotated files is housekeeping after the line is written: when the folder
+    cannot be listed, the export still succeeds (and the reason is logged)."""
+    import otelbpf.export.jsonfile as jsonfile
+
+    def refuse(*_: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(jsonfile.os, "scandir", refuse)
+    exporter = FileSpanExporter(str(tmp_path), rotate_bytes=1 << 20, max_rotated=1)
+    for i in range(4):
+        assert exporter.export(spans(2, blob=f"{i}" * 600_000)) == SpanExportResult.SUCCESS
+    exporter.shutdown()
+    monkeypatch.undo()  # os.scandir is pathlib's too
+    assert len(list(tmp_path.glob("traces-*.jsonl"))) == 2  # nothing removed, nothing lost
