@@ -136,6 +136,18 @@ static __always_inline void count_stat(u32 slot)
         (*v)++;
 }
 
+/* The agent's own process, which is never traced (its exports are HTTP and gRPC too): set
+ * by user space right after the load (0 until then). A map, not a -D flag, so that the
+ * compiled program is the same at every start and can be kept (sensor/program_cache.py). */
+BPF_ARRAY(agent_self, u32, 1);
+
+static __always_inline int is_agent(u32 tgid)
+{
+    int zero = 0;
+    u32 *self = agent_self.lookup(&zero);
+    return self && *self == tgid;
+}
+
 static __always_inline int is_watched(u32 tgid)
 {
 #ifdef FILTER_PIDS

@@ -95,7 +95,7 @@ static __always_inline void sched_count(u32 slot)
 
 static __always_inline int sched_traced(u32 tgid)
 {
-    if (tgid == 0 || tgid == AGENT_PID)
+    if (tgid == 0 || is_agent(tgid))
         return 0;
 #ifdef FILTER_PIDS
     return watched.lookup(&tgid) != 0;

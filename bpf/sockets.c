@@ -196,7 +196,7 @@ static __always_inline int sock_ignored_pid(u32 tgid)
     if (!lib_users.lookup(&tgid))
         return 1;
 #endif
-    return tgid == AGENT_PID || !is_watched(tgid);
+    return is_agent(tgid) || !is_watched(tgid);
 }
 
 static __always_inline void fill_header(struct sock_rec *r, u64 id, u64 ts, s32 fd, s32 ret, u8 kind, u8 func)

@@ -48,6 +48,7 @@ from otelbpf.live import endpoint as live_endpoint
 from otelbpf.live.findings import FindingsReporter
 from otelbpf.live.state import LiveState
 from otelbpf.receivers import Context, MapAccess, RingCorrelator
+from otelbpf.sensor.program_cache import ProgramCache
 from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class Agent:
                 drain_interval_s=to_seconds(config.service.telemetry.drain_interval),
                 events_ring_bytes=max(r.ring_buffer_size for r in self.receivers),
                 pause_on_load=pause_on_load,
+                program_cache=_program_cache(config),
             ),
             deliver=self._deliver,
             backlogged=self._backlogged,
@@ -487,8 +489,9 @@ class Agent:
             self.metrics.start()
         self.live_endpoint = live_endpoint.serve(self.live.snapshot)
         log.info(
-            "otelbpf running: compiled in %.2fs, %d probes on %d libraries",
+            "otelbpf running: compiled in %.2fs%s, %d probes on %d libraries",
             self.sensor.compile_seconds,
+            " (programs from the cache)" if self.sensor.programs_cached else "",
             self.sensor.attach_stats.probes,
             self.sensor.attach_stats.libraries,
         )
@@ -543,6 +546,12 @@ class Agent:
             f"dropped {self.health.get('otelbpf.events.dropped') + self.health.get('otelbpf.export.dropped')}, "
             f"export failures {self.health.get('otelbpf.export.failures')}"
         )
+
+
+def _program_cache(config: Config) -> ProgramCache | None:
+    """The configured program cache (``service.program_cache``), or None when turned off."""
+    opts = config.service.program_cache
+    return ProgramCache(opts.directory, opts.max_entries) if opts.directory else None
 
 
 def _weight(arr: np.ndarray) -> int:

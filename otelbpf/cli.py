@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     job = Job(command) if command else None
     drop_unneeded(command=job is not None, receivers=config.enabled_receivers())
     from otelbpf.agent import run
-    from otelbpf.export.safe_files import UnsafeOutput
+    from otelbpf.base.safe_files import UnsafeOutput
     from otelbpf.sensor.sensor import SensorError
 
     try:

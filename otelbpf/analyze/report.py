@@ -33,9 +33,9 @@ from otelbpf.analyze.report_ai import PROFILE_NAME, AiSpans, Weight
 from otelbpf.analyze.report_timeline import Timeline
 from otelbpf.analyze.report_tree import Node, read_profile
 from otelbpf.analyze.summary import Json, ProcKey, SeriesKey, _attrs, _num, _proc_key, _read, load_metrics
+from otelbpf.base.safe_files import OutputDir
 from otelbpf.config import Config, FileExporterConfig
 from otelbpf.config.units import format_size
-from otelbpf.export.safe_files import OutputDir
 
 #: The vendored scripts, inlined in this order (d3-flame-graph takes its modules from ``d3``).
 ASSETS = ("d3.min.js", "d3-flamegraph.min.js")

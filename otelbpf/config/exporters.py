@@ -145,7 +145,7 @@ class FileExporterConfig(Section):
     """OTLP-JSON lines (the Collector file exporter's format), one file per signal, and pprof
     files under ``profiles/``. The agent runs as root and what it writes names paths, hosts and
     peers: the directory is created ``dir_mode`` and files ``file_mode`` (owner only by
-    default), and nothing is written through a symbolic link (``export/safe_files.py``)."""
+    default), and nothing is written through a symbolic link (``base/safe_files.py``)."""
 
     directory: FilePath = Field("./otelbpf-out", min_length=1)
     rotate_size: Size = 64 << 20

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from otelbpf.config.fields import Section, http_url, unique
+from otelbpf.config.fields import FilePath, Section, http_url, unique
 from otelbpf.config.units import PositiveDuration, Size
 
 
@@ -89,7 +89,26 @@ class FindingsConfig(Section):
     repeat_interval: PositiveDuration = 60_000_000_000
 
 
+class ProgramCacheConfig(Section):
+    """Compiled BPF programs kept for the next start (``sensor/program_cache.py``): a start
+    whose program text, kernel and BCC are those of an earlier one loads that compile's
+    programs instead of compiling (seconds less). ``directory`` is created owner-only and is
+    not used if anyone but the agent's user can write in it; ``""`` turns the cache off.
+    The ``max_entries`` most recently used programs are kept (each ~0.1-0.5 MB)."""
+
+    directory: FilePath = "/var/cache/otelbpf"
+    max_entries: int = Field(8, ge=1, le=1000)
+
+    @field_validator("directory")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if value and not value.startswith("/"):
+            raise ValueError(f'{value!r} is relative: the cache directory is an absolute path (or "" for none)')
+        return value
+
+
 class ServiceConfig(Section):
     pipelines: PipelinesConfig
     telemetry: TelemetryConfig = TelemetryConfig()
     findings: FindingsConfig = FindingsConfig()
+    program_cache: ProgramCacheConfig = ProgramCacheConfig()

@@ -26,8 +26,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otelbpf.base.safe_files import OutputDir, UnsafeOutput
 from otelbpf.export.otlp_json import Conversions, encode_spans_json
-from otelbpf.export.safe_files import OutputDir, UnsafeOutput
 
 log = logging.getLogger(__name__)
 

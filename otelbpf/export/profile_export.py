@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from otelbpf.base.health import Health
+from otelbpf.base.safe_files import OutputDir
 from otelbpf.config import (
     ExporterConfig,
     FileExporterConfig,
@@ -22,7 +23,6 @@ from otelbpf.config import (
 )
 from otelbpf.correlate.profile_record import Profile, ProfileMeta
 from otelbpf.export import pprof
-from otelbpf.export.safe_files import OutputDir
 
 log = logging.getLogger(__name__)
 

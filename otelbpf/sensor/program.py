@@ -8,6 +8,8 @@ entry points.
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import signal
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,8 +19,10 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from otelbpf.sensor import lean_compile
+from otelbpf.sensor import lean_compile, program_cache, skeleton
 from otelbpf.sensor.family import ProbeFamily
+
+log = logging.getLogger(__name__)
 
 #: Signals a process is sent asynchronously (an operator's kill, a terminal, a supervisor,
 #: a child's exit): held while programs are verified, see ``signals_held``.
@@ -114,28 +118,76 @@ def signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def place_tail_calls(bpf: Any, families: Sequence[ProbeFamily]) -> None:
-    """Load each family's tail-called programs into their program arrays."""
+def _tail_call_types(families: Sequence[ProbeFamily]) -> list[tuple[str, int]]:
+    """(program, BPF program type) of every family's tail-called program."""
     from bcc import BPF  # imported late: `otelbpf --help` works without BCC
 
     types = {"tracepoint": BPF.TRACEPOINT, "kprobe": BPF.KPROBE}
-    for fam in families:
-        for tc in fam.tail_calls:
-            fn = bpf.load_func(tc.program, types[tc.prog_type])
-            bpf[tc.array][ctypes.c_int(tc.index)] = ctypes.c_int(fn.fd)
+    return [(tc.program, types[tc.prog_type]) for fam in families for tc in fam.tail_calls]
 
 
-def load(text: str, cflags: Sequence[str], families: Sequence[ProbeFamily]) -> Any:
+def place_tail_calls(bpf: Any, families: Sequence[ProbeFamily]) -> None:
+    """Load each family's tail-called programs into their program arrays."""
+    places = [(tc.array, tc.index) for fam in families for tc in fam.tail_calls]
+    for (array, index), (prog, prog_type) in zip(places, _tail_call_types(families)):
+        fn = bpf.load_func(prog, prog_type)
+        bpf[array][ctypes.c_int(index)] = ctypes.c_int(fn.fd)
+
+
+def load(
+    text: str,
+    cflags: Sequence[str],
+    families: Sequence[ProbeFamily],
+    cache: program_cache.ProgramCache | None = None,
+) -> Any:
     """Compile and load the program with its tail calls in place, asynchronous signals held
-    (``signals_held``); the BCC object. A program left half loaded is unloaded again."""
-    from bcc import BPF
-
+    (``signals_held``); the BCC object. With a ``cache``, the programs an earlier compile of
+    the same text left there are loaded instead of compiled (``program_cache``), and a
+    compile leaves its own. A program left half loaded is unloaded again."""
     with signals_held():
-        with lean_compile.lean_modules():  # LLVM's state freed once compiled (lean_compile)
-            bpf = BPF(text=text, cflags=list(cflags))
+        bpf = _from_cache(text, list(cflags), cache, families) if cache is not None else None
+        if bpf is None:
+            bpf = _compile(text, list(cflags), cache)
         try:
+            bpf["agent_self"][ctypes.c_int(0)] = ctypes.c_uint32(os.getpid())
             place_tail_calls(bpf, families)
         except BaseException:
             bpf.cleanup()
             raise
     return bpf
+
+
+def _compile(text: str, cflags: list[str], cache: program_cache.ProgramCache | None) -> Any:
+    from bcc import BPF  # imported late: `otelbpf --help` works without BCC
+
+    with lean_compile.lean_modules():  # LLVM's state freed once compiled (lean_compile)
+        bpf = BPF(text=text, cflags=cflags)
+    if cache is not None:
+        try:
+            programs = program_cache.capture(bpf.module)
+        except program_cache.Uncacheable as exc:
+            log.warning("program cache: this program cannot be kept (%s): every start compiles it", exc)
+        else:
+            cache.put(program_cache.key(text, cflags), programs)
+    return bpf
+
+
+def _from_cache(
+    text: str, cflags: list[str], cache: program_cache.ProgramCache, families: Sequence[ProbeFamily]
+) -> Any:
+    """The program loaded from ``cache``, or None (a miss, or an entry that does not fit: logged)."""
+    from otelbpf.sensor.cached_bpf import CachedBPF, CacheMismatch
+
+    entry_key = program_cache.key(text, cflags)
+    programs = cache.get(entry_key)
+    if programs is None:
+        log.info("program cache %s: no entry for this program, kernel and BCC: compiling", cache.path)
+        return None
+    try:
+        with lean_compile.lean_modules():
+            return CachedBPF(skeleton.skeleton(text), cflags, programs, preload=_tail_call_types(families))
+    except CacheMismatch as exc:
+        log.warning("program cache: entry %s does not fit (%s): compiling", entry_key[:12], exc)
+    except Exception as exc:  # the skeleton did not compile, a program was refused
+        log.warning("program cache: entry %s could not be loaded (%s): compiling", entry_key[:12], exc)
+    return None

@@ -10,7 +10,6 @@ span threshold and the map sizes.
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -77,7 +76,6 @@ def sched_family(
             f"-DSCHED_OFF_ENTRIES={off_entries}",
             f"-DSCHED_RUNQ_ENTRIES={runq_entries}",
             f"-DSCHED_STACK_ENTRIES={stack_entries}",
-            f"-DAGENT_PID={os.getpid()}",
             "-DSCHED_WAKEUP_PROBES=1",  # sched.c owns sched_wakeup(_new): sockets.c's hand-offs go through it
         ),
         rings=(RingSpec(RING, RECORD_DTYPE, ring_bytes),),

@@ -39,6 +39,7 @@ from otelbpf.base.threadname import name_os_thread
 from otelbpf.sensor import compiler_memory, elf, libraries, program
 from otelbpf.sensor.family import LibraryKind, MapEntries, ProbeAt, ProbeFamily, RingSpec
 from otelbpf.sensor.libraries import LibraryFile
+from otelbpf.sensor.program_cache import ProgramCache
 from otelbpf.sensor.ringbuf import RingBufferReader, VariableRingReader
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ class SensorOptions:
     #: processes the agent started itself: a stopped child confuses a shell's
     #: job control.
     pause_on_load: bool = False
+    #: Compiled programs kept between starts (None: compile at every start).
+    program_cache: ProgramCache | None = None
 
 
 @dataclass
@@ -131,6 +134,7 @@ class Sensor:
         self._skipped: dict[str, int] = {}
         self.attach_stats = AttachStats()
         self.compile_seconds = 0.0
+        self.programs_cached = False  # loaded from the program cache, not compiled
         self.attach_seconds = 0.0
         self.records_received = {"events": 0, "strevents": 0}
         self.records_received.update({r.name: 0 for f in options.families for r in f.rings})
@@ -154,12 +158,13 @@ class Sensor:
         )
         t0 = time.monotonic()
         try:
-            self._bpf = bpf = program.load(text, cflags, self.options.families)
+            self._bpf = bpf = program.load(text, cflags, self.options.families, self.options.program_cache)
         except Exception as exc:
             raise SensorError(
                 f"could not compile/load the BPF program: {exc}. Run `otelbpf doctor` to see what this host lacks."
             ) from exc
         self.compile_seconds = time.monotonic() - t0
+        self.programs_cached = bool(getattr(bpf, "from_cache", False))  # a CachedBPF
         watched = bpf["watched"]
         for pid in self.options.pids:
             watched[watched.Key(pid)] = watched.Leaf(1)

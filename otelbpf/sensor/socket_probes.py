@@ -8,8 +8,6 @@ the payload bytes copied per call, and the ring's size.
 
 from __future__ import annotations
 
-import os
-
 from otelbpf.base.events import SOCK_RECORD_DTYPE, SockFunc
 from otelbpf.sensor.family import ProbeFamily, RingSpec, TailCall
 
@@ -71,7 +69,6 @@ def socket_family(
             f"-DSOCK_RING_PAGES={ring_bytes // 4096}",
             f"-DSOCK_STATE_ENTRIES={state_entries}",
             f"-DSOCK_MAX_IOV={MAX_IOV}",
-            f"-DAGENT_PID={os.getpid()}",
             *(("-DSOCK_LIB_USERS_ONLY=1",) if lib_users_only else ()),
             *(("-DHANDOFFS=1", f"-DHANDOFF_ENTRIES={HANDOFF_ENTRIES}") if handoffs else ()),
         ),

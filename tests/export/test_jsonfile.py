@@ -24,10 +24,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import Link, SpanKind
 
+from otelbpf.base.safe_files import UnsafeOutput
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
-from otelbpf.export.safe_files import UnsafeOutput
 
 RESOURCE = Resource({"service.name": "trainer", "process.pid": 4242, "process.command_args": ("python", "train.py")})
 SCOPE = scope("otelbpf.test")

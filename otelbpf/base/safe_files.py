@@ -66,6 +66,26 @@ class OutputDir:
                 pass
             raise
 
+    def read_whole(self, name: str, limit: int) -> bytes:
+        """``name``'s content, under the same rules as what is written (a regular file with one
+        link, owned by the agent's user, never through a link); more than ``limit`` bytes is
+        refused (a file grown by someone else is not read into memory)."""
+        fd = self._open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, keep_mode=True)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise UnsafeOutput(f"{os.path.join(self.path, name)} is over {limit} bytes: refusing to read it")
+        return data
+
+    def check_private(self) -> None:
+        """Raise unless the directory is the agent's user's and no one else can write in it:
+        for what the agent trusts back, not only what it writes."""
+        st = os.fstat(self.fd)
+        if st.st_uid != os.geteuid():
+            raise UnsafeOutput(f"{self.path} is owned by uid {st.st_uid}, not the agent's (uid {os.geteuid()})")
+        if st.st_mode & 0o022:
+            raise UnsafeOutput(f"{self.path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+
     def rename(self, old: str, new: str) -> None:
         """Rename within the directory (a link is renamed, never followed)."""
         os.rename(_plain(old), _plain(new), src_dir_fd=self.fd, dst_dir_fd=self.fd)
@@ -75,7 +95,7 @@ class OutputDir:
             os.close(self.fd)
             self.fd = -1
 
-    def _open(self, name: str, flags: int) -> int:
+    def _open(self, name: str, flags: int, *, keep_mode: bool = False) -> int:
         shown = os.path.join(self.path, name)
         try:
             fd = os.open(_plain(name), flags, self.file_mode, dir_fd=self.fd)
@@ -98,7 +118,7 @@ class OutputDir:
         if why:
             os.close(fd)
             raise UnsafeOutput(f"{shown} {why}: refusing to write to it")
-        if stat.S_IMODE(st.st_mode) != self.file_mode:
+        if not keep_mode and stat.S_IMODE(st.st_mode) != self.file_mode:
             os.fchmod(fd, self.file_mode)  # a file an older agent left 0644
         return fd
 
