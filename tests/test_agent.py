@@ -438,3 +438,29 @@ def test_no_privileges_is_a_clear_error(tmp_path):
     assert out.returncode == 1
     assert "run it as root" in out.stderr and "CAP_SYS_ADMIN" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_second_start_loads_the_programs_from_the_cache_and_sees_the_same(otlp_collector, tmp_path):
+    """The first start compiles and keeps the programs in service.program_cache; the second,
+    with the same config, loads them from there (no compile) and traces the same calls."""
+    import yaml
+
+    cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path, cuda={"launch_sample_every": 1})
+    doc = yaml.safe_load(cfg.read_text())
+    doc["service"]["program_cache"] = {"directory": str(tmp_path / "cache")}
+    cfg.write_text(yaml.safe_dump(doc))
+    args = ["--iterations", "2", "--launches-per-iter", "3", "--alloc-bytes", "4096"]
+    args += ["--h2d-bytes", "512", "--d2h-bytes", "256"]
+    seen = []
+    for _ in range(2):
+        with AgentProcess(["-c", str(cfg), "--", str(WORKLOAD), "--lib", str(FAKE_CUDART), *args]) as agent:
+            assert agent.wait() == 0, agent.output
+        pid = _summary_from(agent.output)["pid"]
+        c = otlp_collector
+        c.wait_for(lambda c=c, pid=pid: len(_spans(c, pid, "cudaLaunchKernel")) == 6, what="6 launch spans")
+        c.wait_for(lambda c=c, pid=pid: len(_spans(c, pid, "cudaFree")) == 2, what="2 frees")
+        names = sorted(s.name for s in _spans(c, pid))
+        seen.append(("(programs from the cache)" in agent.output, names))
+    assert [cached for cached, _ in seen] == [False, True]
+    assert seen[0][1] == seen[1][1]
+    assert {"cudaLaunchKernel", "cudaMalloc", "cudaMemcpy", "cudaFree"} <= set(seen[1][1])

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness import cached_load
 from harness.agent import FAKE_CUDART, wait_until
 from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Kind, StrKind
 from otelbpf.sensor import program
@@ -28,11 +29,9 @@ FAMILY = cuda_family(["cudart", "cuda"], launch_errors=True)
 class Loaded:
     """One build of the program, loaded, with readers on both rings."""
 
-    def __init__(self, **options: bool) -> None:
-        from bcc import BPF
-
+    def __init__(self, cached: bool = False, **options: bool) -> None:
         text, cflags = program.build([FAMILY], events_ring_bytes=EVENTS_RING, str_ring_bytes=STR_RING, **options)
-        self.bpf = BPF(text=text.encode(), cflags=cflags)
+        self.bpf = cached_load.load(text, cflags, [], cached=cached)  # tail calls left out: placed by a test
         self.events = RingBufferReader(self.bpf[b"events"].map_fd, EVENTS_RING, EVENT_DTYPE)
         self.strings = RingBufferReader(self.bpf[b"strevents"].map_fd, STR_RING, STREVENT_DTYPE)
 
@@ -60,9 +59,9 @@ class Loaded:
         self.bpf.cleanup()
 
 
-@pytest.fixture(scope="module")
-def filtered() -> Iterator[Loaded]:
-    loaded = Loaded(filter_pids=True)
+@pytest.fixture(scope="module", params=[False, True], ids=["compiled", "cached"])
+def filtered(request: pytest.FixtureRequest) -> Iterator[Loaded]:
+    loaded = Loaded(cached=request.param, filter_pids=True)
     try:
         yield loaded
     finally:
@@ -202,7 +201,10 @@ def test_pause_on_load_stops_the_process_at_its_open_until_resumed() -> None:
 
 
 @pytest.mark.bpf
-def test_a_paired_call_goes_through_the_shared_program_and_is_counted_lost_without_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cached", [False, True], ids=["compiled", "cached"])
+def test_a_paired_call_goes_through_the_shared_program_and_is_counted_lost_without_it(
+    tmp_path: Path, cached: bool
+) -> None:
     """cudaMalloc's entry hands its arguments to ``cuda_call`` by a tail call (bpf/cuda.c
     hand_over): before the program is in its slot the call is counted (STAT_CALL_LOST),
     once it is the call becomes one event with its size and returned pointer."""
@@ -212,7 +214,7 @@ def test_a_paired_call_goes_through_the_shared_program_and_is_counted_lost_witho
 
     lib = tmp_path / "libcudart.so.12"  # a private inode: no other test's probes on it
     lib.write_bytes(FAKE_CUDART.read_bytes())
-    loaded = Loaded(filter_pids=True)
+    loaded = Loaded(cached=cached, filter_pids=True)
     try:
         loaded.watch(os.getpid())
         bpf = loaded.bpf

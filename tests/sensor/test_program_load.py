@@ -13,6 +13,7 @@ from types import FrameType
 
 import pytest
 
+from harness import cached_load
 from otelbpf.sensor import program
 from otelbpf.sensor.socket_probes import socket_family
 
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.bpf
 STORM = "import os, sys, time\npid = int(sys.argv[1])\nwhile True:\n    os.kill(pid, 10)\n    time.sleep(0.002)\n"
 
 
-def test_a_signal_storm_during_the_load_is_held_and_delivered_after() -> None:
+@pytest.mark.parametrize("cached", [False, True], ids=["compiled", "cached"])
+def test_a_signal_storm_during_the_load_is_held_and_delivered_after(cached: bool) -> None:
+    """Cached, the programs are loaded on parallel threads: they hold the signals too."""
     fam = socket_family([], payload_bytes=4096, ring_bytes=1 << 20)
     text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=64 << 10)
     received: list[int] = []
@@ -37,7 +40,7 @@ def test_a_signal_storm_during_the_load_is_held_and_delivered_after() -> None:
         while not received:  # the storm has begun
             signal.sigtimedwait([], 0.01)
         in_load.set()
-        bpf = program.load(text, cflags, [fam])
+        bpf = cached_load.load(text, cflags, [fam], cached=cached)
         in_load.clear()
         try:
             assert bpf[b"sock_capture_prog"][0].value != 0  # the tail call placed, also under the storm

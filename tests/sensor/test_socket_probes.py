@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from harness import cached_load
 from otelbpf.base.events import Kind, SockFunc, Stat
 from otelbpf.correlate.sockets import Connections
 from otelbpf.sensor import program
@@ -52,11 +53,11 @@ print(json.dumps(moved))
 
 
 class Loaded:
-    def __init__(self, payload: int, *, place_tail_calls: bool = True) -> None:
+    def __init__(self, payload: int, *, place_tail_calls: bool = True, cached: bool = False) -> None:
         self.family = socket_family([], payload_bytes=payload, ring_bytes=RING)
         text, cflags = program.build([self.family], filter_pids=True, events_ring_bytes=64 << 10)
         # loads every tracepoint: the verifier's say
-        self.bpf = program.load(text, cflags, [self.family] if place_tail_calls else [])
+        self.bpf = cached_load.load(text, cflags, [self.family] if place_tail_calls else [], cached=cached)
         self.ring = VariableRingReader(self.bpf[b"sockdata"].map_fd, RING, self.family.rings[0].dtype)
 
     def watch(self, pid: int) -> None:
@@ -68,11 +69,12 @@ class Loaded:
         self.bpf.cleanup()
 
 
-@pytest.fixture(params=[64, 8192], ids=["payload64", "payload8192"])
+@pytest.fixture(params=[(64, False), (8192, False), (64, True)], ids=["payload64", "payload8192", "payload64-cached"])
 def loaded(request: pytest.FixtureRequest) -> Iterator[tuple[int, Loaded]]:
-    prog = Loaded(request.param)
+    payload, cached = request.param
+    prog = Loaded(payload, cached=cached)
     try:
-        yield request.param, prog
+        yield payload, prog
     finally:
         prog.close()
 
@@ -101,6 +103,36 @@ def _exchange(prog: Loaded) -> tuple[int, list[tuple[int, int, bytes]], np.ndarr
     recs = prog.ring.drain()
     mine = recs[(recs["pid"] == child.pid) & np.isin(recs["fd"], sorted({fd for fd, _, _ in moved}))]
     return child.pid, moved, mine
+
+
+def test_the_loading_process_is_never_traced_until_agent_self_says_otherwise(loaded: tuple[int, Loaded]) -> None:
+    """The agent's own exports are HTTP and gRPC: the pid in ``agent_self`` (set by
+    program.load to its caller's) is skipped even when watched. Cleared, it is traced."""
+    import ctypes
+    import os
+    import socket
+
+    _, prog = loaded
+    prog.watch(os.getpid())
+    self_map = prog.bpf[b"agent_self"]
+
+    def exchange() -> np.ndarray:
+        prog.ring.drain()
+        with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as client:
+            conn, _ = server.accept()
+            with conn:
+                client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                conn.recv(100)
+        recs = prog.ring.drain()
+        return recs[recs["pid"] == os.getpid()]
+
+    try:
+        assert self_map[ctypes.c_int(0)].value == os.getpid()
+        assert len(exchange()) == 0
+        self_map[ctypes.c_int(0)] = ctypes.c_uint32(0)
+        assert (exchange()["kind"] == Kind.SOCK_DATA).any()
+    finally:
+        self_map[ctypes.c_int(0)] = ctypes.c_uint32(os.getpid())
 
 
 def test_exits_before_the_capture_is_in_place_are_counted_lost() -> None:

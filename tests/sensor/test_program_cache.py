@@ -1,0 +1,215 @@
+"""The program cache: what an entry holds, what is refused, and what happens when an entry
+cannot be used (a compile, said in the log). The cached programs' behaviour is checked
+beside the compiled ones' in test_program.py, test_socket_probes.py and test_program_load.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otelbpf.sensor import bcc_module, program, program_cache
+from otelbpf.sensor.bcc_module import TableShape
+from otelbpf.sensor.program_cache import CachedPrograms, ProgramCache
+
+KEY = "k" * 64
+EVENTS = TableShape("events", 27, 0, 0, 4096, 0)
+STATS = TableShape("stats", 6, 4, 8, 16, 0)
+
+
+def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+#: r1 = map(stats); r0 = 0; exit
+CODE = insn(0x18, 1, 1) + insn(0) + insn(0xB7) + insn(0x95)
+PROGRAMS = CachedPrograms(tables=(EVENTS, STATS), code={"prog": CODE}, maps={"prog": ((0, "stats"),)})
+
+
+def test_an_entry_round_trips_and_relocates_each_map_reference() -> None:
+    back = program_cache.from_json(program_cache.to_json(PROGRAMS, KEY), KEY)
+    assert back == PROGRAMS
+    code = back.relocated("prog", {"stats": 41, "events": 7})
+    assert struct.unpack_from("<i", code, 4)[0] == 41
+    assert code[8:] == CODE[8:]
+
+
+def test_mismatch_names_what_differs() -> None:
+    assert PROGRAMS.mismatch(["prog"], [STATS, EVENTS]) is None
+    assert "programs differ" in (PROGRAMS.mismatch(["prog", "other"], [EVENTS, STATS]) or "")
+    bigger = TableShape("stats", 6, 4, 8, 32, 0)
+    assert "maps differ: ['stats']" in (PROGRAMS.mismatch(["prog"], [EVENTS, bigger]) or "")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d.update(key="other"),
+        lambda d: d.update(format=0),
+        lambda d: d["programs"]["prog"].update(code="AAAA"),  # 3 bytes: not whole instructions
+        lambda d: d["programs"]["prog"].update(maps=[[9, "stats"]]),  # past the code
+        lambda d: d["programs"]["prog"].update(maps=[[0, "nosuch"]]),
+        lambda d: d["tables"][0].append(1),
+        lambda d: d.pop("programs"),
+    ],
+)
+def test_a_malformed_entry_is_a_value_error(change) -> None:
+    doc = json.loads(program_cache.to_json(PROGRAMS, KEY))
+    change(doc)
+    with pytest.raises(ValueError):
+        program_cache.from_json(json.dumps(doc).encode(), KEY)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.integers(0, 400))
+def test_garbage_is_a_value_error_never_another_exception(noise: bytes, at: int) -> None:
+    good = program_cache.to_json(PROGRAMS, KEY)
+    for data in (noise, good[:at] + noise + good[at + len(noise) :]):
+        try:
+            program_cache.from_json(data, KEY)
+        except ValueError:
+            pass
+
+
+def test_the_key_follows_text_and_flags() -> None:
+    k = program_cache.key("int x;", ["-DA=1"])
+    assert k == program_cache.key("int x;", ["-DA=1"])
+    assert k != program_cache.key("int y;", ["-DA=1"])
+    assert k != program_cache.key("int x;", ["-DA=2"])
+    assert k != program_cache.key("int x;", ["-DA=1", ""])
+
+
+def test_put_and_get_in_an_owner_only_directory(tmp_path: Path) -> None:
+    cache = ProgramCache(str(tmp_path / "cache"), 8)
+    assert cache.get(KEY) is None
+    cache.put(KEY, PROGRAMS)
+    assert cache.get(KEY) == PROGRAMS
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+    [entry] = (tmp_path / "cache").iterdir()
+    assert entry.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_directory_others_can_write_is_not_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "cache"
+    ProgramCache(str(d), 8).put(KEY, PROGRAMS)
+    d.chmod(0o777)
+    with caplog.at_level(logging.WARNING):
+        assert ProgramCache(str(d), 8).get(KEY) is None
+    assert "writable by others (mode 777)" in caplog.text
+
+
+def test_a_linked_or_foreign_entry_is_not_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "cache"
+    cache = ProgramCache(str(d), 8)
+    cache.put(KEY, PROGRAMS)
+    entry = d / f"{KEY}.bpfprog.json"
+    elsewhere = tmp_path / "elsewhere.json"
+    entry.rename(elsewhere)
+    entry.symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING):
+        assert ProgramCache(str(d), 8).get(KEY) is None
+    assert "symbolic link" in caplog.text
+    entry.unlink()
+    elsewhere.rename(entry)
+    os.chown(entry, 65534, 65534)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert ProgramCache(str(d), 8).get(KEY) is None
+    assert "owned by uid 65534" in caplog.text
+
+
+def test_only_the_most_recently_used_entries_are_kept(tmp_path: Path) -> None:
+    d = tmp_path / "cache"
+    cache = ProgramCache(str(d), 2)
+    keys = [c * 64 for c in "abc"]
+    for n, k in enumerate(keys[:2]):
+        cache.put(k, PROGRAMS)
+        os.utime(d / f"{k}.bpfprog.json", ns=(n * 10**9, n * 10**9))
+    assert cache.get(keys[0]) == PROGRAMS  # used: now the most recent
+    (d / "notes.txt").write_text("left alone")
+    cache.put(keys[2], PROGRAMS)
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        [f"{keys[0]}.bpfprog.json", f"{keys[2]}.bpfprog.json", "notes.txt"]
+    )
+
+
+# -- with BPF: real compiles and loads -------------------------------------------------------
+
+
+def _socket_program() -> tuple[str, list[str], list]:
+    from otelbpf.sensor.socket_probes import socket_family
+
+    fam = socket_family([], payload_bytes=256, ring_bytes=1 << 20)
+    text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=64 << 10)
+    return text, cflags, [fam]
+
+
+@pytest.mark.bpf
+def test_a_compile_leaves_an_entry_whose_programs_name_the_maps_they_use(tmp_path: Path) -> None:
+    text, cflags, fams = _socket_program()
+    cache = ProgramCache(str(tmp_path), 8)
+    bpf = program.load(text, cflags, fams, cache)
+    try:
+        entry = cache.get(program_cache.key(text, cflags))
+        assert entry is not None
+        # The compiled code names the maps by their fds; the entry, by their names.
+        fds = {shape.name: fd for fd, shape in bcc_module.tables(bpf.module).items()}
+        assert program_cache.capture(bpf.module) == entry
+        for name in entry.code:
+            assert entry.relocated(name, fds) == bcc_module.instructions(bpf.module, name), name
+        used = {t for refs in entry.maps.values() for _i, t in refs}
+        assert {"stats", "sockdata", "sock_capture_prog", "agent_self"} <= used
+    finally:
+        bpf.cleanup()
+
+
+@pytest.mark.bpf
+def test_an_entry_the_verifier_refuses_means_a_compile_and_a_new_entry(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text, cflags, fams = _socket_program()
+    cache = ProgramCache(str(tmp_path), 8)
+    program.load(text, cflags, fams, cache).cleanup()
+    k = program_cache.key(text, cflags)
+    entry = cache.get(k)
+    name = "tracepoint__syscalls__sys_enter_connect"
+    broken = CachedPrograms(entry.tables, {**entry.code, name: insn(0x95)}, {**entry.maps, name: ()})  # exit, r0 unset
+    cache.put(k, broken)
+    with caplog.at_level(logging.WARNING):
+        bpf = program.load(text, cflags, fams, cache)
+    try:
+        assert not getattr(bpf, "from_cache", False)
+        assert f"program cache: entry {k[:12]} could not be loaded" in caplog.text
+        assert "the verifier refused tracepoint__syscalls__sys_enter_connect" in caplog.text
+    finally:
+        bpf.cleanup()
+    assert cache.get(k) == entry  # the compile replaced it
+    again = program.load(text, cflags, fams, cache)
+    assert getattr(again, "from_cache", False)
+    again.cleanup()
+
+
+@pytest.mark.bpf
+def test_an_entry_whose_maps_differ_means_a_compile(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    text, cflags, fams = _socket_program()
+    cache = ProgramCache(str(tmp_path), 8)
+    program.load(text, cflags, fams, cache).cleanup()
+    k = program_cache.key(text, cflags)
+    entry = cache.get(k)
+    tables = tuple(
+        t if t.name != "stats" else TableShape("stats", t.type, t.key_size, t.leaf_size, 1, 0) for t in entry.tables
+    )
+    cache.put(k, CachedPrograms(tables, entry.code, entry.maps))
+    with caplog.at_level(logging.WARNING):
+        bpf = program.load(text, cflags, fams, cache)
+    try:
+        assert not getattr(bpf, "from_cache", False)
+        assert "does not fit (maps differ: ['stats'])" in caplog.text
+    finally:
+        bpf.cleanup()
