@@ -192,6 +192,10 @@ class AgentRun:
                 self.proc.kill()
                 raise BenchError(f"{self.name}: the agent did not start:\n" + "\n".join(self.lines[-20:]))
 
+    def from_cache(self) -> bool:
+        """The programs were loaded from the program cache (no compile)."""
+        return any("otelbpf running" in ln and "(programs from the cache)" in ln for ln in self.lines)
+
     def compile_s(self) -> float | None:
         m = next((re.search(r"compiled in ([\d.]+)s", ln) for ln in self.lines if "otelbpf running" in ln), None)
         return float(m.group(1)) if m else None
@@ -336,6 +340,7 @@ def measure(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespac
         "start": {
             "to_running_s": round(agent.start_s, 2),
             "bpf_compile_s": agent.compile_s(),
+            "programs_from_cache": agent.from_cache(),
             "load_average": load_before,
         },
         "rss_at_running_mib": round(rss_kib(agent.proc.pid) / 1024, 1),

@@ -435,7 +435,10 @@ class Agent:
                 "s",
                 "BPF compile and first attach time",
                 [
-                    ({"phase": "compile"}, self.sensor.compile_seconds),
+                    (
+                        {"phase": "compile", "source": "cache" if self.sensor.programs_cached else "compile"},
+                        self.sensor.compile_seconds,
+                    ),
                     ({"phase": "attach"}, self.sensor.attach_seconds),
                 ],
                 now,

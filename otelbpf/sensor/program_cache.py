@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import struct
 import time
 from dataclasses import dataclass
@@ -113,19 +114,36 @@ def key(text: str, cflags: list[str]) -> str:
     """What the compiled code depends on, hashed."""
     import bcc
 
-    lib_path = os.path.realpath(bcc.lib._name) if os.path.isabs(bcc.lib._name) else bcc.lib._name
-    try:
-        st = os.stat(lib_path)
-        lib_id = f"{lib_path}:{st.st_size}:{st.st_mtime_ns}"
-    except OSError:
-        lib_id = lib_path
     uname = os.uname()
     h = hashlib.sha256()
-    for part in (str(FORMAT), getattr(bcc, "__version__", "?"), lib_id, uname.release, uname.version, uname.machine):
+    parts = (str(FORMAT), getattr(bcc, "__version__", "?"), *_compiler_files(), uname.release, uname.version)
+    for part in (*parts, uname.machine):
         h.update(part.encode() + b"\0")
     h.update("\0".join(cflags).encode() + b"\0\0")
     h.update(text.encode())
     return h.hexdigest()
+
+
+_COMPILER_FILE = re.compile(r"/lib(bcc|LLVM|clang-cpp|clang)[-.][^/]*$")
+
+
+def _compiler_files(maps: str = "/proc/self/maps") -> list[str]:
+    """The compiler's libraries this process has loaded (libbcc, LLVM, clang), each as
+    path:size:mtime: a rebuilt package with the same version string is another compiler."""
+    found: set[str] = set()
+    with open(maps) as f:
+        for line in f:
+            path = line.rstrip("\n").split(maxsplit=5)[-1]
+            if _COMPILER_FILE.search(path):
+                found.add(path)
+    out = []
+    for path in sorted(found):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out.append(f"{path}:{st.st_size}:{st.st_mtime_ns}")
+    return out
 
 
 def to_json(programs: CachedPrograms, entry_key: str) -> bytes:

@@ -20,7 +20,15 @@ MANIFESTS = sorted(K8S.glob("*.yaml"))
 #: The oldest Kubernetes the manifests claim (daemonset.yaml) and the newest schemas shipped.
 VERSIONS = ["1.25.0", kubernetes_validate.latest_version()]
 #: What the agent reads from the host (docs/capabilities.md, "Kernel filesystems").
-HOST_PATHS = {"/sys/kernel/tracing", "/sys/kernel/debug", "/sys/fs/bpf", "/sys/kernel/btf", "/lib/modules", "/usr/src"}
+HOST_PATHS = {
+    "/sys/kernel/tracing",
+    "/sys/kernel/debug",
+    "/sys/fs/bpf",
+    "/sys/kernel/btf",
+    "/lib/modules",
+    "/usr/src",
+    "/var/cache/otelbpf",  # the program cache, kept on the node
+}
 ENV = {
     "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
     "PYROSCOPE_SERVER_ADDRESS": "http://pyroscope:4040",
@@ -98,7 +106,10 @@ def test_daemonset_mounts_the_host_filesystems_at_their_own_paths():
     mounts = _host_mounts(spec, container)
     assert set(mounts) == HOST_PATHS
     assert all(path == mounted for path, (mounted, _) in mounts.items())
-    assert [p for p, (_, ro) in mounts.items() if not ro] == ["/sys/kernel/tracing"], "read-only but tracefs"
+    writable = sorted(p for p, (_, ro) in mounts.items() if not ro)
+    assert writable == ["/sys/kernel/tracing", "/var/cache/otelbpf"], "read-only but tracefs and the program cache"
+    cache = next(v for v in spec["volumes"] if v["name"] == "program-cache")
+    assert cache["hostPath"] == {"path": "/var/cache/otelbpf", "type": "DirectoryOrCreate"}
     assert container["args"] == ["run", "-c", "/etc/otelbpf/otelbpf.yaml"]
     env = {e["name"]: e for e in container["env"]}
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel-collector.otelbpf.svc:4317"

@@ -85,6 +85,20 @@ def test_the_key_follows_text_and_flags() -> None:
     assert k != program_cache.key("int x;", ["-DA=1", ""])
 
 
+def test_the_key_names_the_compilers_files_by_size_and_time(tmp_path: Path) -> None:
+    """A rebuilt libbcc or LLVM with the same version string is another compiler."""
+    lib = tmp_path / "libbcc.so.0.26.0"
+    lib.write_bytes(b"x" * 10)
+    other = tmp_path / "libfoo.so.1"
+    other.write_bytes(b"")
+    maps = tmp_path / "maps"
+    maps.write_text(
+        f"7f00-7f10 r-xp 00000000 08:01 12 {lib}\n7f10-7f20 r--p 00000000 08:01 12 {lib}\n"
+        f"7f20-7f30 r-xp 00000000 08:01 13 {other}\n7f30-7f40 rw-p 00000000 00:00 0\n"
+    )
+    assert program_cache._compiler_files(str(maps)) == [f"{lib}:10:{lib.stat().st_mtime_ns}"]
+
+
 def test_put_and_get_in_an_owner_only_directory(tmp_path: Path) -> None:
     cache = ProgramCache(str(tmp_path / "cache"), 8)
     assert cache.get(KEY) is None
@@ -213,3 +227,48 @@ def test_an_entry_whose_maps_differ_means_a_compile(tmp_path: Path, caplog: pyte
         assert "does not fit (maps differ: ['stats'])" in caplog.text
     finally:
         bpf.cleanup()
+
+
+#: Prints a hash of the program text and flags the agent builds for CONFIG, then exits
+#: (program.load replaced: nothing is compiled).
+TEXT_HASH = """
+import hashlib, sys
+from otelbpf.sensor import program
+def fake_load(text, cflags, families, cache=None):
+    print("KEY", hashlib.sha256((text + "\\0".join(cflags)).encode()).hexdigest(), flush=True)
+    raise SystemExit(0)
+program.load = fake_load
+from otelbpf import cli
+sys.argv = ["otelbpf", "run", "-c", sys.argv[1]]
+cli.main()
+"""
+
+
+@pytest.mark.bpf  # the agent's start needs root
+def test_every_receivers_program_text_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """The cache hits only if a restarted agent builds the same text: nothing in it may come
+    from the process (its pid, a set's hash order, a time)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    doc = yaml.safe_load((Path(program.__file__).parents[1] / "config" / "otelbpf.yaml").read_text())
+    doc["exporters"]["file"]["directory"] = str(tmp_path / "out")
+    pipelines = doc["service"]["pipelines"]
+    pipelines["traces"]["receivers"] = ["cuda", "http", "nccl", "ibverbs", "sched", "torch"]
+    pipelines["metrics"]["receivers"] = ["cuda", "http", "nccl", "ibverbs", "gpu"]
+    cfg = tmp_path / "all.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    keys = []
+    for seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", TEXT_HASH, str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        assert out.returncode == 0, out.stderr
+        keys.append(next(ln for ln in out.stdout.splitlines() if ln.startswith("KEY")))
+    assert keys[0] == keys[1]
