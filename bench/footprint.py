@@ -485,6 +485,13 @@ def main() -> int:
     )
     p.add_argument("--rate", type=int, default=50_000, help="cudaLaunchKernel calls per second")
     p.add_argument("--http-rate", type=int, default=500, help="HTTP requests per second in the mixed window")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=0,
+        help="the bench server's port (default: a free one); the traced ports are in the program text, "
+        "so a fixed port lets the `all` agent start from the program cache",
+    )
     p.add_argument("--configs", default="default,all")
     p.add_argument("--quick", action="store_true", help="5 s windows: a smoke check, not numbers to report")
     p.add_argument("--churn", action="store_true", help="one long window under process churn (see bench/churn.py)")
@@ -507,7 +514,7 @@ def main() -> int:
     lib = workdir / "lib" / "libcudart.so.12"  # a private inode: other agents' probes stay off it
     lib.parent.mkdir()
     shutil.copy2(FAKE_CUDART, lib)
-    port = free_port()
+    port = a.http_port or free_port()
     server = subprocess.Popen([str(HTTP_SERVER), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     res: dict = {
         "date": dt.date.today().isoformat(),
