@@ -17,6 +17,7 @@ import errno
 import fnmatch
 import os
 import platform
+import stat
 import sys
 import tempfile
 import time
@@ -544,6 +545,39 @@ def check_nvml() -> Check:
     )
 
 
+#: The embedded default's ``service.program_cache.directory``.
+PROGRAM_CACHE = "/var/cache/otelbpf"
+
+
+def check_program_cache(path: str = PROGRAM_CACHE) -> Check:
+    """Whether starts can load compiled programs from the default cache directory (the agent
+    refuses one it does not own or others can write in: what it reads goes into the kernel)."""
+    name = "program cache"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return Check(name, OK, f"{path} absent: the first start compiles and creates it", required=False)
+    except OSError as exc:
+        return Check(name, FAIL, f"{path}: {exc.strerror}: every start compiles", required=False)
+    if not stat.S_ISDIR(st.st_mode):
+        why = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        return Check(name, FAIL, f"{path} is {why}: not used, every start compiles", f"rm {path}", required=False)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return Check(
+            name,
+            FAIL,
+            f"{path} (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}) is not the agent's alone: not used, "
+            "every start compiles",
+            f"chown {os.geteuid()} {path} && chmod 700 {path}",
+            required=False,
+        )
+    try:
+        entries = sum(1 for e in os.scandir(path) if e.name.endswith(".bpfprog.json"))
+    except OSError as exc:
+        return Check(name, FAIL, f"{path}: {exc.strerror}", required=False)
+    return Check(name, OK, f"{path}: {entries} compiled program(s) kept for starts without a compile", required=False)
+
+
 def host_checks() -> Iterator[Check]:
     yield check_privileges()
     bpf_syscall = check_bpf_syscall()
@@ -553,6 +587,7 @@ def host_checks() -> Iterator[Check]:
     yield check_tracefs()
     yield check_headers()
     yield from bcc_checks(bpf_syscall.status == OK)
+    yield check_program_cache()
     yield check_nvml()
 
 

@@ -160,3 +160,20 @@ def test_scan_processes_survives_processes_exiting_mid_scan() -> None:
         stop.set()
         spawner.join()
     assert all(scan.scanned > 0 for scan in scans)
+
+
+def test_program_cache_check_says_whether_starts_can_skip_the_compile(tmp_path: Path) -> None:
+    from otelbpf.doctor import check_program_cache
+
+    d = tmp_path / "cache"
+    assert check_program_cache(str(d)).status == "OK" and "absent" in check_program_cache(str(d)).detail
+    d.mkdir(mode=0o700)
+    (d / ("a" * 64 + ".bpfprog.json")).write_text("{}")
+    ok = check_program_cache(str(d))
+    assert (ok.status, ok.required) == ("OK", False) and "1 compiled program(s)" in ok.detail
+    d.chmod(0o777)
+    shared = check_program_cache(str(d))
+    assert shared.status == "FAIL" and "mode 777" in shared.detail and shared.fix.endswith(f"chmod 700 {d}")
+    link = tmp_path / "link"
+    link.symlink_to(d)
+    assert "symbolic link" in check_program_cache(str(link)).detail
