@@ -149,12 +149,22 @@ def load(
         if bpf is None:
             bpf = _compile(text, list(cflags), cache)
         try:
-            bpf["agent_self"][ctypes.c_int(0)] = ctypes.c_uint32(os.getpid())
+            _set_agent_self(bpf)
             place_tail_calls(bpf, families)
         except BaseException:
             bpf.cleanup()
             raise
     return bpf
+
+
+def _set_agent_self(bpf: Any) -> None:
+    """This process's pid in ``agent_self`` (common.h), for the probes to skip; a program
+    without common.h (a test's, the doctor's) has no such map."""
+    try:
+        table = bpf["agent_self"]
+    except KeyError:
+        return
+    table[ctypes.c_int(0)] = ctypes.c_uint32(os.getpid())
 
 
 def _compile(text: str, cflags: list[str], cache: program_cache.ProgramCache | None) -> Any:
