@@ -10,7 +10,9 @@ the earlier compile made.
 
 The scan knows C's lexical layer only (comments, strings, preprocessor lines, braces): a
 function definition is a top-level ``{`` whose declaration ends with ``)``. Static functions
-keep their bodies (they are never programs, and unused they cost no code generation); a
+(never programs; BCC inlines them) are cut to their declarations, which nothing then calls:
+their bodies would cost clang's parse and BCC's rewriting of every map call and probe read
+in them (the skeleton of the ``all`` program compiles in 0.6 s this way, 1.4 s with them); a
 definition a macro hides is left whole. What the scan gets wrong shows as a skeleton whose
 programs or maps differ from the full compile's, which the loader checks
 (``program_cache.CachedPrograms.matches``) before it trusts any of it.
@@ -26,7 +28,8 @@ _VOID = re.compile(r"^\s*void\b")
 
 def skeleton(text: str) -> str:
     """``text`` with the body of each non-static top-level function replaced by
-    ``{ return 0; }`` (``{ }`` for one declared ``void``)."""
+    ``{ return 0; }`` (``{ }`` for one declared ``void``), and each static function's by
+    ``;`` (a declaration)."""
     out: list[str] = []
     head: list[str] = []  # the current top-level declaration's significant text
     i, n = 0, len(text)
