@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -70,6 +71,8 @@ def one_round(bpf_dir: Path, tail_called: bool, requests: int) -> dict:
     fam = socket_family([], payload_bytes=4096, ring_bytes=RING)
     program._bpf_source = lambda name: (bpf_dir / name).read_text()  # type: ignore[assignment]
     text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=256 << 10)
+    if "AGENT_PID" in (bpf_dir / "sockets.c").read_text():  # sources before the agent_self map
+        cflags.append(f"-DAGENT_PID={os.getpid()}")
     bpf = program.load(text, cflags, [fam] if tail_called else [])
     knob = Path("/proc/sys/kernel/bpf_stats_enabled")
     before = knob.read_text().strip()

@@ -41,18 +41,23 @@ class CachedBPF(BPF):
         self._programs = programs
         self._autoload = False
         super().__init__(text=skeleton_text, cflags=cflags)
-        shapes = bcc_module.tables(self.module)
-        why = programs.mismatch(bcc_module.function_names(self.module), list(shapes.values()))
-        if why:
+        try:
+            shapes = bcc_module.tables(self.module)
+            why = programs.mismatch(bcc_module.function_names(self.module), list(shapes.values()))
+            if why:
+                raise CacheMismatch(why)
+            self._fds = {shape.name: fd for fd, shape in shapes.items()}
+            self._license = bcc_module.license_of(self.module)
+            self._kern_version = bcc_module.kern_version(self.module)
+            auto = [(n, BPF.TRACEPOINT) for n in programs.code if n.startswith("tracepoint__")]
+            self._load_parallel([*auto, *preload])
+            self._autoload = True
+            self._trace_autoload()
+        except BaseException:
+            # Nothing of this half-made object may stay loaded or attached: the caller compiles
+            # and attaches the same programs next, and two copies would report every event twice.
             self.cleanup()
-            raise CacheMismatch(why)
-        self._fds = {shape.name: fd for fd, shape in shapes.items()}
-        self._license = bcc_module.license_of(self.module)
-        self._kern_version = bcc_module.kern_version(self.module)
-        auto = [(n, BPF.TRACEPOINT) for n in programs.code if n.startswith("tracepoint__")]
-        self._load_parallel([*auto, *preload])
-        self._autoload = True
-        self._trace_autoload()
+            raise
 
     def _load_parallel(self, wanted: Sequence[tuple[str, int]]) -> None:
         """Load ``wanted`` on a thread per core: the verifier's time is most of a cached
@@ -68,8 +73,7 @@ class CachedBPF(BPF):
                 except Exception as exc:
                     errors.append(exc)
         if errors:
-            self.cleanup()  # the programs loaded so far: their fds are in self.funcs
-            raise errors[0]
+            raise errors[0]  # the programs loaded so far are in self.funcs: __init__ unloads them
 
     def _load_one(self, name: str, prog_type: int) -> int:
         insns = self._programs.relocated(name, self._fds)

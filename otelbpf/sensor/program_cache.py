@@ -86,7 +86,10 @@ def capture(module: int) -> CachedPrograms:
     code: dict[str, bytes] = {}
     maps: dict[str, tuple[tuple[int, str], ...]] = {}
     for name in bcc_module.function_names(module):
-        insns = bytearray(bcc_module.instructions(module, name))
+        try:
+            insns = bytearray(bcc_module.instructions(module, name))
+        except KeyError:
+            raise Uncacheable(f"BCC gives no instructions for {name}") from None
         refs: list[tuple[int, str]] = []
         k, count = 0, len(insns) // BPF_INSN_BYTES
         while k < count:
@@ -186,54 +189,63 @@ def from_json(data: bytes, entry_key: str) -> CachedPrograms:
 
 
 class ProgramCache:
-    """The entries in one directory (created owner-only; refused if anyone else can write in it)."""
+    """The entries in one directory (created owner-only; refused if anyone else can write in it).
+    The directory is opened for each read or write: it is used at start only."""
 
     def __init__(self, directory: str, max_entries: int) -> None:
         self.path = directory
         self.max_entries = max_entries
-        self._dir: OutputDir | None = None
 
     def _open(self) -> OutputDir:
-        if self._dir is None:
-            d = OutputDir(self.path)
-            try:
-                d.check_private()
-            except UnsafeOutput:
-                d.close()
-                raise
-            self._dir = d
-        return self._dir
+        d = OutputDir(self.path)
+        try:
+            d.check_private()
+        except UnsafeOutput:
+            d.close()
+            raise
+        return d
 
     def get(self, entry_key: str) -> CachedPrograms | None:
         """The entry for ``entry_key``, or None (a miss, or an entry that cannot be used: logged)."""
         name = entry_key + _SUFFIX
         try:
             d = self._open()
+        except OSError as exc:
+            log.warning("program cache %s: not used (%s)", self.path, exc)
+            return None
+        try:
             data = d.read_whole(name, _MAX_ENTRY_BYTES)
+            try:
+                os.utime(name, dir_fd=d.fd, follow_symlinks=False)  # recently used: kept longest
+            except OSError:
+                pass
         except FileNotFoundError:
             return None
         except OSError as exc:
             log.warning("program cache %s: not used (%s)", self.path, exc)
             return None
+        finally:
+            d.close()
         try:
-            programs = from_json(data, entry_key)
+            return from_json(data, entry_key)
         except ValueError as exc:
             log.warning("program cache: %s/%s is not usable (%s): compiling", self.path, name, exc)
             return None
-        try:
-            os.utime(name, dir_fd=d.fd, follow_symlinks=False)  # recently used: kept longest
-        except OSError:
-            pass
-        return programs
 
     def put(self, entry_key: str, programs: CachedPrograms) -> None:
         """Keep ``programs`` under ``entry_key``; then the ``max_entries`` most recently used."""
         try:
             d = self._open()
+        except OSError as exc:
+            log.warning("program cache %s: not written (%s): the next start compiles again", self.path, exc)
+            return
+        try:
             d.write_whole(entry_key + _SUFFIX, to_json(programs, entry_key))
             self._trim(d)
         except OSError as exc:
             log.warning("program cache %s: not written (%s): the next start compiles again", self.path, exc)
+        finally:
+            d.close()
 
     def _trim(self, d: OutputDir) -> None:
         with os.scandir(d.fd) as entries:
@@ -248,8 +260,3 @@ class ProgramCache:
             except FileNotFoundError:  # another agent's trim removed it first
                 continue
             log.info("program cache: removed %s/%s (more than %d entries)", self.path, name, self.max_entries)
-
-    def close(self) -> None:
-        if self._dir is not None:
-            self._dir.close()
-            self._dir = None

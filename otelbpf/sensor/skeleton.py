@@ -15,7 +15,7 @@ their bodies would cost clang's parse and BCC's rewriting of every map call and 
 in them (the skeleton of the ``all`` program compiles in 0.6 s this way, 1.4 s with them); a
 definition a macro hides is left whole. What the scan gets wrong shows as a skeleton whose
 programs or maps differ from the full compile's, which the loader checks
-(``program_cache.CachedPrograms.matches``) before it trusts any of it.
+(``program_cache.CachedPrograms.mismatch``) before it trusts any of it.
 """
 
 from __future__ import annotations
@@ -35,26 +35,15 @@ def skeleton(text: str) -> str:
     i, n = 0, len(text)
     line_start = True
     while i < n:
+        j = _opaque_end(text, i, line_start)
+        if j is not None:  # a comment, a preprocessor line or a literal: copied as it is
+            if text[i] in "\"'":
+                head.append(text[i:j])
+                line_start = False
+            out.append(text[i:j])
+            i = j
+            continue
         c = text[i]
-        if c == "#" and line_start:  # a preprocessor line, with its continuations
-            j = i
-            while j < n and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j])
-            i = j
-            continue
-        if text.startswith("//", i) or text.startswith("/*", i):
-            j = _comment_end(text, i)
-            out.append(text[i:j])
-            i = j
-            continue
-        if c in "\"'":
-            j = _literal_end(text, i)
-            out.append(text[i:j])
-            head.append(text[i:j])
-            i = j
-            line_start = False
-            continue
         if c == "{":
             j = _block_end(text, i)
             declaration = "".join(head).strip()
@@ -81,39 +70,40 @@ def skeleton(text: str) -> str:
     return "".join(out)
 
 
-def _comment_end(text: str, i: int) -> int:
+def _opaque_end(text: str, i: int, line_start: bool) -> int | None:
+    """If a comment, a preprocessor line (with its continuations) or a string or character
+    literal starts at ``i``, the index just past it; else None. Braces inside are not code."""
+    c = text[i]
+    if c == "#" and line_start:
+        j = i
+        while j < len(text) and text[j] != "\n":
+            j += 2 if text[j] == "\\" else 1
+        return min(j, len(text))
     if text.startswith("//", i):
         j = text.find("\n", i)
         return len(text) if j < 0 else j
-    j = text.find("*/", i + 2)
-    return len(text) if j < 0 else j + 2
-
-
-def _literal_end(text: str, i: int) -> int:
-    quote, j = text[i], i + 1
-    while j < len(text) and text[j] != quote and text[j] != "\n":
-        j += 2 if text[j] == "\\" else 1
-    return min(j + 1, len(text))
+    if text.startswith("/*", i):
+        j = text.find("*/", i + 2)
+        return len(text) if j < 0 else j + 2
+    if c in "\"'":
+        j = i + 1
+        while j < len(text) and text[j] != c and text[j] != "\n":
+            j += 2 if text[j] == "\\" else 1
+        return min(j + 1, len(text))
+    return None
 
 
 def _block_end(text: str, i: int) -> int:
-    """Index just past the ``}`` that closes the ``{`` at ``i`` (comments, strings and
-    preprocessor lines inside skipped)."""
+    """Index just past the ``}`` that closes the ``{`` at ``i``."""
     depth, j, n = 0, i, len(text)
     line_start = False
     while j < n:
-        c = text[j]
-        if c == "#" and line_start:
-            while j < n and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            continue
-        if text.startswith("//", j) or text.startswith("/*", j):
-            j = _comment_end(text, j)
-            continue
-        if c in "\"'":
-            j = _literal_end(text, j)
+        end = _opaque_end(text, j, line_start)
+        if end is not None:
             line_start = False
+            j = end
             continue
+        c = text[j]
         if c == "{":
             depth += 1
         elif c == "}":

@@ -21,10 +21,11 @@ def load(text: str, cflags: Sequence[str], families: Sequence[ProbeFamily], *, c
     """``program.load`` compiling (``cached=False``) or from a freshly filled cache."""
     if not cached:
         return program.load(text, cflags, families)
-    cache = ProgramCache(tempfile.mkdtemp(prefix="otelbpf-cache-"), 4)
-    first = program.load(text, cflags, families, cache)
-    assert not getattr(first, "from_cache", False)
-    first.cleanup()
-    bpf = program.load(text, cflags, families, cache)
+    with tempfile.TemporaryDirectory(prefix="otelbpf-cache-") as directory:
+        cache = ProgramCache(directory, 4)
+        first = program.load(text, cflags, families, cache)
+        assert not getattr(first, "from_cache", False)
+        first.cleanup()
+        bpf = program.load(text, cflags, families, cache)
     assert getattr(bpf, "from_cache", False), "the second load did not come from the cache"
     return bpf

@@ -272,3 +272,42 @@ def test_every_receivers_program_text_is_the_same_in_every_process(tmp_path: Pat
         assert out.returncode == 0, out.stderr
         keys.append(next(ln for ln in out.stdout.splitlines() if ln.startswith("KEY")))
     assert keys[0] == keys[1]
+
+
+def _bpf_prog_fds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:bpf-prog"
+        except FileNotFoundError:  # the listing's own fd, closed by now
+            pass
+    return count
+
+
+@pytest.mark.bpf
+def test_a_cached_load_that_fails_halfway_leaves_nothing_loaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracepoint that does not attach after the cached programs are loaded: every program
+    of the half-made object is unloaded before the compile loads its own, or each event would
+    be seen by two copies."""
+    from otelbpf.sensor.cached_bpf import CachedBPF
+
+    text, cflags, fams = _socket_program()
+    cache = ProgramCache(str(tmp_path), 8)
+    program.load(text, cflags, fams, cache).cleanup()
+    before = _bpf_prog_fds()
+
+    def refuse(self, **kwargs) -> None:
+        raise Exception(f"cannot attach {kwargs.get('tp')!r}")
+
+    monkeypatch.setattr(CachedBPF, "attach_tracepoint", refuse)
+    with caplog.at_level(logging.WARNING):
+        bpf = program.load(text, cflags, fams, cache)
+    try:
+        assert not getattr(bpf, "from_cache", False)
+        assert "could not be loaded (cannot attach" in caplog.text
+        assert _bpf_prog_fds() == before + len(bpf.funcs)  # the compile's programs, none other
+    finally:
+        bpf.cleanup()
+    assert _bpf_prog_fds() == before
