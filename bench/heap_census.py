@@ -13,7 +13,11 @@ stderr:
 - RssAnon; the number of Python objects by type (``gc.get_objects``, the 15 most numerous);
 - Python's small-object allocator (``sys._debugmallocstats``): arenas in use and bytes in
   allocated blocks: live Python objects, against the rest of RssAnon (glibc's heap: numpy
-  arrays, large strings and lists, C libraries).
+  arrays, large strings and lists, C libraries);
+- with ``--tracemalloc``, the 25 largest allocation sites by file and by line (the agent runs
+  slower and falls behind its load: where memory goes, not how much);
+- with ``--owners``, the deep size of each part of the agent (what a part reaches that no part
+  walked before it did; modules, classes, functions and bound methods are not followed).
 
 ``--grace`` sets how long what is known of an exited process is kept (``Symbolizer`` and
 ``ProcessInfo``'s ``gone_grace_s``, 120 s in the agent) to see what that retention costs.
@@ -76,6 +80,61 @@ def mallocstats():
                 out[name] = int(ln.split("=")[1].replace(",", ""))
     return out
 
+def traced():
+    import tracemalloc
+    if not tracemalloc.is_tracing():
+        return {}
+    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    by = {}
+    for key in ("filename", "lineno"):
+        by[key] = [
+            [str(s.traceback[0]) if key == "lineno" else s.traceback[0].filename, s.size, s.count]
+            for s in snap.statistics(key)[:25]
+        ]
+    return {"traced_mib": tracemalloc.get_traced_memory()[0] / 2**20, "traced_by": by}
+
+def _f():
+    pass
+
+SKIP = (type, type(os), type(len), type(_f), type(_f.__code__), type(threading.Thread().start), threading.Thread)
+
+def deep_size(root, seen):
+    # Bytes of root and what it reaches that no earlier part reached (modules, classes,
+    # functions and threads are not followed).
+    total, todo = 0, [root]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, SKIP):
+            continue
+        seen.add(id(o))
+        try:
+            total += sys.getsizeof(o)
+        except TypeError:
+            continue
+        todo.extend(gc.get_referents(o))
+    return total
+
+def owners():
+    # Deep sizes of the agent's parts: its attributes, and each receiver's correlator's.
+    if not os.environ.get("CENSUS_OWNERS"):
+        return {}
+    is_agent = lambda o: type(o).__name__ == "Agent" and type(o).__module__ == "otelbpf.agent"  # noqa: E731
+    agent = next((o for o in gc.get_objects() if is_agent(o)), None)
+    if agent is None:
+        return {}
+    seen = {id(agent)}
+    parts = {}
+    for r in getattr(agent, "receivers", []):
+        c = r.correlator
+        seen.add(id(c))
+        for k, v in vars(c).items() if hasattr(c, "__dict__") else ():
+            parts[f"{r.name}.{k}"] = deep_size(v, seen)
+    for k, v in vars(agent).items():
+        if k != "receivers":
+            parts[k] = deep_size(v, seen)
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:25]
+    return {"owners_mib": [[k, round(v / 2**20, 2)] for k, v in top]}
+
 def census():
     every = float(os.environ["CENSUS_EVERY"])
     while True:
@@ -84,7 +143,7 @@ def census():
         top = collections.Counter(type(o).__name__ for o in objs).most_common(15)
         n = len(objs)
         del objs
-        line = {"anon_mib": anon_mib(), "objects": n, "top": top, **mallocstats()}
+        line = {"anon_mib": anon_mib(), "objects": n, "top": top, **mallocstats(), **traced(), **owners()}
         print("CENSUS " + __import__("json").dumps(line), file=sys.stderr, flush=True)
 
 threading.Thread(target=census, name="census", daemon=True).start()
@@ -98,6 +157,18 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=360)
     p.add_argument("--every", type=float, default=60)
     p.add_argument("--grace", type=float, default=120)
+    p.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="also trace the agent's allocations (PYTHONTRACEMALLOC=1): the 25 largest sites by file and by "
+        "line at each census; the agent runs slower, so its figures are where memory goes, not how much",
+    )
+    p.add_argument(
+        "--owners",
+        action="store_true",
+        help="also the deep size of each part of the agent (its attributes, each receiver's correlator's), "
+        "at each census; the walk's own bookkeeping adds to RssAnon",
+    )
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     if os.geteuid() != 0:
@@ -118,6 +189,8 @@ def main() -> int:
         "CENSUS_ROOT": str(ROOT),
         "CENSUS_EVERY": str(a.every),
         "CENSUS_GRACE": str(a.grace),
+        **({"PYTHONTRACEMALLOC": "1"} if a.tracemalloc else {}),
+        **({"CENSUS_OWNERS": "1"} if a.owners else {}),
     }
     agent = subprocess.Popen(
         [sys.executable, str(script), "run", "-c", str(config)],
@@ -158,7 +231,12 @@ def main() -> int:
     finally:
         done.set()
         agent.send_signal(2)  # SIGINT: stops without writing report.html
-        agent.wait(120)
+        try:
+            agent.wait(120)
+        except subprocess.TimeoutExpired:  # the census lines already read are kept
+            print("the agent did not stop within 120 s of SIGINT: killed", file=sys.stderr)
+            agent.kill()
+            agent.wait()
         server.terminate()
         server.wait()
         shutil.rmtree(work, ignore_errors=True)

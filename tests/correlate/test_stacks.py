@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from otelbpf.correlate.stacks import TRUNCATED, Frame, PythonFrame, merge
+from otelbpf.base.procfs import Mapping
+from otelbpf.correlate.stacks import TRUNCATED, Frame, PythonFrame, merge, native
+from otelbpf.correlate.symbolizer import NativeFrame
 
 INTERP = "libpython3.11.so.1.0"
 
@@ -110,3 +112,26 @@ def test_a_return_address_in_no_file_ends_the_native_part():
         python_truncated=False,
     )
     assert names(out) == ["cudaMalloc", "ffi_call", "[truncated]", "alloc", "main"]
+
+
+def test_a_native_frame_is_the_same_whatever_address_its_library_was_mapped_at():
+    """Two processes, one library at two ASLR bases: one frame (so the interned frames do not
+    grow with short-lived processes), whose address and mapping keep pprof's arithmetic
+    (address - memory_start + file_offset) at the instruction's offset in the file."""
+    made = []
+    for base in (0x7F12_3450_0000, 0x7FAB_CDE0_0000):
+        m = Mapping(base, base + 0x20_0000, 0x2_8000, "/usr/lib/x86_64-linux-gnu/libc.so.6")
+        ip = base + 0x1_2345  # 0x2_8000 + 0x1_2345 into the file
+        resolved = NativeFrame("getpid", "libc.so.6", ip - m.start + m.offset, "ab12", m)
+        made.append(native(resolved, ip))
+    a, b = made
+    assert a == b and hash(a) == hash(b)
+    start, limit, file_offset = a.mapping
+    assert a.address - start + file_offset == 0x2_8000 + 0x1_2345
+    assert start <= a.address < limit and limit - start == 0x20_0000
+    assert (a.path, a.build_id, a.function) == ("/usr/lib/x86_64-linux-gnu/libc.so.6", "ab12", "getpid")
+
+
+def test_a_native_frame_in_no_file_keeps_its_address():
+    frame = native(NativeFrame(None, "[unknown]", 0x1234, "", None), 0x1234)
+    assert (frame.address, frame.mapping, frame.function) == (0x1234, (0, 0, 0), "[unknown]+0x1234")
