@@ -410,6 +410,26 @@ class Agent:
                 now,
             )
         )
+        rings = self.sensor.ring_usage()  # none once the sensor is stopped
+        if rings:
+            out.append(
+                m.gauge(
+                    "otelbpf.ring.usage",
+                    "By",
+                    "Bytes waiting in each BPF ring buffer at its fullest since the last export",
+                    [({"ring": name}, peak) for name, _size, peak in rings],
+                    now,
+                )
+            )
+            out.append(
+                m.gauge(
+                    "otelbpf.ring.size",
+                    "By",
+                    "Size of each BPF ring buffer (resident: counted in the agent's memory)",
+                    [({"ring": name}, size) for name, size, _peak in rings],
+                    now,
+                )
+            )
         out.append(
             m.cumulative_sum(
                 "otelbpf.drain.paused",

@@ -127,6 +127,12 @@ def test_command_mode_exports_exact_spans_and_metrics_over_grpc(otlp_collector, 
     assert hist.count == 3 and hist.unit == "s"
     assert c.latest_points("otelbpf.events.lost", reason="ring_buffer_full")[0].value == 0
     assert c.latest_points("otelbpf.events.skipped", ring="events")[0].value == 0
+    # The rings' sizes, and the most that waited in the events ring: at least one 64-byte event
+    # at some drain (the workload's events), never more than the ring.
+    sizes = {p.attributes["ring"]: p.value for p in c.latest_points("otelbpf.ring.size")}
+    assert sizes["events"] == 16 << 20 and sizes["strevents"] == 256 << 10
+    peaks = [p.value for p in c.metric_points("otelbpf.ring.usage") if p.attributes.get("ring") == "events"]
+    assert 64 <= max(peaks) <= 16 << 20
 
 
 def test_real_libcudart_errors_over_http(otlp_collector, tmp_path):

@@ -41,10 +41,22 @@ class _MappedRing:
         self._cons_pos = np.frombuffer(self._cons, dtype="<u8", count=1)
         self._prod_pos = np.frombuffer(self._prod, dtype="<u8", count=1)
         self._page = page
+        self.size = size_bytes
         self.discarded = 0
+        #: The most bytes found waiting (at a drain, or asked) since ``take_peak``: between drains
+        #: only the producer moves, so this is the ring at its fullest (what a smaller ring would
+        #: have had to hold).
+        self.peak = 0
 
     def pending_bytes(self) -> int:
-        return int(self._prod_pos[0]) - int(self._cons_pos[0])
+        pending = int(self._prod_pos[0]) - int(self._cons_pos[0])
+        self.peak = max(self.peak, pending)
+        return pending
+
+    def take_peak(self) -> int:
+        """The peak since the last call, which starts the next one from what waits now."""
+        peak, self.peak = self.peak, 0
+        return max(peak, self.pending_bytes())
 
     def _unmap(self) -> None:
         del self._cons_pos, self._prod_pos
@@ -78,6 +90,7 @@ class RingBufferReader(_MappedRing):
         """
         cons = int(self._cons_pos[0])
         prod = int(self._prod_pos[0])
+        self.peak = max(self.peak, prod - cons)
         n = (prod - cons) // self._stride
         if max_records is not None:
             n = min(n, max_records)
@@ -143,6 +156,7 @@ class VariableRingReader(_MappedRing):
         """Copy out every committed record, release their space, return them (see RingBufferReader)."""
         pos = int(self._cons_pos[0])
         prod = int(self._prod_pos[0])
+        self.peak = max(self.peak, prod - pos)
         data, mask, hsize = self._data, self._mask, self._hsize
         limit = max_records if max_records is not None else -1
         headers = bytearray()

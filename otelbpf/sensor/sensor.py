@@ -612,6 +612,12 @@ class Sensor:
     def ring_pending_bytes(self) -> int:
         return sum(r.pending_bytes() for r in self._readers.values())
 
+    def ring_usage(self) -> list[tuple[str, int, int]]:
+        """(ring, size, the most bytes waiting in it since the last call) per ring: the
+        evidence for sizing ``ring_buffer_size`` (every byte of a ring is resident memory)."""
+        with self._drain_lock:
+            return [(name, r.size, r.take_peak()) for name, r in sorted(self._readers.items())]
+
 
 def detach_in_background(bpf: Any) -> int | None:
     """Hand every probe and tracepoint (their perf event fds) to a process that releases

@@ -307,3 +307,21 @@ def test_a_record_still_being_written_is_not_consumed(program: RingProgram, ring
 def test_ring_size_must_be_a_power_of_two(program: RingProgram) -> None:
     with pytest.raises(ValueError, match="3000 is not a power of two"):
         RingBufferReader(program.bpf[b"ring"].map_fd, 3000, RECORD)
+
+
+def test_the_peak_is_the_most_that_waited_at_any_drain_since_it_was_taken(
+    program: RingProgram, ring: RingBufferReader
+) -> None:
+    program.reset(os.getpid(), SUBMIT)
+    ring.take_peak()
+    fire(30)
+    ring.drain()
+    fire(10)
+    ring.drain()
+    assert ring.take_peak() == 30 * STRIDE  # the fuller of the two drains
+    fire(5)
+    assert ring.take_peak() == 5 * STRIDE  # what waits now starts the next interval
+    ring.drain()
+    assert ring.take_peak() == 5 * STRIDE
+    assert ring.take_peak() == 0
+    assert ring.size == RING_BYTES
