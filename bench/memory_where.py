@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from otelbpf.agent import Agent  # noqa: E402
+from otelbpf.base.resident import trim_heap  # noqa: E402
 from otelbpf.config import load_config_text  # noqa: E402
 from otelbpf.correlate import symbolizer  # noqa: E402
-from otelbpf.sensor.compiler_memory import trim_heap  # noqa: E402
 
 
 def proc_memory() -> dict[str, float]:
