@@ -16,6 +16,7 @@ is invented.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,8 +89,14 @@ def native(frame: NativeFrame, address: int) -> Frame:
         path=m.path.removesuffix(" (deleted)"),
         build_id=frame.build_id,
         address=address - m.start + m.offset,
-        mapping=(m.offset, m.offset + m.end - m.start, m.offset),
+        mapping=_file_mapping(m.offset, m.end - m.start),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_mapping(offset: int, size: int) -> tuple[int, int, int]:
+    """One tuple per placed mapping, shared by its frames (its three ints are ~170 bytes)."""
+    return (offset, offset + size, offset)
 
 
 def kernel(name: str | None, address: int) -> Frame:

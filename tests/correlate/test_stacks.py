@@ -126,6 +126,7 @@ def test_a_native_frame_is_the_same_whatever_address_its_library_was_mapped_at()
         made.append(native(resolved, ip))
     a, b = made
     assert a == b and hash(a) == hash(b)
+    assert a.mapping is b.mapping  # one tuple per placed mapping, shared by its frames
     start, limit, file_offset = a.mapping
     assert a.address - start + file_offset == 0x2_8000 + 0x1_2345
     assert start <= a.address < limit and limit - start == 0x20_0000
