@@ -23,7 +23,9 @@ second throughout and its CPU read per thread (/proc/PID/task/TID/stat) over eac
 Start time is Popen to the agent's "otelbpf running" line (with the compile time it logs);
 stop time is SIGTERM to exit, with the phases Agent.stop logs ("otelbpf stopped in ...": see
 also bench/stop_time.py for --pid and command modes). The RSS growth over the load windows
-(least squares, MiB per minute) says whether memory is flat.
+(least squares, MiB per minute) says whether memory is flat. The agent's own
+``otelbpf.ring.usage`` exports give each window's most-filled moment of every BPF ring (its
+whole size is resident: the evidence for sizing ``ring_buffer_size``).
 
 ``--churn``: is memory flat? One long window per config (``--seconds``, 600 for 10 minutes)
 under bench/churn.py's load: a PyTorch-like job (torch on the CPU, libtorch_cpu.so's symbols),
@@ -229,7 +231,7 @@ class AgentRun:
 def window(agent: AgentRun, rss: RssSampler, seconds: float, during=None) -> dict:
     """CPU per agent thread and RSS over ``seconds`` (while ``during``'s load runs, if given)."""
     pid = agent.proc.pid
-    before, m0, t0 = thread_ticks(pid), cpu_times(), time.monotonic()
+    before, m0, t0, wall0 = thread_ticks(pid), cpu_times(), time.monotonic(), time.time_ns()
     a = t0 - rss.t0
     extra = during(seconds) if during is not None else time.sleep(seconds)
     after, m1, secs = thread_ticks(pid), cpu_times(), time.monotonic() - t0
@@ -248,8 +250,27 @@ def window(agent: AgentRun, rss: RssSampler, seconds: float, during=None) -> dic
         "machine_busy_pct_of_core": machine_pct(m0, m1),
         "others_pct_of_core": round(machine_pct(m0, m1) - cpu["total"], 1),
         "load_average": load(),
+        "wall_ns": [wall0, time.time_ns()],
         **(extra or {}),
     }
+
+
+def ring_peaks(metrics: Path, wall_ns: list[int]) -> dict[str, float]:
+    """The most bytes that waited in each BPF ring (MiB) in the agent's exports of
+    ``otelbpf.ring.usage`` made during the window (each covers its export interval)."""
+    peaks: dict[str, float] = {}
+    for line in metrics.read_text().splitlines() if metrics.exists() else ():
+        for rm in json.loads(line).get("resourceMetrics", []):
+            for sm in rm.get("scopeMetrics", []):
+                for metric in sm.get("metrics", []):
+                    if metric["name"] != "otelbpf.ring.usage":
+                        continue
+                    for p in metric.get("gauge", {}).get("dataPoints", []):
+                        if not wall_ns[0] < int(p["timeUnixNano"]) <= wall_ns[1]:
+                            continue
+                        ring = next(a["value"]["stringValue"] for a in p["attributes"] if a["key"] == "ring")
+                        peaks[ring] = max(peaks.get(ring, 0.0), int(p.get("asInt", 0)) / 2**20)
+    return {ring: round(v, 3) for ring, v in sorted(peaks.items())}
 
 
 def launches(lib: Path, rate: int):
@@ -370,6 +391,9 @@ def measure(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespac
         rss.stop()
         out["stop"] = agent.stop()
     out["stop"]["load_average"] = load()
+    for w in ("warmup", "idle", "launches", "mixed"):
+        if w in out:
+            out[w]["ring_peak_mib"] = ring_peaks(workdir / name / "out" / "metrics.jsonl", out[w]["wall_ns"])
     log(
         f"  {name} start {out['start']['to_running_s']} s, stop {out['stop']['sigterm_to_stopped_s']} s "
         f"(+ report.html {out['stop']['report_s']} s) "
@@ -465,7 +489,8 @@ def report(res: dict) -> None:
                 print(
                     f"{r['config']:8} {w:9} {x['agent_cpu_pct_of_core']['total']:6.1f} "
                     f"{mib['min']:>8}/{mib['max']}/{mib['end']:<6} {x['rss_slope_mib_per_min'] or 0:>6} "
-                    f"{x['others_pct_of_core']:8.1f}  {x['load_average'][0]}"
+                    f"{x['others_pct_of_core']:8.1f}  {x['load_average'][0]}  rings at their fullest (MiB): "
+                    f"{x.get('ring_peak_mib')}"
                 )
         print(
             f"{r['config']:8} start {r['start']['to_running_s']} s (compile {r['start']['bpf_compile_s']} s), "
