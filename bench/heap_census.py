@@ -4,7 +4,8 @@
 
 One ``otelbpf run`` (the ``all`` config of bench/footprint.py: every receiver, host mode) in its
 own process, as footprint.py runs it, under footprint's mixed load (50k launches/s, 500 HTTP
-requests/s, the 2-rank NCCL job in a loop) for ``--seconds``. Unlike bench/memory_where.py the
+requests/s, the 2-rank NCCL job in a loop) or, with ``--load churn``, bench/churn.py's (a torch
+job and a stream of short-lived Python processes) for ``--seconds``. Unlike bench/memory_where.py the
 load does not share the agent's interpreter, so the agent keeps up as it does in production
 (memory_where's in-process agent lags behind its own load generator). A thread started in the
 agent's process before the agent itself writes, every ``--every`` seconds, to the agent's
@@ -124,13 +125,16 @@ def owners():
         return {}
     seen = {id(agent)}
     parts = {}
+    # The shared parts first, so that a receiver's share is what it alone holds.
+    for k in ("symbolizer", "process_info", "live", "spans"):
+        parts[k] = deep_size(getattr(agent, k, None), seen)
     for r in getattr(agent, "receivers", []):
         c = r.correlator
         seen.add(id(c))
         for k, v in vars(c).items() if hasattr(c, "__dict__") else ():
             parts[f"{r.name}.{k}"] = deep_size(v, seen)
     for k, v in vars(agent).items():
-        if k != "receivers":
+        if k != "receivers" and k not in parts:
             parts[k] = deep_size(v, seen)
     top = sorted(parts.items(), key=lambda kv: -kv[1])[:25]
     return {"owners_mib": [[k, round(v / 2**20, 2)] for k, v in top]}
@@ -168,6 +172,12 @@ def main() -> int:
         action="store_true",
         help="also the deep size of each part of the agent (its attributes, each receiver's correlator's), "
         "at each census; the walk's own bookkeeping adds to RssAnon",
+    )
+    p.add_argument(
+        "--load",
+        choices=("mixed", "churn"),
+        default="mixed",
+        help="footprint's mixed load, or bench/churn.py's (a torch job and short-lived Python processes)",
     )
     p.add_argument("--out", type=Path)
     a = p.parse_args()
@@ -225,7 +235,18 @@ def main() -> int:
             raise SystemExit("the agent did not start:\n" + "\n".join(lines[-20:]))
         sampler = threading.Thread(target=sample)
         sampler.start()
-        load = footprint.mixed(lib, 50_000, port, 500)(a.seconds)
+        if a.load == "mixed":
+            load = footprint.mixed(lib, 50_000, port, 500)(a.seconds)
+        else:
+            from churn import Churn
+
+            churn = Churn(work / "churn")
+            churn.start()
+            try:
+                time.sleep(a.seconds)
+            finally:
+                churn.stop()
+            load = {"short_lived_processes": churn.started}
         done.set()
         sampler.join()
     finally:
@@ -244,6 +265,7 @@ def main() -> int:
     res = {
         "date": dt.date.today().isoformat(),
         "seconds": a.seconds,
+        "load_kind": a.load,
         "grace_s": a.grace,
         "load": load,
         "rss_series_anon_file_mib": series,
