@@ -24,7 +24,6 @@ import errno
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from array import array
@@ -279,13 +278,6 @@ class Profiler:
             "resolved_stacks", caches.resolved_stacks
         )
         self._frame = Interned[Frame]("frames", caches.frames)  # one object per distinct frame
-        # Processes running the same code (a host's Python processes: the same stdlib, the same
-        # packages) have equal code objects at other addresses: their line tables and decoded
-        # indexes are shared, by content, rather than held once per process.
-        self._tables = Interned[bytes]("line_tables", caches.code_objects)
-        self._indexes: Lru[tuple[bytes, int, tuple[int, int]], pylines.LineIndex] = Lru(
-            "line_indexes", caches.code_objects
-        )
         self._reimaged: set[int] = set()  # exec'd since the last emit: their stacks resolve anew
         self._round = 0
         self._loaded_layouts: set[int] = set()
@@ -615,12 +607,11 @@ class Profiler:
             if line_table is None:
                 continue  # its chunks were written after this read took them: next read
             info = CodeInfo(
-                name=sys.intern(_decode_str(_field(leaf, "name", leaf.name_len), leaf.name_kind)),
-                filename=sys.intern(
-                    ("…" if leaf.file_cut else "") + _decode_str(_field(leaf, "file", leaf.file_len), leaf.file_kind)
-                ),
+                name=_decode_str(_field(leaf, "name", leaf.name_len), leaf.name_kind),
+                filename=("…" if leaf.file_cut else "")
+                + _decode_str(_field(leaf, "file", leaf.file_len), leaf.file_kind),
                 firstlineno=leaf.firstlineno,
-                table=self._tables(line_table),
+                table=line_table,
                 table_size=leaf.table_size,
                 table_addr=leaf.table_addr,
                 captured_ns=leaf.captured_ns,
@@ -739,15 +730,9 @@ class Profiler:
         return out, bool(flags & STACKF_TRUNCATED), named
 
     def _line_index(self, pid: int, info: CodeInfo, version: tuple[int, int]) -> pylines.LineIndex:
-        """The code object's decoded line table, made on first use and kept with it: one per
-        distinct table, shared by every process whose code object has it."""
+        """The code object's decoded line table, made on first use and kept with it."""
         if info.index is None:
-            key = (self._line_table(pid, info), info.firstlineno, version)
-            index = self._indexes.get(key)
-            if index is None:
-                index = pylines.LineIndex(*key)
-                self._indexes.put(key, index)
-            info.index = index
+            info.index = pylines.LineIndex(self._line_table(pid, info), info.firstlineno, version)
         return info.index
 
     @staticmethod

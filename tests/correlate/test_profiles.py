@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import dis
 import os
-import sys
 from collections.abc import Callable
 from types import CodeType
 
@@ -384,25 +383,3 @@ def test_equal_frames_of_different_stacks_are_one_object(profiled) -> None:
     out, _ = profiled([(PID, NATIVE_STACK, 0, PY_STACK, 3), (PID, ONLY_NATIVE_STACK, 0, 0, 2)])
     merged, native = out[0].samples
     assert merged.frames[0] == native.frames[0] and merged.frames[0] is native.frames[0]
-
-
-def test_equal_code_objects_of_two_processes_share_their_line_table_and_its_index() -> None:
-    """Two processes running the same code (a host's Python processes: the same stdlib) hold one
-    copy of its line table and one decoded index, not one per process."""
-    profiler = announced([], Health())
-    py_codes, _ = code_maps({INNER: inner.__code__})
-    [leaf] = py_codes.entries.values()
-    table = inner.__code__.co_linetable
-    version = sys.version_info[:2]
-    infos = []
-    for pid in (PID, PID + 1):
-        chunks = {i // PY_CHUNK_LEN: bytes(table[i : i + PY_CHUNK_LEN]) for i in range(0, len(table), PY_CHUNK_LEN)}
-        profiler._chunks[(pid, INNER, 7)] = (chunks, 0)
-        profiler._name_codes([((pid, INNER, 7), leaf)])
-        info = profiler._codes.get((pid, INNER, 7))
-        assert info is not None and info.table == table
-        infos.append(info)
-    a, b = infos
-    assert a.table is b.table and a.filename is b.filename
-    assert profiler._line_index(PID, a, version) is profiler._line_index(PID + 1, b, version)
-    assert a.index.line(INNER_AT[0]) == INNER_AT[1]
