@@ -522,7 +522,10 @@ class Agent:
         # Code run only to start (config validation, the compile, ELF and BTF reading, numpy's
         # and OpenSSL's set-up) stays resident: drop the clean file pages; what runs again
         # is read in again.
-        log.debug("dropped %.1f MiB of clean file pages after start", resident.drop_file_pages() / 2**20)
+        try:
+            log.debug("dropped %.1f MiB of clean file pages after start", resident.drop_file_pages() / 2**20)
+        except OSError as exc:  # only memory not given back: the agent runs the same
+            log.warning("clean file pages not dropped after start: %s", exc)
 
     def stop(self) -> None:
         if self.live_endpoint is not None:

@@ -43,20 +43,19 @@ class _MappedRing:
         self._page = page
         self.size = size_bytes
         self.discarded = 0
-        #: The most bytes found waiting (at a drain, or asked) since ``take_peak``: between drains
-        #: only the producer moves, so this is the ring at its fullest (what a smaller ring would
-        #: have had to hold).
+        #: The most bytes found waiting at a drain (or by ``take_peak``) since ``take_peak``:
+        #: between drains only the producer moves, so this is the ring at its fullest (what a
+        #: smaller ring would have had to hold).
         self.peak = 0
 
     def pending_bytes(self) -> int:
-        pending = int(self._prod_pos[0]) - int(self._cons_pos[0])
-        self.peak = max(self.peak, pending)
-        return pending
+        return int(self._prod_pos[0]) - int(self._cons_pos[0])
 
     def take_peak(self) -> int:
         """The peak since the last call, which starts the next one from what waits now."""
-        peak, self.peak = self.peak, 0
-        return max(peak, self.pending_bytes())
+        pending = self.pending_bytes()
+        peak, self.peak = max(self.peak, pending), pending
+        return peak
 
     def _unmap(self) -> None:
         del self._cons_pos, self._prod_pos
