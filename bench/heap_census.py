@@ -1,6 +1,7 @@
 """What a standalone agent's memory holds under footprint's mixed load: a census of its heap.
 
-    sudo .venv/bin/python bench/heap_census.py [--seconds 360] [--every 60] [--grace 120] [--out FILE]
+    sudo .venv/bin/python bench/heap_census.py [--seconds 360] [--every 60] [--grace 120] [--owners] [--trim]
+        [--tracemalloc] [--load mixed|churn] [--out FILE]
 
 One ``otelbpf run`` (the ``all`` config of bench/footprint.py: every receiver, host mode) in its
 own process, as footprint.py runs it, under footprint's mixed load (50k launches/s, 500 HTTP
@@ -18,7 +19,14 @@ stderr:
 - with ``--tracemalloc``, the 25 largest allocation sites by file and by line (the agent runs
   slower and falls behind its load: where memory goes, not how much);
 - with ``--owners``, the deep size of each part of the agent (what a part reaches that no part
-  walked before it did; modules, classes, functions and bound methods are not followed).
+  walked before it did; modules, classes, functions and bound methods are not followed);
+- the ELF symbol tables held (``symbolizer.TABLES``, module-wide, so no owner's walk sees them):
+  how many, and their arrays' MiB;
+- with ``--trim``, RssAnon again after glibc's ``malloc_trim(0)``: how much of the rest is
+  free heap glibc kept, not memory in use.
+
+The agent's peak RSS (VmHWM) is read just before SIGINT and again until it exits: the stop,
+and the report.html that follows it, can peak above the running agent.
 
 ``--grace`` sets how long what is known of an exited process is kept (``Symbolizer`` and
 ``ProcessInfo``'s ``gone_grace_s``, 120 s in the agent) to see what that retention costs.
@@ -148,12 +156,38 @@ def census():
         n = len(objs)
         del objs
         line = {"anon_mib": anon_mib(), "objects": n, "top": top, **mallocstats(), **traced(), **owners()}
+        line["symbol_tables"] = [len(symbolizer.TABLES), round(symbolizer.TABLES.nbytes / 2**20, 2)]
+        if os.environ.get("CENSUS_TRIM"):  # --trim
+            import ctypes
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            line["anon_after_trim_mib"] = anon_mib()
         print("CENSUS " + __import__("json").dumps(line), file=sys.stderr, flush=True)
 
 threading.Thread(target=census, name="census", daemon=True).start()
 from otelbpf import cli
 sys.exit(cli.main(sys.argv[1:]))
 """
+
+
+def hwm_mib(pid: int) -> int | None:
+    """The process's peak RSS so far (VmHWM), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(ln.split()[1]) // 1024 for ln in f if ln.startswith("VmHWM")), None)
+    except OSError:
+        return None
+
+
+def watch_stop(agent: subprocess.Popen, timeout: float) -> int | None:
+    """Wait for the stopping agent; returns its peak RSS over its whole life, read every 0.1 s
+    until it exits: the stop and report.html after it included."""
+    peak, deadline = None, time.monotonic() + timeout
+    while agent.poll() is None:
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(agent.args, timeout)
+        peak = hwm_mib(agent.pid) or peak
+        time.sleep(0.1)
+    return peak
 
 
 def main() -> int:
@@ -172,6 +206,12 @@ def main() -> int:
         action="store_true",
         help="also the deep size of each part of the agent (its attributes, each receiver's correlator's), "
         "at each census; the walk's own bookkeeping adds to RssAnon",
+    )
+    p.add_argument(
+        "--trim",
+        action="store_true",
+        help="also RssAnon after malloc_trim(0) at each census (the trim gives that memory back: later figures "
+        "are lower than an untrimmed agent's)",
     )
     p.add_argument(
         "--load",
@@ -201,6 +241,7 @@ def main() -> int:
         "CENSUS_GRACE": str(a.grace),
         **({"PYTHONTRACEMALLOC": "1"} if a.tracemalloc else {}),
         **({"CENSUS_OWNERS": "1"} if a.owners else {}),
+        **({"CENSUS_TRIM": "1"} if a.trim else {}),
     }
     agent = subprocess.Popen(
         [sys.executable, str(script), "run", "-c", str(config)],
@@ -230,6 +271,7 @@ def main() -> int:
             series.append((round(time.monotonic() - t0), anon // 1024, file // 1024))
 
     load: dict = {}
+    stop_peak_mib = running_peak_mib = None
     try:
         if not running.wait(600):
             raise SystemExit("the agent did not start:\n" + "\n".join(lines[-20:]))
@@ -251,9 +293,10 @@ def main() -> int:
         sampler.join()
     finally:
         done.set()
-        agent.send_signal(2)  # SIGINT: stops without writing report.html
+        running_peak_mib = hwm_mib(agent.pid)
+        agent.send_signal(2)  # SIGINT: stops, then writes report.html (its memory is the stop peak)
         try:
-            agent.wait(120)
+            stop_peak_mib = watch_stop(agent, 120)
         except subprocess.TimeoutExpired:  # the census lines already read are kept
             print("the agent did not stop within 120 s of SIGINT: killed", file=sys.stderr)
             agent.kill()
@@ -270,6 +313,9 @@ def main() -> int:
         "load": load,
         "rss_series_anon_file_mib": series,
         "census": census,
+        "peak_rss_running_mib": running_peak_mib,
+        "peak_rss_with_stop_mib": stop_peak_mib,
+        "stop": next((ln for ln in lines if "otelbpf stopped in" in ln), None),
     }
     for c in census:
         arenas = c.get("arenas", 0)
@@ -281,6 +327,11 @@ def main() -> int:
         )
     out = a.out or RESULTS / f"heap_census-{res['date']}.json"
     out.write_text(json.dumps(res, indent=1) + "\n")
+    print(
+        f"peak RSS (VmHWM) running {running_peak_mib} MiB, with the stop and report.html {stop_peak_mib} MiB; "
+        f"{res['stop']}",
+        file=sys.stderr,
+    )
     print(f"results: {out}", file=sys.stderr)
     return 0
 

@@ -85,7 +85,7 @@ class Agent:
         self.process_info = ProcessInfo({k: v for k, v in self._resource_attrs.items()})
         sizes = [c for _, c in self._receiver_configs()]
         symbolizer.TABLES.max_tables = max((getattr(c, "symbol_tables", 0) for c in sizes), default=0) or 128
-        symbolizer.TABLES.max_bytes = max((getattr(c, "symbol_table_bytes", 0) for c in sizes), default=0) or 64 << 20
+        symbolizer.TABLES.max_bytes = max((getattr(c, "symbol_table_bytes", 0) for c in sizes), default=0) or 32 << 20
         self.symbolizer = Symbolizer(
             max_names=next((c.symbol_names for c in sizes if hasattr(c, "symbol_names")), 65536)
         )

@@ -78,7 +78,8 @@ Sink = Callable[[list[Profile]], None]
 
 @dataclass(slots=True)
 class CodeInfo:
-    """A code object as the kernel copied it; its line table decoded on first use."""
+    """A code object as the kernel copied it; its line table decoded on first use (``index``,
+    which then replaces ``table``)."""
 
     name: str
     filename: str
@@ -730,9 +731,11 @@ class Profiler:
         return out, bool(flags & STACKF_TRUNCATED), named
 
     def _line_index(self, pid: int, info: CodeInfo, version: tuple[int, int]) -> pylines.LineIndex:
-        """The code object's decoded line table, made on first use and kept with it."""
+        """The code object's decoded line table, made on first use and kept with it in place of
+        the copied bytes (nothing reads them again)."""
         if info.index is None:
             info.index = pylines.LineIndex(self._line_table(pid, info), info.firstlineno, version)
+            info.table = b""
         return info.index
 
     @staticmethod

@@ -183,7 +183,8 @@ class _SymbolTable:
                 names.append(keep["name"].astype(np.uint64) + np.uint64(str_off))  # file offsets
             self._file = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if values and size else None
         if values:
-            self.addrs, first = np.unique(np.concatenate(values), return_index=True)  # first: setdefault order
+            addrs, first = np.unique(np.concatenate(values), return_index=True)  # first: setdefault order
+            self.addrs = _narrow(addrs)
             self._sizes, self._names = _narrow(np.concatenate(sizes)[first]), _narrow(np.concatenate(names)[first])
         else:
             self.addrs = self._sizes = self._names = np.zeros(0, dtype=np.uint64)
@@ -206,7 +207,10 @@ class _SymbolTable:
         return self._file[start:end].decode("utf-8", errors="replace")
 
     def lookup(self, vaddr: int) -> str | None:
-        i = int(np.searchsorted(self.addrs, np.uint64(vaddr), side="right")) - 1
+        if vaddr > np.iinfo(self.addrs.dtype).max:
+            i = len(self.addrs) - 1  # past every address of a table narrowed to uint32
+        else:
+            i = int(np.searchsorted(self.addrs, self.addrs.dtype.type(vaddr), side="right")) - 1
         if i < 0:
             return None
         start, size = int(self.addrs[i]), int(self._sizes[i])
@@ -217,7 +221,8 @@ class _SymbolTable:
 
 def _narrow(values: np.ndarray) -> np.ndarray:
     """``values`` (uint64) as uint32 when they all fit: sizes and string offsets do in any file
-    under 4 GiB, a third of a table's heap."""
+    under 4 GiB, and addresses in any shared library linked at 0 (a table is then 12 bytes a
+    function, not 24)."""
     return values.astype(np.uint32) if not len(values) or int(values.max()) < 1 << 32 else values
 
 
@@ -235,11 +240,11 @@ class _TableCache:
     copy, which keeps the build id, from the original).
 
     LRU, bounded twice: at most ``max_tables`` entries of each kind, and at most ``max_bytes`` of
-    table arrays held (one table can be several MiB: libtorch_cuda.so has 211k functions, 16
+    table arrays held (one table can be several MiB: libtorch_cuda.so has 211k functions, 12
     bytes each here, and a count alone does not bound what a few such libraries cost). Every
     table dropped from the inode side is counted in ``EVICTIONS["tables"]``."""
 
-    def __init__(self, max_tables: int, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, max_tables: int, max_bytes: int = 32 << 20) -> None:
         self.max_tables = max_tables
         self.max_bytes = max_bytes
         self._by_inode: OrderedDict[tuple[int, int, int], _SymbolTable] = OrderedDict()

@@ -353,6 +353,23 @@ def test_the_final_read_finishes_a_round_in_progress_and_no_sample_is_lost_or_do
 # -- bounded caches -------------------------------------------------------------------------------------------
 
 
+def test_a_named_code_object_keeps_its_decoded_lines_not_the_copied_table(monkeypatch) -> None:
+    """Thousands of code objects are held on a busy host: once a stack has named one, its
+    line table bytes are dropped and later samples are named from the index alone."""
+    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    out: list[Profile] = []
+    profiler = announced(out, Health())
+    bpf = maps([(PID, NATIVE_STACK, 0, PY_STACK, 3)])
+    profiler.run_locked = locked(bpf)
+    profiler.collect_once()
+    infos = [profiler._codes.get((PID, code, 7)) for code in (INNER, OUTER)]
+    assert all(i is not None and i.table == b"" and i.index is not None for i in infos)
+    profiler._resolved.release(lambda k, v: True)  # named again from the kept index
+    profiler.run_locked = locked(maps([(PID, NATIVE_STACK, 0, PY_STACK, 2)]))
+    profiler.collect_once()
+    assert [f.line for f in out[-1].samples[0].frames if f.kind == "python"] == [INNER_AT[1], OUTER_AT[1]]
+
+
 def test_a_code_object_evicted_from_a_full_cache_is_counted_and_deleted_in_the_kernel(monkeypatch) -> None:
     """Its line table chunks were taken: only a fresh capture by the kernel can name it again."""
     monkeypatch.setattr(profiles, "drain", FakeMap.drain)

@@ -144,7 +144,7 @@ def test_cache_sizes_come_from_the_config():
     assert cfg.receivers["cuda"].symbol_names == 65536
     assert cfg.receivers["cuda"].symbol_tables == 128
     assert cfg.receivers["profiling"].symbol_tables == 128
-    assert cfg.receivers["profiling"].symbol_table_bytes == 64 << 20
+    assert cfg.receivers["profiling"].symbol_table_bytes == 32 << 20
     small = DEFAULT_CONFIG_YAML.replace("    symbol_names: 65536\n", "    symbol_names: 16\n", 1)
     with pytest.raises(ConfigError, match="symbol_names"):
         load_config_text(small)
@@ -157,7 +157,7 @@ def test_the_agent_sizes_its_caches_from_the_config(monkeypatch, tmp_path):
 
     text = DEFAULT_CONFIG_YAML.replace("    symbol_names: 65536\n", "    symbol_names: 2048\n", 1)
     text = text.replace("    symbol_tables: 128\n", "    symbol_tables: 300\n")
-    text = text.replace("    symbol_table_bytes: 64MiB\n", "    symbol_table_bytes: 24MiB\n")
+    text = text.replace("    symbol_table_bytes: 32MiB\n", "    symbol_table_bytes: 24MiB\n")
     monkeypatch.setattr(symbolizer.TABLES, "max_tables", symbolizer.TABLES.max_tables)
     monkeypatch.setattr(symbolizer.TABLES, "max_bytes", symbolizer.TABLES.max_bytes)
     agent = Agent(load_config_text(text))

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness.agent import FAKE_CUDA, FAKE_CUDART, REPO, WORKLOAD, wait_until
@@ -363,3 +364,5 @@ def test_symbol_tables_read_as_pyelftools_reads_them(library: str) -> None:
     assert table.loads == loads and table.build_id == build_id
     assert sorted(expected) == table.addrs.tolist()
     assert {addr: table.lookup(addr) for addr in expected} == expected
+    # Linked below 4 GiB: addresses held as 4 bytes each; one above is past every function.
+    assert table.addrs.dtype == np.uint32 and table.lookup(1 << 40) is None

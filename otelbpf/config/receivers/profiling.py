@@ -21,7 +21,7 @@ class ProfilingReceiverConfig(ReceiverConfig):
     code_map_entries: int = Field(16384, ge=1024, le=1 << 20)
     live_allocations: int = Field(262144, ge=1024, le=1 << 24)
     symbol_tables: int = Field(128, ge=8, le=4096)
-    symbol_table_bytes: Size = Field(64 << 20, ge=1 << 20, le=4 << 30)
+    symbol_table_bytes: Size = Field(32 << 20, ge=1 << 20, le=4 << 30)
     cached_stacks: int = Field(16384, ge=256, le=1 << 20)
     cached_python_stacks: int = Field(16384, ge=256, le=1 << 20)
     cached_resolved_stacks: int = Field(16384, ge=256, le=1 << 20)
