@@ -25,7 +25,9 @@ stop time is SIGTERM to exit, with the phases Agent.stop logs ("otelbpf stopped 
 also bench/stop_time.py for --pid and command modes). The RSS growth over the load windows
 (least squares, MiB per minute) says whether memory is flat. The agent's own
 ``otelbpf.ring.usage`` exports give each window's most-filled moment of every BPF ring (its
-whole size is resident: the evidence for sizing ``ring_buffer_size``).
+whole size is resident: the evidence for sizing ``ring_buffer_size``). Each run also reports the
+agent's peak RSS (VmHWM) read just before the stop: start included, what a memory limit must
+allow for.
 
 ``--churn``: is memory flat? One long window per config (``--seconds``, 600 for 10 minutes)
 under bench/churn.py's load: a PyTorch-like job (torch on the CPU, libtorch_cpu.so's symbols),
@@ -103,6 +105,17 @@ def rss_split_kib(pid: int) -> tuple[int, int]:
         int(m.group(1)) if (m := re.search(rf"^{k}:\s*(\d+)", text, re.M)) else 0  # type: ignore[return-value]
         for k in ("RssAnon", "RssFile")
     )
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """The process's peak RSS so far (VmHWM, MiB): its start included, which a limit must allow
+    for; None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^VmHWM:\s*(\d+)", text, re.M)
+    return round(int(m.group(1)) / 1024, 1) if m else None
 
 
 class RssSampler:
@@ -389,6 +402,7 @@ def measure(name: str, workdir: Path, lib: Path, port: int, a: argparse.Namespac
         out["rss_slope_after_start_mib_per_min"] = slope_mib_per_min([s for s in rss.samples if s[0] >= 2.0])
     finally:
         rss.stop()
+        out["peak_rss_mib"] = peak_rss_mib(agent.proc.pid)  # before the stop and its report.html
         out["stop"] = agent.stop()
     out["stop"]["load_average"] = load()
     for w in ("warmup", "idle", "launches", "mixed"):
@@ -446,6 +460,7 @@ def measure_churn(name: str, workdir: Path, lib: Path, port: int, a: argparse.Na
     finally:
         churn.stop()
         rss.stop()
+        out["peak_rss_mib"] = peak_rss_mib(agent.proc.pid)  # before the stop and its report.html
         out["stop"] = agent.stop()
     out["short_lived_processes"] = churn.started
     out["at_minutes"] = {str(m): at_minutes(rss, 0.0, m) for m in (1, 5, 10)}
@@ -473,7 +488,8 @@ def report_churn(res: dict) -> None:
         marks = ", ".join(f"{m} min {v['anon_mib']}+{v['file_mib']}" for m, v in r["at_minutes"].items() if v)
         print(
             f"{r['config']}: running {r['at_running']['anon_mib']}+{r['at_running']['file_mib']} MiB "
-            f"(anon+file), {marks}; max {r['max_mib']}; slope MiB/min {r['slope_mib_per_min']}; "
+            f"(anon+file), {marks}; max {r['max_mib']}; peak (VmHWM, start included) {r.get('peak_rss_mib')} MiB; "
+            f"slope MiB/min {r['slope_mib_per_min']}; "
             f"{r['short_lived_processes']} short-lived processes"
         )
 
@@ -495,7 +511,7 @@ def report(res: dict) -> None:
         print(
             f"{r['config']:8} start {r['start']['to_running_s']} s (compile {r['start']['bpf_compile_s']} s), "
             f"stop {r['stop']['sigterm_to_stopped_s']} s (+ report.html {r['stop']['report_s']} s): "
-            f"{r['stop']['phases']}"
+            f"{r['stop']['phases']}; peak RSS (VmHWM, start included) {r.get('peak_rss_mib')} MiB"
         )
 
 

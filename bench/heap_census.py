@@ -169,23 +169,14 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def hwm_mib(pid: int) -> int | None:
-    """The process's peak RSS so far (VmHWM), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(ln.split()[1]) // 1024 for ln in f if ln.startswith("VmHWM")), None)
-    except OSError:
-        return None
-
-
-def watch_stop(agent: subprocess.Popen, timeout: float) -> int | None:
+def watch_stop(agent: subprocess.Popen, timeout: float) -> float | None:
     """Wait for the stopping agent; returns its peak RSS over its whole life, read every 0.1 s
     until it exits: the stop and report.html after it included."""
     peak, deadline = None, time.monotonic() + timeout
     while agent.poll() is None:
         if time.monotonic() > deadline:
             raise subprocess.TimeoutExpired(agent.args, timeout)
-        peak = hwm_mib(agent.pid) or peak
+        peak = footprint.peak_rss_mib(agent.pid) or peak
         time.sleep(0.1)
     return peak
 
@@ -293,7 +284,7 @@ def main() -> int:
         sampler.join()
     finally:
         done.set()
-        running_peak_mib = hwm_mib(agent.pid)
+        running_peak_mib = footprint.peak_rss_mib(agent.pid)
         agent.send_signal(2)  # SIGINT: stops, then writes report.html (its memory is the stop peak)
         try:
             stop_peak_mib = watch_stop(agent, 120)

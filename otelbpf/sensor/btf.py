@@ -10,6 +10,7 @@ enough of that format (linux/btf.h: header, type records, string section) to ans
 from __future__ import annotations
 
 import struct
+from array import array
 from functools import cache
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
@@ -46,41 +47,53 @@ class BtfError(Exception):
 
 
 class Btf:
+    """The type records of one BTF blob, indexed by id: four uint32s each (kind, name offset,
+    size or type, record position) in one C array, names left in the string section until
+    asked for. A vmlinux has ~150k records; as Python tuples, with every struct's name
+    decoded, the index took ~27 MiB of the agent's start for the one offset it answers."""
+
     def __init__(self, data: bytes) -> None:
         magic, _version, _flags, hdr_len = struct.unpack_from("<HBBI", data, 0)
         if magic != _MAGIC:
             raise BtfError(f"not BTF (magic {magic:#x})")
         type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", data, 8)
         self._strings = data[hdr_len + str_off : hdr_len + str_off + str_len]
-        self._types: list[tuple[int, int, int, int]] = [
-            (0, 0, 0, 0)
-        ]  # id -> (kind, name_off, size/type, record offset)
+        self._types = array("I", (0, 0, 0, 0))  # id 0 is void
         self._data = data
-        self._by_name: dict[tuple[int, str], int] = {}
         pos, end = hdr_len + type_off, hdr_len + type_off + type_len
+        unpack, extra, types = struct.Struct("<III").unpack_from, _EXTRA, self._types
         while pos < end:
-            name_off, info, size_or_type = struct.unpack_from("<III", data, pos)
-            kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
-            if kind not in _EXTRA:
+            name_off, info, size_or_type = unpack(data, pos)
+            kind = (info >> 24) & 0x1F
+            if kind not in extra:
                 raise BtfError(f"unknown BTF kind {kind}")
-            self._types.append((kind, name_off, size_or_type, pos))
-            if kind in (_STRUCT, _UNION) and name_off:
-                self._by_name.setdefault((kind, self._name(name_off)), len(self._types) - 1)
-            fixed, per = _EXTRA[kind]
-            pos += 12 + fixed + per * vlen
+            types.extend((kind, name_off, size_or_type, pos))
+            fixed, per = extra[kind]
+            pos += 12 + fixed + per * (info & 0xFFFF)
+
+    def _struct_id(self, name: str) -> int | None:
+        """The first struct named ``name``, as the type ids go."""
+        wanted, needle, at = set(), b"\0" + name.encode() + b"\0", -1  # the section starts with a NUL
+        while (at := self._strings.find(needle, at + 1)) >= 0:
+            wanted.add(at + 1)
+        types = self._types
+        for type_id in range(1, len(types) // 4):
+            if types[4 * type_id] == _STRUCT and types[4 * type_id + 1] in wanted:
+                return type_id
+        return None
 
     def _name(self, off: int) -> str:
         end = self._strings.index(b"\0", off)
         return self._strings[off:end].decode()
 
     def _resolve(self, type_id: int) -> int:
-        while self._types[type_id][0] in _QUALIFIERS:
-            type_id = self._types[type_id][2]
+        while self._types[4 * type_id] in _QUALIFIERS:
+            type_id = self._types[4 * type_id + 2]
         return type_id
 
     def _members(self, type_id: int) -> list[tuple[str, int, int]]:
         """(name, type id, byte offset) of a struct or union's members."""
-        kind, _name, _size, pos = self._types[type_id]
+        pos = self._types[4 * type_id + 3]
         info = struct.unpack_from("<I", self._data, pos + 4)[0]
         bitfield_encoding = info >> 31
         out = []
@@ -96,7 +109,7 @@ class Btf:
             if name == member:
                 return member_type, offset
             resolved = self._resolve(member_type)
-            if not name and self._types[resolved][0] in (_STRUCT, _UNION):
+            if not name and self._types[4 * resolved] in (_STRUCT, _UNION):
                 found = self._find(resolved, member)
                 if found is not None:
                     return found[0], offset + found[1]
@@ -104,7 +117,7 @@ class Btf:
 
     def offset(self, struct_name: str, path: str) -> int:
         """Byte offset of ``path`` (``thread.fsbase``) inside ``struct struct_name``."""
-        type_id = self._by_name.get((_STRUCT, struct_name))
+        type_id = self._struct_id(struct_name)
         if type_id is None:
             raise BtfError(f"struct {struct_name} is not in the kernel's BTF")
         total = 0
@@ -120,8 +133,8 @@ class Btf:
 def vmlinux() -> Btf:
     """The running kernel's BTF; raises BtfError naming the fix when it is missing.
 
-    Not cached: parsed, it holds ~30 MiB (150k type records) for the few offsets asked of
-    it; callers cache their answers instead."""
+    Not cached: parsed, it holds ~8 MiB (the file and its 150k type records' index) for the
+    few offsets asked of it; callers cache their answers instead."""
     try:
         with open(VMLINUX, "rb") as f:
             return Btf(f.read())
