@@ -283,6 +283,15 @@ def grpc_calls(port: int, seconds: float) -> dict:
     return {"calls_per_s": float(out[0]), "p50_us": float(out[1]), "p99_us": float(out[2])}
 
 
+def preflight(bench: str) -> None:
+    """Root, the bench programs built, and wrk installed, or exit saying which is missing."""
+    if os.geteuid() != 0:
+        sys.exit(f"{bench} loads eBPF programs: run it as root")
+    subprocess.run(["bash", str(ROOT / "examples/build.sh")], check=True, stdout=subprocess.DEVNULL)
+    if subprocess.run(["which", "wrk"], capture_output=True).returncode:
+        sys.exit("wrk is not installed: apt-get install wrk")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5)
@@ -295,11 +304,7 @@ def main() -> int:
     )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench/http.py loads eBPF programs: run it as root")
-    subprocess.run(["bash", str(ROOT / "examples/build.sh")], check=True, stdout=subprocess.DEVNULL)
-    if subprocess.run(["which", "wrk"], capture_output=True).returncode:
-        sys.exit("wrk is not installed: apt-get install wrk")
+    preflight("bench/http.py")
     work = Path(tempfile.mkdtemp(prefix="otelbpf-bench-http-"))
     results: dict = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "seconds": args.seconds}
     results["throughput"] = [throughput(work, args.seconds, args.repeats, int(w)) for w in args.work_us.split(",")]

@@ -20,7 +20,6 @@ import argparse
 import datetime as dt
 import importlib.util
 import json
-import os
 import re
 import signal
 import subprocess
@@ -105,11 +104,7 @@ def main() -> int:
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench/ring_size.py loads eBPF programs: run it as root")
-    subprocess.run(["bash", str(ROOT / "examples/build.sh")], check=True, stdout=subprocess.DEVNULL)
-    if subprocess.run(["which", "wrk"], capture_output=True).returncode:
-        sys.exit("wrk is not installed: apt-get install wrk")
+    http_bench.preflight("bench/ring_size.py")
     sizes = a.sizes.split(",")
     work = Path(tempfile.mkdtemp(prefix="otelbpf-bench-ring-"))
     port = http_bench.free_port()
