@@ -98,7 +98,7 @@ class CacheSizes:
     stacks: int = 16384  # native stacks copied from the kernel, by hash
     python_stacks: int = 16384  # Python stacks, the kernel's bytes
     resolved_stacks: int = 16384  # (process, stacks) -> merged frames
-    frames: int = 65536  # distinct frames, shared by the resolved stacks
+    frames: int = 16384  # distinct frames, shared by the resolved stacks
     code_objects: int = 8192  # Python code objects, by process
 
 

@@ -25,7 +25,7 @@ class ProfilingReceiverConfig(ReceiverConfig):
     cached_stacks: int = Field(16384, ge=256, le=1 << 20)
     cached_python_stacks: int = Field(16384, ge=256, le=1 << 20)
     cached_resolved_stacks: int = Field(16384, ge=256, le=1 << 20)
-    cached_frames: int = Field(65536, ge=1024, le=1 << 22)
+    cached_frames: int = Field(16384, ge=1024, le=1 << 22)
     cached_code_objects: int = Field(8192, ge=256, le=1 << 20)
 
     @field_validator("max_python_frames")
