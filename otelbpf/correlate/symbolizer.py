@@ -221,8 +221,8 @@ class _SymbolTable:
 
 def _narrow(values: np.ndarray) -> np.ndarray:
     """``values`` (uint64) as uint32 when they all fit: sizes and string offsets do in any file
-    under 4 GiB, and addresses in any shared library linked at 0 (a table is then 12 bytes a
-    function, not 24)."""
+    under 4 GiB, and addresses in any shared library or PIE linked at 0 (a table is then 12
+    bytes a function; 16 with 8-byte addresses, 24 with nothing narrowed)."""
     return values.astype(np.uint32) if not len(values) or int(values.max()) < 1 << 32 else values
 
 
