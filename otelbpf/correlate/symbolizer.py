@@ -190,6 +190,7 @@ class _SymbolTable:
             self.addrs = self._sizes = self._names = np.zeros(0, dtype=np.uint64)
         #: what the table holds in the heap (its names stay in the file's pages)
         self.nbytes = self.addrs.nbytes + self._sizes.nbytes + self._names.nbytes
+        self._top = int(np.iinfo(self.addrs.dtype).max)  # the highest address its dtype holds
 
     def vaddr(self, file_offset: int) -> int | None:
         for off, vaddr, size in self.loads:
@@ -207,7 +208,7 @@ class _SymbolTable:
         return self._file[start:end].decode("utf-8", errors="replace")
 
     def lookup(self, vaddr: int) -> str | None:
-        if vaddr > np.iinfo(self.addrs.dtype).max:
+        if vaddr > self._top:
             i = len(self.addrs) - 1  # past every address of a table narrowed to uint32
         else:
             i = int(np.searchsorted(self.addrs, self.addrs.dtype.type(vaddr), side="right")) - 1

@@ -86,10 +86,13 @@ def test_bad_magic_and_an_unknown_kind_are_errors():
         btf.Btf(b.bytes())
 
 
-@pytest.mark.skipif(not os.path.exists(btf.VMLINUX), reason="this kernel has no BTF")
 def test_the_running_kernels_task_struct():
     """x86-64: ``thread`` is task_struct's last member but for the arch-specific tail, and
     ``fsbase`` a u64 inside it."""
+    if not os.path.exists(btf.VMLINUX):
+        if os.environ.get("CI") == "true":  # CI's kernel has BTF: Python stacks depend on it
+            pytest.fail(f"no {btf.VMLINUX} on this machine")
+        pytest.skip("this kernel has no BTF")
     offset = btf.task_fsbase_offset()
     parsed = btf.vmlinux()
     assert offset == parsed.offset("task_struct", "thread.fsbase") > parsed.offset("task_struct", "thread") > 0
