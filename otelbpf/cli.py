@@ -143,6 +143,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _import_numpy_single_threaded() -> None:
+    """Import numpy with its OpenBLAS asked for one thread, then take the request back out.
+
+    OpenBLAS starts a thread per core when numpy is imported (up to 63 on a large GPU node),
+    and the agent never multiplies a matrix. It reads ``OPENBLAS_NUM_THREADS`` only while it
+    loads, so the variable is removed at once: a command the agent starts, or a subprocess
+    of its own, inherits the caller's environment unchanged. A value the caller set is kept."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401  (for its side effect: OpenBLAS loads now, with one thread)
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "doctor":
@@ -244,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
     job = Job(command) if command else None
     drop_unneeded(command=job is not None, receivers=config.enabled_receivers())
+    _import_numpy_single_threaded()
     from otelbpf.agent import run
     from otelbpf.base.safe_files import UnsafeOutput
     from otelbpf.sensor.sensor import SensorError

@@ -94,3 +94,31 @@ def test_print_config_shows_the_effective_config_without_secrets(tmp_path):
     doc = yaml.safe_load(out.stdout)
     [otlp] = [e for e in doc["exporters"].values() if e.get("endpoint") == "http://collector:4317"]
     assert otlp["headers"] == {"authorization": "<redacted>"}
+
+
+_THREADS = (
+    "import os, sys\n"
+    "from otelbpf.cli import _import_numpy_single_threaded\n"
+    "if sys.argv[1] == 'agent': _import_numpy_single_threaded()\n"
+    "else: import numpy\n"
+    "print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+)
+
+
+def test_the_agent_imports_numpy_without_openblas_threads_and_leaves_the_environment_as_it_was():
+    """OpenBLAS starts a thread per core at numpy's import, which the agent never uses; the
+    request for one thread must not stay in the environment a watched command inherits."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+
+    def threads(mode: str) -> tuple[int, str]:
+        out = subprocess.run(
+            [sys.executable, "-c", _THREADS, mode], capture_output=True, text=True, env=env, check=True
+        )
+        count, var = out.stdout.split()
+        return int(count), var
+
+    assert threads("agent") == (1, "None")
+    if (os.cpu_count() or 1) > 1:  # the comparison that shows the test can fail: plain numpy starts more
+        assert threads("plain")[0] > 1

@@ -1,7 +1,8 @@
 """``otelbpf report DIR -o report.html``: what the agent wrote into DIR, as one HTML page.
 
 Findings first (``diagnose``, ranked by the time they cost, with their evidence and fix),
-then one section per process: what it did (CUDA launches, bytes copied, off-CPU time by
+then one section per process (the ``MAX_DETAILED`` with findings or the most traced time;
+the others a row each in one table): what it did (CUDA launches, bytes copied, off-CPU time by
 reason), the CUDA API time per call, a timeline of its spans (lanes: off-CPU, CUDA API,
 syncs, copies, NCCL; ``report_timeline``), the AI flame graph (CUDA calls and kernels on
 top of the code that made them, weights switchable: ``report_ai``), and a flame graph of
@@ -41,6 +42,11 @@ from otelbpf.config.units import format_size
 ASSETS = ("d3.min.js", "d3-flamegraph.min.js")
 #: The page ``otelbpf run`` writes into each file exporter's directory when it ends.
 RUN_REPORT = "report.html"
+#: Processes drawn in full (facts, CUDA API time, timeline, flame graphs); the rest get a row
+#: each in one table. A host under process churn has hundreds: five minutes of bench/churn.py
+#: left 1,226 flame graphs, a 22.5 MiB page that no browser draws usably, and the agent at
+#: ~540 MiB writing it after its stop.
+MAX_DETAILED = 40
 __all__ = ["after_run", "read_profile", "render", "run"]
 
 
@@ -489,6 +495,59 @@ def _stragglers_html(directory: str, charts: _Charts, problems: list[str]) -> li
     return parts
 
 
+def _time_ns(graphs: list[FlameGraph], calls: dict[str, ApiTime]) -> int:
+    """A process's traced time: CPU and off-CPU in its flame graphs, and its CUDA API calls."""
+    return sum(g.root.value for g in graphs if g.unit.endswith("/nanoseconds")) + sum(
+        t.total_ns for t in calls.values()
+    )
+
+
+def _ranked(
+    procs: dict[ProcKey, Json],
+    findings: list[Finding],
+    by_proc: dict[ProcKey, list[FlameGraph]],
+    calls: dict[ProcKey, dict[str, ApiTime]],
+) -> tuple[list[ProcKey], list[ProcKey]]:
+    """(the processes drawn in full, the rest): those with a finding first, then by the time
+    they were seen spending (``_time_ns``), at most ``MAX_DETAILED``."""
+    with_findings = {f.process for f in findings}
+
+    def rank(key: ProcKey) -> tuple[bool, int]:
+        res = procs[key]
+        label = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"  # as diagnose names it
+        return label not in with_findings, -_time_ns(by_proc.get(key, []), calls.get(key, {}))
+
+    order = sorted(procs, key=rank)
+    return order[:MAX_DETAILED], order[MAX_DETAILED:]
+
+
+def _others_html(
+    keys: list[ProcKey],
+    procs: dict[ProcKey, Json],
+    by_proc: dict[ProcKey, list[FlameGraph]],
+    calls: dict[ProcKey, dict[str, ApiTime]],
+) -> str:
+    """One row per process not drawn in full, busiest first."""
+    rows = []
+    for key in keys:
+        res, graphs, api = procs[key], by_proc.get(key, []), calls.get(key, {})
+        cpu = sum(g.root.value for g in graphs if g.kind == "cpu") / 1e9
+        off = sum(g.root.value for g in graphs if g.kind == "off_cpu") / 1e9
+        command = str(res.get("process.command_line", ""))
+        rows.append(
+            f"<tr><td>{_e(res.get('service.name', '?'))}</td><td class='n'>{_e(res.get('process.pid', '?'))}</td>"
+            f"<td class='n'>{cpu:.3f}</td><td class='n'>{off:.3f}</td>"
+            f"<td class='n'>{sum(t.calls for t in api.values())}</td>"
+            f"<td class='muted'>{_e(command[:160] + ('…' if len(command) > 160 else ''))}</td></tr>"
+        )
+    return (
+        f"<h2>{len(keys)} more processes</h2><p>Drawn in full above: the {MAX_DETAILED} with findings or the most "
+        "traced time. The rest, busiest first (their telemetry is in the folder):</p>"
+        "<table><tr><th>service</th><th>pid</th><th>CPU s</th><th>off-CPU s</th><th>CUDA calls traced</th>"
+        f"<th>command line</th></tr>{''.join(rows)}</table>"
+    )
+
+
 def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     """(the page, its findings, what could not be read)."""
     problems: list[str] = []
@@ -536,7 +595,8 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     else:
         body.append("<p>No cause of GPU idle time above 1% of a process's traced window.</p>")
     body += _stragglers_html(directory, charts, problems)
-    for key in sorted(procs, key=lambda k: (k[0] == "otelbpf", str(k))):
+    detailed, others = _ranked(procs, findings, by_proc, spans.calls)
+    for key in sorted(detailed, key=lambda k: (k[0] == "otelbpf", str(k))):
         pid = int(procs[key].get("process.pid", 0) or 0)
         body.append(
             _process_html(
@@ -549,6 +609,8 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
                 charts,
             )
         )
+    if others:
+        body.append(_others_html(others, procs, by_proc, spans.calls))
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>otelbpf report</title>"
         f"<style>{_CSS}</style></head><body>{''.join(body)}{charts.script()}</body></html>"

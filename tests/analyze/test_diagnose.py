@@ -288,3 +288,35 @@ def test_a_process_whose_calls_all_fail_is_told_so_first(tmp_path: Path) -> None
     metrics.shutdown()
     [finding] = diagnose(str(tmp_path))
     assert finding.cause == "cuda_errors" and "cudaErrorInsufficientDriver" in finding.summary
+
+
+def test_every_attribute_a_finding_reads_is_one_the_loader_keeps() -> None:
+    """``_load`` keeps only ``_READ_ATTRS`` of each span (a 200 MiB folder held 504 MiB with
+    them all): an attribute read by a finding but not kept would silently be missing."""
+    import inspect
+    import re
+
+    from otelbpf.analyze import diagnose as module
+
+    source = inspect.getsource(module)
+    read = set(re.findall(r"\.attrs(?:\.get\(|\[)\"([\w.]+)\"", source))
+    read |= set(re.findall(r"\"([\w.]+)\" (?:not )?in s\.attrs", source))
+    assert len(read) >= 8, read  # the scan finds the reads it looks for
+    assert read <= module._READ_ATTRS, read - module._READ_ATTRS
+
+
+def test_the_loader_keeps_the_attributes_findings_read_as_shared_objects(tmp_path: Path) -> None:
+    from otelbpf.analyze.diagnose import _load
+
+    t = steps(30, n=3, memory="pageable")
+    spans, _latest, _procs, _off = _load(str(t.export(tmp_path)))
+    (copies,) = [[s for s in v if s.name == "cudaMemcpyAsync"] for v in spans.values()]
+    assert len(copies) == 3 and copies[0].attrs == {
+        "cuda.memcpy.bytes": 1 << 20,
+        "cuda.memcpy.direction": "H2D",
+        "cuda.memcpy.async": True,
+        "cuda.memcpy.host_memory": "pageable",
+    }
+    assert copies[0].attrs["cuda.memcpy.host_memory"] is copies[2].attrs["cuda.memcpy.host_memory"]
+    launch = next(s for v in spans.values() for s in v if s.name == "cudaLaunchKernel")
+    assert launch.attrs == {} and launch.tid == 7  # kernel name and function dropped; the thread kept

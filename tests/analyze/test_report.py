@@ -133,6 +133,33 @@ def test_the_page_shows_findings_processes_api_time_and_flame_graphs(tmp_path: P
     )
 
 
+def test_a_host_of_many_processes_draws_those_with_findings_and_the_busiest_and_lists_the_rest(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Under process churn a folder holds hundreds of processes: the page draws ``MAX_DETAILED``
+    of them in full and gives the others a row each, busiest first."""
+    from otelbpf.analyze import report
+
+    monkeypatch.setattr(report, "MAX_DETAILED", 2)
+    steps(11, memory="pageable").export(tmp_path)  # 0.1 s of CUDA API time, and a finding
+    ex = PprofFileExporter(str(tmp_path), Health())
+    for pid, samples in ((20, 20), (21, 50), (22, 100)):  # 0.2, 0.5 and 1 s of CPU, no finding
+        steps(pid, n=3).export(tmp_path)
+        ex.export([encoded(cpu_profile(pid, {("main", "py:train_step"): samples}, 1000))])
+    ex.shutdown()
+    page, findings, problems = render(str(tmp_path))
+    assert problems == [] and {f.process for f in findings} == {"job11 (pid 11)"}
+    drawn = re.findall(r"<h2>(job\d+) \(pid \d+\)</h2>", page)
+    assert sorted(drawn) == ["job11", "job22"]  # the one with a finding though the least busy, and the busiest
+    assert "<h2>2 more processes</h2>" in page
+    rows = re.findall(r"<tr><td>(job\d+)</td><td class='n'>\d+</td><td class='n'>([\d.]+)</td>", page)
+    assert rows == [("job21", "0.500"), ("job20", "0.200")]
+    assert len([f for f in charts(page)["flames"] if f["weights"][0]["key"] == "cpu"]) == 1  # job22's alone
+    checker = _Checker()
+    checker.feed(page)
+    assert checker.errors == [] and checker.stack == []
+
+
 def test_read_profile_gives_root_first_stacks(tmp_path: Path) -> None:
     write_profiles(tmp_path, 12)
     [first, _] = sorted((tmp_path / "profiles").iterdir())
