@@ -48,6 +48,8 @@ elif stage == "render":
     out.update(findings=len(findings), problems=len(problems), page_mib=round(len(page.encode()) / 2**20, 2))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 out.update(seconds=round(time.monotonic() - t0, 2), peak_rss_mib=round(peak, 1))
+import otelbpf
+out["otelbpf"] = otelbpf.__file__
 print(json.dumps(out))
 """
 
@@ -62,7 +64,12 @@ def folder_size(folder: Path) -> dict[str, float]:
 def run_stage(stage: str, folder: Path, tree: Path) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
-        [sys.executable, "-c", STAGE, stage, str(folder)], capture_output=True, text=True, env=env, check=False
+        [sys.executable, "-c", STAGE, stage, str(folder.resolve())],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tree,  # `-c` puts the working directory first on sys.path
+        check=False,
     )
     if done.returncode:
         raise SystemExit(f"report_peak: the {stage} stage failed:\n{done.stderr}")

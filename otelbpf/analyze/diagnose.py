@@ -142,7 +142,7 @@ class Finding:
 #: the file exporter's ``report_max_input`` (256 MiB) of spans, and every CUDA and off-CPU span
 #: is held until the findings are made. With all their attributes that was ~2.5 times the
 #: folder's size (504 MiB for 200 MiB of spans). The keys kept are this set's own strings, and
-#: a span that carries none of these shares one empty dict.
+#: spans that carry the same of these share a dict (``_KeptAttrs``).
 _READ_ATTRS = frozenset(
     {
         "cuda.memcpy.async",
@@ -166,6 +166,31 @@ def _shared(value: object) -> object:
     return sys.intern(value) if isinstance(value, str) else value
 
 
+class _KeptAttrs:
+    """The ``_READ_ATTRS`` a span carries, as one dict per distinct set: a training step's
+    copies and allocations repeat the same sizes, directions and memory kinds, so most spans
+    share a dict. At most ``bound`` sets are pooled (an off-CPU span's blocked time is unique
+    to it); a set past that, or one holding a list (a kernel stack), gets its own dict."""
+
+    def __init__(self, bound: int = 4096) -> None:
+        self._pool: dict[tuple[tuple[str, object], ...], Json] = {}
+        self._bound = bound
+
+    def __call__(self, attrs: Json) -> Json:
+        items = tuple((k, attrs[k]) for k in _READ_ATTRS if k in attrs)
+        if not items:
+            return _NO_ATTRS
+        try:
+            kept = self._pool.get(items)
+        except TypeError:  # a list value cannot be a key
+            return {k: _shared(v) for k, v in items}
+        if kept is None:
+            kept = {k: _shared(v) for k, v in items}
+            if len(self._pool) < self._bound:
+                self._pool[items] = kept
+        return kept
+
+
 @dataclass(slots=True)
 class _Span:
     name: str
@@ -184,6 +209,7 @@ def _load(
     spans: dict[ProcKey, list[_Span]] = defaultdict(list)
     off_cpu: dict[ProcKey, list[_Span]] = defaultdict(list)
     procs: dict[ProcKey, Json] = {}
+    kept_attrs = _KeptAttrs()
 
     def add_spans(req: Json) -> None:
         for key, ss in scoped(req, "Spans", procs):
@@ -192,14 +218,13 @@ def _load(
                 continue
             for sp in ss.get("spans", []):
                 a = _attrs(sp.get("attributes"))
-                kept = {k: _shared(a[k]) for k in _READ_ATTRS if k in a} or _NO_ATTRS
                 into[key].append(
                     _Span(
                         sys.intern(sp["name"]),
                         int(sp["startTimeUnixNano"]),
                         int(sp["endTimeUnixNano"]),
                         int(a.get("thread.id", 0) or 0),
-                        kept,
+                        kept_attrs(a),
                         sp.get("spanId", ""),
                     )
                 )

@@ -306,7 +306,7 @@ def test_every_attribute_a_finding_reads_is_one_the_loader_keeps() -> None:
 
 
 def test_the_loader_keeps_the_attributes_findings_read_as_shared_objects(tmp_path: Path) -> None:
-    from otelbpf.analyze.diagnose import _load
+    from otelbpf.analyze.diagnose import _KeptAttrs, _load
 
     t = steps(30, n=3, memory="pageable")
     spans, _latest, _procs, _off = _load(str(t.export(tmp_path)))
@@ -317,6 +317,11 @@ def test_the_loader_keeps_the_attributes_findings_read_as_shared_objects(tmp_pat
         "cuda.memcpy.async": True,
         "cuda.memcpy.host_memory": "pageable",
     }
-    assert copies[0].attrs["cuda.memcpy.host_memory"] is copies[2].attrs["cuda.memcpy.host_memory"]
+    assert copies[0].attrs is copies[2].attrs  # the same attributes: one dict
     launch = next(s for v in spans.values() for s in v if s.name == "cudaLaunchKernel")
     assert launch.attrs == {} and launch.tid == 7  # kernel name and function dropped; the thread kept
+    pool = _KeptAttrs(bound=1)
+    first, second = pool({"thread.name": "a"}), pool({"thread.name": "b"})
+    assert pool({"thread.name": "a"}) is first and pool({"thread.name": "b"}) is not second  # past the bound
+    stack = {"otelbpf.sched.kernel_stack": ["schedule", "futex_wait"], "otelbpf.sched.reason": "futex"}
+    assert pool(stack) == stack and pool(stack) is not pool(stack)  # a list: not pooled, still kept
