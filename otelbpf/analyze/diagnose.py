@@ -173,19 +173,20 @@ class _KeptAttrs:
     to it); a set past that, or one holding a list (a kernel stack), gets its own dict."""
 
     def __init__(self, bound: int = 4096) -> None:
-        self._pool: dict[tuple[tuple[str, object], ...], Json] = {}
+        self._pool: dict[tuple[tuple[str, type, object], ...], Json] = {}
         self._bound = bound
 
     def __call__(self, attrs: Json) -> Json:
-        items = tuple((k, attrs[k]) for k in _READ_ATTRS if k in attrs)
+        # The value's type is part of the key: True == 1 == 1.0 as keys, not as attributes.
+        items = tuple((k, type(attrs[k]), attrs[k]) for k in _READ_ATTRS if k in attrs)
         if not items:
             return _NO_ATTRS
         try:
             kept = self._pool.get(items)
         except TypeError:  # a list value cannot be a key
-            return {k: _shared(v) for k, v in items}
+            return {k: _shared(v) for k, _t, v in items}
         if kept is None:
-            kept = {k: _shared(v) for k, v in items}
+            kept = {k: _shared(v) for k, _t, v in items}
             if len(self._pool) < self._bound:
                 self._pool[items] = kept
         return kept

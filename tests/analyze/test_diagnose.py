@@ -323,5 +323,8 @@ def test_the_loader_keeps_the_attributes_findings_read_as_shared_objects(tmp_pat
     pool = _KeptAttrs(bound=1)
     first, second = pool({"thread.name": "a"}), pool({"thread.name": "b"})
     assert pool({"thread.name": "a"}) is first and pool({"thread.name": "b"}) is not second  # past the bound
+    pool = _KeptAttrs()
+    assert pool({"cuda.memcpy.async": 1})["cuda.memcpy.async"] is not True  # equal as a key, not as a value
+    assert pool({"cuda.memcpy.async": True})["cuda.memcpy.async"] is True
     stack = {"otelbpf.sched.kernel_stack": ["schedule", "futex_wait"], "otelbpf.sched.reason": "futex"}
     assert pool(stack) == stack and pool(stack) is not pool(stack)  # a list: not pooled, still kept
