@@ -541,8 +541,9 @@ def _others_html(
             f"<td class='muted'>{_e(command[:160] + ('…' if len(command) > 160 else ''))}</td></tr>"
         )
     return (
-        f"<h2>{len(keys)} more process{'es' if len(keys) != 1 else ''}</h2><p>Drawn in full above: the {MAX_DETAILED} with findings or the most "
-        "traced time. The rest, busiest first (their telemetry is in the folder):</p>"
+        f"<h2>{len(keys)} more process{'es' if len(keys) != 1 else ''}</h2>"
+        f"<p>Drawn in full above: the {MAX_DETAILED} with findings or the most traced time."
+        " The rest, busiest first (their telemetry is in the folder):</p>"
         "<table><tr><th>service</th><th>pid</th><th>CPU s</th><th>off-CPU s</th><th>CUDA calls traced</th>"
         f"<th>command line</th></tr>{''.join(rows)}</table>"
     )
