@@ -45,7 +45,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from otelbpf.analyze.gpu_idle import gpu_idle, write_gpu_idle
-from otelbpf.analyze.summary import Json, Latest, ProcKey, SeriesKey, _attrs, _num, _read, load_metrics, scoped
+from otelbpf.analyze.summary import (
+    Json,
+    Latest,
+    ProcKey,
+    SeriesKey,
+    _attrs,
+    _num,
+    _read,
+    load_metrics,
+    process_label,
+    scoped,
+)
 
 #: One process's latest metric points, read only: an entry of summary.load_metrics' answer, or the live
 #: view's (whose kind may be missing).
@@ -567,7 +578,7 @@ def diagnose(directory: str, partial: list[str] | None = None) -> list[Finding]:
     for key, res in procs.items():
         if key[0] == "otelbpf":
             continue
-        label = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
+        label = process_label(res)
         findings += _process_findings(label, spans.get(key, []), latest.get(key, {}), off_cpu.get(key, []))
     return sorted(findings, key=lambda f: -f.cost_s)
 

@@ -33,7 +33,17 @@ from otelbpf.analyze.diagnose import COSTS, SCHED_SCOPE, Finding, diagnose
 from otelbpf.analyze.report_ai import PROFILE_NAME, AiSpans, Weight
 from otelbpf.analyze.report_timeline import Timeline
 from otelbpf.analyze.report_tree import Node, read_profile
-from otelbpf.analyze.summary import Json, ProcKey, SeriesKey, _attrs, _num, _proc_key, _read, load_metrics
+from otelbpf.analyze.summary import (
+    Json,
+    ProcKey,
+    SeriesKey,
+    _attrs,
+    _num,
+    _proc_key,
+    _read,
+    load_metrics,
+    process_label,
+)
 from otelbpf.base.safe_files import OutputDir
 from otelbpf.config import Config, FileExporterConfig
 from otelbpf.config.units import format_size
@@ -358,7 +368,7 @@ def _process_html(
     timeline: Json | None,
     charts: _Charts,
 ) -> str:
-    title = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
+    title = process_label(res)
     parts = [f"<h2>{_e(title)}</h2>"]
     if res.get("process.command_line"):
         parts.append(f"<p class='muted'>{_e(res['process.command_line'])}</p>")
@@ -513,9 +523,7 @@ def _ranked(
     with_findings = {f.process for f in findings}
 
     def rank(key: ProcKey) -> tuple[bool, int]:
-        res = procs[key]
-        label = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"  # as diagnose names it
-        return label not in with_findings, -_time_ns(by_proc.get(key, []), calls.get(key, {}))
+        return process_label(procs[key]) not in with_findings, -_time_ns(by_proc.get(key, []), calls.get(key, {}))
 
     order = sorted(procs, key=rank)
     return order[:MAX_DETAILED], order[MAX_DETAILED:]

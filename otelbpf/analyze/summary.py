@@ -73,6 +73,12 @@ def _read(directory: str, signal: str, add: Callable[[Json], None], partial: lis
                     raise ValueError(f"{path}:{n}: not OTLP-JSON: {exc}") from exc
 
 
+def process_label(res: Json) -> str:
+    """How a process is named to people: in summaries, findings and the report's headings (the
+    report finds a finding's process by this name)."""
+    return f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
+
+
 def _proc_key(res: Json) -> ProcKey:
     return (res.get("service.name", "?"), res.get("process.pid", 0))
 
@@ -166,7 +172,7 @@ def summarize(directory: str, out: TextIO) -> int:
         def series(name: str, points: dict[SeriesKey, tuple[int, Json, str]] = points) -> list[tuple[Json, Json, str]]:
             return [(dict(a), dp, kind) for (n, a), (_t, dp, kind) in points.items() if n == name]
 
-        title = f"{res.get('service.name', '?')} (pid {res.get('process.pid', '?')})"
+        title = process_label(res)
         print(title, file=out)
         if res.get("process.command_line"):
             print(f"  command: {res['process.command_line']}", file=out)
