@@ -492,6 +492,7 @@ class Agent:
 
     def start(self) -> None:
         require_root()
+        resident.fix_mmap_threshold()  # before the compile: LLVM's large blocks go back too
         if self.self_profiler is not None:
             self.self_profiler.start()  # first: the BCC compile and the attach are profiled too
         self._processor.start()

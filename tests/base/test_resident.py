@@ -1,12 +1,15 @@
 """Dropping clean file pages (base/resident.py), on mappings made here with libc's mmap: what is
 dropped leaves residence and reads back the same; a read-only mapping holding written pages,
-a writable one and a shared one are never touched."""
+a writable one and a shared one are never touched. The fixed mmap threshold, in a fresh
+interpreter each: large blocks freed leave residence."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,3 +110,60 @@ def test_devices_and_memfds_are_not_files():
     assert every_file("/usr/lib/libfoo.so (deleted)")
     for path in ("/dev/nvidia0", "/dev/zero", "/memfd:sealed (deleted)", "[vdso]", "anon_inode:bpf-map", ""):
         assert not every_file(path)
+
+
+_HELD_AFTER_FREE = """
+import sys, threading
+import numpy as np
+from otelbpf.base.resident import fix_mmap_threshold
+
+def anon_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+
+fixed = fix_mmap_threshold() if sys.argv[1] == "fix" else False
+keep, held = [], []
+
+def work():  # on a thread, in an arena of its own, as the agent's processing thread
+    before = anon_mib()
+    big = np.ones(16 << 20, np.uint8)
+    del big  # a freed 16 MiB mapping: glibc raises its threshold to it unless fixed
+    blocks = []
+    for _ in range(16):
+        blocks.append(np.ones(2 << 20, np.uint8))
+        keep.append(np.ones(4000, np.uint8))  # a small block stays live above each large one
+    del blocks[:]
+    held.append(anon_mib() - before)
+
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(fixed, round(held[0]))
+"""
+
+
+def _held_after_free(mode: str, env: dict[str, str] | None = None) -> tuple[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", _HELD_AFTER_FREE, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **(env or {})},
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+def test_a_fixed_mmap_threshold_gives_large_blocks_back_when_freed():
+    """glibc's own behaviour first, so the test shows what the fix changes: 32 MiB of 2 MiB
+    blocks freed stay resident after a larger freed block raised the threshold."""
+    fixed, held = _held_after_free("raised")
+    assert (fixed, held) == ("False", 32)
+    fixed, held = _held_after_free("fix")
+    assert fixed == "True"
+    assert held <= 2
+
+
+def test_an_operators_glibc_tunable_is_kept():
+    fixed, held = _held_after_free("fix", {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432"})
+    assert (fixed, held) == ("False", 32)
