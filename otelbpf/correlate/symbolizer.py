@@ -147,6 +147,12 @@ def _build_id(f: BinaryIO, lay: _ElfLayout, phdrs: list[tuple[int, ...]]) -> str
     return ""
 
 
+#: Names a symbol table reads before it unmaps the pages they were on (see ``_SymbolTable``): under
+#: bench/churn.py the pages of names read from the string tables were 5 MiB of the agent's RssFile
+#: 5 minutes in (3.1 of them libtorch_cpu.so's), and grew with every new name.
+NAME_READS_PER_DROP = 1024
+
+
 class _SymbolTable:
     """Sorted function symbols of one ELF file, and its load segments.
 
@@ -155,7 +161,10 @@ class _SymbolTable:
     Names stay in the file until a lookup asks for one: the string tables are read
     through a shared read-only mapping of the file, so only the pages of names looked up
     are ever in memory, and those are clean file pages the kernel can drop (libtorch_cuda's
-    211k mangled names are tens of MiB that were held in the agent's heap)."""
+    211k mangled names are tens of MiB that were held in the agent's heap). Every page a name was
+    read from stays mapped, though, and counts in the agent's RSS until the table goes: after
+    every ``NAME_READS_PER_DROP`` names the table unmaps them (``MADV_DONTNEED``: they stay in the
+    page cache, and a name read again maps its page again)."""
 
     def __init__(self, path: str) -> None:
         with open(path, "rb") as f:
@@ -188,6 +197,7 @@ class _SymbolTable:
             self._sizes, self._names = _narrow(np.concatenate(sizes)[first]), _narrow(np.concatenate(names)[first])
         else:
             self.addrs = self._sizes = self._names = np.zeros(0, dtype=np.uint64)
+        self._reads = 0  # names read through the mapping
         #: what the table holds in the heap (its names stay in the file's pages)
         self.nbytes = self.addrs.nbytes + self._sizes.nbytes + self._names.nbytes
         self._top = int(np.iinfo(self.addrs.dtype).max)  # the highest address its dtype holds
@@ -203,9 +213,11 @@ class _SymbolTable:
             return None
         start = int(self._names[i])
         end = self._file.find(b"\0", start)
-        if end <= start:  # empty, or unterminated (pyelftools: no name)
-            return None
-        return self._file[start:end].decode("utf-8", errors="replace")
+        name = None if end <= start else self._file[start:end].decode("utf-8", errors="replace")
+        self._reads += 1
+        if self._reads % NAME_READS_PER_DROP == 0:
+            self._file.madvise(mmap.MADV_DONTNEED)
+        return name  # None: empty, or unterminated (pyelftools: no name)
 
     def lookup(self, vaddr: int) -> str | None:
         if vaddr > self._top:

@@ -206,3 +206,35 @@ def test_snapshots_of_exited_processes_are_released_after_a_grace():
         for p in procs:
             p.kill()
             p.wait()
+
+
+def _mapped_kib(path: str) -> int:
+    """Resident KiB of this process's shared read-only mappings of ``path`` (a table's names)."""
+    kib, mine = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                fields = line.split()
+                mine = fields[1] == "r--s" and len(fields) > 5 and fields[5] == path
+            elif mine and line.startswith("Rss:"):
+                kib += int(line.split()[1])
+    return kib
+
+
+def test_a_tables_name_pages_are_unmapped_after_so_many_names(monkeypatch):
+    """Names are read through a mapping of the file; every page they were on stayed mapped (RSS)
+    until the table went. Now every NAME_READS_PER_DROP names the table lets them go, and reads on."""
+    path = next(p for p in LIBS if "libpython" in p or "libc.so" in p)
+    table = symbolizer._SymbolTable(path)
+    assert len(table.addrs) > 400, path
+    monkeypatch.setattr(symbolizer, "NAME_READS_PER_DROP", 100)
+    picks = [int(table.addrs[i]) for i in range(0, len(table.addrs), len(table.addrs) // 99)][:99]
+    names = [table.lookup(a) for a in picks]  # 99 names read, across the whole string table
+    assert sum(n is not None for n in names) > 90
+    held = _mapped_kib(path)
+    assert held >= 8, "the names' pages are mapped"
+    assert table.lookup(picks[0]) == names[0]  # the 100th name read: its page and the rest go
+    assert _mapped_kib(path) == 0
+    assert table.lookup(picks[50]) == names[50]  # read again, from the page cache
+    assert _mapped_kib(path) > 0
