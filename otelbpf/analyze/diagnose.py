@@ -50,12 +50,10 @@ from otelbpf.analyze.summary import (
     Latest,
     ProcKey,
     SeriesKey,
-    _attrs,
     _num,
-    _read,
     load_metrics,
     process_label,
-    scoped,
+    read_spans,
 )
 
 #: One process's latest metric points, read only: an entry of summary.load_metrics' answer, or the live
@@ -149,7 +147,7 @@ class Finding:
     fix: str = ""
 
 
-#: The span attributes the findings read. ``_load`` keeps these alone: a folder holds up to
+#: The span attributes the findings read. ``SpanLoader`` keeps these alone: a folder holds up to
 #: the file exporter's ``report_max_input`` (256 MiB) of spans, and every CUDA and off-CPU span
 #: is held until the findings are made. With all their attributes that was ~2.5 times the
 #: folder's size (504 MiB for 200 MiB of spans). The keys kept are this set's own strings, and
@@ -213,37 +211,30 @@ class _Span:
     span_id: str
 
 
-def _load(
-    directory: str, partial: list[str] | None = None
-) -> tuple[dict[ProcKey, list[_Span]], Latest, dict[ProcKey, Json], dict[ProcKey, list[_Span]]]:
-    """(CUDA spans per process, latest metric points per process, resources, off-CPU spans
-    per process); ``partial``: see summary._read."""
-    spans: dict[ProcKey, list[_Span]] = defaultdict(list)
-    off_cpu: dict[ProcKey, list[_Span]] = defaultdict(list)
-    procs: dict[ProcKey, Json] = {}
-    kept_attrs = _KeptAttrs()
+class SpanLoader:
+    """Span visitor (summary.read_spans): the CUDA and off-CPU spans the findings read, per
+    process, each with the ``_READ_ATTRS`` alone. The report's page reads the folder once for
+    its charts and this together."""
 
-    def add_spans(req: Json) -> None:
-        for key, ss in scoped(req, "Spans", procs):
-            into = {"otelbpf.cuda": spans, SCHED_SCOPE: off_cpu}.get(ss.get("scope", {}).get("name"))
-            if into is None:
-                continue
-            for sp in ss.get("spans", []):
-                a = _attrs(sp.get("attributes"))
-                into[key].append(
-                    _Span(
-                        sys.intern(sp["name"]),
-                        int(sp["startTimeUnixNano"]),
-                        int(sp["endTimeUnixNano"]),
-                        int(a.get("thread.id", 0) or 0),
-                        kept_attrs(a),
-                        sp.get("spanId", ""),
-                    )
-                )
+    def __init__(self) -> None:
+        self.spans: dict[ProcKey, list[_Span]] = defaultdict(list)
+        self.off_cpu: dict[ProcKey, list[_Span]] = defaultdict(list)
+        self._kept = _KeptAttrs()
 
-    latest = load_metrics(directory, procs, partial)
-    _read(directory, "traces", add_spans, partial)
-    return spans, latest, procs, off_cpu
+    def span(self, key: ProcKey, scope: str | None, sp: Json, a: Json, d: int) -> None:
+        into = self.spans if scope == "otelbpf.cuda" else self.off_cpu if scope == SCHED_SCOPE else None
+        if into is None:
+            return
+        into[key].append(
+            _Span(
+                sys.intern(sp["name"]),
+                int(sp["startTimeUnixNano"]),
+                int(sp["endTimeUnixNano"]),
+                int(a.get("thread.id", 0) or 0),
+                self._kept(a),
+                sp.get("spanId", ""),
+            )
+        )
 
 
 def _metric(points: Points, name: str, **match: object) -> list[tuple[Json, Json]]:
@@ -573,13 +564,24 @@ def diagnose(directory: str, partial: list[str] | None = None) -> list[Finding]:
     """Findings of every process in ``directory``, costliest first. Raises ValueError on
     files that are not the agent's output (naming file and line). ``partial``: collects the
     lines still being written instead (summary._read)."""
-    spans, latest, procs, off_cpu = _load(directory, partial)
+    procs: dict[ProcKey, Json] = {}
+    latest = load_metrics(directory, procs, partial)
+    loader = SpanLoader()
+    read_spans(directory, [loader], partial, procs)
+    return findings_of(loader, latest, procs)
+
+
+def findings_of(loader: SpanLoader, latest: Latest, procs: dict[ProcKey, Json]) -> list[Finding]:
+    """Findings of every process read (``procs``: resources from the metrics and the spans),
+    costliest first."""
     findings: list[Finding] = []
     for key, res in procs.items():
         if key[0] == "otelbpf":
             continue
         label = process_label(res)
-        findings += _process_findings(label, spans.get(key, []), latest.get(key, {}), off_cpu.get(key, []))
+        findings += _process_findings(
+            label, loader.spans.get(key, []), latest.get(key, {}), loader.off_cpu.get(key, [])
+        )
     return sorted(findings, key=lambda f: -f.cost_s)
 
 

@@ -26,10 +26,10 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib import resources
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from otelbpf.analyze import collectives, profile_diff, report_ai, stragglers
-from otelbpf.analyze.diagnose import COSTS, SCHED_SCOPE, Finding, diagnose
+from otelbpf.analyze.diagnose import COSTS, SCHED_SCOPE, Finding, SpanLoader, findings_of
 from otelbpf.analyze.report_ai import PROFILE_NAME, AiSpans, Weight
 from otelbpf.analyze.report_timeline import Timeline
 from otelbpf.analyze.report_tree import Node, read_profile
@@ -37,12 +37,10 @@ from otelbpf.analyze.summary import (
     Json,
     ProcKey,
     SeriesKey,
-    _attrs,
     _num,
-    _proc_key,
-    _read,
     load_metrics,
     process_label,
+    read_spans,
 )
 from otelbpf.base.safe_files import OutputDir
 from otelbpf.config import Config, FileExporterConfig
@@ -109,12 +107,6 @@ def flame_graphs(directory: str, problems: list[str]) -> list[FlameGraph]:
     return [g for g in graphs.values() if g.root.value > 0]
 
 
-class SpanVisitor(Protocol):
-    """What read_spans hands each span to (_Spans, report_ai.AiSpans, report_timeline.Timeline)."""
-
-    def span(self, key: ProcKey, scope: str | None, sp: Json, attrs: Json, duration_ns: int) -> None: ...
-
-
 #: One process's latest metric points (an entry of summary.load_metrics' answer).
 Points = dict[SeriesKey, tuple[int, Json, str]]
 
@@ -149,23 +141,6 @@ class _Spans:
             )
             stack = [str(f) for f in reversed(a.get("otelbpf.sched.kernel_stack") or [])]
             g.root.add([f"thread {a.get('thread.name', '?')}", str(a.get("otelbpf.sched.reason", "?")), *stack], d)
-
-
-def read_spans(directory: str, visitors: list[SpanVisitor], partial: list[str] | None = None) -> None:
-    """Every span of the folder, once, to each visitor's ``span(process key, scope, span, attributes, ns)``."""
-
-    def add(req: Json) -> None:
-        for rs in req.get("resourceSpans", []):
-            key = _proc_key(_attrs(rs.get("resource", {}).get("attributes")))
-            for ss in rs.get("scopeSpans", []):
-                scope = ss.get("scope", {}).get("name")
-                for sp in ss.get("spans", []):
-                    d = int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])
-                    a = _attrs(sp.get("attributes"))
-                    for v in visitors:
-                        v.span(key, scope, sp, a, d)
-
-    _read(directory, "traces", add, partial)
 
 
 # -- HTML -------------------------------------------------------------------------
@@ -561,22 +536,23 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     """(the page, its findings, what could not be read)."""
     problems: list[str] = []
     partial: list[str] = []  # last lines still being written (or cut off): skipped, and said
-    try:
-        findings = diagnose(directory, [])
-    except ValueError as exc:
-        findings = []
-        problems.append(f"no diagnosis: {exc}")
+    unreadable: list[str] = []  # why the findings cannot be trusted: no diagnosis then
     procs: dict[ProcKey, Json] = {}
     try:
         latest = load_metrics(directory, procs, partial)
     except ValueError as exc:
         latest = {}
         problems.append(f"no metrics: {exc}")
-    spans, ai_spans, timeline = _Spans(), AiSpans(), Timeline()
+        unreadable.append(str(exc))
+    loader, spans, ai_spans, timeline = SpanLoader(), _Spans(), AiSpans(), Timeline()
     try:
-        read_spans(directory, [spans, ai_spans, timeline], partial)
+        read_spans(directory, [loader, spans, ai_spans, timeline], partial, procs)
     except ValueError as exc:
         problems.append(f"no spans (or only some): {exc}")
+        unreadable.append(str(exc))
+    findings = [] if unreadable else findings_of(loader, latest, procs)
+    if unreadable:
+        problems.insert(0, f"no diagnosis: {unreadable[0]}")
     problems += [f"{where}: an incomplete last line, skipped" for where in partial]
     graphs = flame_graphs(directory, problems)
     ai = report_ai.merge(ai_spans.weights(), report_ai.from_profiles(directory))

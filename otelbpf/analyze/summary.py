@@ -9,7 +9,7 @@ import json
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any, TextIO, TypedDict
+from typing import Any, Protocol, TextIO, TypedDict
 
 #: An object of an OTLP-JSON line (a request, a resource, a data point...): whatever its JSON holds.
 Json = dict[str, Any]
@@ -92,6 +92,36 @@ def scoped(req: Json, signal: str, procs: dict[ProcKey, Json]) -> Iterator[tuple
         procs.setdefault(key, res)
         for block in r.get(f"scope{signal}", []):
             yield key, block
+
+
+class SpanVisitor(Protocol):
+    """What read_spans hands each span to (diagnose.SpanLoader, report._Spans, report_ai.AiSpans,
+    report_timeline.Timeline)."""
+
+    def span(self, key: ProcKey, scope: str | None, sp: Json, attrs: Json, duration_ns: int) -> None: ...
+
+
+def read_spans(
+    directory: str,
+    visitors: list[SpanVisitor],
+    partial: list[str] | None = None,
+    procs: dict[ProcKey, Json] | None = None,
+) -> None:
+    """Every span of the folder, once, to each visitor's ``span(process key, scope, span,
+    attributes, ns)``: one pass over the files, however many readers (the report's page took
+    two, the findings' and the charts', and decoding the JSON is most of its time).
+    ``procs``, when given, gains each process's resource attributes."""
+
+    def add(req: Json) -> None:
+        for key, ss in scoped(req, "Spans", {} if procs is None else procs):
+            scope = ss.get("scope", {}).get("name")
+            for sp in ss.get("spans", []):
+                d = int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])
+                a = _attrs(sp.get("attributes"))
+                for v in visitors:
+                    v.span(key, scope, sp, a, d)
+
+    _read(directory, "traces", add, partial)
 
 
 def load_metrics(directory: str, procs: dict[ProcKey, Json], partial: list[str] | None = None) -> Latest:

@@ -291,7 +291,7 @@ def test_a_process_whose_calls_all_fail_is_told_so_first(tmp_path: Path) -> None
 
 
 def test_every_attribute_a_finding_reads_is_one_the_loader_keeps() -> None:
-    """``_load`` keeps only ``_READ_ATTRS`` of each span (a 200 MiB folder held 504 MiB with
+    """``SpanLoader`` keeps only ``_READ_ATTRS`` of each span (a 200 MiB folder held 504 MiB with
     them all): an attribute read by a finding but not kept would silently be missing."""
     import inspect
     import re
@@ -306,10 +306,13 @@ def test_every_attribute_a_finding_reads_is_one_the_loader_keeps() -> None:
 
 
 def test_the_loader_keeps_the_attributes_findings_read_as_shared_objects(tmp_path: Path) -> None:
-    from otelbpf.analyze.diagnose import _KeptAttrs, _load
+    from otelbpf.analyze.diagnose import SpanLoader, _KeptAttrs
+    from otelbpf.analyze.summary import read_spans
 
     t = steps(30, n=3, memory="pageable")
-    spans, _latest, _procs, _off = _load(str(t.export(tmp_path)))
+    loader = SpanLoader()
+    read_spans(str(t.export(tmp_path)), [loader])
+    spans = loader.spans
     (copies,) = [[s for s in v if s.name == "cudaMemcpyAsync"] for v in spans.values()]
     assert len(copies) == 3 and copies[0].attrs == {
         "cuda.memcpy.bytes": 1 << 20,
