@@ -10,8 +10,8 @@ that reads DIR and reports its peak RSS (``ru_maxrss``) and wall time:
 
 - ``imports``: the modules alone (the floor the others are measured against);
 - ``diagnose``: the findings (every CUDA and off-CPU span of the folder held at once);
-- ``render``: the whole page (findings, spans read again for the timelines and the AI flame
-  graph, every profile merged, the HTML).
+- ``render``: the whole page (the spans read once, for the findings, the timelines and the AI
+  flame graph; every profile merged; the HTML).
 
 ``--tree`` (repeatable) names the source trees to import otelbpf from, this one by default:
 ``git worktree add /tmp/before REV`` and ``--tree /tmp/before --tree .`` measure a change side

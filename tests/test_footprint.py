@@ -1,11 +1,12 @@
 """The agent's resident memory after start-up with the default receivers (issue 14).
 
 Measured here (host mode, cuda + profiling, file exporters, a few seconds after "otelbpf
-running" and after the first profile read): 112-125 MiB (2026-11-29), against 245-268 MiB
+running" and after the first profile read): 110-125 MiB (2026-11-29), against 245-268 MiB
 before the compile's memory was given back (libLLVM/libclang-cpp code pages and LLVM's heap:
 ~87 MiB), the rings were mapped once (16 MiB), the kernel's symbols and BTF stopped being held
 as Python objects (~24 and ~25 MiB) and the clean pages of code run only at start were dropped
-(~14 MiB). The bound is issue 14's target, 150 MiB, which leaves ~25 MiB for what varies with
+(~14 MiB); glibc's mmap threshold is fixed, so large blocks freed go back (3 MiB here, ~25
+under process churn). The bound is issue 14's target, 150 MiB, which leaves ~25 MiB for what varies with
 the host (the profiler symbolizes whatever runs on it) and fails if any of those comes back.
 Memory is not a timing: a loaded machine changes it little.
 """
