@@ -47,8 +47,9 @@ def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
     one transient 12 MiB buffer (libtorch_cpu.so's symbol table, read when a torch process
     appears) every block up to 12 MiB comes from the thread's arena instead. Freed there, it
     stays resident behind the small blocks allocated after it. In the agent under bench/churn.py
-    one thread's arena grew 50 MiB in the 5 s the torch job started and kept 35 of it; with the
-    threshold fixed, RssAnon 40 s in was 80 MiB instead of 101. ``mallopt`` fixing it also
+    one thread's arena grew 50 MiB in the 5 s the torch job started and kept ~35 of it; with the
+    threshold fixed, the agent's anonymous memory 40 s in was 82.7 MiB instead of 101.2, and an
+    hour of that churn stayed 24-39 MiB lower (docs/BENCHMARKS.md). ``mallopt`` setting it also
     stops the raising. A value set by ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...`` is
     the operator's: kept."""
     if "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
