@@ -351,7 +351,13 @@ def test_attached_after_init_ranks_from_the_environment_a_40ms_straggler_with_de
         assert len(mine) == iters, f"rank {rank}: {len(mine)} spans; {sorted(spans)} {pids}\n{log[-3000:]}"
         assert {attr(s, "nccl.rank") for s in mine} == {str(rank)} or {attr(s, "nccl.rank") for s in mine} == {rank}
         assert {attr(s, "nccl.rank.source") for s in mine} == {"env:RANK"}
-        assert {attr(s, "nccl.comm.source") for s in mine} == {"aligned"}
+        sources = {int(attr(s, "nccl.seq")): attr(s, "nccl.comm.source") for s in mine}
+        placed = min(q for q, src in sources.items() if src == "aligned")
+        unplaced = {q: src for q, src in sources.items() if src != "aligned"}
+        # late_comms.py: a completion known late (``wait``: at the next compute synchronize) can
+        # leave a rank's first collectives unplaced, never one after the rank is placed.
+        assert set(unplaced.values()) <= {"unaligned"} and all(q < placed for q in unplaced), sources
+        assert not unplaced or completion == "wait", sources
         assert {attr(s, "nccl.completion.method") for s in mine} == {method}
         assert {attr(s, "nccl.completion.bound") for s in mine} == {bound}
         seqs = sorted(int(attr(s, "nccl.seq")) for s in mine)
