@@ -352,7 +352,9 @@ def test_attached_after_init_ranks_from_the_environment_a_40ms_straggler_with_de
         assert {attr(s, "nccl.rank") for s in mine} == {str(rank)} or {attr(s, "nccl.rank") for s in mine} == {rank}
         assert {attr(s, "nccl.rank.source") for s in mine} == {"env:RANK"}
         sources = {int(attr(s, "nccl.seq")): attr(s, "nccl.comm.source") for s in mine}
-        placed = min(q for q, src in sources.items() if src == "aligned")
+        aligned = [q for q, src in sources.items() if src == "aligned"]
+        assert aligned, f"rank {rank}: no collective placed: {sources}"
+        placed = min(aligned)
         unplaced = {q: src for q, src in sources.items() if src != "aligned"}
         # late_comms.py: a completion known late (``wait``: at the next compute synchronize) can
         # leave a rank's first collectives unplaced, never one after the rank is placed.
