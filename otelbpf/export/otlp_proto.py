@@ -22,10 +22,11 @@ from opentelemetry.util.types import Attributes
 
 from otelbpf.export.otlp_json import SPAN_KIND, JsonDict, clamp_int, group_spans, span_flags
 
-#: Encoded key-value pairs of scalar attributes, reused (as in otlp_json.py): the protobuf
-#: constructor copies them, so sharing between requests is safe. Bounded: starts over when full.
+#: Encoded key-value pairs of scalar attributes, reused (as in otlp_json.py, and bounded as it
+#: is, for the same reason: ~525 bytes an entry): the protobuf constructor copies them, so
+#: sharing between requests is safe. Bounded: starts over when full.
 _KV_CACHE: dict[tuple[str, type, object], JsonDict] = {}
-_KV_CACHE_MAX = 1 << 14
+_KV_CACHE_MAX = 1 << 11
 _SCALAR = {str: "string_value", bool: "bool_value", int: "int_value", float: "double_value"}
 
 

@@ -137,3 +137,28 @@ def test_reused_attribute_encodings_never_leak_between_spans(monkeypatch):
     for _ in range(2):
         assert json.loads(encode_spans_json(spans)) == json.loads(to_otlp_json(encode_spans(spans)))
     assert len(otlp_json._KV_CACHE) <= 4
+
+
+@pytest.mark.parametrize("module", ["otelbpf.export.otlp_json", "otelbpf.export.otlp_proto"])
+def test_the_attribute_cache_stays_small_under_a_hosts_churn(module, monkeypatch):
+    """A host's churn brings new attribute values for ever (pids, thread ids, command lines,
+    client ports). The encodings cache keeps what repeats, and its memory stays ~1 MiB however
+    many values went through it (at 16,384 entries it grew to 8.6 MiB over hours of churn)."""
+    import importlib
+    import tracemalloc
+
+    mod = importlib.import_module(module)
+    monkeypatch.setattr(mod, "_KV_CACHE", {})
+    tracemalloc.start()
+    try:
+        for pid in range(20_000):
+            attrs = {"process.pid": pid, "process.command_line": f"/usr/bin/python3 -c 'import m{pid}'"}
+            kvs = mod._attributes({**attrs, "cuda.api.function": "cudaLaunchKernel"})
+            assert kvs[0]["key"] == "process.pid"
+        held_mib = tracemalloc.get_traced_memory()[0] / 2**20
+    finally:
+        tracemalloc.stop()
+    assert len(mod._KV_CACHE) <= mod._KV_CACHE_MAX
+    assert held_mib < 1.5, f"{held_mib:.2f} MiB held by {len(mod._KV_CACHE)} cached encodings"
+    again = mod._attributes({"cuda.api.function": "cudaLaunchKernel"})[0]
+    assert again is mod._KV_CACHE[("cuda.api.function", str, "cudaLaunchKernel")]  # what repeats is kept
