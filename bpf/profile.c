@@ -608,7 +608,8 @@ static __always_inline struct py_proc *announce_process(u64 id)
     }
     struct event e = {};
     new_event(&e, id, EV_PROFILE_PROC, 0);
-    if (events.ringbuf_output(&e, sizeof(e), BPF_RB_NO_WAKEUP) != 0)
+    u64 flags = events_wake();
+    if (events.ringbuf_output(&e, sizeof(e), flags) != 0)
         profile_stat(PSTAT_EVENT_LOST);
     return 0;
 }

@@ -194,7 +194,7 @@ static __always_inline void sched_close(u32 tid, struct sched_thread *t, u64 now
             r->kstack = t->kstack;
             r->state = k.state;
             __builtin_memcpy(r->comm, t->comm, sizeof(r->comm));
-            schedevents.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+            schedevents.ringbuf_submit(r, ring_wake(RING_SCHED, sizeof(*r), SCHED_RING_PAGES * 4096ULL));
         }
     }
     t->off_ts = 0;

@@ -126,6 +126,12 @@ struct otel_iovec {
 };
 
 BPF_RINGBUF_OUTPUT(sockdata, SOCK_RING_PAGES);
+
+/* The flags for a record of ``bytes`` on `sockdata` (common.h ring_wake). */
+static __always_inline u64 sock_wake(u64 bytes)
+{
+    return ring_wake(RING_SOCKDATA, bytes, SOCK_RING_PAGES * 4096ULL);
+}
 BPF_TABLE("lru_hash", u64, struct sk_state, sock_state, SOCK_STATE_ENTRIES);
 /* User space's answers: (seq << 8) | SK_TRACK or SK_IGNORE, for the state of that seq. */
 BPF_TABLE("lru_hash", u64, u64, sock_verdict, SOCK_STATE_ENTRIES);
@@ -263,7 +269,7 @@ static __always_inline int data_enter(u8 func, s32 fd, u64 buf, u64 vlen)
         set_state(key, SK_PENDING, ts);
         struct sock_rec *r = control_record(id, ts, fd, 0, EV_SOCK_UNKNOWN, func);
         if (r)
-            sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+            sockdata.ringbuf_submit(r, sock_wake(SOCK_HEADER_BYTES));
         return 0;
     }
     if (st->state == SK_IGNORE)
@@ -294,7 +300,8 @@ static __always_inline void emit_scratch(struct sock_scratch *s, u64 n)
 {
     n = clamp_payload(n, SOCK_PAYLOAD);
     s->rec.cap = n;
-    if (sockdata.ringbuf_output(&s->rec, SOCK_HEADER_BYTES + n, BPF_RB_NO_WAKEUP) != 0)
+    u64 flags = sock_wake(SOCK_HEADER_BYTES + n);
+    if (sockdata.ringbuf_output(&s->rec, SOCK_HEADER_BYTES + n, flags) != 0)
         count_stat(STAT_SOCK_LOST);
 }
 
@@ -474,7 +481,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
     r->family = a.family;
     r->port = a.port;
     __builtin_memcpy(r->addr, a.addr, sizeof(r->addr));
-    sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    sockdata.ringbuf_submit(r, sock_wake(SOCK_HEADER_BYTES));
     return 0;
 }
 
@@ -518,7 +525,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         __builtin_memcpy(r->addr, args->saddr, 4);
     else
         __builtin_memcpy(r->addr, args->saddr_v6, 16);
-    sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    sockdata.ringbuf_submit(r, sock_wake(SOCK_HEADER_BYTES));
     return 0;
 }
 
@@ -580,7 +587,7 @@ static __always_inline int accept_exit(u8 func, long ret)
     r->port = port;
     r->local_port = local_port;
     __builtin_memcpy(r->addr, addr, sizeof(r->addr));
-    sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    sockdata.ringbuf_submit(r, sock_wake(SOCK_HEADER_BYTES));
     return 0;
 }
 
@@ -617,7 +624,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     sock_state.delete(&key);
     struct sock_rec *r = control_record(id, bpf_ktime_get_ns(), fd, 0, EV_SOCK_CLOSE, SF_CLOSE);
     if (r)
-        sockdata.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+        sockdata.ringbuf_submit(r, sock_wake(SOCK_HEADER_BYTES));
     return 0;
 }
 

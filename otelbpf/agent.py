@@ -442,6 +442,16 @@ class Agent:
             )
         )
         out.append(
+            m.cumulative_sum(
+                "otelbpf.drain.woken",
+                "{wakeup}",
+                "Drains woken by a BPF ring filling another eighth, before the drain timer's tick",
+                [({}, self.sensor.fill_wakeups)],
+                start,
+                now,
+            )
+        )
+        out.append(
             m.gauge(
                 "otelbpf.spans.queued",
                 "{span}",

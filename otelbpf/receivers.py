@@ -146,7 +146,7 @@ def _cuda(name: str, cfg: CudaReceiverConfig, ctx: Context) -> Receiver:
         on_handoffs=ctx.causality.woken,
         sync=lambda: ctx.sync(),
     )
-    return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
+    return Receiver(name, family, correlator, list(cfg.search_paths), cfg.events_ring_bytes(ctx.traces))
 
 
 def _http(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import mmap
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
@@ -121,3 +121,16 @@ def _power_of_two_ring(value: int) -> int:
 
 #: A BPF ring buffer's size: what the kernel accepts.
 RingSize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_power_of_two_ring)]
+
+
+def _auto_or_ring(value: object) -> int | str:
+    if isinstance(value, str) and value.strip() == "auto":
+        return "auto"
+    try:
+        return _power_of_two_ring(parse_size(value))
+    except ValueError as exc:
+        raise ValueError(f"{exc} (or auto)") from None
+
+
+#: A ring size, or ``auto``: the receiver picks it from its other options (one error either way).
+AutoRingSize = Annotated[Literal["auto"] | int, BeforeValidator(_auto_or_ring)]

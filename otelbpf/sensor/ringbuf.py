@@ -35,6 +35,8 @@ class _MappedRing:
         if size_bytes & (size_bytes - 1):
             raise ValueError(f"ring buffer size {size_bytes} is not a power of two")
         self._mask = size_bytes - 1
+        #: the ring's map: epoll on it reports the wake-ups its producers ask for
+        self.map_fd = map_fd
         page = mmap.PAGESIZE
         self._cons = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         self._prod = mmap.mmap(map_fd, page + size_bytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)

@@ -2,11 +2,12 @@
 library, and drain the ring buffers on a timer.
 
 Threads, each with one job:
-- drain: every ``drain_interval`` copies all records out of the event ring
-  and the families' own rings and hands the arrays to ``deliver`` (which must
-  only enqueue): family rings first, then ``events``, drained in the opposite
-  order, so that a family record (a request read) that happened before an
-  event (a CUDA call it caused) is never delivered after it;
+- drain: every ``drain_interval``, or as soon as a ring is another eighth
+  full (the BPF side wakes it: common.h ``ring_wake``), copies all records out
+  of the event ring and the families' own rings and hands the arrays to
+  ``deliver`` (which must only enqueue): family rings first, then ``events``,
+  drained in the opposite order, so that a family record (a request read) that
+  happened before an event (a CUDA call it caused) is never delivered after it;
 - discovery: woken by epoll on the string ring, attaches to library files
   as processes open them and to executables as they start (and on /proc
   rescans), then resumes a process the kernel paused at that open or exec; a
@@ -46,8 +47,9 @@ log = logging.getLogger(__name__)
 
 Deliver = Callable[[str, np.ndarray], None]
 #: Once the rings are found empty, the drain's wait grows to this many drain intervals (at the
-#: default 50 ms: 0.4 s). A burst then waits that long at most: a 16 MiB ring holds ~2 s of
-#: 10k HTTP requests a second; the first records seen bring the interval back.
+#: default 50 ms: 0.4 s). A burst does not wait that long: the record that fills an eighth of a
+#: ring wakes the drain (common.h ``ring_wake``), and the first records seen bring the interval
+#: back.
 IDLE_DRAIN_FACTOR = 8
 EMPTY_EVENTS = np.zeros(0, dtype=EVENT_DTYPE)
 T = TypeVar("T")
@@ -117,6 +119,7 @@ class Sensor:
         #: loop then leaves the records in the kernel's rings (see _drain_loop).
         self._backlogged = backlogged or (lambda: False)
         self.drain_pauses = 0  # drain ticks skipped because the consumer was behind
+        self.fill_wakeups = 0  # drains woken by a ring's filling (common.h ring_wake), not the timer
         self._bpf: Any | None = None  # the loaded bcc.BPF (untyped); None before start and after stop
         self._lock = threading.Lock()  # serialises BCC object use across threads
         # Serialises ring draining: the drain thread's timer and a metrics export's
@@ -129,6 +132,8 @@ class Sensor:
         self._own_pid = os.getpid()
         self._work: queue.Queue[int | None] = queue.Queue()  # pids to rescan
         self._stop = threading.Event()
+        #: the drain thread's (start() to stop()): written by stop() to end its wait in epoll at once
+        self._wake_fd: int | None = None
         self._threads: list[threading.Thread] = []
         self._readers: dict[str, RingBufferReader | VariableRingReader] = {}
         self._skipped: dict[str, int] = {}
@@ -188,6 +193,7 @@ class Sensor:
                         raise SensorError(f"{fam.name}: {exc}") from exc
         self.attach_seconds = time.monotonic() - t0
         compiler_memory.release(bpf)  # the compile's memory: nothing compiles again
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         for target, name in ((self._drain_loop, "otelbpf-drain"), (self._discovery_loop, "otelbpf-discovery")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -201,10 +207,15 @@ class Sensor:
         final metrics export still sees them.
         """
         self._stop.set()
+        if self._wake_fd is not None:
+            os.eventfd_write(self._wake_fd, 1)
         self._work.put(None)
         for t in self._threads:
             t.join(timeout=10)
         self._threads.clear()
+        if self._wake_fd is not None:
+            os.close(self._wake_fd)
+            self._wake_fd = None
         if self._bpf is None:
             return
         with self._lock:
@@ -307,26 +318,45 @@ class Sensor:
         """Every ``drain_interval`` while records come, unless the consumer is backlogged;
         after a tick that found every ring empty the wait doubles, up to IDLE_DRAIN_FACTOR
         intervals, and the first record brings it back. Idle, the wake-ups were most of this
-        thread's cost (0.4% of a core at 50 ms)."""
+        thread's cost (0.4% of a core at 50 ms).
+
+        The wait is in epoll, edge-triggered, on the drained rings: the BPF side wakes it
+        only when a record fills another eighth of a ring (common.h ``ring_wake``), so a
+        burst is drained then instead of at the timer's next tick, and a ring need not hold
+        what a burst writes in the longest wait. stop() ends the wait through an eventfd."""
         name_os_thread("otelbpf-drain")
         base = self.options.drain_interval_s
         longest = base * IDLE_DRAIN_FACTOR
         interval = base
-        while not self._stop.wait(interval):
-            if self._backlogged():
-                # The processing thread is behind: records wait in the kernel's rings, which are
-                # resident anyway, rather than as copies in the agent's heap (a second buffer of
-                # up to processing_queue_size). A full ring drops and counts in the kernel; a
-                # forced drain (sync, stop) still takes everything.
-                self.drain_pauses += 1
-                interval = base
-                continue
-            try:
-                n = self.drain_tick()
-            except Exception:  # keep draining whatever one batch did
-                log.exception("drain failed")
-                n = 1
-            interval = base if n else min(interval * 2, longest)
+        poller = select.epoll()
+        try:
+            if self._wake_fd is not None:  # made by start()
+                poller.register(self._wake_fd, select.EPOLLIN)
+            for name, reader in self._readers.items():
+                if name != "strevents":  # the discovery thread waits on that one
+                    poller.register(reader.map_fd, select.EPOLLIN | select.EPOLLET)
+            poller.poll(0)  # a ring holding records already is reported once: no wake-up, the timer drains it
+            while True:
+                woken = poller.poll(interval)
+                if self._stop.is_set():
+                    return
+                self.fill_wakeups += bool(woken)
+                if self._backlogged():
+                    # The processing thread is behind: records wait in the kernel's rings, which
+                    # are resident anyway, rather than as copies in the agent's heap (a second
+                    # buffer of up to processing_queue_size). A full ring drops and counts in the
+                    # kernel; a forced drain (sync, stop) still takes everything.
+                    self.drain_pauses += 1
+                    interval = base
+                    continue
+                try:
+                    n = self.drain_tick()
+                except Exception:  # keep draining whatever one batch did
+                    log.exception("drain failed")
+                    n = 1
+                interval = base if n else min(interval * 2, longest)
+        finally:
+            poller.close()
 
     def _handle_strings(self, arr: np.ndarray) -> np.ndarray:
         """Attach to libraries just opened and executables just started; resume

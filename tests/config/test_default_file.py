@@ -102,7 +102,7 @@ def test_the_check_finds_a_missing_option_and_a_changed_default():
     del written["top_kernels"]
     written["ring_buffer_size"] = "4MiB"
     assert disagreements(model, written, "receivers.cuda") == [
-        "receivers.cuda.ring_buffer_size: the file says '4MiB', the model's default is 16777216",
+        "receivers.cuda.ring_buffer_size: the file says '4MiB', the model's default is 'auto'",
         "receivers.cuda.top_kernels: not in the file (default 20)",
     ]
 

@@ -27,6 +27,7 @@ def test_default_values_read_as_documented():
     cuda = load_config(None, env={}).receivers["cuda"]
 
     assert cuda.libraries == ["cudart", "cuda"]
-    assert cuda.ring_buffer_size == 16 * 1024 * 1024
+    assert cuda.ring_buffer_size == "auto"
+    assert (cuda.events_ring_bytes(traces=True), cuda.events_ring_bytes(traces=False)) == (4 << 20, 4 << 20)
     assert cuda.min_span_duration == 0
     assert "/usr/local/cuda*/lib64/libcudart.so*" in cuda.search_paths

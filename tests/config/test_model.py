@@ -91,6 +91,19 @@ def test_ring_buffer_size_must_be_a_power_of_two():
     assert load(with_cuda("ring_buffer_size: 64KiB")).receivers["cuda"].ring_buffer_size == 65536
     error = one_error(with_cuda("ring_buffer_size: 3MiB"))
     assert "must be a power of two from the page size (4KiB) to 1GiB" in error and "got 3MiB" in error
+    assert "(or auto)" in error
+    assert "(or auto)" in one_error(with_cuda("ring_buffer_size: automatic"))
+
+
+def test_an_auto_events_ring_is_larger_only_when_launches_become_events_often():
+    def ring(options: str, traces: bool = True) -> int:
+        return load(with_cuda(options)).receivers["cuda"].events_ring_bytes(traces)
+
+    assert ring("ring_buffer_size: auto") == 4 << 20
+    assert ring("launch_sample_every: 1") == ring("launch_sample_every: 15") == 16 << 20
+    assert ring("launch_sample_every: 16") == ring("launch_sample_every: 1000") == 4 << 20
+    assert ring("launch_sample_every: 1", traces=False) == 4 << 20  # no spans: no launch events
+    assert ring("launch_sample_every: 1, ring_buffer_size: 1MiB") == 1 << 20  # a size given is kept
 
 
 def test_search_paths_must_be_absolute():

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from otelbpf.config.fields import SearchPath, unique
 from otelbpf.config.receivers.base import ReceiverConfig
-from otelbpf.config.units import Duration, RingSize
+from otelbpf.config.units import AutoRingSize, Duration
 
 _DEFAULT_CUDA_SEARCH_PATHS = (
     "/usr/local/cuda*/lib64/libcudart.so*",
@@ -29,6 +29,16 @@ _DEFAULT_CUDA_SEARCH_PATHS = (
 )
 
 
+#: ``ring_buffer_size: auto``: the shared ``events`` ring. CUDA calls put an event on it each
+#: (copies, syncs, stream events, allocations) but launches are only counted in the kernel,
+#: unless ``launch_sample_every`` asks for events: then one launch in 15 or more (an event per
+#: launch at hundreds of thousands a second) gets the larger ring. Every byte of a ring is
+#: resident (docs/BENCHMARKS.md: what each size held under load).
+AUTO_RING_BYTES = 4 << 20
+AUTO_RING_BYTES_LAUNCH_EVENTS = 16 << 20
+AUTO_LAUNCH_EVENTS_BELOW = 16
+
+
 class CudaReceiverConfig(ReceiverConfig):
     """Uprobes on the CUDA runtime (``cudart``) and driver (``cuda``) libraries."""
 
@@ -37,7 +47,7 @@ class CudaReceiverConfig(ReceiverConfig):
     launch_sample_every: int = Field(0, ge=0, le=1 << 30)
     launch_errors: bool = False
     min_span_duration: Duration = 0
-    ring_buffer_size: RingSize = 16 << 20
+    ring_buffer_size: AutoRingSize = "auto"
     top_kernels: int = Field(20, ge=0, le=1000)
     max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
     symbol_names: int = Field(65536, ge=1024, le=1 << 22)
@@ -49,3 +59,11 @@ class CudaReceiverConfig(ReceiverConfig):
         if not value:
             raise ValueError("name at least one of cudart, cuda (to disable the receiver, drop it from the pipelines)")
         return unique(value, "library")
+
+    def events_ring_bytes(self, traces: bool) -> int:
+        """The ``events`` ring this receiver asks for: its ``ring_buffer_size``, or for ``auto``
+        the larger ring when (with a traces pipeline) launches become events often."""
+        if self.ring_buffer_size != "auto":
+            return self.ring_buffer_size
+        frequent = traces and 0 < self.launch_sample_every < AUTO_LAUNCH_EVENTS_BELOW
+        return AUTO_RING_BYTES_LAUNCH_EVENTS if frequent else AUTO_RING_BYTES
