@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -56,6 +57,9 @@ class RankCpu:
     seconds: float = 0.0
     stacks: Counter[Stack] = field(default_factory=Counter)
     files: list[str] = field(default_factory=list)
+    #: CPU samples the stacks' nanoseconds came from (the profiles' ``samples`` count; 0 when
+    #: they carry none): what tells a function's excess from the sampling's own noise.
+    samples: int = 0
 
     def rate(self) -> dict[Stack, float]:
         """CPU nanoseconds per second of wall time, per stack."""
@@ -151,6 +155,9 @@ def read_cpu(
         cpu_index = next((i for i, st in enumerate(prof.sample_type) if prof.string_table[st.type] == "cpu"), None)
         if cpu_index is None:
             continue
+        count_index = next(
+            (i for i, st in enumerate(prof.sample_type) if prof.string_table[st.type] == "samples"), None
+        )
         rank = ranks.setdefault(who, RankCpu(who[1], who[0]))
         rank.seconds += prof.duration_nanos / 1e9
         rank.files.append(os.path.basename(path))
@@ -159,6 +166,8 @@ def read_cpu(
         for sample in prof.sample:
             leaf_first = [name for lid in sample.location_id for name in locations.get(lid, ["?"])]
             rank.stacks[tuple(reversed(leaf_first))] += sample.value[cpu_index]
+            if count_index is not None:
+                rank.samples += sample.value[count_index]
     return ranks, skipped
 
 
@@ -182,12 +191,30 @@ def _mean(rates: Sequence[dict[Stack, float]]) -> dict[Stack, float]:
     return {s: v / len(rates) for s, v in out.items()} if rates else {}
 
 
+#: A function's excess on the slow rank is named only past this many standard deviations of
+#: the sampling's own noise (below).
+NOISE_SIGMAS = 2.0
+
+
+def _beyond_noise(slow_samples: float, base_samples: float) -> bool:
+    """Is ``slow_samples - base_samples`` more than sampling noise? Both are CPU samples over
+    the slow rank's duration (the base: the healthy ranks' mean rate times it), each a Poisson
+    count, so their difference has a variance of about their sum. At 99 Hz over a few seconds a
+    function every rank runs alike differs by a sample or two, 5-10 ms/s: without this the
+    slowest rank's own share of shared work read as an explanation."""
+    return slow_samples - base_samples >= NOISE_SIGMAS * math.sqrt(max(slow_samples + base_samples, 1.0))
+
+
 def diff(slow: RankCpu, healthy: Sequence[RankCpu], *, top: int = 10, min_ms_per_s: float = 1.0) -> ProfileDiff:
-    """The functions where ``slow`` burns more CPU per second than the mean of ``healthy``."""
+    """The functions where ``slow`` burns more CPU per second than the mean of ``healthy``, by
+    at least ``min_ms_per_s`` and by more than sampling noise (when the profiles count samples)."""
     slow_rate = slow.rate()
     base_rate = _mean([h.rate() for h in healthy if h.seconds > 0])
     s_own, s_total = _by_function(slow_rate)
     b_own, b_total = _by_function(base_rate)
+    # rate (ns/s) * seconds / ns per sample = samples; the slow rank's own mean sample weight
+    ns_total = sum(slow.stacks.values())
+    to_samples = slow.seconds * slow.samples / ns_total if slow.samples and ns_total else 0.0
     frames = [
         FrameDelta(
             name,
@@ -197,6 +224,7 @@ def diff(slow: RankCpu, healthy: Sequence[RankCpu], *, top: int = 10, min_ms_per
         )
         for name in s_own
         if (s_own[name] - b_own[name]) / 1e6 >= min_ms_per_s
+        and (not to_samples or _beyond_noise(s_own[name] * to_samples, b_own[name] * to_samples))
     ]
     frames.sort(key=lambda f: (-f.self_ms_per_s, f.function))
     return ProfileDiff(

@@ -90,6 +90,25 @@ def test_ranks_profiled_for_different_lengths_compare_by_rate(tmp_path):
     assert [(f.function, f.self_ms_per_s) for f in d.frames] == [("extra", 50.0)]  # work: 100 ms/s on both
 
 
+def test_an_excess_within_the_sampling_noise_is_not_named(tmp_path):
+    """Two seconds at 99 Hz: every rank loads its batches alike (20 samples), the slow one got
+    two samples more there by chance (10 ms/s, past min_ms_per_s) and 30 in its planted frame.
+    Only the planted frame explains it; the same files without sample counts name both."""
+    folder = tmp_path / "p"
+    write_profile(folder, 1, {("main", "load_batch"): 200 * MS}, seconds=2)
+    write_profile(folder, 2, {("main", "load_batch"): 200 * MS}, seconds=2)
+    slow = {("main", "load_batch"): 220 * MS, ("main", "prepare_batch_on_host"): 300 * MS}
+    write_profile(folder, 3, slow, seconds=2)
+    ranks, _ = profile_diff.read_cpu([str(folder)])
+    assert ranks[("node1", 3)].samples == 52
+    d = profile_diff.diff(ranks[("node1", 3)], [ranks[("node1", 1)], ranks[("node1", 2)]])
+    assert [(f.function, f.self_ms_per_s) for f in d.frames] == [("prepare_batch_on_host", 150.0)]
+    for rank in ranks.values():
+        rank.samples = 0  # a pprof without a samples count: no noise floor to apply
+    d = profile_diff.diff(ranks[("node1", 3)], [ranks[("node1", 1)], ranks[("node1", 2)]])
+    assert [f.function for f in d.frames] == ["prepare_batch_on_host", "load_batch"]
+
+
 def test_window_and_process_filters(tmp_path):
     folder = tmp_path / "p"
     write_profile(folder, 1, {("main", "early"): 100 * MS}, start_ns=T0)
