@@ -61,6 +61,18 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench/results"
 
 
+def _start_agent(run_args: list[str], tree: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``otelbpf run RUN_ARGS`` of ``tree`` (``-m`` puts the working directory first on
+    sys.path: the agent is the tree's own), once it says it is running."""
+    args = [sys.executable, "-m", "otelbpf.cli", "run", *run_args]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree, env=env)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "otelbpf running" in line:
+            return proc
+    raise RuntimeError("the agent did not start")
+
+
 def run_agent(workdir: Path, port: int, pid: int, ring: str, seconds: float, paced: int) -> dict:
     """One agent with ``ring_buffer_size: ring`` on the http receiver under wrk: at full speed,
     or with ``paced`` connections each waiting 1 ms between requests."""
@@ -77,14 +89,7 @@ def run_agent(workdir: Path, port: int, pid: int, ring: str, seconds: float, pac
             }
         )
     )
-    args = [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg), "--pid", str(pid)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "otelbpf running" in line:
-            break
-    else:
-        raise RuntimeError("the agent did not start")
+    proc = _start_agent(["-c", str(cfg), "--pid", str(pid)])
     t0 = time.time_ns()
     if paced:
         script = workdir / "paced.lua"
@@ -138,15 +143,7 @@ def run_events_agent(
             }
         )
     )
-    # -m puts the working directory first on sys.path: the agent is the tree's own
-    args = [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "otelbpf running" in line:
-            break
-    else:
-        raise RuntimeError("the agent did not start")
+    proc = _start_agent(["-c", str(cfg)], tree)
     time.sleep(2.0)  # empty ticks: the drain waits its longest when the burst comes
     t0 = time.time_ns()
     loop, loop_out = paced(lib, rate, seconds)
@@ -183,12 +180,8 @@ def per_call_ns(workdir: Path, lib: Path, tree: Path | None) -> float:
                 }
             )
         )
-        args = [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)]
-        env = {**os.environ, "OTELBPF_DETACH": "wait"}  # every probe gone when it exits: none in the next round
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree, env=env)
-        assert proc.stdout is not None
-        if not any("otelbpf running" in line for line in proc.stdout):
-            raise RuntimeError("the agent did not start")
+        # OTELBPF_DETACH=wait: every probe is gone when it exits, none left for the next round
+        proc = _start_agent(["-c", str(cfg)], tree, {**os.environ, "OTELBPF_DETACH": "wait"})
     try:
         out = subprocess.run(
             [str(LAUNCH_LOOP), "--lib", str(lib), "--calls", "100000", "--runs", "5"],
