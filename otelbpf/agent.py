@@ -411,7 +411,7 @@ class Agent:
                 now,
             )
         )
-        rings = self.sensor.ring_usage()  # none once the sensor is stopped
+        rings = self.sensor.ring_usage()  # after the stop: the last read, for the final export
         if rings:
             out.append(
                 m.gauge(

@@ -151,6 +151,7 @@ class Sensor:
         self.detacher_pid: int | None = None
         self._final: dict[str, MapEntries] = {}
         self._final_stats: dict[str, int] = {}
+        self._final_rings: list[tuple[str, int, int]] = []
 
     # -- life cycle -------------------------------------------------------
 
@@ -247,6 +248,7 @@ class Sensor:
         self._final, self._final_stats = final, final_stats
         self._skipped = self.records_skipped()  # kept for the final export
         with self._drain_lock:
+            self._final_rings = [(name, r.size, r.take_peak()) for name, r in sorted(self._readers.items())]
             for r in self._readers.values():
                 r.close()
             self._readers.clear()
@@ -644,8 +646,12 @@ class Sensor:
 
     def ring_usage(self) -> list[tuple[str, int, int]]:
         """(ring, size, the most bytes waiting in it since the last call) per ring: the
-        evidence for sizing ``ring_buffer_size`` (every byte of a ring is resident memory)."""
+        evidence for sizing ``ring_buffer_size`` (every byte of a ring is resident memory).
+        Once stopped, what stop() read last, so that the final export of a run shorter than one
+        metrics interval still says it."""
         with self._drain_lock:
+            if not self._readers:
+                return list(self._final_rings)
             return [(name, r.size, r.take_peak()) for name, r in sorted(self._readers.items())]
 
 
