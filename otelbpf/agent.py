@@ -445,7 +445,7 @@ class Agent:
             m.cumulative_sum(
                 "otelbpf.drain.woken",
                 "{wakeup}",
-                "Drains woken by a BPF ring filling another eighth, before the drain timer's tick",
+                "Wake-ups of the drain thread by a BPF ring filling another eighth, before its timer's tick",
                 [({}, self.sensor.fill_wakeups)],
                 start,
                 now,

@@ -119,7 +119,7 @@ class Sensor:
         #: loop then leaves the records in the kernel's rings (see _drain_loop).
         self._backlogged = backlogged or (lambda: False)
         self.drain_pauses = 0  # drain ticks skipped because the consumer was behind
-        self.fill_wakeups = 0  # drains woken by a ring's filling (common.h ring_wake), not the timer
+        self.fill_wakeups = 0  # wake-ups by a ring's filling (common.h ring_wake), not the timer
         self._bpf: Any | None = None  # the loaded bcc.BPF (untyped); None before start and after stop
         self._lock = threading.Lock()  # serialises BCC object use across threads
         # Serialises ring draining: the drain thread's timer and a metrics export's
