@@ -28,8 +28,15 @@ def _share(text: str) -> float:
     return value
 
 
+#: What every reader of a run's output takes as its ``directory`` argument.
+_DIRECTORY_HELP = "the file exporter's output folder, as `otelbpf run` wrote it (default ./otelbpf-out)"
+
+
 def _parser() -> argparse.ArgumentParser:
+    from otelbpf import __version__
+
     p = argparse.ArgumentParser(prog="otelbpf", description="eBPF telemetry for AI workloads, as OpenTelemetry.")
+    p.add_argument("--version", action="version", version=f"otelbpf {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser(
         "run",
@@ -56,12 +63,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("doctor", help="what this host can do, and which processes use CUDA/NCCL/ibverbs")
     summ = sub.add_parser("summary", help="summarize the OTLP-JSON files the file exporter wrote")
-    summ.add_argument("directory", nargs="?", default="./otelbpf-out")
+    summ.add_argument("directory", nargs="?", default="./otelbpf-out", help=_DIRECTORY_HELP)
     diag = sub.add_parser(
         "diagnose",
         help="why the GPU sits idle: causes seen in the CUDA calls the file exporter wrote, costliest first",
+        description="Why the GPU sits idle: causes seen in what the file exporter wrote, costliest first, "
+        "each with its evidence and a fix.",
+        epilog="Exit status: 0 no finding, 1 findings printed (a script can test for them), "
+        "2 the folder is missing or unreadable.",
     )
-    diag.add_argument("directory", nargs="?", default="./otelbpf-out")
+    diag.add_argument("directory", nargs="?", default="./otelbpf-out", help=_DIRECTORY_HELP)
     diag.add_argument("--json", action="store_true", help="print the findings as JSON")
     rep = sub.add_parser(
         "report",
@@ -69,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
         "time per call, timelines, flame graphs (CPU, off-CPU, CUDA memory, AI); otelbpf run "
         "writes it into the file exporter's folder as it ends",
     )
-    rep.add_argument("directory", nargs="?", default="./otelbpf-out")
+    rep.add_argument("directory", nargs="?", default="./otelbpf-out", help=_DIRECTORY_HELP)
     rep.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
     strag = sub.add_parser(
         "stragglers",
@@ -110,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
         description="An MCP server over what `otelbpf run` wrote (spans, metrics, profiles). HTTP needs a bearer "
         "token (OTELBPF_MCP_TOKEN or --token-file) and binds to 127.0.0.1 unless --host says otherwise.",
     )
-    mcp.add_argument("directory", nargs="?", default="./otelbpf-out")
+    mcp.add_argument("directory", nargs="?", default="./otelbpf-out", help=_DIRECTORY_HELP)
     mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="HTTP: the address to bind (default 127.0.0.1)")
     mcp.add_argument("--port", type=int, default=8765, help="HTTP: the port (default 8765)")
@@ -190,7 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from otelbpf.mcp.server import TokenError, serve
         except ModuleNotFoundError as exc:
-            print(f"otelbpf mcp: {exc.name} is not installed: pip install 'otelbpf[mcp]'", file=sys.stderr)
+            # otelbpf is not on PyPI, so `pip install 'otelbpf[mcp]'` finds nothing: name the extra's
+            # one package, for the interpreter that runs this (a venv's, or pipx's)
+            print(
+                f"otelbpf mcp: {exc.name} is not installed: {sys.executable} -m pip install 'mcp>=2.3,<3' "
+                "(the `mcp` extra; in a clone: pip install -e '.[mcp]')",
+                file=sys.stderr,
+            )
             return 1
         try:
             serve(

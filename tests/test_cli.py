@@ -122,3 +122,44 @@ def test_the_agent_imports_numpy_without_openblas_threads_and_leaves_the_environ
     assert threads("agent") == (1, "None")
     if (os.cpu_count() or 1) > 1:  # the comparison that shows the test can fail: plain numpy starts more
         assert threads("plain")[0] > 1
+
+
+def test_version():
+    from otelbpf import __version__
+
+    out = otelbpf("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"otelbpf {__version__}"
+
+
+def test_print_config_spells_durations_and_sizes_as_written_and_loads_back(tmp_path):
+    import yaml
+
+    from otelbpf.config import load_config
+
+    out = otelbpf("run", "--print-config")
+    assert out.returncode == 0, out.stderr
+    doc = yaml.safe_load(out.stdout)
+    telemetry = doc["service"]["telemetry"]
+    assert telemetry["metrics_interval"] == "10s" and telemetry["drain_interval"] == "50ms"
+    assert doc["receivers"]["http"]["ring_buffer_size"] == "16MiB"
+    assert doc["receivers"]["cuda"]["ring_buffer_size"] == "auto"
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(out.stdout)
+    assert load_config(printed) == load_config(None)
+
+
+@pytest.mark.parametrize("command", ["summary", "diagnose", "report", "mcp"])
+def test_the_readers_describe_their_directory(command):
+    out = otelbpf(command, "--help")
+    assert out.returncode == 0 and "output folder" in out.stdout
+
+
+def test_diagnose_documents_its_exit_status():
+    assert "1 findings printed" in " ".join(otelbpf("diagnose", "--help").stdout.split())
+
+
+@pytest.mark.parametrize("config", ["otelbpf-gateway.yaml", "otelbpf-k8s.yaml", "otlpjsonfile-replay.yaml"])
+def test_validate_on_a_collector_config_says_so_in_one_error(config):
+    out = otelbpf("validate", "-c", f"examples/collector/{config}")
+    assert out.returncode == 2
+    assert "1 error" in out.stderr and "is an OpenTelemetry Collector configuration, not otelbpf's" in out.stderr

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
+from otelbpf.config.collector import collector_config
 from otelbpf.config.default import DEFAULT_CONFIG_YAML, DEFAULT_SOURCE, EXAMPLE_HINT
 from otelbpf.config.env import overlay
 from otelbpf.config.errors import ConfigError, Findings
@@ -49,6 +50,8 @@ def load_config_text(text: str, *, source: str = "<string>", env: Mapping[str, s
 
 def _build(text: str, source: str, env: Mapping[str, str], *, from_file: bool, receivers: str | None = None) -> Config:
     data, root = parse_yaml(text, source)
+    if from_file and (collector := collector_config(data, source)) is not None:
+        raise ConfigError(source, [collector])
     found = Findings()
     file_root = root if from_file else None  # positions in the built-in default would only confuse
     try:

@@ -7,10 +7,11 @@ from typing import Any
 import yaml
 
 from otelbpf.config.model import Config
+from otelbpf.config.spelled import spelled
 
 
 def printable(config: Config) -> str:
-    """The effective configuration as YAML (sizes in bytes, durations in nanoseconds), with
+    """The effective configuration as YAML (durations and sizes spelled in units, as written), with
     header values, passwords and tokens replaced: what ``otelbpf run --print-config`` shows."""
 
     def scrub(value: Any, key: str = "") -> Any:
@@ -24,4 +25,4 @@ def printable(config: Config) -> str:
             return "<redacted>"
         return value
 
-    return yaml.safe_dump(scrub(config.model_dump(mode="json", exclude_none=True)), sort_keys=False)
+    return yaml.safe_dump(scrub(spelled(config)), sort_keys=False)
