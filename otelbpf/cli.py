@@ -154,6 +154,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unrunnable(command: list[str]) -> tuple[int, str] | None:
+    """Why ``run -- COMMAND`` could not start its command, with the shell's status for it
+    (127 not found, 126 not executable), or None. Checked before the agent compiles its
+    programs, which takes seconds, only for the command to fail at its exec."""
+    import shutil
+
+    name = command[0]
+    if "/" in name:
+        if not os.path.exists(name):
+            return 127, f"{name}: no such file"
+        if os.path.isdir(name):
+            return 126, f"{name}: is a directory"
+        if not os.access(name, os.X_OK):
+            return 126, f"{name}: not executable (chmod +x {name}, or name its interpreter: -- python3 {name})"
+        return None
+    if shutil.which(name) is None:
+        return 127, f"{name}: command not found on PATH ({os.environ.get('PATH', '')})"
+    return None
+
+
 def _import_numpy_single_threaded() -> None:
     """Import numpy with its OpenBLAS asked for one thread, then take the request back out.
 
@@ -270,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     if command and args.pid:
         print("otelbpf: give either --pid or -- COMMAND, not both", file=sys.stderr)
         return 2
+    if command and (unrunnable := _unrunnable(command)) is not None:
+        print(f"otelbpf: {unrunnable[1]}", file=sys.stderr)
+        return unrunnable[0]
     # The command's guard starts with the privileges the agent has, then the agent drops
     # what it never needs, while it is one thread: before the agent's imports start any.
     from otelbpf.base.privileges import drop_unneeded

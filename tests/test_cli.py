@@ -163,3 +163,23 @@ def test_validate_on_a_collector_config_says_so_in_one_error(config):
     out = otelbpf("validate", "-c", f"examples/collector/{config}")
     assert out.returncode == 2
     assert "1 error" in out.stderr and "is an OpenTelemetry Collector configuration, not otelbpf's" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "status", "says"),
+    [
+        ("/nonexistent/cmd", 127, "/nonexistent/cmd: no such file"),
+        ("otelbpf-no-such-command", 127, "otelbpf-no-such-command: command not found on PATH"),
+        ("/", 126, "/: is a directory"),
+        ("README.md", 127, "command not found on PATH"),
+        ("./README.md", 126, "./README.md: not executable"),
+    ],
+)
+def test_run_checks_its_command_before_compiling(command, status, says):
+    """The shell's statuses, at once: before, `run -- /nonexistent/cmd` compiled for 22 s first."""
+    import time
+
+    start = time.monotonic()
+    out = otelbpf("run", "--", command, "arg")
+    assert (out.returncode, out.stdout) == (status, "") and says in out.stderr
+    assert time.monotonic() - start < 10 and "compiled" not in out.stderr
