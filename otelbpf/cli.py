@@ -4,9 +4,10 @@ run (privileges, BPF), 2 bad usage or configuration."""
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
+
+from otelbpf.base.terminal import cleaned, log_to_stderr
 
 
 def _duration(text: str) -> int:
@@ -192,10 +193,13 @@ def _import_numpy_single_threaded() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # What the commands print holds names, paths and command lines from the traced processes:
+    # their control characters are written as visible escapes, never sent to the terminal.
+    out, err = cleaned(sys.stdout), cleaned(sys.stderr)
     if args.cmd == "doctor":
         from otelbpf.doctor import run_doctor
 
-        return run_doctor()
+        return run_doctor(out)
     if args.cmd == "stragglers":
         from otelbpf.analyze.stragglers import run as stragglers
 
@@ -205,18 +209,18 @@ def main(argv: list[str] | None = None) -> int:
             min_share=args.min_share,
             as_json=args.json,
             correct_clocks=not args.no_clock_correction,
-            out=sys.stdout,
-            err=sys.stderr,
+            out=out,
+            err=err,
             diff_dir=args.diff_profiles,
         )
     if args.cmd == "diagnose":
         from otelbpf.analyze.diagnose import run as diagnose
 
-        return diagnose(args.directory, sys.stdout, sys.stderr, as_json=args.json)
+        return diagnose(args.directory, out, err, as_json=args.json)
     if args.cmd == "report":
         from otelbpf.analyze.report import run as report
 
-        return report(args.directory, args.output, sys.stdout, sys.stderr)
+        return report(args.directory, args.output, out, err)
     if args.cmd == "mcp":
         try:
             from otelbpf.mcp.server import TokenError, serve
@@ -229,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
+        log_to_stderr("WARNING", "%(levelname)s %(name)s: %(message)s")  # before the SDK's own, which then keeps it
         try:
             serve(
                 None if args.live else args.directory,
@@ -252,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "summary":
         from otelbpf.analyze.summary import summarize
 
-        return summarize(args.directory, sys.stdout)
+        return summarize(args.directory, out)
 
     from otelbpf.config import ConfigError, load_config, printable
 
@@ -282,10 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         except SensorError as exc:
             print(f"otelbpf top: {exc}", file=sys.stderr)
             return 1
-    logging.basicConfig(
-        level=config.service.telemetry.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    log_to_stderr(config.service.telemetry.log_level.upper(), "%(asctime)s %(levelname)s %(name)s: %(message)s")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if command and args.pid:
         print("otelbpf: give either --pid or -- COMMAND, not both", file=sys.stderr)
@@ -318,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # the run is over: a signal now ends the report, not ignored
         signal.signal(sig, signal.SIG_DFL)
-    after_run(config, sys.stderr)  # report.html beside the file exporter's output (its `report` option)
+    after_run(config, err)  # report.html beside the file exporter's output (its `report` option)
     return rc
 
 

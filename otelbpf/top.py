@@ -30,6 +30,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from otelbpf.base.terminal import clean
 from otelbpf.live import endpoint, model
 
 if TYPE_CHECKING:
@@ -61,6 +62,14 @@ def _bytes(v: float | None) -> str:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
+
+
+def _add_row(table: Table, *cells: str) -> None:
+    """One row of ``cells`` as plain text. Services, kernels, routes and findings are named by
+    traced processes and their remote clients: as markup, a request to ``/[/]`` would end every
+    draw in a MarkupError and ``[link=...]`` would draw a link; a control character in one
+    would reach the terminal (``clean``)."""
+    table.add_row(*(Text(clean(c)) for c in cells))
 
 
 class Viewer:
@@ -130,7 +139,7 @@ class Viewer:
         head = Text()
         head.append("otelbpf top", style="bold")
         if self.last:
-            head.append(f"  agent pid {self.last.get('agent_pid')}")
+            head.append(f"  agent pid {clean(str(self.last.get('agent_pid')))}")
         if t and t.metrics_age_s is not None:
             head.append(f"  metrics {t.metrics_age_s:.1f}s old")
         head.append(f"  sort: {self.sort}")
@@ -145,9 +154,9 @@ class Viewer:
         if t is not None:
             parts.append(self._agent(t))
         if self.error:
-            parts.append(Text(self.error, style="bold red"))
+            parts.append(Text(clean(self.error), style="bold red"))  # it names a socket path
         for note in self.notes:
-            parts.append(Text(note, style="yellow"))
+            parts.append(Text(clean(note), style="yellow"))  # a log message's arguments: names, paths
         if t is None:
             parts.append(Text("waiting for the first snapshot..."))
             return Group(*parts)
@@ -207,7 +216,8 @@ class Viewer:
         )
         for r in sorted(rows, key=key)[:12]:
             h = r.host_bytes_per_s
-            table.add_row(
+            _add_row(
+                table,
                 str(r.pid),
                 r.service,
                 "yes" if r.gpu else "",
@@ -230,7 +240,8 @@ class Viewer:
             "CUDA API (latency: recent spans, ms)", "PID", "API", "CALLS", "CALLS/s", "SPANS", "P50", "P95", "P99"
         )
         for r in rows[:10]:
-            table.add_row(
+            _add_row(
+                table,
                 str(r.pid),
                 r.api,
                 str(r.calls),
@@ -248,7 +259,7 @@ class Viewer:
             return None
         table = self._table("kernels by launches", "PID", "KERNEL", "LAUNCHES", "/s")
         for r in rows[:6]:
-            table.add_row(str(r.pid), r.kernel, str(r.launches), _rate(r.launches_per_s))
+            _add_row(table, str(r.pid), r.kernel, str(r.launches), _rate(r.launches_per_s))
         return table
 
     def _ranks(self, t: model.Tables) -> Table | None:
@@ -259,7 +270,8 @@ class Viewer:
             "NCCL ranks", "RANK", "SERVICE", "PID", "COLLECTIVES", "/s", "WAIT ms", "LATE", "CLASS", "STRAGGLER"
         )
         for r in rows[:8]:
-            table.add_row(
+            _add_row(
+                table,
                 "?" if r.rank is None else str(r.rank),
                 r.service,
                 str(r.pid),
@@ -281,8 +293,8 @@ class Viewer:
             "HTTP/gRPC routes (recent spans)", "PID", "ROUTE", "REQ", "REQ/s", "ERR", "P50 ms", "P95 ms"
         )
         for r in rows[:6]:
-            table.add_row(
-                str(r.pid), r.route, str(r.requests), _rate(r.per_s), str(r.errors), _ms(r.p50_ms), _ms(r.p95_ms)
+            _add_row(
+                table, str(r.pid), r.route, str(r.requests), _rate(r.per_s), str(r.errors), _ms(r.p50_ms), _ms(r.p95_ms)
             )
         return table
 
@@ -292,7 +304,7 @@ class Viewer:
             return None
         table = self._table("findings", "CAUSE", "PROCESS", "SUMMARY")
         for f in rows[:4]:
-            table.add_row(f["cause"], f["process"], f["summary"])
+            _add_row(table, f["cause"], f["process"], f["summary"])
         return table
 
     def _agent(self, t: model.Tables) -> Text:
