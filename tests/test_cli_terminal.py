@@ -7,8 +7,10 @@ exporters wrote, `doctor`, `stragglers` and `report` handed streams that clean, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -128,6 +130,22 @@ def test_the_other_readers_print_through_streams_that_clean(command, target, arg
     assert f"pid 7 ({SHOWN_TITLE}) /lib/{SHOWN_CLEAR}libcuda.so" in got.out
 
 
+@contextlib.contextmanager
+def bare_root_logger() -> Iterator[None]:
+    """The root logger without pytest's handlers (added as the test's body starts), which would
+    make ``basicConfig`` a no-op."""
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    root.handlers[:] = []
+    try:
+        yield
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:] = saved
+        root.setLevel(level)
+
+
 def test_the_run_log_is_cleaned(monkeypatch, capsys) -> None:
     """The agent's log lines name processes, paths and HTTP paths in their arguments."""
 
@@ -139,16 +157,26 @@ def test_the_run_log_is_cleaned(monkeypatch, capsys) -> None:
     monkeypatch.setattr("otelbpf.base.privileges.drop_unneeded", lambda **kw: None)
     monkeypatch.setattr("otelbpf.analyze.report.after_run", lambda config, err: [])
     monkeypatch.setattr("signal.signal", lambda *a: None)
-    root = logging.getLogger()
-    saved, level = root.handlers[:], root.level
-    root.handlers[:] = []  # pytest's own would make basicConfig a no-op
-    try:
+    with bare_root_logger():
         assert cli.main(["run", "--duration", "0"]) == 0
-    finally:
-        for handler in root.handlers:
-            handler.close()
-        root.handlers[:] = saved
-        root.setLevel(level)
     err = capsys.readouterr().err
     assert f"WARNING otelbpf.agent: pid 7 ({SHOWN_TITLE}) exited: /x{SHOWN_CLEAR}\\x0aforged line\n" in err
+    assert not CONTROL.search(err)
+
+
+def test_the_mcp_servers_log_is_cleaned(monkeypatch, capsys, tmp_path: Path) -> None:
+    """The MCP SDK configures its own logging (a Rich handler on stderr) as the server is built:
+    the command line's, configured first, stays, and cleans what the SDK logs."""
+    pytest.importorskip("mcp")
+    from mcp.server.mcpserver.utilities.logging import configure_logging
+
+    def serve(directory, **kw) -> None:
+        configure_logging("WARNING")  # what building the server does
+        logging.getLogger("mcp.server").warning("tool call failed: %s", f"{tmp_path}/{TITLE}")
+
+    monkeypatch.setattr("otelbpf.mcp.server.serve", serve)
+    with bare_root_logger():
+        assert cli.main(["mcp", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert f"WARNING mcp.server: tool call failed: {tmp_path}/{SHOWN_TITLE}\n" in err
     assert not CONTROL.search(err)
