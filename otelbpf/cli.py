@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return top.standalone(config, args.pid, args.interval)
         except SensorError as exc:
-            print(f"otelbpf top: {exc}", file=sys.stderr)
+            print(f"otelbpf top: {exc}", file=err)  # it can name a path or a process
             return 1
     log_to_stderr(config.service.telemetry.log_level.upper(), "%(asctime)s %(levelname)s %(name)s: %(message)s")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SensorError, UnsafeOutput) as exc:
         if job is not None:
             job.close()
-        print(f"otelbpf: {exc}", file=sys.stderr)
+        print(f"otelbpf: {exc}", file=err)  # it can name a path in a folder another user writes
         return 1
     import signal
 

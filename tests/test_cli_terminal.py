@@ -180,3 +180,19 @@ def test_the_mcp_servers_log_is_cleaned(monkeypatch, capsys, tmp_path: Path) -> 
     err = capsys.readouterr().err
     assert f"WARNING mcp.server: tool call failed: {tmp_path}/{SHOWN_TITLE}\n" in err
     assert not CONTROL.search(err)
+
+
+def test_a_refused_path_is_named_escaped(monkeypatch, capsys) -> None:
+    """A file another user named in a folder root writes to is refused in a message that names it."""
+    from otelbpf.base.safe_files import UnsafeOutput
+
+    def agent_run(config, **kw) -> int:
+        raise UnsafeOutput(f"/srv/out/{TITLE}traces.jsonl is a symbolic link: refusing to write through it")
+
+    monkeypatch.setattr("otelbpf.agent.run", agent_run)
+    monkeypatch.setattr("otelbpf.base.privileges.drop_unneeded", lambda **kw: None)
+    with bare_root_logger():
+        assert cli.main(["run", "--duration", "0"]) != 0
+    err = capsys.readouterr().err
+    assert f"otelbpf: /srv/out/{SHOWN_TITLE}traces.jsonl is a symbolic link" in err
+    assert not CONTROL.search(err)
