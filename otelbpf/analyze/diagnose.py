@@ -7,8 +7,8 @@ it) and the usual fix:
 
 - ``pageable_copies``: host<->device copies from pageable memory: staged through a
   bounce buffer, slower, and synchronous even when asked to be async;
-- ``sync_storm``: frequent synchronizes; each drains the GPU's queue, and the GPU
-  then waits for the host to launch the next work;
+- ``sync_storm``: synchronizes so frequent that draining and refilling the queue costs a
+  share of the run (many gaps under 1 ms between a synchronize and the next launch);
 - ``blocking_reads``: small blocking device-to-host copies (``loss.item()``,
   ``.cpu()``, printing a tensor): a synchronize in disguise;
 - ``memory_churn``: device allocations and frees over and over, often of the same
@@ -16,17 +16,19 @@ it) and the usual fix:
 - ``launch_bound``: launches so frequent and syncs so short that the GPU finishes
   each kernel before the next arrives (tiny kernels);
 - ``cuda_errors``: most CUDA calls fail (no driver, wrong device): nothing runs at all;
-- ``input_starvation``: the thread that launches GPU work is off the CPU waiting for
-  another thread or process (a futex: a lock or a queue; a pipe; a socket; a poll)
-  outside any CUDA call: the GPU's next work is not ready (a slow data loader);
-- ``host_contention``: the launching thread is runnable but waits for a CPU (run-queue
-  latency, sched_wakeup or preemption -> sched_switch): other work shares its cores;
-- ``blocking_io``: the launching thread is blocked in file-system or block I/O
-  (``torch.save``, ``fsync``, synchronous logging), with the kernel stacks.
+- ``host_code``: the launching thread ran code on the CPU while the GPU had nothing queued,
+  one finding per function the CPU samples show (``save_checkpoint (job.py:31)``);
+- ``input_starvation``, ``blocking_io``, ``host_contention``, ``host_wait``: the launching
+  thread was off the CPU while the GPU had nothing queued: waiting on another thread or
+  process (a futex, pipe, socket or poll), in file-system or block I/O, runnable but
+  waiting for a CPU, asleep; with the kernel stacks (the ``sched`` receiver's ``off_cpu``
+  spans);
+- ``unexplained``: the idle time charged to none of these, with what the agent could not see.
 
-The last three need the ``sched`` receiver's ``off_cpu`` spans (long off-CPU intervals
-of every traced thread, with the reason and the kernel stack), joined here with the
-CUDA spans by thread id.
+Every cause but ``launch_bound`` and ``cuda_errors`` is a share of one idle budget, each
+second charged once (analyze/idle.py, docs/gpu-idle.md): the gaps after a synchronize or
+a blocking copy until the thread's next CUDA call, and the time inside the CUDA calls that
+keep the GPU idle.
 
 The costs are host-side estimates, documented per cause (``COSTS``): what the GPU
 could have been doing while the host did this. Without a GPU's own account (NVML)
@@ -38,13 +40,13 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from otelbpf.analyze.gpu_idle import gpu_idle, write_gpu_idle
+from otelbpf.analyze.idle import ALLOCS, SHORT_GAP_NS, SYNCS, Account, Charge, Timeline, account
 from otelbpf.analyze.summary import (
     Json,
     Latest,
@@ -66,15 +68,20 @@ AddFinding = Callable[[str, float, str, dict[str, Any]], None]
 COSTS = {
     "cuda_errors": "the process's whole traced window: its CUDA calls fail, so no GPU work runs",
     "pageable_copies": "time the host spent in copies from or to pageable memory",
-    "sync_storm": "for each synchronize, the gap until the host issued its next CUDA call (the GPU's queue was empty)",
+    "sync_storm": "the gaps under 1 ms after synchronizes, until the host's next CUDA call: the queue draining and "
+    "refilling (a longer gap is charged to what the host did in it)",
     "blocking_reads": "time in blocking device-to-host copies of at most 64 KiB (each waits for the GPU to drain)",
     "memory_churn": "time in device allocation and free calls",
     "launch_bound": "launches x 5 us, a typical host cost of one launch, when the GPU keeps up with the host",
-    "input_starvation": "time the launching thread waited on a futex, pipe, socket or poll outside CUDA calls (off-CPU "
-    "intervals above the sched receiver's span threshold: a lower bound)",
-    "host_contention": "time the launching thread was runnable but waited for a CPU (run-queue parts of its off-CPU "
-    "intervals above the span threshold: a lower bound)",
-    "blocking_io": "time the launching thread was blocked in file-system or block I/O outside CUDA calls",
+    "input_starvation": "time the launching thread waited on a futex, pipe, socket or poll while the GPU had nothing "
+    "queued (off-CPU intervals above the sched receiver's span threshold: a lower bound)",
+    "host_contention": "time the launching thread was runnable but waited for a CPU while the GPU had nothing queued "
+    "(run-queue parts of its off-CPU intervals above the span threshold: a lower bound)",
+    "blocking_io": "time the launching thread was blocked in file-system or block I/O while the GPU had nothing queued",
+    "host_wait": "time the launching thread slept or waited otherwise while the GPU had nothing queued",
+    "host_code": "the launching thread's on-CPU time while the GPU had nothing queued, split by the CPU samples taken "
+    "then (one sampling period each, pooled over the gaps)",
+    "unexplained": "the idle time charged to no cause: what the agent could not see (see could_not_see)",
 }
 
 FIXES = {
@@ -96,43 +103,30 @@ FIXES = {
     "host_contention": "Give the job its own cores: fewer competing processes, CPU requests = limits with the static "
     "CPU manager (Kubernetes) or taskset/cpusets; cap OMP_NUM_THREADS and DataLoader workers to "
     "the cores the job has.",
+    "host_wait": "Do not sleep or wait in the training thread between steps; if it waits for something, "
+    "prepare it ahead of time.",
+    "host_code": "Move this work off the launching thread or overlap it with the GPU's: prepare batches in "
+    "DataLoader workers or a background thread, checkpoint asynchronously, and queue the next step's GPU "
+    "work before the host work (synchronize last).",
+    "unexplained": "Turn on what the agent could not see: the sched receiver (off-CPU time by reason and kernel "
+    "stack) and the profiling receiver (CPU samples in time).",
     "blocking_io": "Take file I/O off the training thread: asynchronous checkpoints (torch.distributed.checkpoint."
     "async_save, or a background thread writing a CPU copy), buffered or asynchronous logging, "
     "no fsync per step; checkpoint every N steps to fast local storage.",
 }
 
-_SYNCS = {
-    "cudaStreamSynchronize",
-    "cudaStreamSynchronize_ptsz",
-    "cudaDeviceSynchronize",
-    "cudaEventSynchronize",
-    "cuStreamSynchronize",
-    "cuStreamSynchronize_ptsz",
-    "cuCtxSynchronize",
-    "cuEventSynchronize",
-}
-_ALLOCS = {
-    "cudaMalloc",
-    "cudaFree",
-    "cudaMallocAsync",
-    "cudaFreeAsync",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemAllocAsync",
-    "cuMemFreeAsync",
-}
+_SYNCS = SYNCS
+_ALLOCS = ALLOCS
 _SMALL_READ = 64 << 10
 #: A finding below this share of the process's traced window, or below this many
 #: seconds, is not reported (a 5 ms process is not a training job).
 MIN_SHARE = 0.01
 MIN_COST_S = 0.005
 LAUNCH_COST_S = 5e-6
-SYNC_GAP_CAP_S = 0.1
 EVIDENCE_SPANS = 5
 EVIDENCE_STACKS = 3
 #: Threads that made at least this share of the busiest thread's CUDA calls launch work too.
 LAUNCHER_SHARE = 0.2
-_INPUT_WAITS = {"futex", "pipe", "socket", "poll"}
 SCHED_SCOPE = "otelbpf.sched"
 
 
@@ -245,13 +239,20 @@ def _metric(points: Points, name: str, **match: object) -> list[tuple[Json, Json
     ]
 
 
-def _ids(spans: list[_Span]) -> list[str]:
+def _ids(spans: Sequence[Any]) -> list[str]:
     return [s.span_id for s in sorted(spans, key=lambda s: s.start - s.end)[:EVIDENCE_SPANS]]
 
 
 def _process_findings(
-    label: str, spans: list[_Span], points: Points, off_cpu: list[_Span] | None = None
+    label: str,
+    spans: list[_Span],
+    points: Points,
+    off_cpu: list[_Span] | None = None,
+    timeline: Timeline | None = None,
 ) -> list[Finding]:
+    """One process's findings. ``off_cpu``: its sched spans (the receiver counts as on when the
+    process has any, or its off-CPU metrics); ``timeline``: its CPU samples in time (None:
+    profiling off, or the process not sampled)."""
     if not spans:
         return []
     window = max(1, max(s.end for s in spans) - min(s.start for s in spans)) / 1e9
@@ -298,49 +299,42 @@ def _process_findings(
             )
         )
         return out
+    sched_on = bool(off_cpu) or bool(_metric(points, "otelbpf.thread.off_cpu.time"))
+    acc = account(spans, off_cpu if sched_on else None, timeline, launcher_share=LAUNCHER_SHARE)
+    idle = acc.summary()
+
+    def add_charged(cause: str, summary: str, evidence: dict[str, Any]) -> None:
+        c = acc.charges.get(cause)
+        if c is not None:
+            add(cause, c.seconds, summary, {**evidence, "idle": idle})
+
     pageable = [s for s in spans if s.attrs.get("cuda.memcpy.host_memory") == "pageable"]
     if pageable:
         metric_bytes = sum(
             _num(dp) for _a, dp in _metric(points, "cuda.memcpy.host_bytes", **{"cuda.memcpy.host_memory": "pageable"})
         )
         nbytes = max(metric_bytes, sum(int(s.attrs.get("cuda.memcpy.bytes", 0)) for s in pageable))
-        cost = sum(s.end - s.start for s in pageable) / 1e9
-        add(
+        inside = sum(s.end - s.start for s in pageable) / 1e9
+        add_charged(
             "pageable_copies",
-            cost,
             f"{len(pageable)} copies ({nbytes / 2**20:.1f} MiB) from or to pageable host memory",
-            {"copies": len(pageable), "bytes": int(nbytes), "seconds": round(cost, 6), "span_ids": _ids(pageable)},
+            {"copies": len(pageable), "bytes": int(nbytes), "seconds": round(inside, 6), "span_ids": _ids(pageable)},
         )
 
-    by_thread: dict[int, list[_Span]] = defaultdict(list)
-    for s in spans:
-        by_thread[s.tid].append(s)
-    # Time in a gap after a synchronize in which the thread was blocked on its input or on
-    # I/O, or waited for a CPU, is charged to that cause (input_starvation, blocking_io,
-    # host_contention), not to the synchronize.
-    blocked = _blocked_intervals(off_cpu or [])
-    syncs, gaps = [], []
-    for tid, mine in by_thread.items():
-        mine.sort(key=lambda s: s.start)
-        for i, s in enumerate(mine):
-            if s.name in _SYNCS:
-                syncs.append(s)
-                nxt = next((n for n in mine[i + 1 :] if n.start >= s.end), None)
-                if nxt is not None:
-                    gap = (nxt.start - s.end - _overlap(s.end, nxt.start, blocked.get(tid, []))) / 1e9
-                    gaps.append(min(max(gap, 0.0), SYNC_GAP_CAP_S))
-    if syncs and len(syncs) / window >= 1:
-        cost = sum(gaps)
-        funcs = Counter(s.name for s in syncs)
-        add(
+    syncs = [s for s in spans if s.name in _SYNCS]
+    storm = acc.charges.get("sync_storm")
+    if syncs and storm is not None and len(syncs) / window >= 1:
+        add_charged(
             "sync_storm",
-            cost,
-            f"{len(syncs)} synchronizes ({len(syncs) / window:.1f}/s); the GPU waited {cost:.3f}s for the next work",
+            f"{len(syncs)} synchronizes ({len(syncs) / window:.1f}/s); {storm.gaps} of the gaps after them were "
+            f"the queue draining and refilling (under {SHORT_GAP_NS / 1e6:.0f} ms each, "
+            f"{storm.seconds:.3f}s in all)",
             {
                 "syncs": len(syncs),
                 "per_second": round(len(syncs) / window, 2),
-                "by_function": dict(funcs),
-                "median_gap_s": round(statistics.median(gaps), 6) if gaps else 0.0,
+                "by_function": dict(Counter(s.name for s in syncs)),
+                "short_gaps": storm.gaps,
+                "mean_gap_s": round(storm.seconds / storm.gaps, 6) if storm.gaps else 0.0,
                 "waited_s": round(sum(s.end - s.start for s in syncs) / 1e9, 6),
                 "span_ids": _ids(syncs),
             },
@@ -354,15 +348,13 @@ def _process_findings(
         and int(s.attrs.get("cuda.memcpy.bytes", 0)) <= _SMALL_READ
     ]
     if reads:
-        cost = sum(s.end - s.start for s in reads) / 1e9
-        add(
+        add_charged(
             "blocking_reads",
-            cost,
             f"{len(reads)} small blocking device-to-host reads ({len(reads) / window:.1f}/s)",
             {
                 "reads": len(reads),
                 "bytes": sum(int(s.attrs.get("cuda.memcpy.bytes", 0)) for s in reads),
-                "seconds": round(cost, 6),
+                "seconds": round(sum(s.end - s.start for s in reads) / 1e9, 6),
                 "span_ids": _ids(reads),
             },
         )
@@ -377,17 +369,15 @@ def _process_findings(
         sizes = Counter(
             int(s.attrs["cuda.memory.bytes"]) for s in allocs if "cuda.memory.bytes" in s.attrs and "Free" not in s.name
         )
-        cost = sum(s.end - s.start for s in allocs) / 1e9
-        add(
+        add_charged(
             "memory_churn",
-            cost,
             f"{len(allocs)} device allocations and frees ({len(allocs) / window:.1f}/s)"
             + (f", {sizes.most_common(1)[0][1]} of {sizes.most_common(1)[0][0]} bytes" if sizes else ""),
             {
                 "calls": int(sum(calls.values())) or len(allocs),
                 "by_function": calls or dict(Counter(s.name for s in allocs)),
                 "repeated_sizes": dict(sizes.most_common(3)),
-                "seconds": round(cost, 6),
+                "seconds": round(sum(s.end - s.start for s in allocs) / 1e9, 6),
                 "span_ids": _ids(allocs),
             },
         )
@@ -404,52 +394,37 @@ def _process_findings(
                 f"in {median_wait * 1e6:.0f} us: the GPU keeps up with the host",
                 {"launches": int(launches), "per_second": round(launches / window), "median_sync_wait_s": median_wait},
             )
-    if off_cpu:
-        _sched_findings(spans, points, off_cpu, window, add)
-    return out
+    if sched_on:
+        _sched_findings(acc, points, add_charged)
+    for key, c in sorted(acc.code.items(), key=lambda kv: -kv[1].seconds):
+        where = acc.where[key]
+        top = c.top(1)[0][0]
+        add(
+            "host_code",
+            c.seconds,
+            f"the launching thread ran {top} for ~{c.seconds:.3f}s while the GPU had nothing queued "
+            f"({c.samples} CPU samples between a synchronize and the next launch)",
+            {
+                "function": where.function,
+                "file": where.file,
+                "top_frames": {k: v for k, v in c.top(EVIDENCE_STACKS)},
+                "samples": c.samples,
+                "seconds": round(c.seconds, 6),
+                "idle": idle,
+            },
+        )
+    if acc.unexplained_s:
+        add(
+            "unexplained",
+            acc.unexplained_s,
+            f"{acc.unexplained_s:.3f}s of the {acc.budget_s:.3f}s the GPU had nothing queued is charged to no cause: "
+            + "; ".join(f"{why} {v:.3f}s" for why, v in sorted(acc.unseen.items(), key=lambda kv: -kv[1])),
+            {"idle": idle},
+        )
+    return sorted(out, key=lambda f: -f.cost_s)
 
 
-def _blocked_intervals(off_cpu: list[_Span]) -> dict[int, list[tuple[int, int]]]:
-    """Per thread, the off-CPU time another cause accounts for: the blocked part of waits for
-    input or I/O, and the run-queue part of every wait outside a CUDA call."""
-    out: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for s in off_cpu:
-        reason = s.attrs.get("otelbpf.sched.reason")
-        if reason == "cuda":
-            continue
-        mid = s.start + int(s.attrs.get("otelbpf.sched.blocked_ns", 0))
-        if reason in _INPUT_WAITS or reason == "io":
-            out[s.tid].append((s.start, mid))
-        if int(s.attrs.get("otelbpf.sched.runqueue_ns", 0)):
-            out[s.tid].append((mid, s.end))
-    return out
-
-
-def _overlap(start: int, end: int, intervals: list[tuple[int, int]]) -> int:
-    """Nanoseconds of [start, end) covered by ``intervals`` (disjoint: one thread's)."""
-    return sum(max(0, min(end, b) - max(start, a)) for a, b in intervals if a < end and b > start)
-
-
-def _by_value(d: dict[str, float]) -> list[tuple[str, float]]:
-    return sorted(d.items(), key=lambda kv: -kv[1])
-
-
-def _launchers(spans: list[_Span]) -> set[int]:
-    """The threads that issue the process's CUDA work: the busiest, and those with at least
-    LAUNCHER_SHARE of its calls."""
-    calls = Counter(s.tid for s in spans)
-    top = max(calls.values())
-    return {tid for tid, n in calls.items() if n >= top * LAUNCHER_SHARE}
-
-
-def _inside_cuda(interval: _Span, calls: list[_Span], starts: list[int]) -> bool:
-    """Does the off-CPU interval overlap a CUDA call of its thread (sorted by start)? One
-    thread's calls follow each other: only the last to start before the interval ends can."""
-    i = bisect_left(starts, interval.end)
-    return i > 0 and calls[i - 1].end > interval.start
-
-
-def _stacks(intervals: list[_Span], part: str) -> list[dict[str, Any]]:
+def _stacks(intervals: list[Any], part: str) -> list[dict[str, Any]]:
     """The kernel stacks that cost the most, with their seconds."""
     by: dict[tuple[str, ...], float] = defaultdict(float)
     for s in intervals:
@@ -459,10 +434,6 @@ def _stacks(intervals: list[_Span], part: str) -> list[dict[str, Any]]:
         for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:EVIDENCE_STACKS]
         if k
     ]
-
-
-def _thread_names(intervals: list[_Span]) -> dict[str, str]:
-    return {str(s.tid): str(s.attrs.get("thread.name", "")) for s in intervals}
 
 
 def _other_threads(points: Points, launcher_names: set[str]) -> dict[str, dict[str, float]]:
@@ -476,85 +447,60 @@ def _other_threads(points: Points, launcher_names: set[str]) -> dict[str, dict[s
     return dict(out)
 
 
-def _sched_findings(spans: list[_Span], points: Points, off_cpu: list[_Span], window: float, add: AddFinding) -> None:
-    """input_starvation, host_contention and blocking_io from the launching threads'
-    off-CPU intervals within the CUDA window."""
-    launchers = _launchers(spans)
-    t0, t1 = min(s.start for s in spans), max(s.end for s in spans)
-    calls: dict[int, list[_Span]] = defaultdict(list)
-    for s in spans:
-        if s.tid in launchers:
-            calls[s.tid].append(s)
-    starts = {}
-    for tid, mine in calls.items():
-        mine.sort(key=lambda s: s.start)
-        starts[tid] = [s.start for s in mine]
-    waits = [s for s in off_cpu if s.tid in launchers and s.end > t0 and s.start < t1]
-    outside = [
-        s
-        for s in waits
-        if s.attrs.get("otelbpf.sched.reason") != "cuda" and not _inside_cuda(s, calls[s.tid], starts[s.tid])
-    ]
+def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[str, Any]], None]) -> None:
+    """input_starvation, blocking_io, host_contention and host_wait: the off-CPU parts of the
+    launching threads' idle gaps (idle.account), with the kernel stacks."""
+    names = {str(t): n for t, n in acc.threads.items()}
 
-    def blocked(s: _Span) -> float:
-        return int(s.attrs.get("otelbpf.sched.blocked_ns", 0)) / 1e9
+    def common(c: Charge) -> dict[str, Any]:
+        return {"waits": len(c.spans), "seconds": round(c.seconds, 6), "threads": names, "span_ids": _ids(c.spans)}
 
-    names = _thread_names(waits)
-    starved = [s for s in outside if s.attrs.get("otelbpf.sched.reason") in _INPUT_WAITS]
-    if starved:
-        cost = sum(blocked(s) for s in starved)
-        reasons: dict[str, float] = defaultdict(float)
-        for s in starved:
-            reasons[s.attrs["otelbpf.sched.reason"]] += blocked(s)
+    if (c := acc.charges.get("input_starvation")) is not None:
         add(
             "input_starvation",
-            cost,
-            f"the launching thread waited {cost:.3f}s in {len(starved)} waits on other threads or processes "
-            f"({', '.join(f'{r} {v:.3f}s' for r, v in _by_value(reasons))}) while no CUDA call was in progress",
+            f"the launching thread waited {c.seconds:.3f}s in {len(c.spans)} waits on other threads or processes "
+            f"({', '.join(f'{r} {v:.3f}s' for r, v in c.top())}) while the GPU had nothing queued",
             {
-                "waits": len(starved),
-                "seconds": round(cost, 6),
-                "by_reason": {r: round(v, 6) for r, v in _by_value(reasons)},
-                "threads": names,
-                "stacks": _stacks(starved, "otelbpf.sched.blocked_ns"),
+                **common(c),
+                "by_reason": {r: round(v, 6) for r, v in c.top()},
+                "stacks": _stacks(c.spans, "otelbpf.sched.blocked_ns"),
                 "other_threads": _other_threads(points, set(names.values())),
-                "span_ids": _ids(starved),
             },
         )
-    io = [s for s in outside if s.attrs.get("otelbpf.sched.reason") == "io"]
-    if io:
-        cost = sum(blocked(s) for s in io)
+    if (c := acc.charges.get("blocking_io")) is not None:
         add(
             "blocking_io",
-            cost,
-            f"the launching thread was blocked {cost:.3f}s in {len(io)} file-system or disk waits",
+            f"the launching thread was blocked {c.seconds:.3f}s in {len(c.spans)} file-system or disk waits "
+            "while the GPU had nothing queued",
+            {**common(c), "stacks": _stacks(c.spans, "otelbpf.sched.blocked_ns")},
+        )
+    if (c := acc.charges.get("host_wait")) is not None:
+        add(
+            "host_wait",
+            f"the launching thread was off the CPU {c.seconds:.3f}s "
+            f"({', '.join(f'{r} {v:.3f}s' for r, v in c.top())}) while the GPU had nothing queued",
             {
-                "waits": len(io),
-                "seconds": round(cost, 6),
-                "threads": names,
-                "stacks": _stacks(io, "otelbpf.sched.blocked_ns"),
-                "span_ids": _ids(io),
+                **common(c),
+                "by_reason": {r: round(v, 6) for r, v in c.top()},
+                "stacks": _stacks(c.spans, "otelbpf.sched.blocked_ns"),
             },
         )
-    queued = [s for s in waits if int(s.attrs.get("otelbpf.sched.runqueue_ns", 0)) > 0]
-    if queued:
-        runq = sorted(int(s.attrs["otelbpf.sched.runqueue_ns"]) / 1e9 for s in queued)
-        cost = sum(runq)
+    if (c := acc.charges.get("host_contention")) is not None:
+        runq = sorted(int(s.attrs.get("otelbpf.sched.runqueue_ns", 0)) / 1e9 for s in c.spans)
         add(
             "host_contention",
-            cost,
-            f"the launching thread waited {cost:.3f}s for a CPU while runnable ({len(queued)} waits, "
-            f"longest {runq[-1] * 1e3:.1f} ms)",
+            f"the launching thread waited {c.seconds:.3f}s for a CPU while runnable ({len(c.spans)} waits, "
+            f"longest {runq[-1] * 1e3:.1f} ms) while the GPU had nothing queued",
             {
-                "waits": len(queued),
-                "seconds": round(cost, 6),
+                **common(c),
                 "median_wait_s": round(statistics.median(runq), 6),
                 "max_wait_s": round(runq[-1], 6),
-                "threads": names,
-                "preempted": sum(1 for s in queued if s.attrs.get("otelbpf.sched.reason") == "preempted"),
+                "preempted": sum(1 for s in c.spans if s.attrs.get("otelbpf.sched.reason") == "preempted"),
                 "span_ids": [
                     s.span_id
-                    for s in sorted(queued, key=lambda s: -int(s.attrs["otelbpf.sched.runqueue_ns"]))[:EVIDENCE_SPANS]
+                    for s in sorted(c.spans, key=lambda s: -int(s.attrs.get("otelbpf.sched.runqueue_ns", 0)))[
+                        :EVIDENCE_SPANS
+                    ]
                 ],
             },
         )

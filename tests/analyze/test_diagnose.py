@@ -62,12 +62,16 @@ class Trace:
         )
         self.call("cudaLaunchKernel", 0, gap_ns=5 * MS, **{"cuda.kernel.name": "gemm"})
         if planted.get("sync"):
-            self.call("cudaStreamSynchronize", 2 * MS, gap_ns=3 * MS)
+            # A synchronize after every layer: each drains the queue, and the next launch comes at
+            # once (100 us later): the cost is the draining itself, many short gaps.
+            for _ in range(20):
+                self.call("cudaStreamSynchronize", 200_000, gap_ns=150_000)
+                self.call("cudaLaunchKernel", 0, gap_ns=10_000, **{"cuda.kernel.name": "layer"})
         if planted.get("item"):
             self.call(
                 "cudaMemcpy",
                 1 * MS,
-                gap_ns=2 * MS,
+                gap_ns=100_000,
                 **{"cuda.memcpy.bytes": 4, "cuda.memcpy.direction": "D2H", "cuda.memcpy.async": False},
             )
         if planted.get("churn"):
@@ -149,7 +153,7 @@ def test_findings_are_ranked_by_cost_and_name_their_evidence(tmp_path: Path) -> 
     assert by["memory_churn"].evidence["repeated_sizes"] == {str(64 << 20): 100} or by["memory_churn"].evidence[
         "repeated_sizes"
     ] == {64 << 20: 100}
-    assert by["sync_storm"].evidence["syncs"] == 100
+    assert by["sync_storm"].evidence["syncs"] == 2000  # 20 a step
     assert by["pageable_copies"].evidence["bytes"] == 100 << 20
 
 

@@ -29,8 +29,20 @@ class Clock:
 
 
 def pageable_copies(n: int, start: int) -> list[ReadableSpan]:
-    """``n`` pageable host-to-device copies of 20 ms, one every 40 ms: half the window."""
-    return [
+    """``n`` pageable host-to-device copies of 20 ms, one every 40 ms: half the window; each
+    followed at once by a launch (the idle time after a blocking copy is the copy's)."""
+    launches = [
+        make_span(
+            "cudaLaunchKernel",
+            resource=GPU,
+            scope=scope("otelbpf.cuda"),
+            start_ns=start + i * 40 * MS + 20 * MS + 50_000,
+            end_ns=start + i * 40 * MS + 20 * MS + 60_000,
+            attributes={"cuda.api.function": "cudaLaunchKernel", "thread.id": 7},
+        )
+        for i in range(n)
+    ]
+    copies = [
         make_span(
             "cudaMemcpy",
             resource=GPU,
@@ -47,6 +59,7 @@ def pageable_copies(n: int, start: int) -> list[ReadableSpan]:
         )
         for i in range(n)
     ]
+    return sorted(launches + copies, key=lambda s: s.start_time)
 
 
 def collection(k: int) -> MetricsData:
@@ -179,6 +192,16 @@ def test_off_cpu_spans_of_the_sched_receiver_give_live_host_side_findings() -> N
                 start_ns=t + 31 * MS,
                 end_ns=t + 31 * MS + 10_000,
                 attributes={"cuda.api.function": "cudaLaunchKernel", "thread.id": 7},
+            )
+        )
+        spans.append(  # the step ends with a synchronize: the GPU's queue is empty until the next launch
+            make_span(
+                "cudaStreamSynchronize",
+                resource=GPU,
+                scope=cuda,
+                start_ns=t + 31 * MS + 20_000,
+                end_ns=t + 32 * MS,
+                attributes={"cuda.api.function": "cudaStreamSynchronize", "thread.id": 7},
             )
         )
     state.on_spans(spans)

@@ -1,0 +1,382 @@
+"""Where the GPU's idle seconds went: every one charged once, to what the launching thread was doing.
+
+The model (docs/gpu-idle.md). The host keeps a GPU busy by keeping work queued on it. Seen from
+the host, a launching thread's GPU has nothing queued from the moment a synchronize (or a
+blocking copy, which synchronizes too) returns until the thread issues its next CUDA call: the
+queue was drained, and nothing new arrives. Those *gaps* are the idle budget, per launching
+thread. Each nanosecond of a gap is charged to exactly one cause, by what the thread was doing:
+
+1. inside a CUDA call that keeps the GPU idle (a device allocation or free in the gap): the
+   call's own cause (``memory_churn``);
+2. off the CPU (the ``sched`` receiver's ``off_cpu`` spans, above their span threshold), by
+   reason: file or block I/O -> ``blocking_io``; a futex, pipe, socket or poll ->
+   ``input_starvation``; runnable but waiting for a CPU -> ``host_contention``; a sleep or
+   another wait -> ``host_wait``;
+3. on the CPU in a gap of at least ``SHORT_GAP_NS``: the code the CPU samples taken in the gap
+   show (their innermost Python frame, else their native leaf) -> ``host_code``, one finding per
+   function. A sample stands for one sampling period of CPU time (the usual estimate); the
+   estimates are pooled per thread over all its gaps (a 14 ms gap gets one or two samples at
+   99 Hz: per gap the estimate is noise, pooled it is unbiased) and scaled down if they exceed
+   the on-CPU time they estimate;
+4. on the CPU in a gap shorter than ``SHORT_GAP_NS``: the cost of draining the queue itself, to
+   the call that drained it (``sync_storm`` after a synchronize, ``pageable_copies`` or
+   ``blocking_reads`` after such a copy). One synchronize per step costs one such gap per step
+   and is found only if those gaps add up to a share of the run that matters;
+5. what is left is ``unexplained``, never dropped, with what could not be seen: off-CPU time
+   without the sched receiver, on-CPU time without CPU samples (profiling off, or a process the
+   profiler's timeline did not cover), on-CPU time not sampled.
+
+The time spent *inside* pageable copies and small blocking reads is idle time too (the GPU
+waits on a staged copy, or drains for a few bytes): charged to those causes as before, it lies
+outside every gap (a gap starts when such a call returns), so nothing is charged twice. A gap
+with no next call (the process exited, or the trace ends mid-gap) is not charged: it is counted
+as ``open_gaps``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: A gap shorter than this is the queue's draining cost: the host turned around at once.
+SHORT_GAP_NS = 1_000_000
+
+SYNCS = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaStreamSynchronize_ptsz",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cuStreamSynchronize",
+        "cuStreamSynchronize_ptsz",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+    }
+)
+ALLOCS = frozenset(
+    {
+        "cudaMalloc",
+        "cudaFree",
+        "cudaMallocAsync",
+        "cudaFreeAsync",
+        "cuMemAlloc_v2",
+        "cuMemFree_v2",
+        "cuMemAllocAsync",
+        "cuMemFreeAsync",
+    }
+)
+SMALL_READ = 64 << 10
+INPUT_WAITS = frozenset({"futex", "pipe", "socket", "poll"})
+
+
+class SpanLike(Protocol):
+    """What the accounting reads of a CUDA or off-CPU span (diagnose._Span)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def tid(self) -> int: ...
+    @property
+    def attrs(self) -> Mapping[str, Any]: ...
+    @property
+    def span_id(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """The code a CPU sample was in: its innermost Python frame (if any) and its native leaf."""
+
+    function: str
+    file: str = ""
+    line: int = 0
+    native: str = ""
+
+    @property
+    def key(self) -> str:
+        """One finding per function: "tokenize (job.py)"; the line is the evidence's."""
+        return f"{self.function} ({self.file.rsplit('/', 1)[-1]})" if self.file else self.function
+
+    def label(self) -> str:
+        base = f"{self.function} ({self.file.rsplit('/', 1)[-1]}:{self.line})" if self.file else self.function
+        return f"{base} -> {self.native}" if self.native and self.file else base
+
+
+@dataclass
+class Timeline:
+    """One process's CPU samples in time, per thread: (wall-clock time ns, count, index into
+    ``stacks``), sorted by time. ``covered``: the intervals the profiler read (a gap outside
+    them was not sampled at all: profiling off, or not yet started)."""
+
+    period_ns: int
+    bucket_ns: int = 0  # a sample's time is its bucket's start: it lies in [t, t + bucket_ns)
+    stacks: list[Where] = field(default_factory=list)
+    threads: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    covered: list[tuple[int, int]] = field(default_factory=list)
+
+    def covers(self, start: int, end: int) -> bool:
+        return any(a <= start and end <= b for a, b in self.covered)
+
+
+@dataclass
+class Charge:
+    """One cause's share of the idle budget, with what shows it."""
+
+    seconds: float = 0.0
+    gaps: int = 0  # gaps (or calls) that contributed
+    spans: list[SpanLike] = field(default_factory=list)  # the off-CPU spans or CUDA calls that show it
+    by: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # reason -> s, or frame -> samples
+    samples: int = 0
+
+    def top(self, n: int | None = None) -> list[tuple[str, float]]:
+        return sorted(self.by.items(), key=lambda kv: -kv[1])[:n]
+
+
+@dataclass
+class Account:
+    """A process's idle budget and where it went (seconds)."""
+
+    budget_s: float = 0.0  # gaps + time inside idle-making CUDA calls
+    gaps: int = 0
+    open_gaps: int = 0  # gaps the trace ends in (the process exited mid-gap): not charged
+    charges: dict[str, Charge] = field(default_factory=lambda: defaultdict(Charge))
+    code: dict[str, Charge] = field(default_factory=lambda: defaultdict(Charge))  # host_code by Where.key
+    where: dict[str, Where] = field(default_factory=dict)
+    unexplained_s: float = 0.0
+    unseen: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # why unexplained -> s
+    threads: dict[int, str] = field(default_factory=dict)
+    carved: set[int] = field(default_factory=set)  # id() of the allocations and frees charged inside gaps
+
+    @property
+    def charged_s(self) -> float:
+        return sum(c.seconds for c in self.charges.values()) + sum(c.seconds for c in self.code.values())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "idle_budget_s": round(self.budget_s, 6),
+            "charged_s": round(self.charged_s, 6),
+            "unexplained_s": round(self.unexplained_s, 6),
+            "could_not_see": {k: round(v, 6) for k, v in sorted(self.unseen.items(), key=lambda kv: -kv[1])},
+            "gaps": self.gaps,
+            "open_gaps": self.open_gaps,
+        }
+
+
+def launchers(spans: Iterable[SpanLike], share: float) -> set[int]:
+    """The threads that issue the process's CUDA work: the busiest, and those with at least
+    ``share`` of its calls."""
+    calls = Counter(s.tid for s in spans)
+    if not calls:
+        return set()
+    top = max(calls.values())
+    return {tid for tid, n in calls.items() if n >= top * share}
+
+
+def _drains(s: SpanLike) -> str | None:
+    """The cause charged for the queue-draining cost after ``s``, if ``s`` drains the queue."""
+    if s.name in SYNCS:
+        return "sync_storm"
+    if "cuda.memcpy.direction" not in s.attrs:
+        return None
+    if s.attrs.get("cuda.memcpy.host_memory") == "pageable":
+        # A blocking copy from pageable memory synchronizes the stream first; an asynchronous
+        # one is staged without a device synchronize, and one to pageable memory waits for it.
+        if not s.attrs.get("cuda.memcpy.async") or s.attrs.get("cuda.memcpy.direction") == "D2H":
+            return "pageable_copies"
+        return None
+    if not s.attrs.get("cuda.memcpy.async"):
+        small = s.attrs.get("cuda.memcpy.direction") == "D2H" and int(s.attrs.get("cuda.memcpy.bytes", 0)) <= SMALL_READ
+        return "blocking_reads" if small else "sync_storm"
+    return None
+
+
+def _cause_of(reason: object) -> str:
+    if reason == "io":
+        return "blocking_io"
+    if reason in INPUT_WAITS:
+        return "input_starvation"
+    return "host_wait"
+
+
+def _clip(a: int, b: int, lo: int, hi: int) -> int:
+    return max(0, min(b, hi) - max(a, lo))
+
+
+@dataclass
+class _ThreadCode:
+    """One thread's pooled on-CPU time in long gaps and the samples taken in them."""
+
+    on_cpu_ns: int = 0
+    unsampled_ns: int = 0  # on-CPU time in gaps the timeline does not cover
+    samples: Counter[int] = field(default_factory=Counter)  # stack index -> samples
+    sched_on: bool = True  # off-CPU time was subtracted (else it is in on_cpu_ns, unseen)
+
+
+def account(
+    spans: Sequence[SpanLike],
+    off_cpu: Sequence[SpanLike] | None,
+    timeline: Timeline | None,
+    *,
+    launcher_share: float = 0.2,
+) -> Account:
+    """The idle budget of one process's launching threads and each cause's share (module doc).
+    ``off_cpu`` None: the sched receiver was off; ``timeline`` None: no CPU samples in time."""
+    acc = Account()
+    mine: dict[int, list[SpanLike]] = defaultdict(list)
+    who = launchers(spans, launcher_share)
+    for s in spans:
+        if s.tid in who:
+            mine[s.tid].append(s)
+    waits: dict[int, list[SpanLike]] = defaultdict(list)
+    for o in off_cpu or ():
+        if o.tid in who and o.attrs.get("otelbpf.sched.reason") != "cuda":
+            waits[o.tid].append(o)
+            acc.threads.setdefault(o.tid, str(o.attrs.get("thread.name", "")))
+    for tid, calls in mine.items():
+        calls.sort(key=lambda s: s.start)
+        mine_waits = sorted(waits.get(tid, []), key=lambda s: s.start)
+        code = _ThreadCode(sched_on=off_cpu is not None)
+        for i, s in enumerate(calls):
+            if s.name in ALLOCS:
+                continue  # in a gap: carved out of it below; outside one: the GPU had work queued
+            drain = _drains(s)
+            if drain is None:
+                continue
+            nxt = next((n for n in calls[i + 1 :] if n.start >= s.end and n.name not in ALLOCS), None)
+            if nxt is None:
+                acc.open_gaps += 1
+                continue
+            _gap(acc, code, s.end, nxt.start, drain, s, calls, i, mine_waits, timeline, tid)
+        _charge_code(acc, code, timeline)
+    for s in spans:  # time inside the CUDA calls that keep the GPU idle, wherever they are
+        cause = None
+        if s.attrs.get("cuda.memcpy.host_memory") == "pageable":
+            cause = "pageable_copies"
+        elif (
+            s.attrs.get("cuda.memcpy.direction") == "D2H"
+            and not s.attrs.get("cuda.memcpy.async")
+            and int(s.attrs.get("cuda.memcpy.bytes", 0)) <= SMALL_READ
+        ):
+            cause = "blocking_reads"
+        elif s.name in ALLOCS and id(s) not in acc.carved:
+            cause = "memory_churn"
+        if cause:
+            c = acc.charges[cause]
+            c.seconds += (s.end - s.start) / 1e9
+            c.gaps += 1
+            c.spans.append(s)
+            acc.budget_s += (s.end - s.start) / 1e9
+    return acc
+
+
+def _gap(
+    acc: Account,
+    code: _ThreadCode,
+    a: int,
+    b: int,
+    drain: str,
+    opener: SpanLike,
+    calls: list[SpanLike],
+    i: int,
+    waits: list[SpanLike],
+    timeline: Timeline | None,
+    tid: int,
+) -> None:
+    """Charge the gap [a, b) of thread ``tid``, opened by ``opener`` (calls[i])."""
+    if b <= a:
+        return
+    acc.gaps += 1
+    acc.budget_s += (b - a) / 1e9
+    left = b - a
+    for n in calls[i + 1 :]:
+        if n.start >= b:
+            break
+        if n.name in ALLOCS and n.start >= a:
+            t = _clip(n.start, n.end, a, b)
+            c = acc.charges["memory_churn"]
+            c.seconds += t / 1e9
+            c.gaps += 1
+            c.spans.append(n)
+            acc.carved.add(id(n))
+            left -= t
+    off = 0
+    j = bisect_left([w.end for w in waits], a)
+    for w in waits[j:]:
+        if w.start >= b:
+            break
+        mid = w.start + int(w.attrs.get("otelbpf.sched.blocked_ns", 0))
+        reason = w.attrs.get("otelbpf.sched.reason")
+        for lo, hi, cause in ((w.start, mid, _cause_of(reason)), (mid, w.end, "host_contention")):
+            t = _clip(lo, hi, a, b)
+            if t <= 0:
+                continue
+            c = acc.charges[cause]
+            c.seconds += t / 1e9
+            c.by[str(reason) if cause != "host_contention" else "runqueue"] += t / 1e9
+            if not c.spans or c.spans[-1] is not w:
+                c.spans.append(w)
+                c.gaps += 1
+            off += t
+    on_cpu = max(0, left - off)
+    if b - a < SHORT_GAP_NS:
+        c = acc.charges[drain]
+        c.seconds += on_cpu / 1e9
+        c.gaps += 1
+        if drain == "sync_storm":
+            c.spans.append(opener)
+        return
+    if timeline is None or not timeline.covers(a, b):
+        code.unsampled_ns += on_cpu
+        return
+    code.on_cpu_ns += on_cpu
+    half = timeline.bucket_ns // 2
+    rows = timeline.threads.get(tid, [])
+    k = bisect_left(rows, (a - half, -1, -1))
+    for t, count, stack in rows[k:]:
+        if t + half >= b:
+            break
+        if t + half >= a:
+            code.samples[stack] += count
+
+
+def _charge_code(acc: Account, code: _ThreadCode, timeline: Timeline | None) -> None:
+    """The pooled sampling estimate of one thread's on-CPU gap time, by code; the rest unexplained."""
+    if code.unsampled_ns:
+        why = (
+            "on-CPU time without CPU samples (profiling off, or the process not in the profiler's timeline)"
+            if code.sched_on
+            else "time with neither CPU samples nor the sched receiver: on or off the CPU, doing what is not known"
+        )
+        acc.unseen[why] += code.unsampled_ns / 1e9
+        acc.unexplained_s += code.unsampled_ns / 1e9
+    if not code.on_cpu_ns:
+        return
+    period = timeline.period_ns if timeline else 0
+    est = {stack: n * period for stack, n in code.samples.items()}
+    total = sum(est.values())
+    scale = min(1.0, code.on_cpu_ns / total) if total else 0.0
+    charged = 0.0
+    for stack, ns in est.items():
+        assert timeline is not None
+        where = timeline.stacks[stack]
+        c = acc.code[where.key]
+        c.seconds += ns * scale / 1e9
+        c.samples += code.samples[stack]
+        c.by[where.label()] += code.samples[stack]
+        acc.where.setdefault(where.key, where)
+        charged += ns * scale
+    rest = (code.on_cpu_ns - charged) / 1e9
+    if rest > 0:
+        why = (
+            "time no CPU sample shows (the thread was off the CPU, or between samples)"
+            if code.sched_on
+            else "time no CPU sample shows: off the CPU or between samples (the sched receiver is off)"
+        )
+        acc.unseen[why] += rest
+        acc.unexplained_s += rest

@@ -1,0 +1,135 @@
+"""The idle accounting (analyze/idle.py) over synthetic spans and CPU samples: every second of
+the gaps after a synchronize charged once, to what the launching thread did in it."""
+
+from __future__ import annotations
+
+from otelbpf.analyze.diagnose import _process_findings, _Span
+from otelbpf.analyze.idle import Timeline, Where, account
+
+MS = 1_000_000
+T0 = 1_700_000_000_000_000_000
+TRAIN = 7
+PERIOD = 10_101_010  # 99 Hz
+CKPT = Where("save_checkpoint", "/job/train.py", 31, "write")
+TOK = Where("tokenize", "/job/train.py", 12)
+
+
+class Job:
+    """One training thread: steps of launches and one synchronize, with planted host work
+    after the synchronize; CPU samples every PERIOD while the thread is on the CPU."""
+
+    def __init__(self) -> None:
+        self.t = T0
+        self.spans: list[_Span] = []
+        self.off: list[_Span] = []
+        self.tl = Timeline(PERIOD, 1 << 20, [CKPT, TOK], {TRAIN: []}, [(T0, T0 + 3600 * 10**9)])
+        self._next_sample = T0 + PERIOD // 2
+
+    def call(self, name: str, dur: int, **attrs: object) -> None:
+        self.spans.append(_Span(name, self.t, self.t + dur, TRAIN, dict(attrs), f"{len(self.spans):016x}"))
+        self.t += dur
+
+    def on_cpu(self, dur: int, stack: int) -> None:
+        """Run ``dur`` ns on the CPU in ``stack``: samples at every period boundary crossed."""
+        end = self.t + dur
+        while self._next_sample < end:
+            if self._next_sample >= self.t:
+                self.tl.threads[TRAIN].append((self._next_sample - (1 << 19), 1, stack))
+            self._next_sample += PERIOD
+        self.t = end
+
+    def off_cpu(self, reason: str, dur: int) -> None:
+        attrs = {"otelbpf.sched.reason": reason, "otelbpf.sched.blocked_ns": dur, "thread.name": "train"}
+        self.off.append(_Span("off_cpu", self.t, self.t + dur, TRAIN, attrs, f"{len(self.off):016x}"))
+        self.t += dur
+        self._next_sample = max(self._next_sample, self.t)  # the CPU clock does not run off the CPU
+
+    def step(self, *, tokenize: int = 0, checkpoint: tuple[int, int] | None = None) -> None:
+        for _ in range(20):
+            self.call("cudaLaunchKernel", 10_000)
+            self.t += 20_000
+        self.call("cudaStreamSynchronize", 30 * MS)
+        self.t += 50_000
+        if tokenize:
+            self.on_cpu(tokenize, 1)
+        if checkpoint:
+            self.on_cpu(checkpoint[0], 0)
+            self.off_cpu("io", checkpoint[1])
+
+
+def test_the_checkpoint_is_charged_on_and_off_the_cpu_not_to_the_synchronize() -> None:
+    j = Job()
+    for i in range(100):
+        j.step(checkpoint=(60 * MS, 40 * MS) if i % 5 == 4 else None)
+    j.step()
+    acc = account(j.spans, j.off, j.tl)
+    assert abs(acc.code[CKPT.key].seconds - 20 * 0.06) / 1.2 < 0.1, acc.code
+    assert abs(acc.charges["blocking_io"].seconds - 20 * 0.04) < 1e-6
+    assert acc.charges["sync_storm"].seconds < 0.01  # 101 gaps of 50 us: the draining alone
+    assert acc.charged_s + acc.unexplained_s <= acc.budget_s + 1e-9
+    assert abs(acc.charged_s + acc.unexplained_s - acc.budget_s) < 1e-6  # every second once
+    findings = _process_findings("job (pid 1)", j.spans, {}, j.off, j.tl)
+    assert [f.cause for f in findings][:2] == ["host_code", "blocking_io"], [(f.cause, f.cost_s) for f in findings]
+    assert "save_checkpoint (train.py:31) -> write" in findings[0].summary
+    assert "sync_storm" not in {f.cause for f in findings}
+
+
+def test_two_causes_at_once_get_their_planted_shares() -> None:
+    j = Job()
+    for i in range(200):
+        j.step(tokenize=14 * MS, checkpoint=(50 * MS, 0) if i % 10 == 9 else None)
+    j.step()
+    by = {f.evidence.get("function", f.cause): f for f in _process_findings("job (pid 1)", j.spans, {}, j.off, j.tl)}
+    assert abs(by["tokenize"].cost_s - 200 * 0.014) / 2.8 < 0.1, by["tokenize"]
+    assert abs(by["save_checkpoint"].cost_s - 20 * 0.05) / 1.0 < 0.15, by["save_checkpoint"]
+
+
+def test_without_cpu_samples_the_gaps_are_unexplained_and_say_why() -> None:
+    j = Job()
+    for _ in range(50):
+        j.step(tokenize=14 * MS)
+    j.step()
+    findings = _process_findings("job (pid 1)", j.spans, {}, [], None)
+    assert [f.cause for f in findings] == ["unexplained"], findings
+    ev = findings[0].evidence["idle"]
+    assert abs(ev["unexplained_s"] - 50 * 0.014) < 0.01
+    assert any("neither CPU samples nor the sched receiver" in k for k in ev["could_not_see"]), ev
+
+
+def test_a_process_exiting_mid_gap_is_not_charged_for_it() -> None:
+    j = Job()
+    for _ in range(10):
+        j.step()
+    j.call("cudaLaunchKernel", 10_000)
+    j.call("cudaStreamSynchronize", 30 * MS)
+    j.on_cpu(500 * MS, 1)  # then the process exits: no next call ends this gap
+    acc = account(j.spans, j.off, j.tl)
+    assert acc.open_gaps == 1 and not acc.code and acc.budget_s < 0.01
+
+
+def test_one_synchronize_per_step_is_not_a_storm_but_one_per_layer_is() -> None:
+    healthy = Job()
+    for _ in range(100):
+        healthy.step()
+    assert _process_findings("job (pid 1)", healthy.spans, {}, healthy.off, healthy.tl) == []
+    storm = Job()
+    for _ in range(30):
+        for _ in range(150):
+            storm.call("cudaLaunchKernel", 10_000)
+            storm.call("cudaStreamSynchronize", 1 * MS)
+            storm.t += 200_000
+    storm.call("cudaLaunchKernel", 10_000)
+    findings = _process_findings("job (pid 1)", storm.spans, {}, storm.off, storm.tl)
+    assert findings[0].cause == "sync_storm" and abs(findings[0].cost_s - 4500 * 0.0002) < 1e-3, findings
+
+
+def test_allocations_in_a_gap_are_charged_once_to_memory_churn() -> None:
+    j = Job()
+    for _ in range(50):
+        j.step()
+        j.call("cudaMalloc", 2 * MS, **{"cuda.memory.bytes": 1 << 20})
+        j.call("cudaFree", 2 * MS)
+    j.step()
+    acc = account(j.spans, j.off, j.tl)
+    assert abs(acc.charges["memory_churn"].seconds - 0.2) < 1e-6
+    assert abs(acc.charged_s + acc.unexplained_s - acc.budget_s) < 1e-6
