@@ -29,6 +29,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otelbpf import receivers
 from otelbpf.base import resident
 from otelbpf.base.health import Health
+from otelbpf.base.losses import explain
 from otelbpf.base.threadname import name_os_thread
 from otelbpf.base.watchdog import Watchdog, run_checks
 from otelbpf.config import BatchProcessorConfig, Config, ReceiverConfig, to_seconds
@@ -46,6 +47,7 @@ from otelbpf.export.self_profiling import self_profiler
 from otelbpf.export.span_queue import SpanQueue
 from otelbpf.jobguard import Job
 from otelbpf.live import endpoint as live_endpoint
+from otelbpf.live import status
 from otelbpf.live.findings import FindingsReporter
 from otelbpf.live.state import LiveState
 from otelbpf.receivers import Context, MapAccess, RingCorrelator
@@ -140,6 +142,7 @@ class Agent:
                 search_globs=[g for r in self.receivers for g in r.search_globs],
                 drain_interval_s=to_seconds(config.service.telemetry.drain_interval),
                 events_ring_bytes=max(r.ring_buffer_size for r in self.receivers),
+                str_ring_bytes=config.service.telemetry.string_ring_size,
                 pause_on_load=pause_on_load,
                 program_cache=_program_cache(config),
             ),
@@ -580,13 +583,36 @@ class Agent:
         )
 
     def stats_line(self) -> str:
+        """The run's last line: counts, and each kind of loss with its cause and its fix."""
         kernel = self.sensor.kernel_stats()
-        return (
+        line = (
             f"events received {sum(self.sensor.records_received.values())}, "
             f"spans {sum(getattr(r.correlator, 'spans_emitted', 0) for r in self.receivers)}, "
             f"lost in kernel {sum(kernel.values())}, "
             f"dropped {self.health.get('otelbpf.events.dropped') + self.health.get('otelbpf.export.dropped')}, "
             f"export failures {self.health.get('otelbpf.export.failures')}"
+        )
+        causes = [f"\n  lost {n:,}: {explain(r)}" for r, n in sorted(self._losses().items())]
+        return line + "".join(causes)
+
+    def _losses(self) -> dict[str, int]:
+        """Records lost in the kernel and dropped in user space so far, by reason (non-zero)."""
+        lost = {_KERNEL_DROP_REASONS.get(k, k): v for k, v in self.sensor.kernel_stats().items() if v}
+        for name, attrs, value in self.health.snapshot():
+            if name == "otelbpf.events.dropped" and value:
+                reason = str(attrs.get("reason", "dropped"))
+                lost[reason] = lost.get(reason, 0) + value
+        return lost
+
+    def status_sample(self) -> status.Sample:
+        """The counters ``otelbpf run``'s status line shows (live/status.py)."""
+        attach = self.sensor.attach_stats
+        return status.Sample(
+            processes=len(self.process_info),
+            libraries=attach.libraries,
+            probes=attach.probes,
+            events=sum(self.sensor.records_received.values()),
+            lost=self._losses(),
         )
 
 
@@ -698,7 +724,8 @@ def run(
     try:
         if job is not None:
             job.release()
-        rc = _watch(agent, job, received, wake, duration_s)
+        line = status.StatusLine(sys.stderr) if status.wanted(sys.stderr) else None
+        rc = _watch(agent, job, received, wake, duration_s, line)
     finally:
         agent.stop()
         if job is not None:
@@ -707,14 +734,24 @@ def run(
     return rc
 
 
-def _watch(agent: Agent, job: Job | None, received: list[int], wake: threading.Event, duration_s: float | None) -> int:
-    """The main thread while the agent runs: signals, the command, the clock, a dead thread."""
+def _watch(
+    agent: Agent,
+    job: Job | None,
+    received: list[int],
+    wake: threading.Event,
+    duration_s: float | None,
+    line: status.StatusLine | None = None,
+) -> int:
+    """The main thread while the agent runs: signals, the command, the clock, a dead thread,
+    and on a terminal the status line."""
     deadline = time.monotonic() + duration_s if duration_s else None
     kill_at: float | None = None
     forwarded = False
     while True:
         wake.wait(0.2)
         wake.clear()
+        if line is not None:
+            line.tick(agent.status_sample)
         if job is not None and job.exited.is_set():
             return job.returncode or 0
         while received:

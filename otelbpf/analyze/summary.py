@@ -11,6 +11,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TextIO, TypedDict
 
+from otelbpf.base.losses import explain
+
 #: An object of an OTLP-JSON line (a request, a resource, a data point...): whatever its JSON holds.
 Json = dict[str, Any]
 #: A process: (service.name, process.pid) from its resource attributes.
@@ -183,6 +185,28 @@ def _bytes(n: float) -> str:
     return str(n)
 
 
+#: The agent's counters of records it could not keep, by reason (``base/losses.py`` explains them).
+_LOSSES = ("otelbpf.events.lost", "otelbpf.events.dropped")
+
+
+def _losses_first(latest: Latest, procs: dict[ProcKey, Json], out: TextIO) -> None:
+    """A first line when the agent lost records: the blocks below may be missing names or
+    calls because of it (``pid-N``, unnamed kernels), and the agent's block comes last."""
+    lost: Counter[str] = Counter()
+    for key in procs:
+        if key[0] == "otelbpf":
+            for (name, attrs), (_t, dp, _kind) in latest.get(key, {}).items():
+                if name in _LOSSES:
+                    lost[str(dict(attrs).get("reason", ""))] += int(_num(dp))
+    if sum(lost.values()):
+        reasons = ", ".join(f"{r} {n:,}" for r, n in lost.most_common() if n)
+        print(
+            f"otelbpf lost {sum(lost.values()):,} records ({reasons}): what follows may lack names "
+            "or calls; the causes and fixes are under the otelbpf block at the end\n",
+            file=out,
+        )
+
+
 def summarize(directory: str, out: TextIO) -> int:
     if not os.path.isdir(directory):
         print(f"otelbpf summary: {directory} does not exist (run the agent with the file exporter first)", file=out)
@@ -195,6 +219,7 @@ def summarize(directory: str, out: TextIO) -> int:
     if not procs:
         print(f"otelbpf summary: no telemetry in {directory}", file=out)
         return 1
+    _losses_first(latest, procs, out)
     for key in sorted(procs, key=lambda k: (k[0] == "otelbpf", str(k))):
         res = procs[key]
         points = latest.get(key, {})
@@ -218,6 +243,8 @@ def summarize(directory: str, out: TextIO) -> int:
                 for a, dp, _k in series(name):
                     label = ",".join(f"{k}={v}" for k, v in a.items())
                     print(f"  {name}{{{label}}}: {_num(dp):.0f}", file=out)
+                    if name in _LOSSES and _num(dp) > 0:  # what it means for the blocks above, and the fix
+                        print(f"    {explain(str(a.get('reason', '')))}", file=out)
             print(file=out)
             continue
         launches = series("cuda.kernel.launches")

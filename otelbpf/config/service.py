@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from otelbpf.config.fields import FilePath, Section, http_url, unique
-from otelbpf.config.units import PositiveDuration, Size
+from otelbpf.config.units import PositiveDuration, RingSize, Size
 
 
 class TargetsConfig(Section):
@@ -76,6 +76,9 @@ class TelemetryConfig(Section):
     #: thread held up (a slow export, a starved CPU) costs this much memory, then drops, counted
     #: (``otelbpf.events.dropped{reason=processing_queue_full}``).
     processing_queue_size: Size = Field(16 << 20, ge=1 << 20, le=1 << 30)
+    #: The kernel's ring for names (library opens, execs, process names): a host starting many
+    #: processes at once can fill it, counted as ``otelbpf.events.lost{reason=string_ring_full}``.
+    string_ring_size: RingSize = 256 << 10
     self_profiling: SelfProfilingConfig = SelfProfilingConfig()
 
 

@@ -66,6 +66,7 @@ class SensorOptions:
     search_globs: list[str] = field(default_factory=list)
     drain_interval_s: float = 0.02
     events_ring_bytes: int = 8 << 20
+    str_ring_bytes: int = 256 << 10  # the strevents ring (service.telemetry.string_ring_size)
     rescan_interval_s: float = 30.0  # safety net only: openat events find new libraries
     #: Stop a watched process at its first successful open of a probed
     #: library until the probes are attached (no call is missed). Only for
@@ -161,6 +162,7 @@ class Sensor:
             filter_pids=bool(self.options.pids),
             pause_on_load=self.options.pause_on_load,
             events_ring_bytes=self.options.events_ring_bytes,
+            str_ring_bytes=self.options.str_ring_bytes,
         )
         t0 = time.monotonic()
         try:
@@ -174,9 +176,11 @@ class Sensor:
         watched = bpf["watched"]
         for pid in self.options.pids:
             watched[watched.Key(pid)] = watched.Leaf(1)
+        if self.options.pause_on_load:
+            self.update_map("pause_gate", [(0, 1)])  # closed again first thing in stop()
         self._readers = {
             "events": RingBufferReader(bpf["events"].map_fd, self.options.events_ring_bytes, EVENT_DTYPE),
-            "strevents": RingBufferReader(bpf["strevents"].map_fd, 256 * 1024, STREVENT_DTYPE),
+            "strevents": RingBufferReader(bpf["strevents"].map_fd, self.options.str_ring_bytes, STREVENT_DTYPE),
         }
         for ring in self._family_rings():
             reader = VariableRingReader if ring.variable else RingBufferReader
@@ -208,6 +212,8 @@ class Sensor:
         final metrics export still sees them.
         """
         self._stop.set()
+        if self.options.pause_on_load:
+            self.update_map("pause_gate", [(0, 0)])  # nothing is resumed from here on
         if self._wake_fd is not None:
             os.eventfd_write(self._wake_fd, 1)
         self._work.put(None)
@@ -640,6 +646,14 @@ class Sensor:
                     del table[k]
                 except KeyError:
                     pass
+
+    def pause_gate_fd(self) -> int:
+        """The map that turns the pause at load on (common.h ``pause_gate``; with
+        ``pause_on_load``), for the command's guard to turn it off if the agent dies."""
+        fd = self.with_bpf(lambda bpf: int(bpf["pause_gate"].map_fd))
+        if fd is None:
+            raise SensorError("the pause gate exists only while the program is loaded")
+        return fd
 
     def ring_pending_bytes(self) -> int:
         return sum(r.pending_bytes() for r in self._readers.values())

@@ -14,6 +14,7 @@ from opentelemetry.sdk.resources import Resource
 
 from harness.agent import REPO
 from otelbpf.analyze.summary import summarize
+from otelbpf.base.losses import explain
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
@@ -106,7 +107,7 @@ def job_metrics(now: int, launches: int) -> list:
 def agent_metrics(now: int) -> list:
     return [
         m.cumulative_sum("otelbpf.events.received", "1", "", [({"ring": "events"}, 120)], T0, now),
-        m.cumulative_sum("otelbpf.events.lost", "1", "", [({"reason": "ring_full"}, 3)], T0, now),
+        m.cumulative_sum("otelbpf.events.lost", "1", "", [({"reason": "string_ring_full"}, 3)], T0, now),
         m.cumulative_sum(
             "otelbpf.export.dropped", "1", "", [({"reason": "queue_full", "signal": "traces"}, 9)], T0, now
         ),
@@ -158,6 +159,9 @@ def test_summary_reports_each_process_then_the_agent(telemetry: Path) -> None:
     rc, text = run(telemetry)
     assert rc == 0
     assert text == (
+        "otelbpf lost 3 records (string_ring_full 3): what follows may lack names or calls; the causes "
+        "and fixes are under the otelbpf block at the end\n"
+        "\n"
         "idle (pid 77)\n"
         "  spans: cudaFree 1\n"
         "    slowest: cudaFree 0.000 ms\n"
@@ -182,7 +186,8 @@ def test_summary_reports_each_process_then_the_agent(telemetry: Path) -> None:
         "\n"
         "otelbpf (pid 1)\n"
         "  otelbpf.events.received{ring=events}: 120\n"
-        "  otelbpf.events.lost{reason=ring_full}: 3\n"
+        "  otelbpf.events.lost{reason=string_ring_full}: 3\n"
+        f"    {explain('string_ring_full')}\n"
         "  otelbpf.export.dropped{reason=queue_full,signal=traces}: 9\n"
         "\n"
     )
