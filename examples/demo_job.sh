@@ -16,4 +16,4 @@ build/examples/cuda_workload --lib build/examples/fakecudart13/libcudart.so.13 -
 if [[ -x build/examples/nvcc/nvcc_launches ]]; then
   build/examples/nvcc/nvcc_launches --launches 500 --ex-launches 20 > /dev/null
 fi
-.venv/bin/python examples/cuda/real_cudart.py --iterations 20 > /dev/null
+"${OTELBPF_VENV:-.venv}/bin/python" examples/cuda/real_cudart.py --iterations 20 > /dev/null

@@ -1,27 +1,53 @@
 #!/usr/bin/env bash
-# One-command host set-up for otelbpf on Debian 12 (run as root; safe and fast to re-run).
+# Host set-up for otelbpf on Debian 12, in two sizes (idempotent: safe and fast to re-run):
+#   scripts/setup.sh          what the demo and `otelbpf run` need (scripts/demo.sh runs it)
+#   scripts/setup.sh --test   that, plus what the test suite needs (scripts/test.sh runs it)
+# It runs as root; started as a user it runs itself again under sudo.
 #
 # What it does, and why:
 #   1. apt packages: BCC (bpfcc-tools, python3-bpfcc, libbpfcc), a C toolchain for the example
-#      libraries (build-essential), python3-venv, libibverbs (libibverbs1, ibverbs-providers,
-#      libibverbs-dev), golang-go, tmux, chromium (test tools).  apt-get runs only when something is missing.
+#      libraries (build-essential), python3-venv.  With --test also: libibverbs (libibverbs1,
+#      ibverbs-providers, libibverbs-dev: the ibverbs examples and tests), golang-go, tmux, chromium.
+#      apt-get runs only when something is missing.
 #   2. kernel headers BCC compiles against: linux-headers-$(uname -r) when Debian has it; otherwise
 #      (custom kernels such as this 6.18 VM) linux-headers-<arch> and /lib/modules/$(uname -r)/{build,source}
 #      linked to the newest installed ones.  That is a fallback: struct layouts in those headers are
 #      not the running kernel's, which is fine because otelbpf never reads kernel structs.
 #   3. tracefs at /sys/kernel/tracing and debugfs at /sys/kernel/debug (BCC attaches, and detaches
 #      uprobes, through them).
-#   4. .venv at the repo root that can `import bcc` (Debian ships it only for the system python) and
-#      has otelbpf installed editable with its test extras (re-installed only when pyproject.toml changes).
+#   4. .venv at the repo root (OTELBPF_VENV moves it) that can `import bcc` (Debian ships it only for
+#      the system python), with otelbpf installed editable: with the `demo` extra (the real CUDA 12
+#      runtime the demo drives, the MCP SDK for `otelbpf mcp`), or with --test the `test` extra
+#      (re-installed only when pyproject.toml changes or --test asks for more than is there).
+#   5. otelbpf on the PATH: /usr/local/bin/otelbpf (OTELBPF_BIN_DIR moves it), a link to
+#      .venv/bin/otelbpf, so the README's commands work as written, also under sudo (Debian's
+#      secure_path has /usr/local/bin).  A file there that is not such a link is left alone, and said.
+#
+# Downloads on a fresh Debian 12 (see the README's "Two commands" for how they were measured): the
+# demo's set-up 155 MB of apt packages and 47 MB of wheels; --test 264 MB and 643 MB more.
 set -euo pipefail
 
 log() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: ERROR: %s\n' "$*" >&2; exit 1; }
 
-[[ $(id -u) -eq 0 ]] || die "must run as root (it installs packages, mounts tracefs and links kernel headers): sudo $0"
+test_tools=0
+for arg in "$@"; do
+  case $arg in
+    --test) test_tools=1 ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) die "unknown option $arg (scripts/setup.sh [--test])" ;;
+  esac
+done
+
+if [[ $(id -u) -ne 0 ]]; then  # it installs packages, mounts tracefs and links kernel headers
+  command -v sudo >/dev/null || die "must run as root (it installs packages, mounts tracefs and links kernel headers)"
+  log "not root: running again under sudo"
+  exec sudo --preserve-env=OTELBPF_VENV,OTELBPF_BIN_DIR -- bash "$(readlink -f "$0")" "$@"
+fi
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV="$REPO_ROOT/.venv"
+VENV=${OTELBPF_VENV:-$REPO_ROOT/.venv}
+BIN_DIR=${OTELBPF_BIN_DIR:-/usr/local/bin}
 KREL=$(uname -r)
 ARCH=$(dpkg --print-architecture)
 MODDIR="/lib/modules/$KREL"
@@ -33,13 +59,16 @@ is_installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == 'install
 headers_present() { [[ -d "$MODDIR/build/include" ]]; }
 
 # --- 1 + 2: packages -------------------------------------------------------------------------
-# libibverbs1 + ibverbs-providers + libibverbs-dev: the real RDMA verbs library the ibverbs probes
-# attach to, and the headers examples/ibverbs/ builds its provider stand-in against.
-wanted=(bpfcc-tools python3-bpfcc libbpfcc build-essential python3-venv libibverbs1 ibverbs-providers libibverbs-dev
-        golang-go tmux chromium)  # golang-go: `go tool pprof`, the pprof consumer the profile tests read with;
-                         # tmux: the terminal the `otelbpf top` tests type into and read back;
-                         # chromium: the headless browser the report page is drawn in (tests/test_report_chromium.py;
-                         # 113 MB download, 414 MB on disk, ~14 s to install here)
+wanted=(bpfcc-tools python3-bpfcc libbpfcc build-essential python3-venv)
+if ((test_tools)); then
+  # libibverbs1 + ibverbs-providers + libibverbs-dev: the real RDMA verbs library the ibverbs probes
+  # attach to, and the headers examples/ibverbs/ builds its provider stand-in against;
+  # golang-go: `go tool pprof`, the pprof consumer the profile tests read with;
+  # tmux: the terminal the `otelbpf top` tests type into and read back;
+  # chromium: the headless browser the report page is drawn in (tests/test_report_chromium.py;
+  # 113 MB download, 414 MB on disk, ~14 s to install here)
+  wanted+=(libibverbs1 ibverbs-providers libibverbs-dev golang-go tmux chromium)
+fi
 missing=()
 for pkg in "${wanted[@]}"; do is_installed "$pkg" || missing+=("$pkg"); done
 
@@ -119,13 +148,30 @@ bcc_version=$("$VENV/bin/python" -c 'import bcc; print(bcc.__version__)') \
   || die "$VENV/bin/python cannot import bcc from $bcc_pkg (is libbpfcc installed?)"
 log "venv $VENV sees bcc $bcc_version from $bcc_pkg"
 
+# The stamp holds pyproject.toml's hash and the extra installed: `test` holds all of `demo`'s
+# packages, so a venv set up for the tests serves the demo as it is.
 stamp="$VENV/.otelbpf-install-stamp"
-want_stamp=$(sha256sum "$REPO_ROOT/pyproject.toml" | cut -d' ' -f1)
-if [[ ! -f $stamp || $(<"$stamp") != "$want_stamp" ]]; then
-  log "installing otelbpf (editable) with test extras into $VENV"
-  "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e "$REPO_ROOT[test]"
-  printf '%s\n' "$want_stamp" >"$stamp"
+extra=demo
+((test_tools)) && extra=test
+pyproject_hash=$(sha256sum "$REPO_ROOT/pyproject.toml" | cut -d' ' -f1)
+had_hash="" had_extra=""
+[[ -f $stamp ]] && read -r had_hash had_extra <"$stamp"
+if [[ $had_hash == "$pyproject_hash" && ($had_extra == "$extra" || $had_extra == test) ]]; then
+  log "otelbpf already installed in $VENV with the ${had_extra} extra (pyproject.toml unchanged)"
 else
-  log "otelbpf already installed in $VENV (pyproject.toml unchanged)"
+  log "installing otelbpf (editable) with the $extra extra into $VENV"
+  "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e "$REPO_ROOT[$extra]"
+  printf '%s %s\n' "$pyproject_hash" "$extra" >"$stamp"
+fi
+
+# --- 5: otelbpf on the PATH ------------------------------------------------------------------
+shim="$BIN_DIR/otelbpf"
+if [[ -e $shim && ! -L $shim ]]; then
+  log "NOT linking $shim: a file that is not a link is there (another install?); use $VENV/bin/otelbpf"
+else
+  mkdir -p "$BIN_DIR"
+  ln -sfn "$VENV/bin/otelbpf" "$shim"
+  log "otelbpf on the PATH: $shim -> $VENV/bin/otelbpf ($("$shim" --version))"
+  case ":$PATH:" in *":$BIN_DIR:"*) ;; *) log "  $BIN_DIR is not on this shell's PATH: add it, or call $shim" ;; esac
 fi
 log "done"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command: set the host up, build the example C libraries, then run the
+# The project's test command: set the host up (scripts/setup.sh --test: what the demo needs, plus
+# the test tools and extras), build the example C libraries, then run the
 # tiers, fastest first:
 #   1. guard rails: the import-linter layers contract, ruff and mypy (all configured in pyproject.toml);
 #   2. the unit tier: `pytest -m "not bpf and not heavy"` (no root, no eBPF, seconds);
@@ -16,7 +17,13 @@ set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
 
-scripts/setup.sh
+if [[ $(id -u) -ne 0 ]]; then  # the BPF tier loads programs; setup.sh installs packages
+  command -v sudo >/dev/null || { echo "test: must run as root" >&2; exit 1; }
+  echo "test: not root: running again under sudo"
+  exec sudo --preserve-env=CI,OTELBPF_VENV,OTELBPF_BIN_DIR -- bash "$(readlink -f "$0")" "$@"
+fi
+
+scripts/setup.sh --test  # the demo's set-up, plus the test tools and the test extras
 
 if [[ -f examples/build.sh ]]; then
   echo "test: building the example C libraries (examples/build.sh)"
