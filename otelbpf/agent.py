@@ -40,6 +40,7 @@ from otelbpf.correlate.process_info import ProcessInfo, agent_resource
 from otelbpf.correlate.profile_record import Profile
 from otelbpf.correlate.spans import scope
 from otelbpf.correlate.symbolizer import Symbolizer
+from otelbpf.export import runs
 from otelbpf.export.factory import metric_exporter, span_exporter
 from otelbpf.export.metrics_loop import MetricsLoop, Source
 from otelbpf.export.profile_export import encoded, profile_exporter
@@ -713,7 +714,11 @@ def run(
     if job is not None:
         job.on_exit = wake.set
     watch = [*pids, *((job.pid,) if job else ())]
+    watching = f"a command, pid {job.pid}" if job else f"pids {', '.join(map(str, pids))}" if pids else "the host"
     try:
+        for folder in runs.file_exporters(config):  # before the exporters open their files
+            if (moved := runs.begin_run(folder, watching)) is not None:
+                log.info("the previous run's files in %s went to %s", folder.directory, moved)
         agent = Agent(config, pids=watch, pause_on_load=job is not None)
         agent.start()
     except BaseException:

@@ -196,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     # What the commands print holds names, paths and command lines from the traced processes:
     # their control characters are written as visible escapes, never sent to the terminal.
     out, err = cleaned(sys.stdout), cleaned(sys.stderr)
+    if args.cmd in ("summary", "diagnose", "report"):  # a folder holds one run, and earlier ones: say which
+        from otelbpf.export.runs import which_run
+
+        if (which := which_run(args.directory)) is not None:
+            print(f"otelbpf {args.cmd}: reading {which}", file=err)
     if args.cmd == "doctor":
         from otelbpf.doctor import run_doctor
 

@@ -163,6 +163,9 @@ class FileExporterConfig(Section):
     #: memory, about half the files' size (800 MiB for 1.4 GiB of spans), and takes ~10 s per
     #: 300 MiB; past it the agent says so and ``otelbpf report`` writes the page on demand.
     report_max_input: Size = 256 << 20
+    #: ``otelbpf run`` starts by moving an earlier run's files into ``previous/<its start>/``
+    #: (``export/runs.py``): the folder's top level is one run. True: add to them instead.
+    append: bool = False
 
     @model_validator(mode="after")
     def _owner_can_use(self) -> FileExporterConfig:
