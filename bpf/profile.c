@@ -4,6 +4,11 @@
  * a timer (correlate/profiles.py):
  * - cpu_samples: (process, user stack, kernel stack, Python stack) -> count,
  *   fed by a perf cpu-clock event on every CPU (on_cpu_sample);
+ * - cpu_times: the same samples in time, for the processes that use a probed
+ *   library (lib_users: CUDA, NCCL): (process, thread, 1 ms bucket) -> the
+ *   stacks of the bucket's first sample and the bucket's count. The GPU-idle
+ *   accounting joins them with the thread's CUDA calls (analyze/idle.py); the
+ *   exported pprof is cpu_samples' alone, whatever this map holds;
  * - mem_alloc / mem_inuse: (process, API, user stack, Python stack) -> bytes
  *   and allocations, fed by the CUDA family's malloc/free return probes
  *   (profile_cuda_alloc / profile_cuda_free, compiled in with
@@ -74,7 +79,14 @@
 #define PSTAT_LIVE_FULL 5        /* mem_live full: an allocation is not in inuse */
 #define PSTAT_EVENT_LOST 6       /* ring full: a new process was not announced */
 #define PSTAT_TABLES_FULL 7      /* py_tables full: a line table is cut */
-#define PSTAT_MAX 8
+#define PSTAT_TIMES_FULL 8       /* cpu_times full: a sample is in the profile, not in the timeline */
+#define PSTAT_MAX 9
+
+/* cpu_times buckets: 2^20 ns (1.05 ms), fine enough to split a 10 ms gap between CUDA calls. */
+#define TIME_BUCKET_SHIFT 20
+#ifndef TIME_ENTRIES
+#define TIME_ENTRIES 16384
+#endif
 
 struct native_stack {
     u32 len;
@@ -179,6 +191,19 @@ struct sample_key {
     u64 py;
 };
 
+struct time_key {
+    u32 pid;
+    u32 tid;
+    u64 bucket;               /* bpf_ktime_get_ns() >> TIME_BUCKET_SHIFT */
+};
+
+struct time_val {
+    u64 user;                 /* the bucket's first sample's stacks (as sample_key) */
+    u64 kernel;
+    u64 py;
+    u64 count;
+};
+
 struct mem_key {
     u32 pid;
     u32 func;                 /* CudaFunc of the allocating call */
@@ -227,6 +252,7 @@ struct pending_alloc {
 };
 
 BPF_HASH(cpu_samples, struct sample_key, u64, SAMPLE_ENTRIES);
+BPF_HASH(cpu_times, struct time_key, struct time_val, TIME_ENTRIES);
 BPF_F_TABLE("hash", u64, struct native_stack, stacks, STACK_ENTRIES, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", u64, struct py_stack, py_stacks, STACK_ENTRIES, BPF_F_NO_PREALLOC);
 BPF_HASH(py_procs, u32, struct py_proc, 16384);
@@ -614,8 +640,32 @@ static __always_inline struct py_proc *announce_process(u64 id)
     return 0;
 }
 
+/* The sample in time, for processes that use a probed library (sched.c's set). */
+static __always_inline void time_sample(struct sample_key *k)
+{
+    u32 tgid = k->pid;
+    if (!lib_users.lookup(&tgid))
+        return;
+    struct time_key tk = {.pid = tgid, .tid = (u32)bpf_get_current_pid_tgid(),
+                          .bucket = bpf_ktime_get_ns() >> TIME_BUCKET_SHIFT};
+    struct time_val *v = cpu_times.lookup(&tk);
+    if (v) {
+        __sync_fetch_and_add(&v->count, 1);
+        return;
+    }
+    struct time_val first = {.user = k->user, .kernel = k->kernel, .py = k->py, .count = 1};
+    if (cpu_times.insert(&tk, &first) != 0) {
+        v = cpu_times.lookup(&tk);  /* another CPU created it first */
+        if (v)
+            __sync_fetch_and_add(&v->count, 1);
+        else
+            profile_stat(PSTAT_TIMES_FULL);
+    }
+}
+
 static __always_inline void count_sample(struct sample_key *k)
 {
+    time_sample(k);
     u64 *count = cpu_samples.lookup(k);
     if (count) {
         __sync_fetch_and_add(count, 1);

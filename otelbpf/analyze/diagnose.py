@@ -46,7 +46,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from otelbpf.analyze.gpu_idle import gpu_idle, write_gpu_idle
-from otelbpf.analyze.idle import ALLOCS, SHORT_GAP_NS, SYNCS, Account, Charge, Timeline, account
+from otelbpf.analyze.idle import (
+    ALLOCS,
+    SHORT_GAP_NS,
+    SYNCS,
+    Account,
+    Charge,
+    Timeline,
+    account,
+    load_timelines,
+)
 from otelbpf.analyze.summary import (
     Json,
     Latest,
@@ -514,19 +523,25 @@ def diagnose(directory: str, partial: list[str] | None = None) -> list[Finding]:
     latest = load_metrics(directory, procs, partial)
     loader = SpanLoader()
     read_spans(directory, [loader], partial, procs)
-    return findings_of(loader, latest, procs)
+    return findings_of(loader, latest, procs, load_timelines(directory))
 
 
-def findings_of(loader: SpanLoader, latest: Latest, procs: dict[ProcKey, Json]) -> list[Finding]:
+def findings_of(
+    loader: SpanLoader, latest: Latest, procs: dict[ProcKey, Json], timelines: Mapping[int, Timeline] | None = None
+) -> list[Finding]:
     """Findings of every process read (``procs``: resources from the metrics and the spans),
-    costliest first."""
+    costliest first. ``timelines``: the CPU samples in time by pid (idle.load_timelines)."""
     findings: list[Finding] = []
     for key, res in procs.items():
         if key[0] == "otelbpf":
             continue
         label = process_label(res)
         findings += _process_findings(
-            label, loader.spans.get(key, []), latest.get(key, {}), loader.off_cpu.get(key, [])
+            label,
+            loader.spans.get(key, []),
+            latest.get(key, {}),
+            loader.off_cpu.get(key, []),
+            (timelines or {}).get(int(res.get("process.pid", key[1]) or 0)),
         )
     return sorted(findings, key=lambda f: -f.cost_s)
 

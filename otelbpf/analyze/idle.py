@@ -380,3 +380,54 @@ def _charge_code(acc: Account, code: _ThreadCode, timeline: Timeline | None) -> 
         )
         acc.unseen[why] += rest
         acc.unexplained_s += rest
+
+
+#: The most timeline bytes (decompressed) read from one folder: the profiler writes one file per
+#: process and interval, bounded by its kernel map (bpf/profile.c TIME_ENTRIES).
+MAX_TIMELINE_BYTES = 256 << 20
+
+
+def load_timelines(directory: str) -> dict[int, Timeline]:
+    """Per pid, the CPU samples in time the profiler wrote (``profiles/*.timeline.json.gz``),
+    its intervals merged. Unreadable files are skipped (the diagnosis then says the gaps were
+    not sampled): a timeline only refines the account."""
+    import glob
+    import gzip
+    import json
+    import os
+
+    out: dict[int, Timeline] = {}
+    index: dict[int, dict[Where, int]] = defaultdict(dict)
+    left = MAX_TIMELINE_BYTES
+    for path in sorted(glob.glob(os.path.join(directory, "profiles", "*.timeline.json.gz"))):
+        if left <= 0 or os.path.islink(path):
+            continue
+        try:
+            with gzip.open(path, "rb") as f:
+                raw = f.read(left + 1)
+            left -= len(raw)
+            doc = json.loads(raw)
+            pid, period, bucket = int(doc["pid"]), int(doc["period_ns"]), int(doc["bucket_ns"])
+            stacks = [Where(str(fn), str(file), int(line), str(native)) for fn, file, line, native in doc["stacks"]]
+            rows = {int(tid): [(int(t), int(n), int(i)) for t, n, i in r] for tid, r in doc["threads"].items()}
+            span = (int(doc["start_ns"]), int(doc["end_ns"]))
+        except (OSError, ValueError, KeyError, TypeError, EOFError):
+            continue
+        tl = out.setdefault(pid, Timeline(period, bucket))
+        ids = index[pid]
+        remap = [ids.setdefault(w, len(ids)) for w in stacks]
+        for tid, r in rows.items():
+            tl.threads.setdefault(tid, []).extend((t, n, remap[i]) for t, n, i in r if 0 <= i < len(remap))
+        tl.covered.append(span)
+    for pid, tl in out.items():
+        tl.stacks = list(index[pid])
+        for r in tl.threads.values():
+            r.sort()
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted(tl.covered):
+            if merged and a <= merged[-1][1] + tl.bucket_ns:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        tl.covered = merged
+    return out

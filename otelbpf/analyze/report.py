@@ -30,6 +30,7 @@ from typing import TextIO
 
 from otelbpf.analyze import collectives, profile_diff, report_ai, stragglers
 from otelbpf.analyze.diagnose import COSTS, SCHED_SCOPE, Finding, SpanLoader, findings_of
+from otelbpf.analyze.idle import load_timelines
 from otelbpf.analyze.report_ai import PROFILE_NAME, AiSpans, Weight
 from otelbpf.analyze.report_timeline import Timeline
 from otelbpf.analyze.report_tree import Node, read_profile
@@ -550,7 +551,7 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     except ValueError as exc:
         problems.append(f"no spans (or only some): {exc}")
         unreadable.append(str(exc))
-    findings = [] if unreadable else findings_of(loader, latest, procs)
+    findings = [] if unreadable else findings_of(loader, latest, procs, load_timelines(directory))
     if unreadable:
         problems.insert(0, f"no diagnosis: {unreadable[0]}")
     problems += [f"{where}: an incomplete last line, skipped" for where in partial]

@@ -41,9 +41,35 @@ class ProfileMeta:
 
 
 @dataclass(frozen=True)
+class CpuTimeline:
+    """A process's CPU samples in time, per thread (bpf/profile.c ``cpu_times``), for the GPU-idle
+    accounting to join with the thread's CUDA calls (analyze/idle.py). Not part of the pprof:
+    the file exporter writes it beside the profile (``*.timeline.json.gz``).
+
+    ``threads``: tid -> [(bucket start, wall-clock ns; samples in the bucket; index into
+    ``stacks``)], a bucket's stacks being its first sample's; ``stacks``: (innermost Python
+    function, its file, its line, the native function it was in) per distinct code location,
+    "" and 0 where there is none."""
+
+    bucket_ns: int
+    period_ns: int
+    stacks: Sequence[tuple[str, str, int, str]]
+    threads: Mapping[int, Sequence[tuple[int, int, int]]]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "bucket_ns": self.bucket_ns,
+            "period_ns": self.period_ns,
+            "stacks": [list(s) for s in self.stacks],
+            "threads": {str(tid): [list(r) for r in rows] for tid, rows in self.threads.items()},
+        }
+
+
+@dataclass(frozen=True)
 class Profile(ProfileMeta):
     sample_types: Sequence[tuple[str, str]]
     default_sample_type: str
     period_type: tuple[str, str] | None = None
     period: int = 0
     samples: list[Sample] = field(default_factory=list)
+    timeline: CpuTimeline | None = None  # CPU profiles of processes that use a probed library

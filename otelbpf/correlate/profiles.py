@@ -40,7 +40,7 @@ from otelbpf.correlate import pylines
 from otelbpf.correlate.kallsyms import KernelSymbols
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.profile_cache import Interned, Lru
-from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
+from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, CpuTimeline, Profile, Sample
 from otelbpf.correlate.spans import scope
 from otelbpf.correlate.stacks import Frame, PythonFrame, kernel, merge, native
 from otelbpf.correlate.symbolizer import Symbolizer
@@ -70,7 +70,9 @@ _PSTATS = (
     "live_map_full",
     "ring_full",
     "table_map_full",
+    "times_map_full",
 )
+TIME_BUCKET_SHIFT = 20  # bpf/profile.c
 
 RunLocked = Callable[[Callable[[Any], Any]], Any]
 Sink = Callable[[list[Profile]], None]
@@ -122,6 +124,7 @@ class _Raw:
     end_ns: int
     read_mono_ns: int  # CLOCK_MONOTONIC before the read: maps read since hold every sampled library
     samples: list[tuple[int, int, int, int, int]]  # pid, user, kernel, py, count
+    times: list[tuple[int, int, int, int, int, int, int]]  # pid, tid, bucket, user, kernel, py, count
     allocs: list[tuple[int, int, int, int, int, int]]  # pid, func, user, py, bytes, count
     inuse: list[tuple[int, int, int, int, int, int]]
     stats: dict[str, int]
@@ -138,6 +141,7 @@ class _Taken:
     end_ns: int
     read_mono_ns: int
     samples: _Arrays
+    times: _Arrays
     allocs: _Arrays | None
     inuse: _Arrays | None
     stacks: _Arrays
@@ -507,7 +511,7 @@ class Profiler:
         """Everything the kernel aggregated since the last read, as it lies in the maps (kernel
         operations only: the sensor's lock is held)."""
         end, mono = time.time_ns(), time.monotonic_ns()
-        samples = drain(bpf["cpu_samples"])
+        samples, times = drain(bpf["cpu_samples"]), drain(bpf["cpu_times"])
         allocs = inuse = None
         if self.cuda_memory:
             allocs = drain(bpf["mem_alloc"])
@@ -515,7 +519,7 @@ class Profiler:
         stacks, py_stacks, tables = drain(bpf["stacks"]), drain(bpf["py_stacks"]), drain(bpf["py_tables"])
         stats = bpf["profile_stats"]
         drops = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
-        return _Taken(end, mono, samples, allocs, inuse, stacks, py_stacks, tables, drops)
+        return _Taken(end, mono, samples, times, allocs, inuse, stacks, py_stacks, tables, drops)
 
     def _digest(self, t: _Taken) -> tuple[_Raw, set[tuple[int, int, int]]]:
         """The read as rows, its stacks cached; and the code objects its Python stacks name that
@@ -528,6 +532,18 @@ class Profiler:
                 keys["kernel"].tolist(),
                 keys["py"].tolist(),
                 counts.tolist(),
+            )
+        )
+        tkeys, tvals = t.times
+        times = list(
+            zip(
+                tkeys["pid"].tolist(),
+                tkeys["tid"].tolist(),
+                tkeys["bucket"].tolist(),
+                tvals["user"].tolist(),
+                tvals["kernel"].tolist(),
+                tvals["py"].tolist(),
+                tvals["count"].tolist(),
             )
         )
         allocs = _mem_rows(*t.allocs) if t.allocs is not None else []
@@ -546,7 +562,7 @@ class Profiler:
             sampled = {s[0] for s in samples}
             gone = {pid: p for pid, p in self._procs.items() if p.exited and pid not in sampled}
         start, self._last_ns = self._last_ns, t.end_ns
-        return _Raw(start, t.end_ns, t.read_mono_ns, samples, allocs, inuse, t.stats, gone), wanted
+        return _Raw(start, t.end_ns, t.read_mono_ns, samples, times, allocs, inuse, t.stats, gone), wanted
 
     def _copy_stacks(self, stacks: _Arrays, py_stacks: _Arrays, natives: set[int], pys: set[int]) -> None:
         """Cache every stack the kernel stored since the last read (its map was emptied: it
@@ -826,6 +842,9 @@ class Profiler:
         by_pid: dict[int, list[tuple[int, int, int, int]]] = defaultdict(list)  # user, kernel, py, count
         for pid, user, kern, py, count in raw.samples:
             by_pid[pid].append((user, kern, py, count))
+        times: dict[int, list[tuple[int, int, int, int, int, int]]] = defaultdict(list)
+        for pid, tid, bucket, user, kern, py, count in raw.times:
+            times[pid].append((tid, bucket, user, kern, py, count))
         for pid, rows in by_pid.items():
             proc, labels = self._proc(pid), self._labels_for(pid)
             records.append(
@@ -847,6 +866,7 @@ class Profiler:
                         )
                         for user, kern, py, count in rows
                     ],
+                    timeline=self._timeline(pid, times.get(pid), proc, raw) if pid in times else None,
                 )
             )
         records.extend(self._memory(raw))
@@ -856,6 +876,25 @@ class Profiler:
             self._sym.remember(pid)  # libraries loaded since: named even if the process exits before the next read
         if records:
             self._sink(records)
+
+    def _timeline(
+        self, pid: int, rows: list[tuple[int, int, int, int, int, int]] | None, proc: PythonProcess | None, raw: _Raw
+    ) -> CpuTimeline:
+        """The process's samples in time (``cpu_times``): buckets on the wall clock (the kernel's
+        are CLOCK_MONOTONIC; both clocks were read together before the maps), each bucket's
+        code as its innermost Python frame and the native function it was in."""
+        offset = raw.end_ns - raw.read_mono_ns
+        where: dict[tuple[int, int, int], int] = {}
+        stacks: dict[tuple[str, str, int, str], int] = {}
+        threads: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        for tid, bucket, user, kern, py, count in sorted(rows or ()):
+            idx = where.get((user, kern, py))
+            if idx is None:
+                code = _code_of(self._frames(pid, user, kern, py, proc, raw.read_mono_ns))
+                idx = where[(user, kern, py)] = stacks.setdefault(code, len(stacks))
+            threads[tid].append(((bucket << TIME_BUCKET_SHIFT) + offset, count, idx))
+        period = 1_000_000_000 // max(self.sample_hz, 1)
+        return CpuTimeline(1 << TIME_BUCKET_SHIFT, period, list(stacks), dict(threads))
 
     def _memory(self, raw: _Raw) -> list[Profile]:
         rows: dict[int, dict[tuple[int, int, int], list[int]]] = defaultdict(dict)
@@ -901,6 +940,18 @@ class Profiler:
         seen = self._health.get("otelbpf.profile.kernel_drops", reason=name)
         if total > seen:
             self._health.add("otelbpf.profile.kernel_drops", total - seen, reason=name)
+
+
+def _code_of(frames: list[Frame]) -> tuple[str, str, int, str]:
+    """A sample's code location (leaf first frames): its innermost Python frame, and the native
+    function that frame was in (the C function it called: ``write``, ``os_fsync``); without a
+    Python frame, the innermost user-space native one."""
+    for i, f in enumerate(frames):
+        if f.kind == "python":
+            below = frames[i - 1] if i and frames[i - 1].kind == "native" else None
+            return (f.function, f.filename, f.line, below.function if below else "")
+    leaf = next((f for f in frames if f.kind == "native"), None)
+    return (leaf.function if leaf else "[unknown]", "", 0, "")
 
 
 def _signed(value: int) -> int:

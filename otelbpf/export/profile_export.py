@@ -4,6 +4,8 @@ with the labels Pyroscope indexes it by; and the local default, pprof files on d
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import os
 import re
@@ -23,6 +25,7 @@ from otelbpf.config import (
 )
 from otelbpf.correlate.profile_record import Profile, ProfileMeta
 from otelbpf.export import pprof
+from otelbpf.export.sender import redact_http_client_logs
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,8 @@ class ProfileExporter(Protocol):
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-#: A profile file's name: its end time (ms) is the last field.
-_PROFILE_FILE = re.compile(r"^.+-(\d+)\.pb\.gz$")
+#: A profile file's name (or its CPU timeline's, written beside it): its end time (ms) is the last field.
+_PROFILE_FILE = re.compile(r"^.+-(\d+)\.(?:pb|timeline\.json)\.gz$")
 
 
 class PprofFileExporter:
@@ -122,6 +125,16 @@ class PprofFileExporter:
             for r in records:
                 try:
                     self._out.write_whole(self.file_name(r), r.pprof)
+                    if r.profile is not None and r.profile.timeline is not None:
+                        # when the samples were taken, per thread (analyze/idle.py joins them with CUDA calls)
+                        body = json.dumps(
+                            {"pid": r.pid, "start_ns": r.start_ns, "end_ns": r.end_ns} | r.profile.timeline.to_json(),
+                            separators=(",", ":"),
+                        )
+                        self._out.write_whole(
+                            self.file_name(r)[: -len(".pb.gz")] + ".timeline.json.gz", gzip.compress(body.encode(), 1)
+                        )
+                        self._count += 1
                 except OSError as exc:
                     log.warning("profile not written: %s", exc)
                     self._health.add("otelbpf.export.failures", 1, signal="profiles", exporter=self._name)
@@ -157,9 +170,11 @@ def profile_exporter(name: str, cfg: ExporterConfig, health: Health) -> ProfileE
     if isinstance(cfg, PyroscopeExporterConfig):
         from otelbpf.export.pyroscope import PyroscopeExporter
 
+        redact_http_client_logs()
         return PyroscopeExporter(name, cfg, health)
     if isinstance(cfg, (OtlpExporterConfig, OtlpHttpExporterConfig)):
         from otelbpf.export.otlp_profiles import otlp_profile_exporter
 
+        redact_http_client_logs()
         return otlp_profile_exporter(name, cfg, health)
     raise TypeError(f"no profile exporter for {type(cfg).__name__}")

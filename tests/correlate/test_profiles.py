@@ -41,6 +41,8 @@ TABLE_KEY = np.dtype([("code", [("pid", "<u4"), ("tag", "<u4"), ("code", "<u8")]
 TABLE_LEAF = np.dtype([("b", "u1", (PY_CHUNK_LEN,))])
 MEM_KEY = np.dtype([("pid", "<u4"), ("func", "<u4"), ("user", "<u8"), ("py", "<u8")])
 MEM_VALUE = np.dtype([("bytes", "<u8"), ("count", "<u8")])
+TIME_KEY = np.dtype([("pid", "<u4"), ("tid", "<u4"), ("bucket", "<u8")])
+TIME_VALUE = np.dtype([("user", "<u8"), ("kernel", "<u8"), ("py", "<u8"), ("count", "<u8")])
 
 
 class CodeLeaf(ctypes.Structure):
@@ -164,7 +166,9 @@ INNER, OUTER = 0x7F00_0000_1000, 0x7F00_0000_2000  # the code objects' addresses
 INNER_AT, OUTER_AT = where(inner.__code__, "CALL"), where(outer.__code__, "CALL")
 
 
-def maps(samples: list[tuple], allocs: list[tuple] = (), inuse: list[tuple] = ()) -> dict[str, FakeMap]:
+def maps(
+    samples: list[tuple], allocs: list[tuple] = (), inuse: list[tuple] = (), times: list[tuple] = ()
+) -> dict[str, FakeMap]:
     py_codes, py_tables = code_maps({INNER: inner.__code__, OUTER: outer.__code__})
     py_frames = np.zeros(16, dtype=PY_FRAME)
     py_frames[:2] = [(INNER, INNER_AT[0], 0, 7), (OUTER, OUTER_AT[0], 0, 7)]  # leaf first
@@ -175,7 +179,8 @@ def maps(samples: list[tuple], allocs: list[tuple] = (), inuse: list[tuple] = ()
         "py_stacks": FakeMap(np.array([PY_STACK], "<u8"), rows(PY_STACK_LEAF, (2, 0, py_frames))),
         "py_tables": py_tables,
         "py_codes": py_codes,
-        "profile_stats": FakeMap(entries={FakeMap.Key(i): [0, 0] for i in range(8)}),
+        "cpu_times": FakeMap(rows(TIME_KEY, *(t[:3] for t in times)), rows(TIME_VALUE, *(t[3:] for t in times))),
+        "profile_stats": FakeMap(entries={FakeMap.Key(i): [0, 0] for i in range(9)}),
         "mem_alloc": FakeMap(rows(MEM_KEY, *(a[:4] for a in allocs)), rows(MEM_VALUE, *(a[4:] for a in allocs))),
         "mem_inuse": FakeMap(rows(MEM_KEY, *(a[:4] for a in inuse)), rows(MEM_VALUE, *(a[4:] for a in inuse))),
         "py_procs": FakeMap(),
@@ -219,11 +224,13 @@ def profiled(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[list[Profil
     """One collection round over the given map contents: the profiles made and the health counters."""
     monkeypatch.setattr(profiles, "drain", FakeMap.drain)
 
-    def run(samples: list[tuple], allocs: list[tuple] = (), inuse: list[tuple] = ()) -> tuple[list[Profile], Health]:
+    def run(
+        samples: list[tuple], allocs: list[tuple] = (), inuse: list[tuple] = (), times: list[tuple] = ()
+    ) -> tuple[list[Profile], Health]:
         out: list[Profile] = []
         health = Health()
         profiler = announced(out, health)
-        profiler.run_locked = locked(maps(samples, allocs, inuse))
+        profiler.run_locked = locked(maps(samples, allocs, inuse, times))
         profiler.collect_once()
         return out, health
 
