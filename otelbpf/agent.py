@@ -85,7 +85,9 @@ class Agent:
         self.clock = MonotonicClock()
         traces = bool(config.pipeline("traces"))
         self._resource_attrs = config.resource_attributes("traces" if traces else "metrics")
-        self.process_info = ProcessInfo({k: v for k, v in self._resource_attrs.items()})
+        self.process_info = ProcessInfo(
+            {k: v for k, v in self._resource_attrs.items()}, command_line=config.targets.command_line
+        )
         sizes = [c for _, c in self._receiver_configs()]
         symbolizer.TABLES.max_tables = max((getattr(c, "symbol_tables", 0) for c in sizes), default=0) or 128
         symbolizer.TABLES.max_bytes = max((getattr(c, "symbol_table_bytes", 0) for c in sizes), default=0) or 32 << 20

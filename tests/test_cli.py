@@ -93,7 +93,7 @@ def test_print_config_shows_the_effective_config_without_secrets(tmp_path):
     assert "s3cr3t" not in out.stdout
     doc = yaml.safe_load(out.stdout)
     [otlp] = [e for e in doc["exporters"].values() if e.get("endpoint") == "http://collector:4317"]
-    assert otlp["headers"] == {"authorization": "<redacted>"}
+    assert otlp["headers"] == {"authorization": "REDACTED"}
 
 
 _THREADS = (

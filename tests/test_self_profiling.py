@@ -60,6 +60,20 @@ def test_an_explicit_endpoint_takes_the_credentials_of_the_exporter_with_that_en
     assert target("http://other:4040", exporters) == Target("http://other:4040")
 
 
+def test_the_start_is_logged_without_the_endpoints_userinfo(monkeypatch, caplog):
+    from otelbpf.export import self_profiling
+
+    class Stub:
+        def configure(self, **kwargs: object) -> None:
+            pass
+
+    monkeypatch.setattr(self_profiling, "_pyroscope", Stub)
+    with caplog.at_level("INFO", logger=self_profiling.__name__):
+        self_profiling.SelfProfiler(Target("https://u:s3cr3t@p:4040/?k=t0k3n", None, "", {}), 100).start()
+    assert "self-profiling into https://u:REDACTED@p:4040/?k=REDACTED" in caplog.text
+    assert "s3cr3t" not in caplog.text and "t0k3n" not in caplog.text
+
+
 def test_enabled_without_any_pyroscope_is_a_config_error():
     with pytest.raises(ConfigError, match="self_profiling.endpoint: self_profiling is enabled with no endpoint"):
         config("{enabled: true}")

@@ -60,6 +60,7 @@ from otelbpf.config.receivers.ibverbs import IbverbsReceiverConfig
 from otelbpf.config.receivers.nccl import NcclReceiverConfig
 from otelbpf.config.receivers.profiling import ProfilingReceiverConfig
 from otelbpf.config.service import (
+    CommandLine,
     PipelineConfig,
     PipelinesConfig,
     SelfProfilingConfig,
@@ -101,6 +102,7 @@ __all__ = [
     "AttributeValue",
     "BasicAuthConfig",
     "BatchProcessorConfig",
+    "CommandLine",
     "Compression",
     "Config",
     "ConfigError",

@@ -70,15 +70,20 @@ def overlay(data: dict[str, Any], env: Mapping[str, str], found: Findings, *, fr
 
 
 def _parse_pairs(variable: str, text: str) -> dict[str, str]:
-    """``k=v,k2=v2`` with percent-encoded keys and values (the W3C baggage-like OTel format)."""
+    """``k=v,k2=v2`` with percent-encoded keys and values (the W3C baggage-like OTel format).
+    A malformed item is named by its place, never shown: in ``OTEL_EXPORTER_OTLP_HEADERS`` an
+    item without ``=`` is most likely a token whose name was left out."""
     pairs: dict[str, str] = {}
-    for item in text.split(","):
+    for place, item in enumerate(text.split(","), 1):
         if not item.strip():
             continue
         key, eq, value = item.partition("=")
         key = urllib.parse.unquote(key.strip())
         if not eq or not key:
-            raise ValueError(f"{variable}: {item.strip()!r} is not key=value; write {variable}=key1=value1,key2=value2")
+            raise ValueError(
+                f"{variable}: item {place} (of the comma-separated list) is not key=value; "
+                f"write {variable}=key1=value1,key2=value2"
+            )
         pairs[key] = urllib.parse.unquote(value.strip())
     return pairs
 

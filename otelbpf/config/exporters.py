@@ -18,6 +18,7 @@ from otelbpf.config.fields import (
     Section,
     endpoint_port,
     endpoint_text,
+    has_userinfo,
     http_url,
 )
 from otelbpf.config.signals import Signal
@@ -113,6 +114,13 @@ class OtlpHttpExporterConfig(Section):
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         return http_url(value, "http://localhost:4318")
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> OtlpHttpExporterConfig:
+        urls = [f for f in ("endpoint", *(f"{s}_endpoint" for s in HTTP_PATHS)) if has_userinfo(getattr(self, f))]
+        if urls and any(name.lower() == "authorization" for name in self.headers):
+            raise ValueError(_userinfo_replaces(urls, "the authorization header"))
+        return self
 
     def signal_endpoint(self, signal: Signal | Literal["profiles"]) -> str | None:
         """The URL set for ``signal`` alone (``traces_endpoint``, ...), if any."""
@@ -214,7 +222,27 @@ class PyroscopeExporterConfig(Section):
     def _one_auth(self) -> PyroscopeExporterConfig:
         if self.basic_auth is not None and self.bearer_token is not None:
             raise ValueError("basic_auth and bearer_token both set: a request carries one Authorization; keep one")
+        given = [
+            what
+            for what, present in (
+                ("basic_auth", self.basic_auth is not None),
+                ("bearer_token", self.bearer_token is not None),
+                ("the authorization header", any(name.lower() == "authorization" for name in self.headers)),
+            )
+            if present
+        ]
+        if given and has_userinfo(self.endpoint):
+            raise ValueError(_userinfo_replaces(["endpoint"], given[0]))
         return self
+
+
+def _userinfo_replaces(urls: list[str], authorization: str) -> str:
+    """Why userinfo and another Authorization are refused together (the exporter is the error's
+    option path; the URL is not shown: its userinfo is a credential)."""
+    return (
+        f"{' and '.join(urls)} carries userinfo (user:password@), which the HTTP client would send as basic "
+        f"auth in place of {authorization}: the request carries one Authorization; keep one of them"
+    )
 
 
 ExporterConfig: TypeAlias = OtlpExporterConfig | OtlpHttpExporterConfig | FileExporterConfig | PyroscopeExporterConfig

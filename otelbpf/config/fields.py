@@ -44,6 +44,12 @@ def http_url(value: str | None, example: str) -> str | None:
     return value
 
 
+def has_userinfo(url: str | None) -> bool:
+    """Whether an http(s) URL carries ``user[:password]@``: the HTTP client (requests) sends it
+    as basic auth, in place of any ``Authorization`` the exporter was given otherwise."""
+    return url is not None and "@" in urllib.parse.urlsplit(url).netloc
+
+
 _ENDPOINT_TEXT = re.compile(r"[\x21-\x7e]+")
 
 

@@ -13,7 +13,7 @@ from otelbpf.config.collector import collector_config
 from otelbpf.config.default import DEFAULT_CONFIG_YAML, DEFAULT_SOURCE, EXAMPLE_HINT
 from otelbpf.config.env import overlay
 from otelbpf.config.errors import ConfigError, Findings
-from otelbpf.config.messages import describe, format_issue
+from otelbpf.config.messages import concealed, describe, format_issue
 from otelbpf.config.model import Config
 from otelbpf.config.parse import MAX_CONFIG_BYTES, parse_yaml
 from otelbpf.config.selection import choose_receivers
@@ -70,7 +70,8 @@ def _build(text: str, source: str, env: Mapping[str, str], *, from_file: bool, r
             if any(path[: len(p)] == p for p in reported):
                 continue  # a value already reported (an unset ${env:VAR}) fails again: say it once
             origin = found.origins.get(path)
-            found.issues.append((path, describe(error) + (f" (value from {origin})" if origin else "")))
+            hidden = concealed(data, path, found.origins, error.get("input"))
+            found.issues.append((path, describe(error, hidden) + (f" (value from {origin})" if origin else "")))
     else:
         if not found.issues:
             return config

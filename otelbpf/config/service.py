@@ -3,18 +3,26 @@ that wire receivers through processors to exporters per signal, with the agent's
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from otelbpf.config.fields import FilePath, Section, http_url, unique
 from otelbpf.config.units import PositiveDuration, RingSize, Size
 
+#: What of a watched process's command line its resource carries (``correlate/process_info.py``).
+CommandLine: TypeAlias = Literal["redacted", "full", "command"]
+
 
 class TargetsConfig(Section):
-    """Which processes are watched: all, or only ``pids`` and their descendants."""
+    """Which processes are watched: all, or only ``pids`` and their descendants; and what of
+    their command lines leaves the agent: ``redacted`` (secrets replaced, ``base/secrets.py``),
+    ``full`` (as the process has it), or ``command`` (``process.command`` and
+    ``process.args_count`` only, the semantic conventions' choice where arguments are
+    sensitive)."""
 
     pids: list[Annotated[int, Field(gt=0, le=1 << 22)]] = []  # PID_MAX_LIMIT
+    command_line: CommandLine = "redacted"
 
     @field_validator("pids")
     @classmethod

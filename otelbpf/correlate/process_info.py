@@ -2,6 +2,13 @@
 
 Read from /proc once, at first sight, because short-lived processes may be
 gone by the time their last events are exported.
+
+The command line is the one thing read here that carries secrets routinely
+(``--api-key=...``, ``-H 'Authorization: ...'``, ``postgres://user:pass@...``,
+``HF_TOKEN=... python``): it is redacted here, where it is read, so that every
+consumer of the resource (the exporters, the files and what reads them: ``summary``,
+the report, MCP; the live socket and ``top``) has only the redacted one
+(``targets.command_line``; the rules are ``base/secrets.py``'s).
 """
 
 from __future__ import annotations
@@ -12,12 +19,17 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.util.types import AttributeValue
 
+from otelbpf.base.secrets import redact_command_args
 from otelbpf.correlate.container import container_attributes
 from otelbpf.correlate.symbolizer import EVICTIONS
+
+if TYPE_CHECKING:
+    from otelbpf.config import CommandLine
 
 
 def _read(path: str) -> bytes | None:
@@ -62,8 +74,10 @@ class ProcessInfo:
         *,
         gone_grace_s: float = 120.0,
         sweep_s: float = 10.0,
+        command_line: CommandLine = "redacted",
     ) -> None:
         self._configured = dict(configured or {})
+        self._command_line = command_line
         self._host = socket.gethostname()
         self._max = max_processes
         self._cache: OrderedDict[int, Resource] = OrderedDict()  # LRU: bounded on busy hosts
@@ -170,9 +184,7 @@ class ProcessInfo:
             attrs["process.executable.name"] = os.path.basename(exe)
         cmdline = _read(f"/proc/{pid}/cmdline")
         if cmdline:
-            args = [a.decode(errors="replace") for a in cmdline.rstrip(b"\0").split(b"\0")]
-            attrs["process.command_line"] = " ".join(args)
-            attrs["process.command_args"] = args
+            attrs.update(self._command(cmdline))
         cgroup = _read(f"/proc/{pid}/cgroup")
         if cgroup:
             attrs.update(container_attributes(cgroup.decode(errors="replace")))
@@ -193,6 +205,17 @@ class ProcessInfo:
         attrs.update(self._configured)
         self._ended.pop(pid, None)  # the pid is another process now
         return Resource(attrs)
+
+    def _command(self, cmdline: bytes) -> dict[str, AttributeValue]:
+        """The command line's attributes, as ``targets.command_line`` says: ``redacted`` (secrets
+        replaced), ``full`` (as read), or ``command`` (the semantic conventions' choice for
+        sensitive command lines: ``process.command``, argv[0], and ``process.args_count``)."""
+        args = [a.decode(errors="replace") for a in cmdline.rstrip(b"\0").split(b"\0")]
+        if self._command_line == "command":
+            return {"process.command": redact_command_args(args[:1])[0], "process.args_count": len(args)}
+        if self._command_line == "redacted":
+            args = redact_command_args(args)
+        return {"process.command_line": " ".join(args), "process.command_args": args}
 
     @staticmethod
     def _environ(pid: int) -> dict[str, str]:

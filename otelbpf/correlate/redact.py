@@ -8,6 +8,9 @@ A request target is exported as ``url.path`` and a Host (``:authority``) as
   like): each parameter's value becomes ``REDACTED``, its name stays;
 - the query string and fragment (``?access_token=...``): never exported at all.
 
+What a value is replaced with, and what else counts as a secret (in command lines, the
+configuration, log lines), is ``base/secrets.py``'s: one set of rules.
+
 Third-party libraries that see the same bytes must not log them either:
 ``quiet_payload_loggers`` (called where the HTTP receiver starts) sets their
 levels explicitly, whatever the agent's own ``log_level``.
@@ -18,10 +21,10 @@ from __future__ import annotations
 import logging
 import re
 
+from otelbpf.base.secrets import REDACTED
+
 log = logging.getLogger(__name__)
 
-#: What a redacted value is replaced with (OpenTelemetry's convention for url.full).
-REDACTED = "REDACTED"
 #: An absolute-form target: scheme, then the authority, then the rest.
 _ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)(.*)", re.S)
 #: Libraries that log decoded headers or payloads at DEBUG (hpack logs every header it decodes,

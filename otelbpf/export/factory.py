@@ -24,6 +24,7 @@ from otelbpf.config import (
     to_seconds,
 )
 from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
+from otelbpf.export.sender import redact_http_client_logs
 
 if TYPE_CHECKING:
     import grpc  # at run time imported where used: only an agent with a gRPC exporter loads it
@@ -97,6 +98,7 @@ def grpc_credentials(cfg: OtlpExporterConfig) -> grpc.ChannelCredentials:
 def _http_kwargs(cfg: OtlpHttpExporterConfig, signal: Signal) -> dict[str, Any]:
     from opentelemetry.exporter.otlp.proto.http import Compression
 
+    redact_http_client_logs()
     kwargs: dict[str, Any] = {
         "endpoint": cfg.url(signal),
         "headers": dict(cfg.headers),

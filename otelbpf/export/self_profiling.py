@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
+from otelbpf.base.secrets import redact_urls
 from otelbpf.config import Config, ExporterConfig, PyroscopeExporterConfig
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,8 @@ class SelfProfiler:
             gil_only=True,
         )
         self.running = True
-        log.info("self-profiling into %s as %s at %d Hz", self.target.endpoint, APPLICATION, self.sample_rate)
+        shown = redact_urls(self.target.endpoint, every_query_value=True)  # its userinfo is a credential
+        log.info("self-profiling into %s as %s at %d Hz", shown, APPLICATION, self.sample_rate)
 
     def stop(self) -> None:
         """Push what was sampled since the last upload, then end the sampler."""

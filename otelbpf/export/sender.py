@@ -21,10 +21,33 @@ from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from otelbpf.base.health import Health
+from otelbpf.base.secrets import redact_logs_of
 from otelbpf.base.threadname import name_os_thread
 from otelbpf.config import RetryConfig, to_seconds
 
 log = logging.getLogger(__name__)
+
+#: The loggers that write an HTTP exporter's URLs: urllib3's request line at DEBUG (with the
+#: query string) and retries, the OpenTelemetry HTTP exporters' and ours, which quote the
+#: client's errors ("Max retries exceeded with url: /v1/traces?api_key=...").
+HTTP_CLIENT_LOGGERS = (
+    "urllib3.connectionpool",
+    "urllib3.poolmanager",
+    "urllib3.util.retry",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "otelbpf.export.sender",
+    "otelbpf.export.pyroscope",
+    "otelbpf.export.otlp_profiles",
+)
+
+
+def redact_http_client_logs() -> None:
+    """Keep an HTTP exporter's query token and userinfo out of the log at every level
+    (``log_level: debug`` included): called where one is built."""
+    redact_logs_of(HTTP_CLIENT_LOGGERS)
+
 
 T = TypeVar("T")
 

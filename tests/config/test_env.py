@@ -240,5 +240,6 @@ def test_malformed_resource_attributes_variable():
     error = one_error(MINIMAL, OTEL_RESOURCE_ATTRIBUTES="team")
 
     assert error == (
-        "OTEL_RESOURCE_ATTRIBUTES: 'team' is not key=value; write OTEL_RESOURCE_ATTRIBUTES=key1=value1,key2=value2"
+        "OTEL_RESOURCE_ATTRIBUTES: item 1 (of the comma-separated list) is not key=value; "
+        "write OTEL_RESOURCE_ATTRIBUTES=key1=value1,key2=value2"
     )

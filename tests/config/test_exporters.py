@@ -124,3 +124,35 @@ def test_grpc_binary_metadata_names_are_refused(name: str):
 def test_http_headers_may_end_in_bin():
     text = with_exporter("otlphttp: {endpoint: 'http://c', headers: {x-bin: abc}}")
     assert load(text).exporters["otlphttp"].headers == {"x-bin": "abc"}
+
+
+SECRET = "s3cr3tVALUE"
+
+
+@pytest.mark.parametrize(
+    "exporter",
+    [
+        f"otlphttp/tempo: {{endpoint: 'https://u:{SECRET}@c:4318', headers: {{Authorization: 'Bearer {SECRET}'}}}}",
+        f"otlphttp/tempo: {{traces_endpoint: 'https://{SECRET}@c/v1/traces', headers: {{authorization: x}}}}",
+        f"pyroscope/tempo: {{endpoint: 'https://u:{SECRET}@p:4040', bearer_token: '{SECRET}'}}",
+        f"pyroscope/tempo: {{endpoint: 'https://u:{SECRET}@p:4040', basic_auth: {{username: u, password: p}}}}",
+    ],
+)
+def test_userinfo_never_silently_replaces_a_configured_authorization(exporter: str):
+    error = one_error(with_exporter(exporter))
+
+    assert "exporters." in error and "/tempo: " in error  # names the exporter
+    assert "carries userinfo (user:password@)" in error and "keep one of them" in error
+    assert SECRET not in error
+
+
+@pytest.mark.parametrize(
+    "exporter",
+    [
+        "otlphttp: {endpoint: 'https://u:p@c:4318'}",
+        "otlphttp: {endpoint: 'https://c:4318', headers: {authorization: x}}",
+        "pyroscope: {endpoint: 'https://u:p@p:4040', tenant_id: t}",
+    ],
+)
+def test_userinfo_or_an_authorization_alone_is_fine(exporter: str):
+    assert load(with_exporter(exporter))

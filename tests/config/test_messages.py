@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config_text import MINIMAL, errors_of, load, one_error, with_cuda
+from harness.config_text import MINIMAL, errors_of, load, one_error, with_cuda, with_exporter
 from otelbpf.config import (
     ConfigError,
 )
@@ -73,3 +73,49 @@ def test_every_error_is_listed_at_once():
         "service.pipelines.traces.exporters[1]",
     ]
     assert str(caught.value).startswith("invalid otelbpf configuration (test.yaml, 5 errors):\n  test.yaml:2:")
+
+
+SECRET = "s3cr3tVALUE"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "where"),
+    [
+        # a value substituted from ${env:...} is never shown, whatever the error
+        (
+            with_exporter("otlp: {endpoint: 'c:4317', headers: ['${env:TOKEN}']}"),
+            {"TOKEN": f"Bearer {SECRET}"},
+            "headers",
+        ),
+        (with_exporter("otlp: {endpoint: 'c:4317', timeout: '${env:T}'}"), {"T": SECRET}, "exporters.otlp.timeout"),
+        (with_exporter("otlphttp: {endpoint: '${env:E}'}"), {"E": f"ftp://collector/?k={SECRET}"}, "endpoint"),
+        (  # a model's error quotes its fields
+            with_exporter("otlp: {endpoint: '${env:E}', tls: {insecure: true}}"),
+            {"E": f"https://{SECRET}.example.com:4317"},
+            "exporters.otlp:",
+        ),
+        # userinfo and query values, written in the file or taken from a variable
+        (with_exporter(f"otlphttp: {{endpoint: 'https://u:{SECRET}@c:99999'}}"), {}, "u:REDACTED@c"),
+        (with_exporter(f"otlphttp: {{traces_endpoint: 'ftp://c/v1/traces?api_key={SECRET}'}}"), {}, "traces_endpoint"),
+        (
+            MINIMAL.replace("[file]", "[otlp]").replace("  file:\n", "  otlp:\n"),
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"https://u:{SECRET}@collector:99999"},
+            "(value from OTEL_EXPORTER_OTLP_ENDPOINT)",
+        ),
+        # an option with a secret's name, whatever type was written
+        (with_exporter(f"pyroscope: {{endpoint: 'http://p:4040', bearer_token: {{t: {SECRET}}}}}"), {}, "bearer_token"),
+    ],
+)
+def test_errors_show_no_secret(text, env, where):
+    errors = "\n".join(errors_of(text, **env))
+
+    assert where in errors
+    assert SECRET not in errors
+
+
+def test_a_malformed_headers_variable_names_the_item_not_its_value():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_HEADERS": f"x-tenant=a,Bearer {SECRET}"}
+    error = one_error(MINIMAL.replace("[file]", "[otlp]").replace("  file:\n", "  otlp:\n"), **env)
+
+    assert error.startswith("OTEL_EXPORTER_OTLP_HEADERS: item 2 (of the comma-separated list) is not key=value")
+    assert SECRET not in error

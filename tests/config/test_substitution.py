@@ -39,12 +39,10 @@ def test_unset_variable_without_default_names_it_and_where_it_was_used():
     )
 
 
-def test_invalid_value_from_a_variable_says_so():
+def test_invalid_value_from_a_variable_says_so_without_showing_it():
     error = one_error(with_cuda("launch_sample_every: '${EVERY}'"), EVERY="often")
 
-    assert error.endswith(
-        "receivers.cuda.launch_sample_every: Input should be a valid integer, got 'often' (value from ${EVERY})"
-    )
+    assert error.endswith("receivers.cuda.launch_sample_every: Input should be a valid integer (value from ${EVERY})")
 
 
 def test_unsupported_provider_and_bad_names():

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -267,3 +268,68 @@ def test_evictions_are_counted() -> None:
     for pid in never_a_pid(3):
         info.note_comm(pid, "exec seen, never described")
     assert EVICTIONS["process_names"] - before["process_names"] == 3
+
+
+SECRET = "s3cr3tVALUE"
+#: A real process whose command line gives secrets in the shapes command lines do (python ignores
+#: the arguments after -c's code), beside arguments that are none.
+SECRET_ARGS = (
+    sys.executable,
+    "-c",
+    "import time; time.sleep(30)",
+    f"--api-key={SECRET}",
+    "-H",
+    f"Authorization: Bearer {SECRET}",
+    f"postgres://trainer:{SECRET}@db:5432/runs",
+    f"HF_TOKEN={SECRET}",
+    "--lr",
+    "3e-4",
+)
+
+
+@pytest.fixture
+def secretive() -> Iterator[subprocess.Popen]:
+    proc = spawn(*SECRET_ARGS)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_command_line_is_redacted_where_it_is_read(secretive: subprocess.Popen) -> None:
+    attrs = ProcessInfo().resource(secretive.pid).attributes
+    assert attrs["process.command_args"] == (
+        *SECRET_ARGS[:3],
+        "--api-key=REDACTED",
+        "-H",
+        "Authorization: REDACTED",
+        "postgres://trainer:REDACTED@db:5432/runs",
+        "HF_TOKEN=REDACTED",
+        "--lr",
+        "3e-4",
+    )
+    assert attrs["process.command_line"] == " ".join(attrs["process.command_args"])
+    assert SECRET not in str(dict(attrs))
+
+
+def test_the_command_line_whole_or_as_the_command_alone(secretive: subprocess.Popen) -> None:
+    whole = ProcessInfo(command_line="full").resource(secretive.pid).attributes
+    assert whole["process.command_args"] == SECRET_ARGS
+    assert whole["process.command_line"] == " ".join(SECRET_ARGS)
+
+    command = ProcessInfo(command_line="command").resource(secretive.pid).attributes
+    assert (command["process.command"], command["process.args_count"]) == (sys.executable, len(SECRET_ARGS))
+    assert "process.command_line" not in command and "process.command_args" not in command
+
+
+def test_the_agent_describes_processes_as_targets_command_line_says(secretive, monkeypatch, tmp_path) -> None:
+    from otelbpf.agent import Agent
+    from otelbpf.config import load_config_text
+    from otelbpf.config.default import DEFAULT_CONFIG_YAML
+
+    monkeypatch.chdir(tmp_path)  # the default file exporter's ./otelbpf-out
+    for mode, args in (("redacted", "--api-key=REDACTED"), ("full", f"--api-key={SECRET}")):
+        text = DEFAULT_CONFIG_YAML.replace("command_line: redacted", f"command_line: {mode}", 1)
+        agent = Agent(load_config_text(text, env={}))
+        assert args in agent.process_info.resource(secretive.pid).attributes["process.command_args"]
