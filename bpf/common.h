@@ -321,13 +321,27 @@ static __always_inline void report_handoff(u64 id)
 }
 #endif
 
+#if PAUSE_ON_LOAD
+/* The pause at load is on (1) only while the agent can resume what it stops: the sensor opens
+ * it once loaded and closes it first thing when it stops; when the agent dies, its job's guard
+ * (otelbpf/jobguard.py), which holds this map, closes it. The programs outlive the agent: a
+ * dead agent's links go one grace period each, the background releaser (sensor.py) holds them
+ * after a stop; with the gate closed they stop nothing. */
+BPF_ARRAY(pause_gate, u32, 1);
+#endif
+
 /* Hand user space a library open (or an RDMA context) at once: submitted with a wake-up,
  * and, when ``pause`` (PAUSE_ON_LOAD, 0 or 1 from user space: only where the agent started
- * the process itself), the process is
+ * the process itself) and the pause gate is open, the process is
  * stopped (SIGSTOP) before it can call into the library; user space attaches, then sends
  * SIGCONT (sensor.py). */
 static __always_inline void submit_open(struct strevent *s, int pause)
 {
+#if PAUSE_ON_LOAD
+    int zero = 0;
+    u32 *open = pause_gate.lookup(&zero);
+    pause = pause && open && *open;
+#endif
     s->paused = pause;
     if (pause)
         bpf_send_signal(19 /* SIGSTOP */);

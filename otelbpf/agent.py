@@ -730,7 +730,7 @@ def run(
     rc = 0
     try:
         if job is not None:
-            job.release()
+            job.release(agent.sensor.pause_gate_fd())
         line = status.StatusLine(sys.stderr) if status.wanted(sys.stderr) else None
         rc = _watch(agent, job, received, wake, duration_s, line)
     finally:

@@ -13,10 +13,18 @@ So the agent does not start the command itself. It starts this guard, which:
 - forks the job, which waits at a gate (a pipe) until the agent has put its pid into the
   in-kernel filter and attached, then execs the command (same pid);
 - reports the job's pid and, later, its exit status to the agent;
-- holds the read end of a pipe only the agent writes to: when it reads EOF, the agent is
-  gone, however it ended, and the guard sends SIGCONT to every stopped process in its tree
-  (and again shortly after, for a stop the kernel sent as the agent died). The job then
-  runs on unwatched; the guard reaps it and exits.
+- holds the other end of a socket only the agent holds: the agent hands it the map that turns
+  the kernel's pause at load on (``pause_gate``, bpf/common.h) before the command runs;
+- when the agent is gone, or dying, the guard closes that gate (the pause programs outlive
+  the agent: a dying agent's links go one grace period each, several seconds for a few
+  hundred probes, and after a stop the background releaser holds them; with the gate closed
+  they stop nothing), then sends SIGCONT to every stopped process in its tree, until the
+  agent has exited and once more after (a stop a program sent as the gate closed). The job
+  then runs on unwatched; the guard reaps it and every orphan of its tree, and exits.
+
+The guard sees the agent dying at once, not when its socket closes: a killed agent's socket
+reads EOF only after its probes are released, one grace period each (7 to 15 s after a kill -9
+of an agent holding 120 probes). So it also reads the agent's state every ``_WATCH_S``.
 
 Signals for the job are sent by the agent to the job's pid directly (``Job.signal``).
 """
@@ -25,8 +33,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -36,10 +46,29 @@ from collections.abc import Callable
 from otelbpf.base.threadname import name_os_thread
 
 _PR_SET_CHILD_SUBREAPER = 36
-#: How often stopped processes are looked for while the agent is exiting: a dying process
-#: closes its pipe to the guard before its BPF links (each detach waits for an RCU grace
-#: period), so the program may still stop the command until the agent has fully exited.
+#: How often stopped processes are looked for from the agent's end until it has exited: a
+#: program may have read the gate open just before it closed, and with a gate the guard could
+#: not close, the dead agent's programs stop the command until its last link is gone.
 _SWEEP_S = 0.1
+#: How often the guard looks at the agent's state (and reaps) while the agent lives: the
+#: longest a job stays stopped after the agent's death, save for the sweep itself.
+_WATCH_S = 0.05
+#: The kernel's flag of a task in its exit (include/linux/sched.h), in /proc/PID/stat.
+_PF_EXITING = 0x4
+#: bpf(2)'s number: the guard writes one map value without BCC (otelbpf/doctor.py's table).
+_BPF_SYSCALL_NR = {"x86_64": 321, "aarch64": 280}
+_BPF_MAP_UPDATE_ELEM = 2
+
+
+class _MapElemAttr(ctypes.Structure):
+    """``union bpf_attr`` for BPF_MAP_UPDATE_ELEM."""
+
+    _fields_ = [
+        ("map_fd", ctypes.c_uint32),
+        ("key", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+    ]
 
 
 class Job:
@@ -49,7 +78,7 @@ class Job:
         """Start the guard and, under it, ``command`` held at its gate."""
         #: Called (on a thread) when the command has exited.
         self.on_exit: Callable[[], None] = lambda: None
-        life_r, self._life_w = os.pipe()
+        self._life, life_guard = socket.socketpair()
         report_r, report_w = os.pipe()
         gate_r, self._gate_w = os.pipe()
         # Forked, not exec'd: the agent is one thread here (the CLI starts the job first), and
@@ -61,15 +90,16 @@ class Job:
         if self._guard == 0:
             code = 1
             try:
-                os.close(self._life_w)
+                self._life.close()
                 os.close(self._gate_w)
                 os.close(report_r)
-                code = main(life_r, report_w, gate_r, command)
+                code = main(life_guard, report_w, gate_r, command)
             except BaseException:
                 traceback.print_exc()
             finally:
                 os._exit(code)
-        for fd in (life_r, report_w, gate_r):
+        life_guard.close()
+        for fd in (report_w, gate_r):
             os.close(fd)
         self._report = os.fdopen(report_r, "r")
         line = self._report.readline().split()
@@ -91,10 +121,13 @@ class Job:
         self.exited.set()
         self.on_exit()
 
-    def release(self) -> None:
-        """Let the command run (the agent watches its pid and has attached). The thread that
-        waits for its exit starts here: until then the agent may be one thread (its
-        capabilities are dropped, per thread, before it attaches: otelbpf/base/privileges.py)."""
+    def release(self, pause_gate: int) -> None:
+        """Let the command run (the agent watches its pid and has attached), the guard holding
+        ``pause_gate``, the fd of the map that turns the kernel's pause at load on, to close it
+        when the agent dies. The thread that waits for the command's exit starts here: until
+        then the agent may be one thread (its capabilities are dropped, per thread, before it
+        attaches: otelbpf/base/privileges.py)."""
+        socket.send_fds(self._life, [b"gate"], [pause_gate])
         threading.Thread(target=self._wait_exit, name="otelbpf-job", daemon=True).start()
         os.write(self._gate_w, b"go")
         os.close(self._gate_w)
@@ -114,9 +147,7 @@ class Job:
         if self._gate_w >= 0:  # never released: the command does not run
             os.close(self._gate_w)
             self._gate_w = -1
-        if self._life_w >= 0:
-            os.close(self._life_w)
-            self._life_w = -1
+        self._life.close()
 
 
 def exit_code(status: int) -> int:
@@ -148,6 +179,31 @@ def _stopped_descendants(root: int) -> list[int]:
     return out
 
 
+def _agent_exiting(pid: int) -> bool:
+    """Whether the agent has begun to exit (its main thread in or past its exit, or gone):
+    what its socket says only once its probes are released."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+
+
+def _close_gate(fd: int) -> None:
+    """Write 0 into the pause gate (common.h ``pause_gate``): the kernel's pause at load stops
+    nothing from here on. Raises OSError when it cannot."""
+    nr = _BPF_SYSCALL_NR.get(platform.machine())
+    if nr is None:
+        raise OSError(f"no known bpf(2) syscall number for {platform.machine()}")
+    key, value = ctypes.c_uint32(0), ctypes.c_uint32(0)
+    attr = _MapElemAttr(fd, ctypes.addressof(key), ctypes.addressof(value), 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(ctypes.c_long(nr), ctypes.c_long(_BPF_MAP_UPDATE_ELEM), ctypes.byref(attr), ctypes.sizeof(attr)):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
 def _resume_all() -> None:
     for pid in _stopped_descendants(os.getpid()):
         try:
@@ -175,10 +231,11 @@ def _run_job(gate_fd: int, command: list[str]) -> None:
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
-def main(life_fd: int, report_fd: int, gate_fd: int, command: list[str]) -> int:
+def main(life: socket.socket, report_fd: int, gate_fd: int, command: list[str]) -> int:
     """The guard, in the process forked by ``Job``; returns the command's exit status."""
     name_os_thread("otelbpf-guard")
-    agent_pidfd = os.pidfd_open(os.getppid())
+    agent = os.getppid()
+    agent_pidfd = os.pidfd_open(agent)
     os.setsid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -187,19 +244,35 @@ def main(life_fd: int, report_fd: int, gate_fd: int, command: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     pid = os.fork()
     if pid == 0:
-        os.close(life_fd)
+        life.close()
         os.close(report_fd)
         _run_job(gate_fd, command)
     os.close(gate_fd)
     os.write(report_fd, f"pid {pid}\n".encode())
     reaper = _Reaper(pid, report_fd)
+    pause_gate: int | None = None
     poller = select.poll()
-    poller.register(life_fd, select.POLLIN | select.POLLHUP)
-    while not poller.poll(50):  # the agent lives
+    poller.register(life, select.POLLIN)
+    while True:  # the agent lives
+        if poller.poll(_WATCH_S * 1000):
+            message, fds, _, _ = socket.recv_fds(life, 16, 1)
+            if not message:
+                break  # the agent has stopped, or its files are closed as it dies
+            if fds:
+                pause_gate = fds[0]
+        elif _agent_exiting(agent):
+            break
         reaper.reap(block=False)
-    # The pipe closed: the agent has stopped, or is dying with its probes still attached.
-    # Resume what is stopped until the agent has exited (its pidfd turns readable once its
-    # files, BPF links included, are closed), then once more for a signal still in flight.
+    # The agent has stopped, or is dying with its probes still attached: close the gate, then
+    # resume what is stopped until the agent has exited (its pidfd turns readable once its
+    # files are closed), and once more for a stop sent as the gate closed. A gate that could
+    # not be closed leaves the dead agent's programs stopping the job until its links are
+    # gone: the sweeps resume it every time.
+    if pause_gate is not None:
+        try:
+            _close_gate(pause_gate)
+        except OSError as exc:
+            print(f"otelbpf guard: cannot turn the pause at load off ({exc})", file=sys.stderr)
     exited = select.poll()
     exited.register(agent_pidfd, select.POLLIN)
     while True:

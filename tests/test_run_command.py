@@ -1,6 +1,8 @@
-"""`otelbpf run -- CMD` never hurts the job (issue 13, rows 11, 12 and 14): signals are
-forwarded and the agent waits for the command and exits with its status; a kill -9 of the
-agent while the kernel holds the command stopped for an attach leaves it running."""
+"""`otelbpf run -- CMD` never hurts the job (issue 13, rows 11, 12 and 14; issue 31, item 6):
+signals are forwarded and the agent waits for the command and exits with its status; a kill -9
+of the agent while the kernel holds the command stopped for an attach resumes it at once; no
+process of the command's tree is stopped after the agent has ended, a background job that
+outlives the command included."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.agent import FAKE_CUDART, AgentProcess, config, wait_until
+from harness.agent import FAKE_CUDA, FAKE_CUDART, AgentProcess, config, wait_until
 
 pytestmark = pytest.mark.bpf
 
@@ -41,8 +43,30 @@ time.sleep(120)
 """
 
 
+#: A background job: reads a library the cuda receiver probes with a new process (an exec,
+#: then the openat: both stop it in command mode) every 0.1 s, ``$4`` times, then touches ``$3``.
+#: Its pid goes to ``$1``.
+READS_CUDART_IN_A_LOOP = """
+echo $$ > "$1"
+i=0
+while [ $i -lt "$4" ]; do
+    cat "$2" > /dev/null
+    i=$((i + 1))
+    sleep 0.1
+done
+touch "$3"
+"""
+
+
 def file_config(tmp: Path) -> Path:
     return config({"name": "file", "directory": str(tmp / "out")}, tmp=tmp)
+
+
+def probed_config(tmp: Path) -> Path:
+    """``file_config`` with the stand-in CUDA libraries probed from the start: an agent that
+    holds a few hundred uprobes, whose release takes seconds (one grace period each)."""
+    paths = [str(FAKE_CUDART.parent / "libcudart*"), str(FAKE_CUDA.parent / "libcuda*")]
+    return config({"name": "file", "directory": str(tmp / "out")}, tmp=tmp, cuda={"search_paths": paths})
 
 
 def proc_state(pid: int) -> str | None:
@@ -50,6 +74,24 @@ def proc_state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0].decode()
     except OSError:
         return None
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
 
 
 def pid_running(needle: str) -> int | None:
@@ -113,11 +155,13 @@ def test_duration_ends_the_command(tmp_path: Path):
 
 def test_kill_9_of_the_agent_while_it_holds_the_command_stopped(tmp_path: Path):
     """The kernel stops the command at its dlopen; the agent, frozen, never resumes it and is
-    then killed: the guard resumes it and it runs to its end."""
+    then killed: the guard resumes it at once (it sees the agent dying, not its files closed,
+    which for an agent holding probes comes one grace period per probe later: 7.3 s once) and
+    its pause programs, still attached while the dead agent's links go, stop nothing more."""
     gate, marker = tmp_path / "go", tmp_path / "resumed"
     args = [
         "-c",
-        str(file_config(tmp_path)),
+        str(probed_config(tmp_path)),
         "--",
         sys.executable,
         "-c",
@@ -138,9 +182,44 @@ def test_kill_9_of_the_agent_while_it_holds_the_command_stopped(tmp_path: Path):
             assert proc_state(job) == "T" and not marker.exists()
         finally:
             os.kill(agent.proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+        resumed = wait_until(marker.exists, timeout=30, interval=0.01)
+        took = time.monotonic() - killed
         agent.proc.wait(120)  # a dying agent closes its BPF links one grace period at a time
-        assert wait_until(marker.exists, timeout=10), f"the command stayed {proc_state(job)!r}"
+        assert resumed, f"the command stayed {proc_state(job)!r} after the agent's kill -9"
+        assert took < 1.5, f"the command ran again {took:.2f}s after the agent's kill -9"
         assert wait_until(lambda: proc_state(job) is None, timeout=10)
+
+
+def test_a_background_job_that_outlives_the_command_is_never_left_stopped(tmp_path: Path):
+    """The command starts a job in the background and exits; the agent stops, its probes go
+    to the background releaser, which holds the pause programs for a while after the agent
+    and the guard's resume passes are gone. The job's every later exec and library open runs
+    on: it ends its loop, no process of its tree stays stopped."""
+    pidfile, finished, script = tmp_path / "pid", tmp_path / "finished", tmp_path / "loop.sh"
+    script.write_text(READS_CUDART_IN_A_LOOP)
+    loop = f"sh {script} {pidfile} {FAKE_CUDART} {finished} 60"
+    command = f"{loop} & sleep 1.5"  # the probes on the library are attached before it exits
+    agent_args = ["-c", str(probed_config(tmp_path)), "--", "sh", "-c", command]
+    with AgentProcess(agent_args, env={"OTELBPF_DETACH": "background"}) as agent:
+        agent.wait_ready()
+        assert agent.wait(90) == 0, agent.output
+    assert wait_until(pidfile.exists, timeout=5), agent.output
+    background = int(pidfile.read_text())
+    try:
+        stopped: list[tuple[int, str | None]] = []
+
+        def ended() -> bool:
+            stopped[:] = [(pid, proc_state(pid)) for pid in tree(background) if proc_state(pid) == "T"]
+            return finished.exists()
+
+        assert wait_until(ended, timeout=30, interval=0.1), f"stopped after the agent ended: {stopped}\n{agent.output}"
+    finally:
+        for pid in reversed(tree(background)):  # a job left stopped must not outlive the test
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_kill_9_of_the_agent_leaves_a_running_command_running(tmp_path: Path):

@@ -3,6 +3,7 @@ real syscalls: library opens, forks, execs, exits, and a process stopped at its 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -164,36 +165,52 @@ def test_children_of_watched_processes_are_followed_through_exec_and_exit(watchi
 
 
 @pytest.mark.bpf
-def test_pause_on_load_stops_the_process_at_its_open_until_resumed() -> None:
+def test_pause_on_load_stops_the_process_at_its_open_until_resumed_while_the_gate_is_open() -> None:
+    """The pause at load stops only while its gate (set by the agent, closed by its stop or by
+    the command's guard when the agent dies: otelbpf/jobguard.py) is open."""
     loaded = Loaded(filter_pids=True, pause_on_load=True)
+    gate = loaded.bpf[b"pause_gate"]
     child = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys; print('ready', flush=True); sys.stdin.readline(); "
-            f"open({str(FAKE_CUDART)!r}).close(); print('done')",
+            "import sys; print('ready', flush=True)\n"
+            "for _ in range(3):\n"
+            f"    sys.stdin.readline(); open({str(FAKE_CUDART)!r}).close(); print('opened', flush=True)",
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+
+    def state() -> str:
+        with open(f"/proc/{child.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    def open_once() -> None:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+
     try:
         # Watched once past its exec (an exec of a watched process is reported, and paused, too).
         assert child.stdout.readline() == "ready\n"
         loaded.watch(child.pid)
-        child.stdin.write("go\n")
-        child.stdin.flush()
-
-        def state() -> str:
-            with open(f"/proc/{child.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0]
-
+        open_once()  # the gate is closed until user space opens it: not stopped
+        assert child.stdout.readline() == "opened\n"
+        assert loaded.opened() == [(child.pid, str(FAKE_CUDART), 0)]
+        gate[ctypes.c_int(0)] = ctypes.c_uint32(1)
+        open_once()
         assert wait_until(lambda: state() == "T", timeout=10), f"child is {state()!r}, not stopped"
         assert loaded.opened() == [(child.pid, str(FAKE_CUDART), 1)]
         assert child.poll() is None
+        gate[ctypes.c_int(0)] = ctypes.c_uint32(0)  # closed while it is stopped: resumed as before
         os.kill(child.pid, signal.SIGCONT)
-        out, _ = child.communicate(timeout=10)
-        assert (child.returncode, out) == (0, "done\n")
+        assert child.stdout.readline() == "opened\n"
+        open_once()
+        assert child.stdout.readline() == "opened\n"
+        assert loaded.opened() == [(child.pid, str(FAKE_CUDART), 0)]
+        child.stdin.close()
+        assert child.wait(timeout=10) == 0
     finally:
         child.kill()
         child.wait()
