@@ -333,3 +333,28 @@ def test_the_agent_describes_processes_as_targets_command_line_says(secretive, m
         text = DEFAULT_CONFIG_YAML.replace("command_line: redacted", f"command_line: {mode}", 1)
         agent = Agent(load_config_text(text, env={}))
         assert args in agent.process_info.resource(secretive.pid).attributes["process.command_args"]
+
+
+def test_what_the_file_exporter_writes_and_summary_prints_is_the_redacted_command_line(secretive, tmp_path) -> None:
+    """Redacted where it is read, the command line is redacted in every consumer of the resource:
+    here the OTLP-JSON file (which the report and MCP read too) and ``otelbpf summary``."""
+    import io
+
+    from otelbpf.analyze.summary import summarize
+    from otelbpf.correlate.spans import make_span, scope
+    from otelbpf.export.jsonfile import FileSpanExporter
+
+    resource = ProcessInfo().resource(secretive.pid)
+    now = time.time_ns()
+    span = make_span(
+        "cudaMemcpy", resource=resource, scope=scope("otelbpf.cuda"), start_ns=now, end_ns=now + 1000, attributes={}
+    )
+    exporter = FileSpanExporter(str(tmp_path))
+    exporter.export([span])
+    exporter.shutdown()
+    written = "".join(p.read_text() for p in tmp_path.rglob("*.jsonl"))
+    assert "--api-key=REDACTED" in written and SECRET not in written
+
+    out = io.StringIO()
+    summarize(str(tmp_path), out)
+    assert "--api-key=REDACTED" in out.getvalue() and SECRET not in out.getvalue()
