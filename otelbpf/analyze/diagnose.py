@@ -416,19 +416,21 @@ def _process_findings(
             {
                 "function": where.function,
                 "file": where.file,
-                "top_frames": {k: v for k, v in c.top(EVIDENCE_STACKS)},
+                "top_frames": {k: int(v) for k, v in c.top(EVIDENCE_STACKS)},
                 "samples": c.samples,
                 "seconds": round(c.seconds, 6),
                 "idle": idle,
             },
         )
     if acc.unexplained_s:
+        near = sorted(acc.near.items(), key=lambda kv: -kv[1])[:EVIDENCE_STACKS]
         add(
             "unexplained",
             acc.unexplained_s,
             f"{acc.unexplained_s:.3f}s of the {acc.budget_s:.3f}s the GPU had nothing queued is charged to no cause: "
-            + "; ".join(f"{why} {v:.3f}s" for why, v in sorted(acc.unseen.items(), key=lambda kv: -kv[1])),
-            {"idle": idle},
+            + "; ".join(f"{why} {v:.3f}s" for why, v in sorted(acc.unseen.items(), key=lambda kv: -kv[1]))
+            + (f"; {near[0][1]:.3f}s of it in gaps where the thread ran {near[0][0]}" if near else ""),
+            {"idle": idle, "beside_code": {k: round(v, 6) for k, v in near}},
         )
     return sorted(out, key=lambda f: -f.cost_s)
 

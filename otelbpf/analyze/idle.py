@@ -150,6 +150,8 @@ class Account:
     where: dict[str, Where] = field(default_factory=dict)
     unexplained_s: float = 0.0
     unseen: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # why unexplained -> s
+    #: the unexplained on-CPU-or-unseen rest by the code sampled in the same gaps (its context, not its cause)
+    near: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     threads: dict[int, str] = field(default_factory=dict)
     carved: set[int] = field(default_factory=set)  # id() of the allocations and frees charged inside gaps
 
@@ -215,6 +217,7 @@ class _ThreadCode:
     on_cpu_ns: int = 0
     unsampled_ns: int = 0  # on-CPU time in gaps the timeline does not cover
     samples: Counter[int] = field(default_factory=Counter)  # stack index -> samples
+    near: Counter[int] = field(default_factory=Counter)  # stack index -> ns not sampled in gaps where it was
     sched_on: bool = True  # off-CPU time was subtracted (else it is in on_cpu_ns, unseen)
 
 
@@ -237,10 +240,11 @@ def account(
     for o in off_cpu or ():
         if o.tid in who and o.attrs.get("otelbpf.sched.reason") != "cuda":
             waits[o.tid].append(o)
-            acc.threads.setdefault(o.tid, str(o.attrs.get("thread.name", "")))
     for tid, calls in mine.items():
         calls.sort(key=lambda s: s.start)
         mine_waits = sorted(waits.get(tid, []), key=lambda s: s.start)
+        if mine_waits:  # its latest name: a thread often names itself after its first waits
+            acc.threads[tid] = str(mine_waits[-1].attrs.get("thread.name", ""))
         code = _ThreadCode(sched_on=off_cpu is not None)
         for i, s in enumerate(calls):
             if s.name in ALLOCS:
@@ -338,11 +342,18 @@ def _gap(
     half = timeline.bucket_ns // 2
     rows = timeline.threads.get(tid, [])
     k = bisect_left(rows, (a - half, -1, -1))
+    seen: Counter[int] = Counter()
     for t, count, stack in rows[k:]:
         if t + half >= b:
             break
         if t + half >= a:
-            code.samples[stack] += count
+            seen[stack] += count
+    code.samples.update(seen)
+    if seen:
+        # what the samples do not cover of this gap happened beside the code they show: the
+        # context of the unexplained rest (a checkpoint's fsync, off the CPU, beside its write)
+        top = seen.most_common(1)[0][0]
+        code.near[top] += max(0, on_cpu - sum(seen.values()) * timeline.period_ns)
 
 
 def _charge_code(acc: Account, code: _ThreadCode, timeline: Timeline | None) -> None:
@@ -380,6 +391,10 @@ def _charge_code(acc: Account, code: _ThreadCode, timeline: Timeline | None) -> 
         )
         acc.unseen[why] += rest
         acc.unexplained_s += rest
+        near = sum(code.near.values())
+        for stack, ns in code.near.items():
+            assert timeline is not None
+            acc.near[timeline.stacks[stack].key] += rest * ns / near
 
 
 #: The most timeline bytes (decompressed) read from one folder: the profiler writes one file per

@@ -133,3 +133,44 @@ def test_allocations_in_a_gap_are_charged_once_to_memory_churn() -> None:
     acc = account(j.spans, j.off, j.tl)
     assert abs(acc.charges["memory_churn"].seconds - 0.2) < 1e-6
     assert abs(acc.charged_s + acc.unexplained_s - acc.budget_s) < 1e-6
+
+
+def test_samples_without_spans_and_a_clock_step_invent_no_cause() -> None:
+    j = Job()
+    for _ in range(50):
+        j.step(tokenize=14 * MS)
+    j.step()
+    assert _process_findings("job (pid 1)", [], {}, [], j.tl) == []  # samples of a process without CUDA spans
+    # the samples' clock stepped an hour away from the spans': nothing joins, nothing is made up
+    j.tl.threads[TRAIN] = [(t + 3600 * 10**9, n, i) for t, n, i in j.tl.threads[TRAIN]]
+    findings = _process_findings("job (pid 1)", j.spans, {}, j.off, j.tl)
+    assert [f.cause for f in findings] == ["unexplained"], findings
+    assert "no CPU sample shows" in findings[0].summary
+
+
+def test_gaps_the_profiler_did_not_cover_say_so() -> None:
+    j = Job()
+    for _ in range(50):
+        j.step(tokenize=14 * MS)
+    j.step()
+    j.tl.covered = [(T0 + 3600 * 10**9, T0 + 7200 * 10**9)]  # the profiler read only later
+    [f] = _process_findings("job (pid 1)", j.spans, {}, j.off, j.tl)
+    assert f.cause == "unexplained" and "neither CPU samples nor the sched receiver" in f.summary
+
+
+def test_unreadable_timeline_files_are_skipped(tmp_path) -> None:
+    import gzip
+    import json
+
+    from otelbpf.analyze.idle import load_timelines
+
+    d = tmp_path / "profiles"
+    d.mkdir()
+    (d / "a-1-cpu-1.timeline.json.gz").write_bytes(b"not gzip")
+    (d / "a-1-cpu-2.timeline.json.gz").write_bytes(gzip.compress(b'{"pid": 1}'))
+    good = {"pid": 1, "start_ns": 10, "end_ns": 20, "bucket_ns": 1, "period_ns": 5, "stacks": [["f", "x.py", 3, ""]]}
+    (d / "a-1-cpu-3.timeline.json.gz").write_bytes(
+        gzip.compress(json.dumps(good | {"threads": {"7": [[12, 1, 0]]}}).encode())
+    )
+    [(pid, tl)] = load_timelines(str(tmp_path)).items()
+    assert pid == 1 and tl.threads == {7: [(12, 1, 0)]} and tl.stacks == [Where("f", "x.py", 3)]
