@@ -147,7 +147,7 @@ class Agent:
                 events_ring_bytes=max(r.ring_buffer_size for r in self.receivers),
                 str_ring_bytes=config.service.telemetry.string_ring_size,
                 pause_on_load=pause_on_load,
-                program_cache=_program_cache(config),
+                program_cache=_program_cache(config, self.health),
             ),
             deliver=self._deliver,
             backlogged=self._backlogged,
@@ -619,10 +619,11 @@ class Agent:
         )
 
 
-def _program_cache(config: Config) -> ProgramCache | None:
-    """The configured program cache (``service.program_cache``), or None when turned off."""
+def _program_cache(config: Config, health: Health) -> ProgramCache | None:
+    """The configured program cache (``service.program_cache``), or None when turned off;
+    entries it refuses are counted in ``health``."""
     opts = config.service.program_cache
-    return ProgramCache(opts.directory, opts.max_entries) if opts.directory else None
+    return ProgramCache(opts.directory, opts.max_entries, health) if opts.directory else None
 
 
 def _weight(arr: np.ndarray) -> int:

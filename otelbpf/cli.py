@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         if job is not None:
             job.close()
         print(f"otelbpf: {exc}", file=err)  # it can name a path in a folder another user writes
-        return 1
+        return 2 if isinstance(exc, UnsafeOutput) else 1  # an output path refused: the configuration's to fix
     import signal
 
     from otelbpf.analyze.report import after_run

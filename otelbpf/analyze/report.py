@@ -605,17 +605,33 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
 
 
 def run(directory: str, output: str, out: TextIO, err: TextIO) -> int:
-    """``otelbpf report DIR -o FILE``: 0 written, 2 when DIR is missing or holds nothing."""
+    """``otelbpf report DIR -o FILE``: 0 written, 2 when DIR is missing or holds nothing, or
+    FILE cannot be written safely. The page holds command lines and paths and is written as
+    root: owner-only (0600), under a random name then renamed, never through a link, and not
+    into a folder another user owns or can write (``OutputDir``)."""
     if not os.path.isdir(directory):
         err.write(f"otelbpf report: {directory} does not exist (run the agent with the file exporter first)\n")
         return 2
     page, findings, problems = render(directory)
     for p in problems:
         err.write(f"otelbpf report: {p}\n")
-    with open(output, "w", encoding="utf-8") as f:
-        f.write(page)
+    try:
+        _write_page(os.path.dirname(output) or ".", os.path.basename(output), page)
+    except OSError as exc:  # UnsafeOutput included: one line, never a traceback
+        err.write(f"otelbpf report: {output} not written: {exc}\n")
+        return 2
     out.write(f"wrote {output}: {len(findings)} finding{'s' if len(findings) != 1 else ''}\n")
     return 0
+
+
+def _write_page(directory: str, name: str, page: str, *, dir_mode: int = 0o700, file_mode: int = 0o600) -> None:
+    """``page`` written whole as ``directory/name`` through ``OutputDir``. Raises OSError
+    (UnsafeOutput for a folder or name refused)."""
+    out = OutputDir(directory, dir_mode=dir_mode, file_mode=file_mode)
+    try:
+        out.write_whole(name, page.encode("utf-8"))
+    finally:
+        out.close()
 
 
 def _telemetry_bytes(directory: str) -> int:
@@ -658,11 +674,7 @@ def after_run(config: Config, err: TextIO) -> list[str]:
         err.flush()
         try:
             page, findings, problems = render(cfg.directory)
-            out = OutputDir(cfg.directory, dir_mode=cfg.dir_mode, file_mode=cfg.file_mode)
-            try:
-                out.write_whole(RUN_REPORT, page.encode("utf-8"))
-            finally:
-                out.close()
+            _write_page(cfg.directory, RUN_REPORT, page, dir_mode=cfg.dir_mode, file_mode=cfg.file_mode)
         except Exception as exc:  # noqa: BLE001 - the run's telemetry is already written; the page is extra
             err.write(f"otelbpf: no {path}: {type(exc).__name__}: {exc}\n")
             continue

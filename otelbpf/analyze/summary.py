@@ -4,7 +4,6 @@ mark, errors, synchronize waits, and the agent's own drops."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections import Counter, defaultdict
@@ -12,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TextIO, TypedDict
 
 from otelbpf.base.losses import explain
+from otelbpf.base.safe_files import ReadDir, UnsafeOutput
 
 #: An object of an OTLP-JSON line (a request, a resource, a data point...): whatever its JSON holds.
 Json = dict[str, Any]
@@ -51,28 +51,43 @@ def _read(directory: str, signal: str, add: Callable[[Json], None], partial: lis
     OTLP-JSON request (not JSON, or JSON of another shape) is a ValueError naming its
     file and line, never a traceback. With ``partial`` (a folder read while the agent
     writes it), a last line with no newline yet is one still being written: its
-    ``file:line`` goes there instead of into an error."""
-    files = sorted(glob.glob(os.path.join(directory, f"{signal}-*.jsonl"))) + sorted(
-        glob.glob(os.path.join(directory, f"{signal}.jsonl"))
-    )
-    for path in files:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if partial is not None and not line.endswith("\n"):
-                    partial.append(f"{path}:{n}")
-                    continue
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    req = json.loads(line)
-                    if not isinstance(req, dict):
-                        raise TypeError(f"a JSON {type(req).__name__}, not an object")
-                    add(req)
-                except KeyError as exc:
-                    raise ValueError(f"{path}:{n}: not OTLP-JSON: no field {exc}") from exc
-                except (TypeError, AttributeError, ValueError) as exc:
-                    raise ValueError(f"{path}:{n}: not OTLP-JSON: {exc}") from exc
+    ``file:line`` goes there instead of into an error. Only regular files directly in the
+    folder are read, never through a link (``ReadDir``: the folder is read as root); a link or
+    anything else under a telemetry file's name is a ValueError naming it."""
+    try:
+        folder = ReadDir(directory)
+    except FileNotFoundError:
+        return  # nothing written there yet: as an empty folder
+    with folder as d:
+        names = d.names(lambda n: n.startswith(f"{signal}-") and n.endswith(".jsonl"))
+        for name in [*names, *d.names(lambda n: n == f"{signal}.jsonl")]:
+            _read_file(d, name, add, partial)
+
+
+def _read_file(d: ReadDir, name: str, add: Callable[[Json], None], partial: list[str] | None) -> None:
+    """One telemetry file of ``_read``'s."""
+    path = os.path.join(d.path, name)
+    try:
+        f = d.open_text(name)
+    except UnsafeOutput as exc:
+        raise ValueError(str(exc)) from None
+    with f:
+        for n, line in enumerate(f, 1):
+            if partial is not None and not line.endswith("\n"):
+                partial.append(f"{path}:{n}")
+                continue
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                req = json.loads(line)
+                if not isinstance(req, dict):
+                    raise TypeError(f"a JSON {type(req).__name__}, not an object")
+                add(req)
+            except KeyError as exc:
+                raise ValueError(f"{path}:{n}: not OTLP-JSON: no field {exc}") from exc
+            except (TypeError, AttributeError, ValueError) as exc:
+                raise ValueError(f"{path}:{n}: not OTLP-JSON: {exc}") from exc
 
 
 def process_label(res: Json) -> str:

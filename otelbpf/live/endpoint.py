@@ -6,21 +6,24 @@ The socket is ``<run dir>/agent-<pid>.sock``, mode 0600, in a run directory of m
 by the agent's user: ``OTELBPF_RUN_DIR``, else ``/run/otelbpf`` for root, else
 ``$XDG_RUNTIME_DIR/otelbpf`` or ``/tmp/otelbpf-<uid>``. A run directory that is a link, is owned
 by another user or is open to others is refused (the endpoint is off, the agent runs on).
-``OTELBPF_LIVE=off`` turns it off.
+``OTELBPF_LIVE=off`` turns it off. The directory goes through the agent's one path for what it
+writes (``safe_files.OutputDir``): opened once without following a link, checked, and held;
+the socket is bound in the directory held (``/proc/self/fd/N/``), so a run directory swapped
+for a link after the check does not take the socket elsewhere.
 """
 
 from __future__ import annotations
 
-import errno
 import glob
 import json
 import logging
 import os
 import socket
-import stat
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from otelbpf.base.safe_files import OutputDir, UnsafeOutput
 
 if TYPE_CHECKING:  # the snapshot's type only: a viewer needs none of state.py's OpenTelemetry imports
     from otelbpf.live.state import JsonObject
@@ -46,14 +49,15 @@ def run_dir() -> str:
     return os.path.join(base, "otelbpf") if base else f"/tmp/otelbpf-{os.geteuid()}"
 
 
-def _private_dir(path: str) -> None:
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise OSError(errno.EPERM, f"{path} must be a directory of mode 0700 owned by uid {os.geteuid()}")
+def _private_dir(path: str) -> OutputDir:
+    """The run directory, held open (created 0700): never a link, the agent's user's, and open
+    to no one else (a socket's mode does not keep others from connecting on every system)."""
+    d = OutputDir(path)
+    st = os.fstat(d.fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        d.close()
+        raise UnsafeOutput(f"{path} must be a directory of mode 0700 owned by uid {os.geteuid()}")
+    return d
 
 
 def sockets(directory: str | None = None) -> list[str]:
@@ -74,19 +78,25 @@ class StateServer:
     def __init__(self, snapshot: Callable[[], JsonObject], directory: str | None = None) -> None:
         self._snapshot = snapshot
         directory = directory or run_dir()
-        _private_dir(directory)
-        self.path = os.path.join(directory, f"agent-{os.getpid()}.sock")
+        self._dir = _private_dir(directory)
+        self._name = f"agent-{os.getpid()}.sock"
+        self.path = os.path.join(directory, self._name)
         try:
-            os.unlink(self.path)  # a socket left by an earlier process with this pid
+            os.unlink(self._name, dir_fd=self._dir.fd)  # a socket left by an earlier process with this pid
         except FileNotFoundError:
             pass
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        held = f"/proc/self/fd/{self._dir.fd}/{self._name}"  # in the directory checked, whatever its path names now
         old = os.umask(0o177)
         try:
-            self._sock.bind(self.path)
+            self._sock.bind(held)
+        except OSError:
+            self._sock.close()
+            self._dir.close()
+            raise
         finally:
             os.umask(old)
-        os.chmod(self.path, 0o600)
+        os.chmod(held, 0o600)
         self._sock.listen(8)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="otelbpf-live", daemon=True)
@@ -118,9 +128,10 @@ class StateServer:
             pass
         self._sock.close()
         try:
-            os.unlink(self.path)
+            os.unlink(self._name, dir_fd=self._dir.fd)
         except OSError:
             pass
+        self._dir.close()
 
 
 def fetch(path: str, timeout_s: float = 5.0) -> JsonObject:

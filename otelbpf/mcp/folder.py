@@ -5,18 +5,25 @@ The spans, metrics and profiles are read with the analyze/ readers (``summary._r
 file is added, removed, grows or is replaced. A folder the agent is still writing is fine: a
 last line with no newline yet is one being written, skipped and reported (``partial``), not
 an error. A folder larger than ``max_bytes`` is refused rather than read into memory.
+
+Only regular files directly in the folder and in its ``profiles/`` are served, each opened
+relative to its folder without following a link (``safe_files.ReadDir``): the server often runs
+as root (the agent's output is root's), and whoever can write in the folder could otherwise
+link ``traces.jsonl`` or a profile to a root-only file and have it read and answered from. A
+link under a telemetry file's name is an error naming it; a linked profile is not listed.
 """
 
 from __future__ import annotations
 
-import glob
 import os
+import stat
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from otelbpf.analyze.summary import Latest, ProcKey, _attrs, _proc_key, _read, load_metrics
+from otelbpf.base.safe_files import ReadDir
 
 #: A JSON object as read from OTLP-JSON or the live state, and as the tools answer: its values are
 #: whatever JSON holds (attribute values are str, int, float, bool or lists of them).
@@ -73,6 +80,11 @@ def _short(value: object) -> object:
     return value
 
 
+def _telemetry_names(d: ReadDir) -> list[str]:
+    """The OTLP-JSON files' names in the folder, rotated ones included."""
+    return d.names(lambda n: n.endswith(".jsonl") and n.startswith(("traces", "metrics")))
+
+
 class Folder:
     """One output folder, read on demand and cached until it changes (thread-safe)."""
 
@@ -84,26 +96,37 @@ class Folder:
         self._data: Data | None = None
 
     def telemetry_files(self) -> list[str]:
-        return sorted(
-            glob.glob(os.path.join(self.path, "traces*.jsonl")) + glob.glob(os.path.join(self.path, "metrics*.jsonl"))
-        )
+        with ReadDir(self.path) as d:
+            return [os.path.join(self.path, n) for n in _telemetry_names(d)]
 
     def profiles_dir(self) -> str:
         return os.path.join(self.path, "profiles")
 
     def profile_files(self) -> list[str]:
-        """The pprof files' names (not paths): what ``flamegraph_top`` accepts."""
-        return sorted(os.path.basename(p) for p in glob.glob(os.path.join(self.profiles_dir(), "*.pb.gz")))
+        """The pprof files' names (not paths): what ``flamegraph_top`` accepts. Regular files
+        only: a link there is not listed, nor read."""
+        try:
+            with ReadDir(self.path) as d, d.subdir("profiles") as p:
+                return [n for n in p.names(lambda n: n.endswith(".pb.gz")) if stat.S_ISREG(p.lstat(n).st_mode)]
+        except OSError:  # no profiles/ (or a link there): no profiles
+            return []
+
+    def read_profile(self, name: str, limit: int) -> bytes:
+        """Up to ``limit`` bytes of ``profiles/name``, never through a link. Raises OSError."""
+        with ReadDir(self.path) as d, d.subdir("profiles") as p, p.open_binary(name) as f:
+            return f.read(limit)
 
     def _stat(self) -> tuple[tuple[str, int, int, int], ...]:
-        """(path, inode, size, mtime) of each telemetry file: what changes when one is written or rotated."""
+        """(path, inode, size, mtime) of each telemetry file (a link's own): what changes when
+        one is written or rotated."""
         out = []
-        for path in self.telemetry_files():
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue  # rotated away between the listing and the stat: the next read sees it
-            out.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
+        with ReadDir(self.path) as d:
+            for name in _telemetry_names(d):
+                try:
+                    st = d.lstat(name)
+                except OSError:
+                    continue  # rotated away between the listing and the stat: the next read sees it
+                out.append((os.path.join(self.path, name), st.st_ino, st.st_size, st.st_mtime_ns))
         return tuple(out)
 
     def load(self) -> Data:

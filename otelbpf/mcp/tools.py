@@ -11,7 +11,6 @@ The readers are analyze/'s: ``summary`` for metrics and spans (through folder.py
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -366,15 +365,12 @@ def flamegraph_top(folder: Folder, profile: str, n: int, sample_type: str | None
         raise ToolInputError(
             f"no profile {profile[:120]!r} in {folder.profiles_dir()}; there are {len(names)}: {names[:20]}"
         )
-    path = os.path.join(folder.profiles_dir(), profile)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(32 << 20)
-        out = top_functions(raw, n, sample_type)
+        out = top_functions(folder.read_profile(profile, 32 << 20), n, sample_type)
     except ProfileError as exc:
         raise ToolInputError(f"{profile}: {exc}") from None
-    except OSError as exc:
-        raise FolderError(f"{profile}: {exc.strerror}") from None
+    except OSError as exc:  # UnsafeOutput: a link put there since the listing
+        raise FolderError(f"{profile}: {exc.strerror or exc}") from None
     for fn in out["functions"]:
         fn["evidence"] = {"profile": profile, "samples": fn.pop("samples")}
     return {"profile": profile, **out}

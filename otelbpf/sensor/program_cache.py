@@ -13,8 +13,13 @@ agent's configuration and the host's library layouts are in them), the kernel re
 build, and BCC's version and library. A change of any is a miss and a full compile, which
 replaces the entry. Entries are JSON (no code runs when one is read), in a directory the
 agent's user owns and only it can write (``check_private``): what is read back goes into
-the kernel. Anything wrong with an entry (unreadable, malformed, a shape that differs, a
-program the verifier refuses) is logged and answered with a full compile.
+the kernel. Each entry, too, must be the agent's user's, writable by no one else, a regular
+file with one link (``OutputDir.read_whole``): an entry left 0666 (restored from a backup or
+an image) could have been rewritten by anyone, who would then choose the code root loads. Such
+an entry is refused (a warning naming it, ``otelbpf.program_cache.refused``) and removed, so
+the compile that follows writes a safe one in its place. Anything else wrong with an entry
+(unreadable, malformed, a shape that differs, a program the verifier refuses) is logged and
+answered with a full compile.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import struct
 import time
 from dataclasses import dataclass
 
+from otelbpf.base.health import Health
 from otelbpf.base.safe_files import OutputDir, UnsafeOutput
 from otelbpf.sensor import bcc_module
 from otelbpf.sensor.bcc_module import BPF_INSN_BYTES, TableShape
@@ -192,9 +198,10 @@ class ProgramCache:
     """The entries in one directory (created owner-only; refused if anyone else can write in it).
     The directory is opened for each read or write: it is used at start only."""
 
-    def __init__(self, directory: str, max_entries: int) -> None:
+    def __init__(self, directory: str, max_entries: int, health: Health | None = None) -> None:
         self.path = directory
         self.max_entries = max_entries
+        self.health = health if health is not None else Health()
 
     def _open(self) -> OutputDir:
         d = OutputDir(self.path)
@@ -220,6 +227,14 @@ class ProgramCache:
             except OSError:
                 pass
         except FileNotFoundError:
+            return None
+        except UnsafeOutput as exc:  # anyone's to rewrite, or not the agent's: never loaded
+            self.health.add("otelbpf.program_cache.refused")
+            log.warning("program cache: entry refused (%s): removed, compiling", exc)
+            try:
+                os.unlink(name, dir_fd=d.fd)  # the directory is the agent's alone (check_private)
+            except OSError:
+                pass
             return None
         except OSError as exc:
             log.warning("program cache %s: not used (%s)", self.path, exc)

@@ -170,7 +170,7 @@ def test_the_held_directory_survives_a_swap_of_its_path(tmp_path: Path, victim: 
 
 AGENT_CONFIG = """
 receivers: {cuda: {search_paths: []}}
-exporters: {file: {directory: %s}}
+exporters: {file: %s}
 service: {pipelines: {traces: {receivers: [cuda], exporters: [file]}}}
 """
 
@@ -178,7 +178,7 @@ service: {pipelines: {traces: {receivers: [cuda], exporters: [file]}}}
 def test_run_refuses_a_linked_output_directory_with_a_clear_error(tmp_path: Path, victim: Path):
     (tmp_path / "out").symlink_to(tmp_path)
     config = tmp_path / "c.yaml"
-    config.write_text(AGENT_CONFIG % (tmp_path / "out"))
+    config.write_text(AGENT_CONFIG % f"{{directory: {tmp_path / 'out'}}}")
 
     out = subprocess.run(
         [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(config), "--duration", "1"],
@@ -188,7 +188,7 @@ def test_run_refuses_a_linked_output_directory_with_a_clear_error(tmp_path: Path
         cwd=REPO,
     )
 
-    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.returncode == 2, out.stderr[-3000:]
     assert f"otelbpf: output directory {tmp_path / 'out'} is a symbolic link" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -279,3 +279,80 @@ def test_past_max_files_the_profiles_that_ended_first_go_and_are_counted(tmp_pat
     ]
     assert (folder / "link-7-cpu-0.pb.gz").is_symlink() and victim.read_text() == VICTIM_TEXT
     assert health.get("otelbpf.export.files_removed") == 3
+
+
+@as_root
+@pytest.mark.parametrize(("uid", "perms"), [(NOBODY, 0o777), (NOBODY, 0o700), (0, 0o777)])
+def test_an_output_folder_another_user_made_or_can_write_is_refused(tmp_path: Path, uid: int, perms: int):
+    """Issue 31, item 10: ``out/`` made beforehand (0777, in a world-writable /tmp) by another
+    user, who could then swap or remove the agent's files: refused by every file exporter,
+    nothing written there."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    out = shared / "out"
+    out.mkdir()
+    os.chown(out, uid, uid)
+    out.chmod(perms)
+    why = "is owned by uid 65534, not the agent's (uid 0)" if uid else "is writable by other users (mode 0777)"
+    for make in (
+        lambda: FileSpanExporter(str(out)),
+        lambda: FileMetricExporter(str(out)),
+        lambda: PprofFileExporter(str(out), Health()),
+    ):
+        with pytest.raises(UnsafeOutput) as refused:
+            make()
+        assert str(refused.value).startswith(f"output directory {out} {why}: they could replace or remove")
+    assert list(out.iterdir()) == []
+
+
+def _owned_by_nobody(path: Path, *, file_in_it: bool) -> None:
+    """``path`` made 0777 by another user, or (``file_in_it``) the agent's own folder holding
+    another user's ``traces.jsonl``."""
+    path.mkdir()
+    if file_in_it:
+        path.chmod(0o700)
+        (path / "traces.jsonl").write_text("theirs\n")
+        os.chown(path / "traces.jsonl", NOBODY, NOBODY)
+        (path / "traces.jsonl").chmod(0o644)
+    else:
+        os.chown(path, NOBODY, NOBODY)
+        path.chmod(0o777)
+
+
+@as_root
+@pytest.mark.parametrize(
+    ("file_in_it", "said"),
+    [
+        (False, "output directory {out} is owned by uid 65534, not the agent's (uid 0): they could replace"),
+        (True, "{out}/traces.jsonl is owned by uid 65534, not the agent's (uid 0); remove it or chown it"),
+    ],
+)
+def test_run_refuses_another_users_folder_or_file_in_one_line_exit_2_before_the_compile(
+    tmp_path: Path, file_in_it: bool, said: str
+):
+    """Issue 31, item 10, through ``otelbpf run``: its folder used without a word, its file a
+    raw PermissionError traceback (the agent writes without CAP_DAC_OVERRIDE). Now one line and
+    exit 2, from the exporters built before the BPF compile (no probe, no wait)."""
+    out = tmp_path / "out"
+    _owned_by_nobody(out, file_in_it=file_in_it)
+    config = tmp_path / "c.yaml"
+    # appending: a new run would move the earlier files aside (export/runs.py) and open afresh
+    config.write_text(AGENT_CONFIG % f"{{directory: {out}, append: true}}")
+
+    run = subprocess.run(
+        [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(config), "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+
+    assert run.returncode == 2, run.stderr[-3000:]
+    said_lines = [line for line in run.stderr.splitlines() if line.startswith("otelbpf: ")]
+    assert len(said_lines) == 1 and said_lines[0].startswith(f"otelbpf: {said.format(out=out)}"), run.stderr
+    assert "Traceback" not in run.stderr and "compiled in" not in run.stderr
+    if file_in_it:
+        assert (out / "traces.jsonl").read_text() == "theirs\n"
+    else:
+        assert list(out.iterdir()) == []

@@ -108,8 +108,38 @@ def test_a_run_directory_open_to_others_is_refused_and_the_agent_runs_on(run_dir
     assert endpoint.serve(lambda: SNAP) is None
     link = run_dir.parent / "link"
     link.symlink_to(run_dir.parent)
-    with pytest.raises(OSError, match="mode 0700"):
+    with pytest.raises(OSError, match="link is a symbolic link"):
         StateServer(lambda: SNAP, str(link))
+
+
+def test_a_run_directory_swapped_for_a_link_after_its_check_does_not_take_the_socket(
+    run_dir: Path, monkeypatch
+) -> None:
+    """Issue 31: the socket goes through the same rules as every file the agent writes. The
+    run directory is checked, then (as another user who can write in its parent could) renamed
+    and replaced by a link to a folder of theirs before the bind: the socket stays in the
+    directory checked, and nothing appears in theirs."""
+    theirs = run_dir.parent / "theirs"
+    theirs.mkdir(mode=0o777)
+    real_unlink, swapped = os.unlink, []
+
+    def unlink_then_swap(path, *args, **kwargs):  # the step between the check and the bind
+        if not swapped:
+            swapped.append(run_dir.rename(run_dir.parent / "checked"))
+            run_dir.symlink_to(theirs)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink_then_swap)
+    server = StateServer(lambda: SNAP)
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    try:
+        assert swapped and list(theirs.iterdir()) == []
+        socket_path = swapped[0] / f"agent-{os.getpid()}.sock"
+        assert stat.S_ISSOCK(socket_path.lstat().st_mode) and stat.S_IMODE(socket_path.lstat().st_mode) == 0o600
+        assert fetch(str(socket_path)) == SNAP
+    finally:
+        server.close()
+    assert list(swapped[0].iterdir()) == []
 
 
 def test_turned_off(run_dir: Path, monkeypatch) -> None:

@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind
 
 from harness.agent import REPO
 from mcp import Client
+from otelbpf.base.safe_files import ReadDir
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.correlate.stacks import Frame
 from otelbpf.export.jsonfile import FileSpanExporter
@@ -312,14 +313,14 @@ def test_bearer_auth_passes_lifespan_through() -> None:
 
 def test_a_file_rotated_away_during_a_read_is_listed_again(folder, monkeypatch) -> None:
     directory = folder[0]
-    real_open, rotated = open, []
+    real_open, rotated = ReadDir.open_binary, []
 
-    def rotating_open(path, *args, **kwargs):
-        if str(path).endswith("traces.jsonl") and not rotated:  # the agent rotates it just before our open
+    def rotating_open(self: ReadDir, name: str):
+        if name == "traces.jsonl" and not rotated:  # the agent rotates it just before our open
             rotated.append(directory / "traces-20260101T000000-1-000001.jsonl")
-            os.rename(path, rotated[0])
-        return real_open(path, *args, **kwargs)
+            os.rename(directory / name, rotated[0])
+        return real_open(self, name)
 
-    monkeypatch.setattr("builtins.open", rotating_open)
+    monkeypatch.setattr(ReadDir, "open_binary", rotating_open)
     data = Folder(str(directory)).load()
     assert rotated and len(data.spans) == 14 and data.files == [rotated[0].name]

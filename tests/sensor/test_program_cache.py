@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otelbpf.base.health import Health
 from otelbpf.sensor import bcc_module, program, program_cache
 from otelbpf.sensor.bcc_module import TableShape
 from otelbpf.sensor.program_cache import CachedPrograms, ProgramCache
@@ -115,7 +116,7 @@ def test_a_directory_others_can_write_is_not_used(tmp_path: Path, caplog: pytest
     d.chmod(0o777)
     with caplog.at_level(logging.WARNING):
         assert ProgramCache(str(d), 8).get(KEY) is None
-    assert "writable by others (mode 777)" in caplog.text
+    assert "writable by other users (mode 0777)" in caplog.text
 
 
 def test_a_linked_or_foreign_entry_is_not_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -129,13 +130,36 @@ def test_a_linked_or_foreign_entry_is_not_read(tmp_path: Path, caplog: pytest.Lo
     with caplog.at_level(logging.WARNING):
         assert ProgramCache(str(d), 8).get(KEY) is None
     assert "symbolic link" in caplog.text
-    entry.unlink()
+    assert not entry.is_symlink() and elsewhere.exists()  # the link removed, never followed
     elsewhere.rename(entry)
     os.chown(entry, 65534, 65534)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert ProgramCache(str(d), 8).get(KEY) is None
     assert "owned by uid 65534" in caplog.text
+
+
+def test_an_entry_others_can_write_is_refused_counted_and_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's case: an entry at 0666 (restored from a backup), root's own, rewritten by
+    anyone: whoever writes it chooses the BPF code root loads. Refused, said naming the file,
+    counted, removed; the compile that follows writes an owner-only one in its place."""
+    d = tmp_path / "cache"
+    health = Health()
+    cache = ProgramCache(str(d), 8, health)
+    cache.put(KEY, PROGRAMS)
+    entry = d / f"{KEY}.bpfprog.json"
+    entry.chmod(0o666)
+    theirs = CachedPrograms(PROGRAMS.tables, {"prog": insn(0x95)}, {"prog": ()})
+    entry.write_bytes(program_cache.to_json(theirs, KEY))  # as `nobody` could: the same entry, their code
+    with caplog.at_level(logging.WARNING):
+        assert cache.get(KEY) is None
+    assert f"{entry} is writable by other users (mode 0666): refusing to read it" in caplog.text
+    assert health.get("otelbpf.program_cache.refused") == 1 and not entry.exists()
+    cache.put(KEY, PROGRAMS)  # what the compile does next
+    assert entry.stat().st_mode & 0o777 == 0o600 and cache.get(KEY) == PROGRAMS
+    assert health.get("otelbpf.program_cache.refused") == 1
 
 
 def test_only_the_most_recently_used_entries_are_kept(tmp_path: Path) -> None:
