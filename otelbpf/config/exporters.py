@@ -63,6 +63,11 @@ class OtlpExporterConfig(Section):
     def _endpoint(cls, value: str | None) -> str | None:
         if value is not None:
             _grpc_target(value)
+            if has_userinfo(value if "://" in value else f"//{value}"):  # the channel takes host:port
+                raise ValueError(
+                    "the endpoint carries userinfo (user:password@), which gRPC never sends: give the "
+                    "credentials as a header (authorization: Basic <base64 of user:password>)"
+                )
         return value
 
     @model_validator(mode="after")

@@ -146,6 +146,14 @@ def test_userinfo_never_silently_replaces_a_configured_authorization(exporter: s
     assert SECRET not in error
 
 
+@pytest.mark.parametrize("endpoint", [f"https://u:{SECRET}@c:4317", f"u:{SECRET}@c:4317"])
+def test_userinfo_in_a_grpc_endpoint_is_refused_not_dropped(endpoint: str):
+    error = one_error(with_exporter(f"otlp: {{endpoint: '{endpoint}'}}"))
+
+    assert error.startswith("test.yaml:") and "exporters.otlp.endpoint: the endpoint carries userinfo" in error
+    assert "gRPC never sends" in error and SECRET not in error
+
+
 @pytest.mark.parametrize(
     "exporter",
     [
