@@ -30,6 +30,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from otelbpf.base.safe_files import OutputDir
 from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES
 from otelbpf.correlate.stacks import Frame
 from otelbpf.export.pprof import ProfileBuilder
@@ -255,17 +256,18 @@ def _build(stacks: dict[Stack, float], seconds: float) -> bytes:
 
 def write_pprof(slow: RankCpu, healthy: Sequence[RankCpu], out_dir: str) -> tuple[str, str]:
     """``slow-<pid>.pb.gz`` and ``base-healthy.pb.gz`` (the healthy ranks' mean rates over the
-    slow rank's duration) in ``out_dir``: ``go tool pprof -diff_base base slow`` reads them."""
-    os.makedirs(out_dir, exist_ok=True)
+    slow rank's duration) in ``out_dir``: ``go tool pprof -diff_base base slow`` reads them.
+    Written as everything root writes (``OutputDir``: owner-only, never through a link, not
+    into a folder another user owns or can write). Raises UnsafeOutput."""
     base = {s: rate * slow.seconds for s, rate in _mean([h.rate() for h in healthy if h.seconds > 0]).items()}
-    paths = (os.path.join(out_dir, f"slow-{slow.pid}.pb.gz"), os.path.join(out_dir, "base-healthy.pb.gz"))
-    for path, data in zip(paths, (_build(dict(slow.stacks), slow.seconds), _build(base, slow.seconds))):
-        tmp = f"{path}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    return paths
+    names = (f"slow-{slow.pid}.pb.gz", "base-healthy.pb.gz")
+    out = OutputDir(out_dir)
+    try:
+        for name, data in zip(names, (_build(dict(slow.stacks), slow.seconds), _build(base, slow.seconds))):
+            out.write_whole(name, data)
+    finally:
+        out.close()
+    return os.path.join(out_dir, names[0]), os.path.join(out_dir, names[1])
 
 
 def diff_tree(

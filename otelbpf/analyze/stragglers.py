@@ -31,6 +31,7 @@ import numpy as np
 
 from otelbpf.analyze import clock_offsets, profile_diff
 from otelbpf.analyze.collectives import EXITED, FAILED, Collectives, ReadError, read
+from otelbpf.base.safe_files import UnsafeOutput
 from otelbpf.correlate.adaptive import CommDetector, Params
 from otelbpf.correlate.lateness import CLASSES, UNKNOWN, classify_many, components
 
@@ -355,9 +356,12 @@ def explain_with_profiles(
         r.explaining_frames = [vars(f) for f in d.frames]
         entry = d.to_json() | {"rank": r.rank, "host": r.host}
         if diff_dir is not None:
-            entry["slow_pprof"], entry["base_pprof"] = profile_diff.write_pprof(
-                slow, healthy, os.path.join(diff_dir, f"rank{r.rank}-{r.pid}")
-            )
+            try:
+                entry["slow_pprof"], entry["base_pprof"] = profile_diff.write_pprof(
+                    slow, healthy, os.path.join(diff_dir, f"rank{r.rank}-{r.pid}")
+                )
+            except UnsafeOutput as exc:  # a folder refused: said, the report goes on
+                warnings.append(f"no pprof pair for rank {r.rank}: {exc}")
         report.profile_diffs.append(entry)
     return warnings
 

@@ -169,3 +169,27 @@ def test_the_differential_tree_is_the_slow_ranks_tree_coloured_by_its_excess(tmp
     assert by_name["prepare_batch_on_host"]["delta"] == 4000 * MS  # the healthy ranks never ran it
     assert by_name["launch"]["delta"] == (2000 - 2100) * MS  # 2.0 s against a 2.1 s mean
     assert "launch" in by_name and set(by_name) == {"prepare_batch_on_host", "launch"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="playing another user needs root")
+def test_the_pprof_pair_is_written_as_everything_root_writes(tmp_path):
+    """Issue 31: one path for what root writes. ``stragglers --diff-profiles`` wrote the pair
+    0644 into any folder, another user's too; now owner-only, never through a link, and a
+    folder another user made beforehand is refused."""
+    ranks, _ = profile_diff.read_cpu([str(job(tmp_path))])
+    slow, healthy = ranks[("node1", 102)], [ranks[("node1", 100)], ranks[("node1", 101)]]
+    mine = tmp_path / "diff" / "rank2-102"
+    mine.mkdir(parents=True, mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    (mine / "base-healthy.pb.gz").symlink_to(victim)
+    paths = profile_diff.write_pprof(slow, healthy, str(mine))
+    assert [(os.stat(p).st_mode & 0o777, Path(p).is_symlink()) for p in paths] == [(0o600, False), (0o600, False)]
+    assert victim.read_text() == "root's\n"
+
+    theirs = tmp_path / "diff" / "rank3-103"
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(OSError, match=r"rank3-103 is owned by uid 65534, not the agent's \(uid 0\)"):
+        profile_diff.write_pprof(slow, healthy, str(theirs))
+    assert list(theirs.iterdir()) == []
