@@ -131,6 +131,9 @@ _SMALL_READ = 64 << 10
 #: seconds, is not reported (a 5 ms process is not a training job).
 MIN_SHARE = 0.01
 MIN_COST_S = 0.005
+#: A cause made of calls (sync_storm, blocking_reads, memory_churn) needs at least this many:
+#: two allocations in a short window are not churn, however long they took.
+MIN_CALLS = 10
 LAUNCH_COST_S = 5e-6
 EVIDENCE_SPANS = 5
 EVIDENCE_STACKS = 3
@@ -268,6 +271,7 @@ def _process_findings(
     out: list[Finding] = []
 
     def add(cause: str, cost: float, summary: str, evidence: dict[str, Any]) -> None:
+        cost = min(cost, window)  # an estimate (launch_bound) may exceed the window: a share is at most 1
         if cost / window >= MIN_SHARE and cost >= MIN_COST_S:
             out.append(
                 Finding(
@@ -332,7 +336,7 @@ def _process_findings(
 
     syncs = [s for s in spans if s.name in _SYNCS]
     storm = acc.charges.get("sync_storm")
-    if syncs and storm is not None and len(syncs) / window >= 1:
+    if storm is not None and storm.gaps >= MIN_CALLS and len(syncs) / window >= 1:
         add_charged(
             "sync_storm",
             f"{len(syncs)} synchronizes ({len(syncs) / window:.1f}/s); {storm.gaps} of the gaps after them were "
@@ -356,7 +360,7 @@ def _process_findings(
         and not s.attrs.get("cuda.memcpy.async")
         and int(s.attrs.get("cuda.memcpy.bytes", 0)) <= _SMALL_READ
     ]
-    if reads:
+    if len(reads) >= MIN_CALLS:
         add_charged(
             "blocking_reads",
             f"{len(reads)} small blocking device-to-host reads ({len(reads) / window:.1f}/s)",
@@ -374,7 +378,7 @@ def _process_findings(
         for a, dp in _metric(points, "cuda.api.calls")
         if a.get("cuda.api.function") in _ALLOCS
     }
-    if allocs and len(allocs) / window >= 1:
+    if len(allocs) >= MIN_CALLS and len(allocs) / window >= 1:
         sizes = Counter(
             int(s.attrs["cuda.memory.bytes"]) for s in allocs if "cuda.memory.bytes" in s.attrs and "Free" not in s.name
         )
@@ -464,7 +468,14 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
     names = {str(t): n for t, n in acc.threads.items()}
 
     def common(c: Charge) -> dict[str, Any]:
-        return {"waits": len(c.spans), "seconds": round(c.seconds, 6), "threads": names, "span_ids": _ids(c.spans)}
+        beside = sorted(c.beside.items(), key=lambda kv: -kv[1])[:EVIDENCE_STACKS]
+        return {
+            "waits": len(c.spans),
+            "seconds": round(c.seconds, 6),
+            "threads": names,
+            "span_ids": _ids(c.spans),
+            "beside_code": {k: round(v, 6) for k, v in beside},
+        }
 
     if (c := acc.charges.get("input_starvation")) is not None:
         add(

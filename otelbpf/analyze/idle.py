@@ -133,6 +133,8 @@ class Charge:
     spans: list[SpanLike] = field(default_factory=list)  # the off-CPU spans or CUDA calls that show it
     by: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # reason -> s, or frame -> samples
     samples: int = 0
+    #: off-CPU causes: seconds by the code the thread was sampled in during the same gaps
+    beside: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def top(self, n: int | None = None) -> list[tuple[str, float]]:
         return sorted(self.by.items(), key=lambda kv: -kv[1])[:n]
@@ -164,7 +166,9 @@ class Account:
             "idle_budget_s": round(self.budget_s, 6),
             "charged_s": round(self.charged_s, 6),
             "unexplained_s": round(self.unexplained_s, 6),
-            "could_not_see": {k: round(v, 6) for k, v in sorted(self.unseen.items(), key=lambda kv: -kv[1])},
+            "could_not_see": {
+                k: round(v, 6) for k, v in sorted(self.unseen.items(), key=lambda kv: -kv[1]) if round(v, 6)
+            },
             "gaps": self.gaps,
             "open_gaps": self.open_gaps,
         }
@@ -243,6 +247,7 @@ def account(
     for tid, calls in mine.items():
         calls.sort(key=lambda s: s.start)
         mine_waits = sorted(waits.get(tid, []), key=lambda s: s.start)
+        wait_ends = [w.end for w in mine_waits]  # waits of one thread do not overlap: sorted too
         if mine_waits:  # its latest name: a thread often names itself after its first waits
             acc.threads[tid] = str(mine_waits[-1].attrs.get("thread.name", ""))
         code = _ThreadCode(sched_on=off_cpu is not None)
@@ -256,7 +261,7 @@ def account(
             if nxt is None:
                 acc.open_gaps += 1
                 continue
-            _gap(acc, code, s.end, nxt.start, drain, s, calls, i, mine_waits, timeline, tid)
+            _gap(acc, code, s.end, nxt.start, drain, s, calls, i, mine_waits, wait_ends, timeline, tid)
         _charge_code(acc, code, timeline)
     for s in spans:  # time inside the CUDA calls that keep the GPU idle, wherever they are
         cause = None
@@ -289,6 +294,7 @@ def _gap(
     calls: list[SpanLike],
     i: int,
     waits: list[SpanLike],
+    wait_ends: list[int],
     timeline: Timeline | None,
     tid: int,
 ) -> None:
@@ -309,9 +315,20 @@ def _gap(
             c.spans.append(n)
             acc.carved.add(id(n))
             left -= t
+    covered = timeline is not None and timeline.covers(a, b)
+    seen: Counter[int] = Counter()
+    if timeline is not None and covered:
+        half = timeline.bucket_ns // 2
+        rows = timeline.threads.get(tid, [])
+        for t, count, stack in rows[bisect_left(rows, (a - half, -1, -1)) :]:
+            if t + half >= b:
+                break
+            if t + half >= a:
+                seen[stack] += count
+    # the code the thread was seen in during this gap: the context of its off-CPU waits
+    beside = timeline.stacks[seen.most_common(1)[0][0]].key if timeline is not None and seen else None
     off = 0
-    j = bisect_left([w.end for w in waits], a)
-    for w in waits[j:]:
+    for w in waits[bisect_left(wait_ends, a) :]:
         if w.start >= b:
             break
         mid = w.start + int(w.attrs.get("otelbpf.sched.blocked_ns", 0))
@@ -323,6 +340,8 @@ def _gap(
             c = acc.charges[cause]
             c.seconds += t / 1e9
             c.by[str(reason) if cause != "host_contention" else "runqueue"] += t / 1e9
+            if beside:
+                c.beside[beside] += t / 1e9
             if not c.spans or c.spans[-1] is not w:
                 c.spans.append(w)
                 c.gaps += 1
@@ -335,19 +354,10 @@ def _gap(
         if drain == "sync_storm":
             c.spans.append(opener)
         return
-    if timeline is None or not timeline.covers(a, b):
+    if timeline is None or not covered:
         code.unsampled_ns += on_cpu
         return
     code.on_cpu_ns += on_cpu
-    half = timeline.bucket_ns // 2
-    rows = timeline.threads.get(tid, [])
-    k = bisect_left(rows, (a - half, -1, -1))
-    seen: Counter[int] = Counter()
-    for t, count, stack in rows[k:]:
-        if t + half >= b:
-            break
-        if t + half >= a:
-            seen[stack] += count
     code.samples.update(seen)
     if seen:
         # what the samples do not cover of this gap happened beside the code they show: the

@@ -159,7 +159,7 @@ def test_findings_are_ranked_by_cost_and_name_their_evidence(tmp_path: Path) -> 
 
 def test_launch_bound(tmp_path: Path) -> None:
     t = Trace(4)
-    for _ in range(200):
+    for _ in range(2000):
         t.call("cudaLaunchKernel", 0, gap_ns=2_000)
         t.call("cudaStreamSynchronize", 20_000, gap_ns=2_000)
     findings = diagnose(str(t.export(tmp_path, launches=400_000)))

@@ -174,3 +174,14 @@ def test_unreadable_timeline_files_are_skipped(tmp_path) -> None:
     )
     [(pid, tl)] = load_timelines(str(tmp_path)).items()
     assert pid == 1 and tl.threads == {7: [(12, 1, 0)]} and tl.stacks == [Where("f", "x.py", 3)]
+
+
+def test_a_handful_of_calls_is_no_cause_and_shares_stay_at_most_one() -> None:
+    j = Job()
+    j.call("cudaMalloc", 100 * MS, **{"cuda.memory.bytes": 1 << 30})  # two slow allocations at start-up
+    j.call("cudaFree", 100 * MS)
+    for _ in range(5):
+        j.step()
+    findings = _process_findings("job (pid 1)", j.spans, {}, j.off, j.tl)
+    assert "memory_churn" not in {f.cause for f in findings}, findings
+    assert all(0 < f.share <= 1.0 for f in findings)

@@ -113,13 +113,13 @@ def test_the_page_shows_findings_processes_api_time_and_flame_graphs(tmp_path: P
     positions = [page.index(f'id="finding-{i}"') for i in range(1, len(findings) + 1)]
     assert positions == sorted(positions) and positions[-1] < page.index("<h2>job11 (pid 11)</h2>")
     assert "Allocate host buffers pinned" in page
-    # CUDA API time per call: 100 synchronizes of 2 ms
+    # CUDA API time per call: 2,000 synchronizes of 200 us (20 a step)
     row = re.search(
         r"<tr><td>cudaStreamSynchronize</td><td class='n'>(\d+)</td><td class='n'>(\d+)</td>"
         r"<td class='n'>([\d.]+)</td><td class='n'>([\d.]+)</td>",
         page,
     )
-    assert row and row.groups() == ("100", "100", "200.000", "2000.0")
+    assert row and row.groups() == ("2000", "2000", "400.000", "200.0")
     # one flame graph merging both intervals: 200 samples of 10 ms, load_batch 130 of them
     assert "cpu profile: 2.000s cpu (2 intervals" in page
     tree = flame(page, "cpu")["weights"][0]["tree"]
