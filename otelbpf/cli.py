@@ -142,6 +142,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--socket", help="the agent's state socket (default: the newest in the run directory)")
     top.add_argument(
+        "--agent",
+        type=int,
+        metavar="PID",
+        help="the running agent to read, by pid (with several running, top lists them and asks)",
+    )
+    top.add_argument(
         "--pid",
         type=int,
         action="append",
@@ -255,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "top" and not args.pid:
         from otelbpf import top
+        from otelbpf.live.agents import choose
 
-        return top.run(top.Viewer(top.socket_source(args.socket)), args.interval)
+        if (chosen := choose(args.socket, args.agent, sys.stdin, err)) is None:
+            return 2
+        return top.run(top.Viewer(top.socket_source(chosen)), args.interval)
     if args.cmd == "top":  # standalone: metrics as often as the view refreshes, unless configured
         os.environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", str(max(100, int(args.interval * 1000))))
     if args.cmd == "summary":

@@ -33,6 +33,9 @@ Triples = list[tuple[Resource, InstrumentationScope, list[Metric]]]
 Source = Callable[[], Triples]
 #: How long a round waits for its sources before exporting what it has.
 SOURCE_WAIT_S = 20.0
+#: The first round comes this long after the start, not a whole interval (10 s by default):
+#: ``otelbpf top`` then has numbers, and rates, from the first second.
+FIRST_ROUND_S = 1.0
 
 
 def source_name(source: Source) -> str:
@@ -133,7 +136,9 @@ class MetricsLoop:
 
     def _run(self) -> None:
         name_os_thread("otelbpf-metrics")
-        while not self._stop.wait(self._interval):
+        wait_s = min(FIRST_ROUND_S, self._interval)
+        while not self._stop.wait(wait_s):
+            wait_s = self._interval
             try:
                 self.export_once()
             except Exception:  # a failed round must not end the loop: the agent would export nothing

@@ -150,17 +150,30 @@ def _pct(values: list[float], q: float) -> float:
 
 
 class Rates:
-    """Per-second deltas between an older and a newer metric collection."""
+    """Per-second deltas between an older and a newer metric collection; with no older one
+    yet, each counter's mean rate since its point's start (the agent's first collection comes
+    a second after it starts: rates from then on, not after two metrics intervals)."""
 
     def __init__(self, old: JsonObject | None, new: JsonObject) -> None:
         t0 = (old or {}).get("metrics_time_unix_nano", 0)
         t1 = new.get("metrics_time_unix_nano", 0)
+        self.t1 = t1
         self.dt = (t1 - t0) / 1e9 if old and t1 > t0 else None
         self.old, self.new = _series(old), _series(new)
 
+    def _since_start(self, pid: int, name: str, *keys: str) -> dict[str, float] | None:
+        out: dict[str, float] = defaultdict(float)
+        for (n, attrs), p in self.new.get(pid, {}).items():
+            start = p.get("start") or 0
+            if n != name or not start or self.t1 <= start:
+                continue
+            a = dict(attrs)
+            out[" ".join(str(a.get(k, "")) for k in keys)] += _val(p) / ((self.t1 - start) / 1e9)
+        return dict(out) or None
+
     def per_s(self, pid: int, name: str, *keys: str) -> dict[str, float] | None:
         if self.dt is None:
-            return None
+            return self._since_start(pid, name, *keys)
         now, before = _sum(self.new.get(pid, {}), name, *keys), _sum(self.old.get(pid, {}), name, *keys)
         # a counter that went down started again (an exec resets a process's series): count from zero
         return {k: (v - before.get(k, 0.0) if v >= before.get(k, 0.0) else v) / self.dt for k, v in now.items()}
@@ -245,7 +258,7 @@ def _apis(tables: Tables, rates: Rates, pid: int, points: Points, spans: list[Js
                 pid,
                 api,
                 int(calls.get(api, 0)),
-                per_s.get(api) if rates.dt else None,
+                per_s.get(api),
                 len(d),
                 _pct(d, 0.5) if d else None,
                 _pct(d, 0.95) if d else None,
@@ -257,7 +270,7 @@ def _apis(tables: Tables, rates: Rates, pid: int, points: Points, spans: list[Js
 def _kernels(tables: Tables, rates: Rates, pid: int, points: Points) -> None:
     per_s = rates.per_s(pid, "cuda.kernel.launches.top", "cuda.kernel.name") or {}
     for name, n in _sum(points, "cuda.kernel.launches.top", "cuda.kernel.name").items():
-        tables.kernels.append(KernelRow(pid, name, int(n), per_s.get(name) if rates.dt else None))
+        tables.kernels.append(KernelRow(pid, name, int(n), per_s.get(name)))
 
 
 def _rank(tables: Tables, rates: Rates, pid: int, service: str, points: Points, spans: list[JsonObject]) -> None:

@@ -57,8 +57,12 @@ def _points(data: DataT) -> tuple[str, list[JsonObject]]:
         return "histogram", [
             {"attributes": _attrs(p.attributes), "count": p.count, "sum": p.sum, "max": p.max} for p in data.data_points
         ]
-    kind = "sum" if isinstance(data, Sum) else "gauge"
-    return kind, [{"attributes": _attrs(p.attributes), "value": p.value} for p in data.data_points]
+    if isinstance(data, Sum):  # with its start: a rate before a second collection (live/model.py)
+        return "sum", [
+            {"attributes": _attrs(p.attributes), "value": p.value, "start": p.start_time_unix_nano}
+            for p in data.data_points
+        ]
+    return "gauge", [{"attributes": _attrs(p.attributes), "value": p.value} for p in data.data_points]
 
 
 def _span(s: ReadableSpan) -> JsonObject:

@@ -247,9 +247,10 @@ def test_ranks_name_the_current_straggler_and_findings_come_from_the_diagnosis()
     assert pageable["evidence"]["copies"] == 100 and pageable["evidence"]["span_ids"]
 
 
-def test_no_rates_before_a_second_collection_and_none_across_a_restarted_counter() -> None:
+def test_before_a_second_collection_rates_are_means_since_the_start_and_none_across_a_restarted_counter() -> None:
     first, second = state_with_two_collections()
-    t = model.build(None, second)
-    assert t.processes[0].calls_per_s is None and t.apis[0].calls_per_s is None and t.agent.events_per_s is None
+    assert model.build(None, first).processes[0].calls_per_s is None  # collected at the counters' start
+    t = model.build(None, second)  # 3,300 calls since the start, 2 s before: rates from the first collection
+    assert t.processes[0].calls_per_s == 3300 / 2 and t.apis[0].calls_per_s is not None
     back = model.build(second, {**first, "metrics_time_unix_nano": second["metrics_time_unix_nano"] + S})
     assert back.processes[0].calls_per_s == 1100.0  # counts fell: counted from zero, not negative

@@ -51,7 +51,7 @@ def test_an_exponential_histogram_is_snapshotted_by_count_sum_and_max():
             "kind": "histogram",
             "points": [{"attributes": {"op": "read"}, "count": 3, "sum": 6.0, "max": 3.0}],
         },
-        {"name": "reads", "kind": "sum", "points": [{"attributes": {"op": "read"}, "value": 7}]},
+        {"name": "reads", "kind": "sum", "points": [{"attributes": {"op": "read"}, "value": 7, "start": 0}]},
     ]
 
 

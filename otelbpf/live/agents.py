@@ -1,0 +1,75 @@
+"""Which running agent ``otelbpf top`` (and ``mcp --live``) should read.
+
+With no ``--socket`` the viewer used to take the newest socket in the run directory at every
+refresh: with three agents running it jumped to whichever had started last, mid-look. Now the
+running agents (those whose socket answers) are listed first: with one (or none yet) the
+newest is followed as before, so a restarted agent is found again; with several the user picks
+one, by ``--agent PID`` or when asked on a terminal, and the view stays on it."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from otelbpf.live import endpoint
+
+
+@dataclass(frozen=True)
+class RunningAgent:
+    pid: int
+    socket: str
+    processes: int  # processes in its last metrics collection
+    age_s: float  # since its socket was made
+
+
+def running(directory: str | None = None) -> list[RunningAgent]:
+    """The agents whose socket in the run directory answers, newest first."""
+    found = []
+    for path in endpoint.sockets(directory):
+        try:
+            snap = endpoint.fetch(path, timeout_s=2.0)
+            age = time.time() - os.stat(path).st_mtime
+        except (endpoint.EndpointError, OSError):
+            continue  # a stale socket (an agent killed with -9) or one that just went
+        found.append(RunningAgent(int(snap.get("agent_pid", 0)), path, len(snap.get("processes", [])), age))
+    return found
+
+
+def choose(socket: str | None, agent: int | None, answer: TextIO, out: TextIO) -> str | None:
+    """The socket to read: ``socket`` as given; ``agent``'s; "" for "the newest, followed"
+    (one agent, or none yet); else the one picked on ``answer`` (a terminal) from the list
+    written to ``out``. None when no choice can be made (said on ``out``): several agents and
+    no terminal to ask on, or an answer that names none of them."""
+    if socket:
+        return socket
+    if agent is not None:
+        return os.path.join(endpoint.run_dir(), f"agent-{agent}.sock")
+    agents = running()
+    if len(agents) <= 1:
+        return ""
+    out.write(f"{len(agents)} agents are running ({endpoint.run_dir()}):\n")
+    for a in agents:
+        out.write(f"  {a.pid:>8}  up {_age(a.age_s):>8}  {a.processes:>5} processes\n")
+    if not answer.isatty():
+        out.write(f"say which: otelbpf top --agent PID (e.g. --agent {agents[0].pid})\n")
+        return None
+    out.write(f"which one (pid, Enter for the newest, {agents[0].pid})? ")
+    out.flush()
+    reply = answer.readline().strip()
+    if not reply:
+        return agents[0].socket
+    for a in agents:
+        if reply == str(a.pid):
+            return a.socket
+    out.write(f"{reply!r} is none of them\n")
+    return None
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

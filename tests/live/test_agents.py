@@ -1,0 +1,63 @@
+"""Which agent `otelbpf top` reads (live/agents.py): one is followed, several are listed and
+one is picked (--agent, or asked on a terminal), never the newest by surprise."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from otelbpf.live import agents, endpoint
+
+
+class Answer(io.StringIO):
+    def __init__(self, text: str, tty: bool) -> None:
+        super().__init__(text)
+        self._tty = tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+@pytest.fixture
+def two_agents(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[agents.RunningAgent]:
+    monkeypatch.setenv(endpoint.RUN_DIR_ENV, str(tmp_path))
+    found = [
+        agents.RunningAgent(4242, str(tmp_path / "agent-4242.sock"), 3, 30.0),
+        agents.RunningAgent(77, str(tmp_path / "agent-77.sock"), 1, 4000.0),
+    ]
+    monkeypatch.setattr(agents, "running", lambda directory=None: found)
+    return found
+
+
+def test_a_socket_or_an_agent_named_is_taken_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(endpoint.RUN_DIR_ENV, str(tmp_path))
+    out = io.StringIO()
+    assert agents.choose("/some/agent.sock", None, Answer("", False), out) == "/some/agent.sock"
+    assert agents.choose(None, 1234, Answer("", False), out) == os.path.join(str(tmp_path), "agent-1234.sock")
+    assert out.getvalue() == ""
+
+
+def test_one_agent_or_none_is_followed_as_the_newest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(endpoint.RUN_DIR_ENV, str(tmp_path))
+    (tmp_path / "agent-1.sock").write_text("")  # stale: nothing answers there
+    assert agents.running() == []
+    assert agents.choose(None, None, Answer("", True), io.StringIO()) == ""
+
+
+def test_several_agents_are_listed_and_the_one_typed_is_read(two_agents: list[agents.RunningAgent]) -> None:
+    out = io.StringIO()
+    assert agents.choose(None, None, Answer("77\n", True), out) == two_agents[1].socket
+    listing = out.getvalue()
+    assert "2 agents are running" in listing and "4242" in listing and "up      67m" in listing
+    assert agents.choose(None, None, Answer("\n", True), io.StringIO()) == two_agents[0].socket
+    wrong = io.StringIO()
+    assert agents.choose(None, None, Answer("5\n", True), wrong) is None and "'5' is none of them" in wrong.getvalue()
+
+
+def test_several_agents_and_no_terminal_to_ask_on_says_how_to_pick(two_agents: list[agents.RunningAgent]) -> None:
+    out = io.StringIO()
+    assert agents.choose(None, None, Answer("", False), out) is None
+    assert "otelbpf top --agent PID (e.g. --agent 4242)" in out.getvalue()
