@@ -190,7 +190,7 @@ def _agent_exiting(pid: int) -> bool:
     return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
 
 
-def _close_gate(fd: int) -> None:
+def close_pause_gate(fd: int) -> None:
     """Write 0 into the pause gate (common.h ``pause_gate``): the kernel's pause at load stops
     nothing from here on. Raises OSError when it cannot."""
     nr = _BPF_SYSCALL_NR.get(platform.machine())
@@ -270,7 +270,7 @@ def main(life: socket.socket, report_fd: int, gate_fd: int, command: list[str]) 
     # gone: the sweeps resume it every time.
     if pause_gate is not None:
         try:
-            _close_gate(pause_gate)
+            close_pause_gate(pause_gate)
         except OSError as exc:
             print(f"otelbpf guard: cannot turn the pause at load off ({exc})", file=sys.stderr)
     exited = select.poll()
