@@ -12,14 +12,16 @@ in the same directories are skipped by name.
 
 from __future__ import annotations
 
-import glob
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
+
+from otelbpf.base.safe_files import ReadDir
 
 #: Span names of the collectives (correlate/nccl.py names a span after its NCCL function).
 COLLECTIVE_SPANS = ("ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclReduce")
@@ -138,19 +140,34 @@ class Collectives:
 
 
 def otlp_files(paths: Sequence[str]) -> list[str]:
-    """The trace files under each path (a file is taken as given)."""
+    """The trace files under each path (a file is taken as given, its link resolved: the
+    operator named it). In a folder, only regular files are read, never through a link: it is
+    read as root (``otelbpf stragglers``, ``mcp``), and whoever can write in it could link a
+    ``.jsonl`` there to a root-only file (``safe_files.ReadDir``); a link is a ReadError."""
     out: list[str] = []
     for path in paths:
         if os.path.isfile(path):
-            out.append(path)
+            out.append(os.path.realpath(path))
             continue
         if not os.path.isdir(path):
             raise ReadError(f"{path}: no such file or directory")
-        for name in sorted(glob.glob(os.path.join(path, "*.json*"))):
-            base = os.path.basename(name)
-            if base.endswith((".json", ".jsonl")) and not base.startswith(("metrics", "profiles")):
-                out.append(name)
+        with ReadDir(path) as d:
+            for base in d.names(_trace_file):
+                kind = stat.S_IFMT(d.lstat(base).st_mode)
+                if kind != stat.S_IFREG:
+                    why = "a symbolic link" if kind == stat.S_IFLNK else "not a regular file"
+                    raise ReadError(f"{os.path.join(path, base)} is {why}: refusing to read it")
+                out.append(os.path.join(path, base))
     return out
+
+
+def _trace_file(name: str) -> bool:
+    return name.endswith((".json", ".jsonl")) and not name.startswith((".", "metrics", "profiles"))
+
+
+def _no_follow(path: str, flags: int) -> int:
+    """``open``'s opener: the file itself never through a link (listed regular, swapped since)."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
 
 
 _VALUE = msgspec.json.Decoder(_Value)
@@ -175,7 +192,7 @@ def _float(v: _Value | None) -> float:
 
 def _requests(path: str) -> Iterator[_Request]:
     decoder = msgspec.json.Decoder(_Request)
-    with open(path, "rb") as f:
+    with open(path, "rb", opener=_no_follow) as f:
         if path.endswith(".json"):
             try:
                 yield decoder.decode(f.read())

@@ -92,6 +92,26 @@ def test_errors_name_the_cause(tmp_path: Path) -> None:
     assert out.returncode == 2 and "share from 0 to 1" in out.stderr
 
 
+def test_a_link_in_the_folder_is_never_read_a_file_named_is(tmp_path: Path) -> None:
+    """Issue 31: a folder read as root (``stragglers``, MCP's tool) is read without following a
+    link put there (another user's ``rank1.jsonl`` linked to a root-only job's spans); a file
+    the operator names is taken as given, link or not."""
+    a, b = two_ranks(20)
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    (private / "traces.jsonl").write_text(json.dumps(b) + "\n")
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "traces.jsonl").write_text(json.dumps(a) + "\n")
+    (served / "rank1.jsonl").symlink_to(private / "traces.jsonl")
+    out = cli(served, "--json")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"{served / 'rank1.jsonl'} is a symbolic link: refusing to read it" in out.stderr
+    named = cli(served / "traces.jsonl", served / "rank1.jsonl", "--json")
+    assert named.returncode == 0, named.stderr
+    assert json.loads(named.stdout)["spans"] == 12
+
+
 def test_a_below_threshold_rank_is_not_a_straggler(tmp_path: Path) -> None:
     a, b = two_ranks(5)
     (tmp_path / "traces.jsonl").write_text(json.dumps(a) + "\n" + json.dumps(b) + "\n")

@@ -72,3 +72,11 @@ def test_a_profile_swapped_for_a_link_after_the_listing_is_not_read(served: Path
     (served / "profiles" / "web-10-cpu-1.pb.gz").symlink_to(private / "profiles" / "payroll-10-cpu-1.pb.gz")
     with pytest.raises(OSError, match="web-10-cpu-1.pb.gz is a symbolic link: refusing to read it"):
         folder.read_profile("web-10-cpu-1.pb.gz", 1 << 20)
+
+
+def test_the_stragglers_tool_reads_no_link_either(served: Path, private: Path) -> None:
+    """``stragglers`` reads every trace file of the folder (``collectives.read``), not only the
+    ones the other tools load: a ``.jsonl`` linked to a root-only file there is refused too."""
+    (served / "nccl.jsonl").symlink_to(private / "traces.jsonl")
+    [(err, text)] = call(served, ("stragglers", {}))
+    assert err and f"{served / 'nccl.jsonl'} is a symbolic link: refusing to read it" in text
