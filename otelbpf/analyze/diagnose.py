@@ -118,7 +118,8 @@ FIXES = {
     "DataLoader workers or a background thread, checkpoint asynchronously, and queue the next step's GPU "
     "work before the host work (synchronize last).",
     "unexplained": "Turn on what the agent could not see: the sched receiver (off-CPU time by reason and kernel "
-    "stack) and the profiling receiver (CPU samples in time).",
+    "stack: `otelbpf run --receivers cuda,gpu,profiling,sched -- ...`, or add `sched` to the traces and metrics "
+    "pipelines) and the profiling receiver (CPU samples in time; on by default).",
     "blocking_io": "Take file I/O off the training thread: asynchronous checkpoints (torch.distributed.checkpoint."
     "async_save, or a background thread writing a CPU copy), buffered or asynchronous logging, "
     "no fsync per step; checkpoint every N steps to fast local storage.",

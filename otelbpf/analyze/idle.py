@@ -257,7 +257,10 @@ def account(
             drain = _drains(s)
             if drain is None:
                 continue
-            nxt = next((n for n in calls[i + 1 :] if n.start >= s.end and n.name not in ALLOCS), None)
+            nxt = next(
+                (calls[j] for j in range(i + 1, len(calls)) if calls[j].start >= s.end and calls[j].name not in ALLOCS),
+                None,
+            )
             if nxt is None:
                 acc.open_gaps += 1
                 continue
@@ -304,7 +307,8 @@ def _gap(
     acc.gaps += 1
     acc.budget_s += (b - a) / 1e9
     left = b - a
-    for n in calls[i + 1 :]:
+    for j in range(i + 1, len(calls)):
+        n = calls[j]
         if n.start >= b:
             break
         if n.name in ALLOCS and n.start >= a:
@@ -402,7 +406,7 @@ def _charge_code(acc: Account, code: _ThreadCode, timeline: Timeline | None) -> 
         acc.unseen[why] += rest
         acc.unexplained_s += rest
         near = sum(code.near.values())
-        for stack, ns in code.near.items():
+        for stack, ns in code.near.items() if near else ():
             assert timeline is not None
             acc.near[timeline.stacks[stack].key] += rest * ns / near
 

@@ -185,3 +185,15 @@ def test_a_handful_of_calls_is_no_cause_and_shares_stay_at_most_one() -> None:
     findings = _process_findings("job (pid 1)", j.spans, {}, j.off, j.tl)
     assert "memory_churn" not in {f.cause for f in findings}, findings
     assert all(0 < f.share <= 1.0 for f in findings)
+
+
+def test_gaps_shorter_than_a_sampling_period_are_estimated_pooled() -> None:
+    """2 ms of Python after each synchronize: one gap in five gets a sample, which alone would
+    overstate its gap five times; pooled, the estimate holds (and nothing divides by zero)."""
+    j = Job()
+    for _ in range(500):
+        j.step(tokenize=2 * MS)
+    j.step()
+    acc = account(j.spans, j.off, j.tl)
+    assert abs(acc.code[TOK.key].seconds - 500 * 0.002) < 0.1 * 1.0, acc.code
+    assert acc.charged_s + acc.unexplained_s <= acc.budget_s + 1e-9
