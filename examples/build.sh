@@ -169,7 +169,7 @@ if stale "$t" "$root/bench/nccl_loop.c"; then
     publish "$t.$$" "$t"
 fi
 
-# ibverbs: built against the real <infiniband/verbs.h> (libibverbs-dev, scripts/setup.sh installs it).
+# ibverbs: built against the real <infiniband/verbs.h> (libibverbs-dev, scripts/setup.sh --test installs it).
 ibv=$root/examples/ibverbs
 if [[ -e /usr/include/infiniband/verbs.h ]]; then
     t=$out/examples/ibverbs/libfakeverbs-rdmav34.so
@@ -185,7 +185,7 @@ if [[ -e /usr/include/infiniband/verbs.h ]]; then
         publish "$t.$$" "$t"
     fi
 else
-    echo "skipped the ibverbs examples: no /usr/include/infiniband/verbs.h (apt-get install libibverbs-dev, or run scripts/setup.sh)"
+    echo "skipped the ibverbs examples: no /usr/include/infiniband/verbs.h (apt-get install libibverbs-dev, or run scripts/setup.sh --test)"
 fi
 
 t=$out/bench/http_server

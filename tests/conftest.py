@@ -42,7 +42,7 @@ def ibverbs_workload(built: None) -> Path:
     it fails then rather than skipping, so a CI host missing the package is noticed."""
     workload = REPO / "build" / "examples" / "ibverbs_workload"
     if not workload.exists():
-        pytest.fail(f"{workload} was not built (install libibverbs-dev: scripts/setup.sh)")
+        pytest.fail(f"{workload} was not built (install libibverbs-dev: scripts/setup.sh --test)")
     return workload
 
 

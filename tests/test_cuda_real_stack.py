@@ -171,7 +171,7 @@ def _wheel_cudart13() -> Path:
         candidate = Path(root) / "cu13" / "lib" / "libcudart.so.13"
         if candidate.exists():
             return candidate
-    pytest.fail("the nvidia-cuda-runtime 13 wheel is not installed (scripts/setup.sh installs the test extras)")
+    pytest.fail("the nvidia-cuda-runtime 13 wheel is not installed (scripts/setup.sh --test installs the test extras)")
 
 
 def test_the_cu13_wheel_in_pytorchs_layout_and_short_lived_processes(otlp_collector, programs, tmp_path):

@@ -22,7 +22,7 @@ from harness.agent import BUILD, REPO
 pytestmark = [
     pytest.mark.bpf,
     pytest.mark.skipif(
-        shutil.which("tmux") is None and os.environ.get("CI") != "true", reason="needs tmux (scripts/setup.sh)"
+        shutil.which("tmux") is None and os.environ.get("CI") != "true", reason="needs tmux (scripts/setup.sh --test)"
     ),
 ]
 

@@ -138,7 +138,7 @@ def test_no_healthy_rank_gives_no_frames_not_a_crash(tmp_path):
 
 @pytest.mark.skipif(
     shutil.which("go") is None and os.environ.get("CI") != "true",
-    reason="go is not installed (scripts/setup.sh installs golang-go)",
+    reason="go is not installed (scripts/setup.sh --test installs golang-go)",
 )
 def test_the_pprof_pair_reads_back_as_a_diff_in_go_tool_pprof(tmp_path):
     out = job(tmp_path)

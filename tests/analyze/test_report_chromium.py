@@ -1,4 +1,4 @@
-"""The report page in a real browser: Debian's headless Chromium (scripts/setup.sh installs it)
+"""The report page in a real browser: Debian's headless Chromium (scripts/setup.sh --test installs it)
 opens the file the CLI wrote, offline, driven over the DevTools protocol on a pipe
 (``--remote-debugging-pipe``: no port, no client library). The page must draw every chart
 (the vendored d3-flame-graph's rects, the timeline's SVG), log no console error and throw no
@@ -137,8 +137,8 @@ class DevTools:
 def browser(tmp_path: Path):
     if not CHROMIUM:
         if os.environ.get("CI"):
-            pytest.fail("no chromium: scripts/setup.sh installs it (apt-get install chromium)")
-        pytest.skip("no chromium here (scripts/setup.sh installs it)")
+            pytest.fail("no chromium: scripts/setup.sh --test installs it (apt-get install chromium)")
+        pytest.skip("no chromium here (scripts/setup.sh --test installs it)")
     dt = DevTools(tmp_path / "chromium-profile")
     (target,) = [dt.call("Target.createTarget", url="about:blank")["targetId"]]
     dt.session = dt.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]

@@ -47,7 +47,7 @@ class RawProfile:
 def go() -> str:
     path = shutil.which("go")
     if path is None:
-        raise AssertionError("`go` is not installed: scripts/setup.sh installs Debian's golang-go")
+        raise AssertionError("`go` is not installed: scripts/setup.sh --test installs Debian's golang-go")
     return path
 
 

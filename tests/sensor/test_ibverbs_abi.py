@@ -22,8 +22,10 @@ from otelbpf.sensor.ibverbs_probes import ibverbs_family, provider_name
 VERBS_H = Path("/usr/include/infiniband/verbs.h")
 LIBIBVERBS = Path("/usr/lib/x86_64-linux-gnu/libibverbs.so.1")
 
-needs_headers = pytest.mark.skipif(not VERBS_H.exists(), reason="libibverbs-dev is not installed (scripts/setup.sh)")
-needs_lib = pytest.mark.skipif(not LIBIBVERBS.exists(), reason="libibverbs1 is not installed (scripts/setup.sh)")
+needs_headers = pytest.mark.skipif(
+    not VERBS_H.exists(), reason="libibverbs-dev is not installed (scripts/setup.sh --test)"
+)
+needs_lib = pytest.mark.skipif(not LIBIBVERBS.exists(), reason="libibverbs1 is not installed (scripts/setup.sh --test)")
 
 
 def _compile_and_run(tmp_path: Path, body: str) -> str:
