@@ -62,7 +62,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS: start it and watch it; stop when it exits"
     )
-    sub.add_parser("doctor", help="what this host can do, and which processes use CUDA/NCCL/ibverbs")
+    doctor = sub.add_parser("doctor", help="what this host can do, and which processes use CUDA/NCCL/ibverbs")
+    doctor.add_argument(
+        "--live",
+        action="store_true",
+        help="instead: exit 0 when a running agent answers on its state socket, 1 otherwise "
+        "(a container's readiness and liveness probe)",
+    )
+    doctor.add_argument(
+        "--max-age",
+        type=float,
+        metavar="SECONDS",
+        help="with --live: also fail when the agent's last metrics collection is older than this",
+    )
     summ = sub.add_parser("summary", help="summarize the OTLP-JSON files the file exporter wrote")
     summ.add_argument("directory", nargs="?", default="./otelbpf-out", help=_DIRECTORY_HELP)
     diag = sub.add_parser(
@@ -207,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if (which := which_run(args.directory)) is not None:
             print(f"otelbpf {args.cmd}: reading {which}", file=err)
+    if args.cmd == "doctor" and args.live:
+        from otelbpf.live.agents import check_live
+
+        return check_live(out, args.max_age)
     if args.cmd == "doctor":
         from otelbpf.doctor import run_doctor
 

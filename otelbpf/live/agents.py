@@ -73,3 +73,24 @@ def _age(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f}m"
     return f"{seconds / 3600:.1f}h"
+
+
+def check_live(out: TextIO, max_age_s: float | None = None) -> int:
+    """``otelbpf doctor --live``: 0 when an agent in the run directory answers with a snapshot
+    (and, with ``max_age_s``, its last metrics collection is no older), else 1 with the reason.
+    A probe for a container runtime: the socket exists only once the agent has compiled and
+    attached (readiness), and answers while it runs; a metrics loop that stopped collecting
+    shows as an old collection (liveness)."""
+    try:
+        snap = endpoint.fetch_newest()
+    except endpoint.EndpointError as exc:
+        out.write(f"otelbpf doctor --live: {exc}\n")
+        return 1
+    collected, now = snap.get("metrics_time_unix_nano") or 0, snap.get("time_unix_nano") or 0
+    age = (now - collected) / 1e9 if collected else None
+    last = f"last metrics collection {age:.0f}s ago" if age is not None else "no metrics collection yet"
+    out.write(f"agent pid {snap.get('agent_pid')} answers: {len(snap.get('processes', []))} processes, {last}\n")
+    if max_age_s is not None and age is not None and age > max_age_s:
+        out.write(f"otelbpf doctor --live: the last metrics collection is over {max_age_s:g}s old\n")
+        return 1
+    return 0

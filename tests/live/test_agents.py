@@ -61,3 +61,24 @@ def test_several_agents_and_no_terminal_to_ask_on_says_how_to_pick(two_agents: l
     out = io.StringIO()
     assert agents.choose(None, None, Answer("", False), out) is None
     assert "otelbpf top --agent PID (e.g. --agent 4242)" in out.getvalue()
+
+
+def test_doctor_live_answers_for_a_running_agent_and_fails_without_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    monkeypatch.setenv(endpoint.RUN_DIR_ENV, str(run))
+    out = io.StringIO()
+    assert agents.check_live(out) == 1 and "no agent socket" in out.getvalue()
+    s = 10**9
+    snap = {"version": 1, "agent_pid": 99, "time_unix_nano": 500 * s, "metrics_time_unix_nano": 470 * s}
+    server = endpoint.StateServer(lambda: {**snap, "processes": [{}, {}]})
+    try:
+        out = io.StringIO()
+        assert agents.check_live(out) == 0
+        assert out.getvalue() == "agent pid 99 answers: 2 processes, last metrics collection 30s ago\n"
+        assert agents.check_live(io.StringIO(), max_age_s=60) == 0
+        stale = io.StringIO()
+        assert agents.check_live(stale, max_age_s=20) == 1 and "over 20s old" in stale.getvalue()
+    finally:
+        server.close()
