@@ -25,7 +25,7 @@ from otelbpf.config.default import DEFAULT_CONFIG_YAML
 pytestmark = pytest.mark.bpf
 
 JOB = Path(__file__).parent / "jobs" / "train_job.py"
-JOBS = {"healthy": 60, "checkpoint": 60, "tokenize": 60, "both": 60}
+JOBS = {"healthy": 60, "checkpoint": 60, "tokenize": 60, "both": 60, "sync_per_layer": 150, "pageable": 60}
 TOLERANCE = 0.25
 
 
@@ -47,7 +47,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Finding], dic
     ) as agent:
         assert agent.wait(timeout=240) == 0, agent.output
     pids = {line.split()[0]: int(line.split()[1]) for line in (tmp / "pids").read_text().splitlines()}
-    planted = {mode: json.loads((tmp / f"{mode}.json").read_text())["planted"] for mode in JOBS}
+    planted = {mode: json.loads((tmp / f"{mode}.json").read_text()) for mode in JOBS}
     assert os.listdir(out / "profiles")
     return diagnose(str(out)), pids, planted
 
@@ -76,7 +76,7 @@ def test_a_healthy_loop_has_no_finding_above_one_percent(traced) -> None:
 def test_an_inline_checkpoint_is_named_with_its_time_not_called_a_sync_storm(traced) -> None:
     findings = _of(traced, "checkpoint")
     found = _code(findings, "save_checkpoint")
-    _close(found, traced[2]["checkpoint"]["save_checkpoint"])
+    _close(found, traced[2]["checkpoint"]["planted"]["save_checkpoint"])
     assert "train_job.py:" in found.summary and found.evidence["file"].endswith("train_job.py")
     assert "sync_storm" not in {f.cause for f in findings}
     named = [f for f in findings if f.cause != "unexplained"]
@@ -86,16 +86,33 @@ def test_an_inline_checkpoint_is_named_with_its_time_not_called_a_sync_storm(tra
 def test_inline_tokenization_is_named_first_with_its_share(traced) -> None:
     findings = _of(traced, "tokenize")
     found = _code(findings, "tokenize_batch")
-    _close(found, traced[2]["tokenize"]["tokenize_batch"])
+    _close(found, traced[2]["tokenize"]["planted"]["tokenize_batch"])
     assert findings[0] is found, [(f.cause, f.cost_s) for f in findings]
     assert "sync_storm" not in {f.cause for f in findings}
 
 
 def test_two_causes_at_once_each_get_their_planted_share(traced) -> None:
     findings = _of(traced, "both")
-    planted = traced[2]["both"]
+    planted = traced[2]["both"]["planted"]
     _close(_code(findings, "tokenize_batch"), planted["tokenize_batch"])
     _close(_code(findings, "save_checkpoint"), planted["save_checkpoint"])
     budget = findings[0].evidence["idle"]
     # every idle second charged once: the causes and the unexplained rest make up the budget
     assert budget["charged_s"] + budget["unexplained_s"] <= budget["idle_budget_s"] * 1.001 + 1e-6
+
+
+def test_a_synchronize_after_every_layer_is_a_sync_storm(traced) -> None:
+    findings = _of(traced, "sync_per_layer")
+    assert findings and findings[0].cause == "sync_storm", [(f.cause, f.cost_s) for f in findings]
+    ev = findings[0].evidence
+    assert ev["syncs"] == traced[2]["sync_per_layer"]["syncs"]
+    assert ev["short_gaps"] >= 0.9 * ev["syncs"]  # nearly every gap is the queue draining and refilling
+
+
+def test_pageable_copies_are_still_found_first(traced) -> None:
+    findings = _of(traced, "pageable")
+    assert findings and findings[0].cause == "pageable_copies", [(f.cause, f.cost_s) for f in findings]
+    planted = traced[2]["pageable"]
+    assert (
+        findings[0].evidence["copies"] == planted["copies"] and findings[0].evidence["bytes"] >= planted["copy_bytes"]
+    )

@@ -9,10 +9,15 @@ thread after the synchronize, while the GPU has nothing queued:
   it into DIR (a synchronous ``torch.save`` to local disk);
 - ``tokenize``: every step ``tokenize_batch`` prepares the next batch in Python (~14 ms of CPU);
 - ``both``: the two at once;
-- ``healthy``: nothing but the launches and the synchronize.
+- ``healthy``: nothing but the launches and the synchronize;
+- ``sync_per_layer``: a synchronize after every launch (20 a step), the layers short (100 us
+  kernels: ``FAKECUDA_KERNEL_US`` set before the runtime loads), so that draining and refilling
+  the queue costs a share of the run;
+- ``pageable``: each step's 8 MiB batch copied in with ``cudaMemcpy`` from pageable memory.
 
 Prints one JSON line: per planted function its wall-clock seconds and its CPU seconds
-(``time.thread_time``: on the CPU, user and kernel), and the steps run.
+(``time.thread_time``: on the CPU, user and kernel), the synchronizes and copies made, and the
+steps run.
 
 Usage: train_job.py MODE LIBCUDART STEPS DIR
 """
@@ -75,24 +80,50 @@ def tokenize_batch(step: int) -> int:
 
 def main() -> int:
     mode, lib, steps, directory = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    if mode == "sync_per_layer":
+        os.environ["FAKECUDA_KERNEL_US"] = "100"  # read by the stand-in driver at its first call
     rt = ctypes.CDLL(lib)
     rt.cudaLaunchKernel.argtypes = [ctypes.c_void_p, Dim3, Dim3, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     rt.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
     kernel = ctypes.cast(_libc.abs, ctypes.c_void_p)
     _libc.prctl(15, b"train", 0, 0, 0)  # PR_SET_NAME
+    batch = ctypes.create_string_buffer(8 << 20)  # pageable: not allocated or registered with CUDA
+    device = ctypes.c_void_p()
+    if mode == "pageable" and rt.cudaMalloc(ctypes.byref(device), ctypes.c_size_t(len(batch))):
+        raise SystemExit("cudaMalloc failed")
+    rt.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    syncs = copies = 0
     for step in range(steps):
         if mode in ("tokenize", "both"):
             tokenize_batch(step)
         if mode in ("checkpoint", "both") and step % 5 == 4:
             save_checkpoint(directory, step)
+        if mode == "pageable":
+            if rt.cudaMemcpy(device, batch, len(batch), 1):  # cudaMemcpyHostToDevice
+                raise SystemExit("cudaMemcpy failed")
+            copies += 1
         for _ in range(20):
             rc = rt.cudaLaunchKernel(kernel, Dim3(1, 1, 1), Dim3(32, 1, 1), None, 0, None)
+            if not rc and mode == "sync_per_layer":
+                rc = rt.cudaStreamSynchronize(None)
+                syncs += 1
             if rc:
-                raise SystemExit(f"cudaLaunchKernel failed: {rc}")
-        rc = rt.cudaStreamSynchronize(None)
-        if rc:
-            raise SystemExit(f"cudaStreamSynchronize failed: {rc}")
-    print(json.dumps({"steps": steps, "planted": {k: {"wall_s": w, "cpu_s": c} for k, (w, c) in planted.items()}}))
+                raise SystemExit(f"CUDA call failed: {rc}")
+        if mode != "sync_per_layer":
+            if rt.cudaStreamSynchronize(None):
+                raise SystemExit("cudaStreamSynchronize failed")
+            syncs += 1
+    print(
+        json.dumps(
+            {
+                "steps": steps,
+                "syncs": syncs,
+                "copies": copies,
+                "copy_bytes": copies * len(batch),
+                "planted": {k: {"wall_s": w, "cpu_s": c} for k, (w, c) in planted.items()},
+            }
+        )
+    )
     return 0
 
 
