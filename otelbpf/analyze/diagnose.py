@@ -577,6 +577,18 @@ def write_report(findings: list[Finding], out: TextIO, as_json: bool = False) ->
         if f.evidence.get("span_ids"):
             out.write(f"   spans: {', '.join(f.evidence['span_ids'])}\n")
         out.write(f"   fix: {f.fix}\n")
+    accounts: dict[str, dict[str, Any]] = {}
+    for f in findings:
+        if "idle" in f.evidence:
+            accounts.setdefault(f.process, f.evidence["idle"])
+    if accounts:
+        out.write("\nwhere the idle time went (docs/gpu-idle.md):\n")
+    for process, idle in accounts.items():
+        out.write(
+            f"  {process}: the GPU had nothing queued for {idle['idle_budget_s']:.3f}s ({idle['gaps']} gaps after a "
+            f"synchronize, and time in copies and allocations): {idle['charged_s']:.3f}s charged to causes, "
+            f"{idle['unexplained_s']:.3f}s unexplained\n"
+        )
 
 
 def run(directory: str, out: TextIO, err: TextIO, as_json: bool = False) -> int:

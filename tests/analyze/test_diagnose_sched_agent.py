@@ -174,3 +174,20 @@ def test_the_agent_told_the_starvation_live_with_links_to_the_waits(traced) -> N
     )
     links = [k["spanId"] for s in live for k in s.get("links", [])]
     assert links and {names.get(k) for k in links} == {"off_cpu"}, links
+
+
+def test_every_idle_second_is_charged_once(traced) -> None:
+    """With the sched receiver on, the off-CPU causes and the synchronize's draining share one
+    budget: the causes of a process add up to at most its idle time (issue 32: the checkpoint's
+    seconds were charged to sync_storm and to blocking_io both)."""
+    out, pids = traced
+    budget_causes = {"sync_storm", "blocking_io", "input_starvation", "host_contention", "host_wait", "host_code"}
+    for mode, pid in pids.items():
+        findings = _findings_of(out, pid)
+        if not findings:
+            continue
+        idle = findings[0].evidence["idle"]
+        charged = sum(f.cost_s for f in findings if f.cause in budget_causes | {"unexplained"})
+        assert charged <= idle["idle_budget_s"] + 1e-3, (mode, idle, [(f.cause, f.cost_s) for f in findings])
+    checkpoint = {f.cause for f in _findings_of(out, pids["checkpoint"])}
+    assert not {"sync_storm", "blocking_io"} <= checkpoint, checkpoint
