@@ -107,7 +107,7 @@ def test_doctor_without_capabilities_fails_and_says_how_to_fix_it() -> None:
     assert "kernel refused to load a tracepoint program (EPERM)" in out
     assert "missing CAP_BPF" in out and "CAP_PERFMON" in out
     assert "Result: the sensor CANNOT run on this host" in out
-    assert "fix: run as root (sudo .venv/bin/otelbpf doctor) or grant CAP_BPF,CAP_PERFMON,CAP_SYS_ADMIN" in out
+    assert "fix: run as root (sudo otelbpf doctor) or grant CAP_BPF,CAP_PERFMON,CAP_SYS_ADMIN" in out
 
 
 @pytest.mark.bpf

@@ -37,7 +37,7 @@ import numpy as np
 
 from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
 from otelbpf.base.threadname import name_os_thread
-from otelbpf.sensor import compiler_memory, elf, libraries, program
+from otelbpf.sensor import compiler_memory, elf, kernel_headers, libraries, program
 from otelbpf.sensor.family import LibraryKind, MapEntries, ProbeAt, ProbeFamily, RingSpec
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.program_cache import ProgramCache
@@ -157,6 +157,8 @@ class Sensor:
     # -- life cycle -------------------------------------------------------
 
     def start(self) -> None:
+        if (note := kernel_headers.fallback()) is not None:  # a node image without headers
+            log.warning("%s", note)
         text, cflags = program.build(
             self.options.families,
             filter_pids=bool(self.options.pids),
