@@ -17,7 +17,10 @@ replaces ``traces.jsonl`` at will). The one exception is a sticky directory of r
 agent's user's, such as /tmp: there others can add names but never remove, rename or replace
 the agent's. An entry another user owns is refused everywhere, also as the name a whole file
 replaces (in /tmp, ``report.html`` left by another user): the agent neither writes into nor
-deletes another user's file. (In a sticky directory another user can still create that name
+deletes another user's file. The user who ran the agent through ``sudo`` (``SUDO_UID``) is not
+another user: they hold root already, so a folder of theirs that no one else can write (``sudo
+otelbpf report out -o report.html`` in their home) and a file of theirs that a whole file
+replaces are accepted. (In a sticky directory another user can still create that name
 between the check and the rename; the rename then replaces their new entry, never writes into
 it, and what stays is the agent's owner-only file, which they cannot remove.)
 
@@ -41,6 +44,18 @@ class UnsafeOutput(OSError):
     """A path the agent refuses (or fails) to write through, or refuses to read from; the
     message names it and why, on one line, for the operator to fix (``otelbpf run`` and
     ``otelbpf report`` end with it, exit 2)."""
+
+
+def operator_uid() -> int | None:
+    """The uid of the user who ran this root process through sudo (``SUDO_UID``), or None: that
+    user can do as root whatever a folder of theirs would let them do to root's files."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        uid = int(os.environ.get("SUDO_UID", ""))
+    except ValueError:
+        return None
+    return uid if uid > 0 else None
 
 
 _NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -76,7 +91,7 @@ class OutputDir:
         st = os.fstat(self.fd)
         euid = os.geteuid()
         why = None
-        if st.st_uid not in (euid, 0):
+        if st.st_uid not in (euid, 0, operator_uid()):
             why = f"is owned by uid {st.st_uid}, not the agent's (uid {euid})"
         elif st.st_mode & 0o022 & ~self.dir_mode and not st.st_mode & stat.S_ISVTX:
             why = f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
@@ -103,7 +118,7 @@ class OutputDir:
         except FileNotFoundError:
             pass
         else:
-            if st.st_uid != os.geteuid():
+            if st.st_uid not in (os.geteuid(), operator_uid()):
                 raise UnsafeOutput(
                     f"{os.path.join(self.path, name)} is owned by uid {st.st_uid}, not the agent's "
                     f"(uid {os.geteuid()}); remove it or chown it: refusing to replace it"

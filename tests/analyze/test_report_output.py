@@ -116,3 +116,26 @@ def test_the_command_refuses_with_one_line_and_exit_2(telemetry: Path, tmp_path:
     assert sum("not written" in line for line in lines) == 1 and lines[-1].startswith(said)
     assert "Traceback" not in cli.stderr
     assert victim.read_text() == VICTIM_TEXT
+
+
+def test_the_folder_of_the_user_who_ran_sudo_is_theirs_to_write_in(
+    telemetry: Path, tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sudo otelbpf report out -o report.html` in the operator's own home: the user in SUDO_UID
+    holds root already, so their folder is no other user's; still never through a link, and
+    never a folder others can write."""
+    monkeypatch.setenv("SUDO_UID", str(NOBODY))
+    home = folder(tmp_path / "home", 0o755, NOBODY)
+    (home / "report.html").symlink_to(victim)
+    rc, _, err = report(telemetry, home / "report.html")
+    assert rc == 0, err
+    assert victim.read_text() == VICTIM_TEXT and not (home / "report.html").is_symlink()
+    assert stat.S_IMODE((home / "report.html").stat().st_mode) == 0o600
+    (home / "report.html").unlink()
+    (home / "report.html").write_text("an older page of theirs\n")
+    os.chown(home / "report.html", NOBODY, NOBODY)
+    rc, _, err = report(telemetry, home / "report.html")
+    assert rc == 0 and "<!DOCTYPE html>" in (home / "report.html").read_text(), err
+    shared = folder(tmp_path / "shared", 0o777, NOBODY)
+    rc, _, err = report(telemetry, shared / "report.html")
+    assert rc == 2 and "is writable by other users (mode 0777)" in err
