@@ -308,6 +308,7 @@ class Agent:
         records = [encoded(p, {**self.process_info.resource(p.pid).attributes, **extra}) for p in profiles]
         for _name, exporter in self.profile_exporters:
             exporter.export(records)
+        self.live.on_profiles(profiles)  # the CPU timelines, for the live findings
 
     def _emit_spans(self, spans: list[ReadableSpan]) -> None:
         self.live.on_spans(spans)

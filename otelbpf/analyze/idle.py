@@ -416,31 +416,19 @@ def _charge_code(acc: Account, code: _ThreadCode, timeline: Timeline | None) -> 
 MAX_TIMELINE_BYTES = 256 << 20
 
 
-def load_timelines(directory: str) -> dict[int, Timeline]:
-    """Per pid, the CPU samples in time the profiler wrote (``profiles/*.timeline.json.gz``),
-    its intervals merged. Unreadable files are skipped (the diagnosis then says the gaps were
-    not sampled): a timeline only refines the account."""
-    import glob
-    import gzip
-    import json
-    import os
-
+def timeline_of(docs: Iterable[Mapping[str, Any]]) -> dict[int, Timeline]:
+    """Per pid, the timelines of ``docs`` (each a ``CpuTimeline.to_json()`` with its ``pid``,
+    ``start_ns`` and ``end_ns``: a file the exporter wrote, or the live state's) merged: rows
+    sorted, stacks numbered anew, adjacent intervals joined. A malformed document is skipped."""
     out: dict[int, Timeline] = {}
     index: dict[int, dict[Where, int]] = defaultdict(dict)
-    left = MAX_TIMELINE_BYTES
-    for path in sorted(glob.glob(os.path.join(directory, "profiles", "*.timeline.json.gz"))):
-        if left <= 0 or os.path.islink(path):
-            continue
+    for doc in docs:
         try:
-            with gzip.open(path, "rb") as f:
-                raw = f.read(left + 1)
-            left -= len(raw)
-            doc = json.loads(raw)
             pid, period, bucket = int(doc["pid"]), int(doc["period_ns"]), int(doc["bucket_ns"])
             stacks = [Where(str(fn), str(file), int(line), str(native)) for fn, file, line, native in doc["stacks"]]
             rows = {int(tid): [(int(t), int(n), int(i)) for t, n, i in r] for tid, r in doc["threads"].items()}
             span = (int(doc["start_ns"]), int(doc["end_ns"]))
-        except (OSError, ValueError, KeyError, TypeError, EOFError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
         tl = out.setdefault(pid, Timeline(period, bucket))
         ids = index[pid]
@@ -460,3 +448,27 @@ def load_timelines(directory: str) -> dict[int, Timeline]:
                 merged.append((a, b))
         tl.covered = merged
     return out
+
+
+def load_timelines(directory: str) -> dict[int, Timeline]:
+    """Per pid, the CPU samples in time the profiler wrote (``profiles/*.timeline.json.gz``),
+    its intervals merged. Unreadable files are skipped (the diagnosis then says the gaps were
+    not sampled): a timeline only refines the account."""
+    import glob
+    import gzip
+    import json
+    import os
+
+    docs = []
+    left = MAX_TIMELINE_BYTES
+    for path in sorted(glob.glob(os.path.join(directory, "profiles", "*.timeline.json.gz"))):
+        if left <= 0 or os.path.islink(path):
+            continue
+        try:
+            with gzip.open(path, "rb") as f:
+                raw = f.read(left + 1)
+            left -= len(raw)
+            docs.append(json.loads(raw))
+        except (OSError, ValueError, EOFError):
+            continue
+    return timeline_of(d for d in docs if isinstance(d, dict))

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from otelbpf.analyze import diagnose
+from otelbpf.analyze.idle import Timeline, timeline_of
 from otelbpf.live.state import JsonObject
 
 AGENT_SERVICE = "otelbpf"
@@ -204,6 +205,7 @@ def build(old: JsonObject | None, new: JsonObject) -> Tables:
     }
     if collected:  # the processes of the last collection: those whose spans linger in the ring exited
         services = collected
+    timelines = timeline_of(d for d in new.get("timelines", ()) if isinstance(d, dict))
 
     for pid in sorted(services):
         points = series.get(pid, {})
@@ -232,7 +234,7 @@ def build(old: JsonObject | None, new: JsonObject) -> Tables:
         _kernels(tables, rates, pid, points)
         _rank(tables, rates, pid, services[pid], points, mine)
         _routes(tables, pid, mine)
-        tables.findings += _findings(pid, services[pid], points, mine)
+        tables.findings += _findings(pid, services[pid], points, mine, timelines.get(pid))
     tables.processes.sort(key=lambda r: (not r.gpu, -(r.calls_per_s or 0), r.pid))
     tables.kernels.sort(key=lambda r: (-r.launches, r.kernel))
     tables.findings.sort(key=lambda f: -f.get("cost_s", 0))
@@ -325,10 +327,13 @@ def _routes(tables: Tables, pid: int, spans: list[JsonObject]) -> None:
         )
 
 
-def _findings(pid: int, service: str, points: Points, spans: list[JsonObject]) -> list[JsonObject]:
+def _findings(
+    pid: int, service: str, points: Points, spans: list[JsonObject], timeline: Timeline | None = None
+) -> list[JsonObject]:
     """The diagnosis engine over this process's recent CUDA spans, its off-CPU spans (the
-    ``sched`` receiver's, when on: input starvation, blocking I/O, host contention) and its
-    latest metrics."""
+    ``sched`` receiver's, when on: input starvation, blocking I/O, host contention), its CPU
+    samples in time (the profiler's, when on: the code that ran in the gaps) and its latest
+    metrics."""
 
     def of(scope_name: str) -> list[diagnose._Span]:
         return [
@@ -348,7 +353,9 @@ def _findings(pid: int, service: str, points: Points, spans: list[JsonObject]) -
         (n, a): (0, {"asDouble": p["value"]} if "value" in p else p, p.get("kind")) for (n, a), p in points.items()
     }
     label = f"{service} (pid {pid})"
-    out = [asdict(f) for f in diagnose._process_findings(label, of(CUDA_SCOPE), latest, of(diagnose.SCHED_SCOPE))]
+    out = [
+        asdict(f) for f in diagnose._process_findings(label, of(CUDA_SCOPE), latest, of(diagnose.SCHED_SCOPE), timeline)
+    ]
     straggled = _sum(points, "nccl.straggler", "nccl.straggler.class")
     if straggled:
         cls = max(straggled, key=lambda k: straggled[k])

@@ -13,7 +13,13 @@ Snapshot (``version`` 1)::
      "processes": [{"resource": {...}, "metrics": [{"name", "kind": "sum"|"gauge"|"histogram",
                     "points": [{"attributes", "value"} | {"attributes", "count", "sum", "max"}]}]}],
      "spans": [{"name", "scope", "kind", "trace_id", "span_id", "parent_id", "start", "end",
-                "error", "attributes", "pid", "service"}]}
+                "error", "attributes", "pid", "service"}],
+     "timelines": [{"pid", "start_ns", "end_ns", "bucket_ns", "period_ns", "stacks", "threads"}]}
+
+``timelines``: the profiler's CPU samples in time of the last ``TIMELINES_PER_PROCESS``
+intervals of the processes that use a GPU (correlate/profile_record.CpuTimeline), newest
+first, at most ``MAX_TIMELINE_ROWS`` rows: the live findings join them with the CUDA spans as
+``otelbpf diagnose`` does with the files (analyze/idle.py).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,11 +36,18 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.util.types import Attributes
 
+from otelbpf.correlate.profile_record import Profile
+
 VERSION = 1
 #: A JSON object: a snapshot (its shape is above) or one of its parts, as sent and as read back.
 JsonObject = dict[str, Any]
 #: Attribute text longer than this is cut in snapshots (a URL, a kernel name).
 MAX_TEXT = 160
+#: CPU timelines kept: the last intervals of each process, of this many processes, and at most
+#: this many rows in a snapshot (a busy thread makes ~990 a 10 s interval at 99 Hz).
+TIMELINES_PER_PROCESS = 2
+TIMELINE_PROCESSES = 64
+MAX_TIMELINE_ROWS = 8192
 
 
 def _value(v: object) -> object:
@@ -97,10 +110,37 @@ class LiveState:
         self._lock = threading.Lock()
         self._cached: tuple[float, JsonObject] | None = None
         self._min_interval = min_interval_s
+        self._timelines: OrderedDict[int, deque[JsonObject]] = OrderedDict()
 
     def on_spans(self, spans: Sequence[ReadableSpan]) -> None:
         """Called with every batch of spans the correlators emit (deque appends are atomic)."""
         self._spans.extend(spans)
+
+    def on_profiles(self, profiles: Sequence[Profile]) -> None:
+        """Called with every batch of profiles the profiler makes: their CPU timelines kept."""
+        with self._lock:
+            for p in profiles:
+                if p.timeline is None:
+                    continue
+                doc = {"pid": p.pid, "start_ns": p.start_ns, "end_ns": p.end_ns, **p.timeline.to_json()}
+                kept = self._timelines.pop(p.pid, None) or deque(maxlen=TIMELINES_PER_PROCESS)
+                kept.append(doc)
+                self._timelines[p.pid] = kept  # the most recent last
+                while len(self._timelines) > TIMELINE_PROCESSES:
+                    self._timelines.popitem(last=False)
+
+    def _timeline_docs(self) -> list[JsonObject]:
+        """The kept timelines, newest first, up to MAX_TIMELINE_ROWS rows (lock held)."""
+        out: list[JsonObject] = []
+        rows = 0
+        for kept in reversed(self._timelines.values()):
+            for doc in reversed(kept):
+                n = sum(len(r) for r in doc["threads"].values())
+                if rows + n > MAX_TIMELINE_ROWS:
+                    return out
+                out.append(doc)
+                rows += n
+        return out
 
     def on_metrics(self, data: MetricsData) -> None:
         with self._lock:
@@ -120,6 +160,7 @@ class LiveState:
             if self._cached and now - self._cached[0] < self._min_interval:
                 return self._cached[1]
             data, at = self._metrics, self._metrics_at
+            timelines = self._timeline_docs()
         processes = []
         for rm in data.resource_metrics if data else ():
             metrics = []
@@ -135,6 +176,7 @@ class LiveState:
             "metrics_time_unix_nano": at,
             "processes": processes,
             "spans": [_span(s) for s in self._spans.copy()],
+            "timelines": timelines,
         }
         with self._lock:
             self._cached = (now, snap)

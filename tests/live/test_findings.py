@@ -211,3 +211,45 @@ def test_off_cpu_spans_of_the_sched_receiver_give_live_host_side_findings() -> N
     [starved] = [s for s in sent if s.attributes["otelbpf.finding.cause"] == "input_starvation"]
     assert starved.attributes["otelbpf.finding.evidence.waits"] == 19  # the first precedes any CUDA call
     assert {link.context.span_id for link in starved.links} <= {s.context.span_id for s in spans if s.name == "off_cpu"}
+
+
+def test_the_live_findings_join_the_profilers_timeline_as_diagnose_does() -> None:
+    """Each step: a synchronize, then 14 ms of Python (tokenize) before the next launch. With
+    the profiler's CPU timeline handed to the live state, the live finding names the function
+    and its time, as ``otelbpf diagnose`` does from the files."""
+    from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, CpuTimeline, Profile
+
+    clock = Clock()
+    state = LiveState(min_interval_s=0, clock=clock)
+    cuda = scope("otelbpf.cuda")
+    spans, rows = [], []
+    t = T0
+    for i in range(60):
+        for name, dur in (("cudaLaunchKernel", 10_000), ("cudaStreamSynchronize", 30 * MS)):
+            spans.append(
+                make_span(
+                    name,
+                    resource=GPU,
+                    scope=cuda,
+                    start_ns=t,
+                    end_ns=t + dur,
+                    attributes={"cuda.api.function": name, "thread.id": 7},
+                )
+            )
+            t += dur
+        if i % 3 == 0:  # ~one sample per 14 ms gap at 99 Hz: every third gap, two samples
+            rows += [(t + 2 * MS, 1, 0), (t + 9 * MS, 1, 0)]
+        elif i % 3 == 1:
+            rows.append((t + 5 * MS, 1, 0))
+        t += 14 * MS
+    period = 1_000_000_000 // 99
+    timeline = CpuTimeline(1 << 20, period, [("tokenize", "/job/train.py", 12, "")], {7: rows})
+    profile = Profile("process_cpu", "cpu", {}, 100, T0, t + S, 99, CPU_SAMPLE_TYPES, "cpu", timeline=timeline)
+    state.on_spans(spans)
+    state.on_profiles([profile])
+    r, sent = reporter(state, clock)
+    clock.now = t + 2 * S
+    r.collect()
+    [code] = [s for s in sent if s.attributes["otelbpf.finding.cause"] == "host_code"]
+    assert "tokenize (train.py:12)" in code.attributes["otelbpf.finding.summary"]
+    assert abs(code.attributes["otelbpf.finding.cost"] - 60 * period / 1e9) < 0.01
