@@ -685,4 +685,7 @@ def run_doctor(out: TextIO = sys.stdout) -> int:
         out.write(f"{check.status:<8} {check.name:<15} {check.detail}\n")
         out.flush()
     _write_scan(scan_processes(), out)
+    from otelbpf.live.agents import running_report  # an agent running here: what it lost, and why
+
+    running_report(out)
     return _write_verdict(checks, out)

@@ -11,9 +11,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from otelbpf.base.losses import explain
 from otelbpf.live import endpoint
+
+if TYPE_CHECKING:  # the snapshot's type only (live/state.py imports OpenTelemetry)
+    from otelbpf.live.state import JsonObject
 
 
 @dataclass(frozen=True)
@@ -94,3 +98,37 @@ def check_live(out: TextIO, max_age_s: float | None = None) -> int:
         out.write(f"otelbpf doctor --live: the last metrics collection is over {max_age_s:g}s old\n")
         return 1
     return 0
+
+
+#: The agent's counters of what it could not keep, by ``reason`` (base/losses.py explains them).
+_LOSS_METRICS = ("otelbpf.events.lost", "otelbpf.events.dropped")
+
+
+def losses(snap: JsonObject) -> dict[str, int]:
+    """What a running agent lost so far, by reason (non-zero), from its snapshot's own metrics."""
+    lost: dict[str, int] = {}
+    for proc in snap.get("processes", []):
+        if proc.get("resource", {}).get("service.name") != "otelbpf":
+            continue
+        for metric in proc.get("metrics", []):
+            if metric.get("name") in _LOSS_METRICS:
+                for point in metric.get("points", []):
+                    reason = str(point.get("attributes", {}).get("reason", "unknown"))
+                    if value := int(point.get("value") or 0):
+                        lost[reason] = lost.get(reason, 0) + value
+    return lost
+
+
+def running_report(out: TextIO) -> None:
+    """``otelbpf doctor``'s lines on the agents running here: each one's losses, explained
+    (what ``otelbpf run``'s status line and ``otelbpf summary`` say), or that none lost anything."""
+    for a in running():
+        try:
+            snap = endpoint.fetch(a.socket, timeout_s=2.0)
+        except endpoint.EndpointError:
+            continue
+        lost = losses(snap)
+        if not lost:
+            out.write(f"{'OK':<8} {'running agent':<15} pid {a.pid}, up {_age(a.age_s)}: nothing lost\n")
+        for reason, count in sorted(lost.items(), key=lambda kv: -kv[1]):
+            out.write(f"{'LOSSES':<8} {'running agent':<15} pid {a.pid} lost {count:,}: {explain(reason)}\n")

@@ -82,3 +82,32 @@ def test_doctor_live_answers_for_a_running_agent_and_fails_without_one(
         assert agents.check_live(stale, max_age_s=20) == 1 and "over 20s old" in stale.getvalue()
     finally:
         server.close()
+
+
+def test_doctor_names_a_running_agents_losses_and_their_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(endpoint.RUN_DIR_ENV, str(tmp_path / "run"))
+    own = {
+        "resource": {"service.name": "otelbpf", "process.pid": 7},
+        "metrics": [
+            {
+                "name": "otelbpf.events.lost",
+                "kind": "sum",
+                "points": [
+                    {"attributes": {"reason": "string_ring_full"}, "value": 62},
+                    {"attributes": {"reason": "ring_buffer_full"}, "value": 0},
+                ],
+            },
+            {"name": "otelbpf.events.dropped", "kind": "sum", "points": [{"attributes": {"reason": "x"}, "value": 1}]},
+        ],
+    }
+    snap = {"version": 1, "agent_pid": 7, "time_unix_nano": 1, "metrics_time_unix_nano": 1, "processes": [own]}
+    assert agents.losses(snap) == {"string_ring_full": 62, "x": 1}
+    server = endpoint.StateServer(lambda: snap)
+    try:
+        out = io.StringIO()
+        agents.running_report(out)
+    finally:
+        server.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("LOSSES   running agent   pid 7 lost 62: string_ring_full: ")
+    assert "fix: raise service.telemetry.string_ring_size" in lines[0] and len(lines) == 2
