@@ -60,7 +60,9 @@ def begin_run(cfg: FileExporterConfig, watching: str, now: float | None = None) 
         names = sorted(n for n in os.listdir(out.fd) if _RUN_FILES.fullmatch(n))
         if cfg.append and names:
             return None  # the folder's run.json, if any, still names the run that began it
-        moved = _move_previous(out, names) if names else None
+        # a profiles/ or report.html alone is not taken for a run's: the folder may be "." in a project
+        ours = any(n.endswith(".jsonl") or n == RUN_FILE for n in names)
+        moved = _move_previous(out, names) if ours else None
         run = {"started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"), "pid": os.getpid()}
         out.write_whole(RUN_FILE, (json.dumps({**run, "watching": watching}) + "\n").encode())
         return moved

@@ -94,3 +94,14 @@ def test_a_link_in_the_folder_is_moved_as_a_link_never_followed(tmp_path: Path) 
 def test_which_run_of_a_folder_without_run_json(tmp_path: Path) -> None:
     assert runs.which_run(str(tmp_path / "missing")) is None
     assert runs.which_run(str(tmp_path)) == f"the files in {tmp_path} (no run.json: an older agent's, or runs appended)"
+
+
+def test_a_folder_with_no_runs_files_keeps_what_only_looks_like_them(tmp_path: Path) -> None:
+    """directory: "." in a project: its own profiles/ and report.html are not an earlier run."""
+    cfg = folder(tmp_path)
+    out = Path(cfg.directory)
+    (out / "profiles").mkdir(parents=True, mode=0o700)
+    out.chmod(0o700)
+    (out / "report.html").write_text("the project's own")
+    assert runs.begin_run(cfg, "the host", now=T0) is None
+    assert sorted(os.listdir(out)) == ["profiles", "report.html", "run.json"]
