@@ -733,7 +733,7 @@ def run(
     try:
         if job is not None:
             job.release(agent.sensor.pause_gate_fd())
-        line = status.StatusLine(sys.stderr) if status.wanted(sys.stderr) else None
+        line = status.StatusLine(sys.stderr) if status.wanted(sys.stderr, command=job is not None) else None
         rc = _watch(agent, job, received, wake, duration_s, line)
     finally:
         agent.stop()

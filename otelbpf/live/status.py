@@ -5,7 +5,8 @@ cannot tell a quiet host from a broken agent, and learns of losses only at the e
 count. Every ``every_s`` seconds the line gives the processes the agent holds state for, the
 libraries probed, events per second and losses; the first time a kind of loss appears it is
 explained once, with the option that fixes it (``base/losses.py``). Written only when stderr is
-a terminal (or ``OTELBPF_STATUS=on``): a service's journal gets the agent's own metrics instead."""
+a terminal, in host or ``--pid`` mode (or ``OTELBPF_STATUS=on``): a service's journal gets the
+agent's own metrics instead."""
 
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ class Sample:
     at: float = field(default_factory=time.monotonic)
 
 
-def wanted(stream: TextIO, env: Mapping[str, str] = os.environ) -> bool:
-    """Whether to print the status line: ``OTELBPF_STATUS`` (on/off) decides, else a terminal."""
+def wanted(stream: TextIO, env: Mapping[str, str] = os.environ, *, command: bool = False) -> bool:
+    """Whether to print the status line: ``OTELBPF_STATUS`` (on/off) decides, else a terminal
+    in host or ``--pid`` mode. Not by default under ``run -- COMMAND``: the command's own
+    output is on that terminal, and the run ends with the same counts and causes anyway."""
     setting = env.get("OTELBPF_STATUS", "").strip().lower()
     if setting in ("on", "1", "true", "yes"):
         return True
-    if setting in ("off", "0", "false", "no"):
+    if setting in ("off", "0", "false", "no") or command:
         return False
     try:
         return stream.isatty()

@@ -56,6 +56,8 @@ def test_shown_on_a_terminal_unless_told(setting, tty, shown):
             return tty
 
     assert status.wanted(Stream(), {"OTELBPF_STATUS": setting}) is shown
+    # under run -- COMMAND the command's output has the terminal: only when asked
+    assert status.wanted(Stream(), {"OTELBPF_STATUS": setting}, command=True) is (setting == "on")
 
 
 def test_every_kernel_loss_has_a_cause():
