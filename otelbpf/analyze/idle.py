@@ -30,7 +30,9 @@ The time spent *inside* pageable copies and small blocking reads is idle time to
 waits on a staged copy, or drains for a few bytes): charged to those causes as before, it lies
 outside every gap (a gap starts when such a call returns), so nothing is charged twice. A gap
 with no next call (the process exited, or the trace ends mid-gap) is not charged: it is counted
-as ``open_gaps``.
+as ``open_gaps``. A gap ends at the next call the agent *saw*: launches are spans only with the
+cuda receiver's ``launch_sample_every``, so by default a step's launches fall inside the gap
+that ends at its copy or synchronize (docs/gpu-idle.md: what this cannot see).
 """
 
 from __future__ import annotations
