@@ -11,8 +11,12 @@ ordinal among this process's late communicators of that size, in first-use order
 size comes from ``ncclCommCount`` when the process called it, else ``WORLD_SIZE`` (the
 default process group is the first communicator a PyTorch job uses). The rank comes from
 ``ncclCommUserRank`` when called, else from the environment when the size is the world's.
-The group's id (``nccl.comm.id``) is a hash of those and of the host name: two hosts' agents
-count rounds from different starting points, so their late communicators must never compare.
+The group's id (``nccl.comm.id``) is a hash of those, the same on every host of the job, so
+the per-rank signal of ranks on different nodes (``nccl.collective.wait``) meets in one
+communicator in Prometheus; never the host name. A job known only by its parent process or
+by the process itself (no launcher variable that names the job) is local: its id hashes the
+host name too. Rounds (``nccl.seq``) are counted per host from where its agent started, so
+sequence numbers are never compared across hosts; the fleet signal needs none.
 
 **Rounds.** NCCL requires every rank to issue a communicator's collectives in the same order,
 so collective *k* of one rank meets collective *k* of the others. A rank's first collective
@@ -27,6 +31,9 @@ the collective is not compared, counted (``late_comm_ambiguous``), its span says
 upper bound of the real one, so a late observation (``cudaStreamWaitEvent``: the host learns
 at its next compute synchronize) never misplaces a collective; observed after the other ranks
 entered the next round, it leaves two rounds open, and is left unplaced.
+A library that returns at completion (a blocking wait, a CPU-side backend) is never
+synchronized on: once a group has seen three of its collective calls last a millisecond or more
+(an enqueue takes microseconds), its ranks' returns are their completions (correlate/nccl.py).
 Placed once, a rank's later collectives follow in order and are checked the same way; one
 that contradicts its round (``late_comm_misaligned``) un-places the rank.
 
@@ -46,6 +53,9 @@ from otelbpf.correlate.launch_env import Launch
 
 #: What every rank's collective *k* must agree on: (operation, count, datatype, reduction, root).
 Signature = tuple[int, ...]
+
+#: Job keys (launch_env.py) that name nothing outside this host: their ids include the host name.
+LOCAL_JOBS = ("parent:", "process:")
 
 #: Rounds kept per group: a rank placed further back than this is re-placed.
 MAX_ROUNDS = 256
@@ -83,6 +93,7 @@ class Group:
     next_seq: int = 1
     ranks: dict[int, int] = field(default_factory=dict)  # rank -> pid
     conflicted: bool = False
+    blocking_calls: int = 0  # collective calls that lasted long: the library returns at completion
 
 
 @dataclass(eq=False)
@@ -160,7 +171,8 @@ class LateComms:
         key = (*kind, ordinal)
         group = self._groups.get(key)
         if group is None:
-            digest = hashlib.blake2b(repr((self._host, key)).encode(), digest_size=8).digest()
+            local = launch is None or job.startswith(LOCAL_JOBS)
+            digest = hashlib.blake2b(repr((self._host, key) if local else key).encode(), digest_size=8).digest()
             group = self._groups[key] = Group(int.from_bytes(digest, "little"))
         lc.group, lc.member = group, (pid, lc.rank)
         if lc.rank >= 0:

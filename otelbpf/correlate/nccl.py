@@ -25,6 +25,15 @@ Ranks and communicators: a communicator whose init was seen has its id and rank 
 (late_comms.py covers those created before the probes were attached). Every span says how
 its rank was learned (``nccl.rank.source``).
 
+Fleet signal (docs/stragglers.md): per rank and communicator, ``nccl.collective.wait``, the
+time from this rank's arrival at a collective (its call's entry) to the collective's completion
+as this rank knew it (the observed completion above; else the call returning, which is the
+completion for a call that blocks until done). The rank every other rank waits for waits least,
+so a backend compares ranks by it with no clock and no alignment; ``nccl.collective.phase``
+holds what classifies the lateness (each rank's GPU wait and host time before its collectives).
+Its communicator id is the same on every host (the ``ncclUniqueId``, or the launcher's job, size
+and ordinal: late_comms.py), so Prometheus rules (deploy/prometheus/) compare ranks across nodes.
+
 Live stragglers: the local ranks of a communicator are compared per (communicator id,
 sequence number) when all have entered, by the adaptive test of correlate/adaptive.py
 (lateness against the other ranks' spread, persistent over a window, a minimum scaled by the
@@ -39,7 +48,7 @@ from __future__ import annotations
 
 import socket
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -166,6 +175,17 @@ ALIGNED, UNALIGNED, CONFLICTED = "aligned", "unaligned", "conflicted"
 #: nccl.rank.source for a communicator whose init was seen
 FROM_INIT = "init"
 
+#: nccl.collective.wait buckets, seconds: 10 us (the last rank's own transfer) to 60 s.
+COLLECTIVE_WAIT_BOUNDS = (
+    *(1e-5, 1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2),
+    *(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0),
+)
+#: A collective call on a communicator created before the probes that lasted this long did not
+#: only enqueue: the library returns at completion (a blocking wait, a CPU backend). Seen
+#: ``BLOCKING_EVIDENCE`` times in a late group, its ranks' returns are their completions.
+BLOCKING_CALL_NS = 1_000_000
+BLOCKING_EVIDENCE = 3
+
 
 def _rank(packed: int) -> tuple[int, int]:
     """(rank, nranks) from ``rank | nranks << 32`` (0xffffffff: unknown, -1)."""
@@ -285,14 +305,31 @@ class _Process:
     stragglers: Counter[tuple[str, str]] = field(default_factory=Counter)  # (comm hex, class) -> findings
     lateness: dict[str, m.HistogramState] = field(default_factory=lambda: defaultdict(m.HistogramState))  # by class
     anomalies: Counter[str] = field(default_factory=Counter)  # reason -> calls
-    #: (histogram, attribute) -> values of this batch, added to the histograms at its end
-    samples: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
+    #: (comm hex, rank) -> nccl.collective.wait; (comm hex, rank, part) -> nccl.collective.phase seconds
+    rank_wait: dict[tuple[str, int], m.HistogramState] = field(
+        default_factory=lambda: defaultdict(lambda: m.HistogramState(COLLECTIVE_WAIT_BOUNDS))
+    )
+    rank_phase: dict[tuple[str, int, str], float] = field(default_factory=lambda: defaultdict(float))
+    #: (histogram, its key) -> values of this batch, added to the histograms at its end
+    samples: dict[tuple[str, Hashable], list[float]] = field(default_factory=lambda: defaultdict(list))
     exited: bool = False
 
     def flush_samples(self) -> None:
         for (which, label), values in self.samples.items():
             getattr(self, which)[label].add(np.asarray(values))
         self.samples.clear()
+
+    def rank_labels(self, comm: str, rank: int) -> dict[str, AttributeValue]:
+        """The fleet signal's attributes: a rule groups by communicator and names the rank, its
+        host and pod without joining the resource (Mimir keeps resource attributes apart)."""
+        attrs: dict[str, AttributeValue] = {"nccl.comm.id": comm, "nccl.rank": rank}
+        if self.launch is not None:
+            attrs["nccl.job.id"] = self.launch.job
+        for key in ("host.name", "k8s.pod.name"):
+            v = self.resource.attributes.get(key)
+            if isinstance(v, str) and v:
+                attrs[key] = v
+        return attrs
 
 
 class NcclCorrelator(CorrelatorBase[_Process]):
@@ -450,6 +487,7 @@ class NcclCorrelator(CorrelatorBase[_Process]):
                 self._finish(p, call, FAILED)
             elif call.group is None:
                 self._enqueued(p, call, ts)
+                self._late_returned(p, call)
             return
         if func in _INITS and ret in (0, IN_PROGRESS):
             p.last_done, p.gpu_wait = ts, 0  # init waits for every rank: the first phase starts here
@@ -470,6 +508,7 @@ class NcclCorrelator(CorrelatorBase[_Process]):
                 self._finish(p, call, FAILED)
             else:
                 self._enqueued(p, call, ts)
+                self._late_returned(p, call)
         self._group_done(group)
 
     def _enqueued(self, p: _Process, call: _Call, ts: int) -> None:
@@ -477,6 +516,31 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         p.pending.append(call)
         p.last_done, p.gpu_wait = ts, 0
         p.bytes[OPS[call.func]] += call.bytes
+
+    def _late_returned(self, p: _Process, call: _Call) -> None:
+        """A collective on a communicator created before the probes returned. Where its group's
+        library returns at completion (``BLOCKING_CALL_NS``), the return is the completion: the
+        rank's collectives are placed in rounds without any synchronize, oldest first."""
+        lc = call.late
+        if lc is None:
+            return
+        group = lc.joined()
+        if call.enqueued_ns - call.enter >= BLOCKING_CALL_NS:
+            group.blocking_calls += 1
+        if group.blocking_calls < BLOCKING_EVIDENCE:
+            return
+        if call.round is not None:
+            call.completed = call.enqueued_ns
+            self._late.completed(call, p.anomalies)
+        while lc.waiting:
+            head = lc.waiting[0]
+            assert isinstance(head, _Call)  # LateComms holds the calls it was given
+            if head.enqueued is None:
+                break  # not returned yet: it completes at its return
+            head.completed = head.enqueued
+            for placed in self._late.completed(head, p.anomalies):
+                assert isinstance(placed, _Call)
+                self._arrive(placed)
 
     def _comm(self, pid: int, tid: int, func: int, comm_id: int, packed_rank: int, parent: int) -> None:
         p = self._proc(pid)
@@ -712,6 +776,8 @@ class NcclCorrelator(CorrelatorBase[_Process]):
                 p.errors[(name, RESULTS.get(call.ret, str(call.ret)))] += 1
             if call.incomplete:
                 p.anomalies["incomplete"] += 1
+            if call.func in COLLECTIVES and completion in (OBSERVED, UNOBSERVED):
+                self._rank_signal(p, call, completion)
             if completion == OBSERVED:
                 op = OPS[call.func]
                 enqueued, _, completed = call.observed()
@@ -726,6 +792,23 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         elif call.func not in _GROUP_CALLS:
             parent = self._parent_of(call.pid, call.tid, call.enter)
             self._ready.append([self._span(p, call, parent)])
+
+    def _rank_signal(self, p: _Process, call: _Call, completion: str) -> None:
+        """``nccl.collective.wait`` and ``nccl.collective.phase`` of a collective whose rank and
+        communicator are known: from arrival (entry) to the completion as this rank knew it, the
+        observed one, else its return (the completion of a call that blocks until done; the
+        enqueue of one nobody waited for, as short on every rank). Two jobs the environment
+        cannot tell apart (``conflicted``) are left out."""
+        if call.rank < 0 or not call.comm or not (call.known or call.late is not None):
+            return
+        if call.late is not None and call.late.joined().conflicted:
+            return
+        end = call.observed()[2] if completion == OBSERVED else call.enqueued_ns
+        key = (comm_hex(call.comm), call.rank)
+        p.samples[("rank_wait", key)].append(max(end - call.enter, 0) / 1e9)
+        if call.phase is not None:
+            p.rank_phase[(*key, "gpu_wait")] += call.gpu_wait / 1e9
+            p.rank_phase[(*key, "host")] += max(call.phase - call.gpu_wait, 0) / 1e9
 
     def _group_done(self, group: _Group) -> None:
         if group.emitted or group.end is None or not all(c.done for c in group.members):
@@ -916,6 +999,24 @@ class NcclCorrelator(CorrelatorBase[_Process]):
                 "s",
                 "How late this rank entered the collectives it straggled on",
                 [h.point({"nccl.straggler.class": cls}, start, now) for cls, h in sorted(p.lateness.items())],
+            ),
+            m.histogram(
+                "nccl.collective.wait",
+                "s",
+                "From this rank's arrival at a collective to its completion as this rank knew it: "
+                "the rank the others wait for waits least (docs/stragglers.md)",
+                [h.point(p.rank_labels(*key), start, now) for key, h in sorted(p.rank_wait.items())],
+            ),
+            m.cumulative_sum(
+                "nccl.collective.phase",
+                "s",
+                "Before this rank's collectives: time its host waited on the GPU (gpu_wait) and the rest (host)",
+                [
+                    ({**p.rank_labels(comm, rank), "nccl.phase.part": part}, v)
+                    for (comm, rank, part), v in sorted(p.rank_phase.items())
+                ],
+                start,
+                now,
             ),
             m.cumulative_sum(
                 "otelbpf.nccl.anomalies",
