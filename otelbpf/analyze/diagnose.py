@@ -252,6 +252,11 @@ def _metric(points: Points, name: str, **match: object) -> list[tuple[Json, Json
     ]
 
 
+def _rank(f: Finding) -> tuple[bool, float]:
+    """Causes first, costliest first; then what no cause explains (it says what to turn on)."""
+    return (f.cause == "unexplained", -f.cost_s)
+
+
 def _ids(spans: Sequence[Any]) -> list[str]:
     return [s.span_id for s in sorted(spans, key=lambda s: s.start - s.end)[:EVIDENCE_SPANS]]
 
@@ -437,7 +442,7 @@ def _process_findings(
             + (f"; {near[0][1]:.3f}s of it in gaps where the thread ran {near[0][0]}" if near else ""),
             {"idle": idle, "beside_code": {k: round(v, 6) for k, v in near}},
         )
-    return sorted(out, key=lambda f: -f.cost_s)
+    return sorted(out, key=_rank)
 
 
 def _stacks(intervals: list[Any], part: str) -> list[dict[str, Any]]:
@@ -530,7 +535,7 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
 
 
 def diagnose(directory: str, partial: list[str] | None = None) -> list[Finding]:
-    """Findings of every process in ``directory``, costliest first. Raises ValueError on
+    """Findings of every process in ``directory``, causes costliest first. Raises ValueError on
     files that are not the agent's output (naming file and line). ``partial``: collects the
     lines still being written instead (summary._read)."""
     procs: dict[ProcKey, Json] = {}
@@ -544,7 +549,8 @@ def findings_of(
     loader: SpanLoader, latest: Latest, procs: dict[ProcKey, Json], timelines: Mapping[int, Timeline] | None = None
 ) -> list[Finding]:
     """Findings of every process read (``procs``: resources from the metrics and the spans),
-    costliest first. ``timelines``: the CPU samples in time by pid (idle.load_timelines)."""
+    causes costliest first, then the unexplained rests. ``timelines``: the CPU samples in time by
+    pid (idle.load_timelines)."""
     findings: list[Finding] = []
     for key, res in procs.items():
         if key[0] == "otelbpf":
@@ -557,7 +563,7 @@ def findings_of(
             loader.off_cpu.get(key, []),
             (timelines or {}).get(int(res.get("process.pid", key[1]) or 0)),
         )
-    return sorted(findings, key=lambda f: -f.cost_s)
+    return sorted(findings, key=_rank)
 
 
 def write_report(findings: list[Finding], out: TextIO, as_json: bool = False) -> None:

@@ -237,7 +237,7 @@ def build(old: JsonObject | None, new: JsonObject) -> Tables:
         tables.findings += _findings(pid, services[pid], points, mine, timelines.get(pid))
     tables.processes.sort(key=lambda r: (not r.gpu, -(r.calls_per_s or 0), r.pid))
     tables.kernels.sort(key=lambda r: (-r.launches, r.kernel))
-    tables.findings.sort(key=lambda f: -f.get("cost_s", 0))
+    tables.findings.sort(key=lambda f: (f.get("cause") == "unexplained", -f.get("cost_s", 0)))
     if tables.ranks:
         worst = max(tables.ranks, key=lambda r: (r.straggled, r.pid))
         worst.current_straggler = worst.straggled > 0
