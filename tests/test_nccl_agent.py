@@ -606,3 +606,81 @@ def test_skewed_clocks_are_measured_and_removed(tmp_path):
     raw = stragglers(*dirs.values(), extra=("--no-clock-correction",))
     # uncorrected, the clocks' spread (up to 1.7 s) drowns the 40 ms straggler
     assert [r["rank"] for r in raw["stragglers"]] != [slow]
+
+
+# ---- returns at completion, never synchronized: live, and the fleet signal
+
+
+def wait_means(metrics_jsonl: Path) -> dict[tuple[str, int], float]:
+    """(nccl.comm.id, nccl.rank) -> mean nccl.collective.wait (seconds), from the newest
+    cumulative point of each series in the file exporter's metrics."""
+    newest: dict[tuple[str, int], tuple[int, float]] = {}
+    for line in metrics_jsonl.read_text().splitlines():
+        for rm in json.loads(line)["resourceMetrics"]:
+            for sm in rm["scopeMetrics"]:
+                for metric in sm["metrics"]:
+                    if metric["name"] != "nccl.collective.wait":
+                        continue
+                    for dp in metric["histogram"]["dataPoints"]:
+                        attrs = {a["key"]: next(iter(a["value"].values())) for a in dp["attributes"]}
+                        key = (attrs["nccl.comm.id"], int(attrs["nccl.rank"]))
+                        newest[key] = (int(dp["count"]), float(dp["sum"]))
+    return {k: total / n for k, (n, total) in newest.items() if n}
+
+
+@pytest.mark.parametrize("attach", ["after_init", "before_init"])
+def test_returns_at_completion_never_synchronized_a_40ms_straggler(tmp_path, attach):
+    """The job's collectives return at completion (``--completion return``: a blocking wait, a
+    CPU-side backend) and nothing synchronizes on them. ``after_init``: the agent attaches after
+    every rank's init, so ranks come from torchrun's variables only; ``before_init``: it sees
+    the inits. Rank 2, 40 ms late on every collective, is named live, on defaults but a short
+    completion_timeout (the returns expire into spans); and it waits least in
+    nccl.collective.wait, where the others wait ~40 ms."""
+    iters, slow = 30, 2
+    argv = [
+        str(JOB),
+        *("--ranks", "4", "--iterations", str(iters), "--completion", "return"),
+        *("--jitter-ms", "3", "--slow-rank", str(slow), "--slow-kind", "host", "--slow-ms", "40"),
+    ]
+    cfg = write_config(tmp_path, None, threshold=None)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["receivers"]["nccl"]["completion_timeout"] = "1s"
+    cfg.write_text(yaml.safe_dump(doc))
+    if attach == "before_init":
+        with AgentProcess(["-c", str(cfg), "--", *argv]) as agent:
+            assert agent.wait(120) == 0, agent.output
+        out = next(x for x in agent.output.splitlines() if x.startswith('{"workload":"nccl_job"'))
+    else:
+        job = subprocess.Popen(
+            [*argv, "--hold-ms", "150000"], stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        try:
+            with AgentProcess(["-c", str(cfg), "--pid", str(job.pid)]) as agent:
+                agent.wait_ready()
+                agent.wait_attached(BUILD / "fakenccl" / "libnccl.so.2")
+                os.killpg(job.pid, signal.SIGUSR1)
+                out, _ = job.communicate(timeout=120)
+                agent.stop()
+        finally:
+            job.kill()
+    summary = json.loads(out.strip().splitlines()[-1])
+    pids = by_rank(summary)
+    spans = defaultdict(list)
+    for line in (tmp_path / "out" / "traces.jsonl").read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            res = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
+            pid = int(res["process.pid"]["intValue"])
+            for ss in rs["scopeSpans"]:
+                spans[pid] += [sp for sp in ss["spans"] if sp["name"] == "ncclAllReduce"]
+    named = {
+        rank
+        for rank, pid in pids.items()
+        for sp in spans[pid]
+        for e in sp.get("events", [])
+        if e["name"] == "nccl.straggler"
+    }
+    assert named == {slow}, (named, {r: len(spans[p]) for r, p in pids.items()}, agent.output[-3000:])
+    means = wait_means(tmp_path / "out" / "metrics.jsonl")
+    assert len({comm for comm, _ in means}) == 1 and {r for _, r in means} == set(pids)
+    by = {r: v for (_, r), v in means.items()}
+    assert by[slow] < 0.01 and min(v for r, v in by.items() if r != slow) > 0.03, by

@@ -20,6 +20,7 @@
  * No data moves: buffers are checked, not read. A dead peer (its process gone or a zombie) or
  * a peer that aborted fails the waits with ncclRemoteError (the communicator's async error);
  * a wait longer than FAKENCCL_TIMEOUT_MS (default 30000) fails with ncclSystemError.
+ * FAKENCCL_BLOCKING=1 makes every call return at completion instead (nothing on the stream).
  * FAKENCCL_CRASH_AT_CALL=n kills the process (SIGKILL) inside its n-th collective or
  * point-to-point call, before it arrives: a rank dying mid-collective.
  */
@@ -129,7 +130,7 @@ static __thread struct op *group_ops;
 static __thread size_t group_len, group_cap;
 static __thread ncclResult_t group_error;
 static _Atomic uint64_t calls; /* collective and point-to-point calls, for FAKENCCL_CRASH_AT_CALL */
-static uint64_t link_ns = 10000, timeout_ns = 30000000000ULL, crash_at_call;
+static uint64_t link_ns = 10000, timeout_ns = 30000000000ULL, crash_at_call, blocking;
 static double bytes_per_ns = 100.0;
 
 static uint64_t env_u64(const char *name, uint64_t fallback, uint64_t max)
@@ -155,6 +156,7 @@ __attribute__((constructor)) static void read_settings(void)
     uint64_t gbps = env_u64("FAKENCCL_GBPS", 100, 1000000);
     bytes_per_ns = gbps ? (double)gbps : 100.0;
     crash_at_call = env_u64("FAKENCCL_CRASH_AT_CALL", 0, UINT64_MAX);
+    blocking = env_u64("FAKENCCL_BLOCKING", 0, 1);
 }
 
 static uint64_t now_ns(void)
@@ -320,7 +322,11 @@ static ncclResult_t arrive(ncclComm_t c)
     return ncclSuccess;
 }
 
-static ncclResult_t issue(const struct op *o)
+/* FAKENCCL_BLOCKING=1: the call (a group: its outermost ncclGroupEnd) returns at completion, as a
+ * blocking wait or a CPU-side backend does; the caller never synchronizes. Every operation of
+ * the call is issued (arrived) before the first is waited for, so a ring of send/recv in one
+ * group cannot deadlock. */
+static ncclResult_t issue(const struct op *o, struct ticket **out)
 {
     ncclComm_t c = o->comm;
     if (atomic_load(&c->async_error))
@@ -342,6 +348,10 @@ static ncclResult_t issue(const struct op *o)
     }
     atomic_fetch_add(&c->refs, 1);
     atomic_fetch_add(&inflight, 1);
+    if (blocking) {
+        *out = t;
+        return ncclSuccess;
+    }
     if (cudaLaunchHostFunc(o->stream, complete, t) != 0) {
         atomic_fetch_sub(&inflight, 1);
         release(c);
@@ -374,8 +384,15 @@ static ncclResult_t enqueue(enum op_kind kind, const void *sendbuff, void *recvb
     if (kind == OP_ALLGATHER || kind == OP_REDUCESCATTER)
         bytes *= (size_t)comm->nranks;
     struct op o = {kind, comm, stream, bytes, root_or_peer};
-    if (group_depth == 0)
-        return issue(&o);
+    if (group_depth == 0) {
+        struct ticket *t = NULL;
+        ncclResult_t rc = issue(&o, &t);
+        if (t) {
+            complete(t);
+            rc = atomic_load(&comm->async_error);
+        }
+        return rc;
+    }
     if (group_len == group_cap) {
         size_t cap = group_cap ? group_cap * 2 : 16;
         struct op *grown = realloc(group_ops, cap * sizeof *grown);
@@ -671,8 +688,20 @@ NCCL_API(ncclResult_t, ncclGroupEnd, void)
         return ncclInvalidUsage;
     if (--group_depth > 0)
         return ncclSuccess;
+    struct ticket **tickets = blocking && group_len ? calloc(group_len, sizeof *tickets) : NULL;
+    if (blocking && group_len && !tickets)
+        group_error = ncclSystemError;
     for (size_t i = 0; i < group_len && group_error == ncclSuccess; i++)
-        group_error = issue(&group_ops[i]);
+        group_error = issue(&group_ops[i], tickets ? &tickets[i] : &(struct ticket *){NULL});
+    for (size_t i = 0; tickets && i < group_len; i++) {
+        if (!tickets[i])
+            continue;
+        ncclComm_t c = tickets[i]->comm;
+        complete(tickets[i]);
+        if (group_error == ncclSuccess)
+            group_error = atomic_load(&c->async_error);
+    }
+    free(tickets);
     group_len = 0;
     return group_error;
 }

@@ -18,7 +18,9 @@
  *           the host does not block; a compute synchronize at the start of the next iteration
  *           (PyTorch's loss.item()) observes the collective, and that iteration's host work
  *           (a host-slow rank's gaps) follows it, so a slow host delays the next collective
- *           as it does in a training loop rather than hiding behind the one in flight.
+ *           as it does in a training loop rather than hiding behind the one in flight;
+ *   return  the collectives return at completion (FAKENCCL_BLOCKING=1 in every rank: a blocking
+ *           wait, a CPU-side backend) and nothing is synchronized, recorded or queried.
  *
  * Each rank gets the environment a launcher gives it (--launcher): torchrun (RANK, LOCAL_RANK,
  * WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, the
@@ -47,7 +49,7 @@
  *                 [--ops allreduce,allgather,reducescatter,broadcast,reduce,sendrecv] [--group]
  *                 [--split] [--slow-rank R --slow-kind compute|host|comm --slow-ms X]
  *                 [--crash-rank R --crash-iter I] [--end-rank R --end-iter I --end-how destroy|abort]
- *                 [--completion stream|query|sync|wait] [--launcher torchrun|slurm|ompi|bare|none]
+ *                 [--completion stream|query|sync|wait|return] [--launcher torchrun|slurm|ompi|bare|none]
  *                 [--job-id ID] [--hold-ms X] [--jitter-ms J] [--lib LIBNCCL] [--cudart LIBCUDART]
  *                 [--host-work sleep|spin]
  * Defaults: 4 ranks, 10 iterations, 8 kernels of 250 us, 1024 floats, allreduce; the stand-in
@@ -87,8 +89,8 @@ enum slow { SLOW_NONE, SLOW_COMPUTE, SLOW_HOST, SLOW_COMM };
 static const char *const SLOW_NAMES[] = {"none", "compute", "host", "comm"};
 static const char *const END_HOW[] = {"destroy", "abort"};
 static const char *const HOST_WORK[] = {"sleep", "spin"};
-enum completion { WAIT_STREAM, WAIT_QUERY, WAIT_SYNC, WAIT_EVENT };
-static const char *const COMPLETION_NAMES[] = {"stream", "query", "sync", "wait"};
+enum completion { WAIT_STREAM, WAIT_QUERY, WAIT_SYNC, WAIT_EVENT, WAIT_RETURN };
+static const char *const COMPLETION_NAMES[] = {"stream", "query", "sync", "wait", "return"};
 enum launcher { LAUNCH_TORCHRUN, LAUNCH_SLURM, LAUNCH_OMPI, LAUNCH_BARE, LAUNCH_NONE };
 static const char *const LAUNCHER_NAMES[] = {"torchrun", "slurm", "ompi", "bare", "none"};
 
@@ -318,6 +320,8 @@ static int await_collectives(const struct opts *o, void *event, cudaStream_t com
         sync_stream(comm_stream, total_us);
         return 0;
     }
+    if (o->completion == WAIT_RETURN)
+        return 0; /* the calls returned at completion */
     api.EventRecord(event, comm_stream);
     long t0 = now_us();
     int rc = 0;
@@ -371,7 +375,7 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
         die("cudaMalloc of %s failed", "the buffers");
     cudaStream_t compute = (cudaStream_t)0x5000, comm_stream = (cudaStream_t)0x6000;
     void *event = NULL;
-    if (o->completion != WAIT_STREAM && api.EventCreate(&event) != 0)
+    if (o->completion != WAIT_STREAM && o->completion != WAIT_RETURN && api.EventCreate(&event) != 0)
         die("cudaEventCreate failed in %s", o->cudart);
     for (long until = now_us() + (long)o->hold_ms * 1000; !released && now_us() < until;)
         sleep_us(1000);
@@ -522,6 +526,8 @@ static pid_t start_rank(const struct opts *o, char **argv, int argc, int rank, c
         setenv_long("FAKENCCL_LINK_US", 10 + (long)o->slow_ms * 1000);
     if (rank == o->crash_rank)
         setenv_long("FAKENCCL_CRASH_AT_CALL", (long)o->crash_iter * calls_per_iteration(o) + 1);
+    if (o->completion == WAIT_RETURN)
+        setenv("FAKENCCL_BLOCKING", "1", 1);
     set_launcher_env(o, rank, uid_hex);
     char rank_arg[16];
     snprintf(rank_arg, sizeof rank_arg, "%d", rank);
@@ -637,7 +643,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--end-rank")) o.end_rank = (int)number(a, v, 0, MAX_RANKS - 1);
         else if (!strcmp(a, "--end-iter")) o.end_iter = (int)number(a, v, 0, 10000000);
         else if (!strcmp(a, "--end-how")) o.end_how = END_HOW[pick(a, v, END_HOW, 2)];
-        else if (!strcmp(a, "--completion")) o.completion = (enum completion)pick(a, v, COMPLETION_NAMES, 4);
+        else if (!strcmp(a, "--completion")) o.completion = (enum completion)pick(a, v, COMPLETION_NAMES, 5);
         else if (!strcmp(a, "--launcher")) o.launcher = (enum launcher)pick(a, v, LAUNCHER_NAMES, 5);
         else if (!strcmp(a, "--job-id") && v) o.job_id = v;
         else if (!strcmp(a, "--hold-ms")) o.hold_ms = (int)number(a, v, 0, 3600000);
