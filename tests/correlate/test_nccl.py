@@ -7,53 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from otelbpf.base.events import EVENT_DTYPE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
+from harness.nccl_events import COMPUTE, F32, MS, STREAM, Events, args, pack
+from otelbpf.base.events import CudaFunc, Kind, NcclFunc
 from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.clock import MonotonicClock
 from otelbpf.correlate.launch_env import Launch, parse
 from otelbpf.correlate.nccl import NcclCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
-
-MS = 1_000_000
-STREAM, COMPUTE = 0x6000, 0x5000
-F32 = 7
-
-
-def pack(rank: int, nranks: int) -> int:
-    return (rank & 0xFFFFFFFF) | (nranks & 0xFFFFFFFF) << 32
-
-
-def args(count: int = 1024, dtype: int = F32, op: int = 0) -> int:
-    return count | dtype << 48 | op << 56
-
-
-class Events:
-    def __init__(self) -> None:
-        self.rows: list[tuple] = []
-
-    def add(self, ts, pid, kind, func, *, dur=0, flags=0, ret=0, a0=0, a1=0, a2=0, a3=0, tid=None):
-        self.rows.append((ts, dur, pid, tid or pid, kind, func, flags, ret, a0, a1, a2, a3))
-
-    def allreduce(self, ts, pid, comm, *, enq=MS // 10, unknown=True, seq=0, rank=-1, nranks=-1, count=1024):
-        flags = FLAG_NCCL_UNKNOWN_COMM if unknown else 0
-        self.add(
-            ts,
-            pid,
-            Kind.NCCL_ENTER,
-            NcclFunc.ncclAllReduce,
-            dur=pack(rank, nranks),
-            flags=flags,
-            ret=-1,
-            a0=comm,
-            a1=seq,
-            a2=args(count),
-            a3=STREAM,
-        )
-        self.add(ts + enq, pid, Kind.NCCL_RETURN, NcclFunc.ncclAllReduce)
-
-    def array(self) -> np.ndarray:
-        rows = sorted(self.rows, key=lambda r: r[0])
-        return np.array(rows, dtype=EVENT_DTYPE)
 
 
 def correlator(launches: dict[int, Launch | None], **kw) -> tuple[NcclCorrelator, list]:

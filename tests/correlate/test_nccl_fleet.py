@@ -6,106 +6,13 @@ tests/deploy/test_prometheus_rules.py; the real agent in tests/test_nccl_agent.p
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
-from test_nccl import MS, Events, ar_spans, findings, late_job, torchrun
+from test_nccl import ar_spans, findings, late_job
 
-from otelbpf.base.events import CudaFunc, Kind
-from otelbpf.correlate.base import CorrelatorSettings
-from otelbpf.correlate.clock import MonotonicClock
+from harness.nccl_events import MS, blocking_job, correlator, expire, feed, slowest, torchrun, waits
+from otelbpf.base.events import Kind
 from otelbpf.correlate.launch_env import Launch
 from otelbpf.correlate.nccl import COLLECTIVE_WAIT_BOUNDS, NcclCorrelator
-from otelbpf.correlate.process_info import ProcessInfo
-
-Waits = dict[tuple[str, int], tuple[int, float]]  # (comm id, rank) -> (collectives, seconds)
-
-
-def correlator(launches: dict[int, Launch | None], host: str = "node-a", **kw) -> tuple[NcclCorrelator, list]:
-    spans: list = []
-    settings = CorrelatorSettings(ProcessInfo(), MonotonicClock(), spans.extend)
-    return NcclCorrelator(settings, launch_of=launches.get, host=host, **kw), spans
-
-
-def blocking_job(
-    iterations: int,
-    late_ms: float,
-    *,
-    slow: int = 2,
-    ranks: range = range(4),
-    world: int = 4,
-    period_ms: float = 300,
-    transfer_ms: float = 0.05,
-    jitter: Callable[[int, int], float] | None = None,
-    pid_of: Callable[[int, int], int] = lambda k, r: 100 + r,
-    stop: dict[int, int] | None = None,
-) -> Events:
-    """A job whose collectives return at completion and are never synchronized on (a blocking
-    wait, a CPU-side backend): every rank of ``world`` enters collective k at t0 (rank ``slow``
-    ``late_ms`` later), and each call returns ``transfer_ms`` after the last entry. Only the
-    ``ranks`` given are in the events (the others run on another node); ``stop``: rank -> the
-    collective it dies in (entered, never returned)."""
-    ev = Events()
-    stop = stop or {}
-    for k in range(iterations):
-        t0 = (1000 + k * period_ms) * MS
-        entries = {r: t0 + (late_ms * MS if r == slow else 0) + (jitter(k, r) if jitter else 0) for r in range(world)}
-        live = [r for r in entries if k <= stop.get(r, iterations)]
-        done = max(entries[r] for r in live) + transfer_ms * MS
-        for r in ranks:
-            if k > stop.get(r, iterations):
-                continue
-            t, pid = int(entries[r]), pid_of(k, r)
-            if k == stop.get(r):
-                ev.allreduce(t, pid, 0xC000 + r, enq=0)
-                ev.rows.pop()  # entered, never returned
-                ev.add(t + 5 * MS, pid, Kind.PROC_EXIT, 0)
-                continue
-            ev.allreduce(t, pid, 0xC000 + r, enq=int(done) - t)
-    return ev
-
-
-def feed(c: NcclCorrelator, ev: Events, batch_ms: int = 20) -> None:
-    """The events in drains of ``batch_ms``, as the agent hands them over."""
-    arr = ev.array()
-    edges = np.arange(arr["ts_ns"][0], arr["ts_ns"][-1] + batch_ms * MS, batch_ms * MS)
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
-        c.on_events(arr[(arr["ts_ns"] >= lo) & (arr["ts_ns"] < hi)])
-    c.on_events(arr[arr["ts_ns"] >= edges[-1]])
-
-
-def expire(c: NcclCorrelator, pid: int = 100) -> None:
-    """Ten seconds later (a synchronize of another stream that observes nothing): the collectives
-    nobody synchronized on are past ``completion_timeout`` and finish at their return."""
-    ev = Events()
-    ev.add(10**13, pid, Kind.CUDA_SYNC, CudaFunc.cudaStreamSynchronize, a0=0x1, dur=1000)
-    feed(c, ev)
-
-
-def waits(c: NcclCorrelator) -> Waits:
-    out: Waits = {}
-    for _, metrics in c.collect():
-        for metric in metrics:
-            if metric.name == "nccl.collective.wait":
-                for dp in metric.data.data_points:
-                    key = (str(dp.attributes["nccl.comm.id"]), int(dp.attributes["nccl.rank"]))
-                    n, total = out.get(key, (0, 0.0))
-                    out[key] = (n + dp.count, total + dp.sum)
-    return out
-
-
-def slowest(w: Waits) -> set[tuple[str, int]]:
-    """What the Prometheus rules conclude from the signal (deploy/prometheus/otelbpf-nccl.rules.yaml,
-    ``NcclStraggler``): per communicator of two ranks or more, the rank whose mean wait lies
-    below the median by more than 5 ms and a tenth of the median."""
-    out = set()
-    for comm in {c for c, _ in w}:
-        means = {r: total / n for (c, r), (n, total) in w.items() if c == comm and n}
-        if len(means) < 2:
-            continue
-        median = float(np.median(list(means.values())))
-        out |= {(comm, r) for r, v in means.items() if median - v > max(5e-3, 0.1 * median)}
-    return out
 
 
 def anomalies(c: NcclCorrelator) -> dict[str, int]:
