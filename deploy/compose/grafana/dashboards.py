@@ -113,6 +113,10 @@ def gpu() -> dashboard.Dashboard:
 
 def nccl() -> dashboard.Dashboard:
     by_rank = "host_name, process_pid"
+    # per rank and communicator across nodes, as deploy/prometheus/otelbpf-nccl.rules.yaml reads it
+    fleet = "nccl_comm_id, nccl_rank, host_name"
+    rank_wait = (f"(sum by ({fleet}) (rate(nccl_collective_wait_seconds_sum{{{SVC}}}[{RATE}])) "
+                 f"/ sum by ({fleet}) (rate(nccl_collective_wait_seconds_count{{{SVC}}}[{RATE}])))")
     return (base("otelbpf-nccl", "otelbpf / NCCL",
                  "NCCL collectives per rank (each rank is a process: host and pid) and live straggler findings.",
                  "nccl_collectives_total")
@@ -128,6 +132,15 @@ def nccl() -> dashboard.Dashboard:
                 f"histogram_quantile(0.5, sum by (le, nccl_op) "
                 f"(rate(nccl_algorithm_bandwidth_bytes_per_second_bucket{{{SVC}}}[{RATE}])))", "{{nccl_op}}")))
             .with_row(dashboard.Row("Stragglers"))
+            .with_panel(series("Mean collective wait by rank, every node", "s", promql(
+                rank_wait, "{{host_name}} rank {{nccl_rank}} comm {{nccl_comm_id}}"),
+                description="Arrival at a collective to its completion, per rank and communicator "
+                            "(nccl.collective.wait). The rank the others wait for waits least: no clock, "
+                            "no alignment (docs/stragglers.md)."))
+            .with_panel(bars("Straggler: wait deficit against the communicator's median rank", "s", promql(
+                f"sort_desc(quantile by (nccl_comm_id) (0.5, {rank_wait}) "
+                f"- on (nccl_comm_id) group_right () {rank_wait})",
+                "{{host_name}} rank {{nccl_rank}} comm {{nccl_comm_id}}")))
             .with_panel(bars("Straggler collectives by rank and class", "short", promql(
                 f"sum by ({by_rank}, nccl_straggler_class) (increase(nccl_straggler_total{{{SVC}}}[$__range]))",
                 "{{host_name}} pid {{process_pid}} {{nccl_straggler_class}}")))
