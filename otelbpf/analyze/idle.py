@@ -454,23 +454,29 @@ def timeline_of(docs: Iterable[Mapping[str, Any]]) -> dict[int, Timeline]:
 
 def load_timelines(directory: str) -> dict[int, Timeline]:
     """Per pid, the CPU samples in time the profiler wrote (``profiles/*.timeline.json.gz``),
-    its intervals merged. Unreadable files are skipped (the diagnosis then says the gaps were
-    not sampled): a timeline only refines the account."""
-    import glob
+    its intervals merged. Read as the other files of the folder are (``ReadDir``: regular files
+    only, never through a link); a file that cannot be read is skipped (the diagnosis then says
+    the gaps were not sampled): a timeline only refines the account."""
     import gzip
     import json
-    import os
+
+    from otelbpf.base.safe_files import ReadDir
 
     docs = []
     left = MAX_TIMELINE_BYTES
-    for path in sorted(glob.glob(os.path.join(directory, "profiles", "*.timeline.json.gz"))):
-        if left <= 0 or os.path.islink(path):
-            continue
-        try:
-            with gzip.open(path, "rb") as f:
-                raw = f.read(left + 1)
-            left -= len(raw)
-            docs.append(json.loads(raw))
-        except (OSError, ValueError, EOFError):
-            continue
+    try:
+        folder = ReadDir(directory).subdir("profiles")
+    except OSError:  # no profiles/ (profiling off), or it is a link (safe_files.UnsafeOutput)
+        return {}
+    with folder:
+        for name in folder.names(lambda n: n.endswith(".timeline.json.gz")):
+            if left <= 0:
+                break
+            try:
+                with folder.open_binary(name) as raw, gzip.open(raw, "rb") as f:
+                    body = f.read(left + 1)
+                left -= len(body)
+                docs.append(json.loads(body))
+            except (OSError, ValueError, EOFError):  # OSError: UnsafeOutput too (a link, not a regular file)
+                continue
     return timeline_of(d for d in docs if isinstance(d, dict))

@@ -172,8 +172,12 @@ def test_unreadable_timeline_files_are_skipped(tmp_path) -> None:
     (d / "a-1-cpu-3.timeline.json.gz").write_bytes(
         gzip.compress(json.dumps(good | {"threads": {"7": [[12, 1, 0]]}}).encode())
     )
+    secret = tmp_path / "elsewhere.json.gz"
+    secret.write_bytes(gzip.compress(json.dumps(good | {"pid": 2, "threads": {}}).encode()))
+    (d / "a-2-cpu-4.timeline.json.gz").symlink_to(secret)  # never read through a link
     [(pid, tl)] = load_timelines(str(tmp_path)).items()
     assert pid == 1 and tl.threads == {7: [(12, 1, 0)]} and tl.stacks == [Where("f", "x.py", 3)]
+    assert load_timelines(str(tmp_path / "nothing")) == {}
 
 
 def test_a_handful_of_calls_is_no_cause_and_shares_stay_at_most_one() -> None:
