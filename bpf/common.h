@@ -321,26 +321,80 @@ static __always_inline void report_handoff(u64 id)
 }
 #endif
 
+/* A library path as a process opened it (discovery.c), zero-padded: with its cgroup in host
+ * mode, the key of known_libs below. */
+struct lib_key {
+    u64 cgroup;   /* bpf_get_current_cgroup_id() under PAUSE_NEW_ONLY, else 0 */
+    char path[240];
+};
+
+#ifndef PAUSE_NEW_ONLY
+#define PAUSE_NEW_ONLY 0  /* internal: host mode's pause (see below); a -D flag from sensor/program.py */
+#endif
+
 #if PAUSE_ON_LOAD
 /* The pause at load is on (1) only while the agent can resume what it stops: the sensor opens
- * it once loaded and closes it first thing when it stops; when the agent dies, its job's guard
- * (otelbpf/jobguard.py), which holds this map, closes it. The programs outlive the agent: a
- * dead agent's links go one grace period each, the background releaser (sensor.py) holds them
- * after a stop; with the gate closed they stop nothing. */
+ * it once loaded (in host mode, once its pause guard holds these maps) and closes it first
+ * thing when it stops; when the agent dies, its guard (otelbpf/jobguard.py for a command,
+ * sensor/pause_guard.py in host mode), which holds this map, closes it. The programs outlive
+ * the agent: a dead agent's links go one grace period each, the background releaser
+ * (sensor.py) holds them after a stop; with the gate closed they stop nothing. */
 BPF_ARRAY(pause_gate, u32, 1);
 #endif
 
+#if PAUSE_NEW_ONLY
+/* Host mode (PAUSE_NEW_ONLY): there is no command tree to search for what was stopped, and
+ * most opens are of libraries long attached. So only the open of a library path not known
+ * to be attached (known_libs, written by user space after the attach, per cgroup: a
+ * container's file at a path is not the host's) stops its process, and every process
+ * stopped is written in `paused` first (one that cannot be is not stopped, and counted):
+ * the agent resumes it once attached, and the pause guard, holding these maps, resumes it
+ * after max_pause or at once when the agent dies. A process's exit takes it out. */
+struct paused_at {
+    u64 since_ns;  /* bpf_ktime_get_ns() when stopped */
+    u64 cgroup;    /* its cgroup (v2 id): with the path, the known_libs key user space writes */
+};
+BPF_HASH(paused, u32, struct paused_at, PAUSED_ENTRIES);
+BPF_TABLE("lru_hash", struct lib_key, u8, known_libs, 16384);
+#define PAUSE_STOPPED 0    /* internal: pause_stats slots (sensor/pause_guard.py): processes stopped */
+#define PAUSE_UNTRACKED 1  /* internal: not stopped: `paused` was full (the process ran unprobed) */
+#define PAUSE_TIMEOUTS 2   /* internal: resumed by the guard after max_pause, before the attach (unprobed) */
+#define PAUSE_ORPHANED 3   /* internal: resumed by the guard because the agent died */
+BPF_ARRAY(pause_stats, u64, 4);
+
+static __always_inline void count_pause(u32 slot)
+{
+    u64 *v = pause_stats.lookup(&slot);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+}
+#endif
+
 /* Hand user space a library open (or an RDMA context) at once: submitted with a wake-up,
- * and, when ``pause`` (PAUSE_ON_LOAD, 0 or 1 from user space: only where the agent started
- * the process itself) and the pause gate is open, the process is
- * stopped (SIGSTOP) before it can call into the library; user space attaches, then sends
- * SIGCONT (sensor.py). */
+ * and, when ``pause`` (PAUSE_ON_LOAD, 0 or 1 from user space: where the agent started
+ * the process itself, or in host mode a library not attached yet) and the pause gate is open,
+ * the process is stopped (SIGSTOP) before it can call into the library; user space attaches,
+ * then sends SIGCONT (sensor.py). */
 static __always_inline void submit_open(struct strevent *s, int pause)
 {
 #if PAUSE_ON_LOAD
     int zero = 0;
     u32 *open = pause_gate.lookup(&zero);
     pause = pause && open && *open;
+#endif
+#if PAUSE_NEW_ONLY
+    if (pause) {
+        u32 pid = s->pid;
+        struct paused_at at = {.since_ns = bpf_ktime_get_ns(), .cgroup = bpf_get_current_cgroup_id()};
+        /* Written again by a second thread's open: user space may have taken the first
+         * thread's entry and resumed before this stop; the record that follows resumes it. */
+        if (paused.update(&pid, &at) != 0) {
+            count_pause(PAUSE_UNTRACKED);
+            pause = 0;  /* nothing could resume it */
+        } else {
+            count_pause(PAUSE_STOPPED);
+        }
+    }
 #endif
     s->paused = pause;
     if (pause)

@@ -147,6 +147,9 @@ class Agent:
                 events_ring_bytes=max(r.ring_buffer_size for r in self.receivers),
                 str_ring_bytes=config.service.telemetry.string_ring_size,
                 pause_on_load=pause_on_load,
+                # host mode only: a --pid target's children may be a shell's jobs
+                pause_new_libraries=config.service.host_pause.enabled and not watched,
+                max_pause_s=to_seconds(config.service.host_pause.max_pause),
                 program_cache=_program_cache(config, self.health),
             ),
             deliver=self._deliver,
@@ -407,6 +410,19 @@ class Agent:
                 now,
             )
         )
+        if pauses := self.sensor.pause_counts():
+            out.append(
+                m.cumulative_sum(
+                    "otelbpf.pauses",
+                    "{process}",
+                    "Host mode's pause at a library open, by outcome: stopped; resumed probed, or "
+                    "unprobed (the attach failed), or by the guard after max_pause (timeout) or the "
+                    "agent's end (orphaned); not stopped, the paused map full (untracked)",
+                    [({"outcome": k}, v) for k, v in sorted(pauses.items())],
+                    start,
+                    now,
+                )
+            )
         with self._queued_lock:
             queued, peak, self._queued_peak = self._queued, self._queued_peak, self._queued
         out.append(

@@ -331,7 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     from otelbpf.jobguard import Job
 
     job = Job(command) if command else None
-    drop_unneeded(command=job is not None, receivers=config.enabled_receivers())
+    # CAP_KILL is kept where the agent resumes what its pause stopped: a command, or in host
+    # mode any process that opened a library not attached yet (service.host_pause)
+    resumes = job is not None or (not (args.pid or config.targets.pids) and config.service.host_pause.enabled)
+    drop_unneeded(command=resumes, receivers=config.enabled_receivers())
     _import_numpy_single_threaded()
     from otelbpf.agent import run
     from otelbpf.base.safe_files import UnsafeOutput

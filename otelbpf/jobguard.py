@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import select
 import signal
 import socket
@@ -44,6 +43,8 @@ import traceback
 from collections.abc import Callable
 
 from otelbpf.base.threadname import name_os_thread
+from otelbpf.sensor.pause_guard import agent_exiting as _agent_exiting
+from otelbpf.sensor.pause_guard import close_pause_gate
 
 _PR_SET_CHILD_SUBREAPER = 36
 #: How often stopped processes are looked for from the agent's end until it has exited: a
@@ -53,22 +54,6 @@ _SWEEP_S = 0.1
 #: How often the guard looks at the agent's state (and reaps) while the agent lives: the
 #: longest a job stays stopped after the agent's death, save for the sweep itself.
 _WATCH_S = 0.05
-#: The kernel's flag of a task in its exit (include/linux/sched.h), in /proc/PID/stat.
-_PF_EXITING = 0x4
-#: bpf(2)'s number: the guard writes one map value without BCC (otelbpf/doctor.py's table).
-_BPF_SYSCALL_NR = {"x86_64": 321, "aarch64": 280}
-_BPF_MAP_UPDATE_ELEM = 2
-
-
-class _MapElemAttr(ctypes.Structure):
-    """``union bpf_attr`` for BPF_MAP_UPDATE_ELEM."""
-
-    _fields_ = [
-        ("map_fd", ctypes.c_uint32),
-        ("key", ctypes.c_uint64),
-        ("value", ctypes.c_uint64),
-        ("flags", ctypes.c_uint64),
-    ]
 
 
 class Job:
@@ -177,31 +162,6 @@ def _stopped_descendants(root: int) -> list[int]:
             out.append(pid)
         todo.extend(children.get(pid, []))
     return out
-
-
-def _agent_exiting(pid: int) -> bool:
-    """Whether the agent has begun to exit (its main thread in or past its exit, or gone):
-    what its socket says only once its probes are released."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
-
-
-def close_pause_gate(fd: int) -> None:
-    """Write 0 into the pause gate (common.h ``pause_gate``): the kernel's pause at load stops
-    nothing from here on. Raises OSError when it cannot."""
-    nr = _BPF_SYSCALL_NR.get(platform.machine())
-    if nr is None:
-        raise OSError(f"no known bpf(2) syscall number for {platform.machine()}")
-    key, value = ctypes.c_uint32(0), ctypes.c_uint32(0)
-    attr = _MapElemAttr(fd, ctypes.addressof(key), ctypes.addressof(value), 0)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(ctypes.c_long(nr), ctypes.c_long(_BPF_MAP_UPDATE_ELEM), ctypes.byref(attr), ctypes.sizeof(attr)):
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
 
 
 def _resume_all() -> None:

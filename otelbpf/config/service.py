@@ -118,8 +118,22 @@ class ProgramCacheConfig(Section):
         return value
 
 
+class HostPauseConfig(Section):
+    """Host mode (no ``--pid``, no command): a process that opens a CUDA, NCCL, ibverbs (or
+    torch) library from a path not yet attached in its cgroup is stopped (SIGSTOP from the
+    BPF program) at that open until the probes are in (~0.5 s for a new library file, a few
+    ms for one already attached), so its first calls, kernel registrations and communicators
+    are seen; at most ``max_pause``, after which it is resumed unprobed and counted
+    (``otelbpf.pauses{outcome=timeout}``). A guard process resumes every stopped process if
+    the agent dies (``sensor/pause_guard.py``). ``otelbpf run --`` always pauses."""
+
+    enabled: bool = True
+    max_pause: PositiveDuration = Field(5_000_000_000, le=60_000_000_000)
+
+
 class ServiceConfig(Section):
     pipelines: PipelinesConfig
     telemetry: TelemetryConfig = TelemetryConfig()
     findings: FindingsConfig = FindingsConfig()
     program_cache: ProgramCacheConfig = ProgramCacheConfig()
+    host_pause: HostPauseConfig = HostPauseConfig()

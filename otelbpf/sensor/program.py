@@ -76,11 +76,17 @@ def build(
     *,
     filter_pids: bool,
     pause_on_load: bool = False,
+    pause_new_only: bool = False,
+    paused_entries: int = 4096,
     events_ring_bytes: int,
     str_ring_bytes: int = 256 * 1024,
     inflight_entries: int = 16384,
 ) -> tuple[str, list[str]]:
-    """Return (C text, cflags) for BCC."""
+    """Return (C text, cflags) for BCC.
+
+    ``pause_on_load``: stop a process at every probed library open and exec (``run --``);
+    ``pause_new_only`` (host mode): only at the open of a library path not known to be
+    attached, ``paused_entries`` processes stopped at once at most (common.h)."""
     page = 4096
     prefixes = [k.open_prefix for f in families for k in f.libraries if k.open_prefix]
     parts = [_bpf_source("common.h"), library_filter_c(prefixes), _bpf_source("discovery.c")]
@@ -91,7 +97,9 @@ def build(
     ]
     if filter_pids:
         cflags.append("-DFILTER_PIDS=1")
-    cflags.append(f"-DPAUSE_ON_LOAD={int(pause_on_load)}")  # 1: stop a process at its library open
+    cflags.append(f"-DPAUSE_ON_LOAD={int(pause_on_load or pause_new_only)}")  # 1: stop a process at its library open
+    if pause_new_only:
+        cflags += ["-DPAUSE_NEW_ONLY=1", f"-DPAUSED_ENTRIES={paused_entries}"]
     if any(k.content_symbol for f in families for k in f.libraries):
         cflags.append("-DEXEC_REPORT=1")  # executables are recognised by content: report execs
     for fam in families:

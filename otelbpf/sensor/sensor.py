@@ -19,6 +19,7 @@ Knows nothing of spans or OTLP.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import queue
@@ -27,7 +28,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ import numpy as np
 
 from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
 from otelbpf.base.threadname import name_os_thread
-from otelbpf.sensor import compiler_memory, elf, kernel_headers, libraries, program
+from otelbpf.sensor import compiler_memory, elf, kernel_headers, libraries, pause_guard, program
 from otelbpf.sensor.family import LibraryKind, MapEntries, ProbeAt, ProbeFamily, RingSpec
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.program_cache import ProgramCache
@@ -73,6 +74,12 @@ class SensorOptions:
     #: processes the agent started itself: a stopped child confuses a shell's
     #: job control.
     pause_on_load: bool = False
+    #: Host mode's pause (common.h ``PAUSE_NEW_ONLY``): stop a process at its open of a
+    #: library path not known to be attached until the probes are in, at most
+    #: ``max_pause_s``; a guard process (pause_guard.py) resumes it past that, or at once
+    #: when the agent dies. Never at an exec, never a process that opens no probed library.
+    pause_new_libraries: bool = False
+    max_pause_s: float = 5.0
     #: Compiled programs kept between starts (None: compile at every start).
     program_cache: ProgramCache | None = None
 
@@ -90,6 +97,23 @@ class AttachStats:
     by_reason: Counter[str] = field(default_factory=Counter)
     retrying: int = 0  # files waiting for a retry now
 
+
+@dataclass
+class PauseStats:
+    """Host mode's pause at load: what the agent resumed (the guard's and the kernel's own
+    counts are in ``Sensor.pause_counts``)."""
+
+    probed: int = 0  # resumed with every probe of its library in place
+    unprobed: int = 0  # resumed with the attach failed (retrying): it ran unprobed
+    #: the last pauses, in ns (stopped -> resumed by the agent): the bench's figures
+    durations_ns: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
+
+
+#: Outcomes of host mode's pause counted in the kernel and by the guard (common.h PAUSE_*).
+PAUSE_KERNEL_OUTCOMES = ("stopped", "untracked", "timeout", "orphaned")
+#: How long the sensor's start waits for its pause guard to hold the maps before it opens
+#: the gate (an interpreter start: ~0.1 s here); without it the pause stays off.
+GUARD_READY_S = 10.0
 
 #: Retry back-off: first retry after RETRY_FIRST_S, doubling up to RETRY_MAX_S, at most
 #: RETRY_ATTEMPTS attempts (~6 minutes) before giving up on a file until it is seen again.
@@ -153,6 +177,11 @@ class Sensor:
         self._final: dict[str, MapEntries] = {}
         self._final_stats: dict[str, int] = {}
         self._final_rings: list[tuple[str, int, int]] = []
+        #: host mode's pause: on when asked for and not ``run --``'s (which stops at every open)
+        self._host_pause = options.pause_new_libraries and not options.pause_on_load
+        self._pause_guard: pause_guard.PauseGuard | None = None
+        self.pause_stats = PauseStats()
+        self._final_pause_counts: dict[str, int] = {}
 
     # -- life cycle -------------------------------------------------------
 
@@ -163,6 +192,7 @@ class Sensor:
             self.options.families,
             filter_pids=bool(self.options.pids),
             pause_on_load=self.options.pause_on_load,
+            pause_new_only=self._host_pause,
             events_ring_bytes=self.options.events_ring_bytes,
             str_ring_bytes=self.options.str_ring_bytes,
         )
@@ -180,6 +210,9 @@ class Sensor:
             watched[watched.Key(pid)] = watched.Leaf(1)
         if self.options.pause_on_load:
             self.update_map("pause_gate", [(0, 1)])  # closed again first thing in stop()
+        if self._host_pause:  # the guard first: the gate opens once it holds the maps (below)
+            gate, paused, counts = (int(bpf[m].map_fd) for m in ("pause_gate", "paused", "pause_stats"))
+            self._pause_guard = pause_guard.PauseGuard(gate, paused, counts, self.options.max_pause_s)
         self._readers = {
             "events": RingBufferReader(bpf["events"].map_fd, self.options.events_ring_bytes, EVENT_DTYPE),
             "strevents": RingBufferReader(bpf["strevents"].map_fd, self.options.str_ring_bytes, STREVENT_DTYPE),
@@ -205,6 +238,11 @@ class Sensor:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+        if self._pause_guard is not None:
+            if self._pause_guard.ready(GUARD_READY_S):
+                self.update_map("pause_gate", [(0, 1)])  # closed again first thing in stop()
+            else:
+                log.warning("the pause guard did not start: a library opened from now on runs unprobed until attached")
 
     def stop(self) -> None:
         """Detach every probe, deliver what is left, keep the final counts.
@@ -214,7 +252,7 @@ class Sensor:
         final metrics export still sees them.
         """
         self._stop.set()
-        if self.options.pause_on_load:
+        if self.options.pause_on_load or self._pause_guard is not None:
             self.update_map("pause_gate", [(0, 0)])  # nothing is resumed from here on
         if self._wake_fd is not None:
             os.eventfd_write(self._wake_fd, 1)
@@ -222,6 +260,8 @@ class Sensor:
         for t in self._threads:
             t.join(timeout=10)
         self._threads.clear()
+        if self._pause_guard is not None:
+            self._pause_guard.close()  # it resumes what is still stopped, then exits
         if self._wake_fd is not None:
             os.close(self._wake_fd)
             self._wake_fd = None
@@ -253,6 +293,7 @@ class Sensor:
                         log.exception("%s: final read failed", fam.name)
         final = {name: self.read_map(name) for name in self._counting_maps()}
         final_stats = self.kernel_stats()
+        self._final_pause_counts = self.pause_counts()
         self._final, self._final_stats = final, final_stats
         self._skipped = self.records_skipped()  # kept for the final export
         with self._drain_lock:
@@ -378,6 +419,7 @@ class Sensor:
             pid = int(rec["pid"])
             if pid == self._own_pid:
                 continue  # the agent reading a library: no news, and each failed read would report another
+            lib: LibraryFile | None = None
             try:
                 path = rec["s"].split(b"\0", 1)[0].decode(errors="replace")
                 if is_exec:
@@ -392,7 +434,7 @@ class Sensor:
                 self._count("discovery", f"pid {pid}: {exc}")
             finally:
                 if rec["paused"]:
-                    self._resume(pid)
+                    self._resume_open(pid, bytes(rec["s"]), lib)
         for fam in self.options.families:
             if fam.runtime is None:
                 continue
@@ -408,6 +450,45 @@ class Sensor:
                     self._resume(pid)
         rest: np.ndarray = arr[~execs]
         return rest
+
+    def _resume_open(self, pid: int, path: bytes, lib: LibraryFile | None) -> None:
+        """Resume a process stopped at a library open. In host mode, first take it out of
+        ``paused`` (so the guard does not), and, when nothing is left to attach for that
+        path (attached, unprobeable, or not a probed kind after all), tell the kernel that
+        (cgroup, path) is known: its next opens stop nothing. Resumed whatever ``paused``
+        says: a second thread's stop may follow the entry the first one's record took."""
+        try:
+            if self._host_pause:
+                at = self.with_bpf(lambda bpf: _take_paused(bpf, pid))
+                if at is not None:  # else the guard resumed it (max_pause), or it exited
+                    since_ns, cgroup = at
+                    done = lib is None or lib.key in self._attached or lib.key in self._unprobeable
+                    waited = time.monotonic_ns() - since_ns
+                    self.pause_stats.durations_ns.append(waited)
+                    if done:
+                        self.pause_stats.probed += 1
+                        self.with_bpf(lambda bpf: _know(bpf, cgroup, path))
+                    else:
+                        self.pause_stats.unprobed += 1
+                    log.info(
+                        "pid %d resumed after %.3fs at its open of %s%s",
+                        pid,
+                        waited / 1e9,
+                        path.split(b"\0", 1)[0].decode(errors="replace"),
+                        "" if done else ": not attached yet, it runs unprobed",
+                    )
+        finally:
+            self._resume(pid)
+
+    def pause_counts(self) -> dict[str, int]:
+        """Host mode's pause, by outcome: the agent's (``probed``, ``unprobed``) and the
+        kernel's and guard's (PAUSE_KERNEL_OUTCOMES); empty when the pause is off."""
+        if not self._host_pause:
+            return {}
+        kernel = self.with_bpf(lambda bpf: [int(bpf["pause_stats"][bpf["pause_stats"].Key(i)].value) for i in range(4)])
+        counts = dict(self._final_pause_counts) if kernel is None else dict(zip(PAUSE_KERNEL_OUTCOMES, kernel))
+        counts.update(probed=self.pause_stats.probed, unprobed=self.pause_stats.unprobed)
+        return counts
 
     def _resume(self, pid: int) -> None:
         try:
@@ -433,6 +514,7 @@ class Sensor:
                     self.drain_once("strevents")
                     self._pending_work()
                     self._retry_due()
+                    self._check_guard()
                     if time.monotonic() >= next_scan:
                         self._rescan()
                         next_scan = time.monotonic() + self.options.rescan_interval_s
@@ -441,6 +523,15 @@ class Sensor:
                     log.exception("discovery step failed")
         finally:
             poller.close()
+
+    def _check_guard(self) -> None:
+        """A pause guard that died (killed) leaves nothing to bound a pause or resume after the
+        agent's death: the pause goes off, said once."""
+        guard = self._pause_guard
+        if guard is not None and not guard.alive():
+            self._pause_guard = None
+            self.update_map("pause_gate", [(0, 0)])
+            log.warning("the pause guard exited (%s): the pause at load is off", guard.process.returncode)
 
     def _pending_work(self) -> None:
         while True:
@@ -717,6 +808,29 @@ def detach_in_background(bpf: Any) -> int | None:
         releaser.stdin.close()  # the end of its input: it exits, and its exit releases the probes
     log.info("releasing %d probes in the background (pid %d)", len(fds), releaser.pid)
     return releaser.pid
+
+
+def _take_paused(bpf: Any, pid: int) -> tuple[int, int] | None:
+    """(since_ns, cgroup) of ``pid`` in ``paused``, taken out; None when not there."""
+    table = bpf["paused"]
+    key = table.Key(pid)
+    try:
+        at = table[key]
+        del table[key]
+    except KeyError:
+        return None
+    return int(at.since_ns), int(at.cgroup)
+
+
+def _know(bpf: Any, cgroup: int, path: bytes) -> None:
+    """known_libs[(cgroup, path)] = 1: that path's opens in that cgroup stop nothing."""
+    table = bpf["known_libs"]
+    key = table.Key()
+    key.cgroup = cgroup
+    field = type(key).path
+    raw = path[: field.size]
+    ctypes.memmove(ctypes.addressof(key) + field.offset, raw, len(raw))
+    table[key] = table.Leaf(1)
 
 
 def _targets(kind: LibraryKind, path: str) -> list[ProbeAt]:
