@@ -1,5 +1,6 @@
 """The exporters' options: ``otlp`` (gRPC), ``otlphttp`` (HTTP/protobuf), ``file`` (OTLP-JSON
-lines and pprof files) and ``pyroscope`` (profiles), and what each needs to have a destination."""
+lines and pprof files), ``pyroscope`` (profiles) and ``prometheus`` (metrics, scraped), and what
+each needs to have a destination."""
 
 from __future__ import annotations
 
@@ -241,6 +242,42 @@ class PyroscopeExporterConfig(Section):
         return self
 
 
+class PrometheusExporterConfig(Section):
+    """Metrics for Prometheus to scrape, as the Collector's ``prometheus`` exporter serves them:
+    ``/metrics`` on ``endpoint`` (``host:port``) in the text exposition format, names and units
+    converted as OpenTelemetry specifies (``nccl.collective.wait`` in ``s`` ->
+    ``nccl_collective_wait_seconds``). The agent's metrics are per process, so the resource's
+    attributes become labels (``resource_to_telemetry_conversion``, on by default here: without
+    them two processes' series would collide). A series not refreshed for ``metric_expiration``
+    (its process gone) is no longer served. ``localhost`` by default: what the page shows names
+    hosts, processes and commands; set ``0.0.0.0:9464`` for a Prometheus on another host."""
+
+    endpoint: str = "localhost:9464"
+    resource_to_telemetry_conversion: bool = True
+    metric_expiration: PositiveDuration = 300_000_000_000
+
+    @field_validator("endpoint")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        hint = "write host:port (e.g. 0.0.0.0:9464)"
+        endpoint_text(value)
+        parts = urllib.parse.urlsplit(f"//{value}")
+        try:
+            port = endpoint_port(value, parts)
+        except ValueError as exc:
+            raise ValueError(f"{exc}: {hint}") from None
+        if port is None or not parts.hostname or parts.path or parts.query or "@" in parts.netloc:
+            raise ValueError(f"prometheus endpoint {value!r} is not host:port: {hint}")
+        return value
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """Where to listen: (host, port); an IPv6 literal without its brackets."""
+        parts = urllib.parse.urlsplit(f"//{self.endpoint}")
+        assert parts.hostname is not None and parts.port is not None  # checked by _host_port
+        return parts.hostname, parts.port
+
+
 def _userinfo_replaces(urls: list[str], authorization: str) -> str:
     """Why userinfo and another Authorization are refused together (the exporter is the error's
     option path; the URL is not shown: its userinfo is a credential)."""
@@ -250,12 +287,19 @@ def _userinfo_replaces(urls: list[str], authorization: str) -> str:
     )
 
 
-ExporterConfig: TypeAlias = OtlpExporterConfig | OtlpHttpExporterConfig | FileExporterConfig | PyroscopeExporterConfig
+ExporterConfig: TypeAlias = (
+    OtlpExporterConfig
+    | OtlpHttpExporterConfig
+    | FileExporterConfig
+    | PyroscopeExporterConfig
+    | PrometheusExporterConfig
+)
 EXPORTER_TYPES: dict[str, type[BaseModel]] = {
     "otlp": OtlpExporterConfig,
     "otlphttp": OtlpHttpExporterConfig,
     "file": FileExporterConfig,
     "pyroscope": PyroscopeExporterConfig,
+    "prometheus": PrometheusExporterConfig,
 }
 
 

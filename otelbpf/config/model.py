@@ -15,6 +15,7 @@ from otelbpf.config.errors import carried, custom_error, suggest
 from otelbpf.config.exporters import (
     EXPORTER_TYPES,
     ExporterConfig,
+    PrometheusExporterConfig,
     PyroscopeExporterConfig,
     missing_endpoint,
 )
@@ -184,7 +185,7 @@ def reference_errors(data: Mapping[str, Any]) -> list[InitErrorDetails]:
 def _profile_pipeline_errors(config: Config) -> list[InitErrorDetails]:
     """Profiles come only from profile receivers (and go to any exporter: pprof files,
     Pyroscope, OTLP profiles); the other pipelines take neither profile receivers nor
-    pyroscope exporters."""
+    pyroscope exporters; a prometheus exporter serves metrics only."""
     errors: list[InitErrorDetails] = []
     for signal in config.pipeline_signals():
         pipeline = config.pipeline(signal)
@@ -201,6 +202,10 @@ def _profile_pipeline_errors(config: Config) -> list[InitErrorDetails]:
         for index, name in enumerate(pipeline.exporters):  # type: ignore[union-attr]
             if not profiles and isinstance(config.exporters.get(name), PyroscopeExporterConfig):
                 why = f"exporter {name!r} (pyroscope) exports profiles only: name it in service.pipelines.profiles"
+                where = ("service", "pipelines", signal, "exporters", index)
+                errors.append(custom_error("wrong_signal", why, where, name))
+            if signal != "metrics" and isinstance(config.exporters.get(name), PrometheusExporterConfig):
+                why = f"exporter {name!r} (prometheus) serves metrics only: name it in service.pipelines.metrics"
                 where = ("service", "pipelines", signal, "exporters", index)
                 errors.append(custom_error("wrong_signal", why, where, name))
     return errors

@@ -2,7 +2,8 @@
 
 gRPC (``otlp``) and HTTP/protobuf (``otlphttp``) use the official
 opentelemetry-exporter-otlp packages (their retry with back-off included);
-``file`` is the local OTLP-JSON default. gRPC span requests are built by
+``file`` is the local OTLP-JSON default; ``prometheus`` serves metrics for scraping
+(export/prometheus.py, loaded only when configured). gRPC span requests are built by
 ``otlp_proto.encode_spans_proto`` (a third of the SDK encoder's CPU, the same message).
 """
 
@@ -20,6 +21,7 @@ from otelbpf.config import (
     FileExporterConfig,
     OtlpExporterConfig,
     OtlpHttpExporterConfig,
+    PrometheusExporterConfig,
     Signal,
     to_seconds,
 )
@@ -148,4 +150,8 @@ def metric_exporter(cfg: ExporterConfig) -> MetricExporter:
         return HttpMetricExporter(**_http_kwargs(cfg, "metrics"))
     if isinstance(cfg, FileExporterConfig):
         return FileMetricExporter(cfg.directory, **_file_kwargs(cfg))
+    if isinstance(cfg, PrometheusExporterConfig):
+        from otelbpf.export.prometheus import PrometheusExporter
+
+        return PrometheusExporter.from_config(cfg)
     raise TypeError(f"no metric exporter for {type(cfg).__name__}")

@@ -2,8 +2,8 @@
 written in the file with the model's default, and the file loads to exactly those defaults.
 
 Components the default pipelines use (every receiver, every processor, the file exporter) are
-live YAML; the other exporters (otlp, otlphttp, pyroscope) have no default endpoint, so the
-file shows them as commented-out examples, which are read here uncommented. No root needed."""
+live YAML; the other exporters (otlp, otlphttp and pyroscope have no default endpoint, prometheus
+opens a port) are shown as commented-out examples, which are read here uncommented. No root needed."""
 
 from __future__ import annotations
 
@@ -132,4 +132,4 @@ def test_the_exporter_examples_are_a_valid_config(tmp_path):
     config = load_config_text(yaml.safe_dump(examples), source="examples", env={})
 
     assert [name for name, _ in config.pipeline_exporters("traces")] == ["otlp", "otlphttp", "otlp/tempo"]
-    assert set(config.exporters) == {"otlp", "otlphttp", "pyroscope", "otlp/tempo"}
+    assert set(config.exporters) == {"otlp", "otlphttp", "pyroscope", "prometheus", "otlp/tempo"}

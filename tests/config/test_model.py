@@ -18,7 +18,7 @@ def test_unknown_exporter_type_lists_the_allowed_types():
 
     assert error == (
         "test.yaml:5:3: exporters.zipkin: unknown exporter type 'zipkin'; "
-        "allowed types: file, otlp, otlphttp, pyroscope"
+        "allowed types: file, otlp, otlphttp, prometheus, pyroscope"
     )
 
 
