@@ -1,0 +1,276 @@
+"""Host mode loses no job's first second (issue 36): a process that opens a probed library
+the agent has not attached yet is stopped at that open until the probes are in.
+
+Real eBPF, the real agent in host mode (no ``--pid``, no command), NVIDIA's real
+libcudart.so.13 copied to a fresh path for every test (an inode no agent has seen: the
+first job of a new image on a node), real nvcc 13 programs. Each test's expected counts are
+what its programs did, said by themselves.
+
+The agent is host-wide: other processes on the machine may be paused too, so what is
+asserted of the pause is read per process (its "pid N resumed after" line, its run time),
+never from host-wide counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.agent import AgentProcess, config, otlp_grpc, wait_until
+from harness.nvcc import nvcc as harness_nvcc
+
+pytestmark = pytest.mark.bpf
+
+CUDART13 = Path("/usr/local/cuda-13.0/lib64/libcudart.so.13")
+KERNELS = Path(__file__).parent / "data" / "cuda" / "kernels.cu"
+
+#: The issue's first measured case: ~100 ms, cudaMalloc x7 and cudaMemcpy x3, then exit.
+ELEVEN_CALLS = (
+    "import ctypes, json, os, sys\n"
+    "lib = ctypes.CDLL(sys.argv[1])\n"
+    "p = ctypes.c_void_p()\n"
+    "rc = [lib.cudaMalloc(ctypes.byref(p), 4096) for _ in range(7)]\n"
+    "buf = ctypes.create_string_buffer(64)\n"
+    "rc += [lib.cudaMemcpy(buf, buf, ctypes.c_size_t(64), 4) for _ in range(3)]\n"
+    "print(json.dumps({'pid': os.getpid(), 'rc': rc}))\n"
+)
+#: ``python -c`` that allocates once and exits.
+MALLOC_ONCE = (
+    "import ctypes, os, sys; lib = ctypes.CDLL(sys.argv[1]); p = ctypes.c_void_p(); "
+    "print(os.getpid(), lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1024)))"
+)
+#: N children forked at once, each dlopens argv[1], allocates once and exits; prints their pids.
+MANY = (
+    "import ctypes, os, sys\n"
+    "n, lib = int(sys.argv[2]), sys.argv[1]\n"
+    "r, w = os.pipe()\n"
+    "pids = []\n"
+    "for _ in range(n):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        os.close(w); os.read(r, 1)\n"
+    "        l = ctypes.CDLL(lib); p = ctypes.c_void_p(); l.cudaMalloc(ctypes.byref(p), 64)\n"
+    "        os._exit(0)\n"
+    "    pids.append(pid)\n"
+    "os.close(r); os.close(w)\n"
+    "bad = [p for p in pids if os.waitpid(p, 0)[1] != 0]\n"
+    "print(' '.join(map(str, pids)), 'bad', len(bad))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def cudart13() -> Path:
+    if not CUDART13.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{CUDART13} is missing: .ci/run must install the CUDA 13 toolkit")
+        pytest.skip(f"no {CUDART13}")
+    return CUDART13.resolve()
+
+
+def fresh_copy(cudart13: Path, folder: Path) -> Path:
+    """The real runtime at a path and inode no agent has seen."""
+    folder.mkdir(parents=True)
+    lib = folder / "libcudart.so.13"
+    shutil.copy(cudart13, lib)
+    return lib
+
+
+def _calls(c, pid: int) -> dict[str, int]:
+    return {
+        p.attributes["cuda.api.function"]: p.value for p in c.latest_points("cuda.api.calls", **{"process.pid": pid})
+    }
+
+
+def _resumed(agent: AgentProcess, pid: int) -> float | None:
+    """How long the agent says it kept ``pid`` stopped, or None if it never stopped it."""
+    m = re.search(rf"pid {pid} resumed after ([0-9.]+)s", agent.output)
+    return float(m.group(1)) if m else None
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except FileNotFoundError:
+        return "gone"
+
+
+def _agent(otlp_collector, tmp_path: Path, max_pause: str = "5s") -> AgentProcess:
+    """The agent in host mode with ``service.host_pause.max_pause``."""
+    cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["service"]["host_pause"] = {"max_pause": max_pause}
+    cfg.write_text(yaml.safe_dump(doc))
+    return AgentProcess(["-c", str(cfg)])
+
+
+def test_a_never_seen_runtime_is_probed_from_its_first_call(otlp_collector, tmp_path, cudart13):
+    """The issue's case: a ~100 ms process on a library the agent never attached loses none
+    of its 11 calls; a ``python -c`` that allocates once, the same; processes that open no
+    probed library are never stopped, nor one whose library path is known."""
+    lib = fresh_copy(cudart13, tmp_path / "env" / "lib")
+    with _agent(otlp_collector, tmp_path) as agent:
+        agent.wait_ready()
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-c", ELEVEN_CALLS, str(lib)], capture_output=True, text=True, check=True)
+        took = time.monotonic() - t0
+        w = json.loads(out.stdout)
+        assert all(rc == 35 for rc in w["rc"])  # no driver: each call fails quickly, probed all the same
+        c = otlp_collector
+        c.wait_for(lambda: _calls(c, w["pid"]) == {"cudaMalloc": 7, "cudaMemcpy": 3}, what="all 11 calls")
+        paused = _resumed(agent, w["pid"])
+        assert paused is not None and paused < took, agent.output[-4000:]
+        # allocates once and exits, on the same (now attached) library: counted, not stopped
+        pid, rc = map(
+            int,
+            subprocess.run(
+                [sys.executable, "-c", MALLOC_ONCE, str(lib)], capture_output=True, text=True, check=True
+            ).stdout.split(),
+        )
+        assert rc == 35
+        c.wait_for(lambda: _calls(c, pid) == {"cudaMalloc": 1}, what="the one cudaMalloc")
+        # no probed library: libm and libz through the same loader, and a library-like name
+        plain = (
+            "import ctypes, ctypes.util, os; ctypes.CDLL(ctypes.util.find_library('m')); "
+            "ctypes.CDLL(ctypes.util.find_library('z')); print(os.getpid())"
+        )
+        plain_pids = [
+            int(subprocess.run([sys.executable, "-c", plain], capture_output=True, text=True, check=True).stdout)
+            for _ in range(3)
+        ]
+        c.wait_for(
+            lambda: any(p.value >= 1 for p in c.latest_points("otelbpf.pauses", outcome="probed")),
+            what="the pause counted",
+        )
+        assert agent.stop() == 0
+    assert _resumed(agent, pid) is None
+    assert all(_resumed(agent, p) is None for p in plain_pids)
+    assert f"probes to {lib} (cudart)" in agent.output
+
+
+@pytest.fixture(scope="module")
+def shared_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kernels.cu built with ``-cudart shared`` (test_cuda_real_stack.py's program)."""
+    out = tmp_path_factory.mktemp("nvcc") / "kernels_shared"
+    subprocess.run(
+        [harness_nvcc(), "--extended-lambda", "-cudart", "shared", "-o", str(out), str(KERNELS)],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def test_a_short_nvcc_program_on_a_never_seen_runtime_every_launch_counted_and_named(
+    otlp_collector, tmp_path, cudart13, shared_program
+):
+    """A ~200 ms nvcc program whose libcudart.so.13 the agent never saw (LD_LIBRARY_PATH to
+    a fresh copy): its constructors register every kernel after the loader's open, so every
+    launch is counted once and named from its registration."""
+    lib = fresh_copy(cudart13, tmp_path / "image" / "lib")
+    rounds = 3
+    cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path, cuda={"launch_sample_every": 1})
+    with AgentProcess(["-c", str(cfg)]) as agent:
+        agent.wait_ready()
+        run = subprocess.run(
+            [str(shared_program), str(rounds)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "LD_LIBRARY_PATH": str(lib.parent)},
+        )
+        w = json.loads(next(x for x in run.stdout.splitlines() if x.startswith('{"rounds"')))
+        c, pid = otlp_collector, w["pid"]
+        c.wait_for(
+            lambda: (
+                {
+                    p.attributes["cuda.api.function"]: p.value
+                    for p in c.latest_points("cuda.kernel.launches", **{"process.pid": pid})
+                }
+                == {"cudaLaunchKernel": 4 * rounds, "cudaLaunchKernelExC": rounds}
+            ),
+            what="exact launch counts",
+        )
+        sources = {
+            p.attributes["otelbpf.name_source"]: p.value
+            for p in c.latest_points("otelbpf.cuda.kernel_launches.named", **{"process.pid": pid})
+        }
+        assert sources == {"registration": 5 * rounds}, agent.output[-4000:]
+        assert agent.stop() == 0
+    assert _resumed(agent, pid) is not None, agent.output[-4000:]
+
+
+def test_a_paused_process_is_resumed_after_max_pause_and_at_once_when_the_agent_is_killed(
+    otlp_collector, tmp_path, cudart13
+):
+    """The agent frozen (SIGSTOP: it can resume nothing): the kernel still stops a process at
+    a new library's open, and the guard resumes it after max_pause, unprobed. Killed with
+    SIGKILL while a process is stopped: the guard resumes it at once and closes the gate, so
+    nothing is stopped after."""
+    with _agent(otlp_collector, tmp_path, max_pause="1s") as agent:
+        agent.wait_ready()
+        agent.proc.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            lib = fresh_copy(cudart13, tmp_path / "a")
+            subprocess.run([sys.executable, "-c", MALLOC_ONCE, str(lib)], capture_output=True, check=True, timeout=30)
+            bounded = time.monotonic() - t0
+            assert 1.0 <= bounded < 4.0, bounded
+            lib = fresh_copy(cudart13, tmp_path / "b")
+            stopped = subprocess.Popen([sys.executable, "-c", MALLOC_ONCE, str(lib)], stdout=subprocess.PIPE, text=True)
+            wait_until(lambda: _state(stopped.pid) == "T", timeout=10)
+            t0 = time.monotonic()
+            agent.proc.kill()
+        finally:
+            agent.proc.send_signal(signal.SIGCONT)
+        agent.proc.wait(30)
+        stopped.communicate(timeout=30)
+        assert stopped.returncode == 0
+        assert time.monotonic() - t0 < 0.9  # resumed by the guard, not by max_pause
+        # the gate is closed: a new library stops nothing now, though the programs may linger
+        lib = fresh_copy(cudart13, tmp_path / "c")
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-c", MALLOC_ONCE, str(lib)], capture_output=True, check=True, timeout=30)
+        assert time.monotonic() - t0 < 0.9
+    assert "resumed after 1s, unprobed" in agent.output
+
+
+def test_a_hundred_processes_opening_a_new_library_at_once_are_all_counted(otlp_collector, tmp_path, cudart13):
+    """100 processes open the same never-seen library at once: one attach, each stopped
+    until it is in, each resumed; every cudaMalloc counted, nothing left stopped. One killed
+    while stopped is taken out of the paused map by its exit."""
+    lib = fresh_copy(cudart13, tmp_path / "lib")
+    with _agent(otlp_collector, tmp_path, max_pause="20s") as agent:
+        agent.wait_ready()
+        out = subprocess.run(
+            [sys.executable, "-c", MANY, str(lib), "100"], capture_output=True, text=True, check=True, timeout=120
+        ).stdout.split()
+        assert out[-2:] == ["bad", "0"]
+        pids = [int(p) for p in out[:-2]]
+        c = otlp_collector
+        c.wait_for(
+            lambda: sum(_calls(c, p).get("cudaMalloc", 0) for p in pids) == 100,
+            what="100 cudaMalloc",
+            timeout=60,
+        )
+        # stopped, then killed before the agent could resume it: nothing left behind
+        agent.proc.send_signal(signal.SIGSTOP)
+        try:
+            victim = subprocess.Popen([sys.executable, "-c", MALLOC_ONCE, str(fresh_copy(cudart13, tmp_path / "v"))])
+            wait_until(lambda: _state(victim.pid) == "T", timeout=10)
+            victim.kill()
+            victim.wait(10)
+        finally:
+            agent.proc.send_signal(signal.SIGCONT)
+        assert agent.stop() == 0
+    assert f"pid {victim.pid} resumed" not in agent.output  # killed, never resumed: no error either
+    assert "discovery step failed" not in agent.output
