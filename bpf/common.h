@@ -362,6 +362,20 @@ BPF_TABLE("lru_hash", struct lib_key, u8, known_libs, 16384);
 #define PAUSE_ORPHANED 3   /* internal: resumed by the guard because the agent died */
 BPF_ARRAY(pause_stats, u64, 4);
 
+/* Whether the current thread is an agent's (otelbpf's threads are named "otelbpf-...", its
+ * main thread while it starts too: sensor.py): an agent is never stopped, by its own
+ * programs nor by another agent's on the same host (two agents stopping each other as each
+ * reads the libraries it attaches to wait out max_pause, again and again). The name is the
+ * thread's own (bpf_get_current_comm): no kernel struct is read. */
+static __always_inline int agent_thread(void)
+{
+    char comm[16];
+    if (bpf_get_current_comm(comm, sizeof(comm)) != 0)
+        return 0;
+    return comm[0] == 'o' && comm[1] == 't' && comm[2] == 'e' && comm[3] == 'l' && comm[4] == 'b' &&
+           comm[5] == 'p' && comm[6] == 'f' && comm[7] == '-';
+}
+
 static __always_inline void count_pause(u32 slot)
 {
     u64 *v = pause_stats.lookup(&slot);
@@ -383,6 +397,8 @@ static __always_inline void submit_open(struct strevent *s, int pause)
     pause = pause && open && *open;
 #endif
 #if PAUSE_NEW_ONLY
+    if (pause && agent_thread())
+        pause = 0;  /* an agent (this one or another on the host) reading a library to attach */
     if (pause) {
         u32 pid = s->pid;
         struct paused_at at = {.since_ns = bpf_ktime_get_ns(), .cgroup = bpf_get_current_cgroup_id()};

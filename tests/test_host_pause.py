@@ -274,3 +274,80 @@ def test_a_hundred_processes_opening_a_new_library_at_once_are_all_counted(otlp_
         assert agent.stop() == 0
     assert f"pid {victim.pid} resumed" not in agent.output  # killed, never resumed: no error either
     assert "discovery step failed" not in agent.output
+
+
+STRIPPED_LIB = """
+__global__ void k_a(float *x) { if (x) x[0] = 1; }
+__global__ void k_b(float *x, int n) { if (x) x[n] = 2; }
+__global__ void k_c(float *x) { if (x) x[1] = 3; }
+extern "C" int launch_all(int rounds)
+{
+    for (int i = 0; i < rounds; i++) {
+        k_a<<<1, 1>>>(nullptr);
+        k_b<<<1, 1>>>(nullptr, 0);
+        k_c<<<1, 1>>>(nullptr);
+    }
+    return 3 * rounds;
+}
+"""
+#: dlopen the stripped library (its constructors register its kernels), launch, exit at once.
+DLOPEN_AND_LAUNCH = "import ctypes, os, sys; n = ctypes.CDLL(sys.argv[1]).launch_all(3); print(os.getpid(), n)"
+
+
+@pytest.fixture(scope="module")
+def stripped_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CUDA library built by nvcc 13 (``-cudart shared``) and stripped: no symbol names
+    its kernels, only their registrations do."""
+    folder = tmp_path_factory.mktemp("stripped")
+    (folder / "lib.cu").write_text(STRIPPED_LIB)
+    lib = folder / "libstripk.so"
+    subprocess.run(
+        [harness_nvcc(), "-cudart", "shared", "-shared", "-Xcompiler", "-fPIC", "-o", str(lib), str(folder / "lib.cu")],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(["strip", str(lib)], check=True)
+    return lib
+
+
+@pytest.mark.parametrize("runtime", ["never seen", "known"])
+def test_a_stripped_library_dlopened_by_a_short_program_has_its_kernels_named_from_registration(
+    otlp_collector, tmp_path, cudart13, stripped_library, runtime
+):
+    """The issue's third case: the registrations of a stripped library's kernels are read
+    while the process lives (or from its mapped file), never left a bare address, whether its
+    runtime is one the agent never saw (the process is stopped at its open) or not."""
+    lib = fresh_copy(cudart13, tmp_path / "rt")
+    cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path, cuda={"launch_sample_every": 1})
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib.parent)}
+    with AgentProcess(["-c", str(cfg)]) as agent:
+        agent.wait_ready()
+        if runtime == "known":
+            subprocess.run([sys.executable, "-c", MALLOC_ONCE, str(lib)], check=True, capture_output=True)
+            agent.wait_attached(lib)
+        out = subprocess.run(
+            [sys.executable, "-c", DLOPEN_AND_LAUNCH, str(stripped_library)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        pid, launched = map(int, out.stdout.split())
+        assert launched == 9
+        c = otlp_collector
+
+        def names() -> dict[str, int]:
+            found: dict[str, int] = {}
+            for s in c.spans():
+                if s.resource.get("process.pid") == pid and "cuda.kernel.name" in s.attributes:
+                    key = f"{s.attributes['cuda.kernel.name']} ({s.attributes['cuda.kernel.name_source']})"
+                    found[key] = found.get(key, 0) + 1
+            return found
+
+        expected = {
+            "k_a(float*) (registration)": 3,
+            "k_b(float*, int) (registration)": 3,
+            "k_c(float*) (registration)": 3,
+        }
+        c.wait_for(lambda: names() == expected, what=f"9 launches named from registration, got {names()}")
+        assert agent.stop() == 0

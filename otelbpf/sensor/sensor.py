@@ -29,8 +29,9 @@ import subprocess
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -186,6 +187,12 @@ class Sensor:
     # -- life cycle -------------------------------------------------------
 
     def start(self) -> None:
+        # Named as the agent's other threads while it reads and attaches libraries: an agent
+        # is never stopped at a library open (common.h agent_thread), its own nor another's.
+        with _thread_named("otelbpf-start"):
+            self._start()
+
+    def _start(self) -> None:
         if (note := kernel_headers.fallback()) is not None:  # a node image without headers
             log.warning("%s", note)
         text, cflags = program.build(
@@ -453,9 +460,8 @@ class Sensor:
 
     def _resume_open(self, pid: int, path: bytes, lib: LibraryFile | None) -> None:
         """Resume a process stopped at a library open. In host mode, first take it out of
-        ``paused`` (so the guard does not), and, when nothing is left to attach for that
-        path (attached, unprobeable, or not a probed kind after all), tell the kernel that
-        (cgroup, path) is known: its next opens stop nothing. Resumed whatever ``paused``
+        ``paused`` (so the guard does not), count whether its library is probed, and tell
+        the kernel that (cgroup, path) is known: its next opens stop nothing. Resumed whatever ``paused``
         says: a second thread's stop may follow the entry the first one's record took."""
         try:
             if self._host_pause:
@@ -465,9 +471,11 @@ class Sensor:
                     done = lib is None or lib.key in self._attached or lib.key in self._unprobeable
                     waited = time.monotonic_ns() - since_ns
                     self.pause_stats.durations_ns.append(waited)
+                    # Known either way: a failed attach is retried on its own timer (every
+                    # open stopping again would wait for nothing)
+                    self.with_bpf(lambda bpf: _know(bpf, cgroup, path))
                     if done:
                         self.pause_stats.probed += 1
-                        self.with_bpf(lambda bpf: _know(bpf, cgroup, path))
                     else:
                         self.pause_stats.unprobed += 1
                     log.info(
@@ -808,6 +816,22 @@ def detach_in_background(bpf: Any) -> int | None:
         releaser.stdin.close()  # the end of its input: it exits, and its exit releases the probes
     log.info("releasing %d probes in the background (pid %d)", len(fds), releaser.pid)
     return releaser.pid
+
+
+@contextmanager
+def _thread_named(name: str) -> Iterator[None]:
+    """The calling thread named ``name`` (its kernel comm) for the block, then as before."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+            before = f.read().strip()
+    except OSError:
+        before = None
+    name_os_thread(name)
+    try:
+        yield
+    finally:
+        if before is not None:
+            name_os_thread(before)
 
 
 def _take_paused(bpf: Any, pid: int) -> tuple[int, int] | None:
