@@ -14,7 +14,9 @@ PyTorch), or a ``CUfunction``. What tells them apart, best first:
 5. attached late (registration long past): the first launch's return address (or
    its caller's: nvcc's -O0 host code launches through a shared helper), inside
    nvcc's ``__device_stub__<mangled>`` when the binary has symbols;
-6. last resort: the launch site as ``object+offset`` (never a bare address).
+6. last resort: the launch site as ``object+offset``, else the host stub's own
+   ``object+offset (build id …)``; a bare address only when the process was never seen
+   mapping anything (gone before its first library open was handled).
 
 Names are read and demangled once per handle, when a launch needs them.
 """
@@ -104,4 +106,11 @@ class KernelNames:
                 if first.build_id:
                     where += f" (build id {first.build_id[:16]})"
                 return f"[launched at {where}]", "launch_site"
+        if frame.mapping is not None:
+            # A registration unread, in a stripped object, never launched where a site was
+            # seen: where its host stub is, which names the kernel uniquely and stably.
+            where = f"{frame.module}+{frame.offset:#x}"
+            if frame.build_id:
+                where += f" (build id {frame.build_id[:16]})"
+            return f"[kernel {where}]", "unresolved"
         return f"[unresolved kernel {fn:#x}]", "unresolved"
