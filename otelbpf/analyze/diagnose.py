@@ -23,7 +23,9 @@ it) and the usual fix:
   process (a futex, pipe, socket or poll), in file-system or block I/O, runnable but
   waiting for a CPU, asleep; with the kernel stacks (the ``sched`` receiver's ``off_cpu``
   spans);
-- ``unexplained``: the idle time charged to none of these, with what the agent could not see.
+- ``unexplained``: the idle time charged to none of these, with what the agent could not see;
+- ``nccl_straggler``: a rank the others waited for in NCCL collectives, persistently
+  (analyze/stragglers.py over the folder's NCCL spans, as ``otelbpf stragglers`` says it).
 
 Every cause but ``launch_bound`` and ``cuda_errors`` is a share of one idle budget, each
 second charged once (analyze/idle.py, docs/gpu-idle.md): the gaps after a synchronize or
@@ -33,6 +35,12 @@ keep the GPU idle.
 The costs are host-side estimates, documented per cause (``COSTS``): what the GPU
 could have been doing while the host did this. Without a GPU's own account (NVML)
 they say *why*, not *how long the GPU was idle in total*.
+
+A share is a cost over the time it could have been spent in: the process's traced window
+times the threads that made CUDA calls (two threads copying at once spend two seconds of
+copies in one second of the window; over the window alone that read as 119%). A cost is
+never more than that, so no share is above 100%, and the shares of one process add up to
+at most 100% (each idle second is charged once).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from otelbpf.analyze.gpu_idle import gpu_idle, write_gpu_idle
 from otelbpf.analyze.idle import (
@@ -62,10 +70,15 @@ from otelbpf.analyze.summary import (
     ProcKey,
     SeriesKey,
     _num,
+    human_seconds,
     load_metrics,
     process_label,
     read_spans,
 )
+
+if TYPE_CHECKING:
+    from otelbpf.analyze.collectives import Collectives
+    from otelbpf.analyze.stragglers import Report
 
 #: One process's latest metric points, read only: an entry of summary.load_metrics' answer, or the live
 #: view's (whose kind may be missing).
@@ -91,6 +104,8 @@ COSTS = {
     "host_code": "the launching thread's on-CPU time while the GPU had nothing queued, split by the CPU samples taken "
     "then (one sampling period each, pooled over the gaps)",
     "unexplained": "the idle time charged to no cause: what the agent could not see (see could_not_see)",
+    "nccl_straggler": "the rank's lateness summed over the collectives it entered last: the time the other ranks "
+    "waited for it (its share: over the job's collective window)",
 }
 
 FIXES = {
@@ -120,6 +135,9 @@ FIXES = {
     "unexplained": "Turn on what the agent could not see: the sched receiver (off-CPU time by reason and kernel "
     "stack: `otelbpf run --receivers cuda,gpu,profiling,sched -- ...`, or add `sched` to the traces and metrics "
     "pipelines) and the profiling receiver (CPU samples in time; on by default).",
+    "nccl_straggler": "Find what makes this rank late (its class says where): compare its CPU flame graph with the "
+    "other ranks' (`otelbpf stragglers DIR --diff-dir D`), then balance its input (batch or sequence lengths per "
+    "rank), free its host (data loading, CPU contention) or check its GPU and network path.",
     "blocking_io": "Take file I/O off the training thread: asynchronous checkpoints (torch.distributed.checkpoint."
     "async_save, or a background thread writing a CPU copy), buffered or asynchronous logging, "
     "no fsync per step; checkpoint every N steps to fast local storage.",
@@ -141,6 +159,18 @@ EVIDENCE_STACKS = 3
 #: Threads that made at least this share of the busiest thread's CUDA calls launch work too.
 LAUNCHER_SHARE = 0.2
 SCHED_SCOPE = "otelbpf.sched"
+#: ``otelbpf stragglers``' defaults: late by at least 1 ms, on at least 30% of a rank's collectives
+#: (and on ``stragglers.MIN_STRAGGLES``), so a rank late once or twice is no finding.
+STRAGGLER_THRESHOLD_NS = 1_000_000
+STRAGGLER_MIN_SHARE = 0.3
+#: What makes a straggler late, by its class (correlate/lateness.py), before the common fix.
+STRAGGLER_WHY = {
+    "compute-slow": "its GPU work between collectives takes longer than the other ranks' (an uneven share of the "
+    "batch, or a slower or throttled GPU: nvidia-smi -q for clocks, throttling and XID errors)",
+    "host-slow": "its host reaches the collective late (data loading, CPU contention or Python work on that rank)",
+    "communication-slow": "its previous collective finishes late (its network path: NIC, link errors, topology; "
+    "NCCL_DEBUG=INFO)",
+}
 
 
 @dataclass
@@ -274,19 +304,21 @@ def _process_findings(
     if not spans:
         return []
     window = max(1, max(s.end for s in spans) - min(s.start for s in spans)) / 1e9
+    threads = len({s.tid for s in spans}) or 1
+    capacity = window * threads  # the module doc: what a share is of
     out: list[Finding] = []
 
     def add(cause: str, cost: float, summary: str, evidence: dict[str, Any]) -> None:
-        cost = min(cost, window)  # an estimate (launch_bound) may exceed the window: a share is at most 1
-        if cost / window >= MIN_SHARE and cost >= MIN_COST_S:
+        cost = min(cost, capacity)  # an estimate (launch_bound) may exceed it: a share is at most 1
+        if cost / capacity >= MIN_SHARE and cost >= MIN_COST_S:
             out.append(
                 Finding(
                     cause,
                     label,
                     round(cost, 6),
-                    round(cost / window, 4),
+                    round(cost / capacity, 4),
                     summary,
-                    {"window_s": round(window, 3), **evidence},
+                    {"window_s": round(window, 3), **({"cuda_threads": threads} if threads > 1 else {}), **evidence},
                     FIXES[cause],
                 )
             )
@@ -535,14 +567,68 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
 
 
 def diagnose(directory: str, partial: list[str] | None = None) -> list[Finding]:
-    """Findings of every process in ``directory``, causes costliest first. Raises ValueError on
-    files that are not the agent's output (naming file and line). ``partial``: collects the
-    lines still being written instead (summary._read)."""
+    """Findings of every process in ``directory``, causes costliest first, NCCL stragglers among
+    them. Raises ValueError on files that are not the agent's output (naming file and line).
+    ``partial``: collects the lines still being written instead (summary._read)."""
     procs: dict[ProcKey, Json] = {}
     latest = load_metrics(directory, procs, partial)
     loader = SpanLoader()
     read_spans(directory, [loader], partial, procs)
-    return findings_of(loader, latest, procs, load_timelines(directory))
+    found = findings_of(loader, latest, procs, load_timelines(directory))
+    nccl = read_nccl(directory)
+    return sorted(found + (straggler_findings(*nccl) if nccl else []), key=_rank)
+
+
+def read_nccl(directory: str) -> tuple[Collectives, Report] | None:
+    """(the folder's NCCL collectives, ``otelbpf stragglers``' report over them with its
+    defaults), or None without collectives (or with files the span readers already named as
+    unreadable). Imported here, not at the top: the live view (live/model.py) imports this
+    module in the agent, which needs no offline straggler report."""
+    from otelbpf.analyze import collectives, stragglers
+
+    try:
+        data = collectives.read([directory], workers=1)
+    except (collectives.ReadError, OSError):
+        return None
+    if not len(data):
+        return None
+    return data, stragglers.analyze(data, threshold_ns=STRAGGLER_THRESHOLD_NS, min_share=STRAGGLER_MIN_SHARE)
+
+
+def straggler_findings(data: Collectives, report: Report) -> list[Finding]:
+    """One ``nccl_straggler`` finding per persistent straggler of ``report`` (stragglers.Report
+    over ``data``, collectives.Collectives): its cost is the time the other ranks waited for
+    it, its share that over the job's collective window."""
+    window = max(1, int(data.end.max()) - int(data.start.min())) / 1e9
+    out = []
+    for r in report.stragglers:
+        cost = min(r.lateness_total_ms / 1e3, window)
+        why = STRAGGLER_WHY.get(r.cls, "what made it late is not known (no GPU-wait or phase attributes)")
+        out.append(
+            Finding(
+                "nccl_straggler",
+                process_label({"service.name": r.service, "process.pid": r.pid}),
+                round(cost, 6),
+                round(cost / window, 4),
+                f"rank {r.rank} on {r.host} entered {r.straggled} of its {r.collectives} NCCL collectives last, "
+                f"{r.lateness_mean_ms:.1f} ms late on average: the other ranks waited {cost:.3f}s for it; {r.cls}: "
+                f"{why}",
+                {
+                    "window_s": round(window, 3),
+                    "rank": r.rank,
+                    "host": r.host,
+                    "collectives": r.collectives,
+                    "late_on": r.straggled,
+                    "class": r.cls,
+                    "late_mean_s": round(r.lateness_mean_ms / 1e3, 6),
+                    "compute_s": round(r.compute_ms / 1e3, 6),
+                    "host_s": round(r.host_ms / 1e3, 6),
+                    "communication_s": round(r.communication_ms / 1e3, 6),
+                },
+                FIXES["nccl_straggler"],
+            )
+        )
+    return out
 
 
 def findings_of(
@@ -566,6 +652,32 @@ def findings_of(
     return sorted(findings, key=_rank)
 
 
+def share_text(f: Finding) -> str:
+    """What a finding's share is of, in words (the module doc)."""
+    if f.cause == "nccl_straggler":
+        return f"{f.share:.1%} of the job's collective window"
+    threads = int(f.evidence.get("cuda_threads", 1) or 1)
+    window = human_seconds(float(f.evidence.get("window_s", 0.0)))
+    if threads > 1:
+        return f"{f.share:.1%} of its {threads} CUDA threads' time, {window} each"
+    return f"{f.share:.1%} of its traced window, {window}"
+
+
+def headline(f: Finding) -> str:
+    """A finding's first line: cause, process, cost and share."""
+    return f"{f.cause}: {f.process}: ~{human_seconds(f.cost_s)} ({share_text(f)})"
+
+
+def verdict(findings: Sequence[Finding]) -> str:
+    """What costs most and its fix's first sentence, in one line (the report's first): the
+    costliest cause, or, when no cause was found, the unexplained rest or that none was."""
+    if not findings:
+        return f"no cause of GPU idle time above {MIN_SHARE:.0%} of a process's traced window"
+    top = findings[0]
+    fix = top.fix.split(": ", 1)[0] if top.cause == "unexplained" else top.fix.split(". ", 1)[0].rstrip(".")
+    return f"costs most: {headline(top)}. Fix: {fix}."
+
+
 def write_report(findings: list[Finding], out: TextIO, as_json: bool = False) -> None:
     if as_json:
         json.dump([asdict(f) for f in findings], out, indent=1)
@@ -575,7 +687,7 @@ def write_report(findings: list[Finding], out: TextIO, as_json: bool = False) ->
         out.write(f"no cause of GPU idle time above {MIN_SHARE:.0%} of a process's traced window\n")
         return
     for i, f in enumerate(findings, 1):
-        out.write(f"{i}. {f.cause}: {f.process}: ~{f.cost_s:.3f}s ({f.share:.1%} of its traced window)\n")
+        out.write(f"{i}. {headline(f)}\n")
         out.write(f"   {f.summary}\n")
         out.write(f"   cost: {COSTS[f.cause]}\n")
         evidence = {k: v for k, v in f.evidence.items() if k != "span_ids"}

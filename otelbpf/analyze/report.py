@@ -10,6 +10,14 @@ each profile the profiling receiver wrote (``profiles/*.pb.gz``: CPU merged over
 interval, CUDA memory in use at the last one) and of the sched receiver's ``off_cpu`` spans
 (thread, reason, kernel stack).
 
+It opens with a one-line verdict (the job, how long it was traced, the cause that costs most
+and its fix). Values are written as people read them (seconds and bytes humanized, tables for
+what the findings hold, never a Python dict), and a section with nothing in it is left out.
+Span ids link to the trace in Tempo, Jaeger or Grafana when ``OTELBPF_TRACE_URL`` holds a
+URL template (``TRACE_URL``): ``{trace_id}`` and ``{span_id}`` are filled in, e.g.
+``http://jaeger:16686/trace/{trace_id}?uiFind={span_id}`` or
+``http://grafana:3000/explore?left={"queries":[{"datasource":"tempo","query":"{trace_id}"}]}``.
+
 The page is self-contained and works offline: the charts are drawn by d3 and
 d3-flame-graph, vendored in ``report_assets/`` (versions and licenses in its README) and
 inlined with the data (one JSON block); CSS is inline; nothing is fetched. The findings and
@@ -24,21 +32,35 @@ import html
 import json
 import os
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import TextIO
+from typing import Any, TextIO
 
 from otelbpf.analyze import collectives, profile_diff, report_ai, stragglers
-from otelbpf.analyze.diagnose import COSTS, SCHED_SCOPE, Finding, SpanLoader, findings_of
+from otelbpf.analyze.diagnose import (
+    COSTS,
+    SCHED_SCOPE,
+    Finding,
+    SpanLoader,
+    findings_of,
+    headline,
+    read_nccl,
+    straggler_findings,
+    verdict,
+)
 from otelbpf.analyze.idle import load_timelines
 from otelbpf.analyze.report_ai import PROFILE_NAME, AiSpans, Weight
 from otelbpf.analyze.report_timeline import Timeline
 from otelbpf.analyze.report_tree import Node, read_profile
 from otelbpf.analyze.summary import (
+    AGENT_SCOPE,
     Json,
     ProcKey,
     SeriesKey,
     _num,
+    human_bytes,
+    human_seconds,
     load_metrics,
     process_label,
     read_spans,
@@ -56,6 +78,11 @@ RUN_REPORT = "report.html"
 #: left 1,226 flame graphs, a 22.5 MiB page that no browser draws usably, and the agent at
 #: ~540 MiB writing it after its stop.
 MAX_DETAILED = 40
+#: The environment variable holding the trace URL template the page links span ids to: a
+#: trace viewer's address with ``{trace_id}`` (and optionally ``{span_id}``) in it. An
+#: environment variable, not config, since ``otelbpf report`` runs without the agent's config
+#: (often elsewhere, on a copy of the folder) and the link is a viewer's, not the agent's.
+TRACE_URL = "OTELBPF_TRACE_URL"
 __all__ = ["after_run", "read_profile", "render", "run"]
 
 
@@ -153,6 +180,7 @@ table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .finding{border-left:4px solid #c0392b;padding:.3em .8em;margin:.8em 0;background:#fdf3f2}
+.verdict{font-size:1.1em;padding:.4em .8em;background:#fff8e1;border-left:4px solid #f39c12}
 .finding h3{margin:.2em 0}.fix{background:#eef7ee;padding:.3em .6em}.muted{color:#777}
 pre{background:#f7f7f7;padding:.5em;overflow:auto;max-height:20em;font-size:12px}
 .problem{color:#a00}.legend{font-size:12px;color:#444;margin:.2em 0}
@@ -305,19 +333,146 @@ def _weight_json(w: Weight) -> Json:
     }
 
 
-def _finding_html(i: int, f: Finding) -> str:
-    evidence = {k: v for k, v in f.evidence.items() if k not in ("span_ids", "stacks")}
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in sorted(evidence.items()))
+#: Evidence shown elsewhere on the page: the headline (window, threads), the process's idle account
+#: (``_idle_html``), the span links and kernel stacks below the table.
+_NOT_IN_TABLE = frozenset({"span_ids", "stacks", "idle", "window_s", "cuda_threads"})
+#: Evidence tables whose values are seconds (the others are counts, or say what they hold).
+_SECONDS_TABLES = frozenset({"beside_code", "by_reason", "could_not_see"})
+
+
+def _value(key: str, v: object) -> str:
+    """An evidence value as people read it: seconds and bytes humanized, tables as ``name value``
+    lists (never a Python dict)."""
+    if isinstance(v, dict):
+        if key == "repeated_sizes":  # size -> how many
+            return ", ".join(f"{n:,} × {human_bytes(int(size))}" for size, n in v.items())
+        if key == "other_threads":  # thread -> reason -> seconds
+            return "; ".join(f"{name}: {_value('by_reason', reasons)}" for name, reasons in v.items())
+        child = "seconds" if key in _SECONDS_TABLES else ""
+        return ", ".join(f"{k} {_value(child, x)}" for k, x in v.items())
+    if isinstance(v, list):
+        return ", ".join(str(x) for x in v)
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        if key == "seconds" or key.endswith("_s"):
+            return human_seconds(float(v))
+        if key == "bytes" or key.endswith("_bytes"):
+            return human_bytes(float(v))
+        return f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
+    return str(v)
+
+
+def _label(key: str) -> str:
+    """An evidence key as a row heading: ``mean_gap_s`` -> ``mean gap``."""
+    return key.removesuffix("_s").replace("_", " ")
+
+
+def trace_url() -> str | None:
+    """The trace URL template of ``TRACE_URL``, or None when unset or not a web address with
+    ``{trace_id}`` in it (a ``javascript:`` template would run in the page)."""
+    url = os.environ.get(TRACE_URL, "").strip()
+    if url.startswith(("http://", "https://")) and "{trace_id}" in url:
+        return url
+    return None
+
+
+class _TraceIds:
+    """Span visitor: each span's trace id, for the links (kept only when a URL is configured)."""
+
+    def __init__(self) -> None:
+        self.of: dict[str, str] = {}
+
+    def span(self, key: ProcKey, scope: str | None, sp: Json, a: Json, d: int) -> None:
+        if sp.get("traceId") and sp.get("spanId"):
+            self.of[sp["spanId"]] = sp["traceId"]
+
+
+def _span_ids_html(ids: list[str], traces: Mapping[str, str], url: str | None) -> str:
+    """The cited span ids, each a link to its trace when a URL template is configured."""
+    out = []
+    for i in ids:
+        trace = traces.get(i)
+        if url and trace:
+            href = url.replace("{trace_id}", trace).replace("{span_id}", i)
+            out.append(f"<a href='{_e(href)}' title='trace {_e(trace)}'><code>{_e(i)}</code></a>")
+        else:
+            out.append(f"<code>{_e(i)}</code>")
+    return f"<p>spans: {', '.join(out)}</p>" if out else ""
+
+
+def _finding_html(i: int, f: Finding, traces: Mapping[str, str], url: str | None) -> str:
+    rows = "".join(
+        f"<tr><th>{_e(_label(k))}</th><td>{_e(_value(k, v))}</td></tr>"
+        for k, v in sorted(f.evidence.items())
+        if k not in _NOT_IN_TABLE
+    )
     stacks = "".join(
-        f"<p class='muted'>{s['seconds']:.3f}s in:</p><pre>{_e(chr(10).join(s['kernel_stack']))}</pre>"
+        f"<p class='muted'>{_e(human_seconds(s['seconds']))} in:</p><pre>{_e(chr(10).join(s['kernel_stack']))}</pre>"
         for s in f.evidence.get("stacks", [])
     )
-    spans = f"<p>spans: <code>{_e(', '.join(f.evidence['span_ids']))}</code></p>" if f.evidence.get("span_ids") else ""
     return (
-        f'<div class="finding" id="finding-{i}"><h3>{i}. {_e(f.cause)}: {_e(f.process)}: ~{f.cost_s:.3f}s '
-        f"({f.share:.1%} of its traced window)</h3><p>{_e(f.summary)}</p>"
-        f"<p class='muted'>cost: {_e(COSTS.get(f.cause, ''))}</p><table>{rows}</table>{stacks}{spans}"
+        f'<div class="finding" id="finding-{i}"><h3>{i}. {_e(headline(f))}</h3><p>{_e(f.summary)}</p>'
+        f"<p class='muted'>cost: {_e(COSTS.get(f.cause, ''))}</p>{f'<table>{rows}</table>' if rows else ''}{stacks}"
+        f"{_span_ids_html(list(f.evidence.get('span_ids', [])), traces, url)}"
         f"<p class='fix'><b>fix:</b> {_e(f.fix)}</p></div>"
+    )
+
+
+def _idle_html(findings: list[Finding]) -> str:
+    """Each process's idle account once (every finding of a process carries the same)."""
+    accounts: dict[str, dict[str, Any]] = {}
+    for f in findings:
+        if "idle" in f.evidence:
+            accounts.setdefault(f.process, f.evidence["idle"])
+    if not accounts:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_e(p)}</td><td class='n'>{_e(human_seconds(a['idle_budget_s']))}</td>"
+        f"<td class='n'>{a['gaps']:,}</td><td class='n'>{_e(human_seconds(a['charged_s']))}</td>"
+        f"<td class='n'>{_e(human_seconds(a['unexplained_s']))}</td>"
+        f"<td>{_e(_value('could_not_see', a.get('could_not_see') or {}))}</td></tr>"
+        for p, a in accounts.items()
+    )
+    return (
+        "<h3>Where the idle time went</h3><p class='muted'>The time the GPU had nothing queued from the "
+        "launching threads' view (after a synchronize or a blocking copy, until the next call; and inside copies "
+        "and allocations that keep it idle), each second charged to one cause (docs/gpu-idle.md).</p>"
+        "<table><tr><th>process</th><th>idle</th><th>gaps</th><th>charged to causes</th><th>unexplained</th>"
+        f"<th>what the agent could not see</th></tr>{rows}</table>"
+    )
+
+
+class _Extent:
+    """Span visitor: the first start and last end of the processes' own spans (not the agent's),
+    for the verdict's duration."""
+
+    def __init__(self) -> None:
+        self.start: int | None = None
+        self.end: int | None = None
+
+    def span(self, key: ProcKey, scope: str | None, sp: Json, a: Json, d: int) -> None:
+        if key[0] == "otelbpf" or scope == AGENT_SCOPE:
+            return
+        start, end = int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"])
+        self.start = start if self.start is None else min(self.start, start)
+        self.end = end if self.end is None else max(self.end, end)
+
+
+def _verdict_html(procs: dict[ProcKey, Json], extent: _Extent, findings: list[Finding]) -> str:
+    """The page's first line: the job (its processes), how long it was traced, what costs most
+    and its fix (diagnose.verdict)."""
+    names = list(dict.fromkeys(str(r.get("service.name", "?")) for k, r in procs.items() if k[0] != "otelbpf"))
+    job = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    traced = (
+        f", traced {human_seconds((extent.end - extent.start) / 1e9)}"
+        if extent.start is not None and extent.end is not None
+        else ""
+    )
+    count = f"{len(findings)} finding{'s' if len(findings) != 1 else ''}"
+    return (
+        f"<p class='verdict' id='verdict'><b>{_e(job or 'no process')}</b>{_e(traced)}: {_e(count)}; "
+        f"{_e(verdict(findings))}</p>"
     )
 
 
@@ -344,16 +499,13 @@ def _process_html(
     timeline: Json | None,
     charts: _Charts,
 ) -> str:
-    title = process_label(res)
-    parts = [f"<h2>{_e(title)}</h2>"]
-    if res.get("process.command_line"):
-        parts.append(f"<p class='muted'>{_e(res['process.command_line'])}</p>")
+    parts: list[str] = []
     facts: list[tuple[str, str]] = []
     launches = sum(_num(dp) for _a, dp in _series(points, "cuda.kernel.launches"))
     if launches:
         facts.append(("kernel launches", f"{launches:.0f}"))
     for a, dp in sorted(_series(points, "cuda.memcpy.bytes"), key=lambda x: str(x[0])):
-        facts.append((f"bytes copied {a.get('cuda.memcpy.direction')}", f"{_num(dp):.0f}"))
+        facts.append((f"bytes copied {a.get('cuda.memcpy.direction')}", human_bytes(_num(dp))))
     errors = sum(_num(dp) for _a, dp in _series(points, "cuda.api.errors"))
     if errors:
         facts.append(("failed CUDA calls", f"{errors:.0f}"))
@@ -361,7 +513,7 @@ def _process_html(
     for a, dp in _series(points, "otelbpf.thread.off_cpu.time"):
         off[str(a.get("otelbpf.sched.reason"))] += _num(dp)
     for reason, s in sorted(off.items(), key=lambda kv: -kv[1]):
-        facts.append((f"off-CPU: {reason}", f"{s:.3f}s"))
+        facts.append((f"off-CPU: {reason}", human_seconds(s)))
     if facts:
         parts.append(
             "<table>" + "".join(f"<tr><th>{_e(k)}</th><td class='n'>{_e(v)}</td></tr>" for k, v in facts) + "</table>"
@@ -414,19 +566,26 @@ def _process_html(
                 ],
             )
         )
-    return "\n".join(parts)
+    if not parts:  # nothing seen of it but its name (the agent's own resource, a process that made no call)
+        return ""
+    head = [f"<h2>{_e(process_label(res))}</h2>"]
+    if res.get("process.command_line"):
+        head.append(f"<p class='muted'>{_e(res['process.command_line'])}</p>")
+    return "\n".join(head + parts)
 
 
-def _stragglers_html(directory: str, charts: _Charts, problems: list[str]) -> list[str]:
-    """NCCL stragglers (``otelbpf stragglers``) and, where the folder has CPU profiles of the
-    ranks, each straggler's differential flame graph against the healthy ranks."""
-    try:
-        data = collectives.read([directory])
-    except (collectives.ReadError, OSError):
-        return []  # the span readers above already said what they could not read
-    if not len(data):
-        return []
-    report = stragglers.analyze(data, threshold_ns=1_000_000, min_share=0.3)
+def _stragglers_html(
+    directory: str,
+    nccl: tuple[collectives.Collectives, stragglers.Report] | None,
+    charts: _Charts,
+    problems: list[str],
+) -> list[str]:
+    """NCCL stragglers (``otelbpf stragglers``, read once with the findings: ``diagnose.read_nccl``)
+    and, where the folder has CPU profiles of the ranks, each straggler's differential flame graph
+    against the healthy ranks."""
+    if nccl is None:
+        return []  # no collectives, or the span readers above already said what they could not read
+    data, report = nccl
     if not report.stragglers:
         return [
             f"<h2>NCCL</h2><p>{report.collectives_compared} collectives of {len(report.ranks)} ranks compared: "
@@ -545,15 +704,19 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
         latest = {}
         problems.append(f"no metrics: {exc}")
         unreadable.append(str(exc))
-    loader, spans, ai_spans, timeline = SpanLoader(), _Spans(), AiSpans(), Timeline()
+    loader, spans, ai_spans, timeline, extent = SpanLoader(), _Spans(), AiSpans(), Timeline(), _Extent()
+    url, traces = trace_url(), _TraceIds()
     try:
-        read_spans(directory, [loader, spans, ai_spans, timeline], partial, procs)
+        read_spans(directory, [loader, spans, ai_spans, timeline, extent, *([traces] if url else [])], partial, procs)
     except ValueError as exc:
         problems.append(f"no spans (or only some): {exc}")
         unreadable.append(str(exc))
     findings = [] if unreadable else findings_of(loader, latest, procs, load_timelines(directory))
     if unreadable:
         problems.insert(0, f"no diagnosis: {unreadable[0]}")
+    nccl = read_nccl(directory)
+    if nccl is not None:
+        findings = sorted([*findings, *straggler_findings(*nccl)], key=lambda f: (f.cause == "unexplained", -f.cost_s))
     problems += [f"{where}: an incomplete last line, skipped" for where in partial]
     graphs = flame_graphs(directory, problems)
     ai = report_ai.merge(ai_spans.weights(), report_ai.from_profiles(directory))
@@ -573,14 +736,13 @@ def render(directory: str) -> tuple[str, list[Finding], list[str]]:
     for pid in ai:
         key_of("?", pid)
     charts = _Charts()
-    body = [f"<h1>otelbpf report: {_e(os.path.abspath(directory))}</h1>"]
+    body = [f"<h1>otelbpf report: {_e(os.path.abspath(directory))}</h1>", _verdict_html(procs, extent, findings)]
     body += [f"<p class='problem'>{_e(p)}</p>" for p in problems]
-    body.append("<h2>Findings</h2>")
     if findings:
-        body += [_finding_html(i, f) for i, f in enumerate(findings, 1)]
-    else:
-        body.append("<p>No cause of GPU idle time above 1% of a process's traced window.</p>")
-    body += _stragglers_html(directory, charts, problems)
+        body.append("<h2>Findings</h2>")
+        body += [_finding_html(i, f, traces.of, url) for i, f in enumerate(findings, 1)]
+        body.append(_idle_html(findings))
+    body += _stragglers_html(directory, nccl, charts, problems)
     detailed, others = _ranked(procs, findings, by_proc, spans.calls)
     for key in sorted(detailed, key=lambda k: (k[0] == "otelbpf", str(k))):
         pid = int(procs[key].get("process.pid", 0) or 0)

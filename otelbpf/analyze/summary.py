@@ -23,12 +23,21 @@ SeriesKey = tuple[str, tuple[tuple[str, Any], ...]]
 Latest = dict[ProcKey, dict[SeriesKey, tuple[int, Json, str]]]
 
 
+#: The scope of the spans the agent makes about a process rather than of it: its live diagnosis
+#: (live/findings.py, ``otelbpf.finding`` spans, as long as the window a finding rests on). They
+#: sit on the process's resource so a backend shows them beside its calls, but they are none of
+#: the process's work: the summary, the report and the MCP tools keep them apart (never among
+#: its slowest spans or its span counts).
+AGENT_SCOPE = "otelbpf.diagnose"
+
+
 class SpanStats(TypedDict):
     """load's span counts for one process."""
 
     count: Counter[str]  # spans by name
     errors: Counter[str]  # error spans by name
     slowest: list[tuple[int, str, Json]]  # (duration ns, name, attributes) of every span
+    findings: Counter[str]  # the agent's own finding spans on the process, by cause (AGENT_SCOPE)
 
 
 def _value(v: Json) -> object:
@@ -170,6 +179,10 @@ def load(directory: str) -> tuple[Latest, dict[ProcKey, SpanStats], dict[ProcKey
 
     def add_spans(req: Json) -> None:
         for key, ss in scoped(req, "Spans", procs):
+            if ss.get("scope", {}).get("name") == AGENT_SCOPE:
+                for sp in ss.get("spans", []):
+                    spans[key]["findings"][str(_attrs(sp.get("attributes")).get("otelbpf.finding.cause", "?"))] += 1
+                continue
             for sp in ss.get("spans", []):
                 st = spans[key]
                 st["count"][sp["name"]] += 1
@@ -183,7 +196,7 @@ def load(directory: str) -> tuple[Latest, dict[ProcKey, SpanStats], dict[ProcKey
 
 
 def _span_stats() -> SpanStats:
-    return {"count": Counter(), "errors": Counter(), "slowest": []}
+    return {"count": Counter(), "errors": Counter(), "slowest": [], "findings": Counter()}
 
 
 def _num(dp: Json) -> float:
@@ -198,6 +211,25 @@ def _bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+human_bytes = _bytes
+
+
+def human_seconds(s: float) -> str:
+    """Seconds as people read them: 850 µs, 23.4 ms, 1.24 s, 2 min 05 s, 1 h 02 min."""
+    a = abs(s)
+    if a == 0:
+        return "0 s"
+    if a < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if a < 1:
+        return f"{s * 1e3:.1f} ms"
+    if a < 60:
+        return f"{s:.2f} s"
+    if a < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
 
 
 #: The agent's counters of records it could not keep, by reason (``base/losses.py`` explains them).
@@ -324,5 +356,11 @@ def summarize(directory: str, out: TextIO) -> int:
             slow = sorted(st["slowest"], key=lambda x: -x[0])[:3]
             for dur, name, _attrs in slow:
                 print(f"    slowest: {name} {dur / 1e6:.3f} ms", file=out)
+        if st and st["findings"]:
+            print(
+                "  the agent's live findings on it (otelbpf.finding spans, not its own): "
+                + ", ".join(f"{c} {n}" for c, n in st["findings"].most_common()),
+                file=out,
+            )
         print(file=out)
     return 0

@@ -30,11 +30,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
+from otelbpf.analyze.summary import AGENT_SCOPE
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.live import model
 
-SCOPE = scope("otelbpf.diagnose")
+SCOPE = scope(AGENT_SCOPE)
 #: Links per finding span: the evidence a backend can open, not every span it rests on.
 MAX_LINKS = 32
 #: Scalar evidence values copied onto the span as ``otelbpf.finding.evidence.<key>``.

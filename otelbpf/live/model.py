@@ -367,7 +367,7 @@ def _findings(
                 "share": 0.0,
                 "summary": f"late on {int(sum(straggled.values()))} collectives ({cls})",
                 "evidence": {},
-                "fix": "",
+                "fix": diagnose.FIXES["nccl_straggler"],
             }
         )
     return out

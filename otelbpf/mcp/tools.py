@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict
 
 from otelbpf.analyze import collectives, diagnose, stragglers
-from otelbpf.analyze.summary import _num
+from otelbpf.analyze.summary import AGENT_SCOPE, _num
 from otelbpf.mcp.folder import Data, Folder, FolderError, JsonObject, ProcKey, Span
 from otelbpf.mcp.profiles import ProfileError, top_functions
 
@@ -96,11 +96,13 @@ def list_processes(data: Data, profiles: list[str], limit: int) -> JsonObject:
                 **label,
                 "gpu": _is_gpu(data, proc, mine),
                 "command_line": str(res.get("process.command_line", ""))[:256],
-                "spans": dict(Counter(s.scope for s in mine)),
+                "spans": dict(Counter(s.scope for s in mine if s.scope != AGENT_SCOPE)),
+                # the agent's live diagnosis of it (otelbpf.finding spans): not the process's own work
+                "agent_finding_spans": sum(1 for s in mine if s.scope == AGENT_SCOPE),
                 "kernel_launches": int(launches),
                 "profiles": [p for p in profiles if p.rsplit("-", 3)[1:2] == [str(label["pid"])]][:10],
                 "evidence": {
-                    "spans": _cite(sorted(mine, key=lambda s: s.start)),
+                    "spans": _cite(sorted((s for s in mine if s.scope != AGENT_SCOPE), key=lambda s: s.start)),
                     "metrics": sorted({n for (n, _a) in data.metrics.get(proc, {})})[:20],
                 },
             }
@@ -207,7 +209,12 @@ def findings(folder: Folder, data: Data, limit: int) -> JsonObject:
         d["evidence"]["spans"] = [
             {"trace_id": next((s.trace_id for s in data.spans if s.span_id == i), ""), "span_id": i} for i in ids
         ]
+        if f.cause == "nccl_straggler":  # no span ids: the collectives it entered latest instead
+            rank: JsonObject = {"pid": int(f.process.rsplit("pid ", 1)[-1].rstrip(")"))}
+            cite_late_entries(data, [rank])
+            d["evidence"]["spans"] = rank["evidence"]["latest_entries"]
         d["cost_explained"] = diagnose.COSTS[f.cause]
+        d["share_explained"] = diagnose.share_text(f)
         out.append(d)
     return {"total": len(found), "findings": out, **_meta(data)}
 

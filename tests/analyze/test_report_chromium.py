@@ -194,7 +194,7 @@ def test_the_page_draws_offline_without_errors_and_opens_on_the_top_finding(tmp_
     )
     assert isinstance(top, list)
     text, y0, y1, height = top
-    assert text.startswith("1. input_starvation: job22 (pid 22): ~0.380s"), text  # the costliest cause planted
+    assert text.startswith("1. input_starvation: job22 (pid 22): ~380.0 ms"), text  # the costliest cause planted
     assert 0 <= y0 < y1 <= height
     shot = browser.call("Page.captureScreenshot", format="png")["data"]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
