@@ -379,7 +379,7 @@ def _process_findings(
             "sync_storm",
             f"{len(syncs)} synchronizes ({len(syncs) / window:.1f}/s); {storm.gaps} of the gaps after them were "
             f"the queue draining and refilling (under {SHORT_GAP_NS / 1e6:.0f} ms each, "
-            f"{storm.seconds:.3f}s in all)",
+            f"{human_seconds(storm.seconds)} in all)",
             {
                 "syncs": len(syncs),
                 "per_second": round(len(syncs) / window, 2),
@@ -453,7 +453,7 @@ def _process_findings(
         add(
             "host_code",
             c.seconds,
-            f"the launching thread ran {top} for ~{c.seconds:.3f}s while the GPU had nothing queued "
+            f"the launching thread ran {top} for ~{human_seconds(c.seconds)} while the GPU had nothing queued "
             f"({c.samples} CPU samples between a synchronize and the next launch)",
             {
                 "function": where.function,
@@ -469,9 +469,10 @@ def _process_findings(
         add(
             "unexplained",
             acc.unexplained_s,
-            f"{acc.unexplained_s:.3f}s of the {acc.budget_s:.3f}s the GPU had nothing queued is charged to no cause: "
-            + "; ".join(f"{why} {v:.3f}s" for why, v in sorted(acc.unseen.items(), key=lambda kv: -kv[1]))
-            + (f"; {near[0][1]:.3f}s of it in gaps where the thread ran {near[0][0]}" if near else ""),
+            f"{human_seconds(acc.unexplained_s)} of the {human_seconds(acc.budget_s)} the GPU had nothing queued "
+            "is charged to no cause: "
+            + "; ".join(f"{why} {human_seconds(v)}" for why, v in sorted(acc.unseen.items(), key=lambda kv: -kv[1]))
+            + (f"; {human_seconds(near[0][1])} of it in gaps where the thread ran {near[0][0]}" if near else ""),
             {"idle": idle, "beside_code": {k: round(v, 6) for k, v in near}},
         )
     return sorted(out, key=_rank)
@@ -518,8 +519,9 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
     if (c := acc.charges.get("input_starvation")) is not None:
         add(
             "input_starvation",
-            f"the launching thread waited {c.seconds:.3f}s in {len(c.spans)} waits on other threads or processes "
-            f"({', '.join(f'{r} {v:.3f}s' for r, v in c.top())}) while the GPU had nothing queued",
+            f"the launching thread waited {human_seconds(c.seconds)} in {len(c.spans)} waits on other threads or "
+            "processes "
+            f"({', '.join(f'{r} {human_seconds(v)}' for r, v in c.top())}) while the GPU had nothing queued",
             {
                 **common(c),
                 "by_reason": {r: round(v, 6) for r, v in c.top()},
@@ -530,15 +532,15 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
     if (c := acc.charges.get("blocking_io")) is not None:
         add(
             "blocking_io",
-            f"the launching thread was blocked {c.seconds:.3f}s in {len(c.spans)} file-system or disk waits "
+            f"the launching thread was blocked {human_seconds(c.seconds)} in {len(c.spans)} file-system or disk waits "
             "while the GPU had nothing queued",
             {**common(c), "stacks": _stacks(c.spans, "otelbpf.sched.blocked_ns")},
         )
     if (c := acc.charges.get("host_wait")) is not None:
         add(
             "host_wait",
-            f"the launching thread was off the CPU {c.seconds:.3f}s "
-            f"({', '.join(f'{r} {v:.3f}s' for r, v in c.top())}) while the GPU had nothing queued",
+            f"the launching thread was off the CPU {human_seconds(c.seconds)} "
+            f"({', '.join(f'{r} {human_seconds(v)}' for r, v in c.top())}) while the GPU had nothing queued",
             {
                 **common(c),
                 "by_reason": {r: round(v, 6) for r, v in c.top()},
@@ -549,7 +551,7 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
         runq = sorted(int(s.attrs.get("otelbpf.sched.runqueue_ns", 0)) / 1e9 for s in c.spans)
         add(
             "host_contention",
-            f"the launching thread waited {c.seconds:.3f}s for a CPU while runnable ({len(c.spans)} waits, "
+            f"the launching thread waited {human_seconds(c.seconds)} for a CPU while runnable ({len(c.spans)} waits, "
             f"longest {runq[-1] * 1e3:.1f} ms) while the GPU had nothing queued",
             {
                 **common(c),
@@ -611,8 +613,8 @@ def straggler_findings(data: Collectives, report: Report) -> list[Finding]:
                 round(cost, 6),
                 round(cost / window, 4),
                 f"rank {r.rank} on {r.host} entered {r.straggled} of its {r.collectives} NCCL collectives last, "
-                f"{r.lateness_mean_ms:.1f} ms late on average: the other ranks waited {cost:.3f}s for it; {r.cls}: "
-                f"{why}",
+                f"{r.lateness_mean_ms:.1f} ms late on average: the other ranks waited {human_seconds(cost)} for it; "
+                f"{r.cls}: {why}",
                 {
                     "window_s": round(window, 3),
                     "rank": r.rank,
@@ -703,9 +705,10 @@ def write_report(findings: list[Finding], out: TextIO, as_json: bool = False) ->
         out.write("\nwhere the idle time went (docs/gpu-idle.md):\n")
     for process, idle in accounts.items():
         out.write(
-            f"  {process}: the GPU had nothing queued for {idle['idle_budget_s']:.3f}s ({idle['gaps']} gaps after a "
-            f"synchronize, and time in copies and allocations): {idle['charged_s']:.3f}s charged to causes, "
-            f"{idle['unexplained_s']:.3f}s unexplained\n"
+            f"  {process}: the GPU had nothing queued for {human_seconds(idle['idle_budget_s'])} ({idle['gaps']} gaps "
+            "after a "
+            f"synchronize, and time in copies and allocations): {human_seconds(idle['charged_s'])} charged to causes, "
+            f"{human_seconds(idle['unexplained_s'])} unexplained\n"
         )
 
 
