@@ -375,6 +375,7 @@ int cuda_call(struct pt_regs *ctx)
 static __always_inline void profile_cuda_alloc(struct pt_regs *ctx, u64 id, u8 func, u64 size, u64 addr);
 static __always_inline void profile_cuda_free(u64 id, u64 addr);
 static __always_inline void profile_cuda_finish(struct pt_regs *ctx);
+static __always_inline void profile_cuda_call(struct pt_regs *ctx, u64 id, u8 func, u64 ns, u64 bytes);
 #endif
 
 /* Return half, shared by every paired call; `driver` tells which library's
@@ -404,6 +405,9 @@ static __always_inline int on_return(struct pt_regs *ctx, u16 driver)
     } else if (e.kind == EV_CUDA_FREE) {
         if (e.ret == 0)
             profile_cuda_free(id, e.a0);
+    } else if (e.kind == EV_CUDA_MEMCPY || e.kind == EV_CUDA_SYNC) {
+        if (e.ret == 0)  /* the code that copied or waited: profile.c's cuda_calls */
+            profile_cuda_call(ctx, id, e.func, e.duration_ns, e.kind == EV_CUDA_MEMCPY ? e.a0 : 0);
 #endif
     } else if (e.kind == EV_CUDA_FUNC_NAME) {
         /* Driver-side names are read here: the caller's string (Triton's, cuBLAS's)

@@ -13,7 +13,11 @@
  *   and allocations, fed by the CUDA family's malloc/free return probes
  *   (profile_cuda_alloc / profile_cuda_free, compiled in with
  *   CUDA_MEMORY_PROFILE); mem_live remembers each live device address's
- *   stack and size so a free subtracts from the stack that allocated it.
+ *   stack and size so a free subtracts from the stack that allocated it;
+ * - cuda_calls: (process, API, user stack, Python stack) -> calls, time in
+ *   them and bytes copied, fed by the same return probes for every copy and
+ *   synchronize that succeeded (profile_cuda_call): the code that waited for
+ *   the GPU or copied, for the AI flame graphs (cuda_wait, cuda_copy).
  *
  * Stacks are stored once, keyed by a 64-bit hash of their content (no
  * hash-bucket collisions as with BPF_STACK_TRACE ids, memory only as used).
@@ -75,7 +79,7 @@
 #define PSTAT_STACKS_FULL 1      /* stacks / py_stacks full */
 #define PSTAT_CODES_FULL 2       /* py_codes full (or no memory for it here and now) */
 #define PSTAT_PROCS_FULL 3       /* py_procs full */
-#define PSTAT_MEM_FULL 4         /* mem_alloc / mem_inuse full */
+#define PSTAT_MEM_FULL 4         /* mem_alloc / mem_inuse / cuda_calls full */
 #define PSTAT_LIVE_FULL 5        /* mem_live full: an allocation is not in inuse */
 #define PSTAT_EVENT_LOST 6       /* ring full: a new process was not announced */
 #define PSTAT_TABLES_FULL 7      /* py_tables full: a line table is cut */
@@ -216,6 +220,12 @@ struct mem_val {
     u64 count;
 };
 
+struct call_val {
+    u64 calls;
+    u64 ns;                   /* time in the calls (the thread blocked: waiting for the GPU, or staging) */
+    u64 bytes;                /* copied (copies only) */
+};
+
 struct live_key {
     u32 pid;
     u32 pad;
@@ -243,11 +253,15 @@ struct pending_sample {
     u32 pad;
 };
 
+/* An allocation, or a copy or synchronize (PENDING_CALL: `size` bytes copied,
+ * `addr` the ns in the call), waiting for its Python stack. */
+#define PENDING_ALLOC 1
+#define PENDING_CALL 2
 struct pending_alloc {
     struct mem_key k;
     u64 size;
     u64 addr;
-    u32 active;
+    u32 active;               /* 0, PENDING_ALLOC or PENDING_CALL */
     u32 captures;
 };
 
@@ -268,6 +282,7 @@ BPF_HASH(py_tables, struct py_chunk_key, struct py_chunk, PY_TABLE_ENTRIES);
 BPF_HASH(mem_alloc, struct mem_key, struct mem_val, MEM_ENTRIES);
 BPF_HASH(mem_inuse, struct mem_key, struct mem_val, MEM_ENTRIES);
 BPF_F_TABLE("hash", struct live_key, struct live_val, mem_live, LIVE_ENTRIES, BPF_F_NO_PREALLOC);
+BPF_HASH(cuda_calls, struct mem_key, struct call_val, MEM_ENTRIES);
 BPF_PERCPU_ARRAY(profile_stats, u64, PSTAT_MAX);
 /* Per-CPU scratch: these are too big for the 512-byte BPF stack. */
 BPF_PERCPU_ARRAY(scratch_native, struct native_stack, 1);
@@ -783,12 +798,34 @@ static __always_inline void mem_release(struct live_val *lv)
     }
 }
 
-/* Account the pending allocation (its stacks are complete now). */
+static __always_inline void call_account(struct pending_alloc *pa)
+{
+    struct call_val *v = cuda_calls.lookup(&pa->k);
+    if (!v) {
+        struct call_val zero = {};
+        cuda_calls.insert(&pa->k, &zero);
+        v = cuda_calls.lookup(&pa->k);
+        if (!v) {
+            profile_stat(PSTAT_MEM_FULL);
+            return;
+        }
+    }
+    __sync_fetch_and_add(&v->calls, 1);
+    __sync_fetch_and_add(&v->ns, pa->addr);
+    __sync_fetch_and_add(&v->bytes, pa->size);
+}
+
+/* Account the pending allocation or call (its stacks are complete now). */
 static __always_inline void finish_alloc(struct pending_alloc *pa)
 {
-    if (!pa->active)
+    u32 what = pa->active;
+    if (!what)
         return;
     pa->active = 0;
+    if (what == PENDING_CALL) {
+        call_account(pa);
+        return;
+    }
     struct live_key lk = {.pid = pa->k.pid, .addr = pa->addr};
     struct live_val *old = mem_live.lookup(&lk);
     if (old)  /* its free was never seen: stop counting it in use */
@@ -818,8 +855,19 @@ static __always_inline void profile_cuda_alloc(struct pt_regs *ctx, u64 id, u8 f
     pa->k.py = 0;
     pa->size = size;
     pa->addr = addr;
-    pa->active = 1;
+    pa->active = PENDING_ALLOC;
     pa->captures = 0;
+}
+
+/* A copy (`bytes` copied) or synchronize that succeeded after `ns` in the call:
+ * accounted like an allocation, on the caller's merged stack (cuda_calls). */
+static __always_inline void profile_cuda_call(struct pt_regs *ctx, u64 id, u8 func, u64 ns, u64 bytes)
+{
+    profile_cuda_alloc(ctx, id, func, bytes, ns);
+    u32 zero = 0;
+    struct pending_alloc *pa = pending_allocs.lookup(&zero);
+    if (pa)
+        pa->active = PENDING_CALL;
 }
 
 static __always_inline void profile_cuda_finish(struct pt_regs *ctx)

@@ -113,7 +113,7 @@ def flame_graphs(directory: str, problems: list[str]) -> list[FlameGraph]:
         key=lambda p: int(m["ms"]) if (m := PROFILE_NAME.match(os.path.basename(p))) else 0,
     ):
         m = PROFILE_NAME.match(os.path.basename(path))
-        if not m:
+        if not m or m["kind"] == "cuda_calls":  # drawn in the AI flame graph (report_ai), with its weights
             continue
         try:
             unit, samples = read_profile(path)
@@ -315,14 +315,25 @@ class _Charts:
 def _weight_json(w: Weight) -> Json:
     coverage = ""
     if w.counted:
-        part = "The spans" if w.comparable == w.root.value else "Its synchronize calls"
-        coverage = (
-            f"{part} hold {w.comparable / w.counted:.0%} of what the metrics counted ({_amount(w.counted, w.unit)})"
+        profiles = w.key in report_ai.REPLACES
+        part = (
+            ("The profiles" if profiles else "The spans") if w.comparable == w.root.value else "Its synchronize calls"
         )
+        held = w.comparable / w.counted
+        # a share above 100% is not one: said as "all", with what made it more
+        coverage = f"{part} hold {min(held, 1.0):.0%} of what the metrics counted ({_amount(w.counted, w.unit)})"
         if w.comparable < 0.995 * w.counted:
-            coverage += ": the rest were sampled out or too short to be spans"
+            coverage += (
+                ": the rest came after the profiler's last read"
+                if profiles
+                else ": the rest were sampled out or too short to be spans"
+            )
         elif w.comparable > 1.005 * w.counted:
-            coverage += ": sampled launches scaled by their sample_every are an estimate"
+            coverage += (
+                f" ({held:.0%}: the metrics' last export came before the profiler's last read)"
+                if profiles
+                else f" ({held:.0%}: sampled launches scaled by their sample_every are an estimate)"
+            )
     return {
         "key": w.key,
         "label": w.label,
@@ -541,7 +552,7 @@ def _process_html(
     if ai:
         counted = _counted(points)
         for w in ai:
-            w.counted = counted.get(w.key) or None
+            w.counted = counted.get(report_ai.REPLACES.get(w.key, w.key)) or None
         parts.append(
             charts.flame(
                 "AI flame graph: CUDA calls and kernels on top of the code that made them "

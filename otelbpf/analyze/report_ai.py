@@ -8,6 +8,11 @@ the page says so in its legend (``Weight.rests_on``):
   call are its span ancestry (the thread, the request it served, the torch operators around
   it: ``parentSpanId``), not Python lines. Spans are budgeted and short calls are not
   spans, so these graphs hold part of what the metrics counted (``Weight.counted``).
+- ``copied``, ``sync`` from the profiling receiver's ``cuda_calls`` profiles, when the folder
+  has them (``cuda_memory: true``, the default): every copy and synchronize on the merged
+  Python + native stack that called it, weighted by the bytes it copied or the time the
+  thread spent in it. These replace the span-based graphs of the same weight: they hold every
+  call, not the spans' budgeted part, and the code under it, not the span ancestry.
 - ``allocated``: the profiling receiver's ``cuda_memory`` profiles: bytes allocated by
   each merged Python + native stack, with the allocating CUDA function as its leaf.
 - ``cpu_in_cuda``: the CPU profiles' samples that were inside a CUDA, cuBLAS, cuDNN or NCCL
@@ -51,6 +56,18 @@ WEIGHTS = {
         "time waiting for the GPU",
         "sync/nanoseconds",
         "synchronize calls and blocking (not async) copies: the time each waited; frames: the span's ancestry",
+    ),
+    "calls_copied": (
+        "bytes copied",
+        "copied/bytes",
+        "every cudaMemcpy* call's bytes on the merged Python + native stack that called it (the profiling "
+        "receiver's cuda_calls profiles)",
+    ),
+    "calls_sync": (
+        "time waiting for the GPU",
+        "sync/nanoseconds",
+        "every synchronize and copy on the merged Python + native stack that called it, weighted by the time the "
+        "thread spent in it (the profiling receiver's cuda_calls profiles; async copies return at once)",
     ),
     "allocated": (
         "bytes allocated",
@@ -144,13 +161,16 @@ def from_profiles(directory: str) -> dict[int, dict[str, Weight]]:
     out: dict[int, dict[str, Weight]] = defaultdict(dict)
     for path in sorted(glob.glob(os.path.join(directory, "profiles", "*.pb.gz"))):
         m = PROFILE_NAME.match(os.path.basename(path))
-        if not m or m["kind"] not in ("cpu", "cuda_memory"):
+        if not m or m["kind"] not in ("cpu", "cuda_memory", "cuda_calls"):
+            continue
+        pid = int(m["pid"])
+        if m["kind"] == "cuda_calls":
+            _calls(path, out[pid])
             continue
         try:
             unit, samples = read_profile(path, prefer="alloc_space" if m["kind"] == "cuda_memory" else "cpu")
         except Exception:  # noqa: BLE001 - reported by the CPU flame graphs' reader
             continue
-        pid = int(m["pid"])
         if m["kind"] == "cuda_memory":
             if unit != "alloc_space/bytes":
                 continue
@@ -165,11 +185,38 @@ def from_profiles(directory: str) -> dict[int, dict[str, Weight]]:
     return {pid: {k: w for k, w in ws.items() if w.root.value > 0} for pid, ws in out.items()}
 
 
+#: A weight from the cuda_calls profiles -> the span-based weight it replaces.
+REPLACES = {"calls_copied": "copied", "calls_sync": "sync"}
+
+
+def _calls(path: str, into: dict[str, Weight]) -> None:
+    """A cuda_calls profile's bytes copied and time in calls, added to ``into``'s ``calls_copied``
+    and ``calls_sync`` (frames root first: the CUDA function is the last)."""
+    for key, sample_type in (("calls_copied", "cuda_copy"), ("calls_sync", "cuda_wait")):
+        try:
+            unit, samples = read_profile(path, prefer=sample_type)
+        except Exception:  # noqa: BLE001 - reported by the CPU flame graphs' reader
+            return
+        if not unit.startswith(sample_type + "/"):
+            return
+        w = into.setdefault(key, Weight(key))
+        for frames, value in samples:
+            if value:
+                w.root.add(frames, value)
+                # what cuda.sync.duration counts too: the synchronize calls, not the copies' time
+                w.comparable += value if key == "calls_copied" or (frames and frames[-1] in _SYNCS) else 0
+
+
 def merge(*parts: dict[int, dict[str, Weight]]) -> dict[int, list[Weight]]:
-    """Per process, its weights in the switch's order (those with no data left out)."""
+    """Per process, its weights in the switch's order (those with no data left out; a span-based
+    weight left out where the cuda_calls profiles give the same with the code under it)."""
     by_pid: dict[int, dict[str, Weight]] = defaultdict(dict)
     for part in parts:
         for pid, ws in part.items():
             by_pid[pid].update(ws)
+    for ws in by_pid.values():
+        for key, replaced in REPLACES.items():
+            if key in ws:
+                ws.pop(replaced, None)
     order = list(WEIGHTS)
     return {pid: sorted(ws.values(), key=lambda w: order.index(w.key)) for pid, ws in by_pid.items() if ws}

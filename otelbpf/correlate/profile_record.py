@@ -17,6 +17,10 @@ MEMORY_SAMPLE_TYPES = (
     ("inuse_objects", "count"),
     ("inuse_space", "bytes"),
 )
+#: The CUDA copies and synchronizes by the merged stack that made them (bpf/profile.c ``cuda_calls``):
+#: how many, the time the thread spent in them (blocked: waiting for the GPU, or staging a copy) and the
+#: bytes copied. Pyroscope lists each beside the CPU profile (``cuda:cuda_wait:nanoseconds``, ...).
+CALL_SAMPLE_TYPES = (("cuda_calls", "count"), ("cuda_wait", "nanoseconds"), ("cuda_copy", "bytes"))
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class ProfileMeta:
     record (``export.profile_export.ProfileRecord``) both carry it."""
 
     name: str  # Pyroscope profile name (__name__): process_cpu, memory
-    kind: str  # cpu | cuda_memory
+    kind: str  # cpu | cuda_memory | cuda_calls
     labels: dict[str, str]  # service_name, host_name, process_pid, configured ones
     pid: int
     start_ns: int  # wall clock, the interval it covers

@@ -1,5 +1,5 @@
 """The profiler: reads the kernel's profile maps every interval and turns them into one
-pprof per process and kind (CPU; CUDA memory), with merged Python + native stacks.
+pprof per process and kind (CPU; CUDA memory; CUDA copies and synchronizes), with merged Python + native stacks.
 
 Threads: the family's ``on_load`` (sensor start) attaches the perf event and starts the
 collection thread; ``on_events`` (the agent's processing thread) learns of new processes,
@@ -40,7 +40,14 @@ from otelbpf.correlate import pylines
 from otelbpf.correlate.kallsyms import KernelSymbols
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.profile_cache import Interned, Lru
-from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, CpuTimeline, Profile, Sample
+from otelbpf.correlate.profile_record import (
+    CALL_SAMPLE_TYPES,
+    CPU_SAMPLE_TYPES,
+    MEMORY_SAMPLE_TYPES,
+    CpuTimeline,
+    Profile,
+    Sample,
+)
 from otelbpf.correlate.spans import scope
 from otelbpf.correlate.stacks import Frame, PythonFrame, kernel, merge, native
 from otelbpf.correlate.symbolizer import Symbolizer
@@ -127,6 +134,7 @@ class _Raw:
     times: list[tuple[int, int, int, int, int, int, int]]  # pid, tid, bucket, user, kernel, py, count
     allocs: list[tuple[int, int, int, int, int, int]]  # pid, func, user, py, bytes, count
     inuse: list[tuple[int, int, int, int, int, int]]
+    calls: list[tuple[int, int, int, int, int, int, int]]  # pid, func, user, py, calls, ns, bytes
     stats: dict[str, int]
     gone: dict[int, _Proc]  # processes that exited before this read: forgotten once it is emitted
 
@@ -144,6 +152,7 @@ class _Taken:
     times: _Arrays
     allocs: _Arrays | None
     inuse: _Arrays | None
+    calls: _Arrays | None
     stacks: _Arrays
     py_stacks: _Arrays
     tables: _Arrays
@@ -177,6 +186,20 @@ def _mem_rows(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, int, int,
             keys["py"].tolist(),
             values["bytes"].tolist(),
             values["count"].tolist(),
+        )
+    )
+
+
+def _call_rows(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, int, int, int, int, int, int]]:
+    return list(
+        zip(
+            keys["pid"].tolist(),
+            keys["func"].tolist(),
+            keys["user"].tolist(),
+            keys["py"].tolist(),
+            values["calls"].tolist(),
+            values["ns"].tolist(),
+            values["bytes"].tolist(),
         )
     )
 
@@ -512,14 +535,15 @@ class Profiler:
         operations only: the sensor's lock is held)."""
         end, mono = time.time_ns(), time.monotonic_ns()
         samples, times = drain(bpf["cpu_samples"]), drain(bpf["cpu_times"])
-        allocs = inuse = None
+        allocs = inuse = calls = None
         if self.cuda_memory:
             allocs = drain(bpf["mem_alloc"])
             inuse = drain(bpf["mem_inuse"], keep=True)
+            calls = drain(bpf["cuda_calls"])
         stacks, py_stacks, tables = drain(bpf["stacks"]), drain(bpf["py_stacks"]), drain(bpf["py_tables"])
         stats = bpf["profile_stats"]
         drops = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
-        return _Taken(end, mono, samples, times, allocs, inuse, stacks, py_stacks, tables, drops)
+        return _Taken(end, mono, samples, times, allocs, inuse, calls, stacks, py_stacks, tables, drops)
 
     def _digest(self, t: _Taken) -> tuple[_Raw, set[tuple[int, int, int]]]:
         """The read as rows, its stacks cached; and the code objects its Python stacks name that
@@ -548,13 +572,14 @@ class Profiler:
         )
         allocs = _mem_rows(*t.allocs) if t.allocs is not None else []
         inuse = _mem_rows(*t.inuse) if t.inuse is not None else []
+        calls = _call_rows(*t.calls) if t.calls is not None else []
         self._round += 1
-        natives = {h for s in samples for h in (s[1], s[2])} | {a[2] for a in allocs + inuse}
-        pys = {s[3] for s in samples} | {a[3] for a in allocs + inuse}
+        natives = {h for s in samples for h in (s[1], s[2])} | {a[2] for a in [*allocs, *inuse, *calls]}
+        pys = {s[3] for s in samples} | {a[3] for a in [*allocs, *inuse, *calls]}
         self._copy_stacks(t.stacks, t.py_stacks, natives - {0}, pys - {0})
         self._take_chunks(t.tables)
         wanted = set()
-        for pid, h in {(s[0], s[3]) for s in samples} | {(a[0], a[3]) for a in allocs + inuse}:
+        for pid, h in {(s[0], s[3]) for s in samples} | {(a[0], a[3]) for a in [*allocs, *inuse, *calls]}:
             for code, _offset, _flags, tag in self._py_frames(h)[0]:
                 if code and (pid, code, tag) not in self._codes:
                     wanted.add((pid, code, tag))
@@ -562,7 +587,7 @@ class Profiler:
             sampled = {s[0] for s in samples}
             gone = {pid: p for pid, p in self._procs.items() if p.exited and pid not in sampled}
         start, self._last_ns = self._last_ns, t.end_ns
-        return _Raw(start, t.end_ns, t.read_mono_ns, samples, times, allocs, inuse, t.stats, gone), wanted
+        return _Raw(start, t.end_ns, t.read_mono_ns, samples, times, allocs, inuse, calls, t.stats, gone), wanted
 
     def _copy_stacks(self, stacks: _Arrays, py_stacks: _Arrays, natives: set[int], pys: set[int]) -> None:
         """Cache every stack the kernel stored since the last read (its map was emptied: it
@@ -870,6 +895,7 @@ class Profiler:
                 )
             )
         records.extend(self._memory(raw))
+        records.extend(self._calls(raw))
         self._health.add("otelbpf.profile.samples", sum(s[4] for s in raw.samples))
         self._forget(raw.gone)
         for pid in by_pid.keys() - raw.gone.keys():
@@ -930,6 +956,40 @@ class Profiler:
                     0,
                     MEMORY_SAMPLE_TYPES,
                     "inuse_space",
+                    samples=samples,
+                )
+            )
+        return out
+
+    def _calls(self, raw: _Raw) -> list[Profile]:
+        """The interval's CUDA copies and synchronizes per process, on the merged stacks that made
+        them, the CUDA function on top (``CALL_SAMPLE_TYPES``; the AI flame graphs' code frames)."""
+        rows: dict[int, list[tuple[int, int, int, list[int]]]] = defaultdict(list)
+        for pid, func, user, py, calls, ns, nbytes in raw.calls:
+            if calls:
+                rows[pid].append((func, user, py, [calls, ns, nbytes]))
+        out = []
+        for pid, stacks in rows.items():
+            proc, labels = self._proc(pid), self._labels_for(pid)
+            samples = [
+                Sample(
+                    [Frame(_func_name(func), "native"), *self._frames(pid, user, 0, py, proc, raw.read_mono_ns)],
+                    values,
+                    labels,
+                )
+                for func, user, py, values in stacks
+            ]
+            out.append(
+                Profile(
+                    "cuda",
+                    "cuda_calls",
+                    labels,
+                    pid,
+                    raw.start_ns,
+                    raw.end_ns,
+                    0,
+                    CALL_SAMPLE_TYPES,
+                    "cuda_wait",
                     samples=samples,
                 )
             )

@@ -13,7 +13,7 @@ from test_report import charts, node
 from otelbpf.analyze.report import render
 from otelbpf.analyze.report_ai import CUDA_API
 from otelbpf.base.health import Health
-from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
+from otelbpf.correlate.profile_record import CALL_SAMPLE_TYPES, CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
 from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.correlate.stacks import Frame
 from otelbpf.export.profile_export import PprofFileExporter, encoded
@@ -171,3 +171,43 @@ def test_each_weight_its_tree_and_what_it_rests_on(tmp_path: Path) -> None:
 def test_cuda_api_frames() -> None:
     assert all(CUDA_API.match(n) for n in ("cudaMemcpyAsync", "cuLaunchKernel", "ncclAllReduce", "cublasSgemm_v2"))
     assert not any(CUDA_API.match(n) for n in ("cuda_helper.py", "curl_easy_perform", "main", "py:cuda"))
+
+
+def test_the_cuda_calls_profiles_put_the_code_under_copies_and_waits(tmp_path: Path) -> None:
+    """With the profiling receiver's cuda_calls profiles (issue 32, item 5), the copied and waiting
+    weights are every call's, on the Python + native stack that made it, not the span ancestry;
+    no separate cuda_calls flame graph is drawn."""
+    spans(tmp_path)
+    profiles(tmp_path)
+    step = [Frame("py:step", "python", "train.py", 9), Frame("main")]
+    calls = Profile(
+        "cuda",
+        "cuda_calls",
+        {"service_name": f"job{PID}"},
+        PID,
+        T0,
+        T0 + 2000 * MS,
+        0,
+        CALL_SAMPLE_TYPES,
+        "cuda_wait",
+        samples=[
+            Sample([Frame("cudaStreamSynchronize"), *step], [2, 3 * MS, 0], {}),
+            Sample([Frame("cudaMemcpy"), Frame("py:load", "python", "train.py", 5), Frame("main")], [1, MS, 4], {}),
+            Sample([Frame("cudaMemcpyAsync"), *step], [1, 1000, 1 << 20], {}),
+        ],
+    )
+    ex = PprofFileExporter(str(tmp_path), Health())
+    ex.export([encoded(calls)])
+    ex.shutdown()
+    page, _findings, problems = render(str(tmp_path))
+    assert problems == []
+    (ai,) = [f for f in charts(page)["flames"] if f["weights"][0]["key"] == "launches"]
+    w = {x["key"]: x for x in ai["weights"]}
+    assert list(w) == ["launches", "calls_copied", "calls_sync", "allocated", "cpu_in_cuda"]
+    wait = w["calls_sync"]["tree"]
+    assert node(wait, "main", "py:step", "cudaStreamSynchronize")["value"] == 3 * MS
+    assert node(wait, "main", "py:load", "cudaMemcpy")["value"] == MS and wait["value"] == 4 * MS + 1000
+    assert node(w["calls_copied"]["tree"], "main", "py:step", "cudaMemcpyAsync")["value"] == 1 << 20
+    assert "merged Python + native stack" in w["calls_sync"]["rests_on"]
+    assert "ancestry" not in w["calls_sync"]["rests_on"] + w["calls_copied"]["rests_on"]
+    assert not [f for f in charts(page)["flames"] if f["weights"][0]["key"] == "cuda_calls"]

@@ -23,7 +23,7 @@ from otelbpf.base.events import EVENT_DTYPE, CudaFunc, Kind
 from otelbpf.base.health import Health
 from otelbpf.correlate import profiles
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile
+from otelbpf.correlate.profile_record import CALL_SAMPLE_TYPES, CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile
 from otelbpf.correlate.profiles import PY_CHUNK_LEN, CacheSizes, Profiler
 from otelbpf.correlate.stacks import TRUNCATED
 from otelbpf.correlate.symbolizer import EVICTIONS
@@ -41,6 +41,7 @@ TABLE_KEY = np.dtype([("code", [("pid", "<u4"), ("tag", "<u4"), ("code", "<u8")]
 TABLE_LEAF = np.dtype([("b", "u1", (PY_CHUNK_LEN,))])
 MEM_KEY = np.dtype([("pid", "<u4"), ("func", "<u4"), ("user", "<u8"), ("py", "<u8")])
 MEM_VALUE = np.dtype([("bytes", "<u8"), ("count", "<u8")])
+CALL_VALUE = np.dtype([("calls", "<u8"), ("ns", "<u8"), ("bytes", "<u8")])
 TIME_KEY = np.dtype([("pid", "<u4"), ("tid", "<u4"), ("bucket", "<u8")])
 TIME_VALUE = np.dtype([("user", "<u8"), ("kernel", "<u8"), ("py", "<u8"), ("count", "<u8")])
 
@@ -167,7 +168,11 @@ INNER_AT, OUTER_AT = where(inner.__code__, "CALL"), where(outer.__code__, "CALL"
 
 
 def maps(
-    samples: list[tuple], allocs: list[tuple] = (), inuse: list[tuple] = (), times: list[tuple] = ()
+    samples: list[tuple],
+    allocs: list[tuple] = (),
+    inuse: list[tuple] = (),
+    times: list[tuple] = (),
+    calls: list[tuple] = (),
 ) -> dict[str, FakeMap]:
     py_codes, py_tables = code_maps({INNER: inner.__code__, OUTER: outer.__code__})
     py_frames = np.zeros(16, dtype=PY_FRAME)
@@ -183,6 +188,7 @@ def maps(
         "profile_stats": FakeMap(entries={FakeMap.Key(i): [0, 0] for i in range(9)}),
         "mem_alloc": FakeMap(rows(MEM_KEY, *(a[:4] for a in allocs)), rows(MEM_VALUE, *(a[4:] for a in allocs))),
         "mem_inuse": FakeMap(rows(MEM_KEY, *(a[:4] for a in inuse)), rows(MEM_VALUE, *(a[4:] for a in inuse))),
+        "cuda_calls": FakeMap(rows(MEM_KEY, *(c[:4] for c in calls)), rows(CALL_VALUE, *(c[4:] for c in calls))),
         "py_procs": FakeMap(),
     }
 
@@ -225,12 +231,16 @@ def profiled(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[list[Profil
     monkeypatch.setattr(profiles, "drain", FakeMap.drain)
 
     def run(
-        samples: list[tuple], allocs: list[tuple] = (), inuse: list[tuple] = (), times: list[tuple] = ()
+        samples: list[tuple],
+        allocs: list[tuple] = (),
+        inuse: list[tuple] = (),
+        times: list[tuple] = (),
+        calls: list[tuple] = (),
     ) -> tuple[list[Profile], Health]:
         out: list[Profile] = []
         health = Health()
         profiler = announced(out, health)
-        profiler.run_locked = locked(maps(samples, allocs, inuse, times))
+        profiler.run_locked = locked(maps(samples, allocs, inuse, times, calls))
         profiler.collect_once()
         return out, health
 
@@ -291,6 +301,21 @@ def test_cuda_allocations_become_a_memory_profile_led_by_the_allocating_call(pro
     assert list(sample.values) == [2, 4096, 1, 1024]  # allocated objects, bytes; in use objects, bytes
     assert described(sample.frames)[0] == ("cudaMalloc", "native", "")
     assert [f.function for f in sample.frames[2:]] == ["inner", "outer"]
+
+
+def test_cuda_copies_and_synchronizes_become_a_calls_profile_led_by_the_call(profiled) -> None:
+    copy, sync = int(CudaFunc.cudaMemcpy), int(CudaFunc.cudaDeviceSynchronize)
+    out, _ = profiled(
+        [],
+        calls=[(PID, copy, NATIVE_STACK, PY_STACK, 3, 900_000, 3 << 20), (PID, sync, NATIVE_STACK, 0, 5, 2_000_000, 0)],
+    )
+    [profile] = out
+    assert (profile.name, profile.kind, profile.sample_rate) == ("cuda", "cuda_calls", 0)
+    assert (profile.sample_types, profile.default_sample_type) == (CALL_SAMPLE_TYPES, "cuda_wait")
+    by_leaf = {s.frames[0].function: s for s in profile.samples}
+    assert list(by_leaf["cudaMemcpy"].values) == [3, 900_000, 3 << 20]  # calls, ns in them, bytes copied
+    assert list(by_leaf["cudaDeviceSynchronize"].values) == [5, 2_000_000, 0]
+    assert [f.function for f in by_leaf["cudaMemcpy"].frames[2:]] == ["inner", "outer"]  # the code that copied
 
 
 def test_nothing_sampled_makes_no_profile(profiled) -> None:
