@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import shutil
@@ -128,7 +129,7 @@ def bench_pauses(new_starts: int, starts: int, work: Path, cache: ProgramCache) 
                 subprocess.run(
                     [sys.executable, "-c", MALLOC_ONCE, str(known)],
                     check=True,
-                    preexec_fn=lambda cg=cg: _in_cgroup(cg),  # a write between fork and exec
+                    preexec_fn=functools.partial(_in_cgroup, cg),  # a write between fork and exec
                 )
                 in_cgroups.extend(_pauses(sensor, mark)[:1])
         finally:
@@ -192,17 +193,16 @@ def bench_cost(opens: int, cache: ProgramCache, rounds: int = 3) -> dict[str, di
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--starts", type=int, default=100)
-    ap.add_argument("--new", type=int, default=36, help="starts on a never-seen copy (63 probes each, held to the end)")
-    ap.add_argument("--opens", type=int, default=200_000)
+    ap.add_argument("--new", type=int, default=12, help="starts on a never-seen copy (63 probes each, held to the end)")
+    ap.add_argument("--opens", type=int, default=200_000, help="0: measure the pauses alone")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="otelbpf-pause-") as tmp:
         cache = ProgramCache(str(Path(tmp) / "cache"), 4, Health())
-        result = {
-            "pauses": bench_pauses(args.new, args.starts, Path(tmp), cache),
-            "cost": bench_cost(args.opens, cache),
-        }
+        result = {"pauses": bench_pauses(args.new, args.starts, Path(tmp), cache)}
+        if args.opens:  # 0: the pauses alone
+            result["cost"] = bench_cost(args.opens, cache)
     print(json.dumps(result, indent=2))
-    out = Path(__file__).parent / "results" / f"host_pause-{dt.date.today()}.json"
+    out = Path(__file__).parent / "results" / f"host_pause-{dt.datetime.now():%Y-%m-%dT%H%M}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
