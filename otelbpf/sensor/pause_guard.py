@@ -93,12 +93,18 @@ def close_pause_gate(fd: int) -> None:
     write_u32(fd, 0, 0)
 
 
+def read_u64(fd: int, slot: int) -> int | None:
+    """``map[slot]`` of a u32 -> u64 array (pause_stats), None when it cannot be read."""
+    k, v = ctypes.create_string_buffer(struct.pack("<I", slot), 4), ctypes.create_string_buffer(8)
+    return struct.unpack("<Q", v.raw)[0] if _bpf(_LOOKUP, fd, k, v) == 0 else None
+
+
 def add_u64(fd: int, slot: int, n: int) -> None:
     """``map[slot] += n`` in a u32 -> u64 array (pause_stats; only the guard writes its slots)."""
-    k, v = ctypes.create_string_buffer(struct.pack("<I", slot), 4), ctypes.create_string_buffer(8)
-    if _bpf(_LOOKUP, fd, k, v) == 0:
-        v = ctypes.create_string_buffer(struct.pack("<Q", struct.unpack("<Q", v.raw)[0] + n), 8)
-        _bpf(_UPDATE, fd, k, v)
+    value = read_u64(fd, slot)
+    if value is not None:
+        k = ctypes.create_string_buffer(struct.pack("<I", slot), 4)
+        _bpf(_UPDATE, fd, k, ctypes.create_string_buffer(struct.pack("<Q", value + n), 8))
 
 
 def paused_pids(fd: int) -> dict[int, tuple[int, int]]:
