@@ -94,6 +94,7 @@ class Group:
     ranks: dict[int, int] = field(default_factory=dict)  # rank -> pid
     conflicted: bool = False
     blocking_calls: int = 0  # collective calls that lasted long: the library returns at completion
+    departed: set[int] = field(default_factory=set)  # ranks whose process exited
 
 
 @dataclass(eq=False)
@@ -176,6 +177,9 @@ class LateComms:
             group = self._groups[key] = Group(int.from_bytes(digest, "little"))
         lc.group, lc.member = group, (pid, lc.rank)
         if lc.rank >= 0:
+            if lc.rank in group.departed:  # an elastic restart: the same rank under a new pid
+                group.departed.discard(lc.rank)
+                anomalies["rank_restarted"] += 1
             other = group.ranks.get(lc.rank)
             if other is not None and other != pid:
                 group.conflicted = True
@@ -243,6 +247,7 @@ class LateComms:
         for lc in self._procs.pop(pid, {}).values():
             if lc.group is not None and lc.group.ranks.get(lc.rank) == pid:
                 del lc.group.ranks[lc.rank]
+                lc.group.departed.add(lc.rank)
         for key in [k for k in self._ordinals if k[0] == pid]:
             del self._ordinals[key]
 

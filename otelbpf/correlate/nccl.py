@@ -355,6 +355,7 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         self._detectors: dict[int, CommDetector[tuple[int, int]]] = {}  # comm id -> detector of (pid, rank)
         self._launch_of = launch_of
         self._late = LateComms(host or socket.gethostname())
+        self._world_sizes: dict[str, int] = {}  # launcher job -> the world size its first rank was given
         self._timeout = completion_timeout_ns
         self._on_sampled_out = on_sampled_out
         self._parent_of = parent_of
@@ -395,7 +396,14 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         self._send(spans)
 
     def _new_process(self, pid: int, resource: Resource, start_ns: int) -> _Process:
-        return _Process(resource, start_ns, launch=self._launch_of(pid))
+        """A process of a job whose ranks disagree on the world size is counted
+        (``world_size_disagrees``): its communicators sized from it are groups of their own."""
+        p = _Process(resource, start_ns, launch=self._launch_of(pid))
+        if p.launch is not None and p.launch.world_size > 0:
+            first = self._world_sizes.setdefault(p.launch.job, p.launch.world_size)
+            if first != p.launch.world_size:
+                p.anomalies["world_size_disagrees"] += 1
+        return p
 
     def _dispatch(self, rec: tuple[int, ...]) -> None:  # a row of the ring buffer's record array
         ts, dur, pid, tid, kind, func, flags, ret, a0, a1, a2, a3 = rec

@@ -141,7 +141,8 @@ def test_a_rank_restarted_under_a_new_pid_makes_no_straggler() -> None:
     assert not findings(spans)
     assert len({s.attributes["nccl.comm.id"] for s in ar_spans(spans)}) == 1
     assert not slowest(waits(c))
-    assert "duplicate_rank" not in anomalies(c)
+    counted = anomalies(c)
+    assert "duplicate_rank" not in counted and counted["rank_restarted"] == 1
 
 
 def test_two_jobs_on_one_node_are_compared_apart() -> None:
@@ -170,6 +171,7 @@ def test_ranks_that_disagree_on_the_world_size_are_never_compared() -> None:
     w = waits(c)
     assert len({comm for comm, _ in w}) == 2
     assert not slowest(w)
+    assert anomalies(c)["world_size_disagrees"] == 1
 
 
 def test_a_communicator_used_by_one_rank_only_names_nobody() -> None:
