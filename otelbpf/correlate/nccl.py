@@ -185,6 +185,8 @@ COLLECTIVE_WAIT_BOUNDS = (
 #: ``BLOCKING_EVIDENCE`` times in a late group, its ranks' returns are their completions.
 BLOCKING_CALL_NS = 1_000_000
 BLOCKING_EVIDENCE = 3
+#: Launcher jobs whose world size is remembered (to count ranks that disagree on it).
+MAX_JOBS = 4096
 
 
 def _rank(packed: int) -> tuple[int, int]:
@@ -401,6 +403,8 @@ class NcclCorrelator(CorrelatorBase[_Process]):
         p = _Process(resource, start_ns, launch=self._launch_of(pid))
         if p.launch is not None and p.launch.world_size > 0:
             first = self._world_sizes.setdefault(p.launch.job, p.launch.world_size)
+            while len(self._world_sizes) > MAX_JOBS:  # the oldest jobs are long over
+                del self._world_sizes[next(iter(self._world_sizes))]
             if first != p.launch.world_size:
                 p.anomalies["world_size_disagrees"] += 1
         return p
