@@ -20,6 +20,7 @@ Knows nothing of spans or OTLP.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import queue
@@ -454,6 +455,8 @@ class Sensor:
                 self._count("runtime", f"{fam.name}: {exc}")
             finally:
                 for pid in np.unique(mine["pid"][mine["paused"] != 0]).tolist():
+                    if self._host_pause:  # an RDMA context (ibverbs.c): out of `paused` first
+                        self.with_bpf(functools.partial(_take_paused, pid=pid))
                     self._resume(pid)
         rest: np.ndarray = arr[~execs]
         return rest
