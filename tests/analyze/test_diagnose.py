@@ -233,8 +233,16 @@ def test_the_real_agent_finds_pageable_copies_planted_in_a_workload(tmp_path: Pa
         for attrs in [{a["key"]: next(iter(a["value"].values())) for a in s["attributes"]}]
     }
     if memory == "pageable":
-        assert causes and causes[0] == "pageable_copies", [(f.cause, f.cost_s) for f in findings]
-        assert findings[0].evidence["copies"] == 80 and findings[0].evidence["bytes"] >= 80 * (8 << 20)
+        # The workload plants two causes: 80 pageable copies, and a cudaMalloc/cudaFree of 8 MiB
+        # each iteration, whose cost on the stand-in (mmap, munmap of touched pages) varies with
+        # the machine's load from a tenth to five times the copies'. So the copies are a finding,
+        # with every copy and byte, and the ranking is the one the costs give, not a fixed one.
+        assert "pageable_copies" in causes, [(f.cause, f.cost_s) for f in findings]
+        pageable = findings[causes.index("pageable_copies")]
+        assert pageable.evidence["copies"] == 80 and pageable.evidence["bytes"] >= 80 * (8 << 20)
+        assert [f.cost_s for f in findings if f.cause != "unexplained"] == sorted(
+            (f.cost_s for f in findings if f.cause != "unexplained"), reverse=True
+        )
         links = live["pageable_copies"].get("links", [])
         assert links and all(spans[k["spanId"]]["name"] == "cudaMemcpy" for k in links), links
     else:
