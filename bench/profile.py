@@ -17,6 +17,8 @@ Measures, in one invocation (every number shares the same machine state):
    Python loop, as PyTorch's allocator calls them): no agent; the cuda receiver alone (uprobes,
    events); the cuda receiver with profiling's cuda_memory (user stack + Python stack walk at
    each allocation, in-kernel accounting).
+5. The same for one cudaDeviceSynchronize and one 4 KiB cudaMemcpy, whose stacks the profiler
+   takes too (the cuda_calls profiles). ``--calls-only``: step 5 alone.
 
 Results: a table on stdout and bench/results/profile-<date>.json; docs/BENCHMARKS.md
 ("Profiling") holds the numbers and how to read them.
@@ -55,22 +57,30 @@ work(int(sys.argv[1]))
 print(time.perf_counter() - t0)
 """
 
-ALLOC_LOOP = """
+CALL_LOOP = """
 import ctypes, sys, time
 lib = ctypes.CDLL(sys.argv[1])
 lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
 lib.cudaFree.argtypes = [ctypes.c_void_p]
-n = int(sys.argv[2])
-p = ctypes.c_void_p()
-def alloc_free():
+lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+n, what = int(sys.argv[2]), sys.argv[3]
+p, dst = ctypes.c_void_p(), ctypes.c_void_p()
+lib.cudaMalloc(ctypes.byref(dst), 4096)
+src = ctypes.create_string_buffer(4096)
+def alloc():
     lib.cudaMalloc(ctypes.byref(p), 4096)
     lib.cudaFree(p)
+def sync():
+    lib.cudaDeviceSynchronize()
+def copy():
+    lib.cudaMemcpy(dst, src, 4096, 1)
+call = {"alloc": alloc, "sync": sync, "copy": copy}[what]
 for _ in range(1000):  # warm up; the agent inspects the process meanwhile
-    alloc_free()
+    call()
 time.sleep(1.0)
 t0 = time.perf_counter()
 for _ in range(n):
-    alloc_free()
+    call()
 print((time.perf_counter() - t0) / n * 1e9)
 """
 
@@ -297,13 +307,17 @@ def symbolization_rate() -> dict:
     }
 
 
-def alloc_cost(tmp: Path, calls: int) -> dict:
-    script = tmp / "alloc.py"
-    script.write_text(ALLOC_LOOP)
+def alloc_cost(tmp: Path, calls: int, what: str = "alloc") -> dict:
+    """ns per call of ``what`` (CALL_LOOP: alloc = cudaMalloc + cudaFree, sync, copy)."""
+    script = tmp / "calls.py"
+    script.write_text(CALL_LOOP)
 
     def loop() -> float:
         out = subprocess.run(
-            [sys.executable, str(script), str(FAKE_CUDART), str(calls)], capture_output=True, text=True, check=True
+            [sys.executable, str(script), str(FAKE_CUDART), str(calls), what],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         return float(out.stdout.strip())
 
@@ -343,6 +357,7 @@ def main() -> int:
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--cpu-only", action="store_true", help="only step 1 (the workload with and without)")
+    parser.add_argument("--calls-only", action="store_true", help="only step 5 (CUDA copies and synchronizes with their stacks)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the agent loads eBPF")
@@ -358,6 +373,23 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        if args.calls_only:
+            for what in ("sync", "copy"):
+                print(f"{what} from Python, without the agent, with cuda, with cuda + its stacks", flush=True)
+                result[what] = alloc_cost(tmp, args.alloc_calls, what)
+            stats.write_text(stats_before)
+            for what in ("sync", "copy"):
+                a = result[what]
+                print(
+                    f"{what:<6} no agent {a['median_ns']['no_agent']:,.0f} ns, cuda {a['median_ns']['cuda']:,.0f} ns, "
+                    f"+ stacks {a['median_ns']['cuda_and_memory_profile']:,.0f} ns: probes +{a['probes_ns']:,.0f} ns, "
+                    f"stacks + accounting +{a['stack_capture_and_accounting_ns']:,.0f} ns per call; "
+                    f"BPF per uprobe run {a['bpf_ns_per_probe_run']}"
+                )
+            out = args.out or REPO / "bench" / "results" / f"profile-calls-{dt.date.today().isoformat()}.json"
+            out.write_text(json.dumps(result, indent=2))
+            print(f"wrote {out}")
+            return 0
         if not args.cpu_only:
             print("0. the agent alone, steady state", flush=True)
             result["idle"] = idle_agent(tmp, args.idle_seconds)
