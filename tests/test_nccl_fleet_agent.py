@@ -139,10 +139,14 @@ def test_prometheus_names_the_straggler_on_the_other_node(tmp_path):
             os.killpg(job.pid, signal.SIGUSR1)  # the ranks start their collectives, probed on both nodes
             named: list[dict] = []
             pending: list[dict] = []
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and job.poll() is None and not (named and pending):
+            reporting: list[dict] = []
+            # Until both nodes' ranks have two scrapes each (a rate) and the rules named someone;
+            # the job may end first: its series stay in the rules' 5-minute window.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not (named and pending and len(reporting) == 1):
                 time.sleep(1)
                 try:
+                    reporting = query(prom_port, "nccl_comm:ranks:count5m == 4")
                     named = query(prom_port, "nccl_rank:straggler_deficit_seconds:5m")
                     pending = query(prom_port, 'ALERTS{alertname="NcclStraggler"}')
                 except OSError:
