@@ -7,7 +7,8 @@
 # What it does, and why:
 #   1. apt packages: BCC (bpfcc-tools, python3-bpfcc, libbpfcc), a C toolchain for the example
 #      libraries (build-essential), python3-venv.  With --test also: libibverbs (libibverbs1,
-#      ibverbs-providers, libibverbs-dev: the ibverbs examples and tests), golang-go, tmux, chromium.
+#      ibverbs-providers, libibverbs-dev: the ibverbs examples and tests), golang-go, tmux, chromium,
+#      prometheus (promtool and the server the straggler rules are tested with).
 #      apt-get runs only when something is missing.
 #   2. kernel headers BCC compiles against: linux-headers-$(uname -r) when Debian has it; otherwise
 #      (custom kernels such as this 6.18 VM) linux-headers-<arch> and /lib/modules/$(uname -r)/{build,source}
@@ -66,8 +67,9 @@ if ((test_tools)); then
   # golang-go: `go tool pprof`, the pprof consumer the profile tests read with;
   # tmux: the terminal the `otelbpf top` tests type into and read back;
   # chromium: the headless browser the report page is drawn in (tests/test_report_chromium.py;
-  # 113 MB download, 414 MB on disk, ~14 s to install here)
-  wanted+=(libibverbs1 ibverbs-providers libibverbs-dev golang-go tmux chromium)
+  # 113 MB download, 414 MB on disk, ~14 s to install here);
+  # prometheus: promtool for the NCCL straggler rules and the real server the fleet test scrapes with
+  wanted+=(libibverbs1 ibverbs-providers libibverbs-dev golang-go tmux chromium prometheus)
 fi
 missing=()
 for pkg in "${wanted[@]}"; do is_installed "$pkg" || missing+=("$pkg"); done
