@@ -106,9 +106,14 @@ def test_every_tool_answers_from_the_real_files_and_its_citations_exist(out: Pat
     assert "compute_kernel" in names, names  # the NCCL job's, named from its registration
     pageable = [p for p in gpu["processes"] if p["host_bytes_by_memory"].get("H2D pageable", 0) >= 40 * (8 << 20)]
     assert pageable, gpu
-    # diagnose's top finding is the planted one, and the spans it cites are in the file
-    assert findings["findings"][0]["cause"] == "pageable_copies"
-    for cite in findings["findings"][0]["evidence"]["spans"]:
+    # diagnose finds both planted causes (the pageable copies and the slow rank, issue 32), and the
+    # spans each cites are in the file
+    by_cause = {f["cause"]: f for f in findings["findings"]}
+    assert {"pageable_copies", "nccl_straggler"} <= set(by_cause), list(by_cause)
+    for cite in by_cause["pageable_copies"]["evidence"]["spans"]:
+        assert spans[cite["span_id"]]["traceId"] == cite["trace_id"]
+    assert by_cause["nccl_straggler"]["evidence"]["rank"] == 1
+    for cite in by_cause["nccl_straggler"]["evidence"]["spans"]:
         assert spans[cite["span_id"]]["traceId"] == cite["trace_id"]
     # the slow rank 1 is the persistent straggler; its latest entries are its own spans
     [late] = strag["stragglers"]
