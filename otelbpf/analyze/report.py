@@ -16,7 +16,8 @@ what the findings hold, never a Python dict), and a section with nothing in it i
 Span ids link to the trace in Tempo, Jaeger or Grafana when ``OTELBPF_TRACE_URL`` holds a
 URL template (``TRACE_URL``): ``{trace_id}`` and ``{span_id}`` are filled in, e.g.
 ``http://jaeger:16686/trace/{trace_id}?uiFind={span_id}`` or
-``http://grafana:3000/explore?left={"queries":[{"datasource":"tempo","query":"{trace_id}"}]}``.
+``http://grafana:3000/explore?left={"datasource":"tempo","queries":[{"query":"{trace_id}","queryType":"traceql"}]}``
+(more in docs/gpu-idle.md).
 
 The page is self-contained and works offline: the charts are drawn by d3 and
 d3-flame-graph, vendored in ``report_assets/`` (versions and licenses in its README) and
