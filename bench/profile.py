@@ -357,7 +357,7 @@ def main() -> int:
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--cpu-only", action="store_true", help="only step 1 (the workload with and without)")
-    parser.add_argument("--calls-only", action="store_true", help="only step 5 (CUDA copies and synchronizes with their stacks)")
+    parser.add_argument("--calls-only", action="store_true", help="only step 5 (copies and synchronizes, with stacks)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the agent loads eBPF")
