@@ -148,7 +148,7 @@ class Agent:
                 str_ring_bytes=config.service.telemetry.string_ring_size,
                 pause_on_load=pause_on_load,
                 # host mode only: a --pid target's children may be a shell's jobs
-                pause_new_libraries=config.service.host_pause.enabled and not watched,
+                pause_new_libraries=config.service.host_pause.on() and not watched,
                 max_pause_s=to_seconds(config.service.host_pause.max_pause),
                 program_cache=_program_cache(config, self.health),
             ),

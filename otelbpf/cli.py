@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     job = Job(command) if command else None
     # CAP_KILL is kept where the agent resumes what its pause stopped: a command, or in host
     # mode any process that opened a library not attached yet (service.host_pause)
-    resumes = job is not None or (not (args.pid or config.targets.pids) and config.service.host_pause.enabled)
+    resumes = job is not None or (not (args.pid or config.targets.pids) and config.service.host_pause.on())
     drop_unneeded(command=resumes, receivers=config.enabled_receivers())
     _import_numpy_single_threaded()
     from otelbpf.agent import run

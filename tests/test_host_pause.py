@@ -109,7 +109,7 @@ def _agent(otlp_collector, tmp_path: Path, max_pause: str = "5s") -> AgentProces
     """The agent in host mode with ``service.host_pause.max_pause``."""
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
     doc = yaml.safe_load(cfg.read_text())
-    doc["service"]["host_pause"] = {"max_pause": max_pause}
+    doc["service"]["host_pause"] = {"enabled": True, "max_pause": max_pause}  # auto would too: no terminal here
     cfg.write_text(yaml.safe_dump(doc))
     return AgentProcess(["-c", str(cfg)])
 

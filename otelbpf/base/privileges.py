@@ -10,8 +10,9 @@ effective, permitted, inheritable, ambient and bounding sets, while the agent is
 thread (capabilities belong to threads; every later thread inherits the reduced set):
 
 - kept: CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH (the set
-  docs/capabilities.md measures), and, where held, CAP_KILL only when the agent runs a
-  command (``run -- CMD``: SIGCONT to a paused command that changed user), CAP_SYSLOG only
+  docs/capabilities.md measures), and, where held, CAP_KILL only when the agent may resume
+  what its pause stopped (``run -- CMD``, or host mode with ``service.host_pause`` on: SIGCONT
+  to a paused process of another user's, or one that changed user), CAP_SYSLOG only
   when the profiling or sched receiver is enabled (kernel frame names: /proc/kallsyms shows
   zeros without it) and, before Linux 5.11, CAP_SYS_RESOURCE (BPF memory charged to memlock);
 - dropped, for instance: CAP_DAC_OVERRIDE (the agent writes only where its user may),
@@ -93,7 +94,7 @@ KERNEL_SYMBOL_RECEIVERS = frozenset({"profiling", "sched"})
 
 def kept_mask(held: int, kernel: tuple[int, int], *, command: bool, kernel_symbols: bool) -> int:
     """The capabilities, of those ``held``, that the agent keeps for its life: CAP_KILL only
-    with a ``command`` it may have to resume, CAP_SYSLOG only if it reads ``kernel_symbols``."""
+    when it may have to resume what it paused (``command``: a command, or host mode's pause), CAP_SYSLOG only if it reads ``kernel_symbols``."""
     keep = {
         *REQUIRED,
         *((CAP_KILL,) if command else ()),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 from typing import TextIO
 
@@ -98,3 +99,14 @@ def log_to_stderr(level: str | int, fmt: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(CleanFormatter(fmt))
     logging.basicConfig(level=level, handlers=[handler])
+
+
+def has_controlling_terminal() -> bool:
+    """Whether this process has a controlling terminal: started from a login or an ssh session
+    (even in the background, under nohup), not as a service (a DaemonSet, a systemd unit).
+    Where it has one, the processes around it are likely a shell's jobs."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC))
+    except OSError:
+        return False
+    return True

@@ -7,6 +7,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from otelbpf.base.terminal import has_controlling_terminal
 from otelbpf.config.fields import FilePath, Section, http_url, unique
 from otelbpf.config.units import PositiveDuration, RingSize, Size
 
@@ -125,9 +126,20 @@ class HostPauseConfig(Section):
     ms for one already attached), so its first calls, kernel registrations and communicators
     are seen; at most ``max_pause``, after which it is resumed unprobed and counted
     (``otelbpf.pauses{outcome=timeout}``). A guard process resumes every stopped process if
-    the agent dies (``sensor/pause_guard.py``). ``otelbpf run --`` always pauses."""
+    the agent dies (``sensor/pause_guard.py``). ``otelbpf run --`` always pauses.
 
-    enabled: bool = True
+    ``auto`` (the default) pauses only where the agent has no controlling terminal, as a
+    DaemonSet or a service runs it. An agent started from a terminal is on a machine where
+    people run jobs from interactive shells, and a job-control shell that sees its foreground
+    job stopped takes the terminal back: the job, resumed, runs on in the background, where
+    Ctrl-C no longer reaches it and a read from the terminal stops it again."""
+
+    enabled: bool | Literal["auto"] = "auto"
+
+    def on(self) -> bool:
+        """Whether host mode pauses here: ``enabled``, with ``auto`` resolved (see above)."""
+        return not has_controlling_terminal() if self.enabled == "auto" else self.enabled
+
     max_pause: PositiveDuration = Field(5_000_000_000, le=60_000_000_000)
 
 

@@ -147,3 +147,27 @@ def test_a_typo_in_the_profiles_exporters_with_self_profiling_on_is_the_not_defi
     assert one_error(text).endswith(
         "exporters[1]: exporter 'fiel' is not defined under exporters (did you mean 'file'?); defined exporters: file"
     )
+
+
+def test_host_pause_auto_pauses_only_an_agent_without_a_controlling_terminal(monkeypatch) -> None:
+    """A DaemonSet's agent has no terminal: it pauses. One started from a terminal does not (a
+    job-control shell would take its stopped foreground job's terminal back); true and false win."""
+    from otelbpf.config import service
+
+    monkeypatch.setattr(service, "has_controlling_terminal", lambda: False)
+    assert service.HostPauseConfig().on() is True
+    monkeypatch.setattr(service, "has_controlling_terminal", lambda: True)
+    assert service.HostPauseConfig().on() is False
+    assert service.HostPauseConfig(enabled=True).on() is True
+    monkeypatch.setattr(service, "has_controlling_terminal", lambda: False)
+    assert service.HostPauseConfig(enabled=False).on() is False
+
+
+def test_the_process_here_has_no_controlling_terminal_and_setsid_loses_one() -> None:
+    """The check itself, on real processes: a child in a new session (setsid) has no terminal."""
+    import subprocess
+    import sys
+
+    code = "from otelbpf.base.terminal import has_controlling_terminal as h; print(h())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, start_new_session=True)
+    assert out.stdout.strip() == "False", out.stderr
