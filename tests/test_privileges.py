@@ -158,9 +158,12 @@ def test_without_dac_read_search_the_missing_capability_is_named(shared_dir: Pat
     """The old check (CAP_SYS_ADMIN only) let this start, and BCC's clang failed on tracefs."""
     out = run_agent(as_nobody("+bpf,+perfmon,+sys_admin,+sys_ptrace"), agent_config(shared_dir), shared_dir)
 
-    assert out.returncode == 1, out.stderr[-4000:]
-    assert "Missing: CAP_DAC_READ_SEARCH (tracefs is readable by root only)" in out.stderr
-    assert "error:" not in out.stderr and "Traceback" not in out.stderr
+    # Every assertion shows the agent's stderr: one full CI run failed here once (passing alone),
+    # and which of these failed, with what was said, is what would name the cause.
+    said = f"exit {out.returncode}; stderr:\n{out.stderr[-4000:]}"
+    assert out.returncode == 1, said
+    assert "Missing: CAP_DAC_READ_SEARCH (tracefs is readable by root only)" in out.stderr, said
+    assert "error:" not in out.stderr and "Traceback" not in out.stderr, said
     assert not (shared_dir / "out" / "traces.jsonl").exists() or "cudaMalloc" not in span_names(shared_dir / "out")
 
 
