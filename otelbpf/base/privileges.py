@@ -94,7 +94,8 @@ KERNEL_SYMBOL_RECEIVERS = frozenset({"profiling", "sched"})
 
 def kept_mask(held: int, kernel: tuple[int, int], *, command: bool, kernel_symbols: bool) -> int:
     """The capabilities, of those ``held``, that the agent keeps for its life: CAP_KILL only
-    when it may have to resume what it paused (``command``: a command, or host mode's pause), CAP_SYSLOG only if it reads ``kernel_symbols``."""
+    when it may have to resume what it paused (``command``: a command, or host mode's pause),
+    CAP_SYSLOG only if it reads ``kernel_symbols``."""
     keep = {
         *REQUIRED,
         *((CAP_KILL,) if command else ()),
