@@ -299,8 +299,15 @@ class Agent:
         self.sensor.update_map("lib_users", [(pid, 1) for pid in users])
         log.info("requests traced for %d running processes that use a probed library", len(users))
 
-    def _describe_process(self, pid: int) -> None:
-        """Snapshot a process's resource and memory map while it is alive."""
+    def _describe_process(self, pid: int, exec_ns: int | None = None) -> None:
+        """Snapshot a process's resource and memory map while it is alive. At an exec
+        (``exec_ns``), what was read of the pid before it is the program it replaced (``env
+        VAR=… cmd``: ``env``'s resource): dropped here, while the process is stopped at its
+        exec, not when a correlator reaches the exec event, by which time a short program may
+        be gone and only its task name left."""
+        if exec_ns is not None:
+            self.process_info.forget(pid, before_ns=exec_ns)
+            self.symbolizer.forget(pid, before_ns=exec_ns)
         self.process_info.resource(pid)
         self.symbolizer.remember(pid)
 

@@ -429,7 +429,8 @@ def test_env_only_configuration_and_service_name_from_target(otlp_collector, tmp
         assert agent.wait() == 0, agent.output
     c = otlp_collector
     spans = c.wait_for(lambda: c.spans("cudaMalloc"), what="spans via env-configured exporter")
-    assert spans[0].resource["service.name"] == "trainer"
+    assert spans[0].resource["service.name"] == "trainer", spans[0].resource
+    assert "otelbpf.process.exited" not in spans[0].resource  # described while it lived
 
 
 def test_no_privileges_is_a_clear_error(tmp_path):

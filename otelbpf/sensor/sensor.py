@@ -171,9 +171,11 @@ class Sensor:
         self.records_received = {"events": 0, "strevents": 0}
         self.records_received.update({r.name: 0 for f in options.families for r in f.rings})
         #: Called on the discovery thread when a process opens a probed
-        #: library, before a paused process is resumed: the moment it is
-        #: certainly alive, to read what /proc says about it.
-        self.on_process: Callable[[int], None] | None = None
+        #: library or execs, before a paused process is resumed: the moment it is
+        #: certainly alive, to read what /proc says about it. The second argument
+        #: is the exec's CLOCK_MONOTONIC time for an exec report (what was read of
+        #: the pid before it described the program it replaced), else None.
+        self.on_process: Callable[[int, int | None], None] | None = None
         #: the process releasing the probes after stop() (detach_in_background), if any
         self.detacher_pid: int | None = None
         self._final: dict[str, MapEntries] = {}
@@ -437,7 +439,7 @@ class Sensor:
                 if lib is not None:
                     self._attach(lib)
                 if self.on_process is not None:
-                    self.on_process(pid)
+                    self.on_process(pid, int(rec["a0"]) if is_exec else None)
             except Exception as exc:
                 self._count("discovery", f"pid {pid}: {exc}")
             finally:
