@@ -91,7 +91,13 @@ def _summary(ms: list[float]) -> dict[str, float]:
     return {"n": len(ms), "p50_ms": _pct(ms, 0.5), "p99_ms": _pct(ms, 0.99), "max_ms": max(ms)} if ms else {"n": 0}
 
 
-def _pauses(sensor: Sensor, since: int) -> list[float]:
+def _pauses(sensor: Sensor, since: int, expect: int = 0) -> list[float]:
+    """The pauses measured since ``since``; waits up to 2 s for ``expect`` of them: the sensor
+    records a pause after its SIGCONT, so the resumed start may exit before its pause is there
+    (read at once, the last one of a run went missing and each went to the start after it)."""
+    deadline = time.monotonic() + 2
+    while len(sensor.pause_stats.durations_ns) - since < expect and time.monotonic() < deadline:
+        time.sleep(0.005)
     return [d / 1e6 for d in list(sensor.pause_stats.durations_ns)[since:]]
 
 
@@ -114,7 +120,7 @@ def bench_pauses(new_starts: int, starts: int, work: Path, cache: ProgramCache) 
             shutil.copy(CUDART13, lib)
             mark = len(sensor.pause_stats.durations_ns)
             subprocess.run([sys.executable, "-c", MALLOC_ONCE, str(lib)], check=True)
-            new.extend(_pauses(sensor, mark)[:1])
+            new.extend(_pauses(sensor, mark, expect=1)[:1])
         out["new"] = _summary(new)
         # new cgroup: the first copy, attached; each start in a cgroup of its own
         known = work / "new0" / "libcudart.so.13"
@@ -131,7 +137,7 @@ def bench_pauses(new_starts: int, starts: int, work: Path, cache: ProgramCache) 
                     check=True,
                     preexec_fn=functools.partial(_in_cgroup, cg),  # a write between fork and exec
                 )
-                in_cgroups.extend(_pauses(sensor, mark)[:1])
+                in_cgroups.extend(_pauses(sensor, mark, expect=1)[:1])
         finally:
             for cg in made:
                 for _ in range(50):
