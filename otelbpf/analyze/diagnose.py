@@ -94,7 +94,8 @@ COSTS = {
     "refilling (a longer gap is charged to what the host did in it)",
     "blocking_reads": "time in blocking device-to-host copies of at most 64 KiB (each waits for the GPU to drain)",
     "memory_churn": "time in device allocation and free calls",
-    "launch_bound": "launches x 5 us, a typical host cost of one launch, when the GPU keeps up with the host",
+    "launch_bound": "when the GPU keeps up with the host: the launching thread's on-CPU time in the gaps (launches are "
+    "in them by default), up to launches x 5 us, a typical host cost of one launch",
     "input_starvation": "time the launching thread waited on a futex, pipe, socket or poll while the GPU had nothing "
     "queued (off-CPU intervals above the sched receiver's span threshold: a lower bound)",
     "host_contention": "time the launching thread was runnable but waited for a CPU while the GPU had nothing queued "
@@ -154,6 +155,9 @@ MIN_COST_S = 0.005
 #: two allocations in a short window are not churn, however long they took.
 MIN_CALLS = 10
 LAUNCH_COST_S = 5e-6
+#: A function seen in fewer CPU samples than this in the gaps is no host_code finding: its
+#: estimate's relative error is about 1/sqrt(samples) (2 samples: +-70%).
+MIN_SAMPLES = 5
 EVIDENCE_SPANS = 5
 EVIDENCE_STACKS = 3
 #: Threads that made at least this share of the busiest thread's CUDA calls launch work too.
@@ -195,6 +199,7 @@ _READ_ATTRS = frozenset(
         "cuda.memcpy.bytes",
         "cuda.memcpy.direction",
         "cuda.memcpy.host_memory",
+        "cuda.error.name",
         "cuda.memory.bytes",
         "otelbpf.sched.blocked_ns",
         "otelbpf.sched.kernel_stack",
@@ -330,6 +335,9 @@ def _process_findings(
             for a, dp in _metric(points, "cuda.api.errors")
         }
     )
+    if not calls_total:  # no metrics (the metrics pipeline off, or not written yet): the spans say it
+        calls_total = len(spans)
+        failed = Counter((s.name, s.attrs["cuda.error.name"]) for s in spans if "cuda.error.name" in s.attrs)
     if calls_total and sum(failed.values()) >= calls_total / 2:
         # Most calls fail: nothing reaches a GPU, whatever else the calls look like.
         (func, name), n = failed.most_common(1)[0]
@@ -351,7 +359,17 @@ def _process_findings(
         )
         return out
     sched_on = bool(off_cpu) or bool(_metric(points, "otelbpf.thread.off_cpu.time"))
-    acc = account(spans, off_cpu if sched_on else None, timeline, launcher_share=LAUNCHER_SHARE)
+    syncs = [s for s in spans if s.name in _SYNCS]
+    launches = sum(_num(dp) for _a, dp in _metric(points, "cuda.kernel.launches"))
+    median_wait = statistics.median((s.end - s.start) / 1e9 for s in syncs) if syncs else 0.0
+    launch_bound = bool(launches and syncs) and launches / window >= 20_000 and median_wait <= 2e-4
+    acc = account(
+        spans,
+        off_cpu if sched_on else None,
+        timeline,
+        launcher_share=LAUNCHER_SHARE,
+        launch_ns=int(launches * LAUNCH_COST_S * 1e9) if launch_bound else 0,
+    )
     idle = acc.summary()
 
     def add_charged(cause: str, summary: str, evidence: dict[str, Any]) -> None:
@@ -372,7 +390,6 @@ def _process_findings(
             {"copies": len(pageable), "bytes": int(nbytes), "seconds": round(inside, 6), "span_ids": _ids(pageable)},
         )
 
-    syncs = [s for s in spans if s.name in _SYNCS]
     storm = acc.charges.get("sync_storm")
     if storm is not None and storm.gaps >= MIN_CALLS and len(syncs) / window >= 1:
         add_charged(
@@ -433,21 +450,27 @@ def _process_findings(
             },
         )
 
-    launches = sum(_num(dp) for _a, dp in _metric(points, "cuda.kernel.launches"))
-    if launches and syncs:
-        median_wait = statistics.median((s.end - s.start) / 1e9 for s in syncs)
-        if launches / window >= 20_000 and median_wait <= 2e-4:
-            cost = launches * LAUNCH_COST_S
-            add(
-                "launch_bound",
-                cost,
-                f"{launches:.0f} launches ({launches / window:.0f}/s) and syncs that return "
-                f"in {median_wait * 1e6:.0f} us: the GPU keeps up with the host",
-                {"launches": int(launches), "per_second": round(launches / window), "median_sync_wait_s": median_wait},
-            )
+    if launch_bound:
+        # the gaps' on-CPU time up to launches x 5 us (idle.account's launch_ns), else the estimate
+        charged = acc.charges.get("launch_bound")
+        cost = charged.seconds if charged is not None else launches * LAUNCH_COST_S
+        add(
+            "launch_bound",
+            cost,
+            f"{launches:.0f} launches ({launches / window:.0f}/s) and syncs that return "
+            f"in {median_wait * 1e6:.0f} us: the GPU keeps up with the host",
+            {
+                "launches": int(launches),
+                "per_second": round(launches / window),
+                "median_sync_wait_s": median_wait,
+                **({"idle": idle} if charged is not None else {}),
+            },
+        )
     if sched_on:
         _sched_findings(acc, points, add_charged)
     for key, c in sorted(acc.code.items(), key=lambda kv: -kv[1].seconds):
+        if c.samples < MIN_SAMPLES:
+            continue  # a sample or two: +-70%, noise, not a function's share
         where = acc.where[key]
         top = c.top(1)[0][0]
         add(
@@ -466,16 +489,34 @@ def _process_findings(
         )
     if acc.unexplained_s:
         near = sorted(acc.near.items(), key=lambda kv: -kv[1])[:EVIDENCE_STACKS]
+        others = _others(acc)
         add(
             "unexplained",
             acc.unexplained_s,
             f"{human_seconds(acc.unexplained_s)} of the {human_seconds(acc.budget_s)} the GPU had nothing queued "
             "is charged to no cause: "
             + "; ".join(f"{why} {human_seconds(v)}" for why, v in sorted(acc.unseen.items(), key=lambda kv: -kv[1]))
-            + (f"; {human_seconds(near[0][1])} of it in gaps where the thread ran {near[0][0]}" if near else ""),
-            {"idle": idle, "beside_code": {k: round(v, 6) for k, v in near}},
+            + (f"; {human_seconds(near[0][1])} of it in gaps where the thread ran {near[0][0]}" if near else "")
+            + (
+                f"; meanwhile {next(iter(others))} ran on the CPU for ~{human_seconds(next(iter(others.values())))}"
+                if others
+                else ""
+            ),
+            {"idle": idle, "beside_code": {k: round(v, 6) for k, v in near}, "other_threads": others},
         )
     return sorted(out, key=_rank)
+
+
+def _others(acc: Account) -> dict[str, float]:
+    """The code the process's other threads ran in the launching threads' gaps, costliest first:
+    "thread 1650 in load_batch (job.py)" -> CPU seconds (samples x period). What the launching
+    thread may have waited for (a data loader, a thread holding the GIL) when its own samples
+    show nothing: the context of its unexplained or off-CPU time, not a cause."""
+    return {
+        f"thread {tid} in {key}": round(n * acc.period_s, 6)
+        for (tid, key), n in acc.others.most_common(EVIDENCE_STACKS)
+        if n * acc.period_s >= MIN_COST_S
+    }
 
 
 def _stacks(intervals: list[Any], part: str) -> list[dict[str, Any]]:
@@ -514,6 +555,7 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
             "threads": names,
             "span_ids": _ids(c.spans),
             "beside_code": {k: round(v, 6) for k, v in beside},
+            "other_threads": _others(acc),
         }
 
     if (c := acc.charges.get("input_starvation")) is not None:
@@ -708,7 +750,14 @@ def write_report(findings: list[Finding], out: TextIO, as_json: bool = False) ->
             f"  {process}: the GPU had nothing queued for {human_seconds(idle['idle_budget_s'])} ({idle['gaps']} gaps "
             "after a "
             f"synchronize, and time in copies and allocations): {human_seconds(idle['charged_s'])} charged to causes, "
-            f"{human_seconds(idle['unexplained_s'])} unexplained\n"
+            f"{human_seconds(idle['unexplained_s'])} unexplained"
+            + (
+                f"; {idle['open_gaps']} gap{'s' if idle['open_gaps'] != 1 else ''} the trace ended in (the process "
+                "exited, or the trace stopped, before its next call): not charged, its length is not known"
+                if idle.get("open_gaps")
+                else ""
+            )
+            + "\n"
         )
 
 

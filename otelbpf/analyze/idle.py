@@ -18,13 +18,18 @@ thread. Each nanosecond of a gap is charged to exactly one cause, by what the th
    estimates are pooled per thread over all its gaps (a 14 ms gap gets one or two samples at
    99 Hz: per gap the estimate is noise, pooled it is unbiased) and scaled down if they exceed
    the on-CPU time they estimate;
-4. on the CPU in a gap shorter than ``SHORT_GAP_NS``: the cost of draining the queue itself, to
-   the call that drained it (``sync_storm`` after a synchronize, ``pageable_copies`` or
-   ``blocking_reads`` after such a copy). One synchronize per step costs one such gap per step
-   and is found only if those gaps add up to a share of the run that matters;
+4. on the CPU in a gap shorter than ``SHORT_GAP_NS`` after a call that drained a short queue:
+   the cost of draining the queue itself, to the call that drained it (``sync_storm`` after a
+   synchronize that waited at most ``SHORT_GAP_NS``: a layer's work, not a step's;
+   ``pageable_copies`` or ``blocking_reads`` after such a copy). A short gap after a synchronize
+   that waited for a step's work is what the host did next (a log line written and fsync'd),
+   charged as in 3 and 5: it is no turnaround of a storm;
 5. what is left is ``unexplained``, never dropped, with what could not be seen: off-CPU time
    without the sched receiver, on-CPU time without CPU samples (profiling off, or a process the
-   profiler's timeline did not cover), on-CPU time not sampled.
+   profiler's timeline did not cover), on-CPU time not sampled. The CPU samples of the
+   process's *other* threads taken in the gaps are kept beside it (``Account.others``): a data
+   loader or a Python side thread the launching thread waited for, while the sched receiver is
+   off, is named there.
 
 The time spent *inside* pageable copies and small blocking reads is idle time too (the GPU
 waits on a staged copy, or drains for a few bytes): charged to those causes as before, it lies
@@ -157,6 +162,9 @@ class Account:
     #: the unexplained on-CPU-or-unseen rest by the code sampled in the same gaps (its context, not its cause)
     near: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     threads: dict[int, str] = field(default_factory=dict)
+    #: the CPU samples of the process's other threads taken in the gaps: (tid, Where.key) -> samples
+    others: Counter[tuple[int, str]] = field(default_factory=Counter)
+    period_s: float = 0.0  # the timeline's sampling period: a sample's CPU time
     carved: set[int] = field(default_factory=set)  # id() of the allocations and frees charged inside gaps
 
     @property
@@ -187,7 +195,10 @@ def launchers(spans: Iterable[SpanLike], share: float) -> set[int]:
 
 
 def _drains(s: SpanLike) -> str | None:
-    """The cause charged for the queue-draining cost after ``s``, if ``s`` drains the queue."""
+    """The cause charged for the queue-draining cost after ``s``, if ``s`` drains the queue.
+    A call that failed (``cuda.error.name``) drained nothing: it returned at once."""
+    if "cuda.error.name" in s.attrs:
+        return None
     if s.name in SYNCS:
         return "sync_storm"
     if "cuda.memcpy.direction" not in s.attrs:
@@ -233,10 +244,16 @@ def account(
     timeline: Timeline | None,
     *,
     launcher_share: float = 0.2,
+    launch_ns: int = 0,
 ) -> Account:
     """The idle budget of one process's launching threads and each cause's share (module doc).
-    ``off_cpu`` None: the sched receiver was off; ``timeline`` None: no CPU samples in time."""
+    ``off_cpu`` None: the sched receiver was off; ``timeline`` None: no CPU samples in time.
+    ``launch_ns``: the host's launch time of a launch-bound process (diagnose: launches x 5 us
+    when the GPU keeps up): the launches are no spans by default, so they lie in the gaps, and
+    the gaps' on-CPU time up to it is charged to ``launch_bound`` before the samples split the
+    rest (the GPU ran each tiny kernel as it came: that time is the launching, not other code)."""
     acc = Account()
+    launch_left = [launch_ns]
     mine: dict[int, list[SpanLike]] = defaultdict(list)
     who = launchers(spans, launcher_share)
     for s in spans:
@@ -246,6 +263,8 @@ def account(
     for o in off_cpu or ():
         if o.tid in who and o.attrs.get("otelbpf.sched.reason") != "cuda":
             waits[o.tid].append(o)
+    if timeline is not None:
+        acc.period_s = timeline.period_ns / 1e9
     for tid, calls in mine.items():
         calls.sort(key=lambda s: s.start)
         mine_waits = sorted(waits.get(tid, []), key=lambda s: s.start)
@@ -266,10 +285,12 @@ def account(
             if nxt is None:
                 acc.open_gaps += 1
                 continue
-            _gap(acc, code, s.end, nxt.start, drain, s, calls, i, mine_waits, wait_ends, timeline, tid)
-        _charge_code(acc, code, timeline)
+            _gap(acc, code, s.end, nxt.start, drain, s, calls, i, mine_waits, wait_ends, timeline, tid, who)
+        _charge_code(acc, code, timeline, launch_left)
     for s in spans:  # time inside the CUDA calls that keep the GPU idle, wherever they are
         cause = None
+        if "cuda.error.name" in s.attrs:
+            continue  # it failed: nothing was copied, allocated or freed
         if s.attrs.get("cuda.memcpy.host_memory") == "pageable":
             cause = "pageable_copies"
         elif (
@@ -302,8 +323,10 @@ def _gap(
     wait_ends: list[int],
     timeline: Timeline | None,
     tid: int,
+    who: set[int],
 ) -> None:
-    """Charge the gap [a, b) of thread ``tid``, opened by ``opener`` (calls[i])."""
+    """Charge the gap [a, b) of thread ``tid``, opened by ``opener`` (calls[i]); ``who``: the
+    process's launching threads (the others' samples in the gap are kept as its context)."""
     if b <= a:
         return
     acc.gaps += 1
@@ -313,7 +336,7 @@ def _gap(
         n = calls[j]
         if n.start >= b:
             break
-        if n.name in ALLOCS and n.start >= a:
+        if n.name in ALLOCS and n.start >= a and "cuda.error.name" not in n.attrs:
             t = _clip(n.start, n.end, a, b)
             c = acc.charges["memory_churn"]
             c.seconds += t / 1e9
@@ -331,6 +354,14 @@ def _gap(
                 break
             if t + half >= a:
                 seen[stack] += count
+        for other, rows in timeline.threads.items():
+            if other in who:
+                continue
+            for t, count, stack in rows[bisect_left(rows, (a - half, -1, -1)) :]:
+                if t + half >= b:
+                    break
+                if t + half >= a:
+                    acc.others[(other, timeline.stacks[stack].key)] += count
     # the code the thread was seen in during this gap: the context of its off-CPU waits
     beside = timeline.stacks[seen.most_common(1)[0][0]].key if timeline is not None and seen else None
     off = 0
@@ -353,7 +384,7 @@ def _gap(
                 c.gaps += 1
             off += t
     on_cpu = max(0, left - off)
-    if b - a < SHORT_GAP_NS:
+    if b - a < SHORT_GAP_NS and (drain != "sync_storm" or opener.end - opener.start <= SHORT_GAP_NS):
         c = acc.charges[drain]
         c.seconds += on_cpu / 1e9
         c.gaps += 1
@@ -372,8 +403,18 @@ def _gap(
         code.near[top] += max(0, on_cpu - sum(seen.values()) * timeline.period_ns)
 
 
-def _charge_code(acc: Account, code: _ThreadCode, timeline: Timeline | None) -> None:
-    """The pooled sampling estimate of one thread's on-CPU gap time, by code; the rest unexplained."""
+def _charge_code(acc: Account, code: _ThreadCode, timeline: Timeline | None, launch_left: list[int]) -> None:
+    """The pooled sampling estimate of one thread's on-CPU gap time, by code; the rest unexplained.
+    ``launch_left``: the launch time still to charge to ``launch_bound`` (account's launch_ns)."""
+    carve = min(launch_left[0], code.on_cpu_ns + code.unsampled_ns)
+    if carve > 0:
+        launch_left[0] -= carve
+        c = acc.charges["launch_bound"]
+        c.seconds += carve / 1e9
+        c.gaps += 1
+        part = min(carve, code.unsampled_ns)
+        code.unsampled_ns -= part
+        code.on_cpu_ns -= carve - part
     if code.unsampled_ns:
         why = (
             "on-CPU time without CPU samples (profiling off, or the process not in the profiler's timeline)"

@@ -201,3 +201,116 @@ def test_gaps_shorter_than_a_sampling_period_are_estimated_pooled() -> None:
     acc = account(j.spans, j.off, j.tl)
     assert abs(acc.code[TOK.key].seconds - 500 * 0.002) < 0.1 * 1.0, acc.code
     assert acc.charged_s + acc.unexplained_s <= acc.budget_s + 1e-9
+
+
+LOADER = 9  # another thread of the process: a data loader, or a Python thread holding the GIL
+LOAD = Where("load_batch", "/job/train.py", 40, "libcrypto.so.3+0x29c289")
+
+
+def _loader_samples(j: Job, start: int, end: int) -> None:
+    """The other thread on the CPU from ``start`` to ``end``: a sample every period."""
+    j.tl.stacks.append(LOAD) if LOAD not in j.tl.stacks else None
+    rows = j.tl.threads.setdefault(LOADER, [])
+    rows.extend((t, 1, j.tl.stacks.index(LOAD)) for t in range(start, end, PERIOD))
+    rows.sort()
+
+
+def test_off_cpu_waits_without_sched_are_unexplained_and_name_the_thread_that_ran_meanwhile() -> None:
+    """A training thread waiting on a slower producer (sched off): its waits are off the CPU, no
+    sample of its own shows them; the producer's samples in the same gaps name what it waited for."""
+    j = Job()
+    for _ in range(60):
+        j.step()
+        j.t += 20 * MS  # blocked on the queue: off the CPU, no sample
+    j.step()
+    _loader_samples(j, T0, j.t)
+    findings = _process_findings("job (pid 1)", j.spans, {}, None, j.tl)
+    assert [f.cause for f in findings] == ["unexplained"], findings
+    [u] = findings
+    assert abs(u.cost_s - 60 * 0.02) < 0.01, u
+    assert "the sched receiver is off" in u.summary and "--receivers" in u.fix and "sched" in u.fix
+    [(thread, seconds)] = u.evidence["other_threads"].items()
+    assert thread == "thread 9 in load_batch (train.py)" and abs(seconds - 60 * 0.02) < 0.1, u.evidence
+    assert "load_batch (train.py)" in u.summary
+    # the launching thread's own samples are not another thread's
+    assert _process_findings("job (pid 1)", j.spans, {}, None, Job().tl)[0].evidence["other_threads"] == {}
+
+
+def test_a_short_gap_after_a_step_long_synchronize_is_what_the_host_did_not_a_storm() -> None:
+    """One synchronize a step, then a log line fsync'd (0.5 ms off the CPU): the gaps are under
+    1 ms, but the synchronizes drained a step's work; the gaps are the fsyncs, not turnarounds."""
+    j = Job()
+    for _ in range(300):
+        j.step()
+        j.t += 500_000
+    j.step()
+    findings = _process_findings("job (pid 1)", j.spans, {}, None, j.tl)
+    assert "sync_storm" not in {f.cause for f in findings}, findings
+    [u] = findings
+    assert u.cause == "unexplained" and abs(u.cost_s - 300 * 0.00055) < 0.005, u
+    # with the sched receiver, the same gaps are charged by reason
+    io = Job()
+    for _ in range(300):
+        io.step()
+        io.off_cpu("io", 500_000)
+    io.step()
+    found = _process_findings("job (pid 1)", io.spans, {}, io.off, io.tl)
+    assert found[0].cause == "blocking_io" and abs(found[0].cost_s - 0.15) < 1e-6, found
+
+
+def test_a_launch_bound_loop_charges_its_gaps_to_the_launches_not_to_host_code() -> None:
+    """Tiny kernels: 1,000 launches a step (no spans by default) fill the gap after each
+    synchronize; the GPU keeps up. The gap's CPU time is the launching, not host code."""
+    j = Job()
+    for _ in range(40):
+        j.call("cudaStreamSynchronize", 50_000)
+        j.on_cpu(3 * MS, 1)  # 1,000 launches of 3 us, from the loop's own line
+    j.call("cudaStreamSynchronize", 50_000)
+    launches = {("cuda.kernel.launches", (("cuda.api.function", "cudaLaunchKernel"),)): (0, {"asInt": "40000"}, "sum")}
+    findings = _process_findings("job (pid 1)", j.spans, launches, None, j.tl)
+    assert [f.cause for f in findings] == ["launch_bound"], findings
+    assert abs(findings[0].cost_s - 40 * 0.003) < 0.005 and findings[0].evidence["launches"] == 40_000
+    # the same gaps without the launches: host code
+    assert _process_findings("job (pid 1)", j.spans, {}, None, j.tl)[0].cause == "host_code"
+
+
+def test_a_function_in_a_sample_or_two_is_no_finding() -> None:
+    j = Job()
+    for i in range(20):
+        j.step(tokenize=14 * MS if i < 2 else 0)  # ~3 samples, 4% of the window
+    j.step()
+    assert "host_code" not in {f.cause for f in _process_findings("job (pid 1)", j.spans, {}, j.off, j.tl)}
+
+
+def test_every_call_failing_is_told_from_the_spans_alone_and_nothing_else_is_made_up() -> None:
+    """No metrics (the metrics pipeline off): the spans' errors say that every call failed; the
+    failed synchronizes drained nothing, so their gaps are no idle budget."""
+    j = Job()
+    for _ in range(50):
+        failed = {"cuda.error.name": "cudaErrorInsufficientDriver"}
+        j.call("cudaMemcpy", 2_000, **failed, **{"cuda.memcpy.direction": "H2D"})
+        j.call("cudaStreamSynchronize", 1_000, **failed)
+        j.on_cpu(14 * MS, 1)
+    [f] = _process_findings("job (pid 1)", j.spans, {}, None, j.tl)
+    assert f.cause == "cuda_errors" and "100 of 100 CUDA calls failed" in f.summary, f
+    assert "cudaErrorInsufficientDriver" in f.summary
+    acc = account(j.spans, None, j.tl)
+    assert acc.budget_s == 0 and acc.gaps == 0 and not acc.code
+
+
+def test_a_process_exiting_mid_gap_says_so_in_the_account() -> None:
+    import io
+
+    from otelbpf.analyze.diagnose import write_report
+
+    j = Job()
+    for _ in range(50):
+        j.step(tokenize=14 * MS)
+    j.call("cudaStreamSynchronize", 30 * MS)
+    j.on_cpu(2000 * MS, 1)  # then it exits: this gap has no end
+    findings = _process_findings("job (pid 1)", j.spans, {}, None, j.tl)
+    assert findings[0].evidence["idle"]["open_gaps"] == 1
+    assert findings[0].cost_s < 50 * 0.014 * 1.3  # the 2 s of the last gap are charged to nothing
+    out = io.StringIO()
+    write_report(findings, out)
+    assert "1 gap the trace ended in" in out.getvalue() and "not charged" in out.getvalue(), out.getvalue()
