@@ -163,6 +163,8 @@ EVIDENCE_STACKS = 3
 #: Threads that made at least this share of the busiest thread's CUDA calls launch work too.
 LAUNCHER_SHARE = 0.2
 SCHED_SCOPE = "otelbpf.sched"
+#: How to turn the sched receiver on, as the unexplained finding says it when it was off.
+SCHED_HINT = "turn on the sched receiver (otelbpf run --receivers cuda,gpu,profiling,sched -- ...)"
 #: ``otelbpf stragglers``' defaults: late by at least 1 ms, on at least 30% of a rank's collectives
 #: (and on ``stragglers.MIN_STRAGGLES``), so a rank late once or twice is no finding.
 STRAGGLER_THRESHOLD_NS = 1_000_000
@@ -500,6 +502,11 @@ def _process_findings(
             + (
                 f"; meanwhile {next(iter(others))} ran on the CPU for ~{human_seconds(next(iter(others.values())))}"
                 if others
+                else ""
+            )
+            + (
+                f"; {SCHED_HINT} to charge its off-CPU time by reason (I/O, a futex or queue, the run queue)"
+                if not sched_on
                 else ""
             ),
             {"idle": idle, "beside_code": {k: round(v, 6) for k, v in near}, "other_threads": others},

@@ -198,7 +198,12 @@ def test_logging_with_an_fsync_per_step_is_off_cpu_time_not_a_sync_storm(traced)
     logged = planted["planted"]["log_step"]
     assert logged["wall_s"] - logged["cpu_s"] >= 0.5 * off  # what was planted is most of it
     u = _unexplained(findings)
-    assert abs(u.cost_s - off) <= TOLERANCE * off + _noise(planted["gaps"]["cpu_s"]), (u.cost_s, planted)
+    # At least the time off the CPU; at most that and the gaps' CPU time: these gaps (~0.5 ms)
+    # are shorter than the timeline's 1 ms buckets, so a sample in one is often not joined to it
+    # (docs/gpu-idle.md: what the agent cannot see) and its CPU time reads as unexplained too.
+    cpu, slack = planted["gaps"]["cpu_s"], _noise(planted["gaps"]["cpu_s"])
+    assert (1 - TOLERANCE) * off - slack <= u.cost_s <= (1 + TOLERANCE) * (off + cpu), (u.cost_s, planted)
+    assert "--receivers cuda,gpu,profiling,sched" in u.summary
     assert "sync_storm" not in {f.cause for f in findings}  # one synchronize a step: no storm
     _no_invented_cause(findings, planted["gaps"]["cpu_s"])
 

@@ -229,6 +229,7 @@ def test_off_cpu_waits_without_sched_are_unexplained_and_name_the_thread_that_ra
     [u] = findings
     assert abs(u.cost_s - 60 * 0.02) < 0.01, u
     assert "the sched receiver is off" in u.summary and "--receivers" in u.fix and "sched" in u.fix
+    assert "--receivers cuda,gpu,profiling,sched" in u.summary  # how to see why, in the finding itself
     [(thread, seconds)] = u.evidence["other_threads"].items()
     assert thread == "thread 9 in load_batch (train.py)" and abs(seconds - 60 * 0.02) < 0.1, u.evidence
     assert "load_batch (train.py)" in u.summary
