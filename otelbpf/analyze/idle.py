@@ -42,7 +42,7 @@ that ends at its copy or synchronize (docs/gpu-idle.md: what this cannot see).
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -265,6 +265,7 @@ def account(
             waits[o.tid].append(o)
     if timeline is not None:
         acc.period_s = timeline.period_ns / 1e9
+    gaps: list[tuple[int, int]] = []  # the sampled gaps of every launching thread
     for tid, calls in mine.items():
         calls.sort(key=lambda s: s.start)
         mine_waits = sorted(waits.get(tid, []), key=lambda s: s.start)
@@ -285,8 +286,11 @@ def account(
             if nxt is None:
                 acc.open_gaps += 1
                 continue
-            _gap(acc, code, s.end, nxt.start, drain, s, calls, i, mine_waits, wait_ends, timeline, tid, who)
+            if _gap(acc, code, s.end, nxt.start, drain, s, calls, i, mine_waits, wait_ends, timeline, tid):
+                gaps.append((s.end, nxt.start))
         _charge_code(acc, code, timeline, launch_left)
+    if timeline is not None and gaps:
+        _other_threads(acc, timeline, gaps, who)
     for s in spans:  # time inside the CUDA calls that keep the GPU idle, wherever they are
         cause = None
         if "cuda.error.name" in s.attrs:
@@ -323,12 +327,11 @@ def _gap(
     wait_ends: list[int],
     timeline: Timeline | None,
     tid: int,
-    who: set[int],
-) -> None:
-    """Charge the gap [a, b) of thread ``tid``, opened by ``opener`` (calls[i]); ``who``: the
-    process's launching threads (the others' samples in the gap are kept as its context)."""
+) -> bool:
+    """Charge the gap [a, b) of thread ``tid``, opened by ``opener`` (calls[i]). True if the
+    timeline covers it (the other threads' samples in it are then its context)."""
     if b <= a:
-        return
+        return False
     acc.gaps += 1
     acc.budget_s += (b - a) / 1e9
     left = b - a
@@ -349,19 +352,12 @@ def _gap(
     if timeline is not None and covered:
         half = timeline.bucket_ns // 2
         rows = timeline.threads.get(tid, [])
-        for t, count, stack in rows[bisect_left(rows, (a - half, -1, -1)) :]:
+        for k in range(bisect_left(rows, (a - half, -1, -1)), len(rows)):  # by index: a slice copies the rest
+            t, count, stack = rows[k]
             if t + half >= b:
                 break
             if t + half >= a:
                 seen[stack] += count
-        for other, rows in timeline.threads.items():
-            if other in who:
-                continue
-            for t, count, stack in rows[bisect_left(rows, (a - half, -1, -1)) :]:
-                if t + half >= b:
-                    break
-                if t + half >= a:
-                    acc.others[(other, timeline.stacks[stack].key)] += count
     # the code the thread was seen in during this gap: the context of its off-CPU waits
     beside = timeline.stacks[seen.most_common(1)[0][0]].key if timeline is not None and seen else None
     off = 0
@@ -390,10 +386,10 @@ def _gap(
         c.gaps += 1
         if drain == "sync_storm":
             c.spans.append(opener)
-        return
+        return covered
     if timeline is None or not covered:
         code.unsampled_ns += on_cpu
-        return
+        return False
     code.on_cpu_ns += on_cpu
     code.samples.update(seen)
     if seen:
@@ -401,6 +397,29 @@ def _gap(
         # context of the unexplained rest (a checkpoint's fsync, off the CPU, beside its write)
         top = seen.most_common(1)[0][0]
         code.near[top] += max(0, on_cpu - sum(seen.values()) * timeline.period_ns)
+    return True
+
+
+def _other_threads(acc: Account, timeline: Timeline, gaps: list[tuple[int, int]], who: set[int]) -> None:
+    """The samples of the process's other threads taken in the launching threads' sampled
+    ``gaps`` (joined as the launching thread's are: a bucket by its middle), once each where
+    gaps of two launching threads overlap: each row is looked up among the merged gaps, so the
+    cost is the other threads' rows, not gaps x threads."""
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(gaps):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    starts = [a for a, _b in merged]
+    half = timeline.bucket_ns // 2
+    for tid, rows in timeline.threads.items():
+        if tid in who:
+            continue
+        for t, count, stack in rows:
+            i = bisect_right(starts, t + half) - 1
+            if i >= 0 and t + half < merged[i][1]:
+                acc.others[(tid, timeline.stacks[stack].key)] += count
 
 
 def _charge_code(acc: Account, code: _ThreadCode, timeline: Timeline | None, launch_left: list[int]) -> None:

@@ -315,3 +315,16 @@ def test_a_process_exiting_mid_gap_says_so_in_the_account() -> None:
     out = io.StringIO()
     write_report(findings, out)
     assert "1 gap the trace ended in" in out.getvalue() and "not charged" in out.getvalue(), out.getvalue()
+
+
+def test_another_threads_sample_is_counted_once_where_two_launchers_gaps_overlap() -> None:
+    j = Job()
+    for _ in range(30):
+        j.step()
+        j.t += 20 * MS
+    j.step()
+    twin = [_Span(s.name, s.start, s.end, TRAIN + 1, s.attrs, s.span_id) for s in j.spans]  # a second launcher
+    _loader_samples(j, T0, j.t)
+    one = account(j.spans, None, j.tl).others
+    both = account(j.spans + twin, None, j.tl).others
+    assert one == both and sum(one.values()) > 50, (one, both)
