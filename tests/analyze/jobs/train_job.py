@@ -26,7 +26,7 @@ thread after the synchronize, while the GPU has nothing queued:
 - ``churn``: after each synchronize ``churn_buffers`` frees the step's 20 device buffers and
   allocates the next step's (100 ``cudaFree`` and ``cudaMalloc`` of 4 MiB each, with no GPU
   work queued: an allocator that caches nothing), each call timed;
-- ``tiny``: 1,000 kernels of 2 us a step (launch-bound: the GPU finishes each kernel before
+- ``tiny``: 1,000 kernels of 1 us a step (launch-bound: the GPU finishes each kernel before
   the next arrives) and one synchronize;
 - ``mix``: two causes at once in other proportions than ``both``: ``tokenize_batch`` with
   ~5 ms of Python a step and ``save_checkpoint`` every 3rd step.
@@ -90,7 +90,7 @@ def save_checkpoint(directory: str, step: int) -> None:
 
 
 TOKENIZE_S = {"tokenize": 0.014, "both": 0.014, "mix": 0.005}
-KERNEL_US = {"sync_per_layer": "100", "logging": "300", "tiny": "2", "gil": "50"}
+KERNEL_US = {"sync_per_layer": "100", "logging": "300", "tiny": "1", "gil": "50"}
 LAUNCHES = {"tiny": 1000}
 BUFFERS = 100
 
