@@ -17,7 +17,7 @@ from typing import Any
 
 from bcc import BPF
 
-from otelbpf.sensor import bcc_module
+from otelbpf.sensor import bcc_module, uprobe_links
 from otelbpf.sensor.program_cache import CachedPrograms
 
 
@@ -25,7 +25,7 @@ class CacheMismatch(Exception):
     """The skeleton's maps or programs differ from the cached ones: the cache cannot be used."""
 
 
-class CachedBPF(BPF):
+class CachedBPF(uprobe_links.UprobeMultiLoads, BPF):
     #: Read by the sensor's start-up line: where the programs came from.
     from_cache = True
 
@@ -35,12 +35,15 @@ class CachedBPF(BPF):
         cflags: list[str],
         programs: CachedPrograms,
         preload: Sequence[tuple[str, int]] = (),
+        *,
+        uprobe_multi: bool = False,
     ) -> None:
         """``preload``: (name, program type) of programs certain to be loaded (tail calls),
-        loaded with BCC's automatically attached ones on parallel threads."""
+        loaded with BCC's automatically attached ones on parallel threads. ``uprobe_multi``:
+        kprobe-typed programs load for uprobe-multi links (``uprobe_links``)."""
         self._programs = programs
         self._autoload = False
-        super().__init__(text=skeleton_text, cflags=cflags)
+        super().__init__(text=skeleton_text, cflags=cflags, uprobe_multi=uprobe_multi)
         try:
             shapes = bcc_module.tables(self.module)
             why = programs.mismatch(bcc_module.function_names(self.module), list(shapes.values()))
@@ -77,6 +80,8 @@ class CachedBPF(BPF):
 
     def _load_one(self, name: str, prog_type: int) -> int:
         insns = self._programs.relocated(name, self._fds)
+        if self.uprobe_multi and prog_type == BPF.KPROBE:
+            return uprobe_links.load_program(name, insns, self._license, self._kern_version)
         return bcc_module.load_program(prog_type, name, insns, self._license, self._kern_version)
 
     def _trace_autoload(self) -> None:

@@ -20,7 +20,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from otelbpf.sensor import lean_compile, program_cache, skeleton
+from otelbpf.sensor import lean_compile, program_cache, skeleton, uprobe_links
 from otelbpf.sensor.family import ProbeFamily
 
 log = logging.getLogger(__name__)
@@ -148,15 +148,18 @@ def load(
     cflags: Sequence[str],
     families: Sequence[ProbeFamily],
     cache: program_cache.ProgramCache | None = None,
+    *,
+    uprobe_multi: bool = False,
 ) -> Any:
     """Compile and load the program with its tail calls in place, asynchronous signals held
     (``signals_held``); the BCC object. With a ``cache``, the programs an earlier compile of
     the same text left there are loaded instead of compiled (``program_cache``), and a
-    compile leaves its own. A program left half loaded is unloaded again."""
+    compile leaves its own. A program left half loaded is unloaded again. ``uprobe_multi``:
+    its uprobe programs load for uprobe-multi links (``uprobe_links``)."""
     with signals_held():
-        bpf = _from_cache(text, list(cflags), cache, families) if cache is not None else None
+        bpf = _from_cache(text, list(cflags), cache, families, uprobe_multi) if cache is not None else None
         if bpf is None:
-            bpf = _compile(text, list(cflags), cache)
+            bpf = _compile(text, list(cflags), cache, uprobe_multi)
         try:
             _set_agent_self(bpf)
             place_tail_calls(bpf, families)
@@ -176,11 +179,9 @@ def _set_agent_self(bpf: Any) -> None:
     table[ctypes.c_int(0)] = ctypes.c_uint32(os.getpid())
 
 
-def _compile(text: str, cflags: list[str], cache: program_cache.ProgramCache | None) -> Any:
-    from bcc import BPF  # imported late: `otelbpf --help` works without BCC
-
+def _compile(text: str, cflags: list[str], cache: program_cache.ProgramCache | None, uprobe_multi: bool) -> Any:
     with lean_compile.lean_modules():  # LLVM's state freed once compiled (lean_compile)
-        bpf = BPF(text=text, cflags=cflags)
+        bpf = uprobe_links.bpf_class()(text=text, cflags=cflags, uprobe_multi=uprobe_multi)
     if cache is not None:
         try:
             programs = program_cache.capture(bpf.module)
@@ -192,7 +193,11 @@ def _compile(text: str, cflags: list[str], cache: program_cache.ProgramCache | N
 
 
 def _from_cache(
-    text: str, cflags: list[str], cache: program_cache.ProgramCache, families: Sequence[ProbeFamily]
+    text: str,
+    cflags: list[str],
+    cache: program_cache.ProgramCache,
+    families: Sequence[ProbeFamily],
+    uprobe_multi: bool,
 ) -> Any:
     """The program loaded from ``cache``, or None (a miss, or an entry that does not fit: logged)."""
     from otelbpf.sensor.cached_bpf import CachedBPF, CacheMismatch
@@ -204,7 +209,13 @@ def _from_cache(
         return None
     try:
         with lean_compile.lean_modules():
-            return CachedBPF(skeleton.skeleton(text), cflags, programs, preload=_tail_call_types(families))
+            return CachedBPF(
+                skeleton.skeleton(text),
+                cflags,
+                programs,
+                preload=_tail_call_types(families),
+                uprobe_multi=uprobe_multi,
+            )
     except CacheMismatch as exc:
         log.warning("program cache: entry %s does not fit (%s): compiling", entry_key[:12], exc)
     except Exception as exc:  # the skeleton did not compile, a program was refused

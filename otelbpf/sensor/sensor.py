@@ -40,7 +40,7 @@ import numpy as np
 
 from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Stat, StrKind
 from otelbpf.base.threadname import name_os_thread
-from otelbpf.sensor import compiler_memory, elf, kernel_headers, libraries, pause_guard, program
+from otelbpf.sensor import compiler_memory, elf, kernel_headers, libraries, pause_guard, program, uprobe_links
 from otelbpf.sensor.family import LibraryKind, MapEntries, ProbeAt, ProbeFamily, RingSpec
 from otelbpf.sensor.libraries import LibraryFile
 from otelbpf.sensor.program_cache import ProgramCache
@@ -184,6 +184,9 @@ class Sensor:
         #: host mode's pause: on when asked for and not ``run --``'s (which stops at every open)
         self._host_pause = options.pause_new_libraries and not options.pause_on_load
         self._pause_guard: pause_guard.PauseGuard | None = None
+        #: uprobes as uprobe-multi links (set at start where the kernel has them), else None:
+        #: BCC's perf events
+        self._links: uprobe_links.Links | None = None
         self.pause_stats = PauseStats()
         self._final_pause_counts: dict[str, int] = {}
 
@@ -206,9 +209,12 @@ class Sensor:
             events_ring_bytes=self.options.events_ring_bytes,
             str_ring_bytes=self.options.str_ring_bytes,
         )
+        self._links = uprobe_links.Links() if uprobe_links.supported() else None
         t0 = time.monotonic()
         try:
-            self._bpf = bpf = program.load(text, cflags, self.options.families, self.options.program_cache)
+            self._bpf = bpf = program.load(
+                text, cflags, self.options.families, self.options.program_cache, uprobe_multi=self._links is not None
+            )
         except Exception as exc:
             raise SensorError(
                 f"could not compile/load the BPF program: {exc}. Run `otelbpf doctor` to see what this host lacks."
@@ -278,6 +284,8 @@ class Sensor:
         if self._bpf is None:
             return
         with self._lock:
+            if self._links is not None:
+                self._links.close_all()  # quick: the kernel defers their grace periods
             if os.environ.get("OTELBPF_DETACH", "background") == "wait":
                 # In parallel: each detach waits out an RCU grace period in the kernel under a
                 # global mutex (~0.1 s per uprobe on this VM, more under load): hundreds of
@@ -647,9 +655,8 @@ class Sensor:
                     return True
                 if probe in self._probes:
                     continue
-                attach = self._bpf.attach_uretprobe if target.ret else self._bpf.attach_uprobe
                 try:
-                    attach(name=lib.path, addr=target.vaddr, fn_name=target.program)
+                    self._attach_probe(lib.path, target.vaddr, target.program, ret=target.ret)
                 except Exception as exc:
                     failed += 1
                     first_error = first_error or f"{target.label}@{target.vaddr:#x}: {exc}"
@@ -680,14 +687,14 @@ class Sensor:
             if self._bpf is None:
                 return 0
             try:
-                for fn, attach in ((entry, self._bpf.attach_uprobe), (ret, self._bpf.attach_uretprobe)):
+                for fn, is_ret in ((entry, False), (ret, True)):
                     if fn is None:
                         continue
                     key = (st.st_dev, st.st_ino, vaddr, fn)
                     if key in self._probes:
                         continue
                     try:
-                        attach(name=path, addr=vaddr, fn_name=fn)
+                        self._attach_probe(path, vaddr, fn, ret=is_ret)
                     except Exception as exc:
                         self._count("runtime", f"{shown_path}@{vaddr:#x} ({fn}): {exc}")
                         raise
@@ -696,6 +703,18 @@ class Sensor:
             finally:
                 self.attach_stats.probes += count
         return count
+
+    def _attach_probe(self, path: str, vaddr: int, program: str, *, ret: bool) -> None:
+        """One uprobe (``ret``: uretprobe): a uprobe-multi link where the kernel has them
+        (``uprobe_links``), else BCC's perf event. The caller holds the lock."""
+        bpf = self._bpf
+        assert bpf is not None
+        if self._links is not None:
+            self._links.attach(bpf, path, vaddr, program, ret=ret)
+        elif ret:
+            bpf.attach_uretprobe(name=path, addr=vaddr, fn_name=program)
+        else:
+            bpf.attach_uprobe(name=path, addr=vaddr, fn_name=program)
 
     def _count(self, reason: str, message: str, n: int = 1) -> None:
         self.attach_stats.failures += n

@@ -258,7 +258,7 @@ def test_an_entry_whose_maps_differ_means_a_compile(tmp_path: Path, caplog: pyte
 TEXT_HASH = """
 import hashlib, sys
 from otelbpf.sensor import program
-def fake_load(text, cflags, families, cache=None):
+def fake_load(text, cflags, families, cache=None, **_):
     print("KEY", hashlib.sha256((text + "\\0".join(cflags)).encode()).hexdigest(), flush=True)
     raise SystemExit(0)
 program.load = fake_load
