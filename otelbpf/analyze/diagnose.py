@@ -509,7 +509,7 @@ def _process_findings(
                 if not sched_on
                 else ""
             ),
-            {"idle": idle, "beside_code": {k: round(v, 6) for k, v in near}, "other_threads": others},
+            {"idle": idle, "beside_code": {k: round(v, 6) for k, v in near}, "other_threads_code": others},
         )
     return sorted(out, key=_rank)
 
@@ -562,7 +562,7 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
             "threads": names,
             "span_ids": _ids(c.spans),
             "beside_code": {k: round(v, 6) for k, v in beside},
-            "other_threads": _others(acc),
+            "other_threads_code": _others(acc),
         }
 
     if (c := acc.charges.get("input_starvation")) is not None:

@@ -349,7 +349,7 @@ def _weight_json(w: Weight) -> Json:
 #: (``_idle_html``), the span links and kernel stacks below the table.
 _NOT_IN_TABLE = frozenset({"span_ids", "stacks", "idle", "window_s", "cuda_threads"})
 #: Evidence tables whose values are seconds (the others are counts, or say what they hold).
-_SECONDS_TABLES = frozenset({"beside_code", "by_reason", "could_not_see"})
+_SECONDS_TABLES = frozenset({"beside_code", "by_reason", "could_not_see", "other_threads_code"})
 
 
 def _value(key: str, v: object) -> str:

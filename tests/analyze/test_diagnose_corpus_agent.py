@@ -167,7 +167,7 @@ def test_a_slow_data_loader_is_off_cpu_time_told_with_the_producer_it_waited_for
     u = _unexplained(findings)
     assert abs(u.cost_s - off) <= TOLERANCE * off + _noise(planted["gaps"]["cpu_s"]), (u.cost_s, planted)
     assert "the sched receiver is off" in u.summary and "sched" in u.fix and "--receivers" in u.fix
-    producer = next(iter(u.evidence["other_threads"]))
+    producer = next(iter(u.evidence["other_threads_code"]))
     assert "load_batch (train_job.py)" in producer and "load_batch" in u.summary, u.evidence
     _no_invented_cause(findings, planted["gaps"]["cpu_s"])
 
@@ -184,7 +184,7 @@ def test_a_python_side_thread_holding_the_gil_is_named_beside_the_waits(traced) 
     u = _unexplained(findings)
     slack = _noise(planted["gaps"]["cpu_s"])
     assert (1 - TOLERANCE) * least - slack <= u.cost_s <= (1 + TOLERANCE) * most + slack, (u.cost_s, least, most)
-    assert "update_stats (train_job.py)" in next(iter(u.evidence["other_threads"])), u.evidence
+    assert "update_stats (train_job.py)" in next(iter(u.evidence["other_threads_code"])), u.evidence
     prepare = _code(findings, "prepare_step")  # the training thread's own Python, on the CPU
     cpu = planted["planted"]["prepare_step"]["cpu_s"]
     assert abs(prepare.cost_s - cpu) <= TOLERANCE * cpu + _noise(cpu), (prepare.cost_s, cpu)

@@ -230,11 +230,22 @@ def test_off_cpu_waits_without_sched_are_unexplained_and_name_the_thread_that_ra
     assert abs(u.cost_s - 60 * 0.02) < 0.01, u
     assert "the sched receiver is off" in u.summary and "--receivers" in u.fix and "sched" in u.fix
     assert "--receivers cuda,gpu,profiling,sched" in u.summary  # how to see why, in the finding itself
-    [(thread, seconds)] = u.evidence["other_threads"].items()
+    [(thread, seconds)] = u.evidence["other_threads_code"].items()
     assert thread == "thread 9 in load_batch (train.py)" and abs(seconds - 60 * 0.02) < 0.1, u.evidence
     assert "load_batch (train.py)" in u.summary
     # the launching thread's own samples are not another thread's
-    assert _process_findings("job (pid 1)", j.spans, {}, None, Job().tl)[0].evidence["other_threads"] == {}
+    assert _process_findings("job (pid 1)", j.spans, {}, None, Job().tl)[0].evidence["other_threads_code"] == {}
+    # with the sched receiver the waits are input_starvation, the producer named beside them
+    # (apart from other_threads, the other threads' off-CPU time by name from the metrics)
+    s = Job()
+    for _ in range(60):
+        s.step()
+        s.off_cpu("futex", 20 * MS)
+    s.step()
+    _loader_samples(s, T0, s.t)
+    starved = _process_findings("job (pid 1)", s.spans, {}, s.off, s.tl)[0]
+    assert starved.cause == "input_starvation" and starved.evidence["other_threads"] == {}, starved
+    assert "thread 9 in load_batch (train.py)" in starved.evidence["other_threads_code"], starved.evidence
 
 
 def test_a_short_gap_after_a_step_long_synchronize_is_what_the_host_did_not_a_storm() -> None:
