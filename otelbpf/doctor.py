@@ -385,6 +385,23 @@ def check_uprobes(bpf: Any) -> Check:
     )
 
 
+def check_uprobe_links() -> Check:
+    """Whether the sensor's uprobes are uprobe-multi links (fast to attach and release) or perf
+    events (each release waits out grace periods under a kernel-wide mutex that attaches wait on)."""
+    from otelbpf.sensor import uprobe_links
+
+    if uprobe_links.supported():
+        return Check("uprobe links", OK, "uprobes attach as uprobe-multi BPF links", required=False)
+    return Check(
+        "uprobe links",
+        MISSING,
+        "uprobes attach as perf events: each release takes a grace period and holds up every attach "
+        "meanwhile (a new library's pause, the agent's stop)",
+        "Linux 6.6+ has uprobe-multi links (or OTELBPF_UPROBE_MULTI=0 is set)",
+        required=False,
+    )
+
+
 def check_tracepoints(bpf: Any) -> Check:
     with _capture_bcc_output() as err:
         try:
@@ -595,6 +612,8 @@ def host_checks() -> Iterator[Check]:
     yield check_tracefs()
     yield check_headers()
     yield from bcc_checks(bpf_syscall.status == OK)
+    if bpf_syscall.status == OK:
+        yield check_uprobe_links()
     yield check_program_cache()
     yield check_nvml()
 
