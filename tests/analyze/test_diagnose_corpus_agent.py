@@ -217,9 +217,10 @@ def test_allocator_churn_is_memory_churn_with_every_call(traced) -> None:
     assert churn.evidence["calls"] == sum(c["count"] for c in calls.values()), (churn.evidence, calls)
     timed = sum(c["seconds"] for c in calls.values())  # around each call, from Python: an upper bound
     assert 0.25 * timed <= churn.cost_s <= timed, (churn.cost_s, timed)
-    assert findings[0] is churn and "sync_storm" not in {f.cause for f in findings}, [
-        (f.cause, f.cost_s) for f in findings
-    ]
+    # beside it at most the Python that made the calls (ctypes' own cost, between them, on the
+    # CPU in the gaps): no sync_storm, nothing the job did not do
+    assert "sync_storm" not in {f.cause for f in findings}, [(f.cause, f.cost_s) for f in findings]
+    _no_invented_cause(findings, planted["gaps"]["cpu_s"], ("memory_churn",))
 
 
 def test_tiny_kernels_are_launch_bound_with_every_launch(traced) -> None:
