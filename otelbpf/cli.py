@@ -309,9 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "top":
         from otelbpf import top
         from otelbpf.base.privileges import drop_unneeded
+        from otelbpf.sensor import uprobe_links
         from otelbpf.sensor.sensor import SensorError
 
-        drop_unneeded(command=False, receivers=config.enabled_receivers())
+        drop_unneeded(command=False, receivers=config.enabled_receivers(), uprobe_links=uprobe_links.supported())
         try:
             return top.standalone(config, args.pid, args.interval)
         except SensorError as exc:
@@ -329,12 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     # what it never needs, while it is one thread: before the agent's imports start any.
     from otelbpf.base.privileges import drop_unneeded
     from otelbpf.jobguard import Job
+    from otelbpf.sensor import uprobe_links
 
     job = Job(command) if command else None
     # CAP_KILL is kept where the agent resumes what its pause stopped: a command, or in host
     # mode any process that opened a library not attached yet (service.host_pause)
     resumes = job is not None or (not (args.pid or config.targets.pids) and config.service.host_pause.on())
-    drop_unneeded(command=resumes, receivers=config.enabled_receivers())
+    drop_unneeded(command=resumes, receivers=config.enabled_receivers(), uprobe_links=uprobe_links.supported())
     _import_numpy_single_threaded()
     from otelbpf.agent import run
     from otelbpf.base.safe_files import UnsafeOutput

@@ -164,7 +164,11 @@ def check_privileges() -> Check:
     euid = os.geteuid()
     held = [cap for cap in CAPABILITY_BITS if has_capability(mask, cap)]
     who = f"euid {euid}; effective: {', '.join(held) or 'no capabilities'}"
-    missing = missing_privileges(mask, euid, perf_event_paranoid(), kernel_version())
+    from otelbpf.sensor import uprobe_links
+
+    missing = missing_privileges(
+        mask, euid, perf_event_paranoid(), kernel_version(), uprobe_links=uprobe_links.supported()
+    )
     if missing:
         return Check("privileges", FAIL, f"{who}; missing {'; '.join(missing)}", PRIVILEGE_FIX)
     return Check("privileges", OK, who)
@@ -344,7 +348,11 @@ def _hits(bpf: Any, slot: int) -> int:
 
 
 def _uprobe_fix(error_text: str) -> str:
+    from otelbpf.sensor import uprobe_links
+
     mask = effective_capabilities(Path("/proc/self/status").read_text())
+    if uprobe_links.supported():
+        return "grant CAP_BPF and CAP_PERFMON (or run as root): uprobe-multi links need them"
     if not has_capability(mask, "CAP_SYS_ADMIN"):
         return "grant CAP_SYS_ADMIN (or run as root): BCC's uprobes need it; see docs/capabilities.md"
     if "uprobe_events" in error_text:
@@ -353,7 +361,12 @@ def _uprobe_fix(error_text: str) -> str:
 
 
 def check_uprobes(bpf: Any) -> Check:
-    """Attach to libc's getpid in this process only, call it, and see the probe count the calls."""
+    """Attach to libc's getpid in this process only, call it, and see the probe count the calls:
+    as the sensor attaches, a uprobe-multi link where the kernel has them, else a perf event."""
+    from otelbpf.sensor import uprobe_links
+
+    if uprobe_links.supported():
+        return _check_uprobe_link(bpf)
     pid = os.getpid()
     with _capture_bcc_output() as err:
         try:
@@ -383,6 +396,31 @@ def check_uprobes(bpf: Any) -> Check:
     return Check(
         "uprobes", OK, f"uprobe on libc getpid fired for {hits} of 3 calls{detached}", TRACEFS_FIX if detached else ""
     )
+
+
+def _check_uprobe_link(bpf: Any) -> Check:
+    import bcc
+
+    from otelbpf.sensor import uprobe_links
+
+    pid = os.getpid()
+    try:
+        path, offset = bcc.BPF._check_path_symbol(b"c", b"getpid", 0, pid)
+        fn = bpf.load_func(b"on_uprobe", bcc.BPF.KPROBE, attach_type=uprobe_links.BPF_TRACE_UPROBE_MULTI)
+        fd = uprobe_links.link(fn.fd, os.fsdecode(path), offset, ret=False, pid=pid)
+    except Exception as exc:
+        return Check("uprobes", FAIL, f"linking to libc getpid failed: {exc}", _uprobe_fix(str(exc)))
+    try:
+        for _ in range(3):
+            os.getpid()  # CPython calls libc getpid() every time
+        hits = _hits(bpf, UPROBE_SLOT)
+    finally:
+        os.close(fd)
+    if hits < 3:
+        return Check(
+            "uprobes", FAIL, f"linked to libc getpid but saw {hits} of 3 calls", "check dmesg for uprobe errors"
+        )
+    return Check("uprobes", OK, f"uprobe on libc getpid (a uprobe-multi link) fired for {hits} of 3 calls")
 
 
 def check_uprobe_links() -> Check:

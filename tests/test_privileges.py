@@ -28,9 +28,12 @@ from otelbpf.base.privileges import (
     capability_sets,
     kept_mask,
 )
+from otelbpf.sensor import uprobe_links
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTED = "+bpf,+perfmon,+sys_admin,+sys_ptrace,+dac_read_search"
+#: where uprobes attach as uprobe-multi links (Linux 6.6+, this machine and CI)
+DOCUMENTED_WITH_LINKS = "+bpf,+perfmon,+sys_ptrace,+dac_read_search"
 NOBODY = 65534
 
 
@@ -83,18 +86,26 @@ def span_names(out: Path) -> set[str]:
     return names
 
 
-REQUIRED_MASK = sum(1 << c for c in (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH))
+LINKS_MASK = sum(1 << c for c in (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH))
+REQUIRED_MASK = LINKS_MASK | 1 << CAP_SYS_ADMIN
 
 
-def test_kept_set():
+@pytest.mark.parametrize("links, required", [(True, LINKS_MASK), (False, REQUIRED_MASK)], ids=["links", "perf events"])
+def test_kept_set(links: bool, required: int):
     everything = (1 << 41) - 1
-    kept = kept_mask(everything, (6, 18), command=True, kernel_symbols=True)
-    assert kept == REQUIRED_MASK | 1 << CAP_KILL | 1 << CAP_SYSLOG
-    assert kept_mask(everything, (6, 18), command=False, kernel_symbols=False) == REQUIRED_MASK
-    assert kept_mask(everything, (6, 18), command=True, kernel_symbols=False) == REQUIRED_MASK | 1 << CAP_KILL
-    assert kept_mask(everything, (6, 18), command=False, kernel_symbols=True) == REQUIRED_MASK | 1 << CAP_SYSLOG
-    assert kept_mask(everything, (5, 10), command=False, kernel_symbols=False) >> CAP_SYS_RESOURCE & 1
-    assert kept_mask(1 << CAP_BPF, (6, 18), command=True, kernel_symbols=True) == 1 << CAP_BPF  # never more than held
+
+    def kept(held: int = everything, kernel: tuple[int, int] = (6, 18), **kw: bool) -> int:
+        return kept_mask(held, kernel, uprobe_links=links, **kw)
+
+    assert kept(command=True, kernel_symbols=True) == required | 1 << CAP_KILL | 1 << CAP_SYSLOG
+    assert kept(command=False, kernel_symbols=False) == required
+    assert kept(command=True, kernel_symbols=False) == required | 1 << CAP_KILL
+    assert kept(command=False, kernel_symbols=True) == required | 1 << CAP_SYSLOG
+    assert kept(kernel=(5, 10), command=False, kernel_symbols=False) >> CAP_SYS_RESOURCE & 1
+    assert kept(1 << CAP_BPF, command=True, kernel_symbols=True) == 1 << CAP_BPF  # never more than held
+    # CAP_SYS_ADMIN standing in for CAP_BPF and CAP_PERFMON (granted alone): kept, links or not
+    admin_only = 1 << CAP_SYS_ADMIN | 1 << CAP_SYS_PTRACE
+    assert kept(admin_only, command=False, kernel_symbols=False) == admin_only
     assert capability_sets("CapEff:\t00000000a80425fb\nCapBnd:\t000001ffffffffff\n") == {
         "CapEff": 0xA80425FB,
         "CapBnd": 0x1FFFFFFFFFF,
@@ -104,31 +115,34 @@ def test_kept_set():
 DROP = """
 import json
 from otelbpf.base.privileges import capability_sets, drop_unneeded
-drop_unneeded(command={command}, receivers={receivers!r})
+drop_unneeded(command={command}, receivers={receivers!r}, uprobe_links={links})
 print(json.dumps(capability_sets()))
 """
 
 
 @pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="needs root's capabilities to drop")
 @pytest.mark.parametrize(
-    "command, receivers, kill, syslog",
+    "command, receivers, links, kill, syslog",
     [
-        (False, {"cuda", "http"}, False, False),
-        (True, {"cuda"}, True, False),
-        (False, {"cuda", "profiling"}, False, True),
-        (True, {"sched"}, True, True),
+        (False, {"cuda", "http"}, True, False, False),
+        (True, {"cuda"}, True, True, False),
+        (False, {"cuda", "profiling"}, False, False, True),
+        (True, {"sched"}, False, True, True),
     ],
 )
-def test_kill_and_syslog_are_kept_only_when_needed(command: bool, receivers: set, kill: bool, syslog: bool):
+def test_kill_syslog_and_sys_admin_are_kept_only_when_needed(
+    command: bool, receivers: set, links: bool, kill: bool, syslog: bool
+):
     """CAP_KILL resumes a command the agent paused; CAP_SYSLOG gives /proc/kallsyms its
-    addresses for kernel frames (profiling, sched). Both were kept in every run."""
+    addresses for kernel frames (profiling, sched); CAP_SYS_ADMIN attaches BCC's perf uprobe
+    events, needless with uprobe-multi links. All three were kept in every run."""
     held = capability_sets()["CapPrm"]
     if not (held >> CAP_KILL & 1 and held >> CAP_SYSLOG & 1):
         if os.environ.get("CI") == "true":  # CI's root holds every capability: this must run there
             pytest.fail("this root lacks CAP_KILL or CAP_SYSLOG")
         pytest.skip("this root lacks CAP_KILL or CAP_SYSLOG")
     out = subprocess.run(
-        [sys.executable, "-c", DROP.format(command=command, receivers=receivers)],
+        [sys.executable, "-c", DROP.format(command=command, receivers=receivers, links=links)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -139,7 +153,8 @@ def test_kill_and_syslog_are_kept_only_when_needed(command: bool, receivers: set
 
     for name in ("CapEff", "CapPrm", "CapBnd"):
         assert (sets[name] >> CAP_KILL & 1, sets[name] >> CAP_SYSLOG & 1) == (kill, syslog), name
-        assert sets[name] & REQUIRED_MASK == held & REQUIRED_MASK
+        assert sets[name] & LINKS_MASK == held & LINKS_MASK
+        assert sets[name] >> CAP_SYS_ADMIN & 1 == (not links), name
 
 
 @pytest.mark.bpf
@@ -151,6 +166,18 @@ def test_non_root_with_exactly_the_documented_capabilities(shared_dir: Path):
     assert out.returncode == 0, out.stderr[-4000:]
     assert {"cudaMalloc", "cudaMemcpy"} <= span_names(shared_dir / "out")
     assert (shared_dir / "out" / "traces.jsonl").stat().st_uid == NOBODY
+
+
+@pytest.mark.bpf
+def test_non_root_without_sys_admin_where_uprobes_are_links(shared_dir: Path):
+    """Where the kernel makes uprobe-multi links (6.6+: here and in CI), CAP_SYS_ADMIN is not
+    needed: the four other capabilities attach, and the agent runs and exports as above."""
+    assert uprobe_links.supported(), "this kernel makes no uprobe-multi links"
+    out = run_agent(as_nobody(DOCUMENTED_WITH_LINKS), agent_config(shared_dir), shared_dir)
+
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "capabilities kept: dac_read_search,sys_ptrace,perfmon,bpf" in out.stderr, out.stderr[-4000:]
+    assert {"cudaMalloc", "cudaMemcpy"} <= span_names(shared_dir / "out")
 
 
 @pytest.mark.bpf
@@ -193,11 +220,12 @@ def test_the_agent_keeps_only_what_it_needs_in_every_thread(tmp_path: Path):
     with AgentProcess(["-c", str(cfg), "--", "sh", "-c", script]) as agent:
         agent.wait_ready()
         assert wait_until(caps_file.exists, timeout=30)
-        kept = kept_mask(mine["CapPrm"], (6, 18), command=True, kernel_symbols=False)  # cuda alone: no kallsyms
+        # cuda alone: no kallsyms; uprobes as links here: no CAP_SYS_ADMIN
+        kept = kept_mask(mine["CapPrm"], (6, 18), command=True, kernel_symbols=False, uprobe_links=True)
         assert thread_sets(agent.proc.pid) == {(kept, kept, 0, 0, kept & mine["CapBnd"])}
         assert len(os.listdir(f"/proc/{agent.proc.pid}/task")) > 3  # the check covered its threads
         gate.touch()
         assert agent.wait(120) == 0, agent.output
     assert int(caps_file.read_text().split()[1], 16) == mine["CapEff"]
-    assert "capabilities kept: dac_read_search,kill,sys_ptrace,sys_admin,perfmon,bpf" in agent.output
+    assert "capabilities kept: dac_read_search,kill,sys_ptrace,perfmon,bpf" in agent.output
     assert {"cudaMalloc", "cudaMemcpy"} <= span_names(tmp_path / "out")

@@ -1,20 +1,23 @@
 """The capabilities the agent runs with: checked at start, the rest dropped before it attaches.
 
 What the agent needs it needs for its whole life, not only to start: libraries opened later
-are attached later (perf uprobe events: CAP_SYS_ADMIN; their paths read from
-/proc/PID/maps: CAP_SYS_PTRACE), a Python walker is loaded the first time a CPython version
-is seen (CAP_BPF), and BCC reads tracefs when it compiles and when it detaches
-(CAP_DAC_READ_SEARCH unless uid 0). So nothing of that set can be given up once the probes
-are attached. Everything else is dropped before the first BPF program is compiled, from the
-effective, permitted, inheritable, ambient and bounding sets, while the agent is still one
-thread (capabilities belong to threads; every later thread inherits the reduced set):
+are attached later (uprobe-multi links: CAP_BPF and CAP_PERFMON; BCC's perf uprobe events, on
+kernels without links: CAP_SYS_ADMIN; their paths read from /proc/PID/maps: CAP_SYS_PTRACE),
+a Python walker is loaded the first time a CPython version is seen (CAP_BPF), and BCC reads
+tracefs when it compiles and when it detaches (CAP_DAC_READ_SEARCH unless uid 0). So nothing
+of that set can be given up once the probes are attached. Everything else is dropped before
+the first BPF program is compiled, from the effective, permitted, inheritable, ambient and
+bounding sets, while the agent is still one thread (capabilities belong to threads; every
+later thread inherits the reduced set):
 
-- kept: CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH (the set
-  docs/capabilities.md measures), and, where held, CAP_KILL only when the agent may resume
-  what its pause stopped (``run -- CMD``, or host mode with ``service.host_pause`` on: SIGCONT
-  to a paused process of another user's, or one that changed user), CAP_SYSLOG only
-  when the profiling or sched receiver is enabled (kernel frame names: /proc/kallsyms shows
-  zeros without it) and, before Linux 5.11, CAP_SYS_RESOURCE (BPF memory charged to memlock);
+- kept: CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH (the set
+  docs/capabilities.md measures); CAP_SYS_ADMIN only where uprobes are perf events (kernels
+  before 6.6: the sensor's ``uprobe_links``) or where it stands in for CAP_BPF or CAP_PERFMON
+  not held; and, where held, CAP_KILL only when the agent may resume what its pause stopped
+  (``run -- CMD``, or host mode with ``service.host_pause`` on: SIGCONT to a paused process of
+  another user's, or one that changed user), CAP_SYSLOG only when the profiling or sched
+  receiver is enabled (kernel frame names: /proc/kallsyms shows zeros without it) and, before
+  Linux 5.11, CAP_SYS_RESOURCE (BPF memory charged to memlock);
 - dropped, for instance: CAP_DAC_OVERRIDE (the agent writes only where its user may),
   CAP_SETUID, CAP_SYS_MODULE, CAP_NET_ADMIN, CAP_CHOWN.
 
@@ -45,7 +48,11 @@ CAPABILITY_BITS = {
 CAP_DAC_READ_SEARCH, CAP_KILL, CAP_SETPCAP = 2, 5, 8
 CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CAP_SYSLOG = 19, 21, 24, 34
 CAP_PERFMON, CAP_BPF = 38, 39
-#: The agent's capabilities, as docs/capabilities.md and the README name them.
+#: The agent's capabilities where uprobes attach as uprobe-multi links (Linux 6.6+).
+REQUIRED_WITH_LINKS = (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH)
+REQUIRED_WITH_LINKS_NAMES = "CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH"
+#: On any kernel (what a manifest for every node grants), as docs/capabilities.md and the README
+#: name them: CAP_SYS_ADMIN too, for BCC's perf uprobe events where links are missing.
 REQUIRED = (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH)
 REQUIRED_NAMES = "CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH"
 
@@ -76,15 +83,18 @@ def capability_sets(status_text: str | None = None) -> dict[str, int]:
     }
 
 
-def require_privileges() -> None:
+def require_privileges(*, uprobe_links: bool) -> None:
     """Fail early, naming each missing capability and what it is for, with the fix; the same
     rules as `otelbpf doctor` (root in a container may lack some, so capabilities count,
-    not the uid)."""
-    missing = missing_privileges(capability_sets()["CapEff"], os.geteuid(), perf_event_paranoid(), kernel_version())
+    not the uid). ``uprobe_links``: uprobes attach as links here (no CAP_SYS_ADMIN needed)."""
+    missing = missing_privileges(
+        capability_sets()["CapEff"], os.geteuid(), perf_event_paranoid(), kernel_version(), uprobe_links=uprobe_links
+    )
     if missing:
         raise PrivilegeError(
             f"otelbpf needs privileges to load eBPF programs and attach uprobes: run it as root (sudo), or grant "
-            f"exactly {REQUIRED_NAMES} (see docs/capabilities.md). Missing: {'; '.join(missing)}."
+            f"exactly {REQUIRED_WITH_LINKS_NAMES if uprobe_links else REQUIRED_NAMES} (see docs/capabilities.md). "
+            f"Missing: {'; '.join(missing)}."
         )
 
 
@@ -92,12 +102,14 @@ def require_privileges() -> None:
 KERNEL_SYMBOL_RECEIVERS = frozenset({"profiling", "sched"})
 
 
-def kept_mask(held: int, kernel: tuple[int, int], *, command: bool, kernel_symbols: bool) -> int:
+def kept_mask(held: int, kernel: tuple[int, int], *, command: bool, kernel_symbols: bool, uprobe_links: bool) -> int:
     """The capabilities, of those ``held``, that the agent keeps for its life: CAP_KILL only
     when it may have to resume what it paused (``command``: a command, or host mode's pause),
-    CAP_SYSLOG only if it reads ``kernel_symbols``."""
+    CAP_SYSLOG only if it reads ``kernel_symbols``, CAP_SYS_ADMIN only without ``uprobe_links``
+    or where it stands in for CAP_BPF or CAP_PERFMON (which it implies) not held."""
+    implied = held >> CAP_BPF & 1 and held >> CAP_PERFMON & 1
     keep = {
-        *REQUIRED,
+        *(REQUIRED_WITH_LINKS if uprobe_links and implied else REQUIRED),
         *((CAP_KILL,) if command else ()),
         *((CAP_SYSLOG,) if kernel_symbols else ()),
         *((CAP_SYS_RESOURCE,) if kernel < (5, 11) else ()),
@@ -106,9 +118,10 @@ def kept_mask(held: int, kernel: tuple[int, int], *, command: bool, kernel_symbo
     return held & mask
 
 
-def drop_unneeded(*, command: bool, receivers: set[str]) -> int:
+def drop_unneeded(*, command: bool, receivers: set[str], uprobe_links: bool) -> int:
     """Drop every capability the agent does not need (module doc) with a ``command`` of its
-    own or not, and these enabled ``receivers``; returns the mask kept.
+    own or not, these enabled ``receivers``, and uprobes as ``uprobe_links`` or perf events;
+    returns the mask kept.
 
     Call it while the process has one thread: other threads would keep their sets."""
     threads = len(os.listdir("/proc/self/task"))
@@ -117,7 +130,11 @@ def drop_unneeded(*, command: bool, receivers: set[str]) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     sets = capability_sets()
     keep = kept_mask(
-        sets["CapPrm"], kernel_version(), command=command, kernel_symbols=bool(receivers & KERNEL_SYMBOL_RECEIVERS)
+        sets["CapPrm"],
+        kernel_version(),
+        command=command,
+        kernel_symbols=bool(receivers & KERNEL_SYMBOL_RECEIVERS),
+        uprobe_links=uprobe_links,
     )
     if sets["CapEff"] >> CAP_SETPCAP & 1:  # needed to shrink the bounding set
         last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
@@ -159,15 +176,18 @@ def perf_event_paranoid() -> int:
     return int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())
 
 
-def missing_privileges(mask: int, euid: int, paranoid: int, kernel: tuple[int, int]) -> list[str]:
-    """Capabilities the sensor lacks, each with the reason it needs it."""
+def missing_privileges(
+    mask: int, euid: int, paranoid: int, kernel: tuple[int, int], *, uprobe_links: bool
+) -> list[str]:
+    """Capabilities the sensor lacks, each with the reason it needs it (CAP_SYS_ADMIN only
+    where uprobes are BCC's perf events: without ``uprobe_links``)."""
     admin = has_capability(mask, "CAP_SYS_ADMIN")
     missing = []
     if not (admin or has_capability(mask, "CAP_BPF")):
         missing.append("CAP_BPF (load BPF programs, create maps)")
     if not (admin or has_capability(mask, "CAP_PERFMON")):
         missing.append("CAP_PERFMON (attach tracing programs)")
-    if not admin and paranoid > -1:
+    if not admin and paranoid > -1 and not uprobe_links:
         missing.append(
             "CAP_SYS_ADMIN (BCC opens uprobes with raw samples, which perf allows only with"
             f" CAP_SYS_ADMIN while kernel.perf_event_paranoid={paranoid} > -1)"

@@ -932,6 +932,6 @@ def require_root() -> None:
     from otelbpf.base.privileges import PrivilegeError, require_privileges
 
     try:
-        require_privileges()
+        require_privileges(uprobe_links=uprobe_links.supported())
     except PrivilegeError as exc:
         raise SensorError(str(exc)) from exc

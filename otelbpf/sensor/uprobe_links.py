@@ -57,9 +57,9 @@ def _bpf(cmd: int, attr: ctypes.Array[ctypes.c_uint8]) -> int:
     return fd
 
 
-def link(prog_fd: int, path: str, offset: int, *, ret: bool) -> int:
-    """A uprobe (``ret``: uretprobe) at file ``offset`` of ``path`` running ``prog_fd``; the
-    link's fd, which holds it: closing it detaches. Raises OSError."""
+def link(prog_fd: int, path: str, offset: int, *, ret: bool, pid: int = 0) -> int:
+    """A uprobe (``ret``: uretprobe) at file ``offset`` of ``path`` running ``prog_fd`` (for
+    ``pid`` alone, if not 0); the link's fd, which holds it: closing it detaches. Raises OSError."""
     attr = (ctypes.c_uint8 * _ATTR_SIZE)()
     raw_path = ctypes.create_string_buffer(os.fsencode(path))
     offsets = (ctypes.c_uint64 * 1)(offset)
@@ -75,7 +75,7 @@ def link(prog_fd: int, path: str, offset: int, *, ret: bool) -> int:
         0,
         1,
         BPF_F_UPROBE_MULTI_RETURN if ret else 0,
-        0,
+        pid,
     )
     return _bpf(_BPF_LINK_CREATE, attr)
 
