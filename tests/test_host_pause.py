@@ -105,10 +105,14 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def _agent(otlp_collector, tmp_path: Path, max_pause: str = "5s") -> AgentProcess:
-    """The agent in host mode with ``service.host_pause.max_pause``."""
+def _agent(otlp_collector, tmp_path: Path, max_pause: str = "5s", *, nccl: bool = False) -> AgentProcess:
+    """The agent in host mode with ``service.host_pause.max_pause`` (and the nccl receiver)."""
     cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
     doc = yaml.safe_load(cfg.read_text())
+    if nccl:
+        doc["receivers"]["nccl"] = {"search_paths": []}
+        for pipeline in doc["service"]["pipelines"].values():
+            pipeline["receivers"].append("nccl")
     doc["service"]["host_pause"] = {"enabled": True, "max_pause": max_pause}  # auto would too: no terminal here
     cfg.write_text(yaml.safe_dump(doc))
     return AgentProcess(["-c", str(cfg)])
@@ -355,3 +359,52 @@ def test_a_stripped_library_dlopened_by_a_short_program_has_its_kernels_named_fr
         }
         c.wait_for(lambda: names() == expected, what=f"9 launches named from registration, got {names()}")
         assert agent.stop() == 0
+
+
+@pytest.mark.usefixtures("built")
+def test_a_four_rank_nccl_job_on_never_seen_libraries_has_every_communicator(otlp_collector, tmp_path):
+    """The issue's second case: a 4-rank job started after the agent, its NCCL and CUDA
+    libraries (the stand-ins: ranks meet in the collective, as NCCL's do) at a path the agent
+    never attached. Every rank is stopped at its first open of a library until the probes are
+    in, so each ``ncclCommInitRank`` is a span with its rank and the communicator all four
+    share, and every collective after it carries ``nccl.rank.source=init``."""
+    from harness.agent import BUILD
+
+    new = tmp_path / "image"
+    for part in ("fakenccl", "fakecudart", "fakecuda"):  # the runtime opens ../fakecuda/libcuda.so.1
+        shutil.copytree(BUILD / part, new / part)
+    iterations = 5
+    with _agent(otlp_collector, tmp_path, nccl=True) as agent:
+        agent.wait_ready()
+        out = subprocess.run(
+            [
+                str(BUILD / "nccl_job"),
+                *("--ranks", "4", "--iterations", str(iterations)),
+                *("--lib", str(new / "fakenccl" / "libnccl.so.2")),
+                *("--cudart", str(new / "fakecudart" / "libcudart.so.12")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        job = json.loads(out.stdout.strip().splitlines()[-1])
+        pids = {r["rank"]: r["pid"] for r in job["ranks"]}
+        assert sorted(pids) == [0, 1, 2, 3] and all(r["exit"] == 0 for r in job["ranks"]), job
+        c = otlp_collector
+
+        def mine(name: str) -> dict[int, list]:
+            return {rank: [s for s in c.spans(name) if s.resource["process.pid"] == pid] for rank, pid in pids.items()}
+
+        c.wait_for(lambda: all(len(v) == iterations for v in mine("ncclAllReduce").values()), what="every collective")
+        assert agent.stop() == 0
+    inits = mine("ncclCommInitRank")
+    assert all(len(v) == 1 for v in inits.values()), {r: len(v) for r, v in inits.items()}
+    assert {r: (v[0].attributes["nccl.rank"], v[0].attributes["nccl.nranks"]) for r, v in inits.items()} == {
+        r: (r, 4) for r in pids
+    }
+    assert len({v[0].attributes["nccl.comm.id"] for v in inits.values()}) == 1
+    for rank, spans in mine("ncclAllReduce").items():
+        assert {(s.attributes["nccl.rank"], s.attributes["nccl.rank.source"]) for s in spans} == {(rank, "init")}
+    assert all(_resumed(agent, pid) is not None for pid in pids.values()), agent.output[-4000:]
+    assert f"probes to {new / 'fakenccl' / 'libnccl.so.2'} (nccl)" in agent.output
