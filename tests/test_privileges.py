@@ -18,6 +18,7 @@ import pytest
 from harness.agent import FAKE_CUDART, WORKLOAD, AgentProcess, config, wait_until
 from otelbpf.base.privileges import (
     CAP_BPF,
+    CAP_CHECKPOINT_RESTORE,
     CAP_DAC_READ_SEARCH,
     CAP_KILL,
     CAP_PERFMON,
@@ -33,7 +34,7 @@ from otelbpf.sensor import uprobe_links
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTED = "+bpf,+perfmon,+sys_admin,+sys_ptrace,+dac_read_search"
 #: where uprobes attach as uprobe-multi links (Linux 6.6+, this machine and CI)
-DOCUMENTED_WITH_LINKS = "+bpf,+perfmon,+sys_ptrace,+dac_read_search"
+DOCUMENTED_WITH_LINKS = "+bpf,+perfmon,+sys_ptrace,+dac_read_search,+checkpoint_restore"
 NOBODY = 65534
 
 
@@ -86,8 +87,9 @@ def span_names(out: Path) -> set[str]:
     return names
 
 
-LINKS_MASK = sum(1 << c for c in (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH))
-REQUIRED_MASK = LINKS_MASK | 1 << CAP_SYS_ADMIN
+BOTH = (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH)
+LINKS_MASK = sum(1 << c for c in (*BOTH, CAP_CHECKPOINT_RESTORE))
+REQUIRED_MASK = sum(1 << c for c in (*BOTH, CAP_SYS_ADMIN))
 
 
 @pytest.mark.parametrize("links, required", [(True, LINKS_MASK), (False, REQUIRED_MASK)], ids=["links", "perf events"])
@@ -153,7 +155,7 @@ def test_kill_syslog_and_sys_admin_are_kept_only_when_needed(
 
     for name in ("CapEff", "CapPrm", "CapBnd"):
         assert (sets[name] >> CAP_KILL & 1, sets[name] >> CAP_SYSLOG & 1) == (kill, syslog), name
-        assert sets[name] & LINKS_MASK == held & LINKS_MASK
+        assert sets[name] & (LINKS_MASK if links else REQUIRED_MASK) == held & (LINKS_MASK if links else REQUIRED_MASK)
         assert sets[name] >> CAP_SYS_ADMIN & 1 == (not links), name
 
 
@@ -176,7 +178,9 @@ def test_non_root_without_sys_admin_where_uprobes_are_links(shared_dir: Path):
     out = run_agent(as_nobody(DOCUMENTED_WITH_LINKS), agent_config(shared_dir), shared_dir)
 
     assert out.returncode == 0, out.stderr[-4000:]
-    assert "capabilities kept: dac_read_search,sys_ptrace,perfmon,bpf" in out.stderr, out.stderr[-4000:]
+    assert "capabilities kept: dac_read_search,sys_ptrace,perfmon,bpf,checkpoint_restore" in out.stderr, out.stderr[
+        -4000:
+    ]
     assert {"cudaMalloc", "cudaMemcpy"} <= span_names(shared_dir / "out")
 
 
@@ -227,5 +231,5 @@ def test_the_agent_keeps_only_what_it_needs_in_every_thread(tmp_path: Path):
         gate.touch()
         assert agent.wait(120) == 0, agent.output
     assert int(caps_file.read_text().split()[1], 16) == mine["CapEff"]
-    assert "capabilities kept: dac_read_search,kill,sys_ptrace,perfmon,bpf" in agent.output
+    assert "capabilities kept: dac_read_search,kill,sys_ptrace,perfmon,bpf,checkpoint_restore" in agent.output
     assert {"cudaMalloc", "cudaMemcpy"} <= span_names(tmp_path / "out")

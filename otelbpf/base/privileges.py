@@ -10,12 +10,13 @@ the first BPF program is compiled, from the effective, permitted, inheritable, a
 bounding sets, while the agent is still one thread (capabilities belong to threads; every
 later thread inherits the reduced set):
 
-- kept: CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH (the set
-  docs/capabilities.md measures); CAP_SYS_ADMIN only where uprobes are perf events (kernels
-  before 6.6: the sensor's ``uprobe_links``) or where it stands in for CAP_BPF or CAP_PERFMON
-  not held; and, where held, CAP_KILL only when the agent may resume what its pause stopped
-  (``run -- CMD``, or host mode with ``service.host_pause`` on: SIGCONT to a paused process of
-  another user's, or one that changed user), CAP_SYSLOG only when the profiling or sched
+- kept: CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_CHECKPOINT_RESTORE
+  (/proc/PID/map_files; the set docs/capabilities.md measures); CAP_SYS_ADMIN instead of the
+  last only where uprobes are perf events (kernels before 6.6: the sensor's ``uprobe_links``) or
+  where it stands in for one of the others not held; and, where held, CAP_KILL only when the
+  agent may resume what its pause stopped (``run -- CMD``, or host mode with
+  ``service.host_pause`` on: SIGCONT to a paused process of another user's, or one that
+  changed user), CAP_SYSLOG only when the profiling or sched
   receiver is enabled (kernel frame names: /proc/kallsyms shows zeros without it) and, before
   Linux 5.11, CAP_SYS_RESOURCE (BPF memory charged to memlock);
 - dropped, for instance: CAP_DAC_OVERRIDE (the agent writes only where its user may),
@@ -43,14 +44,17 @@ CAPABILITY_BITS = {
     "CAP_SYS_RESOURCE": 24,
     "CAP_PERFMON": 38,
     "CAP_BPF": 39,
+    "CAP_CHECKPOINT_RESTORE": 40,
 }
 
 CAP_DAC_READ_SEARCH, CAP_KILL, CAP_SETPCAP = 2, 5, 8
 CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CAP_SYSLOG = 19, 21, 24, 34
-CAP_PERFMON, CAP_BPF = 38, 39
-#: The agent's capabilities where uprobes attach as uprobe-multi links (Linux 6.6+).
-REQUIRED_WITH_LINKS = (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH)
-REQUIRED_WITH_LINKS_NAMES = "CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH"
+CAP_PERFMON, CAP_BPF, CAP_CHECKPOINT_RESTORE = 38, 39, 40
+#: The agent's capabilities where uprobes attach as uprobe-multi links (Linux 6.6+): without
+#: CAP_SYS_ADMIN, /proc/PID/map_files (the symbolizer's way to a process's mapped files, also
+#: in containers and once deleted) opens with CAP_CHECKPOINT_RESTORE (Linux 5.9+).
+REQUIRED_WITH_LINKS = (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_CHECKPOINT_RESTORE)
+REQUIRED_WITH_LINKS_NAMES = "CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_CHECKPOINT_RESTORE"
 #: On any kernel (what a manifest for every node grants), as docs/capabilities.md and the README
 #: name them: CAP_SYS_ADMIN too, for BCC's perf uprobe events where links are missing.
 REQUIRED = (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH)
@@ -106,8 +110,9 @@ def kept_mask(held: int, kernel: tuple[int, int], *, command: bool, kernel_symbo
     """The capabilities, of those ``held``, that the agent keeps for its life: CAP_KILL only
     when it may have to resume what it paused (``command``: a command, or host mode's pause),
     CAP_SYSLOG only if it reads ``kernel_symbols``, CAP_SYS_ADMIN only without ``uprobe_links``
-    or where it stands in for CAP_BPF or CAP_PERFMON (which it implies) not held."""
-    implied = held >> CAP_BPF & 1 and held >> CAP_PERFMON & 1
+    or where it stands in for CAP_BPF, CAP_PERFMON or CAP_CHECKPOINT_RESTORE (which it implies)
+    not held."""
+    implied = all(held >> c & 1 for c in (CAP_BPF, CAP_PERFMON, CAP_CHECKPOINT_RESTORE))
     keep = {
         *(REQUIRED_WITH_LINKS if uprobe_links and implied else REQUIRED),
         *((CAP_KILL,) if command else ()),
@@ -187,6 +192,8 @@ def missing_privileges(
         missing.append("CAP_BPF (load BPF programs, create maps)")
     if not (admin or has_capability(mask, "CAP_PERFMON")):
         missing.append("CAP_PERFMON (attach tracing programs)")
+    if uprobe_links and not (admin or has_capability(mask, "CAP_CHECKPOINT_RESTORE")):
+        missing.append("CAP_CHECKPOINT_RESTORE (open /proc/PID/map_files: the mapped files stacks are symbolized from)")
     if not admin and paranoid > -1 and not uprobe_links:
         missing.append(
             "CAP_SYS_ADMIN (BCC opens uprobes with raw samples, which perf allows only with"
@@ -212,5 +219,6 @@ def _names(mask: int) -> str:
         CAP_SYSLOG: "syslog",
         CAP_PERFMON: "perfmon",
         CAP_BPF: "bpf",
+        CAP_CHECKPOINT_RESTORE: "checkpoint_restore",
     }
     return ",".join(names.get(c, str(c)) for c in range(64) if mask >> c & 1) or "none"
