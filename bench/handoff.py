@@ -127,8 +127,8 @@ def loaded(condition: str) -> Iterator[object | None]:
             )
         )
     else:
+        from otelbpf.families.http.probes import socket_family
         from otelbpf.sensor import program
-        from otelbpf.sensor.socket_probes import socket_family
 
         fam = socket_family([], payload_bytes=4096, ring_bytes=1 << 20, handoffs=condition != "sockets")
         text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=1 << 20)

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from otelbpf.base.health import Health
-from otelbpf.sensor.cuda_probes import cuda_family
+from otelbpf.families.cuda.probes import cuda_family
 from otelbpf.sensor.program_cache import ProgramCache
 from otelbpf.sensor.sensor import Sensor, SensorOptions
 

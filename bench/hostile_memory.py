@@ -36,7 +36,7 @@ import tracemalloc  # noqa: E402
 from hpack import Encoder  # noqa: E402
 
 from harness.hostile import Wire, continuation, grpc_call, h2_connection, headers_frame, settings  # noqa: E402
-from otelbpf.correlate.protocols.http2 import PREFACE  # noqa: E402
+from otelbpf.families.http.protocols.http2 import PREFACE  # noqa: E402
 
 #: Records per ring batch, as the agent drains them (the 16 MiB ring holds ~4k of 4 KiB).
 BATCH = 2048

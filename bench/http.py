@@ -163,9 +163,9 @@ def probes_only(port: int, pid: int) -> Iterator[dict]:
     import threading
 
     sys.path.insert(0, str(ROOT))
+    from otelbpf.families.http.probes import socket_family
     from otelbpf.sensor import program
     from otelbpf.sensor.ringbuf import VariableRingReader
-    from otelbpf.sensor.socket_probes import socket_family
 
     fam = socket_family([port], payload_bytes=4096, ring_bytes=16 << 20)
     text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=256 << 10)

@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 from harness import grpc_demo  # noqa: E402
 from harness.tcp_recorder import TcpRecorder  # noqa: E402
 from otelbpf.base.events import SOCK_RECORD_DTYPE, Kind, SockFunc  # noqa: E402
-from otelbpf.correlate.protocols.http2 import H2Connection  # noqa: E402
+from otelbpf.families.http.protocols.http2 import H2Connection  # noqa: E402
 from pipeline_common import feed_and_export  # noqa: E402
 
 PORT, PEER = 50051, 40000

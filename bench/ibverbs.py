@@ -211,7 +211,7 @@ def with_program_stats(env: dict, ops: int, rounds: int) -> dict:
     run -- CMD`, with the kernel timing every BPF program run."""
     sys.path.insert(0, str(ROOT))
     from otelbpf.agent import spawn_gated
-    from otelbpf.sensor.ibverbs_probes import ibverbs_family
+    from otelbpf.families.ibverbs.probes import ibverbs_family
     from otelbpf.sensor.sensor import Sensor, SensorOptions
 
     stats_knob = Path("/proc/sys/kernel/bpf_stats_enabled")

@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from otelbpf.agent import Agent  # noqa: E402
 from otelbpf.base.resident import trim_heap  # noqa: E402
-from otelbpf.config import load_config_text  # noqa: E402
 from otelbpf.correlate import symbolizer  # noqa: E402
+from otelbpf.families.registry import load_config_text  # noqa: E402
 
 
 def proc_memory() -> dict[str, float]:

@@ -55,9 +55,9 @@ sys.path.insert(0, str(ROOT))
 from otelbpf.base.events import EVENT_DTYPE, CudaFunc, Kind, NcclFunc  # noqa: E402
 from otelbpf.correlate.base import CorrelatorSettings  # noqa: E402
 from otelbpf.correlate.clock import MonotonicClock  # noqa: E402
-from otelbpf.correlate.nccl import NcclCorrelator  # noqa: E402
 from otelbpf.correlate.process_info import ProcessInfo  # noqa: E402
 from otelbpf.export.jsonfile import FileSpanExporter  # noqa: E402
+from otelbpf.families.nccl.correlator import NcclCorrelator  # noqa: E402
 
 NCCL_LOOP = ROOT / "build/bench/nccl_loop"
 FAKE_NCCL = ROOT / "build/examples/fakenccl/libnccl.so.2"
@@ -182,7 +182,7 @@ def interleaved(targets: list[Target], plan: Plan, case: str) -> dict[str, dict[
 
 
 def probes_only(targets: list[Target], plan: Plan) -> tuple[dict, dict]:
-    from otelbpf.sensor.nccl_probes import nccl_family
+    from otelbpf.families.nccl.probes import nccl_family
     from otelbpf.sensor.sensor import Sensor, SensorOptions
 
     received = {"events": 0}

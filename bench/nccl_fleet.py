@@ -48,10 +48,10 @@ REPO = Path(__file__).resolve().parents[1]
 from otelbpf.base.events import EVENT_DTYPE, Kind, NcclFunc  # noqa: E402
 from otelbpf.correlate.base import CorrelatorSettings  # noqa: E402
 from otelbpf.correlate.clock import MonotonicClock  # noqa: E402
-from otelbpf.correlate.launch_env import Launch  # noqa: E402
-from otelbpf.correlate.nccl import SCOPE, NcclCorrelator  # noqa: E402
 from otelbpf.correlate.process_info import ProcessInfo  # noqa: E402
 from otelbpf.export.prometheus import PrometheusExporter  # noqa: E402
+from otelbpf.families.nccl.correlator import SCOPE, NcclCorrelator  # noqa: E402
+from otelbpf.families.nccl.launch_env import Launch  # noqa: E402
 
 RULES = REPO / "deploy" / "prometheus" / "otelbpf-nccl.rules.yaml"
 MS = 1_000_000

@@ -15,9 +15,9 @@ import numpy as np
 from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.http import HttpCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.export.jsonfile import FileSpanExporter
+from otelbpf.families.http.correlator import HttpCorrelator
 
 
 @dataclass

@@ -276,8 +276,8 @@ def cpu_overhead(tmp: Path, runs: int, work: int) -> dict:
 
 def symbolization_rate() -> dict:
     from otelbpf.base.procfs import read_maps
-    from otelbpf.correlate import pylines
     from otelbpf.correlate.symbolizer import Symbolizer
+    from otelbpf.families.profiling import pylines
 
     pid = os.getpid()
     text = [m for m in read_maps(pid) if m.executable and "libpython" in m.path]

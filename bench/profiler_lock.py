@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from otelbpf.agent import Agent  # noqa: E402
-from otelbpf.config import load_config_text  # noqa: E402
 from otelbpf.correlate import symbolizer  # noqa: E402
+from otelbpf.families.registry import load_config_text  # noqa: E402
 
 
 class TimedLock:
@@ -135,7 +135,7 @@ def main() -> int:
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     steps = RoundHolds()
-    profiles_log = logging.getLogger("otelbpf.correlate.profiles")
+    profiles_log = logging.getLogger("otelbpf.families.profiling.profiler")
     profiles_log.setLevel(logging.DEBUG)
     profiles_log.addHandler(steps)
     profiles_log.propagate = False  # its other debug lines stay out of stderr

@@ -137,8 +137,8 @@ def loaded(condition: str) -> Iterator[object | None]:
     if condition == "empty":
         bpf = BPF(text="\n".join(f"TRACEPOINT_PROBE(sched, {t}) {{ return 0; }}" for t in TRACEPOINTS))
     else:
+        from otelbpf.families.sched.probes import sched_family
         from otelbpf.sensor import program
-        from otelbpf.sensor.sched_probes import sched_family
 
         fam = sched_family(
             span_threshold_ns=1_000_000,

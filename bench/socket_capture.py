@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from otelbpf.families.http.probes import socket_family  # noqa: E402
 from otelbpf.sensor import program  # noqa: E402
 from otelbpf.sensor.ringbuf import VariableRingReader  # noqa: E402
-from otelbpf.sensor.socket_probes import socket_family  # noqa: E402
 
 RING = 16 << 20
 #: Waits for a line on stdin (its pid is watched by then), then N request/response pairs.

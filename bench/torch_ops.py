@@ -31,8 +31,8 @@ from bcc import BPF
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from otelbpf.families.torch.probes import ENTRY_PROGRAM, EXIT_PROGRAM, operator_sites, torch_family  # noqa: E402
 from otelbpf.sensor import program  # noqa: E402
-from otelbpf.sensor.torch_probes import ENTRY_PROGRAM, EXIT_PROGRAM, operator_sites, torch_family  # noqa: E402
 
 CHILD = """
 import sys, time, torch

@@ -1,7 +1,7 @@
 /* ibverbs: queue pairs, memory regions and the RDMA data path.
  *
  * Control path: uprobes on libibverbs' exported ibv_* functions (the default
- * symbol version, see sensor/ibverbs_probes.py), paired entry -> return
+ * symbol version, see families/ibverbs/probes.py), paired entry -> return
  * through the shared `inflight` map and emitted as one event each.
  *
  * Data path: ibv_post_send / ibv_post_recv / ibv_poll_cq are inline calls
@@ -14,7 +14,7 @@
  * small ring of post times per queue, not a map keyed by wr_id. Only error
  * and slow completions become events.
  *
- * Struct offsets (IBV_*) come from sensor/ibverbs_abi.py as -D flags.
+ * Struct offsets (IBV_*) come from families/ibverbs/abi.py as -D flags.
  *
  * Events (struct event), by kind:
  *   EV_IBV_OPEN       a0 device, a1 context (0 on failure); ret 0 / -1
@@ -69,7 +69,7 @@ struct ibv_queue {
     u64 lat_buckets[IBV_LAT_BUCKETS];
 };
 
-/* Everything counted per QP (read by correlate/ibverbs.py). */
+/* Everything counted per QP (read by families/ibverbs/correlator.py). */
 struct ibv_qp_stats {
     u64 posted[IBV_SLOTS];        /* work requests, by WR opcode slot (receives: IBV_WR_SLOT_RECV) */
     u64 posted_bytes[IBV_SLOTS];  /* sum of their SGE lengths */

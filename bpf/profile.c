@@ -1,7 +1,7 @@
 /* Profiles: CPU samples and CUDA memory, by merged native + Python stack.
  *
  * Everything is aggregated here, in the kernel; user space reads the maps on
- * a timer (correlate/profiles.py):
+ * a timer (families/profiling/profiler.py):
  * - cpu_samples: (process, user stack, kernel stack, Python stack) -> count,
  *   fed by a perf cpu-clock event on every CPU (on_cpu_sample);
  * - cpu_times: the same samples in time, for the processes that use a probed
@@ -24,7 +24,7 @@
  *
  * Python frames (CPython 3.10-3.13) are read at the sample from the
  * interrupted thread itself. User space puts each Python process's layout in
- * py_procs (sensor/python_offsets.py says where every offset comes from);
+ * py_procs (families/profiling/python_offsets.py says where every offset comes from);
  * the thread's PyThreadState is the one whose thread_id (pthread_self())
  * equals the thread's TLS base, task_struct.thread.fsbase, at an offset
  * taken from the running kernel's BTF. Each frame is (code object, byte

@@ -67,7 +67,7 @@ struct sched_runq_key {
     u32 pad;
 };
 
-/* One long off-CPU interval (>= SCHED_SPAN_NS). Mirrored in sensor/sched_probes.py. */
+/* One long off-CPU interval (>= SCHED_SPAN_NS). Mirrored in families/sched/probes.py. */
 struct sched_rec {
     u64 off_ts;
     u64 blocked_ns;

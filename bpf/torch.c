@@ -1,4 +1,4 @@
-/* PyTorch operators: at::_ops::<op>::call in libtorch_cpu (sensor/torch_probes.py picks
+/* PyTorch operators: at::_ops::<op>::call in libtorch_cpu (families/torch/probes.py picks
  * the operators and their sites).
  *
  * No uretprobe: a C++ exception thrown through a frame whose return address a uretprobe

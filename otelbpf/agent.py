@@ -26,7 +26,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otelbpf import receivers
 from otelbpf.base import resident
 from otelbpf.base.health import Health
 from otelbpf.base.losses import explain
@@ -46,12 +45,13 @@ from otelbpf.export.metrics_loop import MetricsLoop, Source
 from otelbpf.export.profile_export import encoded, profile_exporter
 from otelbpf.export.self_profiling import self_profiler
 from otelbpf.export.span_queue import SpanQueue
+from otelbpf.families import registry
+from otelbpf.families.factory import Context, MapAccess, Receiver, RingCorrelator
 from otelbpf.jobguard import Job
 from otelbpf.live import endpoint as live_endpoint
 from otelbpf.live import status
 from otelbpf.live.findings import FindingsReporter
 from otelbpf.live.state import LiveState
-from otelbpf.receivers import Context, MapAccess, RingCorrelator
 from otelbpf.sensor.program_cache import ProgramCache
 from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
 
@@ -131,7 +131,7 @@ class Agent:
             export_profiles=self._export_profiles,
             profile_attributes=config.resource_attributes("profiles"),
         )
-        self.receivers = [receivers.build(name, cfg, ctx) for name, cfg in self._receiver_configs()]
+        self.receivers = [registry.build(name, cfg, ctx) for name, cfg in self._receiver_configs()]
         # Correlators whose records open scopes others' spans nest in (torch operators) go first,
         # so the records drained with theirs in one batch find those scopes.
         self.receivers.sort(key=lambda r: not getattr(r.correlator, "opens_scopes", False))
@@ -328,7 +328,7 @@ class Agent:
     # -- metrics sources --------------------------------------------------
 
     @staticmethod
-    def _receiver_source(r: receivers.Receiver) -> Source:
+    def _receiver_source(r: Receiver) -> Source:
         """One receiver's metrics as a source of its own: a receiver whose collect() blocks
         (behind its stuck processing thread) holds up none of the others."""
 

@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return summarize(args.directory, out)
 
-    from otelbpf.config import ConfigError, load_config, printable
+    from otelbpf.config import ConfigError, printable
+    from otelbpf.families.registry import load_config
 
     try:
         config = load_config(args.config, receivers=getattr(args, "receivers", None))

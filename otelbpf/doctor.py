@@ -593,7 +593,7 @@ def bcc_checks(bpf_loads: bool) -> Iterator[Check]:
 
 def check_nvml() -> Check:
     """The gpu receiver's source: can NVML (the driver's libnvidia-ml.so.1) be opened?"""
-    from otelbpf.sensor.nvml import probe
+    from otelbpf.families.gpu.nvml import probe
 
     opened, detail = probe()
     if opened:

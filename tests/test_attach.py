@@ -27,8 +27,8 @@ import pytest
 
 from harness.agent import AgentProcess, config, otlp_grpc, wait_until
 from otelbpf.base.events import Kind
+from otelbpf.families.cuda.probes import cuda_family
 from otelbpf.sensor import elf, libraries
-from otelbpf.sensor.cuda_probes import cuda_family
 from otelbpf.sensor.sensor import Sensor, SensorOptions
 
 pytestmark = pytest.mark.bpf

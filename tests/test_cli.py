@@ -134,7 +134,7 @@ def test_version():
 def test_print_config_spells_durations_and_sizes_as_written_and_loads_back(tmp_path):
     import yaml
 
-    from otelbpf.config import load_config
+    from otelbpf.families.registry import load_config
 
     out = otelbpf("run", "--print-config")
     assert out.returncode == 0, out.stderr

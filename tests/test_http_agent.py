@@ -23,7 +23,7 @@ import yaml
 
 from harness import grpc_demo
 from harness.agent import FAKE_CUDART, REPO, AgentProcess
-from otelbpf.correlate.protocols.http2 import PREFACE
+from otelbpf.families.http.protocols.http2 import PREFACE
 
 pytestmark = pytest.mark.bpf
 

@@ -121,6 +121,6 @@ def test_no_secret_reaches_spans_metrics_or_the_log(tmp_path):
         assert agent.stop(timeout=120) == 0, agent.output
     text, log = exported(), agent.output
     assert "jsessionid=REDACTED" in text and "/cart;jsessionid=REDACTED/items" in text  # the spans are there
-    assert "DEBUG otelbpf.correlate.redact: loggers that would log payloads held quiet" in log  # debug level on
+    assert "DEBUG otelbpf.families.http.redact: loggers that would log payloads held quiet" in log  # debug level on
     leaked = {where: secret for where, secret in SECRETS.items() if secret in text or secret in log}
     assert not leaked, leaked

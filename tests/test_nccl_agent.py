@@ -23,7 +23,7 @@ import yaml
 
 from harness.agent import BUILD, REPO, AgentProcess
 from otelbpf.correlate.adaptive import Params
-from otelbpf.sensor.nccl_probes import comm_id, split_comm_id
+from otelbpf.families.nccl.probes import comm_id, split_comm_id
 
 pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("built")]
 

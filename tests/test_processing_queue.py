@@ -8,8 +8,8 @@ import pytest
 
 from otelbpf.agent import QUEUE_PAUSE_DIVISOR, Agent
 from otelbpf.base.events import EVENT_DTYPE
-from otelbpf.config import load_config_text
 from otelbpf.config.default import DEFAULT_CONFIG_YAML
+from otelbpf.families.registry import load_config_text
 
 
 @pytest.fixture

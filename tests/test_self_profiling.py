@@ -19,10 +19,11 @@ import yaml
 
 from harness.agent import REPO, AgentProcess
 from otelbpf import __version__
-from otelbpf.config import ConfigError, load_config_text
+from otelbpf.config import ConfigError
 from otelbpf.export.proto import profile_pb2
 from otelbpf.export.proto.push.v1 import push_pb2
 from otelbpf.export.self_profiling import APPLICATION, Target, self_profiler, target
+from otelbpf.families.registry import load_config_text
 
 # --- where it goes ------------------------------------------------------------------------------
 

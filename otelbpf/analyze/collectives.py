@@ -23,7 +23,7 @@ import numpy as np
 
 from otelbpf.base.safe_files import ReadDir
 
-#: Span names of the collectives (correlate/nccl.py names a span after its NCCL function).
+#: Span names of the collectives (families/nccl/correlator.py names a span after its NCCL function).
 COLLECTIVE_SPANS = ("ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclReduce")
 _OP_INDEX = {name: i for i, name in enumerate(COLLECTIVE_SPANS)}
 #: status column: the call failed (span status error), or the process ended during it.

@@ -3,7 +3,7 @@ before the diagnosis explains why.
 
 Reads every ``hw.gpu.utilization`` point (``hw.gpu.task=general``) the file exporter wrote, per
 device (``hw.id``). Each point is already the mean of the NVML samples taken in one metrics
-interval (correlate/gpu.py), and the intervals are equal, so the run's mean utilization is
+interval (families/gpu/correlator.py), and the intervals are equal, so the run's mean utilization is
 the mean of the points and the idle share is one minus it. A folder without the metric (no
 driver, the receiver off) gives nothing, and the diagnosis goes on without it.
 """

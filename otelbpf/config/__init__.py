@@ -13,13 +13,16 @@ One module per job:
 
 - ``units``: durations (``"250ms"``, stored as int ns) and sizes (``"4MiB"``, int bytes);
   ``fields``: the ``Section`` base and checks shared by sections; ``signals``: the signals.
-- ``receivers/``: each probe family's options, one module per family, and ``registry.py``
-  (how to add a family); ``processors``, ``exporters``, ``service`` (targets, pipelines,
+- ``receivers/``: what every receiver's options share, and ``ReceiverTypes``, the families'
+  models as the loader is handed them (each family's own model is in
+  ``otelbpf/families/<name>/config.py``); ``processors``, ``exporters``, ``service`` (targets, pipelines,
   telemetry); ``model``: the root ``Config`` and the checks that span sections.
 - ``default``: the built-in default, ``otelbpf.yaml`` (package data) read as it is.
-- ``loader``: ``load_config`` / ``load_config_text``; ``parse``: safe YAML with size, depth
-  and alias limits; ``substitution``: ``${env:VAR}``; ``env``: the ``OTEL_*`` / ``PYROSCOPE_*``
-  variables and their precedence; ``selection``: ``--receivers`` / ``OTELBPF_RECEIVERS``;
+- ``loader``: ``load_config`` / ``load_config_text``, given the receivers' types (the rest of
+  the program calls them bound to the families' registry, ``otelbpf/families/registry.py``);
+  ``parse``: safe YAML with size, depth and alias limits; ``substitution``: ``${env:VAR}``;
+  ``env``: the ``OTEL_*`` / ``PYROSCOPE_*`` variables and their precedence;
+  ``selection``: ``--receivers`` / ``OTELBPF_RECEIVERS``;
   ``messages``: errors as sentences with line numbers; ``printable``: ``--print-config``.
 
 Everything other packages use is importable from ``otelbpf.config`` itself.
@@ -43,7 +46,6 @@ from otelbpf.config.exporters import (
     TLSConfig,
 )
 from otelbpf.config.fields import FilePath, GrpcHeaders, Headers, HeaderValue
-from otelbpf.config.loader import load_config, load_config_text
 from otelbpf.config.model import Config, component_type
 from otelbpf.config.parse import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES
 from otelbpf.config.printable import printable
@@ -54,12 +56,7 @@ from otelbpf.config.processors import (
     ProcessorConfig,
     ResourceProcessorConfig,
 )
-from otelbpf.config.receivers import CHOOSABLE_RECEIVERS, PROFILE_RECEIVERS, RECEIVER_TYPES, ReceiverConfig
-from otelbpf.config.receivers.cuda import CudaReceiverConfig
-from otelbpf.config.receivers.http import HttpReceiverConfig
-from otelbpf.config.receivers.ibverbs import IbverbsReceiverConfig
-from otelbpf.config.receivers.nccl import NcclReceiverConfig
-from otelbpf.config.receivers.profiling import ProfilingReceiverConfig
+from otelbpf.config.receivers import ReceiverConfig, ReceiverType, ReceiverTypes
 from otelbpf.config.service import (
     CommandLine,
     PipelineConfig,
@@ -85,7 +82,6 @@ from otelbpf.config.units import (
 )
 
 __all__ = [
-    "CHOOSABLE_RECEIVERS",
     "DEFAULT_CONFIG_PATH",
     "DEFAULT_CONFIG_YAML",
     "DEFAULT_SOURCE",
@@ -97,8 +93,6 @@ __all__ = [
     "MAX_RING_BYTES",
     "PIPELINE_SIGNALS",
     "PROCESSOR_TYPES",
-    "PROFILE_RECEIVERS",
-    "RECEIVER_TYPES",
     "SIGNALS",
     "AttributeValue",
     "BasicAuthConfig",
@@ -107,7 +101,6 @@ __all__ = [
     "Compression",
     "Config",
     "ConfigError",
-    "CudaReceiverConfig",
     "Duration",
     "ExporterConfig",
     "FileExporterConfig",
@@ -115,11 +108,8 @@ __all__ = [
     "GrpcHeaders",
     "HeaderValue",
     "Headers",
-    "HttpReceiverConfig",
     "HttpTLSConfig",
-    "IbverbsReceiverConfig",
     "Mode",
-    "NcclReceiverConfig",
     "OptionPath",
     "OtlpExporterConfig",
     "OtlpHttpExporterConfig",
@@ -127,10 +117,11 @@ __all__ = [
     "PipelinesConfig",
     "PositiveDuration",
     "ProcessorConfig",
-    "ProfilingReceiverConfig",
     "PrometheusExporterConfig",
     "PyroscopeExporterConfig",
     "ReceiverConfig",
+    "ReceiverType",
+    "ReceiverTypes",
     "ResourceProcessorConfig",
     "RetryConfig",
     "RingSize",
@@ -144,8 +135,6 @@ __all__ = [
     "component_type",
     "format_duration",
     "format_size",
-    "load_config",
-    "load_config_text",
     "parse_duration",
     "parse_size",
     "printable",

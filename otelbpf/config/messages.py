@@ -17,8 +17,9 @@ from pydantic_core import ErrorDetails
 
 from otelbpf.base.secrets import REDACTED, is_secret_name, redact_urls
 from otelbpf.config.errors import STANDARD_ERROR_TYPES, OptionPath, suggest
-from otelbpf.config.model import COMPONENT_KINDS, Config, component_type
+from otelbpf.config.model import COMPONENT_KINDS, Config, component_type, component_types
 from otelbpf.config.parse import node_at
+from otelbpf.config.receivers import ReceiverTypes
 
 #: Options concealed though their names are not secret-looking: a Pyroscope tenant id is what
 #: a multi-tenant server authorizes by.
@@ -31,12 +32,13 @@ def secret_option(name: str) -> bool:
     return name == "headers" or name in _CONCEALED_OPTIONS or is_secret_name(name)
 
 
-def describe(error: ErrorDetails, hidden: Collection[str] | None = None) -> str:
+def describe(error: ErrorDetails, types: ReceiverTypes, hidden: Collection[str] | None = None) -> str:
     """One pydantic error as a sentence: the allowed keys for a typo, the got-value otherwise.
-    ``hidden`` (from ``concealed``): the value must not be shown, nor these strings in it."""
+    ``types``: the receivers' (for their options); ``hidden`` (from ``concealed``): the value
+    must not be shown, nor these strings in it."""
     kind, message, value = error["type"], error["msg"], error.get("input")
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(tuple(error["loc"][:-1]))
+        allowed = _allowed_keys(tuple(error["loc"][:-1]), types)
         key = str(error["loc"][-1])
         return f"unknown option{suggest(key, allowed)}; allowed: {', '.join(allowed)}" if allowed else "unknown option"
     if kind == "missing":
@@ -96,14 +98,14 @@ def _strings(value: Any) -> list[str]:
     return [] if value is None or isinstance(value, bool) else [str(value)]
 
 
-def _allowed_keys(path: OptionPath) -> list[str]:
+def _allowed_keys(path: OptionPath, types: ReceiverTypes) -> list[str]:
     """The option names of the section at ``path`` (for 'did you mean' on unknown keys)."""
     model: type[BaseModel] | None = Config
     parts = list(path)
     while parts and model is not None:
         part = parts.pop(0)
         if model is Config and part in COMPONENT_KINDS and parts:
-            model = COMPONENT_KINDS[str(part)].get(component_type(str(parts.pop(0))))
+            model = component_types(str(part), types).get(component_type(str(parts.pop(0))))
             continue
         spec = model.model_fields.get(str(part))
         model = _model_in(spec.annotation) if spec else None

@@ -21,15 +21,22 @@ from otelbpf.config.exporters import (
 )
 from otelbpf.config.fields import Section
 from otelbpf.config.processors import PROCESSOR_TYPES, ProcessorConfig, ResourceProcessorConfig
-from otelbpf.config.receivers import PROFILE_RECEIVERS, RECEIVER_TYPES, ReceiverConfig
+from otelbpf.config.receivers import ReceiverConfig, ReceiverTypes
+from otelbpf.config.receivers.registry import from_context
 from otelbpf.config.service import PipelineConfig, ServiceConfig, TargetsConfig
 from otelbpf.config.signals import PIPELINE_SIGNALS, PipelineSignal
 
-COMPONENT_KINDS: dict[str, Mapping[str, type[BaseModel]]] = {
-    "receivers": RECEIVER_TYPES,
+#: The component kinds whose types this package defines; the receivers' come from the loader.
+_DEFINED_KINDS: dict[str, Mapping[str, type[BaseModel]]] = {
     "processors": PROCESSOR_TYPES,
     "exporters": EXPORTER_TYPES,
 }
+COMPONENT_KINDS: tuple[str, ...] = ("receivers", *_DEFINED_KINDS)
+
+
+def component_types(kind: str, receivers: ReceiverTypes) -> Mapping[str, type[BaseModel]]:
+    """The models of one component kind's types, by type name (``receivers``: those handed in)."""
+    return receivers.models() if kind == "receivers" else _DEFINED_KINDS[kind]
 
 
 def component_type(name: str) -> str:
@@ -38,9 +45,10 @@ def component_type(name: str) -> str:
 
 
 class Config(Section):
-    """A validated configuration. Build it with ``load_config`` or ``load_config_text``."""
+    """A validated configuration. Build it with ``load_config`` or ``load_config_text``
+    (``otelbpf/families/registry.py``: the receivers' types travel in the validation context)."""
 
-    #: Each value is its family's subclass (``receivers/registry.py``), serialized as such.
+    #: Each value is its family's subclass (``otelbpf/families/<name>/config.py``), serialized as such.
     receivers: dict[str, SerializeAsAny[ReceiverConfig]] = {}
     processors: dict[str, ProcessorConfig] = {}
     exporters: dict[str, ExporterConfig] = {}
@@ -56,7 +64,7 @@ class Config(Section):
             return {}
         if not isinstance(value, Mapping):
             return value
-        types = COMPONENT_KINDS[kind]
+        types = component_types(kind, from_context(info))
         singular = kind.removesuffix("s")
         built: dict[str, BaseModel] = {}
         errors: list[InitErrorDetails] = []
@@ -89,7 +97,7 @@ class Config(Section):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _cross_check(cls, data: Any, handler: Callable[[Any], Config]) -> Config:
+    def _cross_check(cls, data: Any, handler: Callable[[Any], Config], info: ValidationInfo) -> Config:
         """Pipelines exist and name only defined components (checked on the raw input, so these
         errors are listed with any others), and every OTLP exporter in use has a URL."""
         errors = reference_errors(data) if isinstance(data, Mapping) else []
@@ -107,7 +115,7 @@ class Config(Section):
                 if missing:
                     message = f"{missing} (the {signal} pipeline uses this exporter)"
                     errors.append(custom_error("missing_endpoint", message, ("exporters", name, "endpoint"), None))
-        errors.extend(_profile_pipeline_errors(config))
+        errors.extend(_profile_pipeline_errors(config, from_context(info)))
         if not undefined:  # these read the pipelines through the accessors, which look each name up
             errors.extend(_needs_errors(config))
             errors.extend(_self_profiling_errors(config))
@@ -182,7 +190,7 @@ def reference_errors(data: Mapping[str, Any]) -> list[InitErrorDetails]:
     return errors
 
 
-def _profile_pipeline_errors(config: Config) -> list[InitErrorDetails]:
+def _profile_pipeline_errors(config: Config, types: ReceiverTypes) -> list[InitErrorDetails]:
     """Profiles come only from profile receivers (and go to any exporter: pprof files,
     Pyroscope, OTLP profiles); the other pipelines take neither profile receivers nor
     pyroscope exporters; a prometheus exporter serves metrics only."""
@@ -191,7 +199,7 @@ def _profile_pipeline_errors(config: Config) -> list[InitErrorDetails]:
         pipeline = config.pipeline(signal)
         profiles = signal == "profiles"
         for index, name in enumerate(pipeline.receivers):  # type: ignore[union-attr]
-            if name in config.receivers and isinstance(config.receivers[name], PROFILE_RECEIVERS) != profiles:
+            if name in config.receivers and types.feeds_profiles(component_type(name)) != profiles:
                 why = (
                     f"receiver {name!r} produces no profiles"
                     if profiles

@@ -6,23 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 from otelbpf.config.errors import Findings
-from otelbpf.config.receivers import CHOOSABLE_RECEIVERS, REGISTRY
+from otelbpf.config.receivers import ReceiverTypes
 
 
-def choose_receivers(data: dict[str, Any], chosen: str, found: Findings) -> None:
+def choose_receivers(data: dict[str, Any], chosen: str, found: Findings, types: ReceiverTypes) -> None:
     """``--receivers cuda,http`` / ``OTELBPF_RECEIVERS``: the traces and metrics pipelines
     take the chosen receivers but the profile receivers (``profiling``); the profiles pipeline
     exists only when a profile receiver is chosen (exporting to the file exporter when the
     config has no profiles pipeline). A chosen receiver the config does not define runs with
     its defaults."""
     names = [n.strip() for n in chosen.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CHOOSABLE_RECEIVERS]
+    unknown = [n for n in names if n not in types.entries]
     if unknown or not names:
         found.issues.append(
             (
                 None,
                 f"--receivers / OTELBPF_RECEIVERS: {', '.join(map(repr, unknown)) or 'empty'}: "
-                f"name some of {', '.join(CHOOSABLE_RECEIVERS)}",
+                f"name some of {', '.join(types.names())}",
             )
         )
         return
@@ -32,8 +32,8 @@ def choose_receivers(data: dict[str, Any], chosen: str, found: Findings) -> None
     for n in names:
         receivers.setdefault(n, {})
     pipelines = data.setdefault("service", {}).setdefault("pipelines", {})
-    signal_receivers = [n for n in names if not REGISTRY[n].profiles]
-    profile_receivers = [n for n in names if REGISTRY[n].profiles]
+    signal_receivers = [n for n in names if not types.feeds_profiles(n)]
+    profile_receivers = [n for n in names if types.feeds_profiles(n)]
     for signal in ("traces", "metrics"):
         if signal_receivers and signal in pipelines:
             pipelines[signal]["receivers"] = signal_receivers

@@ -22,7 +22,7 @@ the time at most, and beyond a multiple of their spread far less, so ``share`` =
 window is not reached by jitter. A straggler is late every time, by much more than the
 others wander.
 
-Both the live correlator (correlate/nccl.py, one ``CommDetector`` per communicator) and the
+Both the live correlator (families/nccl/correlator.py, one ``CommDetector`` per communicator) and the
 offline report (analyze/stragglers.py) run this code, so they agree.
 """
 

@@ -19,7 +19,7 @@ and the largest of the three names the class, the way operators tell stragglers 
 - **host-slow**: its host took longer to get the work enqueued (long gaps between launches,
   time off CPU).
 
-Both the live finding (correlate/nccl.py, one host, one clock) and the offline report
+Both the live finding (families/nccl/correlator.py, one host, one clock) and the offline report
 (analyze/stragglers.py, clock offsets corrected first) use these functions.
 """
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from otelbpf.correlate.spans import scope
 from otelbpf.correlate.stacks import Frame
+
+#: The instrumentation scope profiles are made under (the OTLP profiles exporter names it).
+SCOPE = scope("otelbpf.profiling")
 
 #: (type, unit) per sample value.
 CPU_SAMPLE_TYPES = (("samples", "count"), ("cpu", "nanoseconds"))

@@ -45,8 +45,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 
 from otelbpf.base.health import Health
 from otelbpf.config import OtlpExporterConfig, OtlpHttpExporterConfig, RetryConfig, to_seconds
-from otelbpf.correlate.profile_record import Profile
-from otelbpf.correlate.profiles import SCOPE
+from otelbpf.correlate.profile_record import SCOPE, Profile
 from otelbpf.correlate.stacks import Frame
 from otelbpf.export.profile_export import ProfileRecord
 from otelbpf.export.sender import Permanent, QueuedExporter, QueuedSender, Retry, retry_after

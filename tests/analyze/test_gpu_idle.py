@@ -13,10 +13,10 @@ from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, Scope
 from otelbpf.analyze import diagnose
 from otelbpf.analyze.gpu_idle import gpu_idle, write_gpu_idle
 from otelbpf.base.health import Health
-from otelbpf.correlate.gpu import GpuCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.export.jsonfile import FileMetricExporter
-from otelbpf.sensor.nvml import Device, DeviceSample, Sample
+from otelbpf.families.gpu.correlator import GpuCorrelator
+from otelbpf.families.gpu.nvml import Device, DeviceSample, Sample
 
 GPU0 = Device(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", "00000000:3B:00.0", "580")
 GPU1 = Device(1, "GPU-bbbb", "NVIDIA H100 80GB HBM3", "00000000:86:00.0", "580")

@@ -219,7 +219,7 @@ def test_an_off_cpu_flame_graph_from_the_sched_spans(tmp_path: Path) -> None:
 
 def test_after_run_writes_the_page_into_the_file_exporters_folder_unless_told_not_to(tmp_path: Path) -> None:
     from otelbpf.analyze.report import after_run
-    from otelbpf.config import load_config_text
+    from otelbpf.families.registry import load_config_text
 
     on, off = tmp_path / "on", tmp_path / "off"
     for d in (on, off):
@@ -271,7 +271,7 @@ def test_after_run_leaves_the_page_to_otelbpf_report_past_report_max_input(tmp_p
     """The page is built in the stopping agent's memory (about half the files' size): past
     ``report_max_input`` the agent says so and names the command, and writes nothing."""
     from otelbpf.analyze.report import after_run
-    from otelbpf.config import load_config_text
+    from otelbpf.families.registry import load_config_text
 
     out = tmp_path / "out"
     steps(16, memory="pageable").export(out)

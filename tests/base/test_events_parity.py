@@ -17,7 +17,7 @@ import pytest
 
 from harness.c_header import C_TYPES, Define, Struct, defines, struct
 from otelbpf.base import events
-from otelbpf.correlate import profiles
+from otelbpf.families.profiling import profiler as profiles
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"
 
@@ -269,7 +269,7 @@ def test_a_changed_sock_rec_is_caught() -> None:
 def test_a_changed_profile_constant_is_caught() -> None:
     _, families = read_sources()
     text = mutate(families["profile.c"], "#define PYF_SHIM 2 ", "#define PYF_SHIM 4 ")
-    assert mirrored_by_name(text, profiles) == ["otelbpf.correlate.profiles.PYF_SHIM = 2, but 4 in bpf/"]
+    assert mirrored_by_name(text, profiles) == ["otelbpf.families.profiling.profiler.PYF_SHIM = 2, but 4 in bpf/"]
 
 
 # -------------------------------------------------------------------------------------------

@@ -21,12 +21,10 @@ from otelbpf.config import (
     DEFAULT_CONFIG_YAML,
     EXPORTER_TYPES,
     PROCESSOR_TYPES,
-    RECEIVER_TYPES,
     TargetsConfig,
     TelemetryConfig,
-    load_config,
-    load_config_text,
 )
+from otelbpf.families.registry import RECEIVER_TYPES, load_config, load_config_text
 
 TEXT = DEFAULT_CONFIG_YAML
 RAW: dict[str, Any] = yaml.safe_load(TEXT)
@@ -72,7 +70,7 @@ def exporter_examples() -> dict[str, Any]:
     return yaml.safe_load("\n".join(lines))
 
 
-@pytest.mark.parametrize("kind, types_", [("receivers", RECEIVER_TYPES), ("processors", PROCESSOR_TYPES)])
+@pytest.mark.parametrize("kind, types_", [("receivers", RECEIVER_TYPES.models()), ("processors", PROCESSOR_TYPES)])
 def test_every_receiver_and_processor_is_written_with_its_defaults(kind, types_):
     assert set(RAW[kind]) == set(types_), f"write every registered {kind[:-1]} under {kind}: in {DEFAULT_CONFIG_PATH}"
     for name, model in types_.items():
@@ -97,7 +95,7 @@ def test_targets_and_telemetry_are_written_with_their_defaults():
 
 def test_the_check_finds_a_missing_option_and_a_changed_default():
     """The comparison above can fail: an option left out or written with another value is named."""
-    model = RECEIVER_TYPES["cuda"]
+    model = RECEIVER_TYPES.models()["cuda"]
     written = dict(RAW["receivers"]["cuda"])
     del written["top_kernels"]
     written["ring_buffer_size"] = "4MiB"

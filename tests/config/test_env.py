@@ -6,12 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.config_text import MINIMAL, load, one_error
-from otelbpf.config import (
-    ConfigError,
-    OtlpExporterConfig,
-    OtlpHttpExporterConfig,
-    load_config,
-)
+from otelbpf.config import ConfigError, OtlpExporterConfig, OtlpHttpExporterConfig
+from otelbpf.families.registry import load_config
 
 # --- standard OTEL_* variables without a config file -------------------------------------------------
 

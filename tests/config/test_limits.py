@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.config_text import MINIMAL, one_error
-from otelbpf.config import load_config_text
+from otelbpf.families.registry import load_config_text
 
 # Ten levels of nine aliases each: 9^10 (3.5 billion) strings once expanded.
 ALIAS_BOMB = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(

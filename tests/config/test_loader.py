@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from otelbpf.config import (
-    FileExporterConfig,
-    load_config,
-)
+from otelbpf.config import FileExporterConfig
+from otelbpf.families.registry import load_config
 
 
 def test_default_config_is_valid_and_writes_files():

@@ -6,11 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.config_text import MINIMAL, errors_of, load, one_error, with_cuda, with_exporter
-from otelbpf.config import (
-    FileExporterConfig,
-    OtlpExporterConfig,
-    load_config,
-)
+from otelbpf.config import FileExporterConfig, OtlpExporterConfig
+from otelbpf.families.registry import load_config
 
 
 def test_unknown_exporter_type_lists_the_allowed_types():

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness.config_text import MINIMAL, one_error
-from otelbpf.config import (
-    ConfigError,
-    load_config,
-)
+from otelbpf.config import ConfigError
+from otelbpf.families.registry import load_config
 
 
 def test_yaml_syntax_error_shows_file_line_and_column(tmp_path: Path):

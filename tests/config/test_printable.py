@@ -6,7 +6,8 @@ from __future__ import annotations
 import yaml
 
 from harness.config_text import MINIMAL, load
-from otelbpf.config import load_config_text, printable
+from otelbpf.config import printable
+from otelbpf.families.registry import load_config_text
 
 SECRET = "s3cr3tVALUE"
 

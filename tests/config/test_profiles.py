@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from otelbpf.config import ConfigError, FileExporterConfig, PyroscopeExporterConfig, load_config, load_config_text
+from otelbpf.config import ConfigError, FileExporterConfig, PyroscopeExporterConfig
+from otelbpf.families.registry import load_config, load_config_text
 
 PROFILES = """\
 receivers:

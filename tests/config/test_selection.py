@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.config_text import MINIMAL
-from otelbpf.config import ConfigError, load_config
-from otelbpf.config.receivers import REGISTRY
+from otelbpf.config import ConfigError
+from otelbpf.families.registry import RECEIVER_TYPES, load_config
 
 
 def pipelines(config) -> dict[str, list[str]]:
@@ -26,7 +26,7 @@ def test_profile_receivers_get_the_profiles_pipeline_and_only_it(tmp_path):
     receiver is chosen; the signal pipelines keep the other chosen receivers."""
     path = tmp_path / "c.yaml"
     path.write_text(MINIMAL)
-    profile = next(name for name, entry in REGISTRY.items() if entry.profiles)
+    profile = next(name for name, entry in RECEIVER_TYPES.entries.items() if entry.profiles)
 
     config = load_config(path, env={}, receivers=f"cuda,{profile}")
 
@@ -41,7 +41,7 @@ def test_a_chosen_receiver_the_file_does_not_define_runs_with_its_defaults(tmp_p
     config = load_config(path, env={}, receivers="nccl")
 
     assert pipelines(config) == {"traces": ["nccl"]}
-    assert config.receivers["nccl"] == REGISTRY["nccl"].model()
+    assert config.receivers["nccl"] == RECEIVER_TYPES.entries["nccl"].model()
 
 
 @pytest.mark.parametrize("chosen", ["cuda,tpu", " , "])
@@ -49,4 +49,4 @@ def test_unknown_or_empty_choices_list_every_registered_receiver(chosen):
     with pytest.raises(ConfigError) as caught:
         load_config(None, env={}, receivers=chosen)
 
-    assert caught.value.errors[0].endswith(f"name some of {', '.join(REGISTRY)}")
+    assert caught.value.errors[0].endswith(f"name some of {', '.join(RECEIVER_TYPES.names())}")

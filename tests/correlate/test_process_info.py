@@ -325,8 +325,8 @@ def test_the_command_line_whole_or_as_the_command_alone(secretive: subprocess.Po
 
 def test_the_agent_describes_processes_as_targets_command_line_says(secretive, monkeypatch, tmp_path) -> None:
     from otelbpf.agent import Agent
-    from otelbpf.config import load_config_text
     from otelbpf.config.default import DEFAULT_CONFIG_YAML
+    from otelbpf.families.registry import load_config_text
 
     monkeypatch.chdir(tmp_path)  # the default file exporter's ./otelbpf-out
     for mode, args in (("redacted", "--api-key=REDACTED"), ("full", f"--api-key={SECRET}")):

@@ -11,9 +11,10 @@ import time
 import pytest
 
 from otelbpf.base.procfs import read_maps
-from otelbpf.config import DEFAULT_CONFIG_YAML, ConfigError, load_config_text
+from otelbpf.config import DEFAULT_CONFIG_YAML, ConfigError
 from otelbpf.correlate import symbolizer
 from otelbpf.correlate.symbolizer import EVICTIONS, Symbolizer, _TableCache
+from otelbpf.families.registry import load_config_text
 
 LIBS = sorted({m.path for m in read_maps(os.getpid()) if m.path.endswith(".so") or ".so." in m.path})[:4]
 

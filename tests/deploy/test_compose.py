@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from harness.agent import REPO
-from otelbpf.config import load_config_text
+from otelbpf.families.registry import load_config_text
 
 COMPOSE_DIR = REPO / "deploy" / "compose"
 COMPOSE = COMPOSE_DIR / "compose.yaml"

@@ -13,7 +13,7 @@ import yaml
 
 from harness.agent import REPO
 from otelbpf.base.privileges import REQUIRED_NAMES
-from otelbpf.config import load_config_text
+from otelbpf.families.registry import load_config_text
 
 K8S = REPO / "deploy" / "kubernetes"
 MANIFESTS = sorted(K8S.glob("*.yaml"))

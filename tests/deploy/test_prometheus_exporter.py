@@ -14,10 +14,10 @@ from prometheus_names import OtlpMetric, label_name, series_names
 
 from harness.nccl_events import MS, blocking_job, correlator, feed, torchrun
 from otelbpf.config import ConfigError, PrometheusExporterConfig
-from otelbpf.config.loader import load_config_text
-from otelbpf.correlate.nccl import SCOPE, NcclCorrelator
 from otelbpf.export.factory import metric_exporter
 from otelbpf.export.prometheus import PrometheusExporter
+from otelbpf.families.nccl.correlator import SCOPE, NcclCorrelator
+from otelbpf.families.registry import load_config_text
 
 
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -20,8 +20,8 @@ import yaml
 from prometheus_names import OtlpMetric, label_name, metric_name
 
 from harness.nccl_events import MS, Events, blocking_job, correlator, feed, torchrun
-from otelbpf.correlate.launch_env import Launch
-from otelbpf.correlate.nccl import NcclCorrelator
+from otelbpf.families.nccl.correlator import NcclCorrelator
+from otelbpf.families.nccl.launch_env import Launch
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "otelbpf-nccl.rules.yaml"

@@ -367,7 +367,7 @@ service: {pipelines: {profiles: {receivers: [profiling], exporters: [NAMES]}}}
 
 
 def profiles_config(exporters: str, names: str):
-    from otelbpf.config import load_config_text
+    from otelbpf.families.registry import load_config_text
 
     return load_config_text(PIPELINE.replace("EXPORTERS", exporters).replace("NAMES", names))
 

@@ -26,14 +26,15 @@ from hpack.exceptions import HPACKError
 from opentelemetry.sdk.resources import Resource
 
 from harness.hostile import Wire, grpc_call, h2_connection
-from otelbpf.config import ConfigError, load_config
-from otelbpf.correlate import genai
-from otelbpf.correlate.protocols import http1, http2, sse
-from otelbpf.correlate.protocols.limits import DEFAULT
+from otelbpf.config import ConfigError
 from otelbpf.correlate.spans import make_span, scope
-from otelbpf.correlate.streaming import ResponseWatch
 from otelbpf.export.otlp_json import INT64_MAX, INT64_MIN, encode_spans_json
 from otelbpf.export.otlp_proto import encode_spans_proto
+from otelbpf.families.http import genai
+from otelbpf.families.http.protocols import http1, http2, sse
+from otelbpf.families.http.protocols.limits import DEFAULT
+from otelbpf.families.http.streaming import ResponseWatch
+from otelbpf.families.registry import load_config
 
 Chunk = tuple[bool, bytes, int]
 

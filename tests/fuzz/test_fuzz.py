@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz.targets import TARGETS, encode_chunks, grpc_target, http1_target, seeds
-from otelbpf.correlate.genai import ResponseFacts
+from otelbpf.families.http.genai import ResponseFacts
 
 #: No example database in the working tree; short runs; a slow input is the alarm's to judge.
 FUZZ = settings(

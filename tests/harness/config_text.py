@@ -7,7 +7,8 @@ import textwrap
 
 import pytest
 
-from otelbpf.config import Config, ConfigError, load_config_text
+from otelbpf.config import Config, ConfigError
+from otelbpf.families.registry import load_config_text
 
 # A small valid file the error tests start from; each test breaks one thing.
 MINIMAL = """\

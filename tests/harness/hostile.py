@@ -16,9 +16,9 @@ from otelbpf.base.events import SOCK_RECORD_DTYPE, Kind, SockFunc
 from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.http import HttpCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
-from otelbpf.correlate.protocols.http2 import (
+from otelbpf.families.http.correlator import HttpCorrelator
+from otelbpf.families.http.protocols.http2 import (
     CONTINUATION,
     DATA,
     FLAG_END_HEADERS,

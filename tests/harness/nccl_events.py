@@ -10,9 +10,9 @@ import numpy as np
 from otelbpf.base.events import EVENT_DTYPE, FLAG_NCCL_UNKNOWN_COMM, CudaFunc, Kind, NcclFunc
 from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.clock import MonotonicClock
-from otelbpf.correlate.launch_env import Launch
-from otelbpf.correlate.nccl import NcclCorrelator
 from otelbpf.correlate.process_info import ProcessInfo
+from otelbpf.families.nccl.correlator import NcclCorrelator
+from otelbpf.families.nccl.launch_env import Launch
 
 MS = 1_000_000
 #: (comm id, rank) -> (collectives, seconds) of nccl.collective.wait

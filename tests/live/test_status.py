@@ -10,7 +10,7 @@ import pytest
 
 from otelbpf.base.events import Stat
 from otelbpf.base.losses import LOSS_CAUSES, explain
-from otelbpf.config import load_config
+from otelbpf.families.registry import load_config
 from otelbpf.live import status
 
 

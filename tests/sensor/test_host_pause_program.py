@@ -22,8 +22,8 @@ import pytest
 
 from harness.agent import wait_until
 from otelbpf.base.events import STREVENT_DTYPE
+from otelbpf.families.cuda.probes import cuda_family
 from otelbpf.sensor import pause_guard, program
-from otelbpf.sensor.cuda_probes import cuda_family
 from otelbpf.sensor.ringbuf import RingBufferReader
 from otelbpf.sensor.sensor import _know
 

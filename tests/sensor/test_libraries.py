@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.agent import FAKE_CUDA, FAKE_CUDART, WORKLOAD, real_cudart, wait_until
+from otelbpf.families.cuda.probes import cuda_family
 from otelbpf.sensor import libraries
-from otelbpf.sensor.cuda_probes import cuda_family
 
 pytestmark = pytest.mark.usefixtures("built")
 

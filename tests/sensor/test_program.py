@@ -19,9 +19,9 @@ import pytest
 from harness import cached_load
 from harness.agent import FAKE_CUDART, wait_until
 from otelbpf.base.events import EVENT_DTYPE, STREVENT_DTYPE, Kind, StrKind
+from otelbpf.families.cuda.probes import cuda_family
 from otelbpf.jobguard import close_pause_gate
 from otelbpf.sensor import program
-from otelbpf.sensor.cuda_probes import cuda_family
 from otelbpf.sensor.ringbuf import RingBufferReader
 
 EVENTS_RING = 64 << 10

@@ -181,7 +181,7 @@ def test_only_the_most_recently_used_entries_are_kept(tmp_path: Path) -> None:
 
 
 def _socket_program() -> tuple[str, list[str], list]:
-    from otelbpf.sensor.socket_probes import socket_family
+    from otelbpf.families.http.probes import socket_family
 
     fam = socket_family([], payload_bytes=256, ring_bytes=1 << 20)
     text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=64 << 10)

@@ -14,8 +14,8 @@ from types import FrameType
 import pytest
 
 from harness import cached_load
+from otelbpf.families.http.probes import socket_family
 from otelbpf.sensor import program
-from otelbpf.sensor.socket_probes import socket_family
 
 pytestmark = pytest.mark.bpf
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from otelbpf.base.events import Kind
-from otelbpf.sensor.cuda_probes import cuda_family
+from otelbpf.families.cuda.probes import cuda_family
 from otelbpf.sensor.sensor import Sensor, SensorOptions
 
 pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("built")]

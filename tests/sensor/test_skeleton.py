@@ -56,8 +56,8 @@ def test_programs_are_emptied_statics_become_declarations_the_rest_is_kept() -> 
 def test_the_agents_program_keeps_every_declaration_line() -> None:
     """Every map declaration, include and macro of the assembled program survives, and no
     program body does (each ends in `return 0;`, BCC's rewriting of map calls gone)."""
-    from otelbpf.sensor.cuda_probes import cuda_family
-    from otelbpf.sensor.socket_probes import socket_family
+    from otelbpf.families.cuda.probes import cuda_family
+    from otelbpf.families.http.probes import socket_family
 
     text, _ = program.build(
         [cuda_family(["cudart"], launch_errors=True), socket_family([8080], payload_bytes=256, ring_bytes=1 << 20)],

@@ -21,8 +21,8 @@ import pytest
 
 from harness.agent import wait_until
 from otelbpf.base.events import Kind
+from otelbpf.families.cuda.probes import cuda_family
 from otelbpf.sensor import elf, uprobe_links
-from otelbpf.sensor.cuda_probes import cuda_family
 from otelbpf.sensor.sensor import Sensor, SensorOptions
 
 pytestmark = pytest.mark.bpf

@@ -1,22 +1,8 @@
-"""The receivers' options: one module per probe family (``cuda.py``, ``http.py``, ...), their
-base class (``base.py``) and the registry that names them (``registry.py``, which says how to
-add a family). Import a family's model from its module."""
+"""What the config layer knows of receivers: their base class (``base.py``) and the types the
+loader is handed (``registry.py``, which says why they are handed in). Each probe family's own
+model lives in its folder, ``otelbpf/families/<name>/config.py``."""
 
 from otelbpf.config.receivers.base import Need, ReceiverConfig
-from otelbpf.config.receivers.registry import (
-    CHOOSABLE_RECEIVERS,
-    PROFILE_RECEIVERS,
-    RECEIVER_TYPES,
-    REGISTRY,
-    ReceiverType,
-)
+from otelbpf.config.receivers.registry import ReceiverType, ReceiverTypes
 
-__all__ = [
-    "CHOOSABLE_RECEIVERS",
-    "PROFILE_RECEIVERS",
-    "RECEIVER_TYPES",
-    "REGISTRY",
-    "Need",
-    "ReceiverConfig",
-    "ReceiverType",
-]
+__all__ = ["Need", "ReceiverConfig", "ReceiverType", "ReceiverTypes"]

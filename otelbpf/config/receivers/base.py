@@ -19,7 +19,7 @@ class Need:
 
 
 class ReceiverConfig(Section):
-    """The options of one probe family (one module per family in this package)."""
+    """The options of one probe family (each family's ``otelbpf/families/<name>/config.py``)."""
 
     def needs(self) -> list[Need]:
         """The other receivers these settings rely on (checked across the whole config)."""

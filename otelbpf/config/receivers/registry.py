@@ -1,38 +1,29 @@
-"""The receivers a config may name under ``receivers:``, one entry per probe family.
+"""The receivers a config may name under ``receivers:``, as the config layer knows them:
+``ReceiverTypes``, handed to the loader by the layer that knows the probe families
+(``otelbpf/families/registry.py``, built from each family's factory).
 
-Everything in ``otelbpf.config`` that depends on which receivers exist is derived from
-``REGISTRY``: the models ``Config.receivers`` validates against (``RECEIVER_TYPES``), the
-receivers that feed the profiles pipeline (``PROFILE_RECEIVERS``), the names ``--receivers`` /
-``OTELBPF_RECEIVERS`` accept (``CHOOSABLE_RECEIVERS``), and the "allowed types" and "did you
-mean" of error messages.
-
-Adding a probe family's options (family ``foo``):
-
-1. ``otelbpf/config/receivers/foo.py``: ``class FooReceiverConfig(ReceiverConfig)`` with one
-   field per option and its default (types from ``units.py`` and ``fields.py``). Settings that
-   rely on another receiver's probes say so in ``needs()`` (see ``profiling.py``).
-2. One entry below: ``"foo": ReceiverType(FooReceiverConfig)`` (``profiles=True`` if it feeds
-   the profiles pipeline, and only it).
-3. Document each option with its default under ``receivers.foo`` in ``otelbpf/config/otelbpf.yaml``
-   (and name ``foo`` in the pipelines it belongs to by default): ``tests/config/test_default_file.py``
-   fails until the file and the model agree.
-
-Nothing else in the config package changes; the agent side is ``otelbpf/receivers.py``.
+Why handed in rather than imported: a family's factory builds its probes and its correlator,
+which sit above this package and read its models, so the config package cannot import the
+families without an import circle. The OpenTelemetry Collector solves the same problem the same
+way: its distribution assembles the components' factories and hands them to the config
+unmarshaller, which validates each ``receivers:`` entry against the factory its type names.
+Here the loader puts the types into Pydantic's validation context, where ``Config`` reads them;
+no module in this package names a family. Everything that depends on which receivers exist
+(the models entries validate against, which feed the profiles pipeline, the names
+``--receivers`` accepts, the "allowed types" and "did you mean" of errors) is derived from it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pydantic import ValidationInfo
+
 from otelbpf.config.receivers.base import ReceiverConfig
-from otelbpf.config.receivers.cuda import CudaReceiverConfig
-from otelbpf.config.receivers.gpu import GpuReceiverConfig
-from otelbpf.config.receivers.http import HttpReceiverConfig
-from otelbpf.config.receivers.ibverbs import IbverbsReceiverConfig
-from otelbpf.config.receivers.nccl import NcclReceiverConfig
-from otelbpf.config.receivers.profiling import ProfilingReceiverConfig
-from otelbpf.config.receivers.sched import SchedReceiverConfig
-from otelbpf.config.receivers.torch import TorchReceiverConfig
+
+#: Where ``ReceiverTypes`` travels in Pydantic's validation context.
+CONTEXT_KEY = "receiver_types"
 
 
 @dataclass(frozen=True)
@@ -44,20 +35,30 @@ class ReceiverType:
     profiles: bool = False
 
 
-#: Receiver type -> entry, in the order ``--receivers`` lists them in its help and errors.
-REGISTRY: dict[str, ReceiverType] = {
-    "cuda": ReceiverType(CudaReceiverConfig),
-    "http": ReceiverType(HttpReceiverConfig),
-    "nccl": ReceiverType(NcclReceiverConfig),
-    "ibverbs": ReceiverType(IbverbsReceiverConfig),
-    "profiling": ReceiverType(ProfilingReceiverConfig, profiles=True),
-    "sched": ReceiverType(SchedReceiverConfig),
-    "torch": ReceiverType(TorchReceiverConfig),
-    "gpu": ReceiverType(GpuReceiverConfig),
-}
+@dataclass(frozen=True)
+class ReceiverTypes:
+    """Receiver type -> entry, in the order ``--receivers`` lists them in its help and errors."""
 
-RECEIVER_TYPES: dict[str, type[ReceiverConfig]] = {name: entry.model for name, entry in REGISTRY.items()}
-#: Receivers that feed the profiles pipeline (and only it).
-PROFILE_RECEIVERS: tuple[type[ReceiverConfig], ...] = tuple(e.model for e in REGISTRY.values() if e.profiles)
-#: Receivers a ``--receivers`` list may name.
-CHOOSABLE_RECEIVERS: tuple[str, ...] = tuple(REGISTRY)
+    entries: Mapping[str, ReceiverType]
+
+    def models(self) -> dict[str, type[ReceiverConfig]]:
+        return {name: entry.model for name, entry in self.entries.items()}
+
+    def names(self) -> tuple[str, ...]:
+        """The receivers a ``--receivers`` list may name."""
+        return tuple(self.entries)
+
+    def feeds_profiles(self, name: str) -> bool:
+        return self.entries[name].profiles
+
+    def context(self) -> dict[str, ReceiverTypes]:
+        """The validation context ``Config.model_validate`` reads the types from."""
+        return {CONTEXT_KEY: self}
+
+
+def from_context(info: ValidationInfo) -> ReceiverTypes:
+    """The types the loader handed to this validation."""
+    types = (info.context or {}).get(CONTEXT_KEY)
+    if not isinstance(types, ReceiverTypes):
+        raise TypeError("receivers are validated against the families' registry: load with otelbpf.families.registry")
+    return types

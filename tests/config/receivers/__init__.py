@@ -1,1 +1,0 @@
-"""Tests of otelbpf.config.receivers: one module per probe family's options."""
