@@ -441,7 +441,7 @@ def test_drain_takes_every_entry_once_and_leaves_the_map_empty():
     is empty after (stacks left in the kernel's map filled it up over long runs)."""
     from bcc import BPF
 
-    from otelbpf.families.profiling.profiler import drain
+    from otelbpf.families.profiling.probes import drain
 
     bpf = BPF(text=b"struct v { u64 a; u32 b; u32 c; }; BPF_HASH(h, u64, struct v, 4096);")
     try:
@@ -461,7 +461,7 @@ def test_drain_keep_reads_every_entry_and_leaves_the_map_as_it_was():
     """``keep``: batched lookups without deletes (the bytes-in-use balance, read every round)."""
     from bcc import BPF
 
-    from otelbpf.families.profiling.profiler import drain
+    from otelbpf.families.profiling.probes import drain
 
     bpf = BPF(text=b"BPF_HASH(h, u64, u64, 4096);")
     try:

@@ -17,6 +17,7 @@ import pytest
 
 from harness.c_header import C_TYPES, Define, Struct, defines, struct
 from otelbpf.base import events
+from otelbpf.families.profiling import probes
 from otelbpf.families.profiling import profiler as profiles
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"
@@ -164,8 +165,9 @@ def test_record_layouts_match_the_dtypes() -> None:
 
 def test_profile_constants_match_profile_c() -> None:
     _, families = read_sources()
-    names = [n for n in vars(profiles) if n in defines(families["profile.c"])]
+    names = [n for module in (probes, profiles) for n in vars(module) if n in defines(families["profile.c"])]
     assert {"PY_PENDING", "PYF_ENTRY", "STACKF_TRUNCATED"} <= set(names), "the mirror this test reads moved"
+    assert mirrored_by_name(families["profile.c"], probes) == []
     assert mirrored_by_name(families["profile.c"], profiles) == []
 
 

@@ -1,6 +1,6 @@
 """Hostile traffic without a kernel: socket records as the sensor delivers them, through the real
 ``HttpCorrelator``; HTTP/2 frames and HPACK blocks built byte by byte (h2 refuses to send most of
-what a hostile peer sends). Used by tests/correlate/test_http_hostile.py, tests/fuzz/ and
+what a hostile peer sends). Used by tests/families/http/test_http_hostile.py, tests/fuzz/ and
 bench/fuzz.py."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ so the offsets of the public structs they read are listed here once and
 handed to the compiler as ``-D`` flags; user space reads live contexts
 through /proc/PID/mem with the same numbers. These structs are libibverbs'
 stable public ABI (x86-64 and aarch64 alike: LP64, natural alignment);
-tests/sensor/test_ibverbs_abi.py compiles a C program against the real
+tests/families/ibverbs/test_ibverbs_abi.py compiles a C program against the real
 header and checks every entry.
 """
 

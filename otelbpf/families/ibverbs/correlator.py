@@ -35,7 +35,7 @@ from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.families.ibverbs import abi
-from otelbpf.families.ibverbs.probes import read_memory
+from otelbpf.families.ibverbs.probes import read_device_name
 from otelbpf.sensor.family import MapEntries, MapReader
 
 log = logging.getLogger(__name__)
@@ -423,9 +423,7 @@ class IbverbsCorrelator(CorrelatorBase[_Process]):
         name = self._devices.get((pid, ctx))
         if name is None and ctx:
             try:
-                dev = int.from_bytes(read_memory(pid, ctx + abi.OFFSETS["ctx_device"][2], 8), "little")
-                raw = read_memory(pid, dev + abi.OFFSETS["device_name"][2], 64)
-                name = self._devices[(pid, ctx)] = raw.split(b"\0", 1)[0].decode(errors="replace")
+                name = self._devices[(pid, ctx)] = read_device_name(pid, ctx)
             except (OSError, ValueError):
                 return None
         return name

@@ -153,6 +153,14 @@ def read_memory(pid: int, addr: int, size: int) -> bytes:
     return data
 
 
+def read_device_name(pid: int, ctx: int) -> str:
+    """The device name of the live ``struct ibv_context`` at ``ctx`` (``ctx->device->name``).
+    Raises OSError or ValueError when the process or its memory is gone."""
+    dev = int.from_bytes(read_memory(pid, ctx + abi.OFFSETS["ctx_device"][2], 8), "little")
+    raw = read_memory(pid, dev + abi.OFFSETS["device_name"][2], 64)
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
 def context_functions(pid: int, ctx: int) -> dict[str, int]:
     """ops member -> function address, read from the live ``struct ibv_context`` at ``ctx``."""
     raw = read_memory(pid, ctx, abi.SIZES["ibv_context"])

@@ -1,14 +1,14 @@
 """The profiler: reads the kernel's profile maps every interval and turns them into one
 pprof per process and kind (CPU; CUDA memory; CUDA copies and synchronizes), with merged Python + native stacks.
 
-Threads: the family's ``on_load`` (sensor start) attaches the perf event and starts the
-collection thread; ``on_events`` (the agent's processing thread) learns of new processes,
-execs and exits; ``on_unload`` (sensor stop, after the last drain) makes the final
-collection. Only kernel map operations happen under the sensor's lock (``run_locked``), in
-three short holds a round: taking the aggregates and stacks, looking up the code objects they
-name, deleting what went stale. Caching, decoding, symbolization and encoding happen outside
-it: the agent's processing thread needs that lock too, and waited behind whole rounds (0.4-2.3 s
-on a busy host, issue 14). Every cache is bounded (``CacheSizes``), evictions counted.
+Threads: the family's ``on_load`` (sensor start) attaches the perf event (``probes.py``, where every
+kernel map and program operation lives) and starts the collection thread; ``on_events`` (the agent's
+processing thread) learns of new processes, execs and exits; ``on_unload`` (sensor stop, after the
+last drain) makes the final collection. Only kernel map operations happen under the sensor's lock
+(``run_locked``), in three short holds a round: taking the aggregates and stacks, looking up the
+code objects they name, deleting what went stale. Caching, decoding, symbolization and encoding
+happen outside it: the agent's processing thread needs that lock too, and waited behind whole rounds
+(0.4-2.3 s on a busy host, issue 14). Every cache is bounded (``CacheSizes``), evictions counted.
 
 Kernel maps are emptied as they are read: sample counts and allocation counts are
 lookup-and-deleted, stacks are copied into caches here and deleted there (the kernel
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import logging
-import os
 import socket
 import threading
 import time
@@ -50,8 +48,18 @@ from otelbpf.correlate.profile_record import (
 from otelbpf.correlate.stacks import Frame, PythonFrame, kernel, merge, native
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.families.profiling import pylines, python_offsets
+from otelbpf.families.profiling.probes import (
+    Arrays,
+    CodeKey,
+    ProfileMaps,
+    Taken,
+    delete_stale,
+    forget_process,
+    lookup_codes,
+    pending_pids,
+)
 from otelbpf.families.profiling.profile_cache import Interned, Lru
-from otelbpf.families.profiling.python_offsets import LAYOUT_NAMES, PythonLayoutError, PythonProcess
+from otelbpf.families.profiling.python_offsets import PythonLayoutError, PythonProcess
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import Metric
@@ -61,22 +69,9 @@ log = logging.getLogger(__name__)
 
 
 # bpf/profile.c
-PY_PENDING, PY_NATIVE, PY_PYTHON = 0, 1, 2
 PYF_ENTRY, PYF_SHIM = 1, 2
 STACKF_TRUNCATED = 1
-PROG_TABLE, PROG_CAPTURE = 6, 7
 PY_CHUNK_LEN = 256
-_PSTATS = (
-    "samples_map_full",
-    "stack_map_full",
-    "code_map_full",
-    "process_map_full",
-    "memory_map_full",
-    "live_map_full",
-    "ring_full",
-    "table_map_full",
-    "times_map_full",
-)
 TIME_BUCKET_SHIFT = 20  # bpf/profile.c
 
 RunLocked = Callable[[Callable[[Any], Any]], Any]
@@ -109,9 +104,6 @@ class CacheSizes:
     code_objects: int = 8192  # Python code objects, by process
 
 
-CodeKey = tuple[int, int]  # (address, tag): one code object (bpf/profile.c code_tag)
-
-
 @dataclass
 class _Proc:
     python: PythonProcess | None = None
@@ -135,26 +127,6 @@ class _Raw:
     calls: list[tuple[int, int, int, int, int, int, int]]  # pid, func, user, py, calls, ns, bytes
     stats: dict[str, int]
     gone: dict[int, _Proc]  # processes that exited before this read: forgotten once it is emitted
-
-
-_Arrays = tuple[np.ndarray, np.ndarray]  # a map's keys and values, as read
-
-
-@dataclass
-class _Taken:
-    """One read of the kernel maps, as it lay there (taken under the sensor's lock)."""
-
-    end_ns: int
-    read_mono_ns: int
-    samples: _Arrays
-    times: _Arrays
-    allocs: _Arrays | None
-    inuse: _Arrays | None
-    calls: _Arrays | None
-    stacks: _Arrays
-    py_stacks: _Arrays
-    tables: _Arrays
-    stats: dict[str, int]
 
 
 _Steps = Generator[bool, Any, None]  # a round: yields whether its next step needs the kernel
@@ -212,43 +184,6 @@ def _field(leaf: Any, name: str, size: int) -> bytes:
     return ctypes.string_at(ctypes.addressof(leaf) + getattr(type(leaf), name).offset, size)
 
 
-def drain(table: Any, chunk: int = 1024, *, keep: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Every (key, value) of a BPF hash map, looked up and deleted in one pass (``keep``: only
-    looked up), as numpy arrays of the map's own layouts. BCC's items_lookup_and_delete_batch
-    allocates and zeroes buffers for the map's whole capacity on each call (17 MiB for a stack
-    map) and hands back one ctypes object per entry; this reads ``chunk`` entries per syscall."""
-    from bcc.libbcc import lib
-
-    batch = lib.bpf_lookup_batch if keep else lib.bpf_lookup_and_delete_batch
-
-    key_type, value_type = np.dtype(table.Key), np.dtype(table.Leaf)
-    keys, values = [], []
-    cursor, after, count = ctypes.c_uint32(0), ctypes.c_uint32(0), ctypes.c_uint32(0)
-    started = False
-    while True:
-        kbuf, vbuf = np.empty(chunk, key_type), np.empty(chunk, value_type)
-        count.value = chunk
-        res = batch(
-            table.map_fd,
-            ctypes.byref(cursor) if started else None,
-            ctypes.byref(after),
-            kbuf.ctypes.data,
-            vbuf.ctypes.data,
-            ctypes.byref(count),
-        )
-        err = ctypes.get_errno() if res else 0
-        if err == errno.ENOSPC:  # one hash bucket holds more than a chunk
-            chunk *= 2
-            continue
-        if err not in (0, errno.ENOENT):
-            raise OSError(err, f"BPF_MAP_LOOKUP{'' if keep else '_AND_DELETE'}_BATCH: {os.strerror(err)}")
-        keys.append(kbuf[: count.value])
-        values.append(vbuf[: count.value])
-        if err == errno.ENOENT:  # the end of the map
-            return np.concatenate(keys), np.concatenate(values)
-        cursor.value, started = after.value, True
-
-
 def sanitize_label(key: str) -> str:
     """Pyroscope label names are [a-zA-Z_][a-zA-Z0-9_]*: dots and the rest become '_'."""
     out = "".join(c if c.isalnum() or c == "_" else "_" for c in key)
@@ -276,10 +211,10 @@ class Profiler:
         self._sink = sink
         self.sample_hz = sample_hz
         self.interval_s = interval_s
-        self.cuda_memory = cuda_memory
         self.python = python
         self._labels = {sanitize_label(k): str(v) for k, v in (labels or {}).items()}
         self.run_locked: RunLocked = lambda fn: None
+        self._kernel = ProfileMaps(cuda_memory=cuda_memory)
         self._sym = Symbolizer()
         self._ksyms: KernelSymbols | None = None
         self._host = socket.gethostname()
@@ -306,7 +241,6 @@ class Profiler:
         self._frame = Interned[Frame]("frames", caches.frames)  # one object per distinct frame
         self._reimaged: set[int] = set()  # exec'd since the last emit: their stacks resolve anew
         self._round = 0
-        self._loaded_layouts: set[int] = set()
         self._last_ns = time.time_ns()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -320,24 +254,7 @@ class Profiler:
     # -- family hooks (sensor thread, sensor lock held) ---------------------
 
     def on_load(self, bpf: Any) -> None:
-        from bcc import BPF, PerfSWConfig, PerfType
-
-        for slot, name in ((PROG_CAPTURE, "capture"), (PROG_TABLE, "table")):
-            bpf["cpu_progs"][ctypes.c_int(slot)] = ctypes.c_int(bpf.load_func(f"py_sample_{name}", BPF.PERF_EVENT).fd)
-            if self.cuda_memory:
-                bpf["mem_progs"][ctypes.c_int(slot)] = ctypes.c_int(bpf.load_func(f"py_alloc_{name}", BPF.KPROBE).fd)
-        try:
-            bpf.attach_perf_event(
-                ev_type=PerfType.SOFTWARE,
-                ev_config=PerfSWConfig.CPU_CLOCK,
-                fn_name="on_cpu_sample",
-                sample_freq=self.sample_hz,
-            )
-        except Exception as exc:
-            raise RuntimeError(
-                f"cannot attach the cpu-clock perf event ({exc}): the kernel needs CONFIG_PERF_EVENTS, and the "
-                "agent CAP_PERFMON (or CAP_SYS_ADMIN) with kernel.perf_event_paranoid <= 2"
-            ) from exc
+        self._kernel.attach(bpf, self.sample_hz)
         self._last_ns = time.time_ns()
         self._thread = threading.Thread(target=self._run, name="otelbpf-profiles", daemon=True)
         self._thread.start()
@@ -397,34 +314,14 @@ class Profiler:
                 log.debug("pid %d: %s", pid, exc)
         with self._lock:
             self._procs.setdefault(pid, _Proc()).python = proc
-        self.run_locked(lambda bpf: self._tell_kernel(bpf, pid, proc))
-
-    def _tell_kernel(self, bpf: Any, pid: int, proc: PythonProcess | None) -> None:
-        from bcc import BPF
-
-        table = bpf["py_procs"]
-        leaf = table.Leaf()
-        if proc is None:
-            leaf.state = PY_NATIVE
-        else:
-            if proc.layout not in self._loaded_layouts:
-                name = LAYOUT_NAMES[proc.layout]
-                fn = bpf.load_func(f"py_sample_{name}", BPF.PERF_EVENT)
-                bpf["cpu_progs"][ctypes.c_int(proc.layout)] = ctypes.c_int(fn.fd)
-                if self.cuda_memory:
-                    fn = bpf.load_func(f"py_alloc_{name}", BPF.KPROBE)
-                    bpf["mem_progs"][ctypes.c_int(proc.layout)] = ctypes.c_int(fn.fd)
-                self._loaded_layouts.add(proc.layout)
-            python_offsets.fill_leaf(leaf, proc, PY_PYTHON)
-        table[table.Key(pid)] = leaf
+        self.run_locked(lambda bpf: self._kernel.tell_process(bpf, pid, proc))
 
     def _process_pending_inspections(self, bpf: Any) -> None:
         """At stop: processes the kernel announced but user space has not inspected yet
         still get their maps snapshot, for symbolization."""
-        table = bpf["py_procs"]
-        for k, v in table.items():
-            if v.state == PY_PENDING and k.value not in self._procs:
-                self._sym.remember(k.value)
+        for pid in pending_pids(bpf):
+            if pid not in self._procs:
+                self._sym.remember(pid)
 
     def _forget_image(self, pid: int) -> None:
         """An exec: the pid runs another program, to be inspected anew."""
@@ -436,25 +333,8 @@ class Profiler:
                     self._codes.pop((pid, code, tag))
         self._sym.forget(pid)
 
-        def drop(bpf: Any) -> None:
-            table = bpf["py_procs"]
-            try:
-                del table[table.Key(pid)]
-            except KeyError:
-                pass
-            if old is not None:
-                self._delete_codes(bpf, pid, old.codes)
-
-        self.run_locked(drop)
-
-    @staticmethod
-    def _delete_codes(bpf: Any, pid: int, codes: set[CodeKey]) -> None:
-        table = bpf["py_codes"]
-        for code, tag in codes:
-            try:
-                del table[table.Key(pid=pid, tag=tag, code=code)]
-            except KeyError:
-                pass
+        codes = old.codes if old is not None else set()
+        self.run_locked(lambda bpf: forget_process(bpf, pid, codes))
 
     # -- collection ----------------------------------------------------------
 
@@ -511,11 +391,11 @@ class Profiler:
         (then it is sent the BPF object)."""
         self.lock_holds = []
         bpf = yield True
-        taken = self._take(bpf)
+        taken = self._kernel.take(bpf)
         yield False
         raw, wanted = self._digest(taken)
         bpf = yield True
-        leaves = self._lookup_codes(bpf, wanted)
+        leaves = lookup_codes(bpf, wanted)
         yield False
         self._name_codes(leaves)
         bpf = yield True
@@ -528,22 +408,7 @@ class Profiler:
         )
         self._emit(raw)
 
-    def _take(self, bpf: Any) -> _Taken:
-        """Everything the kernel aggregated since the last read, as it lies in the maps (kernel
-        operations only: the sensor's lock is held)."""
-        end, mono = time.time_ns(), time.monotonic_ns()
-        samples, times = drain(bpf["cpu_samples"]), drain(bpf["cpu_times"])
-        allocs = inuse = calls = None
-        if self.cuda_memory:
-            allocs = drain(bpf["mem_alloc"])
-            inuse = drain(bpf["mem_inuse"], keep=True)
-            calls = drain(bpf["cuda_calls"])
-        stacks, py_stacks, tables = drain(bpf["stacks"]), drain(bpf["py_stacks"]), drain(bpf["py_tables"])
-        stats = bpf["profile_stats"]
-        drops = {name: int(sum(stats[stats.Key(i)])) for i, name in enumerate(_PSTATS)}
-        return _Taken(end, mono, samples, times, allocs, inuse, calls, stacks, py_stacks, tables, drops)
-
-    def _digest(self, t: _Taken) -> tuple[_Raw, set[tuple[int, int, int]]]:
+    def _digest(self, t: Taken) -> tuple[_Raw, set[tuple[int, int, int]]]:
         """The read as rows, its stacks cached; and the code objects its Python stacks name that
         are not known yet (to look up in the kernel)."""
         keys, counts = t.samples
@@ -587,7 +452,7 @@ class Profiler:
         start, self._last_ns = self._last_ns, t.end_ns
         return _Raw(start, t.end_ns, t.read_mono_ns, samples, times, allocs, inuse, calls, t.stats, gone), wanted
 
-    def _copy_stacks(self, stacks: _Arrays, py_stacks: _Arrays, natives: set[int], pys: set[int]) -> None:
+    def _copy_stacks(self, stacks: Arrays, py_stacks: Arrays, natives: set[int], pys: set[int]) -> None:
         """Cache every stack the kernel stored since the last read (its map was emptied: it
         stores a stack again when it sees it again; a stack that stayed cached here was never
         deleted there, and the map filled up with stacks long out of use). Native stacks as 8
@@ -617,7 +482,7 @@ class Profiler:
         f = np.frombuffer(hit[0], dtype=self._py_frame_dtype)
         return list(zip(f["code"].tolist(), f["offset"].tolist(), f["flags"].tolist(), f["tag"].tolist())), hit[1]
 
-    def _take_chunks(self, tables: _Arrays) -> None:
+    def _take_chunks(self, tables: Arrays) -> None:
         """The line table chunks the kernel wrote since the last read, by code object."""
         keys, leaves = tables
         code = keys["code"]
@@ -626,19 +491,6 @@ class Profiler:
         ):
             self._chunks.setdefault((pid, addr, tag), ({}, self._round))[0][index] = chunk.tobytes()
         self._chunks = {k: v for k, v in self._chunks.items() if v[1] >= self._round - 2}
-
-    @staticmethod
-    def _lookup_codes(bpf: Any, wanted: set[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], Any]]:
-        """The kernel's entries of these code objects, copied (kernel lookups only: the sensor's
-        lock is held). One not captured yet is absent: a later sample will capture it."""
-        table = bpf["py_codes"]
-        out = []
-        for pid, code, tag in wanted:
-            try:
-                out.append(((pid, code, tag), table[table.Key(pid=pid, tag=tag, code=code)]))
-            except KeyError:
-                continue
-        return out
 
     def _name_codes(self, leaves: list[tuple[tuple[int, int, int], Any]]) -> None:
         """Decode the code objects looked up, once their line tables are all taken."""
@@ -702,25 +554,9 @@ class Profiler:
         it; what user space knows of them goes after the emit)."""
         with self._lock:
             stale, self._stale_codes = self._stale_codes, set()
-        codes = bpf["py_codes"]
-        for pid, code, tag in stale:
-            with contextlib.suppress(KeyError):
-                del codes[codes.Key(pid=pid, tag=tag, code=code)]
-        if not raw.gone:
-            return
-        table = bpf["py_procs"]
-        for pid, p in raw.gone.items():
-            with contextlib.suppress(KeyError):
-                del table[table.Key(pid)]
-            self._delete_codes(bpf, pid, p.codes)
-        pids = raw.gone.keys() & {a[0] for a in raw.inuse}
-        if pids:  # the live-allocation map is large: read only for processes that allocated
-            for name in ("mem_inuse", "mem_live"):
-                t = bpf[name]
-                keys, _ = drain(t, keep=True)
-                for row in keys[np.isin(keys["pid"], list(pids))]:
-                    with contextlib.suppress(KeyError):
-                        del t[t.Key.from_buffer_copy(row.tobytes())]
+        gone = {pid: p.codes for pid, p in raw.gone.items()}
+        allocating = raw.gone.keys() & {a[0] for a in raw.inuse} if raw.gone else set()
+        delete_stale(bpf, stale, gone, allocating)
 
     def _forget(self, procs: dict[int, _Proc]) -> None:
         with self._lock:

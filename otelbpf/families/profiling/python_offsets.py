@@ -9,7 +9,7 @@ version's headers (``Include/cpython/pystate.h`` ``PyThreadState``,
 ``Include/internal/pycore_runtime.h`` ``_PyRuntimeState``, ``Include/cpython/code.h``
 ``PyCodeObject``, ``Include/cpython/frameobject.h`` / ``Include/internal/pycore_frame.h``
 for frames, ``Include/cpython/unicodeobject.h`` and ``bytesobject.h``) for x86-64 release
-builds; ``tests/sensor/test_python_offsets.py`` checks every one against ``offsetof`` compiled
+builds; ``tests/families/profiling/test_python_offsets.py`` checks every one against ``offsetof`` compiled
 with the installed interpreters' headers. Debug and free-threaded builds differ and are not
 supported (a free-threaded 3.13 says so in its debug offsets and is refused).
 

@@ -34,7 +34,17 @@ from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.kallsyms import KernelSymbols
 from otelbpf.correlate.spans import make_span, scope
-from otelbpf.families.sched.probes import IN_CUDA, OFF_MAP, RUNQ_MAP, SLOTS, STACK_MAP, STATS, STATS_MAP, State
+from otelbpf.families.sched.probes import (
+    IN_CUDA,
+    OFF_MAP,
+    RUNQ_MAP,
+    SLOTS,
+    STATS,
+    State,
+    counted_stacks,
+    read_stacks,
+    read_stats,
+)
 
 SCOPE = scope("otelbpf.sched")
 SPAN_NAME = "off_cpu"
@@ -212,17 +222,7 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
         if not new:
             return
 
-        def walk(bpf: Any) -> dict[int, list[int]]:
-            table = bpf[STACK_MAP]
-            out = {}
-            for i in new:
-                try:
-                    out[i] = list(table.walk(i))
-                except KeyError:
-                    out[i] = []
-            return out
-
-        raw = self._with_bpf(walk) or {}
+        raw: dict[int, list[int]] = self._with_bpf(lambda bpf: read_stacks(bpf, new)) or {}
         for i, addrs in raw.items():
             self._stacks[i] = self._symbolize(addrs)
 
@@ -233,20 +233,13 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
 
     def on_unload(self, bpf: Any) -> None:
         """Before the program goes: stacks the final counts name are read while they can be."""
-        ids = {int(k.kstack) for k, _v in bpf[OFF_MAP].items() if int(k.kstack) >= 0}
-        new = [i for i in ids if i not in self._stacks]
-        table = bpf[STACK_MAP]
-        for i in new:
-            try:
-                self._stacks[i] = self._symbolize(list(table.walk(i)))
-            except KeyError:
-                self._stacks[i] = ()
-        self._read_stats(bpf)
+        new = [i for i in counted_stacks(bpf) if i not in self._stacks]
+        for i, addrs in read_stacks(bpf, new).items():
+            self._stacks[i] = self._symbolize(addrs) if addrs else ()
+        self._count_stats(read_stats(bpf))
 
-    def _read_stats(self, bpf: Any) -> None:
-        table = bpf[STATS_MAP]
-        for slot, name in enumerate(STATS):
-            total = int(sum(table[table.Key(slot)]))
+    def _count_stats(self, totals: dict[str, int]) -> None:
+        for name, total in totals.items():
             if total > self._stats_seen[name]:
                 self._count("otelbpf.sched.dropped", total - self._stats_seen[name], reason=name)
                 self._stats_seen[name] = total
@@ -257,7 +250,9 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
         """Cumulative off-CPU time and run-queue histograms per process."""
         off = self._read_map(OFF_MAP)
         runq = self._read_map(RUNQ_MAP)
-        self._with_bpf(self._read_stats)
+        totals = self._with_bpf(read_stats)
+        if totals is not None:
+            self._count_stats(totals)
         self._resolve({int(k.kstack) for k, _v in off if int(k.kstack) >= 0})
         now = self._clock.now_wall()
         time_by: dict[int, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))

@@ -4,13 +4,16 @@ threads of traced processes, from the scheduler's tracepoints.
 It probes no library: the tracepoints attach when the program loads. The kernel keeps
 the aggregates (``sched_off``, ``sched_runq``: read for metrics) and puts only long
 off-CPU intervals on the ``schedevents`` ring. What is configurable is compiled in: the
-span threshold and the map sizes.
+span threshold and the map sizes. The map reads the correlator needs beyond the sensor's
+generic ones (kernel stacks by id, the drop counters) are here too: the correlator runs them
+under the sensor's lock and sees only their results.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -81,3 +84,26 @@ def sched_family(
         rings=(RingSpec(RING, RECORD_DTYPE, ring_bytes),),
         on_unload=on_unload,
     )
+
+
+def read_stacks(bpf: Any, ids: Iterable[int]) -> dict[int, list[int]]:
+    """The kernel stacks ``ids`` as addresses, leaf first (one the map no longer holds: empty)."""
+    table = bpf[STACK_MAP]
+    out = {}
+    for i in ids:
+        try:
+            out[i] = list(table.walk(i))
+        except KeyError:
+            out[i] = []
+    return out
+
+
+def counted_stacks(bpf: Any) -> set[int]:
+    """The stack ids the off-CPU counts name."""
+    return {int(k.kstack) for k, _v in bpf[OFF_MAP].items() if int(k.kstack) >= 0}
+
+
+def read_stats(bpf: Any) -> dict[str, int]:
+    """The kernel's drop counters by ``STATS`` name, summed over CPUs."""
+    table = bpf[STATS_MAP]
+    return {name: int(sum(table[table.Key(slot)])) for slot, name in enumerate(STATS)}

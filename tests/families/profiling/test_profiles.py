@@ -5,7 +5,7 @@ checked: one ``Profile`` per process and kind, samples with their values and lab
 frames symbolized from this process's own libraries and Python frames named and placed on
 their lines (the lines as CPython's own ``dis`` reads them), merged into one stack.
 
-The one stand-in on the code's side is ``drain`` (BPF_MAP_LOOKUP_AND_DELETE_BATCH on a map's
+The one stand-in on the code's side is ``probes.drain`` (BPF_MAP_LOOKUP_AND_DELETE_BATCH on a map's
 file descriptor), replaced by the fake maps' own; ``run_locked`` is the sensor's seam."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.profile_record import CALL_SAMPLE_TYPES, CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile
 from otelbpf.correlate.stacks import TRUNCATED
 from otelbpf.correlate.symbolizer import EVICTIONS
+from otelbpf.families.profiling import probes
 from otelbpf.families.profiling import profiler as profiles
 from otelbpf.families.profiling.profiler import PY_CHUNK_LEN, CacheSizes, Profiler
 
@@ -228,7 +229,7 @@ def announced(out: list[Profile], health: Health, caches: CacheSizes | None = No
 @pytest.fixture
 def profiled(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[list[Profile], Health]]:
     """One collection round over the given map contents: the profiles made and the health counters."""
-    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    monkeypatch.setattr(probes, "drain", FakeMap.drain)
 
     def run(
         samples: list[tuple],
@@ -329,7 +330,7 @@ def test_nothing_sampled_makes_no_profile(profiled) -> None:
 def test_a_round_holds_the_sensors_lock_only_for_map_operations_in_three_short_steps(monkeypatch) -> None:
     """Symbolizing and decoding under the sensor's lock kept the agent's processing thread waiting
     for whole rounds (0.4-2.3 s on a busy host, issue 14)."""
-    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    monkeypatch.setattr(probes, "drain", FakeMap.drain)
     outside: list[tuple[str, bool]] = []
     frame, line_index = profiles.Symbolizer.frame, profiles.pylines.LineIndex
 
@@ -361,7 +362,7 @@ def test_a_round_holds_the_sensors_lock_only_for_map_operations_in_three_short_s
 def test_the_final_read_finishes_a_round_in_progress_and_no_sample_is_lost_or_doubled(monkeypatch) -> None:
     """The sensor stops (``on_unload``, its lock held) while the collection thread is between two
     steps of a round: what that round took from the kernel is in no other read."""
-    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    monkeypatch.setattr(probes, "drain", FakeMap.drain)
     out: list[Profile] = []
     profiler = announced(out, Health())
     bpf = maps([(PID, NATIVE_STACK, 0, PY_STACK, 3)])
@@ -388,7 +389,7 @@ def test_the_final_read_finishes_a_round_in_progress_and_no_sample_is_lost_or_do
 def test_a_named_code_object_keeps_its_decoded_lines_not_the_copied_table(monkeypatch) -> None:
     """Thousands of code objects are held on a busy host: once a stack has named one, its
     line table bytes are dropped and later samples are named from the index alone."""
-    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    monkeypatch.setattr(probes, "drain", FakeMap.drain)
     out: list[Profile] = []
     profiler = announced(out, Health())
     bpf = maps([(PID, NATIVE_STACK, 0, PY_STACK, 3)])
@@ -404,7 +405,7 @@ def test_a_named_code_object_keeps_its_decoded_lines_not_the_copied_table(monkey
 
 def test_a_code_object_evicted_from_a_full_cache_is_counted_and_deleted_in_the_kernel(monkeypatch) -> None:
     """Its line table chunks were taken: only a fresh capture by the kernel can name it again."""
-    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    monkeypatch.setattr(probes, "drain", FakeMap.drain)
     monkeypatch.setitem(EVICTIONS, "profile_code_objects", 0)
     out: list[Profile] = []
     profiler = announced(out, Health(), CacheSizes(code_objects=1))
@@ -416,7 +417,7 @@ def test_a_code_object_evicted_from_a_full_cache_is_counted_and_deleted_in_the_k
 
 
 def test_stacks_beyond_the_cache_bound_are_evicted_counted_and_their_samples_kept(monkeypatch) -> None:
-    monkeypatch.setattr(profiles, "drain", FakeMap.drain)
+    monkeypatch.setattr(probes, "drain", FakeMap.drain)
     monkeypatch.setitem(EVICTIONS, "profile_stacks", 0)
     out: list[Profile] = []
     health = Health()
