@@ -40,9 +40,10 @@ from otelbpf.correlate.profile_record import Profile
 from otelbpf.correlate.spans import scope
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.export import runs
+from otelbpf.export.encoded_profile import encoded
 from otelbpf.export.factory import metric_exporter, span_exporter
 from otelbpf.export.metrics_loop import MetricsLoop, Source
-from otelbpf.export.profile_export import encoded, profile_exporter
+from otelbpf.export.profile_export import profile_exporter
 from otelbpf.export.self_profiling import self_profiler
 from otelbpf.export.span_queue import SpanQueue
 from otelbpf.families import registry

@@ -47,7 +47,7 @@ from otelbpf.base.health import Health
 from otelbpf.config import OtlpExporterConfig, OtlpHttpExporterConfig, RetryConfig, to_seconds
 from otelbpf.correlate.profile_record import SCOPE, Profile
 from otelbpf.correlate.stacks import Frame
-from otelbpf.export.profile_export import ProfileRecord
+from otelbpf.export.encoded_profile import ProfileRecord
 from otelbpf.export.sender import Permanent, QueuedExporter, QueuedSender, Retry, retry_after
 
 log = logging.getLogger(__name__)

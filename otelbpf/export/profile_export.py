@@ -1,5 +1,6 @@
-"""What leaves the profiler: one gzipped pprof per process and profile kind per interval,
-with the labels Pyroscope indexes it by; and the local default, pprof files on disk.
+"""Where profiles go: the exporter a profiles pipeline names (``profile_exporter``), and the
+local default, pprof files on disk, one gzipped pprof per process and profile kind per interval.
+What every exporter takes is ``encoded_profile.py``'s ``ProfileRecord``.
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Protocol
+from collections.abc import Sequence
 
 from otelbpf.base.health import Health
 from otelbpf.base.safe_files import OutputDir
@@ -23,32 +22,10 @@ from otelbpf.config import (
     OtlpHttpExporterConfig,
     PyroscopeExporterConfig,
 )
-from otelbpf.correlate.profile_record import Profile, ProfileMeta
-from otelbpf.export import pprof
+from otelbpf.export.encoded_profile import ProfileExporter, ProfileRecord
 from otelbpf.export.sender import redact_http_client_logs
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ProfileRecord(ProfileMeta):
-    pprof: bytes  # gzipped profile.proto
-    profile: Profile | None = None  # the stacks themselves, for encoders other than pprof (OTLP)
-    resource: Mapping[str, object] = field(default_factory=dict)  # the process's, as its spans carry it
-
-
-def encoded(profile: Profile, resource: Mapping[str, object] | None = None) -> ProfileRecord:
-    """The profiler's profile as exporters send it: encoded once, whatever the number of exporters."""
-    meta = {f.name: getattr(profile, f.name) for f in fields(ProfileMeta)}
-    return ProfileRecord(**meta, pprof=pprof.encode(profile), profile=profile, resource=resource or {})
-
-
-class ProfileExporter(Protocol):
-    def export(self, records: Sequence[ProfileRecord]) -> None:
-        """Take the records (never block for long); failures are counted, not raised."""
-
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Send what is queued within ``timeout_s``, then stop."""
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -167,6 +144,7 @@ def profile_exporter(name: str, cfg: ExporterConfig, health: Health) -> ProfileE
             file_mode=cfg.file_mode,
             dir_mode=cfg.dir_mode,
         )
+    # Imported when a pipeline names them: their protobuf and gRPC modules load only then.
     if isinstance(cfg, PyroscopeExporterConfig):
         from otelbpf.export.pyroscope import PyroscopeExporter
 

@@ -27,7 +27,7 @@ import requests
 
 from otelbpf.base.health import Health
 from otelbpf.config import PyroscopeExporterConfig, to_seconds
-from otelbpf.export.profile_export import ProfileRecord
+from otelbpf.export.encoded_profile import ProfileRecord
 from otelbpf.export.proto.push.v1 import push_pb2
 from otelbpf.export.sender import Permanent, QueuedExporter, QueuedSender, Retry, retry_after
 

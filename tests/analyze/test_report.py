@@ -22,7 +22,8 @@ from otelbpf.analyze.report import read_profile, render, run
 from otelbpf.base.health import Health
 from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, Profile, Sample
 from otelbpf.correlate.stacks import Frame
-from otelbpf.export.profile_export import PprofFileExporter, encoded
+from otelbpf.export.encoded_profile import encoded
+from otelbpf.export.profile_export import PprofFileExporter
 
 
 def cpu_profile(pid: int, stacks: dict[tuple[str, ...], int], end_ms: int) -> Profile:

@@ -16,7 +16,8 @@ from otelbpf.base.health import Health
 from otelbpf.correlate.profile_record import CALL_SAMPLE_TYPES, CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
 from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.correlate.stacks import Frame
-from otelbpf.export.profile_export import PprofFileExporter, encoded
+from otelbpf.export.encoded_profile import encoded
+from otelbpf.export.profile_export import PprofFileExporter
 
 PID = 21
 CUDA, TORCH, HTTP = scope("otelbpf.cuda"), scope("otelbpf.torch"), scope("otelbpf.http")

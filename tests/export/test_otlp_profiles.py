@@ -20,13 +20,13 @@ from otelbpf.base.health import Health
 from otelbpf.config import OtlpExporterConfig, OtlpHttpExporterConfig, RetryConfig
 from otelbpf.correlate.profile_record import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, Profile, Sample
 from otelbpf.correlate.stacks import Frame
+from otelbpf.export.encoded_profile import encoded
 from otelbpf.export.otlp_profiles import (
     GrpcTransport,
     HttpTransport,
     OtlpProfileExporter,
     encode_request,
 )
-from otelbpf.export.profile_export import encoded
 
 T0 = 1_700_000_000_000_000_000
 LIBC = Frame(

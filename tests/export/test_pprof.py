@@ -8,8 +8,9 @@ from pathlib import Path
 from harness import pprof
 from otelbpf.base.health import Health
 from otelbpf.correlate.stacks import TRUNCATED, Frame
+from otelbpf.export.encoded_profile import ProfileRecord
 from otelbpf.export.pprof import CPU_SAMPLE_TYPES, MEMORY_SAMPLE_TYPES, ProfileBuilder
-from otelbpf.export.profile_export import PprofFileExporter, ProfileRecord
+from otelbpf.export.profile_export import PprofFileExporter
 
 NATIVE = Frame(
     "crunch",

@@ -11,8 +11,8 @@ from harness.pyroscope import PyroscopeReceiver
 from otelbpf.base.health import Health
 from otelbpf.config import PyroscopeExporterConfig
 from otelbpf.correlate.stacks import Frame
+from otelbpf.export.encoded_profile import ProfileRecord
 from otelbpf.export.pprof import CPU_SAMPLE_TYPES, ProfileBuilder
-from otelbpf.export.profile_export import ProfileRecord
 from otelbpf.export.pyroscope import PyroscopeExporter
 
 

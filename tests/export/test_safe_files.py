@@ -15,8 +15,9 @@ import pytest
 
 from otelbpf.base.health import Health
 from otelbpf.base.safe_files import OutputDir, UnsafeOutput
+from otelbpf.export.encoded_profile import ProfileRecord
 from otelbpf.export.jsonfile import FileMetricExporter, FileSpanExporter
-from otelbpf.export.profile_export import PprofFileExporter, ProfileRecord
+from otelbpf.export.profile_export import PprofFileExporter
 
 REPO = Path(__file__).resolve().parents[2]
 VICTIM_TEXT = "root:x:0:0:root:/root:/bin/bash\n"

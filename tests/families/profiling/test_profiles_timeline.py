@@ -13,7 +13,8 @@ from test_profiles import profiled as profiled  # the fixture: one collection ro
 from otelbpf.analyze.idle import load_timelines
 from otelbpf.base.health import Health
 from otelbpf.correlate.profile_record import CpuTimeline
-from otelbpf.export.profile_export import PprofFileExporter, encoded
+from otelbpf.export.encoded_profile import encoded
+from otelbpf.export.profile_export import PprofFileExporter
 
 SAMPLES = [(PID, NATIVE_STACK, 0, PY_STACK, 3), (PID, ONLY_NATIVE_STACK, 0, 0, 2)]
 
