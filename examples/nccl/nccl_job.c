@@ -37,7 +37,7 @@
  *   --slow-kind host     its launches are spread out: --slow-ms of host gaps per iteration,
  *                        slept (waiting, off-CPU) or, with --host-work spin, burnt on the CPU
  *                        in prepare_batch_on_host() (the frame a differential flame graph names;
- *                        with spin every rank also loads each batch on the CPU for 2 ms, in
+ *                        with spin every rank also loads each batch on the CPU for 6 ms, in
  *                        load_batch(), so the healthy ranks have CPU profiles to compare with);
  *   --slow-kind comm     its side of each collective takes --slow-ms longer to complete.
  * And things can go wrong on purpose: --crash-rank/--crash-iter kills a rank inside its
@@ -391,7 +391,7 @@ static int run_rank(const struct opts *o, int rank, const char *uid_hex)
             sync_stream(compute, &st.compute_sync_us);
         }
         if (o->host_spin)
-            load_batch(2000);
+            load_batch(6000);  /* ~10 CPU samples over 16 steps at 99 Hz: never none (2 ms left none in ~4% of runs) */
         for (int k = 0; k < o->kernels; k++) {
             api.LaunchKernel((const void *)compute_kernel, grid, block, NULL, 0, compute);
             if (gap_us && o->host_spin)
