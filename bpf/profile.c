@@ -5,7 +5,7 @@
  * - cpu_samples: (process, user stack, kernel stack, Python stack) -> count,
  *   fed by a perf cpu-clock event on every CPU (on_cpu_sample);
  * - cpu_times: the same samples in time, for the processes that use a probed
- *   library (lib_users: CUDA, NCCL): (process, thread, 1 ms bucket) -> the
+ *   library (lib_users: CUDA, NCCL): (process, thread, 65 us bucket) -> the
  *   stacks of the bucket's first sample and the bucket's count. The GPU-idle
  *   accounting joins them with the thread's CUDA calls (analyze/idle.py); the
  *   exported pprof is cpu_samples' alone, whatever this map holds;
@@ -86,8 +86,11 @@
 #define PSTAT_TIMES_FULL 8       /* cpu_times full: a sample is in the profile, not in the timeline */
 #define PSTAT_MAX 9
 
-/* cpu_times buckets: 2^20 ns (1.05 ms), fine enough to split a 10 ms gap between CUDA calls. */
-#define TIME_BUCKET_SHIFT 20
+/* cpu_times buckets: 2^16 ns (65.5 us), fine enough to place a sample in a 0.5 ms gap between
+ * CUDA calls (2^20 ns buckets lost about half the samples of such gaps: a sample is placed at
+ * its bucket's middle). At up to 1,000 Hz a thread has one sample per bucket either way: as
+ * many entries. */
+#define TIME_BUCKET_SHIFT 16
 #ifndef TIME_ENTRIES
 #define TIME_ENTRIES 16384
 #endif

@@ -198,11 +198,11 @@ def test_logging_with_an_fsync_per_step_is_off_cpu_time_not_a_sync_storm(traced)
     logged = planted["planted"]["log_step"]
     assert logged["wall_s"] - logged["cpu_s"] >= 0.5 * off  # what was planted is most of it
     u = _unexplained(findings)
-    # At least the time off the CPU; at most that and the gaps' CPU time: these gaps (~0.5 ms)
-    # are shorter than the timeline's 1 ms buckets, so a sample in one is often not joined to it
-    # (docs/gpu-idle.md: what the agent cannot see) and its CPU time reads as unexplained too.
-    cpu, slack = planted["gaps"]["cpu_s"], _noise(planted["gaps"]["cpu_s"])
-    assert (1 - TOLERANCE) * off - slack <= u.cost_s <= (1 + TOLERANCE) * (off + cpu), (u.cost_s, planted)
+    # The time off the CPU, within the sampling error of the gaps' CPU time: a sample is placed
+    # at its timeline bucket's middle (65 us), inside these ~0.5 ms gaps. With 1 ms buckets about
+    # half the samples missed them and their CPU time read as unexplained too (141 ms for 95 ms).
+    slack = _noise(planted["gaps"]["cpu_s"])
+    assert (1 - TOLERANCE) * off - slack <= u.cost_s <= (1 + TOLERANCE) * off + slack, (u.cost_s, planted)
     assert "--receivers cuda,gpu,profiling,sched" in u.summary
     assert "sync_storm" not in {f.cause for f in findings}  # one synchronize a step: no storm
     _no_invented_cause(findings, planted["gaps"]["cpu_s"])

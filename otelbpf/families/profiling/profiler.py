@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 PYF_ENTRY, PYF_SHIM = 1, 2
 STACKF_TRUNCATED = 1
 PY_CHUNK_LEN = 256
-TIME_BUCKET_SHIFT = 20  # bpf/profile.c
+TIME_BUCKET_SHIFT = 16  # bpf/profile.c
 
 RunLocked = Callable[[Callable[[Any], Any]], Any]
 Sink = Callable[[list[Profile]], None]
