@@ -119,8 +119,10 @@ def load_program(name: str, insns: bytes, license: bytes, kern_version: int) -> 
 def supported() -> bool:
     """Whether this kernel attaches uprobe-multi links (and ``OTELBPF_UPROBE_MULTI`` is not 0).
 
-    Tried for real: a two-instruction program linked at offset 0 of this process's own
-    executable, which lies in no executable mapping, so nothing is ever installed there."""
+    Tried for real: a two-instruction program linked at the last byte of this process's own
+    executable. That byte lies in no executable mapping (section headers, or at most the data
+    segment), so nothing is installed anywhere; offset 0 would have been the ELF header, which
+    an old layout (text in the first segment) maps executable."""
     if os.environ.get("OTELBPF_UPROBE_MULTI", "1") == "0":
         log.info("uprobes as perf events (OTELBPF_UPROBE_MULTI=0)")
         return False
@@ -136,7 +138,8 @@ def supported() -> bool:
         log.info("uprobes as perf events: this kernel loads no uprobe-multi program (%s)", exc.strerror)
         return False
     try:
-        os.close(link(prog, os.path.realpath("/proc/self/exe"), 0, ret=False))
+        exe = os.path.realpath("/proc/self/exe")
+        os.close(link(prog, exe, os.stat(exe).st_size - 1, ret=False))
     except OSError as exc:
         log.info("uprobes as perf events: this kernel makes no uprobe-multi link (%s)", exc.strerror)
         return False
