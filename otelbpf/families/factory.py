@@ -63,6 +63,10 @@ class Context:
     #: Profiles pipeline: where finished profiles go, and its resource attributes (labels).
     export_profiles: Callable[[list[Profile]], None] = lambda records: None
     profile_attributes: dict[str, str | bool | int | float] = field(default_factory=dict)
+    #: Rings one family's probes fill and another family's correlator parses (the tls
+    #: receiver's plaintext, parsed by the http one), by ring name: the filling family's
+    #: correlator hands each batch to these, whatever the order the receivers were built in.
+    ring_consumers: dict[str, list[Callable[[np.ndarray], None]]] = field(default_factory=dict)
 
     def correlator_settings(self) -> CorrelatorSettings:
         return CorrelatorSettings(self.process_info, self.clock, self.emit_spans)

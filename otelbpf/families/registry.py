@@ -27,11 +27,12 @@ from otelbpf.families.ibverbs.factory import FACTORY as IBVERBS
 from otelbpf.families.nccl.factory import FACTORY as NCCL
 from otelbpf.families.profiling.factory import FACTORY as PROFILING
 from otelbpf.families.sched.factory import FACTORY as SCHED
+from otelbpf.families.tls.factory import FACTORY as TLS
 from otelbpf.families.torch.factory import FACTORY as TORCH
 
 #: In the order ``--receivers`` lists them in its help and errors. Each factory takes the config
 #: class it names (a dependency Python's types cannot spell across the tuple: Any).
-FACTORIES: tuple[Factory[Any], ...] = (CUDA, HTTP, NCCL, IBVERBS, PROFILING, SCHED, TORCH, GPU)
+FACTORIES: tuple[Factory[Any], ...] = (CUDA, HTTP, NCCL, IBVERBS, PROFILING, SCHED, TORCH, GPU, TLS)
 
 _BY_NAME: dict[str, Factory[Any]] = {f.name: f for f in FACTORIES}
 _BY_MODEL: dict[type[ReceiverConfig], Factory[Any]] = {f.config: f for f in FACTORIES}

@@ -78,6 +78,7 @@ from otelbpf.families.http.protocols.limits import DEFAULT, Held, Limits
 from otelbpf.families.http.redact import quiet_payload_loggers, split_target, strip_userinfo
 from otelbpf.families.http.sockets import Conn, Connections
 from otelbpf.families.http.streaming import Gaps, ResponseWatch
+from otelbpf.families.http.tls import TlsConns
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         self._count = count  # (metric name, value, **attributes): the agent's own otelbpf.* counters
         self._causality = causality
         self._conns = Connections(ports, update_map)
+        self._tls = TlsConns(self._conns.get, self._conns.addresses)  # the tls receiver's plaintext (tls.py)
         self._links = PeerLinks()
         redacted = ALWAYS_REDACTED | {h.lower() for h in redact_headers}
         self._capture = [h.lower() for h in capture_headers if h.lower() not in redacted]
@@ -264,7 +266,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         exits = arr[arr["kind"] == Kind.PROC_EXIT]
         for pid in np.unique(exits["pid"]).tolist() if len(exits) else ():
             with self._lock:
-                for conn in self._conns.forget_process(pid):
+                for conn in self._conns.forget_process(pid) + self._tls.forget_process(pid):
                     self._guarded(self._end, conn, None, "process_exited")
                 self._held.pop(pid, None)
                 self._causality.forget_process(pid)
@@ -298,8 +300,46 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                     spans, self._spans = self._spans, []
                     self._send(spans)
             self._conns.flush()
+            self._end_tls(self._tls.sweep())
             self._flush_durations()
         self._flush_spans()
+
+    def on_tls(self, arr: np.ndarray) -> None:
+        """The tls receiver's plaintext records (tls.py): parsed as socket records are, on
+        connections of their own."""
+        kind = arr["kind"]
+        ingress = (kind == Kind.SOCK_DATA) & ~np.isin(arr["func"], _EGRESS)
+        order = np.argsort(arr["ts_ns"] + np.where(ingress, arr["duration_ns"], 0), kind="stable")
+        rows = list(zip(*(arr[f].tolist() for f in _FIELDS), arr["data"].tolist()))
+        ssl = [int.from_bytes(a.tobytes()[:8], "little") for a in arr["addr"]]
+        with self._lock:
+            self._tls.batch += 1
+            for i in order.tolist():
+                try:
+                    self._tls_record(rows[i], ssl[i])
+                except Exception as exc:
+                    self._failed("tls_record", exc)
+            self._end_tls(self._tls.sweep())
+            self._flush_durations()
+        self._flush_spans()
+
+    def _tls_record(self, row: _Row, ssl: int) -> None:
+        ts, dur, pid, tid, fd, ret, kind, func, cap, _flags, _family, _port, _local, payload = row
+        if kind != _DATA:
+            return
+        conn, ended = self._tls.conn(pid, fd, ssl, ts)
+        self._end_tls(ended)
+        stamp = (ts, ts + dur, tid)
+        egress = func in _EGRESS_FUNCS
+        if ret <= 0:
+            if ret < 0 or (not egress and conn.role != "server"):  # as a socket EOF (_record)
+                self._peer_gone(conn, stamp, ret)
+            return
+        self._feed(conn, egress, payload, ret - cap, stamp)
+
+    def _end_tls(self, conns: list[Conn]) -> None:
+        for conn in conns:
+            self._guarded(self._end, conn, None, "")
 
     def _guarded(self, fn: Callable[..., object], *args: object) -> None:
         """``fn(*args)``; an exception is counted and logged by type and place only (its message may
@@ -348,6 +388,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             if self._conns.get(pid, fd) is None:
                 self._conns.unknown(pid, fd, ts)
         elif kind == _CLOSE:
+            self._tls.socket_closed(pid, fd, ts)
             conn = self._conns.closed(pid, fd)
             if conn is not None:
                 self._end(conn, stamp, "")
@@ -710,6 +751,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             attrs["server.port"] = conn.remote[1]
         if conn.remote:
             attrs["network.peer.address"], attrs["network.peer.port"] = conn.remote
+        if conn.tls:
+            attrs["url.scheme"] = "https"
         return attrs
 
     def _header_attrs(self, attrs: SpanAttrs, where: str, headers: list[tuple[str, str]]) -> None:

@@ -34,6 +34,9 @@ def build(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
         max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
         traces=ctx.traces,
     )
+    from otelbpf.families.http.tls import RING as TLS_RING
+
+    ctx.ring_consumers.setdefault(TLS_RING, []).append(correlator.on_tls)  # the tls receiver's plaintext
     return Receiver(name, family, correlator, [], 256 << 10)
 
 

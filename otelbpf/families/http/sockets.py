@@ -47,6 +47,7 @@ class Conn:
     #: The span attributes naming both ends, and what they were derived from (Host header, role, addresses):
     #: derived once per connection rather than per request (see HttpCorrelator._host_attrs).
     ends_attrs: tuple[tuple[str | None, str | None, Address | None, Address | None], dict[str, Any]] | None = None
+    tls: bool = False  # the plaintext of a TLS connection (the tls receiver's records, tls.py)
 
 
 class Connections:
@@ -165,6 +166,10 @@ class Connections:
                 items.clear()
 
     # -- lookups ---------------------------------------------------------------
+
+    def addresses(self, pid: int, fd: int) -> tuple[Address | None, Address | None]:
+        """(local, remote) of a process's socket, from /proc (None, None when not TCP)."""
+        return self._addresses(pid, fd)
 
     def _addresses(self, pid: int, fd: int) -> tuple[Address | None, Address | None]:
         inode = fd_inode(pid, fd)

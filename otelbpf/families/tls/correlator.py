@@ -1,0 +1,87 @@
+"""The tls receiver's side of its records: handed on, and counted.
+
+The plaintext records of the ``tlsdata`` ring are parsed by the http receiver, which reads
+them as it reads socket records; this correlator hands each batch to the consumers that
+registered for the ring (``Context.ring_consumers``) and exports the family's own counts as
+``otelbpf.tls.*``: records by outcome (bpf/tls.c ``tls_stats``) and libssl-named files that
+were not OpenSSL."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from opentelemetry.sdk.metrics.export import Metric
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otelbpf.families.tls.probes import RING, STATS, STATS_MAP, Rejected
+
+SCOPE = InstrumentationScope("otelbpf.tls")
+
+
+def _total(value: Any) -> int:
+    """A per-CPU slot's value summed over CPUs (BCC hands an array), or the value."""
+    try:
+        return int(sum(value))
+    except TypeError:
+        return int(value)
+
+
+class TlsCorrelator:
+    scope = SCOPE
+
+    def __init__(
+        self,
+        consumers: Callable[[], Sequence[Callable[[np.ndarray], None]]],
+        count: Callable[..., None],
+        read_map: Callable[[str], list[tuple[Any, Any]]],
+        rejected: Rejected,
+    ) -> None:
+        """``consumers``: who parses the ring's batches, asked at each batch (receivers are
+        built in the config's order, the http one possibly after this one)."""
+        self._consumers = consumers
+        self._count = count
+        self._read_map = read_map
+        self._rejected = rejected
+        self._lock = threading.Lock()
+        self._seen = [0] * len(STATS)
+        self._rejected_seen = 0
+        self.batches_unconsumed = 0
+
+    def on_events(self, arr: np.ndarray) -> None:
+        pass
+
+    def on_strings(self, arr: np.ndarray) -> None:
+        pass
+
+    def on_ring(self, name: str, arr: np.ndarray) -> None:
+        if name != RING:
+            return
+        consumers = self._consumers()
+        if not consumers:
+            self.batches_unconsumed += 1
+            self._count("otelbpf.tls.records.dropped", len(arr), reason="no_http_receiver")
+        for consume in consumers:
+            consume(arr)
+
+    def collect(self) -> list[tuple[Resource, list[Metric]]]:
+        """The kernel's counts since the last collection, into the agent's own counters."""
+        with self._lock:
+            totals = [0] * len(STATS)
+            for key, value in self._read_map(STATS_MAP):
+                slot = int(getattr(key, "value", key))
+                if 0 <= slot < len(STATS):
+                    totals[slot] += _total(value)
+            for slot, total in enumerate(totals):
+                delta = total - self._seen[slot]
+                if delta > 0:
+                    self._count("otelbpf.tls.calls", delta, outcome=STATS[slot])
+                    self._seen[slot] = total
+            rejected = self._rejected.count - self._rejected_seen
+            if rejected > 0:
+                self._count("otelbpf.tls.libraries.rejected", rejected, reason="not_openssl")
+                self._rejected_seen += rejected
+        return []

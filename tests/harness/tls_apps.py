@@ -1,0 +1,195 @@
+"""Real TLS and GenAI-provider services for end-to-end tests, run as their own processes.
+
+``python -m harness.tls_apps sse-tls PORT CERT KEY``
+    harness/streaming_apps.py's OpenAI-compatible completions server (HTTP/1.1, SSE in chunked
+    encoding, planted ``FIRST_S`` and ``GAP_S``) served over HTTPS by Python's ``ssl`` (the
+    system's OpenSSL).
+``python -m harness.tls_apps providers PORT [CERT KEY]``
+    One server answering in the wire formats of three providers, plain or over HTTPS:
+    OpenAI's ``POST /v1/chat/completions`` (JSON, or SSE with a final usage event),
+    Anthropic's ``POST /v1/messages`` (JSON, or its SSE events ``message_start`` ...
+    ``message_delta`` with usage) and Gemini's ``POST /v1beta/models/{model}:generateContent``
+    and ``:streamGenerateContent?alt=sse`` (``usageMetadata``). Streams send their first
+    chunk ``FIRST_S`` after the request, then one per token ``GAP_S`` apart.
+Each prints ``ready`` once listening.
+
+``make_cert(folder)`` writes a self-signed certificate for 127.0.0.1 and localhost (the
+``openssl`` command) and returns (cert, key).
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from harness.streaming_apps import FIRST_S, GAP_S, TOKENS, Completions
+
+
+def make_cert(folder: Path) -> tuple[Path, Path]:
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-days", "2", "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def server_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+class Providers(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        path = self.path
+        if path.startswith("/v1/messages"):
+            self._anthropic(request)
+        elif path.startswith("/v1beta/models/"):
+            model = path.split("/v1beta/models/", 1)[1].split(":", 1)[0]
+            self._gemini(model, "streamGenerateContent" in path, request)
+        else:
+            self._openai(request)
+
+    # -- helpers --
+
+    def _json(self, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _sse_start(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        time.sleep(FIRST_S)
+
+    def _event(self, data: str, event: str | None = None) -> None:
+        text = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
+        raw = text.encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
+        self.wfile.flush()
+
+    def _end(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    # -- providers --
+
+    def _openai(self, request: dict) -> None:
+        model, prompt = request.get("model", "") + "-served", request.get("max_tokens", 0)
+        if not request.get("stream"):
+            self._json(
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "model": model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(TOKENS)}}],
+                    "usage": {"prompt_tokens": prompt, "completion_tokens": len(TOKENS)},
+                }
+            )
+            return
+        self._sse_start()
+        for i, text in enumerate(TOKENS):
+            if i:
+                time.sleep(GAP_S)
+            chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": model,
+                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}  # fmt: skip
+            self._event(json.dumps(chunk))
+        usage = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": model, "choices": [],
+                 "usage": {"prompt_tokens": prompt, "completion_tokens": len(TOKENS)}}  # fmt: skip
+        self._event(json.dumps(usage))
+        self._event("[DONE]")
+        self._end()
+
+    def _anthropic(self, request: dict) -> None:
+        model, prompt = request.get("model", "") + "-served", request.get("max_tokens", 0)
+        if not request.get("stream"):
+            self._json(
+                {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [{"type": "text", "text": "".join(TOKENS)}],
+                    "stop_reason": "end_turn",
+                    "usage": {"input_tokens": prompt, "output_tokens": len(TOKENS)},
+                }
+            )
+            return
+        self._sse_start()
+        start = {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                 "model": model, "content": [], "usage": {"input_tokens": prompt, "output_tokens": 1}}}  # fmt: skip
+        self._event(json.dumps(start), "message_start")
+        for i, text in enumerate(TOKENS):
+            if i:
+                time.sleep(GAP_S)
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+            self._event(json.dumps(delta), "content_block_delta")
+        end = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": len(TOKENS)}}
+        self._event(json.dumps(end), "message_delta")
+        self._event(json.dumps({"type": "message_stop"}), "message_stop")
+        self._end()
+
+    def _gemini(self, model: str, stream: bool, request: dict) -> None:
+        prompt = int(request.get("generationConfig", {}).get("maxOutputTokens", 0))
+
+        def body(texts: list[str], done: bool) -> dict:
+            out: dict = {
+                "candidates": [{"content": {"role": "model", "parts": [{"text": "".join(texts)}]}}],
+                "modelVersion": model + "-served",
+            }
+            if done:
+                out["candidates"][0]["finishReason"] = "STOP"
+                out["usageMetadata"] = {
+                    "promptTokenCount": prompt,
+                    "candidatesTokenCount": len(TOKENS),
+                    "totalTokenCount": prompt + len(TOKENS),
+                }
+            return out
+
+        if not stream:
+            self._json(body(TOKENS, True))
+            return
+        self._sse_start()
+        for i, text in enumerate(TOKENS):
+            if i:
+                time.sleep(GAP_S)
+            self._event(json.dumps(body([text], i == len(TOKENS) - 1)))
+        self._end()
+
+
+def serve(handler: type[BaseHTTPRequestHandler], port: int, tls: tuple[str, str] | None) -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    if tls:
+        httpd.socket = server_context(*tls).wrap_socket(httpd.socket, server_side=True)
+    print("ready", flush=True)
+    httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    kind, port = sys.argv[1], int(sys.argv[2])
+    certs = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else None
+    serve(Completions if kind == "sse-tls" else Providers, port, certs)
