@@ -27,7 +27,11 @@
 #define LAUNCH_RUNTIME_EX 2
 #define LAUNCH_DRIVER 3
 #define LAUNCH_DRIVER_EX 4
-#define LAUNCH_GRAPH 5
+
+/* CUDA Graphs (EV_CUDA_GRAPH, paired calls): a3 of a stream-capture call, which the return
+ * probe acts on (the other graph calls leave a3 0). */
+#define GRAPH_CAPTURE_BEGIN 1
+#define GRAPH_CAPTURE_END 2
 
 /* A runtime launch nests a driver launch within this window and span. */
 #define NEST_WINDOW_NS 1000000000ULL
@@ -49,10 +53,16 @@ struct error_key {
 /* Launch errors, only filled when launch return probes are enabled. */
 BPF_HASH(launch_errors, struct error_key, u64, 4096);
 
-/* A runtime launch on this thread that has not reached the driver yet. */
+/* A runtime launch on this thread that has not reached the driver yet; and whether the
+ * thread is capturing a stream into a graph (cudaStreamBeginCapture returned 0, its
+ * cudaStreamEndCapture not yet): its launches are then recorded, not executed, so they are
+ * not counted but reported as EV_CUDA_CAPTURED (user space tells by stream which the
+ * capture took: launches on another stream are counted there). */
 struct launch_mark {
     u64 ts;   /* 0: none */
     u64 ip;   /* where the runtime was entered */
+    u64 capture_ts;      /* 0: not capturing */
+    u64 capture_stream;
 };
 BPF_TASK_STORAGE(launch_marks, struct launch_mark);
 
@@ -123,9 +133,6 @@ static __always_inline void fill_launch(struct pt_regs *ctx, u8 variant, struct 
         e->a2 = pack_dim(cfg[3], cfg[4], cfg[5]);
         e->a3 = stream;
         break;
-    case LAUNCH_GRAPH:       /* cudaGraphLaunch / cuGraphLaunch(graphExec, stream) */
-        e->a3 = PT_REGS_PARM2(ctx);
-        break;
     }
 }
 
@@ -133,14 +140,13 @@ static __always_inline void fill_launch(struct pt_regs *ctx, u8 variant, struct 
 static __always_inline int cuda_kind(u8 kind)
 {
     return (kind >= EV_CUDA_MEMCPY && kind <= EV_CUDA_KERNEL_ALIAS) || kind == EV_CUDA_FUNC_NAME ||
-           kind == EV_CUDA_GET_HANDLE;
+           kind == EV_CUDA_GET_HANDLE || kind == EV_CUDA_GRAPH;
 }
 
 /* A driver call made by the runtime on this thread: consume the mark the
  * runtime launch left (launches), or find the runtime's call in flight. */
-static __always_inline int nested_launch(struct pt_regs *ctx)
+static __always_inline int nested_launch(struct pt_regs *ctx, struct launch_mark *m)
 {
-    struct launch_mark *m = launch_marks.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, 0);
     if (!m || !m->ts)
         return 0;
     u64 ts = m->ts;
@@ -198,6 +204,18 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
 #endif
 }
 
+/* A launch made while its thread captures a stream: recorded into the graph, not run. One
+ * event each (captures are rare: once per graph), never counted in `launches`. */
+static __always_inline void captured_launch(struct pt_regs *ctx, u64 id, u8 func, u8 variant, u16 flags, u64 fn)
+{
+    struct event e = {};
+    new_event(&e, id, EV_CUDA_CAPTURED, func);
+    e.flags = flags;
+    e.a0 = fn;
+    fill_launch(ctx, variant, &e);
+    emit(&e);
+}
+
 static __always_inline int on_launch(struct pt_regs *ctx, u8 func, u8 variant, u64 fn)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -208,6 +226,10 @@ static __always_inline int on_launch(struct pt_regs *ctx, u8 func, u8 variant, u
     if (m) {
         m->ts = bpf_ktime_get_ns();
         m->ip = PT_REGS_IP(ctx);
+        if (m->capture_ts) {
+            captured_launch(ctx, id, func, variant, 0, fn);
+            return 0;
+        }
     }
     count_launch(ctx, id, func, variant, 0, fn);
     return 0;
@@ -218,10 +240,40 @@ static __always_inline int on_driver_launch(struct pt_regs *ctx, u8 func, u8 var
     u64 id = bpf_get_current_pid_tgid();
     if (!is_watched(id >> 32))
         return 0;
-    if (nested_launch(ctx))
-        return 0;  /* counted by the runtime probe */
+    struct launch_mark *m = launch_marks.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, 0);
+    if (nested_launch(ctx, m))
+        return 0;  /* counted (or reported captured) by the runtime probe */
+    if (m && m->capture_ts) {
+        captured_launch(ctx, id, func, variant, EVF_DRIVER, fn);
+        return 0;
+    }
     count_launch(ctx, id, func, variant, EVF_DRIVER, fn);
     return 0;
+}
+
+/* The kernel of a graph kernel node's parameters: cudaKernelNodeParams.func and
+ * CUDA_KERNEL_NODE_PARAMS(_v1).func at offset 0; CUDA_KERNEL_NODE_PARAMS_v2 (cuGraphAddKernelNode_v2)
+ * names a CUkernel at offset 56 when func is NULL (layouts checked against the toolkit's
+ * headers by tests/families/cuda/test_graphs.py). */
+static __always_inline u64 kernel_node_fn(u64 params, int v2)
+{
+    u64 fn = 0;
+    read_user(&fn, sizeof(fn), (void *)params);
+    if (!fn && v2)
+        read_user(&fn, sizeof(fn), (void *)(params + 56));
+    return fn;
+}
+
+/* A stream capture began (returned 0) or ended on this thread: its launches are recorded
+ * from now on, or run again. */
+static __always_inline void capture_mark(u64 ts, u64 stream, int begin)
+{
+    struct launch_mark *m = launch_marks.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0,
+                                                          begin ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+    if (!m)
+        return;
+    m->capture_ts = begin ? ts : 0;
+    m->capture_stream = begin ? stream : 0;
 }
 
 static __always_inline int on_launch_return(struct pt_regs *ctx, u8 func)
@@ -425,6 +477,11 @@ static __always_inline int on_return(struct pt_regs *ctx, u16 driver)
         read_user_str(s->s, sizeof(s->s), (void *)e.a2);
         strevents.ringbuf_submit(s, 0);
         return 0;
+    } else if (e.kind == EV_CUDA_GRAPH) {
+        if (e.a3 == GRAPH_CAPTURE_BEGIN && e.ret == 0)
+            capture_mark(e.ts_ns, e.a0, 1);
+        else if (e.a3 == GRAPH_CAPTURE_END)
+            capture_mark(0, 0, 0);  /* whatever it returned, the stream no longer captures */
     } else if (e.kind == EV_CUDA_GET_HANDLE) {
         /* handle -> what it stands for (a host stub, a CUkernel); not when equal
          * (a runtime without a driver leaves the host stub in place). */

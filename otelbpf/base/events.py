@@ -79,6 +79,10 @@ class Kind(enum.IntEnum):
     SOCK_LOCAL = 45  # a connect()ed socket's local address, once established (sockdata ring)
     PROFILE_PROC = 50  # first CPU sample or CUDA allocation of a process (bpf/profile.c): inspect it
     CUDA_LAUNCH_SITE = 60  # first launch of (process, API, handle): a0 handle, a1 return address, a2 its caller's
+    #: a CUDA Graphs call returned (capture, construction, instantiation, update, destruction,
+    #: launch); a0..a3 per function (bpf/cuda.c, GRAPH_CALLS in families/cuda/probes.py)
+    CUDA_GRAPH = 61
+    CUDA_CAPTURED = 62  # a launch made while its thread captured a stream: a0 handle, a1 grid, a2 block, a3 stream
     TORCH_OP = 70  # a torch operator returned (bpf/torch.c): a0 entry address, a1 depth, a2 exit address
     #: the thread's last wake-up by another thread of its process, ahead of its next CUDA event
     #: (common.h): ts_ns the wake-up, a0 the waker's tid, a1 the waker's own waker (0: none), a2 when
@@ -173,6 +177,20 @@ CudaFunc = enum.IntEnum(
         ("__cudaRegisterFunction", 48),
         ("__cudaGetKernel", 49),
         ("cudaGetKernel", 50),
+        # CUDA Graphs, the runtime's (15-19, 51-63)
+        ("cudaStreamBeginCapture", 51),
+        ("cudaStreamBeginCapture_ptsz", 52),
+        ("cudaStreamEndCapture", 53),
+        ("cudaStreamEndCapture_ptsz", 54),
+        ("cudaGraphCreate", 55),
+        ("cudaGraphAddKernelNode", 56),
+        ("cudaGraphInstantiate", 57),
+        ("cudaGraphInstantiateWithFlags", 58),
+        ("cudaGraphInstantiateWithParams", 59),
+        ("cudaGraphInstantiateWithParams_ptsz", 60),
+        ("cudaGraphExecUpdate", 61),
+        ("cudaGraphExecDestroy", 62),
+        ("cudaGraphDestroy", 63),
         ("cuLaunchKernel_ptsz", 64),
         ("cuLaunchKernelEx_ptsz", 65),
         ("cuGraphLaunch", 66),
@@ -219,6 +237,25 @@ CudaFunc = enum.IntEnum(
         ("cuMemcpyDtoDAsync_v2_ptsz", 107),
         ("cuMemcpy2DAsync_v2_ptsz", 108),
         ("cuMemcpy3DAsync_v2_ptsz", 109),
+        # CUDA Graphs, the driver's
+        ("cuStreamBeginCapture", 110),
+        ("cuStreamBeginCapture_v2", 111),
+        ("cuStreamBeginCapture_ptsz", 112),
+        ("cuStreamBeginCapture_v2_ptsz", 113),
+        ("cuStreamEndCapture", 114),
+        ("cuStreamEndCapture_ptsz", 115),
+        ("cuGraphCreate", 116),
+        ("cuGraphAddKernelNode", 117),
+        ("cuGraphAddKernelNode_v2", 118),
+        ("cuGraphInstantiate", 119),
+        ("cuGraphInstantiate_v2", 120),
+        ("cuGraphInstantiateWithFlags", 121),
+        ("cuGraphInstantiateWithParams", 122),
+        ("cuGraphInstantiateWithParams_ptsz", 123),
+        ("cuGraphExecUpdate", 124),
+        ("cuGraphExecUpdate_v2", 125),
+        ("cuGraphExecDestroy", 126),
+        ("cuGraphDestroy", 127),
     ],
 )
 

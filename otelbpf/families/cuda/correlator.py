@@ -21,22 +21,34 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import Link, SpanContext
 
-from otelbpf.base.events import FLAG_DRIVER, FLAG_INCOMPLETE, MEMCPY_DIRECTION, CudaFunc, Kind, StrKind, unpack_dim
+from otelbpf.base.events import (
+    FLAG_DRIVER,
+    FLAG_INCOMPLETE,
+    MEMCPY_DIRECTION,
+    CudaFunc,
+    Kind,
+    StrKind,
+    is_driver,
+    unpack_dim,
+)
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.causality import Wake
 from otelbpf.correlate.spans import make_span, scope
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.families.cuda.errors import error_name
+from otelbpf.families.cuda.graphs import LAUNCH as _GRAPH
+from otelbpf.families.cuda.graphs import REASONS as _GRAPH_REASONS
+from otelbpf.families.cuda.graphs import GraphLaunch, Graphs
 from otelbpf.families.cuda.kernel_names import KernelNames
 from otelbpf.sensor.family import MapReader
 
 log = logging.getLogger(__name__)
 
 SCOPE = scope("otelbpf.cuda")
-_GRAPH = frozenset(
-    {CudaFunc.cudaGraphLaunch, CudaFunc.cudaGraphLaunch_ptsz, CudaFunc.cuGraphLaunch, CudaFunc.cuGraphLaunch_ptsz}
-)
+_GRAPH_LAUNCHES = np.array(sorted(_GRAPH), dtype=np.uint8)
+#: Kernel names a graph-launch span lists (its kernel count is exact, whatever the number).
+_GRAPH_NAMES = 16
 #: Paired calls (one event per completed call): counted, spans when long enough.
 PAIRED_KINDS = np.array(
     [
@@ -47,9 +59,14 @@ PAIRED_KINDS = np.array(
         Kind.CUDA_CALL,
         Kind.CUDA_HOST_ALLOC,
         Kind.CUDA_HOST_FREE,
+        Kind.CUDA_GRAPH,
     ],
     dtype=np.uint8,
 )
+#: What a process's graphs follow, in time order (graphs.py): graph calls, launches recorded
+#: by a capture, and the stream events and synchronizes that tell streams joined and work done.
+_GRAPH_KINDS = np.array([Kind.CUDA_GRAPH, Kind.CUDA_CAPTURED], dtype=np.uint8)
+_GRAPH_CONTEXT = np.array([Kind.CUDA_GRAPH, Kind.CUDA_CAPTURED, Kind.CUDA_CALL, Kind.CUDA_SYNC], dtype=np.uint8)
 #: What a launch handle means comes from these (kernel_names.py).
 _FACT_KINDS = np.array([Kind.CUDA_KERNEL_NAME, Kind.CUDA_KERNEL_ALIAS, Kind.CUDA_LAUNCH_SITE], dtype=np.uint8)
 #: Event kinds this correlator owns (events.py: 10-19 and 60).
@@ -83,6 +100,7 @@ class _Process:
     # (direction, pinned|pageable) -> bytes
     pinned_copy_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     exited: bool = False
+    graphs: Graphs | None = None  # from its first CUDA Graphs call
 
     def host_memory(self, addr: int) -> str:
         """'pinned' when ``addr`` lies in page-locked memory the process allocated or
@@ -144,6 +162,8 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         self._freed: dict[tuple[int, int], int] = {}
         #: (pid, ts) of a host<->device copy in the batch being handled -> pinned | pageable
         self._copy_memory: dict[tuple[int, int], str] = {}
+        #: (pid, tid, ts) of a graph launch in the batch being handled -> what it ran
+        self._graph_launch: dict[tuple[int, int, int], GraphLaunch] = {}
 
     # -- events -----------------------------------------------------------
 
@@ -164,7 +184,7 @@ class CudaCorrelator(CorrelatorBase[_Process]):
     def on_events(self, arr: np.ndarray) -> None:
         spans: list[ReadableSpan] = []
         with self._lock:
-            self._freed, self._copy_memory = {}, {}
+            self._freed, self._copy_memory, self._graph_launch = {}, {}, {}
             for pid, tid, ts, waker, hop, hop_ts in arr[arr["kind"] == Kind.HANDOFF][
                 ["pid", "tid", "ts_ns", "a0", "a1", "a2"]
             ].tolist():
@@ -203,7 +223,8 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                     self._info.resource(int(pid))
             facts = mine[np.isin(kinds, _FACT_KINDS)]
             calls = mine[np.isin(kinds, PAIRED_KINDS)]
-            if not len(calls) and not len(facts) and not (kinds == Kind.CUDA_LAUNCH).any():
+            graph = np.isin(kinds, _GRAPH_KINDS)
+            if not len(calls) and not len(facts) and not graph.any() and not (kinds == Kind.CUDA_LAUNCH).any():
                 if int(pid) in self._exited and int(pid) in self._procs:
                     self._procs[int(pid)].exited = True
                 continue
@@ -212,7 +233,9 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 self._learn(p, facts)
             complete = calls[(calls["flags"] & FLAG_INCOMPLETE) == 0]
             p.incomplete += len(calls) - len(complete)
-            funcs, counts = np.unique(complete["func"], return_counts=True)
+            # graph launches are launches (cuda.kernel.launches, from graphs.py), not API calls
+            counted = complete[~((complete["kind"] == Kind.CUDA_GRAPH) & np.isin(complete["func"], _GRAPH_LAUNCHES))]
+            funcs, counts = np.unique(counted["func"], return_counts=True)
             for f, c in zip(funcs.tolist(), counts.tolist()):
                 p.calls[CudaFunc(f).name] += c
             failed = complete[(complete["ret"] != 0)]
@@ -232,8 +255,25 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 p.sync[CudaFunc(f).name].add(syncs["duration_ns"][syncs["func"] == f] / 1e9)
             for rec in complete[(complete["kind"] == Kind.CUDA_MALLOC) | (complete["kind"] == Kind.CUDA_FREE)].tolist():
                 self._track_memory(p, rec)
+            if graph.any() or p.graphs is not None:
+                self._follow_graphs(p, mine)
             if int(pid) in self._exited:
                 p.exited = True
+                if p.graphs is not None:
+                    p.graphs.exited()
+
+    def _follow_graphs(self, p: _Process, mine: np.ndarray) -> None:
+        """Feed the process's graph calls, captured launches, stream events and syncs to its
+        graphs in time order (a thread's events reach the ring in program order; a paired
+        call's at its return, its ts at entry)."""
+        if p.graphs is None:
+            p.graphs = Graphs()
+        relevant = mine[np.isin(mine["kind"], _GRAPH_CONTEXT) & ((mine["flags"] & FLAG_INCOMPLETE) == 0)]
+        relevant = relevant[np.argsort(relevant["ts_ns"], kind="stable")]
+        for rec in relevant.tolist():
+            launched = p.graphs.on(rec)
+            if launched is not None:
+                self._graph_launch[(rec[2], rec[3], rec[0])] = launched
 
     @staticmethod
     def _learn(p: _Process, facts: np.ndarray) -> None:
@@ -294,7 +334,8 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         kind = arr["kind"]
         paired = np.isin(kind, PAIRED_KINDS)
         long_enough = (arr["duration_ns"] >= self._min_span_ns) | ((arr["flags"] & FLAG_INCOMPLETE) != 0)
-        worthy: np.ndarray = (kind == Kind.CUDA_LAUNCH) | (paired & long_enough)
+        graph_launch = (kind == Kind.CUDA_GRAPH) & np.isin(arr["func"], _GRAPH_LAUNCHES)
+        worthy: np.ndarray = (kind == Kind.CUDA_LAUNCH) | graph_launch | (paired & long_enough)
         return worthy
 
     def _span(self, rec: tuple[int, ...]) -> ReadableSpan | None:
@@ -346,6 +387,8 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 attrs["cuda.memory.handle"] = f"{a1:#x}"
         elif kind == Kind.CUDA_LAUNCH:
             attrs.update(self._launch_attrs(pid, func, a0, a1, a2, a3))
+        elif kind == Kind.CUDA_GRAPH:
+            attrs.update(self._graph_attrs(pid, tid, ts, cfunc, a0, a1, a2))
         error = None
         if incomplete:
             attrs["otelbpf.incomplete"] = True
@@ -378,11 +421,51 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             links=links,
         )
 
+    def _graph_attrs(self, pid: int, tid: int, ts: int, func: CudaFunc, a0: int, a1: int, a2: int) -> dict[str, object]:
+        """A graph call's handles; a graph launch's graph and the kernels it ran."""
+        attrs: dict[str, object] = {}
+        if func in _GRAPH:
+            attrs["cuda.graph.exec"] = f"{a0:#x}"
+            attrs["cuda.stream"] = f"{a2:#x}"
+            launched = self._graph_launch.get((pid, tid, ts))
+            if launched is not None and launched.graph_id is not None:
+                attrs["cuda.graph.id"] = launched.graph_id
+            if launched is not None and launched.kernels is not None:
+                attrs["cuda.graph.kernel_count"] = len(launched.kernels)
+                names: list[str] = []
+                for f, fn in launched.kernels:
+                    name = self._kernel_name(pid, f, fn)[0]
+                    if name not in names:
+                        names.append(name)
+                    if len(names) == _GRAPH_NAMES:
+                        break
+                attrs["cuda.graph.kernel_names"] = names
+            return attrs
+        name = func.name
+        if "Capture" in name:
+            attrs["cuda.stream"] = f"{a0:#x}"
+            if "End" in name and a1:
+                attrs["cuda.graph.handle"] = f"{a1:#x}"
+        elif "AddKernelNode" in name:
+            attrs["cuda.graph.handle"] = f"{a0:#x}"
+            attrs["cuda.kernel.function_address"] = f"{a2:#x}"
+            f = CudaFunc.cuLaunchKernel if is_driver(func) else CudaFunc.cudaLaunchKernel
+            attrs["cuda.kernel.name"] = self._kernel_name(pid, f, a2)[0]
+        elif "Instantiate" in name:
+            attrs["cuda.graph.handle"] = f"{a0:#x}"
+            if a1:
+                attrs["cuda.graph.exec"] = f"{a1:#x}"
+        elif "ExecUpdate" in name:
+            attrs["cuda.graph.exec"] = f"{a0:#x}"
+            attrs["cuda.graph.handle"] = f"{a2:#x}"
+        elif "ExecDestroy" in name:
+            attrs["cuda.graph.exec"] = f"{a0:#x}"
+        else:  # cudaGraphCreate, cudaGraphDestroy
+            attrs["cuda.graph.handle"] = f"{(a1 if 'Create' in name else a0):#x}"
+        return attrs
+
     def _launch_attrs(self, pid: int, func: int, fn: int, grid: int, block: int, stream: int) -> dict[str, object]:
         attrs: dict[str, object] = {"cuda.stream": f"{stream:#x}"}
-        if func in _GRAPH:
-            attrs["cuda.graph.exec"] = f"{fn:#x}"
-            return attrs
         attrs["cuda.kernel.name"], attrs["cuda.kernel.name_source"] = self._kernel_name(pid, func, fn)
         attrs["cuda.kernel.function_address"] = f"{fn:#x}"
         for label, packed in (("grid", grid), ("block", block)):
@@ -457,18 +540,40 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             by_func[fname] += count
             if func not in _GRAPH:
                 per_kernel[(fname, fn)] += count
-        top = heapq.nlargest(self._top, per_kernel.items(), key=lambda kv: kv[1])
+        g = p.graphs
+        # Kernels run by graph launches: (graph launch function, cuda.graph.id, (launch function, handle))
+        graph_runs = g.kernel_runs() if g is not None else Counter()
+        if g is not None:
+            by_func.update(g.launch_calls)
+            for (f, fn), c in g.uncaptured.items():  # a capturing thread's launches that ran
+                by_func[CudaFunc(f).name] += c
+                per_kernel[(CudaFunc(f).name, fn)] += c
+        # A graph's kernels by name: one kernel recorded through two launch APIs is one point.
+        graph_named: Counter[tuple[str, int, str]] = Counter()
+        for (name, gid, (f, fn)), c in graph_runs.items():
+            graph_named[(name, gid, self._kernel_name(pid, f, fn)[0])] += c
+        ranked: list[tuple[dict[str, object] | tuple[str, int], int]] = list(per_kernel.items())
+        ranked += [
+            ({"cuda.api.function": name, "cuda.kernel.name": kname, "cuda.graph.id": gid}, c)
+            for (name, gid, kname), c in graph_named.items()
+        ]
+        top = heapq.nlargest(self._top, ranked, key=lambda kv: kv[1])
         errors = p.errors + launch_errors
         # How each kernel launched here got its name (a self metric: the share left
         # unresolved is what an operator checks first).
         sources: Counter[str] = Counter()
-        for (f, fn), c in per_kernel.items():
-            sources[self._kernel_name(pid, CudaFunc[f], fn)[1]] += c
+        for (fname, fn), c in per_kernel.items():
+            sources[self._kernel_name(pid, CudaFunc[fname], fn)[1]] += c
+        graph_kernels: Counter[str] = Counter()
+        for (name, _gid, (f, fn)), c in graph_runs.items():
+            sources[self._kernel_name(pid, f, fn)[1]] += c
+            graph_kernels[name] += c
         built = [
             m.cumulative_sum(
                 "cuda.kernel.launches",
                 "{launch}",
-                "Kernel (and graph) launches, counted in the kernel",
+                "Kernel and graph launches (a graph's kernels in cuda.graph.kernel.launches; a launch "
+                "recorded by a stream capture is not one)",
                 [({"cuda.api.function": f}, c) for f, c in sorted(by_func.items())],
                 p.start_ns,
                 now,
@@ -476,10 +581,19 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             m.gauge(
                 "cuda.kernel.launches.top",
                 "{launch}",
-                f"Launches so far of the {self._top} most launched kernels of the process (a bounded top-N)",
+                f"Launches so far of the {self._top} most launched kernels of the process (a bounded top-N); "
+                "those a graph ran carry the graph launch function and cuda.graph.id",
                 [
-                    ({"cuda.api.function": f, "cuda.kernel.name": self._kernel_name(pid, CudaFunc[f], fn)[0]}, c)
-                    for (f, fn), c in top
+                    (
+                        key
+                        if isinstance(key, dict)
+                        else {
+                            "cuda.api.function": key[0],
+                            "cuda.kernel.name": self._kernel_name(pid, CudaFunc[key[0]], key[1])[0],
+                        },
+                        c,
+                    )
+                    for key, c in top
                 ],
                 now,
             ),
@@ -531,6 +645,14 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 p.start_ns,
                 now,
             ),
+            m.cumulative_sum(
+                "cuda.graph.kernel.launches",
+                "{launch}",
+                "Kernels run by graph launches that returned 0 (each launch runs each kernel of its graph once)",
+                [({"cuda.api.function": f}, c) for f, c in sorted(graph_kernels.items())],
+                p.start_ns,
+                now,
+            ),
             m.histogram(
                 "cuda.sync.duration",
                 "s",
@@ -562,6 +684,17 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                         for r, v in (("incomplete", p.incomplete), ("untracked_free", p.untracked_frees))
                         if v
                     ],
+                    p.start_ns,
+                    now,
+                )
+            )
+        if g is not None and g.anomalies:
+            built.append(
+                m.cumulative_sum(
+                    "otelbpf.cuda.graph.anomalies",
+                    "{event}",
+                    "CUDA Graphs calls the agent could not follow as made: " + ", ".join(_GRAPH_REASONS),
+                    [({"reason": r}, v) for r, v in sorted(g.anomalies.items())],
                     p.start_ns,
                     now,
                 )

@@ -20,14 +20,10 @@ _LAUNCHES = {
     CudaFunc.cudaLaunchKernel_ptsz: ("LAUNCH_RUNTIME", "PT_REGS_PARM1(ctx)"),
     CudaFunc.cudaLaunchKernelExC: ("LAUNCH_RUNTIME_EX", "PT_REGS_PARM2(ctx)"),
     CudaFunc.cudaLaunchKernelExC_ptsz: ("LAUNCH_RUNTIME_EX", "PT_REGS_PARM2(ctx)"),
-    CudaFunc.cudaGraphLaunch: ("LAUNCH_GRAPH", "PT_REGS_PARM1(ctx)"),
-    CudaFunc.cudaGraphLaunch_ptsz: ("LAUNCH_GRAPH", "PT_REGS_PARM1(ctx)"),
     CudaFunc.cuLaunchKernel: ("LAUNCH_DRIVER", "PT_REGS_PARM1(ctx)"),
     CudaFunc.cuLaunchKernel_ptsz: ("LAUNCH_DRIVER", "PT_REGS_PARM1(ctx)"),
     CudaFunc.cuLaunchKernelEx: ("LAUNCH_DRIVER_EX", "PT_REGS_PARM2(ctx)"),
     CudaFunc.cuLaunchKernelEx_ptsz: ("LAUNCH_DRIVER_EX", "PT_REGS_PARM2(ctx)"),
-    CudaFunc.cuGraphLaunch: ("LAUNCH_GRAPH", "PT_REGS_PARM1(ctx)"),
-    CudaFunc.cuGraphLaunch_ptsz: ("LAUNCH_GRAPH", "PT_REGS_PARM1(ctx)"),
 }
 
 _P1, _P2, _P3, _P4, _P5, _P6 = (f"PT_REGS_PARM{i}(ctx)" for i in range(1, 7))
@@ -113,6 +109,60 @@ _PAIRED: dict[CudaFunc, tuple[str, str, str, str, str, str]] = {
     CudaFunc.cuLibraryGetKernel: ("EV_CUDA_FUNC_NAME", _OUT, "0", _P1, _P3, "0"),
     CudaFunc.cuKernelGetFunction: ("EV_CUDA_GET_HANDLE", _OUT, "0", _P1, _P2, "0"),  # -, &CUfunction, CUkernel
 }
+
+_G = "EV_CUDA_GRAPH"
+_BEGIN, _END = "GRAPH_CAPTURE_BEGIN", "GRAPH_CAPTURE_END"
+_NODE, _NODE_V2 = "kernel_node_fn(PT_REGS_PARM5(ctx), 0)", "kernel_node_fn(PT_REGS_PARM5(ctx), 1)"
+# CUDA Graphs: every call paired (one event when it returns: Kind.CUDA_GRAPH), a0..a3 as below.
+# A driver call the runtime makes inside its own is not recorded (on_entry), so each is seen once.
+# The return of a capture's begin (a3 GRAPH_CAPTURE_BEGIN, returned 0) marks its thread capturing,
+# that of its end unmarks it (bpf/cuda.c capture_mark): launches in between are EV_CUDA_CAPTURED.
+GRAPH_CALLS: dict[CudaFunc, tuple[str, str, str, str, str, str]] = {
+    # stream, mode, -, begin
+    CudaFunc.cudaStreamBeginCapture: (_G, "0", _P1, _P2, "0", _BEGIN),
+    CudaFunc.cudaStreamBeginCapture_ptsz: (_G, "0", _P1, _P2, "0", _BEGIN),
+    CudaFunc.cuStreamBeginCapture: (_G, "0", _P1, "0", "0", _BEGIN),  # (stream): CUDA 10.0's
+    CudaFunc.cuStreamBeginCapture_v2: (_G, "0", _P1, _P2, "0", _BEGIN),
+    CudaFunc.cuStreamBeginCapture_ptsz: (_G, "0", _P1, "0", "0", _BEGIN),
+    CudaFunc.cuStreamBeginCapture_v2_ptsz: (_G, "0", _P1, _P2, "0", _BEGIN),
+    # stream, graph made (out), -, end
+    CudaFunc.cudaStreamEndCapture: (_G, _OUT, _P1, _P2, "0", _END),
+    CudaFunc.cudaStreamEndCapture_ptsz: (_G, _OUT, _P1, _P2, "0", _END),
+    CudaFunc.cuStreamEndCapture: (_G, _OUT, _P1, _P2, "0", _END),
+    CudaFunc.cuStreamEndCapture_ptsz: (_G, _OUT, _P1, _P2, "0", _END),
+    # -, graph made (out)
+    CudaFunc.cudaGraphCreate: (_G, _OUT, "0", _P1, "0", "0"),
+    CudaFunc.cuGraphCreate: (_G, _OUT, "0", _P1, "0", "0"),
+    # graph, node made (out), the node's kernel (host stub, cudaKernel_t, CUfunction or CUkernel)
+    CudaFunc.cudaGraphAddKernelNode: (_G, _OUT, _P2, _P1, _NODE, "0"),
+    CudaFunc.cuGraphAddKernelNode: (_G, _OUT, _P2, _P1, _NODE, "0"),
+    CudaFunc.cuGraphAddKernelNode_v2: (_G, _OUT, _P2, _P1, _NODE_V2, "0"),
+    # graph, executable graph made (out)
+    CudaFunc.cudaGraphInstantiate: (_G, _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cudaGraphInstantiateWithFlags: (_G, _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cudaGraphInstantiateWithParams: (_G, _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cudaGraphInstantiateWithParams_ptsz: (_G, _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cuGraphInstantiate: (_G, _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cuGraphInstantiate_v2: (_G, _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cuGraphInstantiateWithFlags: (_G, _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cuGraphInstantiateWithParams: (_G, _OUT, _P2, _P1, "0", "0"),
+    CudaFunc.cuGraphInstantiateWithParams_ptsz: (_G, _OUT, _P2, _P1, "0", "0"),
+    # executable graph, -, graph it takes its parameters from
+    CudaFunc.cudaGraphExecUpdate: (_G, "0", _P1, "0", _P2, "0"),
+    CudaFunc.cuGraphExecUpdate: (_G, "0", _P1, "0", _P2, "0"),
+    CudaFunc.cuGraphExecUpdate_v2: (_G, "0", _P1, "0", _P2, "0"),
+    # executable graph / graph destroyed
+    CudaFunc.cudaGraphExecDestroy: (_G, "0", _P1, "0", "0", "0"),
+    CudaFunc.cuGraphExecDestroy: (_G, "0", _P1, "0", "0", "0"),
+    CudaFunc.cudaGraphDestroy: (_G, "0", _P1, "0", "0", "0"),
+    CudaFunc.cuGraphDestroy: (_G, "0", _P1, "0", "0", "0"),
+    # executable graph, -, stream
+    CudaFunc.cudaGraphLaunch: (_G, "0", _P1, "0", _P2, "0"),
+    CudaFunc.cudaGraphLaunch_ptsz: (_G, "0", _P1, "0", _P2, "0"),
+    CudaFunc.cuGraphLaunch: (_G, "0", _P1, "0", _P2, "0"),
+    CudaFunc.cuGraphLaunch_ptsz: (_G, "0", _P1, "0", _P2, "0"),
+}
+_PAIRED.update(GRAPH_CALLS)
 
 # cuMemcpy2D/3D: bytes and direction come from the descriptor (on_memcpy_desc).
 _DESCRIBED_COPIES = {

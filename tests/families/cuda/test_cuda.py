@@ -628,7 +628,7 @@ def test_driver_calls_graph_launches_event_waits_and_vmm_handles_say_what_they_a
     h = Harness()
     ev = Events()
     ev.add(Kind.CUDA_MALLOC, F.cuMemAlloc_v2, flags=FLAG_DRIVER, a0=3 << 20, a1=0xD000)
-    ev.launch(0x9999, func=F.cudaGraphLaunch, stream=0x5EED)
+    ev.add(Kind.CUDA_GRAPH, F.cudaGraphLaunch, a0=0x9999, a2=0x5EED)  # an executable graph never seen made
     ev.add(Kind.CUDA_CALL, F.cuMemCreate, flags=FLAG_DRIVER, a0=2 << 20, a1=0xABC)
     ev.sync(func=F.cudaEventSynchronize, stream=0xE1, a1=1)
     ev.sync(func=F.cudaStreamSynchronize, stream=0x5EED)

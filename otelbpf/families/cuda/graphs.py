@@ -1,0 +1,262 @@
+"""CUDA Graphs, per process: what each executable graph runs, and what its launches ran.
+
+Fed, in time order, with a process's ``Kind.CUDA_GRAPH`` calls (capture, construction,
+instantiation, update, destruction, launch), the launches its threads made while capturing
+(``Kind.CUDA_CAPTURED``), and the stream events and synchronizes that tell which streams a
+capture took and when a launched graph is known done. Kernels are kept as (launch function id,
+handle), named later exactly as a launch is (kernel_names.py).
+
+- A capture (``cudaStreamBeginCapture`` returned 0 -> ``cudaStreamEndCapture``) records the
+  launches its thread makes on the captured stream, or on a stream that joined it (waited on
+  an event recorded on a captured stream: the fork/join pattern). A launch of that thread on
+  another stream ran: it is counted as a launch here (``uncaptured``), since the kernel did not.
+- ``cudaGraphAddKernelNode`` adds the node's kernel to its graph.
+- An instantiation copies its graph's kernels into an executable graph, numbered per process
+  (``cuda.graph.id``: 1, 2, ... in the order seen; a handle reused after a destroy gets a new
+  number); an update that returns 0 replaces them with the new graph's.
+- Each graph launch that returns 0 runs the executable graph's kernels once each.
+
+Bad input is counted by reason (``otelbpf.cuda.graph.anomalies``), never raised.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from otelbpf.base.events import CudaFunc, Kind, is_driver
+
+F = CudaFunc
+CAPTURE_BEGIN = frozenset(
+    {
+        F.cudaStreamBeginCapture,
+        F.cudaStreamBeginCapture_ptsz,
+        F.cuStreamBeginCapture,
+        F.cuStreamBeginCapture_v2,
+        F.cuStreamBeginCapture_ptsz,
+        F.cuStreamBeginCapture_v2_ptsz,
+    }
+)
+CAPTURE_END = frozenset(
+    {F.cudaStreamEndCapture, F.cudaStreamEndCapture_ptsz, F.cuStreamEndCapture, F.cuStreamEndCapture_ptsz}
+)
+CREATE = frozenset({F.cudaGraphCreate, F.cuGraphCreate})
+ADD_KERNEL_NODE = frozenset({F.cudaGraphAddKernelNode, F.cuGraphAddKernelNode, F.cuGraphAddKernelNode_v2})
+INSTANTIATE = frozenset(
+    {
+        F.cudaGraphInstantiate,
+        F.cudaGraphInstantiateWithFlags,
+        F.cudaGraphInstantiateWithParams,
+        F.cudaGraphInstantiateWithParams_ptsz,
+        F.cuGraphInstantiate,
+        F.cuGraphInstantiate_v2,
+        F.cuGraphInstantiateWithFlags,
+        F.cuGraphInstantiateWithParams,
+        F.cuGraphInstantiateWithParams_ptsz,
+    }
+)
+UPDATE = frozenset({F.cudaGraphExecUpdate, F.cuGraphExecUpdate, F.cuGraphExecUpdate_v2})
+EXEC_DESTROY = frozenset({F.cudaGraphExecDestroy, F.cuGraphExecDestroy})
+GRAPH_DESTROY = frozenset({F.cudaGraphDestroy, F.cuGraphDestroy})
+LAUNCH = frozenset({F.cudaGraphLaunch, F.cudaGraphLaunch_ptsz, F.cuGraphLaunch, F.cuGraphLaunch_ptsz})
+_EVENT_RECORD = frozenset({F.cudaEventRecord, F.cudaEventRecord_ptsz, F.cuEventRecord, F.cuEventRecord_ptsz})
+_STREAM_WAIT = frozenset(
+    {F.cudaStreamWaitEvent, F.cudaStreamWaitEvent_ptsz, F.cuStreamWaitEvent, F.cuStreamWaitEvent_ptsz}
+)
+_EVENT_QUERY = frozenset({F.cudaEventQuery, F.cuEventQuery})
+_DEVICE_SYNC = frozenset({F.cudaDeviceSynchronize, F.cuCtxSynchronize})
+
+#: ``otelbpf.cuda.graph.anomalies`` reasons.
+REASONS = (
+    "capture_invalidated",  # cudaStreamEndCapture returned an error: what it recorded never runs
+    "capture_abandoned",  # a capture begun again, or left open when its process exited
+    "capture_unseen",  # a capture ended that began before the agent watched: its kernels unknown
+    "update_failed",  # cudaGraphExecUpdate returned an error: the executable graph kept its kernels
+    "unknown_exec",  # a graph launch of an executable graph not seen instantiated (or destroyed)
+    "destroyed_in_flight",  # an executable graph destroyed with a launch not known done
+)
+
+#: A kernel as a launch names it: (launch function id, handle).
+Kernel = tuple[int, int]
+
+
+@dataclass
+class Capture:
+    stream: int
+    tid: int
+    streams: set[int]
+    kernels: list[Kernel] = field(default_factory=list)
+    events: set[int] = field(default_factory=set)  # events recorded on captured streams
+
+
+@dataclass
+class Version:
+    """What an executable graph ran between two updates."""
+
+    key: int  # Graphs.versions
+    graph_id: int
+    kernels: tuple[Kernel, ...] | None  # None: not known (made before the agent watched)
+
+
+@dataclass
+class Exec:
+    version: Version
+    pending: int | None = None  # the stream of a launch not known done
+
+
+@dataclass
+class GraphLaunch:
+    """What one graph launch ran (for its span)."""
+
+    graph_id: int | None
+    kernels: tuple[Kernel, ...] | None
+
+
+@dataclass
+class Graphs:
+    captures: dict[int, Capture] = field(default_factory=dict)  # capturing stream -> capture
+    by_thread: dict[int, int] = field(default_factory=dict)  # tid -> the stream it captures
+    graphs: dict[int, list[Kernel] | None] = field(default_factory=dict)  # cudaGraph_t -> kernels
+    execs: dict[int, Exec] = field(default_factory=dict)  # cudaGraphExec_t -> what it runs
+    event_streams: dict[int, int] = field(default_factory=dict)  # event -> stream it was last recorded on
+    next_id: int = 1
+    #: (version, launch function name) -> graph launches that returned 0
+    runs: Counter[tuple[int, str]] = field(default_factory=Counter)
+    versions: dict[int, Version] = field(default_factory=dict)  # runs' first key -> version
+    #: launch function name -> graph launch calls (every one, as launches are counted at entry)
+    launch_calls: Counter[str] = field(default_factory=Counter)
+    #: launches of a capturing thread that the capture did not take: they ran
+    uncaptured: Counter[Kernel] = field(default_factory=Counter)
+    anomalies: Counter[str] = field(default_factory=Counter)
+
+    def on(self, rec: tuple[int, ...]) -> GraphLaunch | None:
+        """One event (an ``EVENT_DTYPE`` row as a tuple); a graph launch returns what it ran."""
+        ts, _dur, _pid, tid, kind, func, _flags, ret, a0, a1, a2, a3 = rec
+        if kind == Kind.CUDA_CAPTURED:
+            cap = self.captures.get(self.by_thread.get(tid, -1))
+            if cap is not None and a3 in cap.streams:
+                cap.kernels.append((func, a0))
+            else:
+                self.uncaptured[(func, a0)] += 1
+            return None
+        if kind == Kind.CUDA_CALL:
+            self._stream_event(tid, func, ret, a0, a2)
+            return None
+        if kind == Kind.CUDA_SYNC:
+            if ret == 0:
+                if func in _DEVICE_SYNC:
+                    self._done(None)
+                elif a1:  # an event synchronized: the work recorded before it is done
+                    if a0 in self.event_streams:
+                        self._done(self.event_streams[a0])
+                else:
+                    self._done(a0)
+            return None
+        if func in LAUNCH:
+            return self._launch(CudaFunc(func).name, ret, a0, a2)
+        if func in CAPTURE_BEGIN:
+            if ret == 0:
+                if a0 in self.captures or tid in self.by_thread:
+                    self.anomalies["capture_abandoned"] += 1
+                    self._end(self.by_thread.get(tid, a0))
+                self.captures[a0] = Capture(a0, tid, {a0})
+                self.by_thread[tid] = a0
+        elif func in CAPTURE_END:
+            cap = self._end(a0)
+            if ret != 0:
+                self.anomalies["capture_invalidated"] += 1
+            elif cap is None:
+                self.anomalies["capture_unseen"] += 1
+                if a1:
+                    self.graphs[a1] = None
+            elif a1:
+                self.graphs[a1] = cap.kernels
+        elif func in CREATE:
+            if ret == 0 and a1:
+                self.graphs[a1] = []
+        elif func in ADD_KERNEL_NODE:
+            if ret == 0:
+                kernels = self.graphs.get(a0)
+                if kernels is not None:
+                    kernels.append((int(F.cuLaunchKernel if is_driver(func) else F.cudaLaunchKernel), a2))
+                elif a0 not in self.graphs:
+                    self.graphs[a0] = None  # a graph made before the agent watched
+        elif func in INSTANTIATE:
+            if ret == 0 and a1:
+                kernels = self.graphs.get(a0)
+                self.execs[a1] = Exec(self._version(self.next_id, kernels))
+                self.next_id += 1
+        elif func in UPDATE:
+            known = self.execs.get(a0)
+            if ret != 0:
+                self.anomalies["update_failed"] += 1
+            elif known is None:
+                self.anomalies["unknown_exec"] += 1
+            else:
+                known.version = self._version(known.version.graph_id, self.graphs.get(a2))
+        elif func in EXEC_DESTROY:
+            gone = self.execs.pop(a0, None)
+            if gone is not None and gone.pending is not None:
+                self.anomalies["destroyed_in_flight"] += 1
+        elif func in GRAPH_DESTROY and ret == 0:
+            self.graphs.pop(a0, None)  # its executable graphs keep their copies
+        return None
+
+    def _launch(self, name: str, ret: int, exec_handle: int, stream: int) -> GraphLaunch:
+        self.launch_calls[name] += 1
+        e = self.execs.get(exec_handle)
+        if e is None:
+            self.anomalies["unknown_exec"] += 1
+            return GraphLaunch(None, None)
+        if ret == 0:  # a launch that failed ran nothing
+            self.runs[(e.version.key, name)] += 1
+            e.pending = stream
+        return GraphLaunch(e.version.graph_id, e.version.kernels)
+
+    def _version(self, graph_id: int, kernels: list[Kernel] | None) -> Version:
+        v = Version(len(self.versions), graph_id, tuple(kernels) if kernels is not None else None)
+        self.versions[v.key] = v
+        return v
+
+    def _stream_event(self, tid: int, func: int, ret: int, event: int, stream: int) -> None:
+        if ret != 0:
+            return
+        if func in _EVENT_RECORD:
+            self.event_streams[event] = stream
+            cap = self.captures.get(self.by_thread.get(tid, -1))
+            if cap is not None and stream in cap.streams:
+                cap.events.add(event)
+        elif func in _STREAM_WAIT:
+            cap = self.captures.get(self.by_thread.get(tid, -1))
+            if cap is not None and event in cap.events:
+                cap.streams.add(stream)  # a fork: the stream joined the capture
+        elif func in _EVENT_QUERY and event in self.event_streams:
+            self._done(self.event_streams[event])
+
+    def _done(self, stream: int | None) -> None:
+        """The work queued on ``stream`` (None: every stream) so far is done."""
+        for e in self.execs.values():
+            if e.pending is not None and (stream is None or e.pending == stream):
+                e.pending = None
+
+    def _end(self, stream: int) -> Capture | None:
+        cap = self.captures.pop(stream, None)
+        if cap is not None and self.by_thread.get(cap.tid) == stream:
+            del self.by_thread[cap.tid]
+        return cap
+
+    def exited(self) -> None:
+        """The process is gone: captures left open are counted."""
+        if self.captures:
+            self.anomalies["capture_abandoned"] += len(self.captures)
+            self.captures.clear()
+            self.by_thread.clear()
+
+    def kernel_runs(self) -> Counter[tuple[str, int, Kernel]]:
+        """(graph launch function, cuda.graph.id, kernel) -> times run."""
+        out: Counter[tuple[str, int, Kernel]] = Counter()
+        for (v, name), n in self.runs.items():
+            version = self.versions[v]
+            for k, c in Counter(version.kernels or ()).items():
+                out[(name, version.graph_id, k)] += c * n
+        return out

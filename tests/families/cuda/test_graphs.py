@@ -1,0 +1,191 @@
+"""CUDA Graphs in the correlator, on synthetic records laid out as bpf/cuda.c writes them:
+captures and the launches they record, kernel nodes, instantiation, update, destruction and
+launches; every count derived from what the records plant. Kernel "host stubs" are libc
+functions of this process (named by their symbols), as in test_cuda.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from families.cuda.test_cuda import ME, Events, Harness, fn_address, pack_dim, points
+from otelbpf.base.events import FLAG_DRIVER, CudaFunc, Kind
+from otelbpf.families.cuda.probes import GRAPH_CALLS, cuda_family
+
+F = CudaFunc
+G = Kind.CUDA_GRAPH
+STREAM, SIDE, OTHER = 0x5000, 0x6000, 0x7000
+GRAPH, EXEC = 0x6A00, 0xE000
+A, B, C = fn_address("getuid"), fn_address("getgid"), fn_address("geteuid")
+
+
+class GraphEvents(Events):
+    def begin(self, stream: int = STREAM, ret: int = 0, func: int = F.cudaStreamBeginCapture) -> GraphEvents:
+        self.add(G, func, a0=stream, a1=0, a3=1, ret=ret)
+        return self
+
+    def captured(self, fn: int, stream: int = STREAM, func: int = F.cudaLaunchKernel, **kw) -> GraphEvents:
+        self.add(Kind.CUDA_CAPTURED, func, a0=fn, a1=pack_dim(1), a2=pack_dim(32), a3=stream, dur=0, **kw)
+        return self
+
+    def end(self, graph: int = GRAPH, stream: int = STREAM, ret: int = 0) -> GraphEvents:
+        self.add(G, F.cudaStreamEndCapture, a0=stream, a1=graph if ret == 0 else 0, a3=2, ret=ret)
+        return self
+
+    def instantiate(self, graph: int = GRAPH, exec_: int = EXEC, func: int = F.cudaGraphInstantiate) -> GraphEvents:
+        self.add(G, func, a0=graph, a1=exec_)
+        return self
+
+    def graph_launch(self, exec_: int = EXEC, stream: int = STREAM, ret: int = 0, **kw) -> GraphEvents:
+        self.add(G, F.cudaGraphLaunch, a0=exec_, a2=stream, ret=ret, **kw)
+        return self
+
+
+def graph_metrics(h: Harness) -> tuple[dict, dict, dict, dict]:
+    """(cuda.kernel.launches by function, graph kernels in the top gauge by (name, graph id),
+    cuda.graph.kernel.launches by function, anomalies by reason)"""
+    m = h.collect()[ME]
+    launches = {dict(k)["cuda.api.function"]: v for k, v in points(m["cuda.kernel.launches"]).items()}
+    top = {
+        (d["cuda.kernel.name"], d.get("cuda.graph.id")): v
+        for d, v in ((dict(k), v) for k, v in points(m["cuda.kernel.launches.top"]).items())
+    }
+    ran = {dict(k)["cuda.api.function"]: v for k, v in points(m["cuda.graph.kernel.launches"]).items()}
+    bad = (
+        {dict(k)["reason"]: v for k, v in points(m["otelbpf.cuda.graph.anomalies"]).items()}
+        if ("otelbpf.cuda.graph.anomalies" in m)
+        else {}
+    )
+    return launches, top, ran, bad
+
+
+def test_a_captured_graph_replayed_100_times_runs_each_kernel_100_times_per_node() -> None:
+    h = Harness()
+    ev = GraphEvents()
+    ev.launch(C)  # before the capture: a launch
+    ev.begin().captured(A).captured(B).captured(A, func=F.cudaLaunchKernelExC).end().instantiate()
+    for _ in range(100):
+        ev.graph_launch()
+    h.correlator.on_events(ev.array())
+    launches, top, ran, bad = graph_metrics(h)
+    # the three recorded launches are not launches; the one before the capture is
+    assert launches == {"cudaGraphLaunch": 100}  # (cudaLaunchKernel comes from the kernel's map)
+    assert top == {("getuid", 1): 200, ("getgid", 1): 100}
+    assert ran == {"cudaGraphLaunch": 300}
+    assert bad == {}
+    spans = [s for s in h.spans if s.name == "cudaGraphLaunch"]
+    assert len(spans) == 100
+    assert {(s.attributes["cuda.graph.id"], s.attributes["cuda.graph.kernel_count"]) for s in spans} == {(1, 3)}
+    assert list(spans[0].attributes["cuda.graph.kernel_names"]) == ["getuid", "getgid"]
+    assert spans[0].attributes["cuda.graph.exec"] == f"{EXEC:#x}"
+    assert not [
+        s for s in h.spans if s.name == "cudaLaunchKernel" and s.attributes.get("cuda.kernel.name") != "geteuid"
+    ]
+
+
+def test_a_built_graph_its_nodes_named_and_a_second_graph_numbered_apart() -> None:
+    h = Harness()
+    ev = GraphEvents()
+    ev.add(G, F.cudaGraphCreate, a1=GRAPH)
+    for fn, node in ((A, 0x1), (B, 0x2), (B, 0x3)):
+        ev.add(G, F.cudaGraphAddKernelNode, a0=GRAPH, a1=node, a2=fn)
+    ev.instantiate(func=F.cudaGraphInstantiateWithFlags)
+    ev.add(G, F.cuGraphCreate, flags=FLAG_DRIVER, a1=GRAPH + 1)
+    ev.add(G, F.cuGraphAddKernelNode_v2, flags=FLAG_DRIVER, a0=GRAPH + 1, a1=0x4, a2=C)
+    ev.add(G, F.cuGraphInstantiateWithFlags, flags=FLAG_DRIVER, a0=GRAPH + 1, a1=EXEC + 1)
+    ev.graph_launch().graph_launch()
+    ev.add(G, F.cuGraphLaunch, flags=FLAG_DRIVER, a0=EXEC + 1, a2=STREAM)
+    h.correlator.on_events(ev.array())
+    launches, top, ran, bad = graph_metrics(h)
+    assert launches == {"cudaGraphLaunch": 2, "cuGraphLaunch": 1}
+    assert top == {("getuid", 1): 2, ("getgid", 1): 4, ("geteuid", 2): 1}
+    assert ran == {"cudaGraphLaunch": 6, "cuGraphLaunch": 1}
+    assert bad == {}
+    m = h.collect()[ME]
+    calls = {dict(k)["cuda.api.function"]: v for k, v in points(m["cuda.api.calls"]).items()}
+    assert calls["cudaGraphAddKernelNode"] == 3 and "cudaGraphLaunch" not in calls  # launches are not API calls
+    node = next(s for s in h.spans if s.name == "cudaGraphAddKernelNode")
+    assert node.attributes["cuda.kernel.name"] == "getuid"
+
+
+def test_a_fork_joined_stream_is_captured_a_foreign_one_runs() -> None:
+    h = Harness()
+    ev = GraphEvents()
+    ev.begin().captured(A)
+    ev.add(Kind.CUDA_CALL, F.cudaEventRecord, a0=0xE1, a2=STREAM)
+    ev.add(Kind.CUDA_CALL, F.cudaStreamWaitEvent, a0=0xE1, a2=SIDE)  # SIDE joins the capture
+    ev.captured(B, stream=SIDE)
+    ev.captured(C, stream=OTHER)  # not captured: it ran
+    ev.end().instantiate().graph_launch()
+    h.correlator.on_events(ev.array())
+    launches, top, ran, bad = graph_metrics(h)
+    assert launches == {"cudaGraphLaunch": 1, "cudaLaunchKernel": 1}
+    assert top == {("getuid", 1): 1, ("getgid", 1): 1, ("geteuid", None): 1}
+    assert ran == {"cudaGraphLaunch": 2}
+
+
+def test_bad_input_is_counted_never_raised() -> None:
+    h = Harness()
+    ev = GraphEvents()
+    # invalidated: cudaStreamEndCapture returns 901; what it recorded never runs
+    ev.begin().captured(A).end(ret=901)
+    # abandoned: begun again before it ended, and one left open at exit (below)
+    ev.begin(stream=SIDE).captured(B, stream=SIDE).begin(stream=SIDE)
+    ev.end(stream=SIDE, graph=GRAPH)
+    ev.instantiate().graph_launch()  # the restarted capture's graph: B was recorded before the restart
+    # an update that fails keeps the kernels; one that succeeds replaces them
+    ev.add(G, F.cudaGraphCreate, a1=GRAPH + 1)
+    ev.add(G, F.cudaGraphAddKernelNode, a0=GRAPH + 1, a1=0x9, a2=C)
+    ev.add(G, F.cudaGraphExecUpdate, a0=EXEC, a2=GRAPH + 1, ret=910)
+    ev.add(G, F.cudaGraphExecUpdate, a0=EXEC, a2=GRAPH + 1)
+    ev.graph_launch().graph_launch()
+    # destroyed while launched (no synchronize since), then launched again: 400, runs nothing
+    ev.add(G, F.cudaGraphExecDestroy, a0=EXEC)
+    ev.graph_launch(ret=400)
+    # destroyed after a synchronize of its stream: fine
+    ev.instantiate(graph=GRAPH + 1, exec_=EXEC + 1).graph_launch(exec_=EXEC + 1)
+    ev.sync(stream=STREAM)
+    ev.add(G, F.cudaGraphExecDestroy, a0=EXEC + 1)
+    ev.add(G, F.cudaGraphDestroy, a0=GRAPH + 1)
+    ev.add(G, F.cudaGraphLaunch, a0=0xBAD, a2=STREAM, ret=400)  # never instantiated
+    ev.begin(stream=OTHER).captured(A, stream=OTHER)  # left open
+    ev.exit()
+    h.correlator.on_events(ev.array())
+    launches, top, ran, bad = graph_metrics(h)
+    assert bad == {
+        "capture_invalidated": 1,
+        "capture_abandoned": 2,
+        "update_failed": 1,
+        "destroyed_in_flight": 1,
+        "unknown_exec": 2,
+    }
+    assert launches == {"cudaGraphLaunch": 6}
+    assert top == {("geteuid", 1): 2, ("geteuid", 2): 1}  # graph 1 ran nothing before its update
+    assert ran == {"cudaGraphLaunch": 3}
+    m = h.collect()
+    assert not m or "cuda.api.errors" in m[ME]  # exported once more at most, and nothing raised
+
+
+def test_graph_probes_read_what_the_headers_lay_out() -> None:
+    """The offsets kernel_node_fn reads (bpf/cuda.c) against CUDA 13's headers, where installed:
+    cudaKernelNodeParams.func and CUDA_KERNEL_NODE_PARAMS.func first, the v2 struct's kern at 56."""
+    cuda_h = Path("/usr/local/cuda-13.0/include/cuda.h")
+    code = cuda_family(["cudart", "cuda"]).generated_c
+    for func in GRAPH_CALLS:
+        assert f"int uprobe_{func.name}(" in code
+    assert "kernel_node_fn(PT_REGS_PARM5(ctx), 1)" in code
+    if not cuda_h.exists():
+        return
+    text = cuda_h.read_text()
+    v2 = re.search(r"typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st \{(.*?)\}", text, re.S)
+    assert v2 is not None
+    fields = re.findall(r"^\s*([\w ]+?\**)\s*(\w+);", v2.group(1), re.M)
+    sizes = {"CUfunction": 8, "unsigned int": 4, "void **": 8, "CUkernel": 8, "CUcontext": 8}
+    offset = 0
+    for ctype, name in fields:
+        size = sizes[ctype.strip()]
+        offset = (offset + size - 1) // size * size
+        if name == "kern":
+            assert offset == 56
+        offset += size
+    assert fields[0][1] == "func"
