@@ -524,8 +524,14 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         """The body reader of an OpenAI-compatible completion request, None for any other request."""
         if method != "POST":  # the common case, decided first
             return None
-        name = genai.operation(method, target.partition("?")[0])
-        return genai.RequestFacts(name, content_cap=self._content_cap, limits=self._limits) if name else None
+        found = genai.classify(method, target.partition("?")[0])
+        if found is None:
+            return None
+        name, api, path_model, path_stream = found
+        return genai.RequestFacts(
+            name, content_cap=self._content_cap, limits=self._limits, api=api, path_model=path_model,
+            path_stream=path_stream,
+        )  # fmt: skip
 
     def _response_http1(self, request: Message | None, response: Message) -> None:
         """A response head: watch its body if it streams, or if it answers a GenAI request."""
@@ -554,7 +560,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
 
     def _watch(self, opened: _Open, sse: bool) -> ResponseWatch:
         facts = (
-            genai.ResponseFacts(content_cap=self._content_cap, limits=self._limits)
+            genai.ResponseFacts(content_cap=self._content_cap, limits=self._limits, api=opened.genai.api)
             if opened.genai is not None
             else None
         )
@@ -905,12 +911,13 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         if request.problem:
             self._problem(f"genai_{request.problem}")
         attrs.update(genai.attributes(request, response, self._clip))
-        if not server:
-            return
         key: Labels = (
             ("gen_ai.operation.name", request.operation),
-            ("gen_ai.provider.name", genai.PROVIDER),
+            ("gen_ai.provider.name", request.provider),
         )
+        if not server:
+            self._genai_client(conn.pid, key, response, attrs, start_ns, end_ns)
+            return
         for name in ("gen_ai.request.model", "gen_ai.response.model"):
             if name in attrs:
                 key += ((name, self._model(conn.pid, attrs[name])),)
@@ -929,6 +936,30 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         if tokens > 1:
             self._durations[(conn.pid, "gen_ai.server.time_per_output_token", key)].append(
                 max(end_ns - response.first_token_ns, 0) / 1e9 / (tokens - 1)
+            )
+
+    def _genai_client(
+        self, pid: int, key: Labels, response: genai.ResponseFacts | None, attrs: SpanAttrs, start_ns: int, end_ns: int
+    ) -> None:
+        """The gen_ai.client.* histograms of a request this process made (genai.CLIENT_METRICS)."""
+        for name in ("gen_ai.request.model", "gen_ai.response.model"):
+            if name in attrs:
+                key += ((name, self._model(pid, attrs[name])),)
+        for name in ("server.address", "server.port"):
+            if name in attrs:
+                key += ((name, attrs[name]),)
+        error = attrs.get("error.type")
+        self._durations[
+            (pid, "gen_ai.client.operation.duration", key + ((("error.type", error),) if error else ()))
+        ].append((end_ns - start_ns) / 1e9)
+        if error or response is None:
+            return
+        for kind, n in (("input", response.input_tokens), ("output", response.output_tokens)):
+            if n is not None:
+                self._durations[(pid, "gen_ai.client.token.usage", key + (("gen_ai.token.type", kind),))].append(n)
+        if response.first_token_ns is not None:
+            self._durations[(pid, "gen_ai.client.operation.time_to_first_chunk", key)].append(
+                max(response.first_token_ns - start_ns, 0) / 1e9
             )
 
     def _model(self, pid: int, model: str) -> str:
@@ -990,7 +1021,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                 for (metric, labels), gaps in sorted(p.gaps.items(), key=lambda kv: kv[0]):
                     by_metric[metric].append(gaps.point(dict(labels), p.start_ns, now))
                 built = [
-                    m.histogram(name, "s", _DESCRIPTIONS[name], points) for name, points in sorted(by_metric.items())
+                    m.histogram(name, _UNITS.get(name, "s"), _DESCRIPTIONS[name], points)
+                    for name, points in sorted(by_metric.items())
                 ]
                 metrics = [x for x in built if x is not None]
                 if metrics:
@@ -1051,6 +1083,10 @@ _BOUNDS = {
     ),
     "gen_ai.server.time_per_output_token": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5),
 }
+
+_DESCRIPTIONS.update({name: description for name, (_unit, description, _b) in genai.CLIENT_METRICS.items()})
+_BOUNDS.update({name: bounds for name, (_unit, _d, bounds) in genai.CLIENT_METRICS.items()})
+_UNITS = {name: unit for name, (unit, _d, _b) in genai.CLIENT_METRICS.items()}
 
 
 def _errno_name(code: int) -> str:

@@ -16,6 +16,15 @@ reading: nothing after it is guessed. The kernel captures at most ``payload_size
 syscall, so a ``model`` written after a long prompt in the same ``send`` is not seen
 (``gen_ai.response.model`` then still is, from the response).
 
+Besides OpenAI's API, two other providers' wire formats are read (``API``, ``classify``):
+Anthropic's Messages API (``POST …/v1/messages``: ``chat``, provider ``anthropic``; streamed as
+``message_start`` (model, id, input tokens), ``content_block_delta`` (the output, one event per
+piece), ``message_delta`` (stop reason, output tokens)) and Gemini's ``generateContent`` and
+``streamGenerateContent?alt=sse`` (``…/models/{model}:generateContent``: ``generate_content``,
+provider ``gcp.gemini``, or ``gcp.vertex_ai`` under ``/projects/``; the model from the path,
+``modelVersion``, ``responseId``, ``candidates[].finishReason``, ``usageMetadata``). Client or
+server alike: the direction only decides which metrics are recorded (correlator.py).
+
 Prompts and completions are read only when ``capture_content`` is set (the http receiver's
 ``capture_message_content``, off by default); they are then exported, clipped, as
 ``gen_ai.input.messages`` and ``gen_ai.output.messages``.
@@ -69,6 +78,42 @@ def operation(method: str, path: str) -> str | None:
     for suffix, name in OPERATIONS:
         if path.endswith(suffix):
             return name
+    return None
+
+
+@dataclass(frozen=True)
+class Api:
+    """One provider's wire format: what its request and response bodies say, and where."""
+
+    provider: str
+    request: Targets
+    request_content: dict[Path, str]
+    response: Targets
+    response_content: dict[Path, str]
+    #: Both token counts come in one usage object, and one without the other is not believed
+    #: (OpenAI); else each count is taken where it comes, a later one replacing an earlier
+    #: (Anthropic's input tokens at message_start, output tokens at message_delta).
+    usage_together: bool
+
+
+#: Gemini (AI Studio) and Vertex AI: ``…/models/{model}:generateContent`` or ``:streamGenerateContent``.
+_GEMINI_PATH = re.compile(r"/v1[a-z0-9]*/(?:projects/[^?]*/)?models/([^/:?]+):(generateContent|streamGenerateContent)$")
+
+
+def classify(method: str, path: str) -> tuple[str, Api, str | None, bool] | None:
+    """(operation name, API, model named by the path, streamed by the path) of a GenAI request,
+    or None for any other request."""
+    if method != "POST":
+        return None
+    name = operation(method, path)
+    if name is not None:
+        return name, OPENAI, None, False
+    if path.endswith("/v1/messages"):
+        return "chat", ANTHROPIC, None, False
+    m = _GEMINI_PATH.search(path)
+    if m is not None:
+        api = VERTEX if "/projects/" in path else GEMINI
+        return "generate_content", api, m.group(1), m.group(2) == "streamGenerateContent"
     return None
 
 
@@ -342,6 +387,52 @@ _RESPONSE_CONTENT = {
 }
 
 
+OPENAI = Api(PROVIDER, _REQUEST, _REQUEST_CONTENT, _RESPONSE, _RESPONSE_CONTENT, usage_together=True)
+_ANTHROPIC_USAGE = {
+    ("usage", "input_tokens"): ("input_tokens", MAX_SCALAR),
+    ("usage", "output_tokens"): ("output_tokens", MAX_SCALAR),
+    ("message", "usage", "input_tokens"): ("input_tokens", MAX_SCALAR),
+    ("message", "usage", "output_tokens"): ("output_tokens", MAX_SCALAR),
+}
+ANTHROPIC = Api(
+    "anthropic",
+    _REQUEST,
+    {
+        ("system",): "content",
+        ("messages", "*", "role"): "role",
+        ("messages", "*", "content"): "content",
+        ("messages", "*", "content", "*", "text"): "content",
+    },
+    {
+        ("model",): ("model", 256),
+        ("id",): ("id", 256),
+        ("stop_reason",): ("finish_reason", 64),
+        ("message", "model"): ("model", 256),
+        ("message", "id"): ("id", 256),
+        ("delta", "stop_reason"): ("finish_reason", 64),
+        **_ANTHROPIC_USAGE,
+    },
+    {("content", "*", "text"): "content", ("delta", "text"): "content"},
+    usage_together=False,
+)
+_GEMINI_RESPONSE: Targets = {
+    ("modelVersion",): ("model", 256),
+    ("responseId",): ("id", 256),
+    ("candidates", "*", "finishReason"): ("finish_reason", 64),
+    ("usageMetadata", "promptTokenCount"): ("input_tokens", MAX_SCALAR),
+    ("usageMetadata", "candidatesTokenCount"): ("output_tokens", MAX_SCALAR),
+}
+_GEMINI_REQUEST_CONTENT: dict[Path, str] = {
+    ("contents", "*", "role"): "role",
+    ("contents", "*", "parts", "*", "text"): "content",
+}
+_GEMINI_RESPONSE_CONTENT: dict[Path, str] = {("candidates", "*", "content", "parts", "*", "text"): "content"}
+GEMINI = Api("gcp.gemini", {}, _GEMINI_REQUEST_CONTENT, _GEMINI_RESPONSE, _GEMINI_RESPONSE_CONTENT, False)
+VERTEX = Api("gcp.vertex_ai", {}, _GEMINI_REQUEST_CONTENT, _GEMINI_RESPONSE, _GEMINI_RESPONSE_CONTENT, False)
+#: An Anthropic SSE event that carries a piece of the output.
+_ANTHROPIC_DELTA = re.compile(rb'"type"\s*:\s*"content_block_delta"')
+
+
 def _with_content(base: Targets, content: dict[Path, str], cap: int) -> Targets:
     return {**base, **{path: (name, cap if name != "role" else 32) for path, name in content.items()}}
 
@@ -351,11 +442,25 @@ class RequestFacts:
 
     wants_bytes = True
 
-    def __init__(self, operation_name: str, *, content_cap: int = 0, limits: Limits = DEFAULT) -> None:
+    def __init__(
+        self,
+        operation_name: str,
+        *,
+        content_cap: int = 0,
+        limits: Limits = DEFAULT,
+        api: Api | None = None,
+        path_model: str | None = None,
+        path_stream: bool = False,
+    ) -> None:
         self.operation = operation_name
+        self.api = api or OPENAI
+        self.provider = self.api.provider
+        self._path_model = path_model
+        self._path_stream = path_stream
         self._content_cap = content_cap
+        targets = self.api.request
         self._scanner = JsonScanner(
-            _with_content(_REQUEST, _REQUEST_CONTENT, content_cap) if content_cap else _REQUEST, limits=limits
+            _with_content(targets, self.api.request_content, content_cap) if content_cap else targets, limits=limits
         )
 
     def unit(self, stamp: object) -> None:
@@ -376,10 +481,12 @@ class RequestFacts:
     @property
     def model(self) -> str | None:
         values = self._scanner.values.get("model")
-        return values[0] if values and isinstance(values[0], str) and values[0] else None
+        return values[0] if values and isinstance(values[0], str) and values[0] else self._path_model
 
     @property
     def stream(self) -> bool | None:
+        if self._path_stream:
+            return True
         values = self._scanner.values.get("stream")
         return values[0] if values and isinstance(values[0], bool) else None
 
@@ -409,6 +516,7 @@ class ResponseFacts:
 
     content_cap: int = 0
     limits: Limits = DEFAULT
+    api: Api = OPENAI
     model: str | None = None
     id: str | None = None
     input_tokens: int | None = None
@@ -425,7 +533,8 @@ class ResponseFacts:
     _output_chars: int = 0
 
     def _targets(self) -> Targets:
-        return _with_content(_RESPONSE, _RESPONSE_CONTENT, self.content_cap) if self.content_cap else _RESPONSE
+        api = self.api
+        return _with_content(api.response, api.response_content, self.content_cap) if self.content_cap else api.response
 
     # -- a JSON body ---------------------------------------------------------------------
 
@@ -449,6 +558,9 @@ class ResponseFacts:
         """One SSE event's data."""
         if data == b"[DONE]":
             return
+        if self.api is not OPENAI:
+            self._other_event(data, t_ns)
+            return
         usage = _USAGE_OBJECT.search(data) is not None
         if not (usage and _NO_CHOICES.search(data)):
             self.token_events += 1
@@ -460,6 +572,23 @@ class ResponseFacts:
             if not scanner.done and not scanner.broken:
                 scanner.broken = "bad_json"  # an event is a whole document
             self._take(scanner)
+
+    def _other_event(self, data: bytes, t_ns: int) -> None:
+        """An Anthropic or Gemini SSE event: Anthropic's output comes in content_block_delta events
+        (read only for their text), its facts in the few others; each Gemini event is a chunk of
+        output with its facts (usageMetadata as counted so far: the last one stands)."""
+        delta = self.api is ANTHROPIC and _ANTHROPIC_DELTA.search(data) is not None
+        if delta or self.api is not ANTHROPIC:
+            self.token_events += 1
+            if self.first_token_ns is None:
+                self.first_token_ns = t_ns
+        if delta and not self.content_cap:
+            return
+        scanner = JsonScanner(self._targets(), limits=self.limits)
+        scanner.feed(data)
+        if not scanner.done and not scanner.broken:
+            scanner.broken = "bad_json"
+        self._take(scanner)
 
     def _take(self, s: JsonScanner) -> None:
         values = s.values
@@ -474,7 +603,15 @@ class ResponseFacts:
         for reason in values.get("finish_reason", ()):
             if isinstance(reason, str) and reason not in self.finish_reasons and len(self.finish_reasons) < 16:
                 self.finish_reasons.append(reason)
-        if "input_tokens" in values or "output_tokens" in values:
+        if not self.api.usage_together:
+            for name in ("input_tokens", "output_tokens"):
+                if name in values:
+                    n = _token_count(values[name][-1:]) if s.complete else None
+                    if n is None:
+                        self.problem = self.problem or "bad_usage"
+                    else:
+                        setattr(self, name, n)
+        elif "input_tokens" in values or "output_tokens" in values:
             if not s.complete:
                 self.problem = self.problem or "bad_usage"  # counts of a document not read whole are not believed
             else:
@@ -507,7 +644,7 @@ def _token_count(values: list[object] | None) -> int | None:
 
 def attributes(request: RequestFacts, response: ResponseFacts | None, clip: Callable[[str], str]) -> dict[str, object]:
     """Span attributes in the GenAI semantic conventions. ``clip``: the correlator's string bound."""
-    attrs: dict[str, object] = {"gen_ai.operation.name": request.operation, "gen_ai.provider.name": PROVIDER}
+    attrs: dict[str, object] = {"gen_ai.operation.name": request.operation, "gen_ai.provider.name": request.provider}
     if request.model:
         attrs["gen_ai.request.model"] = clip(request.model)
     messages = request.input_messages()
@@ -532,3 +669,23 @@ def attributes(request: RequestFacts, response: ResponseFacts | None, clip: Call
     if output:
         attrs["gen_ai.output.messages"] = clip(json.dumps(output, ensure_ascii=False))
     return attrs
+
+
+#: The client side's histograms (the GenAI semantic conventions): name -> (unit, description, bounds).
+CLIENT_METRICS: dict[str, tuple[str, str, tuple[float, ...]]] = {
+    "gen_ai.client.operation.duration": (
+        "s",
+        "GenAI requests made, request written to the last response byte read",
+        (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92),
+    ),
+    "gen_ai.client.token.usage": (
+        "{token}",
+        "Tokens of GenAI requests made, by gen_ai.token.type (input, output), as the response counted them",
+        (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864),
+    ),
+    "gen_ai.client.operation.time_to_first_chunk": (
+        "s",
+        "GenAI streamed requests made, request written to the first response chunk with output read",
+        (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
+    ),
+}
