@@ -16,8 +16,17 @@
  * A preempted thread (still runnable at switch-out) was waiting on the run queue
  * the whole time. Each interval is added to sched_off (per thread, state and kernel
  * stack: count, blocked and run-queue ns) and its run-queue part to sched_runq (a
- * log2 histogram per thread). Only intervals of at least SCHED_SPAN_NS go on the
- * schedevents ring, one record each, for spans.
+ * log2 histogram per thread). Intervals of at least SCHED_SPAN_NS go on the
+ * schedevents ring, one record each, for spans. Shorter ones of at least
+ * SCHED_AGG_MIN_NS (a 0.3 ms fsync, a pipe wait; not the few-us switches of threads
+ * handing work back and forth, which would make a record per thread and window) are
+ * summed per thread in its entry over a window of SCHED_AGG_NS (from the window's first
+ * interval; 0: not summed, only counted in sched_off) and go on the ring
+ * as one record when the next interval falls past the window, crosses into or out of a
+ * CUDA call, or is a long one: at most one record per thread and window, however often
+ * it switches. The record carries the window's first switch-out and last switch-in, the
+ * count and the blocked and run-queue sums; its reason (state, kernel stack) is that of
+ * its longest blocked interval.
  *
  * Every other thread costs a map lookup at each switch-out (is its process traced?),
  * at each switch-in and at each wakeup (does it have an entry?). */
@@ -44,6 +53,16 @@ struct sched_thread {
     u32 state;              /* SCHED_* */
     u32 in_cuda;            /* off-CPU inside a CUDA call (the inflight map held one) */
     char comm[16];
+    /* short intervals summed since agg_start (SCHED_AGG_NS); agg_count 0: none */
+    u64 agg_start;          /* switch-out of the first */
+    u64 agg_end;            /* switch-in of the last */
+    u64 agg_blocked;
+    u64 agg_runq;
+    u64 agg_top;            /* the longest blocked part: its state and stack name the record */
+    u32 agg_count;
+    s32 agg_kstack;
+    u32 agg_state;          /* SCHED_* | 0x100 inside a CUDA call */
+    u32 agg_pad;
 };
 
 struct sched_off_key {
@@ -67,15 +86,19 @@ struct sched_runq_key {
     u32 pad;
 };
 
-/* One long off-CPU interval (>= SCHED_SPAN_NS). Mirrored in families/sched/probes.py. */
+/* One long off-CPU interval (>= SCHED_SPAN_NS), or a window's short ones summed (count > 1,
+ * or a short one alone). Mirrored in families/sched/probes.py. */
 struct sched_rec {
     u64 off_ts;
+    u64 end_ts;             /* switch-in (of the last interval) */
     u64 blocked_ns;
     u64 runq_ns;
     u32 tgid;
     u32 tid;
     s32 kstack;
     u32 state;
+    u32 count;              /* intervals summed */
+    u32 pad;
     char comm[16];
 };
 
@@ -143,6 +166,38 @@ static __always_inline u32 sched_state(long prev_state)
     return SCHED_OTHER;
 }
 
+static __always_inline void sched_emit(u32 tid, struct sched_thread *t, u64 off_ts, u64 end_ts, u64 blocked,
+                                       u64 runq, s32 kstack, u32 state, u32 count)
+{
+    struct sched_rec *r = schedevents.ringbuf_reserve(sizeof(struct sched_rec));
+    if (!r) {
+        sched_count(SCHED_STAT_RING_FULL);
+        return;
+    }
+    r->off_ts = off_ts;
+    r->end_ts = end_ts;
+    r->blocked_ns = blocked;
+    r->runq_ns = runq;
+    r->tgid = t->tgid;
+    r->tid = tid;
+    r->kstack = kstack;
+    r->state = state;
+    r->count = count;
+    r->pad = 0;
+    __builtin_memcpy(r->comm, t->comm, sizeof(r->comm));
+    schedevents.ringbuf_submit(r, ring_wake(RING_SCHED, sizeof(*r), SCHED_RING_PAGES * 4096ULL));
+}
+
+/* The thread's summed short intervals, if any, on the ring. */
+static __always_inline void sched_flush(u32 tid, struct sched_thread *t)
+{
+    if (!t->agg_count)
+        return;
+    sched_emit(tid, t, t->agg_start, t->agg_end, t->agg_blocked, t->agg_runq, t->agg_kstack, t->agg_state,
+               t->agg_count);
+    t->agg_count = 0;
+}
+
 /* The thread `tid` is back on a CPU: account its interval. */
 static __always_inline void sched_close(u32 tid, struct sched_thread *t, u64 now)
 {
@@ -182,21 +237,33 @@ static __always_inline void sched_close(u32 tid, struct sched_thread *t, u64 now
     if (runq)
         sched_add_runq(tgid, tid, runq);
     if (blocked + runq >= SCHED_SPAN_NS) {
-        struct sched_rec *r = schedevents.ringbuf_reserve(sizeof(struct sched_rec));
-        if (!r) {
-            sched_count(SCHED_STAT_RING_FULL);
-        } else {
-            r->off_ts = t->off_ts;
-            r->blocked_ns = blocked;
-            r->runq_ns = runq;
-            r->tgid = tgid;
-            r->tid = tid;
-            r->kstack = t->kstack;
-            r->state = k.state;
-            __builtin_memcpy(r->comm, t->comm, sizeof(r->comm));
-            schedevents.ringbuf_submit(r, ring_wake(RING_SCHED, sizeof(*r), SCHED_RING_PAGES * 4096ULL));
-        }
+#if SCHED_AGG_NS
+        sched_flush(tid, t);
+#endif
+        sched_emit(tid, t, t->off_ts, now, blocked, runq, t->kstack, k.state, 1);
     }
+#if SCHED_AGG_NS
+    else if (blocked + runq >= SCHED_AGG_MIN_NS) {
+        if (t->agg_count && (t->off_ts - t->agg_start >= SCHED_AGG_NS || ((t->agg_state ^ k.state) & 0x100)))
+            sched_flush(tid, t);
+        if (!t->agg_count) {
+            t->agg_start = t->off_ts;
+            t->agg_blocked = 0;
+            t->agg_runq = 0;
+            t->agg_top = blocked;
+            t->agg_kstack = t->kstack;
+            t->agg_state = k.state;
+        } else if (blocked > t->agg_top) {
+            t->agg_top = blocked;
+            t->agg_kstack = t->kstack;
+            t->agg_state = k.state;
+        }
+        t->agg_end = now;
+        t->agg_blocked += blocked;
+        t->agg_runq += runq;
+        t->agg_count++;
+    }
+#endif
     t->off_ts = 0;
     t->wake_ts = 0;
 }

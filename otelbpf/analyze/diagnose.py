@@ -204,6 +204,7 @@ _READ_ATTRS = frozenset(
         "cuda.error.name",
         "cuda.memory.bytes",
         "otelbpf.sched.blocked_ns",
+        "otelbpf.sched.intervals",
         "otelbpf.sched.kernel_stack",
         "otelbpf.sched.reason",
         "otelbpf.sched.runqueue_ns",
@@ -549,6 +550,12 @@ def _other_threads(points: Points, launcher_names: set[str]) -> dict[str, dict[s
     return dict(out)
 
 
+def _waits(spans: list[Any]) -> int:
+    """The off-CPU intervals of ``spans``: a span of short ones summed in the kernel holds
+    ``otelbpf.sched.intervals`` of them."""
+    return sum(int(s.attrs.get("otelbpf.sched.intervals", 1)) for s in spans)
+
+
 def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[str, Any]], None]) -> None:
     """input_starvation, blocking_io, host_contention and host_wait: the off-CPU parts of the
     launching threads' idle gaps (idle.account), with the kernel stacks."""
@@ -557,7 +564,7 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
     def common(c: Charge) -> dict[str, Any]:
         beside = sorted(c.beside.items(), key=lambda kv: -kv[1])[:EVIDENCE_STACKS]
         return {
-            "waits": len(c.spans),
+            "waits": _waits(c.spans),
             "seconds": round(c.seconds, 6),
             "threads": names,
             "span_ids": _ids(c.spans),
@@ -568,7 +575,7 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
     if (c := acc.charges.get("input_starvation")) is not None:
         add(
             "input_starvation",
-            f"the launching thread waited {human_seconds(c.seconds)} in {len(c.spans)} waits on other threads or "
+            f"the launching thread waited {human_seconds(c.seconds)} in {_waits(c.spans)} waits on other threads or "
             "processes "
             f"({', '.join(f'{r} {human_seconds(v)}' for r, v in c.top())}) while the GPU had nothing queued",
             {
@@ -581,8 +588,8 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
     if (c := acc.charges.get("blocking_io")) is not None:
         add(
             "blocking_io",
-            f"the launching thread was blocked {human_seconds(c.seconds)} in {len(c.spans)} file-system or disk waits "
-            "while the GPU had nothing queued",
+            f"the launching thread was blocked {human_seconds(c.seconds)} in {_waits(c.spans)} file-system or disk "
+            "waits while the GPU had nothing queued",
             {**common(c), "stacks": _stacks(c.spans, "otelbpf.sched.blocked_ns")},
         )
     if (c := acc.charges.get("host_wait")) is not None:
@@ -600,8 +607,8 @@ def _sched_findings(acc: Account, points: Points, add: Callable[[str, str, dict[
         runq = sorted(int(s.attrs.get("otelbpf.sched.runqueue_ns", 0)) / 1e9 for s in c.spans)
         add(
             "host_contention",
-            f"the launching thread waited {human_seconds(c.seconds)} for a CPU while runnable ({len(c.spans)} waits, "
-            f"longest {runq[-1] * 1e3:.1f} ms) while the GPU had nothing queued",
+            f"the launching thread waited {human_seconds(c.seconds)} for a CPU while runnable "
+            f"({_waits(c.spans)} waits, longest {runq[-1] * 1e3:.1f} ms) while the GPU had nothing queued",
             {
                 **common(c),
                 "median_wait_s": round(statistics.median(runq), 6),

@@ -8,10 +8,11 @@ thread. Each nanosecond of a gap is charged to exactly one cause, by what the th
 
 1. inside a CUDA call that keeps the GPU idle (a device allocation or free in the gap): the
    call's own cause (``memory_churn``);
-2. off the CPU (the ``sched`` receiver's ``off_cpu`` spans, above their span threshold), by
-   reason: file or block I/O -> ``blocking_io``; a futex, pipe, socket or poll ->
-   ``input_starvation``; runnable but waiting for a CPU -> ``host_contention``; a sleep or
-   another wait -> ``host_wait``;
+2. off the CPU (the ``sched`` receiver's ``off_cpu`` spans: one per interval above its span
+   threshold, the shorter ones summed per thread and window in the kernel), by reason: file or
+   block I/O -> ``blocking_io``; a futex, pipe, socket or poll -> ``input_starvation``;
+   runnable but waiting for a CPU -> ``host_contention``; a sleep or another wait ->
+   ``host_wait``;
 3. on the CPU in a gap of at least ``SHORT_GAP_NS``: the code the CPU samples taken in the gap
    show (their innermost Python frame, else their native leaf) -> ``host_code``, one finding per
    function. A sample stands for one sampling period of CPU time (the usual estimate); the
@@ -364,10 +365,7 @@ def _gap(
     for w in waits[bisect_left(wait_ends, a) :]:
         if w.start >= b:
             break
-        mid = w.start + int(w.attrs.get("otelbpf.sched.blocked_ns", 0))
-        reason = w.attrs.get("otelbpf.sched.reason")
-        for lo, hi, cause in ((w.start, mid, _cause_of(reason)), (mid, w.end, "host_contention")):
-            t = _clip(lo, hi, a, b)
+        for t, cause, reason in _off_parts(w, a, b):
             if t <= 0:
                 continue
             c = acc.charges[cause]
@@ -398,6 +396,23 @@ def _gap(
         top = seen.most_common(1)[0][0]
         code.near[top] += max(0, on_cpu - sum(seen.values()) * timeline.period_ns)
     return True
+
+
+def _off_parts(w: SpanLike, a: int, b: int) -> tuple[tuple[int, str, object], ...]:
+    """An off-CPU span's ns in the gap [a, b): (ns, cause, reason) for its blocked part and its
+    run-queue part. One interval is blocked, then runnable: each part clipped to the gap. A
+    window of short intervals summed in the kernel (``otelbpf.sched.intervals`` > 1) spans
+    more than the time it holds, with the parts interleaved: each part is charged in the
+    proportion of the span that lies in the gap."""
+    blocked = int(w.attrs.get("otelbpf.sched.blocked_ns", 0))
+    reason = w.attrs.get("otelbpf.sched.reason")
+    if int(w.attrs.get("otelbpf.sched.intervals", 1)) > 1:
+        length = w.end - w.start
+        runq = int(w.attrs.get("otelbpf.sched.runqueue_ns", 0))
+        inside = _clip(w.start, w.end, a, b) / length if length > 0 else 0.0
+        return (round(blocked * inside), _cause_of(reason), reason), (round(runq * inside), "host_contention", reason)
+    mid = w.start + blocked
+    return (_clip(w.start, mid, a, b), _cause_of(reason), reason), (_clip(mid, w.end, a, b), "host_contention", reason)
 
 
 def _other_threads(acc: Account, timeline: Timeline, gaps: list[tuple[int, int]], who: set[int]) -> None:

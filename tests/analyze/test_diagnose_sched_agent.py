@@ -1,11 +1,13 @@
 """The real agent with the cuda and sched receivers traces two training loops with one planted
 host-side cause each (jobs/sched_job.py): a training thread starved by a slow producer
 thread, one that fsyncs a checkpoint every 5 steps, one pinned to a core shared with CPU
-hogs, and one that waits for nothing. ``otelbpf diagnose`` reads what the
+hogs, one that fsyncs a log 8 times a step (~0.3 ms each: under the 1 ms span threshold, summed
+in the kernel), and one that waits for nothing. ``otelbpf diagnose`` reads what the
 agent wrote and names each cause first; ``otelbpf report`` renders the same folder."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -58,6 +60,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, in
     hog = f"taskset -c 0 {sys.executable} -c '{HOG}'"
     script = (
         f"{sys.executable} {JOB} starved {FAKE_CUDART} 60 & echo starved $! >> {pids}; wait $!; "
+        f"{sys.executable} {JOB} fsyncs {FAKE_CUDART} 60 {tmp} & echo fsyncs $! >> {pids}; wait $!; "
         f"{sys.executable} {JOB} checkpoint {FAKE_CUDART} 30 {tmp} & echo checkpoint $! >> {pids}; wait $!; "
         f"{sys.executable} {JOB} healthy {FAKE_CUDART} 2000 & echo healthy $! >> {pids}; wait $!; "
         f"{hog} & h1=$!; {hog} & h2=$!; trap 'kill $h1 $h2' EXIT; "
@@ -105,6 +108,28 @@ def test_a_synchronous_checkpoint_is_told_blocking_io_with_the_fsync_stack(trace
     assert ev["waits"] >= 6 and "train" in ev["threads"].values()
     assert any("do_fsync" in s["kernel_stack"] for s in ev["stacks"]), ev["stacks"]
     assert "input_starvation" not in by
+
+
+OFF_CPU = {"blocking_io", "input_starvation", "host_contention", "host_wait"}
+
+
+def test_short_fsyncs_under_the_span_threshold_are_charged_within_a_quarter(traced) -> None:
+    """Each fsync is ~0.3 ms off the CPU, under span_threshold (1 ms): bpf/sched.c sums a
+    thread's short intervals per 1 ms window into one record. What the diagnosis charges off
+    the CPU is within 25% of what the job timed off the CPU in its gaps (wall less
+    time.thread_time); before, these waits were no spans and read host_contention and unexplained."""
+    out, pids = traced
+    planted = json.loads((out.parent / "fsyncs.json").read_text())
+    off = planted["gap_wall_s"] - planted["gap_cpu_s"]
+    assert planted["fsync_median_s"] < 1e-3, planted  # short, as planted
+    findings = _findings_of(out, pids["fsyncs"])
+    by = {f.cause: f for f in findings}
+    assert "blocking_io" in by, [(f.cause, f.cost_s) for f in findings]
+    diagnosed = sum(f.cost_s for f in findings if f.cause in OFF_CPU)
+    assert abs(diagnosed - off) <= 0.25 * off, (off, planted, [(f.cause, f.cost_s) for f in findings])
+    ev = by["blocking_io"].evidence
+    assert ev["waits"] >= planted["fsyncs"] // 2 and any("do_fsync" in s["kernel_stack"] for s in ev["stacks"]), ev
+    assert "sync_storm" not in by
 
 
 def test_a_loop_that_never_waits_gets_none_of_these_causes(traced) -> None:

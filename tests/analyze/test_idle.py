@@ -339,3 +339,42 @@ def test_another_threads_sample_is_counted_once_where_two_launchers_gaps_overlap
     one = account(j.spans, None, j.tl).others
     both = account(j.spans + twin, None, j.tl).others
     assert one == both and sum(one.values()) > 50, (one, both)
+
+
+def test_short_waits_summed_in_the_kernel_are_charged_by_their_sums() -> None:
+    """bpf/sched.c sums a thread's off-CPU intervals under span_threshold per window: one span
+    from the first switch-out to the last switch-in (``otelbpf.sched.intervals`` of them), its
+    blocked and run-queue parts the sums. Inside a gap they are charged their sums, not the
+    span's length; a span half in the gap, half of them."""
+    j = Job()
+    for _ in range(50):
+        j.step()
+        # four fsyncs of 0.3 ms (+ 20 us waiting for a CPU), 0.1 ms on the CPU between them: one window
+        attrs = {
+            "otelbpf.sched.reason": "io",
+            "otelbpf.sched.blocked_ns": 4 * 300_000,
+            "otelbpf.sched.runqueue_ns": 4 * 20_000,
+            "otelbpf.sched.intervals": 4,
+            "thread.name": "train",
+        }
+        j.off.append(_Span("off_cpu", j.t, j.t + 1_580_000, TRAIN, attrs, f"{len(j.off):016x}"))
+        j.t += 1_580_000
+        j.t += 2 * MS  # on the CPU, unsampled here
+    j.step()
+    acc = account(j.spans, j.off, j.tl)
+    assert abs(acc.charges["blocking_io"].seconds - 50 * 0.0012) < 1e-6, acc.charges
+    assert abs(acc.charges["host_contention"].seconds - 50 * 0.00008) < 1e-6
+    assert acc.charged_s + acc.unexplained_s <= acc.budget_s + 1e-9
+    findings = _process_findings("job (pid 1)", j.spans, {}, j.off, j.tl)
+    io = next(f for f in findings if f.cause == "blocking_io")
+    assert io.evidence["waits"] == 200  # the intervals, not the spans
+    # the same span straddling a gap's end: the part inside, pro rata
+    k = Job()
+    k.step()
+    attrs = {**attrs, "otelbpf.sched.blocked_ns": 800_000, "otelbpf.sched.runqueue_ns": 0}
+    k.off.append(_Span("off_cpu", k.t - 1 * MS, k.t + 1 * MS, TRAIN, attrs, "0" * 16))
+    k.t += 1 * MS
+    k.step()
+    acc = account(k.spans, k.off, k.tl)
+    # the gap: 50 us after the synchronize and the 1 ms after; 1.05 of the span's 2 ms
+    assert abs(acc.charges["blocking_io"].seconds - 0.0008 * 1.05 / 2) < 1e-6, acc.charges

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from otelbpf.config.receivers.base import ReceiverConfig
-from otelbpf.config.units import PositiveDuration, RingSize
+from otelbpf.config.units import Duration, PositiveDuration, RingSize
 
 
 class SchedReceiverConfig(ReceiverConfig):
@@ -18,6 +18,14 @@ class SchedReceiverConfig(ReceiverConfig):
     #: Off-CPU intervals at least this long become ``off_cpu`` spans (the diagnosis reads
     #: them); shorter ones are only counted in the metrics.
     span_threshold: PositiveDuration = 1_000_000
+    #: Shorter off-CPU intervals (a 0.3 ms fsync, pipe and futex waits) are summed per thread
+    #: over windows this long in the kernel and become one ``off_cpu`` span per thread and
+    #: window (``otelbpf.sched.intervals``: how many), so that the diagnosis charges them
+    #: without a record per context switch. 0: not summed (only counted in the metrics).
+    aggregate_window: Duration = Field(1_000_000, ge=0, le=1_000_000_000)
+    #: Intervals shorter than this are not summed (only counted in the metrics): a thread
+    #: handing work back and forth switches every few us, and would make a span per window.
+    aggregate_min: Duration = Field(50_000, ge=0, le=1_000_000_000)
     max_spans_per_second: int = Field(2000, ge=0, le=1_000_000)
     ring_buffer_size: RingSize = 1 << 20
     #: Kernel map sizes (LRU): threads off the CPU at once, (thread, state, kernel stack)

@@ -15,7 +15,10 @@ Metrics come from the kernel's aggregates, read at each export:
 
 Off-CPU intervals above the family's threshold become ``off_cpu`` spans with the thread
 id, the reason, the blocked and run-queue parts and the kernel stack: the diagnosis
-joins them with the CUDA spans of the thread that launches GPU work.
+joins them with the CUDA spans of the thread that launches GPU work. Shorter ones come
+summed per thread and window (``aggregate_window``): one span from the window's first
+switch-out to its last switch-in, ``otelbpf.sched.intervals`` the count, the blocked and
+run-queue parts their sums (less than the span's length), the reason its longest wait's.
 """
 
 from __future__ import annotations
@@ -192,6 +195,9 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
             state = int(r["state"])
             start = self._clock.to_wall(int(r["off_ts"]))
             blocked, runq = int(r["blocked_ns"]), int(r["runq_ns"])
+            # a window's short intervals summed: the span runs from the first switch-out to
+            # the last switch-in, longer than the time off the CPU it holds
+            end = start + max(int(r["end_ts"]) - int(r["off_ts"]), blocked + runq)
             attrs: dict[str, object] = {
                 "thread.id": int(r["tid"]),
                 "thread.name": _comm(bytes(r["comm"])),
@@ -199,6 +205,7 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
                 "otelbpf.sched.state": _state_name(state),
                 "otelbpf.sched.blocked_ns": blocked,
                 "otelbpf.sched.runqueue_ns": runq,
+                "otelbpf.sched.intervals": int(r["count"]) or 1,
             }
             if frames:
                 attrs["otelbpf.sched.kernel_stack"] = list(_useful(frames)[:SPAN_FRAMES])
@@ -208,7 +215,7 @@ class SchedCorrelator(CorrelatorBase[_Proc]):
                     resource=self._info.resource(int(r["tgid"])),
                     scope=SCOPE,
                     start_ns=start,
-                    end_ns=start + blocked + runq,
+                    end_ns=end,
                     attributes=attrs,
                 )
             )

@@ -27,6 +27,8 @@ def build(name: str, cfg: SchedReceiverConfig, ctx: Context) -> Receiver:
     family = sched_family(
         span_threshold_ns=cfg.span_threshold,
         ring_bytes=cfg.ring_buffer_size,
+        aggregate_window_ns=cfg.aggregate_window,
+        aggregate_min_ns=cfg.aggregate_min,
         thread_entries=cfg.max_threads,
         off_entries=cfg.max_series,
         runq_entries=cfg.max_runqueue_series,

@@ -43,22 +43,27 @@ class State(enum.IntEnum):
 RECORD_DTYPE = np.dtype(
     [
         ("off_ts", "<u8"),
+        ("end_ts", "<u8"),
         ("blocked_ns", "<u8"),
         ("runq_ns", "<u8"),
         ("tgid", "<u4"),
         ("tid", "<u4"),
         ("kstack", "<i4"),
         ("state", "<u4"),
+        ("count", "<u4"),
+        ("pad", "<u4"),
         ("comm", "S16"),
     ]
 )
-assert RECORD_DTYPE.itemsize == 56
+assert RECORD_DTYPE.itemsize == 72
 
 
 def sched_family(
     *,
     span_threshold_ns: int,
     ring_bytes: int,
+    aggregate_window_ns: int = 1_000_000,
+    aggregate_min_ns: int = 50_000,
     thread_entries: int,
     off_entries: int,
     runq_entries: int,
@@ -74,6 +79,8 @@ def sched_family(
         counting_maps=(OFF_MAP, RUNQ_MAP),
         cflags=(
             f"-DSCHED_SPAN_NS={int(span_threshold_ns)}ULL",
+            f"-DSCHED_AGG_NS={int(aggregate_window_ns)}ULL",
+            f"-DSCHED_AGG_MIN_NS={int(aggregate_min_ns)}ULL",
             f"-DSCHED_RING_PAGES={ring_bytes // 4096}",
             f"-DSCHED_THREAD_ENTRIES={thread_entries}",
             f"-DSCHED_OFF_ENTRIES={off_entries}",

@@ -8,14 +8,19 @@ runtime (ctypes) and synchronizes each step.
   pinned to one core beside CPU hogs on that core (``taskset``) and it waits for a CPU;
 - ``checkpoint``: every 5th step the training thread writes a 16 MiB checkpoint and fsyncs it
   (``torch.save`` to local disk, synchronously) into DIR;
+- ``fsyncs``: every step the training thread appends 64 KiB to a log in DIR and fsyncs it 8
+  times (each fsync ~0.2-0.5 ms off the CPU: under the sched receiver's 1 ms span threshold,
+  summed per window in the kernel); it writes what it planted to DIR/fsyncs.json: its gaps'
+  wall time less their CPU time (``time.thread_time``), and the fsyncs' alone;
 - ``healthy``: batches are ready at once, and the loop does nothing else.
 
-Usage: sched_job.py MODE LIBCUDART STEPS [DIR]
+Usage: sched_job.py MODE LIBCUDART STEPS [DIR]  (DIR: checkpoint and fsyncs)
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import queue
 import sys
@@ -62,6 +67,21 @@ def main() -> int:
             f.flush()
             os.fsync(f.fileno())
 
+    planted: dict = {"gap_wall_s": 0.0, "gap_cpu_s": 0.0, "fsync_wall_s": 0.0, "fsync_cpu_s": 0.0, "fsyncs": 0}
+    each: list[float] = []
+    chunk = os.urandom(64 << 10)
+
+    def fsyncs(log) -> None:
+        for _ in range(8):
+            w, c = time.perf_counter(), time.thread_time()
+            log.write(chunk)
+            log.flush()
+            os.fsync(log.fileno())
+            each.append(time.perf_counter() - w)
+            planted["fsync_wall_s"] += each[-1]
+            planted["fsync_cpu_s"] += time.thread_time() - c
+            planted["fsyncs"] += 1
+
     def train() -> None:
         if mode == "starved":
             # A wait before the thread names itself (a loader's first batch, the GIL): its later
@@ -70,17 +90,29 @@ def main() -> int:
             threading.Timer(0.02, first.put, (0,)).start()
             first.get()
         name_thread("train")
+        log = open(os.path.join(sys.argv[4], "train.log"), "ab") if mode == "fsyncs" else None  # noqa: SIM115
         for step in range(steps):
+            w, c = time.perf_counter(), time.thread_time()  # a gap: from the synchronize's return
             if mode == "starved":
                 batches.get()
             elif mode == "contended":
                 prepare()
             elif mode == "checkpoint" and step % 5 == 4:
                 checkpoint(step)
+            elif log is not None:
+                fsyncs(log)
+            if step:  # the first step's "gap" follows no synchronize
+                planted["gap_wall_s"] += time.perf_counter() - w
+                planted["gap_cpu_s"] += time.thread_time() - c
             rc = rt.cudaLaunchKernel(kernel, Dim3(1, 1, 1), Dim3(32, 1, 1), None, 0, None)
             rc = rc or rt.cudaStreamSynchronize(None)
             if rc:
                 raise SystemExit(f"CUDA call failed: {rc}")
+        if log is not None:
+            log.close()
+            planted["fsync_median_s"] = sorted(each)[len(each) // 2]
+            with open(os.path.join(sys.argv[4], "fsyncs.json"), "w") as f:
+                json.dump(planted, f)
 
     if mode == "starved":
         threading.Thread(target=loader, daemon=True).start()

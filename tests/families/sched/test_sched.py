@@ -121,9 +121,13 @@ class Rig:
 
 
 def records(*rows: tuple) -> np.ndarray:
+    """One record per row: (tid, comm, stack, state, blocked, runq[, count, length]); a row
+    without a length lasts blocked + runq (one interval)."""
     arr = np.zeros(len(rows), RECORD_DTYPE)
-    for i, (tid, comm, stack, state, blocked, runq) in enumerate(rows):
-        arr[i] = (10**9 + i * 10**8, blocked, runq, ME, tid, stack, state, comm.encode())
+    for i, (tid, comm, stack, state, blocked, runq, *rest) in enumerate(rows):
+        count, length = (rest + [1, blocked + runq])[:2] if rest else (1, blocked + runq)
+        off = 10**9 + i * 10**8
+        arr[i] = (off, off + length, blocked, runq, ME, tid, stack, state, count, 0, comm.encode())
     return arr
 
 
@@ -164,6 +168,21 @@ def test_long_intervals_become_spans_with_reason_and_stack(tmp_path: Path) -> No
     ]
     assert futex.resource.attributes["process.pid"] == ME
     assert "otelbpf.sched.kernel_stack" not in by[("train", "preempted")].attributes
+
+
+def test_a_windows_short_intervals_are_one_span_over_the_window(tmp_path: Path) -> None:
+    """bpf/sched.c sums the intervals under span_threshold per thread and window: one record
+    from the first switch-out to the last switch-in, with the count and the sums."""
+    rig = Rig(tmp_path)
+    rig.corr.on_ring(
+        "schedevents",
+        records((ME + 1, "train", FSYNC_STACK, State.disk, 600_000, 40_000, 3, 900_000)),
+    )
+    [s] = rig.spans
+    assert s.end_time - s.start_time == 900_000  # the window's extent, not the 640 us it holds
+    assert s.attributes["otelbpf.sched.intervals"] == 3
+    assert s.attributes["otelbpf.sched.blocked_ns"] == 600_000 and s.attributes["otelbpf.sched.runqueue_ns"] == 40_000
+    assert s.attributes["otelbpf.sched.reason"] == "io"
 
 
 def test_spans_beyond_the_budget_are_counted_longest_kept(tmp_path: Path) -> None:
@@ -236,8 +255,14 @@ def test_the_family_compiles_in_its_limits() -> None:
         stack_entries=2048,
     )
     assert fam.c_file == "sched.c" and fam.libraries == ()
-    assert {"-DSCHED_SPAN_NS=2000000ULL", "-DSCHED_RING_PAGES=256", "-DSCHED_STACK_ENTRIES=2048"} <= set(fam.cflags)
-    assert [r.name for r in fam.rings] == ["schedevents"] and fam.rings[0].dtype.itemsize == 56
+    assert {
+        "-DSCHED_SPAN_NS=2000000ULL",
+        "-DSCHED_AGG_NS=1000000ULL",
+        "-DSCHED_AGG_MIN_NS=50000ULL",
+        "-DSCHED_RING_PAGES=256",
+        "-DSCHED_STACK_ENTRIES=2048",
+    } <= set(fam.cflags)
+    assert [r.name for r in fam.rings] == ["schedevents"] and fam.rings[0].dtype.itemsize == 72
     assert set(fam.counting_maps) == {"sched_off", "sched_runq"}
 
 
