@@ -40,6 +40,10 @@ enum {
     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
 };
 #define GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (1ULL << 1)
 #define GRAPH_KERNELS 4     /* a graph launch queues as much work as this many kernels */
@@ -58,7 +62,12 @@ enum {
     X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemHostRegister_v2) X(cuMemHostUnregister)               \
     X(cuMemAllocHost_v2) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuStreamSynchronize) X(cuCtxSynchronize)              \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)                    \
-    X(cuEventElapsedTime) X(cuEventDestroy_v2)
+    X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamBeginCapture) X(cuStreamBeginCapture_v2)                 \
+    X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz)   \
+    X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddKernelNode_v2) X(cuGraphInstantiate)                       \
+    X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams)                         \
+    X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecUpdate) X(cuGraphExecUpdate_v2) X(cuGraphExecDestroy)          \
+    X(cuGraphDestroy) X(cuGraphLaunch_ptsz)
 
 #define AS_ENUM(name) CALL_##name,
 #define AS_NAME(name) #name,
@@ -339,6 +348,390 @@ CUresult cuFuncGetName(const char **name, CUfunction hfunc)
     return name_of(name, hfunc, KERNEL | FUNCTION); /* a CUkernel passes for a CUfunction */
 }
 
+/* ---- graphs
+ *
+ * As NVIDIA's: a stream captures (cuStreamBeginCapture) until cuStreamEndCapture hands over the
+ * graph it recorded; a kernel launched on it meanwhile is a node of that graph, not work. A
+ * synchronize of a capturing stream (or of the context during a capture) is refused (900) and
+ * invalidates the capture: its end returns 901 and no graph. Graphs are also built node by node
+ * (cuGraphCreate, cuGraphAddKernelNode[_v2]: a CUfunction, or with the v2 parameters a CUkernel);
+ * an instantiation copies its graph's kernels into an executable graph, an update that keeps the
+ * node count replaces them (else 910), and a launch queues its kernels' time on the stream. An
+ * executable graph may be destroyed while its launches run (their time stays queued); launching
+ * it afterwards is 400. Any other non-NULL executable graph (one this driver never made, as the
+ * C++ workload's made-up handle) is accepted as before: GRAPH_KERNELS kernels' time. */
+
+struct graph {
+    size_t n, cap;
+    void **kernels; /* CUfunction / CUkernel per kernel node, in order */
+};
+
+struct graph_exec {
+    size_t n;
+    void **kernels;
+};
+
+struct capture {
+    CUstream stream; /* NULL: a free slot */
+    struct graph *graph;
+    int invalidated;
+};
+
+#define CAPTURES 64
+static struct capture captures[CAPTURES];
+static int capturing; /* captures open, read without the lock first: launches pay nothing */
+static struct ptrmap graphs;     /* CUgraph -> itself */
+static struct ptrmap execs;      /* CUgraphExec -> itself */
+static struct ptrmap dead_execs; /* destroyed CUgraphExec -> itself, until the address is reused */
+
+static int graph_add(struct graph *g, void *kernel)
+{
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? 2 * g->cap : 8;
+        void **k = realloc(g->kernels, cap * sizeof *k);
+        if (!k)
+            return -1;
+        g->kernels = k;
+        g->cap = cap;
+    }
+    g->kernels[g->n++] = kernel;
+    return 0;
+}
+
+/* Under the lock: the capture of stream, or NULL. */
+static struct capture *capture_of(CUstream stream)
+{
+    for (int i = 0; i < CAPTURES; i++)
+        if (captures[i].stream && captures[i].stream == stream)
+            return &captures[i];
+    return NULL;
+}
+
+/* -1: stream does not capture (run the kernel); 0: recorded; 1: out of memory. */
+static int capture_launch(CUstream stream, void *kernel)
+{
+    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
+        return -1;
+    pthread_mutex_lock(&lock);
+    struct capture *c = capture_of(stream);
+    int rc = c ? (c->invalidated ? 0 : graph_add(c->graph, kernel) != 0) : -1;
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* A synchronize of stream (NULL: the context): refused, and the captures it meets invalidated. */
+static int capture_refuses_sync(CUstream stream)
+{
+    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
+        return 0;
+    int refused = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < CAPTURES; i++)
+        if (captures[i].stream && (!stream || captures[i].stream == stream)) {
+            captures[i].invalidated = 1;
+            refused = 1;
+        }
+    pthread_mutex_unlock(&lock);
+    return refused;
+}
+
+static CUresult begin_capture(CUstream stream)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!stream || stream == STREAM_LEGACY)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
+    struct graph *g = calloc(1, sizeof *g);
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    if (capture_of(stream)) {
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+        for (int i = 0; i < CAPTURES; i++)
+            if (!captures[i].stream) {
+                captures[i] = (struct capture){stream, g, 0};
+                __atomic_add_fetch(&capturing, 1, __ATOMIC_RELEASE);
+                rc = CUDA_SUCCESS;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&lock);
+    if (rc)
+        free(g);
+    return rc;
+}
+
+CUresult cuStreamBeginCapture(CUstream hStream)
+{
+    COUNT(cuStreamBeginCapture);
+    return begin_capture(hStream);
+}
+
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+    COUNT(cuStreamBeginCapture_ptsz);
+    return begin_capture(hStream ? hStream : STREAM_PER_THREAD);
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
+{
+    COUNT(cuStreamBeginCapture_v2);
+    (void)mode;
+    return begin_capture(hStream);
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode)
+{
+    COUNT(cuStreamBeginCapture_v2_ptsz);
+    (void)mode;
+    return begin_capture(hStream ? hStream : STREAM_PER_THREAD);
+}
+
+static CUresult end_capture(CUstream stream, CUgraph *phGraph)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct capture *c = capture_of(stream);
+    struct capture done = c ? *c : (struct capture){0};
+    if (c) {
+        c->stream = NULL;
+        __atomic_sub_fetch(&capturing, 1, __ATOMIC_RELEASE);
+        if (!done.invalidated)
+            ptrmap_put(&graphs, done.graph, done.graph);
+    }
+    pthread_mutex_unlock(&lock);
+    *phGraph = NULL;
+    if (!c)
+        return CUDA_ERROR_ILLEGAL_STATE; /* not capturing */
+    if (done.invalidated) {
+        free(done.graph->kernels);
+        free(done.graph);
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    *phGraph = (CUgraph)done.graph;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    COUNT(cuStreamEndCapture);
+    return end_capture(hStream, phGraph);
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+    COUNT(cuStreamEndCapture_ptsz);
+    return end_capture(hStream ? hStream : STREAM_PER_THREAD, phGraph);
+}
+
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned flags)
+{
+    COUNT(cuGraphCreate);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraph || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct graph *g = calloc(1, sizeof *g);
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    int rc = ptrmap_put(&graphs, g, g);
+    pthread_mutex_unlock(&lock);
+    if (rc) {
+        free(g);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *phGraph = (CUgraph)g;
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_kernel_node(CUgraphNode *phGraphNode, CUgraph hGraph, void *kernel)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraphNode || !kernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!lookup(kernel, KERNEL | FUNCTION))
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    struct graph *g = ptrmap_get(&graphs, hGraph);
+    int rc = !g ? CUDA_ERROR_INVALID_VALUE : graph_add(g, kernel) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    size_t index = g ? g->n : 0;
+    pthread_mutex_unlock(&lock);
+    if (!rc)
+        *phGraphNode = (CUgraphNode)(uintptr_t)(index << 4 | 0x8); /* opaque, never dereferenced */
+    return rc;
+}
+
+CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                              size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)
+{
+    COUNT(cuGraphAddKernelNode);
+    (void)dependencies, (void)numDependencies;
+    return add_kernel_node(phGraphNode, hGraph, nodeParams ? (void *)nodeParams->func : NULL);
+}
+
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                 size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+    COUNT(cuGraphAddKernelNode_v2);
+    (void)dependencies, (void)numDependencies;
+    void *kernel = !nodeParams ? NULL : nodeParams->func ? (void *)nodeParams->func : (void *)nodeParams->kern;
+    return add_kernel_node(phGraphNode, hGraph, kernel);
+}
+
+static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraphExec)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct graph_exec *e = calloc(1, sizeof *e);
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    struct graph *g = ptrmap_get(&graphs, hGraph);
+    if (!g) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (g->n && !(e->kernels = malloc(g->n * sizeof *e->kernels))) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        e->n = g->n;
+        if (g->n)
+            memcpy(e->kernels, g->kernels, g->n * sizeof *e->kernels);
+        ptrmap_remove(&dead_execs, e);
+        if (ptrmap_put(&execs, e, e))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&lock);
+    if (rc) {
+        free(e->kernels);
+        free(e);
+        return rc;
+    }
+    *phGraphExec = (CUgraphExec)e;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                            size_t bufferSize)
+{
+    COUNT(cuGraphInstantiate);
+    (void)phErrorNode, (void)logBuffer, (void)bufferSize;
+    return instantiate(phGraphExec, hGraph);
+}
+
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                               size_t bufferSize)
+{
+    COUNT(cuGraphInstantiate_v2);
+    (void)phErrorNode, (void)logBuffer, (void)bufferSize;
+    return instantiate(phGraphExec, hGraph);
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+    COUNT(cuGraphInstantiateWithFlags);
+    (void)flags;
+    return instantiate(phGraphExec, hGraph);
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams)
+{
+    COUNT(cuGraphInstantiateWithParams);
+    (void)instantiateParams;
+    return instantiate(phGraphExec, hGraph);
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams)
+{
+    COUNT(cuGraphInstantiateWithParams_ptsz);
+    (void)instantiateParams;
+    return instantiate(phGraphExec, hGraph);
+}
+
+static CUresult exec_update(CUgraphExec hGraphExec, CUgraph hGraph)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    struct graph_exec *e = ptrmap_get(&execs, hGraphExec);
+    struct graph *g = ptrmap_get(&graphs, hGraph);
+    if (!e || !g)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else if (g->n != e->n)
+        rc = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE; /* another topology */
+    else if (g->n)
+        memcpy(e->kernels, g->kernels, g->n * sizeof *e->kernels);
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out, int *updateResult_out)
+{
+    COUNT(cuGraphExecUpdate);
+    CUresult rc = exec_update(hGraphExec, hGraph);
+    if (hErrorNode_out)
+        *hErrorNode_out = NULL;
+    if (updateResult_out)
+        *updateResult_out = rc == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE ? 2 /* topology changed */ : 0;
+    return rc;
+}
+
+CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, void *resultInfo)
+{
+    COUNT(cuGraphExecUpdate_v2);
+    if (resultInfo)
+        memset(resultInfo, 0, 24); /* CUgraphExecUpdateResultInfo: result, errorNode, errorFromNode */
+    CUresult rc = exec_update(hGraphExec, hGraph);
+    if (resultInfo && rc == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE)
+        *(int *)resultInfo = 2;
+    return rc;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    COUNT(cuGraphExecDestroy);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&lock);
+    struct graph_exec *e = ptrmap_get(&execs, hGraphExec);
+    if (e) {
+        ptrmap_remove(&execs, e);
+        ptrmap_put(&dead_execs, e, e);
+    }
+    pthread_mutex_unlock(&lock);
+    if (!e)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(e->kernels);
+    free(e); /* queued launches keep their time: nothing refers to it */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    COUNT(cuGraphDestroy);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&lock);
+    struct graph *g = ptrmap_get(&graphs, hGraph);
+    if (g)
+        ptrmap_remove(&graphs, g);
+    pthread_mutex_unlock(&lock);
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(g->kernels);
+    free(g);
+    return CUDA_SUCCESS;
+}
+
 /* ---- launches */
 
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -351,6 +744,9 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
         return CUDA_ERROR_INVALID_VALUE;
     if (!lookup(f, KERNEL | FUNCTION))
         return CUDA_ERROR_INVALID_HANDLE;
+    int captured = capture_launch(stream, f);
+    if (captured >= 0)
+        return captured ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS; /* recorded, not run */
     return streams_enqueue(stream, 1) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
 
@@ -408,15 +804,36 @@ CUresult cuLaunchHostFunc(CUstream hStream, void (*fn)(void *), void *userData)
     return streams_host_func(hStream, fn, userData) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
 
-/* Any non-NULL graph is accepted: the stand-in has no graphs, only their time. */
-CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+/* An executable graph made here queues its kernels' time; a destroyed one is 400; any other
+ * non-NULL handle GRAPH_KERNELS kernels' time (see graphs above). */
+static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream)
 {
-    COUNT(cuGraphLaunch);
     if (!ready())
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!hGraphExec)
         return CUDA_ERROR_INVALID_VALUE;
-    return streams_enqueue(hStream, GRAPH_KERNELS) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    struct graph_exec *e = ptrmap_get(&execs, hGraphExec);
+    int dead = !e && ptrmap_get(&dead_execs, hGraphExec);
+    unsigned kernels = e ? (unsigned)e->n : GRAPH_KERNELS;
+    pthread_mutex_unlock(&lock);
+    if (dead)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!kernels)
+        return CUDA_SUCCESS;
+    return streams_enqueue(hStream, kernels) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    COUNT(cuGraphLaunch);
+    return graph_launch(hGraphExec, hStream);
+}
+
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+    COUNT(cuGraphLaunch_ptsz);
+    return graph_launch(hGraphExec, per_thread(hStream));
 }
 
 CUresult cuStreamSynchronize(CUstream hStream)
@@ -424,6 +841,8 @@ CUresult cuStreamSynchronize(CUstream hStream)
     COUNT(cuStreamSynchronize);
     if (!ready())
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (capture_refuses_sync(hStream))
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     streams_drain(hStream, 0);
     return CUDA_SUCCESS;
 }
@@ -433,6 +852,8 @@ CUresult cuCtxSynchronize(void)
     COUNT(cuCtxSynchronize);
     if (!ready())
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (capture_refuses_sync(NULL))
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     streams_drain(NULL, 1);
     return CUDA_SUCCESS;
 }

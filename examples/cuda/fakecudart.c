@@ -80,7 +80,9 @@ enum { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice, Default };
     X(cuMemAllocAsync) X(cuMemFree_v2) X(cuMemFreeAsync) X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyHtoD_v2)             \
     X(cuMemcpyDtoH_v2) X(cuMemcpyDtoD_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoDAsync_v2)   \
     X(cuMemcpy2D_v2) X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuMemAllocHost_v2) X(cuMemHostAlloc)          \
-    X(cuMemFreeHost)
+    X(cuMemFreeHost) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuGraphCreate) X(cuGraphAddKernelNode_v2)     \
+    X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) X(cuGraphExecUpdate_v2) X(cuGraphExecDestroy)     \
+    X(cuGraphDestroy)
 
 #define AS_POINTER(name) __typeof__(name) *name;
 static struct {
@@ -462,6 +464,112 @@ cudaError_t cudaGraphLaunch_ptsz(void *graphExec, cudaStream_t stream)
 {
     NEED_DRIVER();
     return result(drv.cuGraphLaunch(graphExec, per_thread(stream)));
+}
+
+/* ---- graphs: each call is the driver's (fakecuda.c says what a graph does) */
+
+struct cudaKernelNodeParams {
+    void *func; /* a registered host function, or (CUDA 13) a kernel handle */
+    dim3 gridDim;
+    dim3 blockDim;
+    unsigned sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+};
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode)
+{
+    NEED_DRIVER();
+    return result(drv.cuStreamBeginCapture_v2(stream, mode));
+}
+
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, int mode)
+{
+    NEED_DRIVER();
+    return result(drv.cuStreamBeginCapture_v2(per_thread(stream), mode));
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, void **pGraph)
+{
+    NEED_DRIVER();
+    return result(drv.cuStreamEndCapture(stream, pGraph));
+}
+
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, void **pGraph)
+{
+    NEED_DRIVER();
+    return result(drv.cuStreamEndCapture(per_thread(stream), pGraph));
+}
+
+cudaError_t cudaGraphCreate(void **pGraph, unsigned flags)
+{
+    NEED_DRIVER();
+    return result(drv.cuGraphCreate(pGraph, flags));
+}
+
+/* The node's kernel goes to the driver as its handle: a CUkernel in kern (CUDA 13, as the real
+ * runtime's cudaKernel_t), a CUfunction in func (CUDA 12). */
+cudaError_t cudaGraphAddKernelNode(void **pGraphNode, void *graph, void *const *pDependencies, size_t numDependencies,
+                                   const struct cudaKernelNodeParams *pNodeParams)
+{
+    NEED_DRIVER();
+    if (!pNodeParams)
+        return fail(cudaErrorInvalidValue);
+    struct kernel *k;
+    cudaError_t rc = kernel_of(pNodeParams->func, &k);
+    if (rc)
+        return fail(rc);
+    const dim3 g = pNodeParams->gridDim, b = pNodeParams->blockDim;
+    CUDA_KERNEL_NODE_PARAMS p = {NULL, g.x, g.y, g.z, b.x, b.y, b.z, pNodeParams->sharedMemBytes,
+                                 pNodeParams->kernelParams, pNodeParams->extra, NULL, NULL};
+#ifdef FAKECUDART_CUDA13
+    p.kern = (CUkernel)k->handle;
+#else
+    p.func = (CUfunction)k->handle;
+#endif
+    return result(drv.cuGraphAddKernelNode_v2(pGraphNode, graph, pDependencies, numDependencies, &p));
+}
+
+cudaError_t cudaGraphInstantiate(void **pGraphExec, void *graph, unsigned long long flags)
+{
+    NEED_DRIVER();
+    return result(drv.cuGraphInstantiateWithFlags(pGraphExec, graph, flags));
+}
+
+cudaError_t cudaGraphInstantiateWithFlags(void **pGraphExec, void *graph, unsigned long long flags)
+{
+    NEED_DRIVER();
+    return result(drv.cuGraphInstantiateWithFlags(pGraphExec, graph, flags));
+}
+
+cudaError_t cudaGraphInstantiateWithParams(void **pGraphExec, void *graph, void *instantiateParams)
+{
+    NEED_DRIVER();
+    return result(drv.cuGraphInstantiateWithParams(pGraphExec, graph, instantiateParams));
+}
+
+cudaError_t cudaGraphInstantiateWithParams_ptsz(void **pGraphExec, void *graph, void *instantiateParams)
+{
+    NEED_DRIVER();
+    return result(drv.cuGraphInstantiateWithParams(pGraphExec, graph, instantiateParams));
+}
+
+cudaError_t cudaGraphExecUpdate(void *graphExec, void *graph, void *resultInfo)
+{
+    NEED_DRIVER();
+    return result(drv.cuGraphExecUpdate_v2(graphExec, graph, resultInfo));
+}
+
+cudaError_t cudaGraphExecDestroy(void *graphExec)
+{
+    NEED_DRIVER();
+    return result(drv.cuGraphExecDestroy(graphExec));
+}
+
+cudaError_t cudaGraphDestroy(void *graph)
+{
+    NEED_DRIVER();
+    return result(drv.cuGraphDestroy(graph));
 }
 
 /* ---- memory */

@@ -71,8 +71,8 @@ REASONS = (
     "capture_invalidated",  # cudaStreamEndCapture returned an error: what it recorded never runs
     "capture_abandoned",  # a capture begun again, or left open when its process exited
     "capture_unseen",  # a capture ended that began before the agent watched: its kernels unknown
-    "update_failed",  # cudaGraphExecUpdate returned an error: the executable graph kept its kernels
-    "unknown_exec",  # a graph launch of an executable graph not seen instantiated (or destroyed)
+    "update_failed",  # cudaGraphExecUpdate of a known executable graph returned an error: it kept its kernels
+    "unknown_exec",  # an executable graph not seen instantiated (or destroyed) launched, or updated
     "destroyed_in_flight",  # an executable graph destroyed with a launch not known done
 )
 
@@ -164,7 +164,8 @@ class Graphs:
         elif func in CAPTURE_END:
             cap = self._end(a0)
             if ret != 0:
-                self.anomalies["capture_invalidated"] += 1
+                if cap is not None:  # else a call that failed (counted as an error), no capture
+                    self.anomalies["capture_invalidated"] += 1
             elif cap is None:
                 self.anomalies["capture_unseen"] += 1
                 if a1:
@@ -188,10 +189,11 @@ class Graphs:
                 self.next_id += 1
         elif func in UPDATE:
             known = self.execs.get(a0)
-            if ret != 0:
+            if known is None:
+                if ret == 0:  # what it runs now is not known
+                    self.anomalies["unknown_exec"] += 1
+            elif ret != 0:
                 self.anomalies["update_failed"] += 1
-            elif known is None:
-                self.anomalies["unknown_exec"] += 1
             else:
                 known.version = self._version(known.version.graph_id, self.graphs.get(a2))
         elif func in EXEC_DESTROY:
