@@ -11,6 +11,10 @@
     ``message_delta`` with usage) and Gemini's ``POST /v1beta/models/{model}:generateContent``
     and ``:streamGenerateContent?alt=sse`` (``usageMetadata``). Streams send their first
     chunk ``FIRST_S`` after the request, then one per token ``GAP_S`` apart.
+``python -m harness.tls_apps gateway PORT UPSTREAM CA``
+    An application calling a hosted model: ``GET /ask`` makes a (non-streamed) Anthropic
+    ``POST UPSTREAM/v1/messages`` with urllib over HTTPS (CA: the certificate to trust), on the
+    thread serving the request, and answers ``answered``.
 Each prints ``ready`` once listening.
 
 ``make_cert(folder)`` writes a self-signed certificate for 127.0.0.1 and localhost (the
@@ -24,6 +28,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -48,6 +53,9 @@ def make_cert(folder: Path) -> tuple[Path, Path]:
 def server_context(cert: str, key: str) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
+    # A TLS 1.2 client may renegotiate (the bad-input test does): OpenSSL 3 refuses unless
+    # SSL_OP_ALLOW_CLIENT_RENEGOTIATION (1 << 8), which Python does not name.
+    ctx.options = (ctx.options & ~ssl.OP_NO_RENEGOTIATION) | (1 << 8)
     return ctx
 
 
@@ -181,6 +189,27 @@ class Providers(BaseHTTPRequestHandler):
         self._end()
 
 
+class Gateway(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    upstream = ""
+    context: ssl.SSLContext | None = None
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = json.dumps({"model": "claude-gw", "max_tokens": 3, "messages": [{"role": "user", "content": "q"}]})
+        request = urllib.request.Request(
+            self.upstream + "/v1/messages", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, context=self.context, timeout=10) as r:
+            r.read()
+        self.send_response(200)
+        self.send_header("Content-Length", "8")
+        self.end_headers()
+        self.wfile.write(b"answered")
+
+
 def serve(handler: type[BaseHTTPRequestHandler], port: int, tls: tuple[str, str] | None) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
     if tls:
@@ -191,5 +220,8 @@ def serve(handler: type[BaseHTTPRequestHandler], port: int, tls: tuple[str, str]
 
 if __name__ == "__main__":
     kind, port = sys.argv[1], int(sys.argv[2])
+    if kind == "gateway":
+        Gateway.upstream, Gateway.context = sys.argv[3], ssl.create_default_context(cafile=sys.argv[4])
+        serve(Gateway, port, None)
     certs = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else None
     serve(Completions if kind == "sse-tls" else Providers, port, certs)
