@@ -552,7 +552,7 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         graph_named: Counter[tuple[str, int, str]] = Counter()
         for (name, gid, (f, fn)), c in graph_runs.items():
             graph_named[(name, gid, self._kernel_name(pid, f, fn)[0])] += c
-        ranked: list[tuple[dict[str, object] | tuple[str, int], int]] = list(per_kernel.items())
+        ranked: list[tuple[dict[str, str | int] | tuple[str, int], int]] = list(per_kernel.items())
         ranked += [
             ({"cuda.api.function": name, "cuda.kernel.name": kname, "cuda.graph.id": gid}, c)
             for (name, gid, kname), c in graph_named.items()
