@@ -62,6 +62,7 @@ from otelbpf.analyze.idle import (
     Charge,
     Timeline,
     account,
+    device_of,
     load_timelines,
 )
 from otelbpf.analyze.summary import (
@@ -102,6 +103,8 @@ COSTS = {
     "(run-queue parts of its off-CPU intervals above the span threshold: a lower bound)",
     "blocking_io": "time the launching thread was blocked in file-system or block I/O while the GPU had nothing queued",
     "host_wait": "time the launching thread slept or waited otherwise while the GPU had nothing queued",
+    "other_device": "time the launching thread spent inside CUDA calls for its other devices while this device had "
+    "nothing queued (where the spans carry cuda.device.id: the budget is per thread and device)",
     "host_code": "the launching thread's on-CPU time while the GPU had nothing queued, split by the CPU samples taken "
     "then (one sampling period each, pooled over the gaps)",
     "unexplained": "the idle time charged to no cause: what the agent could not see (see could_not_see)",
@@ -130,6 +133,8 @@ FIXES = {
     "the cores the job has.",
     "host_wait": "Do not sleep or wait in the training thread between steps; if it waits for something, "
     "prepare it ahead of time.",
+    "other_device": "Drive each GPU from its own thread or process (one rank per GPU: torch.distributed/DDP), or "
+    "queue every device's work before synchronizing any of them (synchronize last).",
     "host_code": "Move this work off the launching thread or overlap it with the GPU's: prepare batches in "
     "DataLoader workers or a background thread, checkpoint asynchronously, and queue the next step's GPU "
     "work before the host work (synchronize last).",
@@ -201,6 +206,7 @@ _READ_ATTRS = frozenset(
         "cuda.memcpy.bytes",
         "cuda.memcpy.direction",
         "cuda.memcpy.host_memory",
+        "cuda.device.id",
         "cuda.error.name",
         "cuda.memory.bytes",
         "otelbpf.sched.blocked_ns",
@@ -313,7 +319,8 @@ def _process_findings(
         return []
     window = max(1, max(s.end for s in spans) - min(s.start for s in spans)) / 1e9
     threads = len({s.tid for s in spans}) or 1
-    capacity = window * threads  # the module doc: what a share is of
+    # the budget is per thread and device where the spans say the device (idle.DEVICE_ATTR)
+    capacity = window * (len({(s.tid, device_of(s)) for s in spans}) or 1)  # the module doc: what a share is of
     out: list[Finding] = []
 
     def add(cause: str, cost: float, summary: str, evidence: dict[str, Any]) -> None:
@@ -467,6 +474,18 @@ def _process_findings(
                 "per_second": round(launches / window),
                 "median_sync_wait_s": median_wait,
                 **({"idle": idle} if charged is not None else {}),
+            },
+        )
+    if (c := acc.charges.get("other_device")) is not None:
+        add_charged(
+            "other_device",
+            f"the launching thread was inside CUDA calls for its other devices for {human_seconds(c.seconds)} "
+            f"({', '.join(f'{d} {human_seconds(v)}' for d, v in c.top())}) while this device had nothing queued: "
+            "one thread drives the devices one after the other",
+            {
+                "seconds": round(c.seconds, 6),
+                "by_device": {d: round(v, 6) for d, v in c.top()},
+                "span_ids": _ids(c.spans),
             },
         )
     if sched_on:

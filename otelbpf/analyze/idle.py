@@ -78,6 +78,15 @@ ALLOCS = frozenset(
 )
 SMALL_READ = 64 << 10
 INPUT_WAITS = frozenset({"futex", "pipe", "socket", "poll"})
+#: The device a CUDA call was made for (the thread's current device: cudaSetDevice, or its
+#: context's), where the span carries it. The budget is per (thread, device): absent, one
+#: device per thread, as before.
+DEVICE_ATTR = "cuda.device.id"
+
+
+def device_of(s: SpanLike) -> object:
+    """The call's device (``DEVICE_ATTR``), None where not known."""
+    return s.attrs.get(DEVICE_ATTR)
 
 
 class SpanLike(Protocol):
@@ -255,11 +264,16 @@ def account(
     rest (the GPU ran each tiny kernel as it came: that time is the launching, not other code)."""
     acc = Account()
     launch_left = [launch_ns]
-    mine: dict[int, list[SpanLike]] = defaultdict(list)
+    # per (thread, device): a device's gap runs from a drain on it to the thread's next call on
+    # it; the thread's calls for its other devices inside that gap are carved out of it
+    mine: dict[tuple[int, object], list[SpanLike]] = defaultdict(list)
     who = launchers(spans, launcher_share)
     for s in spans:
         if s.tid in who:
-            mine[s.tid].append(s)
+            mine[(s.tid, device_of(s))].append(s)
+    devices: dict[int, set[object]] = defaultdict(set)
+    for tid, dev in mine:
+        devices[tid].add(dev)
     waits: dict[int, list[SpanLike]] = defaultdict(list)
     for o in off_cpu or ():
         if o.tid in who and o.attrs.get("otelbpf.sched.reason") != "cuda":
@@ -267,8 +281,14 @@ def account(
     if timeline is not None:
         acc.period_s = timeline.period_ns / 1e9
     gaps: list[tuple[int, int]] = []  # the sampled gaps of every launching thread
-    for tid, calls in mine.items():
+    for (tid, dev), calls in mine.items():
         calls.sort(key=lambda s: s.start)
+        elsewhere = (
+            sorted((s for d in devices[tid] - {dev} for s in mine[(tid, d)]), key=lambda s: s.start)
+            if len(devices[tid]) > 1
+            else []
+        )
+        ends = [n.end for n in elsewhere]  # one thread's calls do not overlap: sorted too
         mine_waits = sorted(waits.get(tid, []), key=lambda s: s.start)
         wait_ends = [w.end for w in mine_waits]  # waits of one thread do not overlap: sorted too
         if mine_waits:  # its latest name: a thread often names itself after its first waits
@@ -287,7 +307,9 @@ def account(
             if nxt is None:
                 acc.open_gaps += 1
                 continue
-            if _gap(acc, code, s.end, nxt.start, drain, s, calls, i, mine_waits, wait_ends, timeline, tid):
+            if _gap(
+                acc, code, s.end, nxt.start, drain, s, calls, i, mine_waits, wait_ends, timeline, tid, (elsewhere, ends)
+            ):
                 gaps.append((s.end, nxt.start))
         _charge_code(acc, code, timeline, launch_left)
     if timeline is not None and gaps:
@@ -328,14 +350,35 @@ def _gap(
     wait_ends: list[int],
     timeline: Timeline | None,
     tid: int,
+    elsewhere: tuple[Sequence[SpanLike], list[int]] = ((), []),
 ) -> bool:
-    """Charge the gap [a, b) of thread ``tid``, opened by ``opener`` (calls[i]). True if the
-    timeline covers it (the other threads' samples in it are then its context)."""
+    """Charge the gap [a, b) of thread ``tid`` on one device, opened by ``opener`` (calls[i]).
+    ``elsewhere``: the thread's calls for its other devices by start, and their ends: the time inside them is
+    ``other_device`` (that device's work, not this one's idle cause). True if the timeline
+    covers the gap (the other threads' samples in it are then its context)."""
     if b <= a:
         return False
     acc.gaps += 1
     acc.budget_s += (b - a) / 1e9
     left = b - a
+    inside = 0  # in calls for another device
+    others, other_ends = elsewhere
+    for k in range(bisect_left(other_ends, a), len(others)):  # by index: a slice copies the rest
+        n = others[k]
+        if n.start >= b:
+            break
+        t = _clip(n.start, n.end, a, b)
+        if t > 0:
+            inside += t
+            c = acc.charges["other_device"]
+            c.by[f"device {device_of(n)}"] += t / 1e9
+            if not c.spans or c.spans[-1] is not n:
+                c.spans.append(n)
+    if inside:
+        c = acc.charges["other_device"]
+        c.seconds += inside / 1e9
+        c.gaps += 1
+        left -= inside
     for j in range(i + 1, len(calls)):
         n = calls[j]
         if n.start >= b:

@@ -378,3 +378,46 @@ def test_short_waits_summed_in_the_kernel_are_charged_by_their_sums() -> None:
     acc = account(k.spans, k.off, k.tl)
     # the gap: 50 us after the synchronize and the 1 ms after; 1.05 of the span's 2 ms
     assert abs(acc.charges["blocking_io"].seconds - 0.0008 * 1.05 / 2) < 1e-6, acc.charges
+
+
+def test_two_devices_from_one_thread_have_a_budget_each() -> None:
+    """One thread drives two devices in turn (cuda.device.id on its calls): each step it
+    queues device 0's work and synchronizes it (30 ms), then device 1's (30 ms), then runs
+    10 ms of host code. Device 0 has nothing queued from its synchronize's return until its
+    next launch: 30 ms inside device 1's calls, then the host code; device 1 likewise, the
+    host code, then device 0's calls. The time in the other device's calls is neither host
+    code nor unexplained: it is ``other_device``; the host code is charged once per device
+    that waited for it."""
+    j = Job()
+
+    def work(dev: int, wait: int) -> None:
+        for _ in range(5):
+            j.call("cudaLaunchKernel", 10_000, **{"cuda.device.id": dev})
+            j.t += 20_000
+        j.call("cudaStreamSynchronize", wait, **{"cuda.device.id": dev})
+        j.t += 50_000
+
+    for _ in range(40):
+        work(0, 30 * MS)
+        work(1, 30 * MS)
+        j.on_cpu(10 * MS, 1)
+    work(0, 30 * MS)
+    acc = account(j.spans, j.off, j.tl)
+    other = acc.charges["other_device"]
+    # device 0's 40 gaps hold device 1's launches and synchronize (5 x 10 us + 30 ms), device
+    # 1's 39 closed gaps device 0's (its last ends with the trace)
+    assert abs(other.by["device 1"] - 40 * 0.03005) < 1e-6 and abs(other.by["device 0"] - 39 * 0.03005) < 1e-6
+    assert abs(other.seconds - 79 * 0.03005) < 1e-6, other
+    # the host code: in device 0's gaps and in device 1's, 10 ms a step each, by the samples
+    assert abs(acc.code[TOK.key].seconds - 79 * 0.01) / 0.79 < 0.15, acc.code
+    assert acc.unexplained_s < 0.1 * acc.budget_s, acc.summary()
+    assert acc.charges["sync_storm"].seconds < 0.01
+    assert acc.charged_s + acc.unexplained_s <= acc.budget_s + 1e-9
+    findings = _process_findings("job (pid 1)", j.spans, {}, j.off, j.tl)
+    by = {f.cause: f for f in findings}
+    assert "other_device" in by and set(by["other_device"].evidence["by_device"]) == {"device 0", "device 1"}
+    assert by["other_device"].share <= 0.5  # of 2 (thread, device) pairs' time
+    # without the attribute: one budget per thread, as before (device 1's calls end device 0's gaps)
+    for s in j.spans:
+        s.attrs.pop("cuda.device.id", None)
+    assert "other_device" not in account(j.spans, j.off, j.tl).charges
