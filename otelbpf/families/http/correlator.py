@@ -300,6 +300,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                     spans, self._spans = self._spans, []
                     self._send(spans)
             self._conns.flush()
+            self._tls.batch += 1
             self._end_tls(self._tls.sweep())
             self._flush_durations()
         self._flush_spans()

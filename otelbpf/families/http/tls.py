@@ -12,8 +12,8 @@ SSL pointer) without an fd; its addresses are the socket connection's when the s
 traces it, else read from /proc for the fd; its role (client or server) comes from its first
 bytes. The two rings are drained separately, so a socket's close can be processed before the
 last plaintext records written before it: a close only marks the TLS connection, which ends
-two batches later (``sweep``), or at once when a newer record on the same fd shows a new
-connection.
+two batches (of either ring) later (``sweep``), or at once when a newer record on the same fd
+shows a new connection.
 """
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+"""The http correlator's TLS entry (otelbpf/families/http/tls.py): plaintext records as the tls
+receiver's ring delivers them (the socket layout: func 1 SSL_read, 2 SSL_write; the SSL pointer
+in ``addr``), next to the socket path's records of the same connection. No kernel."""
+
+from __future__ import annotations
+
+import struct
+
+from opentelemetry.trace import SpanKind
+from test_http_unit import CLIENT_IP, CLIENT_PORT, SERVER_PID, SERVER_PORT, Http, Records, assert_attributes
+
+from otelbpf.base.events import Kind, SockFunc
+from otelbpf.families.http.tls import RING, TlsConns
+from otelbpf.families.tls.probes import RING as TLS_FAMILY_RING
+
+SSL = 0x5555_0000_1000
+CLIENT_HELLO = b"\x16\x03\x01\x00\x50" + bytes(80)
+REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nContent-Length: 30\r\n\r\n"
+BODY = b'{"model": "m1", "max_tokens": 3'[:30]
+RESPONSE_BODY = b'{"model": "m1-s", "usage": {"prompt_tokens": 3, "completion_tokens": 2}}'
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(RESPONSE_BODY), RESPONSE_BODY)
+
+
+def tls(r: Records, func: SockFunc, data: bytes, ts: int, dur: int, *, fd: int, ssl: int = SSL, ret=None) -> None:
+    r._add(
+        ts_ns=ts,
+        duration_ns=dur,
+        pid=SERVER_PID,
+        tid=SERVER_PID,
+        fd=fd,
+        ret=len(data) if ret is None else ret,
+        kind=Kind.SOCK_DATA,
+        func=func,
+        cap=len(data),
+        data=data,
+        addr=struct.pack("<Q", ssl) + bytes(8),
+    )
+
+
+def test_the_ring_names_agree() -> None:
+    assert RING == TLS_FAMILY_RING
+
+
+def test_plaintext_makes_the_span_the_ciphertext_cannot_and_takes_the_socket_s_addresses() -> None:
+    http = Http()
+    sock = Records()
+    sock.accept(1_000_000)
+    sock.io(SockFunc.read, CLIENT_HELLO, 1_100_000, 1_000, pid=SERVER_PID, fd=5)
+    http.deliver(sock)
+    plain = Records()
+    tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
+    tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=5)
+    http.correlator.on_tls(plain.array())
+    span = http.span(SpanKind.SERVER)
+    assert_attributes(
+        span,
+        {
+            "url.scheme": "https",
+            "url.path": "/v1/chat/completions",
+            "http.response.status_code": 200,
+            "server.port": SERVER_PORT,
+            "client.address": CLIENT_IP,
+            "client.port": CLIENT_PORT,
+            "gen_ai.request.model": "m1",
+            "gen_ai.response.model": "m1-s",
+            "gen_ai.usage.output_tokens": 2,
+        },
+    )
+    assert span.end_time - span.start_time == 2_054_000 - 2_003_000
+    # the ciphertext was counted as TLS, never parsed
+    assert http.counts[("otelbpf.http.connections", (("protocol", "tls"),))] == 1
+    assert not [k for k in http.counts if k[0] == "otelbpf.http.problems"]
+
+
+def test_without_an_fd_the_ssl_pointer_keys_the_connection() -> None:
+    """A memory BIO (asyncio): no fd, two SSL objects of one process are two connections."""
+    http = Http()
+    plain = Records()
+    tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=-1, ssl=SSL)
+    tls(plain, SockFunc.read, REQUEST + BODY, 2_001_000, 3_000, fd=-1, ssl=SSL + 64)
+    tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=-1, ssl=SSL)
+    tls(plain, SockFunc.write, RESPONSE, 2_060_000, 4_000, fd=-1, ssl=SSL + 64)
+    http.correlator.on_tls(plain.array())
+    spans = [s for s in http.spans if s.kind == SpanKind.SERVER]
+    assert len(spans) == 2 and all(s.attributes["url.scheme"] == "https" for s in spans)
+
+
+def test_a_socket_close_ends_the_tls_connection_two_batches_later_and_a_new_one_starts_fresh() -> None:
+    """The rings drain apart: records written before the close may come in a later batch."""
+    http = Http()
+    sock = Records()
+    sock.accept(1_000_000)
+    http.deliver(sock)
+    first = Records()
+    tls(first, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
+    http.correlator.on_tls(first.array())
+    closing = Records()
+    closing.close(2_100_000, pid=SERVER_PID, fd=5)
+    http.deliver(closing)  # before the response's record
+    late = Records()
+    tls(late, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=5)
+    http.correlator.on_tls(late.array())
+    assert [s.attributes["http.response.status_code"] for s in http.spans] == [200]
+    # a new connection on the reused fd number, after the close
+    again = Records()
+    tls(again, SockFunc.read, REQUEST + BODY, 3_000_000, 3_000, fd=5)
+    tls(again, SockFunc.write, RESPONSE, 3_050_000, 4_000, fd=5)
+    http.correlator.on_tls(again.array())
+    assert len(http.spans) == 2
+
+
+def test_an_ssl_read_of_zero_ends_a_client_exchange_and_garbage_plaintext_is_only_counted() -> None:
+    http = Http()
+    plain = Records()
+    tls(plain, SockFunc.write, b"\x00\x01garbage that is no protocol", 1_000, 100, fd=9)
+    tls(plain, SockFunc.read, b"", 2_000, 100, fd=9, ret=0)
+    http.correlator.on_tls(plain.array())
+    assert http.spans == []
+    assert any(k[0] == "otelbpf.http.unparsed_bytes" for k in http.counts)
+
+
+def test_tls_conns_are_bounded() -> None:
+    conns = TlsConns(lambda pid, fd: None, lambda pid, fd: (None, None), max_conns=2)
+    ended = [conns.conn(1, fd, 0, fd)[1] for fd in range(4)]
+    assert len(conns) == 2 and [len(e) for e in ended] == [0, 0, 1, 1]
