@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -132,3 +133,49 @@ def test_on_the_real_runtime_every_graph_call_is_seen_once_up_to_the_driver(otlp
     assert errors[("cudaStreamBeginCapture", 35)] == 3 and errors[("cudaGraphLaunch", 35)] == n + 13
     assert _graph_kernels(c, pid) == {}
     assert _by(c, "otelbpf.cuda.graph.anomalies", pid, "reason") == {"unknown_exec": n + 13}, output[-3000:]
+
+
+DRIVER_ONLY = r"""
+import ctypes, json, os, sys
+cu = ctypes.CDLL(sys.argv[1])
+V = ctypes.c_void_p
+n = int(sys.argv[2])
+assert cu.cuInit(0) == 0
+f, g, e = V(), V(), V()
+assert cu.cuModuleGetFunction(ctypes.byref(f), None, b"_Z6decodePf") == 0
+stream = V(0x5EED)  # the stand-in takes any handle but the legacy stream's
+rc = {"begin": cu.cuStreamBeginCapture_v2(stream, 0)}
+launch = lambda: cu.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, stream, None, None)
+rc["launches"] = [launch(), launch()]
+rc["end"] = cu.cuStreamEndCapture(stream, ctypes.byref(g))
+rc["instantiate"] = cu.cuGraphInstantiateWithFlags(ctypes.byref(e), g, ctypes.c_ulonglong(0))
+rc["graph_launches"] = sorted({cu.cuGraphLaunch(e, stream) for _ in range(n)})
+rc["plain"] = launch()
+rc["sync"] = cu.cuStreamSynchronize(stream)
+print(json.dumps({"pid": os.getpid(), "rc": rc}))
+"""
+
+
+def test_a_direct_driver_user_captures_and_replays(otlp_collector, tmp_path):
+    """Triton- or JAX-style: the driver API only (cuStreamBeginCapture_v2, cuLaunchKernel,
+    cuGraphLaunch), no runtime above it: the driver probes alone follow the capture."""
+    driver = BUILD / "fakecuda" / "libcuda.so.1"
+    n = 50
+    cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
+    with AgentProcess(["-c", str(cfg), "--", sys.executable, "-c", DRIVER_ONLY, str(driver), str(n)]) as agent:
+        assert agent.wait() == 0, agent.output
+    w = json.loads(next(x for x in agent.output.splitlines() if x.startswith('{"pid"')))
+    assert w["rc"] == {
+        "begin": 0,
+        "launches": [0, 0],
+        "end": 0,
+        "instantiate": 0,
+        "graph_launches": [0],
+        "plain": 0,
+        "sync": 0,
+    }
+    c, pid = otlp_collector, w["pid"]
+    want = {("decode(float*)", 1): 2 * n}
+    c.wait_for(lambda: _graph_kernels(c, pid) == want, what=f"graph kernels, got {_graph_kernels(c, pid)}")
+    assert _by(c, "cuda.kernel.launches", pid) == {"cuGraphLaunch": n, "cuLaunchKernel": 1}
+    assert _by(c, "cuda.graph.kernel.launches", pid) == {"cuGraphLaunch": 2 * n}

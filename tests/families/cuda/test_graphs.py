@@ -10,6 +10,8 @@ from pathlib import Path
 
 from families.cuda.test_cuda import ME, Events, Harness, fn_address, pack_dim, points
 from otelbpf.base.events import FLAG_DRIVER, CudaFunc, Kind
+from otelbpf.correlate.causality import Causality
+from otelbpf.correlate.spans import new_context
 from otelbpf.families.cuda.probes import GRAPH_CALLS, cuda_family
 
 F = CudaFunc
@@ -189,3 +191,23 @@ def test_graph_probes_read_what_the_headers_lay_out() -> None:
             assert offset == 56
         offset += size
     assert fields[0][1] == "func"
+
+
+def test_a_graph_launch_is_a_child_of_the_request_its_thread_serves() -> None:
+    """Causality as for any CUDA call (causality.py): the launch made on the thread while it
+    serves the request nests under it; the same graph launched after the request ended does not."""
+    causality = Causality()
+    h = Harness(parent_of=causality.parent)
+    ev = GraphEvents(tid=ME + 1)
+    ev.begin().captured(A).end().instantiate()
+    request = new_context()
+    interval = causality.open(ME, ME + 1, ev.ts + 5_000, request)
+    ev.graph_launch()
+    causality.close(ME, ME + 1, interval, ev.ts + 5_000)
+    ev.graph_launch()
+    h.correlator.on_events(ev.array())
+    inside, after = [s for s in h.spans if s.name == "cudaGraphLaunch"]
+    assert inside.parent == request and inside.context.trace_id == request.trace_id
+    assert inside.attributes["otelbpf.causality"] == "thread"
+    assert after.parent is None
+    assert inside.attributes["cuda.graph.kernel_count"] == after.attributes["cuda.graph.kernel_count"] == 1
