@@ -446,20 +446,21 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             attrs["cuda.stream"] = f"{a0:#x}"
             if "End" in name and a1:
                 attrs["cuda.graph.handle"] = f"{a1:#x}"
+        # Not cuda.kernel.name nor cuda.graph.exec here: those tell a launch (report_ai.py).
         elif "AddKernelNode" in name:
             attrs["cuda.graph.handle"] = f"{a0:#x}"
-            attrs["cuda.kernel.function_address"] = f"{a2:#x}"
+            attrs["cuda.graph.node.function_address"] = f"{a2:#x}"
             f = CudaFunc.cuLaunchKernel if is_driver(func) else CudaFunc.cudaLaunchKernel
-            attrs["cuda.kernel.name"] = self._kernel_name(pid, f, a2)[0]
+            attrs["cuda.graph.node.kernel_name"] = self._kernel_name(pid, f, a2)[0]
         elif "Instantiate" in name:
             attrs["cuda.graph.handle"] = f"{a0:#x}"
             if a1:
-                attrs["cuda.graph.exec"] = f"{a1:#x}"
+                attrs["cuda.graph.exec_handle"] = f"{a1:#x}"
         elif "ExecUpdate" in name:
-            attrs["cuda.graph.exec"] = f"{a0:#x}"
+            attrs["cuda.graph.exec_handle"] = f"{a0:#x}"
             attrs["cuda.graph.handle"] = f"{a2:#x}"
         elif "ExecDestroy" in name:
-            attrs["cuda.graph.exec"] = f"{a0:#x}"
+            attrs["cuda.graph.exec_handle"] = f"{a0:#x}"
         else:  # cudaGraphCreate, cudaGraphDestroy
             attrs["cuda.graph.handle"] = f"{(a1 if 'Create' in name else a0):#x}"
         return attrs

@@ -107,7 +107,10 @@ def test_a_built_graph_its_nodes_named_and_a_second_graph_numbered_apart() -> No
     calls = {dict(k)["cuda.api.function"]: v for k, v in points(m["cuda.api.calls"]).items()}
     assert calls["cudaGraphAddKernelNode"] == 3 and "cudaGraphLaunch" not in calls  # launches are not API calls
     node = next(s for s in h.spans if s.name == "cudaGraphAddKernelNode")
-    assert node.attributes["cuda.kernel.name"] == "getuid"
+    assert node.attributes["cuda.graph.node.kernel_name"] == "getuid"
+    assert "cuda.kernel.name" not in node.attributes  # not a launch (report_ai.py counts those)
+    inst = next(s for s in h.spans if s.name == "cudaGraphInstantiateWithFlags")
+    assert inst.attributes["cuda.graph.exec_handle"] == f"{EXEC:#x}" and "cuda.graph.exec" not in inst.attributes
 
 
 def test_a_fork_joined_stream_is_captured_a_foreign_one_runs() -> None:
