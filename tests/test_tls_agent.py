@@ -29,7 +29,7 @@ import yaml
 from harness.agent import REPO, AgentProcess
 from harness.otlp import OtlpCollector
 from harness.streaming_apps import FIRST_S, GAP_S, TOKENS
-from harness.tls_apps import make_cert
+from harness.tls_apps import make_cert, tgi_stream, triton_stream
 
 pytestmark = pytest.mark.bpf
 
@@ -114,11 +114,11 @@ class Runner:
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tls")
     cert, key = make_cert(tmp)
-    sse_port, tls_port, plain_port, gw_port = free_ports(4)
+    sse_port, tls_port, plain_port, gw_port, grpc_port = free_ports(5)
     with OtlpCollector() as collector:
         doc = {
             "receivers": {
-                "http": {"processes": "all", "ports": [sse_port, tls_port, plain_port, gw_port]},
+                "http": {"processes": "all", "ports": [sse_port, tls_port, plain_port, gw_port, grpc_port]},
                 "tls": {"processes": "all"},
             },
             "processors": {"batch": {"timeout": "100ms"}},
@@ -141,17 +141,28 @@ def stack(tmp_path_factory):
                 service("providers", str(tls_port), str(cert), str(key)) as tls_srv,
                 service("providers", str(plain_port)) as plain_srv,
                 service("gateway", str(gw_port), f"https://127.0.0.1:{tls_port}", str(cert)) as gateway,
+                service("grpc-gen", str(grpc_port)) as grpc_gen,
                 AgentProcess(
                     [
                         "-c",
                         str(tmp / "otelbpf.yaml"),
-                        *(a for p in (sse, tls_srv, plain_srv, gateway, runner.proc) for a in ("--pid", str(p.pid))),
+                        *(
+                            a
+                            for p in (sse, tls_srv, plain_srv, gateway, grpc_gen, runner.proc)
+                            for a in ("--pid", str(p.pid))
+                        ),
                     ]
                 ) as agent,
             ):
                 agent.wait_ready()
-                ports = {"sse": sse_port, "tls": tls_port, "plain": plain_port, "gateway": gw_port}
-                pids = {"sse": sse.pid, "tls": tls_srv.pid, "gateway": gateway.pid, "runner": runner.proc.pid}
+                ports = {"sse": sse_port, "tls": tls_port, "plain": plain_port, "gateway": gw_port, "grpc": grpc_port}
+                pids = {
+                    "sse": sse.pid,
+                    "tls": tls_srv.pid,
+                    "gateway": gateway.pid,
+                    "grpc": grpc_gen.pid,
+                    "runner": runner.proc.pid,
+                }
                 yield collector, agent, runner, ports, pids, tmp, cert
                 assert agent.proc.poll() is None, agent.output
                 assert agent.stop(timeout=120) == 0, agent.output
@@ -385,3 +396,34 @@ def test_bad_input_counted_without_crash(stack):
         ],
         what="a span after the bad input",
     )
+
+
+def test_grpc_generation_streams_timed_and_tokens_counted(stack):
+    """Triton's ModelStreamInfer: model from the request, response model and id, one token per
+    response with outputs (the final empty one not), TTFT as planted; a TGI-style GenerateStream:
+    timed, its messages counted as estimated tokens."""
+    c, _agent, _runner, ports, pids, _tmp, _cert = stack
+    assert triton_stream(ports["grpc"], "trt-llm") == len(TOKENS) + 1
+    assert tgi_stream(ports["grpc"]) == len(TOKENS)
+
+    def by_name():
+        return {s.name: s for s in spans_of(c, pids["grpc"], "SERVER")}
+
+    spans = c.wait_for(lambda: len(by_name()) == 2 and by_name(), what="the two gRPC streams")
+    triton = spans["inference.GRPCInferenceService/ModelStreamInfer"].attributes
+    assert (triton["gen_ai.provider.name"], triton["gen_ai.operation.name"]) == ("triton", "text_completion")
+    assert (triton["gen_ai.request.model"], triton["gen_ai.response.model"], triton["gen_ai.response.id"]) == (
+        "trt-llm",
+        "trt-llm-served",
+        "req-1",
+    )
+    assert triton["gen_ai.usage.output_tokens"] == len(TOKENS)
+    assert triton["otelbpf.gen_ai.usage.output_tokens.estimated"] is True
+    tgi = spans["generate.v2.TextGeneration/GenerateStream"].attributes
+    assert (tgi["gen_ai.provider.name"], tgi["gen_ai.usage.output_tokens"]) == ("generate.v2", len(TOKENS))
+    assert "gen_ai.request.model" not in tgi
+    f = {"process.pid": pids["grpc"], "gen_ai.provider.name": "triton"}
+    [ttft] = c.wait_for(lambda: c.latest_points("gen_ai.server.time_to_first_token", **f), what="Triton's TTFT")
+    assert ttft.count == 1 and FIRST_S <= ttft.sum < FIRST_S + SLACK
+    [tpot] = c.latest_points("gen_ai.server.time_per_output_token", **f)
+    assert GAP_S * 0.9 <= tpot.sum < GAP_S + SLACK

@@ -15,6 +15,14 @@
     An application calling a hosted model: ``GET /ask`` makes a (non-streamed) Anthropic
     ``POST UPSTREAM/v1/messages`` with urllib over HTTPS (CA: the certificate to trust), on the
     thread serving the request, and answers ``answered``.
+``python -m harness.tls_apps grpc-gen PORT``
+    gRPC generation streams (grpcio, plaintext HTTP/2; messages built here byte by byte):
+    Triton's ``inference.GRPCInferenceService/ModelStreamInfer`` answering each
+    ``ModelInferRequest`` with ``len(TOKENS)`` ``ModelStreamInferResponse`` messages (model
+    ``<request's>-served``, id ``req-1``, one output each), the first ``FIRST_S`` after the
+    request, then ``GAP_S`` apart, and a final one without outputs (as decoupled models end);
+    and a TGI-style ``generate.v2.TextGeneration/GenerateStream`` streaming ``len(TOKENS)``
+    messages with the same pacing.
 Each prints ``ready`` once listening.
 
 ``make_cert(folder)`` writes a self-signed certificate for 127.0.0.1 and localhost (the
@@ -210,6 +218,83 @@ class Gateway(BaseHTTPRequestHandler):
         self.wfile.write(b"answered")
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def pb(field: int, value: bytes | str) -> bytes:
+    """One length-delimited protobuf field (a string or a message)."""
+    raw = value.encode() if isinstance(value, str) else value
+    return _varint(field << 3 | 2) + _varint(len(raw)) + raw
+
+
+def model_infer_request(model: str) -> bytes:
+    """inference.ModelInferRequest: model_name (1), id (3), one input tensor (5)."""
+    return pb(1, model) + pb(3, "req-1") + pb(5, pb(1, "text_input") + pb(2, "BYTES"))
+
+
+def _model_stream_infer(requests, context):
+    for request in requests:
+        model = ""
+        if request[:1] == b"\x0a":  # field 1, length-delimited
+            model = request[2 : 2 + request[1]].decode()
+        time.sleep(FIRST_S)
+        for i, _text in enumerate(TOKENS):
+            if i:
+                time.sleep(GAP_S)
+            yield pb(2, pb(1, model + "-served") + pb(3, "req-1") + pb(5, pb(1, "text_output") + pb(2, "BYTES")))
+        final = pb(4, pb(1, "triton_final_response") + pb(2, b"\x08\x01"))
+        yield pb(2, pb(1, model + "-served") + pb(3, "req-1") + final)
+
+
+def _generate_stream(request, context):
+    time.sleep(FIRST_S)
+    for i, text in enumerate(TOKENS):
+        if i:
+            time.sleep(GAP_S)
+        yield pb(1, text)
+
+
+def serve_grpc_generation(port: int):
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    triton = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService",
+        {"ModelStreamInfer": grpc.stream_stream_rpc_method_handler(_model_stream_infer)},
+    )
+    tgi = grpc.method_handlers_generic_handler(
+        "generate.v2.TextGeneration", {"GenerateStream": grpc.unary_stream_rpc_method_handler(_generate_stream)}
+    )
+    server.add_generic_rpc_handlers((triton, tgi))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server
+
+
+def triton_stream(port: int, model: str) -> int:
+    """One ModelStreamInfer call with one request, as a client: the responses received."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        return len(list(call(iter([model_infer_request(model)]), timeout=10)))
+
+
+def tgi_stream(port: int) -> int:
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return len(list(channel.unary_stream("/generate.v2.TextGeneration/GenerateStream")(pb(1, "hi"), timeout=10)))
+
+
 def serve(handler: type[BaseHTTPRequestHandler], port: int, tls: tuple[str, str] | None) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
     if tls:
@@ -220,6 +305,10 @@ def serve(handler: type[BaseHTTPRequestHandler], port: int, tls: tuple[str, str]
 
 if __name__ == "__main__":
     kind, port = sys.argv[1], int(sys.argv[2])
+    if kind == "grpc-gen":
+        grpc_server = serve_grpc_generation(port)
+        print("ready", flush=True)
+        grpc_server.wait_for_termination()
     if kind == "gateway":
         Gateway.upstream, Gateway.context = sys.argv[3], ssl.create_default_context(cafile=sys.argv[4])
         serve(Gateway, port, None)

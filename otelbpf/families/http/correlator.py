@@ -62,7 +62,7 @@ from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.causality import Causality, Interval
 from otelbpf.correlate.spans import make_span, new_context, scope
-from otelbpf.families.http import genai
+from otelbpf.families.http import genai, grpc_genai
 from otelbpf.families.http.links import ClientRequest, PeerLinks
 from otelbpf.families.http.netaddr import address_from_raw
 from otelbpf.families.http.protocols.http1 import (
@@ -527,7 +527,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             return None
         found = genai.classify(method, target.partition("?")[0])
         if found is None:
-            return None
+            grpc = grpc_genai.classify(target)  # a generation stream (grpc_genai.py)
+            return grpc_genai.GrpcRequestFacts(*grpc) if grpc is not None else None
         name, api, path_model, path_stream = found
         return genai.RequestFacts(
             name, content_cap=self._content_cap, limits=self._limits, api=api, path_model=path_model,
@@ -560,6 +561,9 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             stream.response_sink = opened.watch = self._watch(opened, False)
 
     def _watch(self, opened: _Open, sse: bool) -> ResponseWatch:
+        if isinstance(opened.genai, grpc_genai.GrpcRequestFacts):
+            grpc = grpc_genai.GrpcResponseFacts(opened.genai.api, bool(opened.genai.stream))
+            return ResponseWatch(sse=False, genai=grpc, limits=self._limits)
         facts = (
             genai.ResponseFacts(content_cap=self._content_cap, limits=self._limits, api=opened.genai.api)
             if opened.genai is not None

@@ -538,7 +538,8 @@ class ResponseFacts:
 
     # -- a JSON body ---------------------------------------------------------------------
 
-    def data(self, data: bytes) -> None:
+    def data(self, data: bytes, t_ns: int = 0) -> None:
+        """A piece of a JSON body (``t_ns``: when it was read; unused by a JSON body)."""
         if self._body is None:
             self._body = JsonScanner(self._targets(), limits=self.limits)
         self._body.feed(data)

@@ -115,7 +115,7 @@ class ResponseWatch:
                 if self.genai is not None:
                     self.genai.event(event.data, t)
         elif self.genai is not None:
-            self.genai.data(data)
+            self.genai.data(data, stamp[1])
 
     def gap(self, n: int) -> None:
         if self.sse is not None:
