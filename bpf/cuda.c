@@ -32,6 +32,9 @@
  * probe acts on (the other graph calls leave a3 0). */
 #define GRAPH_CAPTURE_BEGIN 1
 #define GRAPH_CAPTURE_END 2
+/* A thread's capture mark lapses after this long: a capture another thread ended (relaxed mode)
+ * would otherwise turn every later launch of the first one into an event. Captures take ms to s. */
+#define CAPTURE_MAX_NS (60ULL * 1000000000ULL)
 
 /* A runtime launch nests a driver launch within this window and span. */
 #define NEST_WINDOW_NS 1000000000ULL
@@ -226,7 +229,7 @@ static __always_inline int on_launch(struct pt_regs *ctx, u8 func, u8 variant, u
     if (m) {
         m->ts = bpf_ktime_get_ns();
         m->ip = PT_REGS_IP(ctx);
-        if (m->capture_ts) {
+        if (m->capture_ts && m->ts - m->capture_ts < CAPTURE_MAX_NS) {
             captured_launch(ctx, id, func, variant, 0, fn);
             return 0;
         }
@@ -243,7 +246,7 @@ static __always_inline int on_driver_launch(struct pt_regs *ctx, u8 func, u8 var
     struct launch_mark *m = launch_marks.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, 0);
     if (nested_launch(ctx, m))
         return 0;  /* counted (or reported captured) by the runtime probe */
-    if (m && m->capture_ts) {
+    if (m && m->capture_ts && bpf_ktime_get_ns() - m->capture_ts < CAPTURE_MAX_NS) {
         captured_launch(ctx, id, func, variant, EVF_DRIVER, fn);
         return 0;
     }
