@@ -120,9 +120,14 @@ class Graphs:
     execs: dict[int, Exec] = field(default_factory=dict)  # cudaGraphExec_t -> what it runs
     event_streams: dict[int, int] = field(default_factory=dict)  # event -> stream it was last recorded on
     next_id: int = 1
-    #: (version, launch function name) -> graph launches that returned 0
-    runs: Counter[tuple[int, str]] = field(default_factory=Counter)
-    versions: dict[int, Version] = field(default_factory=dict)  # runs' first key -> version
+    #: version key -> launch function name -> graph launches that returned 0
+    runs: dict[int, Counter[str]] = field(default_factory=dict)
+    #: the live executable graphs' versions (one replaced or destroyed is folded into ``folded``,
+    #: so an executable graph updated at every step keeps one)
+    versions: dict[int, Version] = field(default_factory=dict)
+    next_version: int = 0
+    #: (graph launch function, cuda.graph.id, kernel) -> runs, of versions no longer live
+    folded: Counter[tuple[str, int, Kernel]] = field(default_factory=Counter)
     #: launch function name -> graph launch calls (every one, as launches are counted at entry)
     launch_calls: Counter[str] = field(default_factory=Counter)
     #: launches of a capturing thread that the capture did not take: they ran
@@ -195,11 +200,14 @@ class Graphs:
             elif ret != 0:
                 self.anomalies["update_failed"] += 1
             else:
-                known.version = self._version(known.version.graph_id, self.graphs.get(a2))
+                old, known.version = known.version, self._version(known.version.graph_id, self.graphs.get(a2))
+                self._retire(old)
         elif func in EXEC_DESTROY:
             gone = self.execs.pop(a0, None)
-            if gone is not None and gone.pending is not None:
-                self.anomalies["destroyed_in_flight"] += 1
+            if gone is not None:
+                self._retire(gone.version)
+                if gone.pending is not None:
+                    self.anomalies["destroyed_in_flight"] += 1
         elif func in GRAPH_DESTROY and ret == 0:
             self.graphs.pop(a0, None)  # its executable graphs keep their copies
         return None
@@ -211,14 +219,28 @@ class Graphs:
             self.anomalies["unknown_exec"] += 1
             return GraphLaunch(None, None)
         if ret == 0:  # a launch that failed ran nothing
-            self.runs[(e.version.key, name)] += 1
+            self.runs.setdefault(e.version.key, Counter())[name] += 1
             e.pending = stream
         return GraphLaunch(e.version.graph_id, e.version.kernels)
 
     def _version(self, graph_id: int, kernels: list[Kernel] | None) -> Version:
-        v = Version(len(self.versions), graph_id, tuple(kernels) if kernels is not None else None)
+        v = Version(self.next_version, graph_id, tuple(kernels) if kernels is not None else None)
+        self.next_version += 1
         self.versions[v.key] = v
         return v
+
+    def _retire(self, v: Version) -> None:
+        """``v`` runs no more: its runs folded by kernel, once."""
+        self.versions.pop(v.key, None)
+        runs = self.runs.pop(v.key, None)
+        if runs:
+            self._fold(v, runs, self.folded)
+
+    @staticmethod
+    def _fold(v: Version, runs: Counter[str], into: Counter[tuple[str, int, Kernel]]) -> None:
+        for k, c in Counter(v.kernels or ()).items():
+            for name, n in runs.items():
+                into[(name, v.graph_id, k)] += c * n
 
     def _stream_event(self, tid: int, func: int, ret: int, event: int, stream: int) -> None:
         if ret != 0:
@@ -256,9 +278,7 @@ class Graphs:
 
     def kernel_runs(self) -> Counter[tuple[str, int, Kernel]]:
         """(graph launch function, cuda.graph.id, kernel) -> times run."""
-        out: Counter[tuple[str, int, Kernel]] = Counter()
-        for (v, name), n in self.runs.items():
-            version = self.versions[v]
-            for k, c in Counter(version.kernels or ()).items():
-                out[(name, version.graph_id, k)] += c * n
+        out = Counter(self.folded)
+        for key, runs in self.runs.items():
+            self._fold(self.versions[key], runs, out)
         return out

@@ -214,3 +214,22 @@ def test_a_graph_launch_is_a_child_of_the_request_its_thread_serves() -> None:
     assert inside.attributes["otelbpf.causality"] == "thread"
     assert after.parent is None
     assert inside.attributes["cuda.graph.kernel_count"] == after.attributes["cuda.graph.kernel_count"] == 1
+
+
+def test_an_executable_graph_updated_at_every_step_keeps_one_version() -> None:
+    """What a replaced version ran is folded by kernel once: state stays bounded however often an
+    executable graph is updated, and the counts stay exact."""
+    h = Harness()
+    ev = GraphEvents()
+    for g, fn in ((GRAPH, A), (GRAPH + 1, B)):
+        ev.add(G, F.cudaGraphCreate, a1=g)
+        ev.add(G, F.cudaGraphAddKernelNode, a0=g, a1=g + 0x10, a2=fn)
+    ev.instantiate()
+    for step in range(200):
+        ev.graph_launch()
+        ev.add(G, F.cudaGraphExecUpdate, a0=EXEC, a2=GRAPH + (step + 1) % 2)
+    h.correlator.on_events(ev.array())
+    graphs = h.correlator._procs[ME].graphs
+    assert graphs is not None and len(graphs.versions) == 1 and len(graphs.runs) == 0
+    _launches, top, ran, bad = graph_metrics(h)
+    assert top == {("getuid", 1): 100, ("getgid", 1): 100} and ran == {"cudaGraphLaunch": 200} and bad == {}
