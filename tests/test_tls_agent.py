@@ -17,6 +17,7 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import socket
 import ssl
 import subprocess
@@ -47,6 +48,56 @@ FAKE_LIBSSL_C = textwrap.dedent(
         return num;
     }
     int SSL_write(void *ssl, const void *buf, int num) { (void)ssl; (void)buf; return num; }
+    """
+)
+
+#: An HTTPS client on a libssl loaded by path (a wheel's bundled copy), with dlopen: no headers
+#: needed. It waits for a line on stdin after the load, so that the test can wait for the probes.
+DLOPEN_CLIENT_C = textwrap.dedent(
+    r"""
+    #include <dlfcn.h>
+    #include <stdio.h>
+    #include <stdlib.h>
+    #include <string.h>
+    #include <arpa/inet.h>
+    #include <netinet/in.h>
+    #include <sys/socket.h>
+    typedef void *(*none_fn)(void);
+    typedef void *(*one_fn)(void *);
+    int main(int argc, char **argv)
+    {
+        void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+        if (!lib)
+            return 2;
+        char line[8];
+        if (!fgets(line, sizeof(line), stdin))
+            return 6;
+        none_fn method = (none_fn)dlsym(lib, "TLS_client_method");
+        one_fn ctx_new = (one_fn)dlsym(lib, "SSL_CTX_new"), ssl_new = (one_fn)dlsym(lib, "SSL_new");
+        int (*set_fd)(void *, int) = (int (*)(void *, int))dlsym(lib, "SSL_set_fd");
+        int (*handshake)(void *) = (int (*)(void *))dlsym(lib, "SSL_connect");
+        int (*ssl_write)(void *, const void *, int) = (int (*)(void *, const void *, int))dlsym(lib, "SSL_write");
+        int (*ssl_read)(void *, void *, int) = (int (*)(void *, void *, int))dlsym(lib, "SSL_read");
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+        inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+        if (connect(s, (struct sockaddr *)&a, sizeof(a)))
+            return 3;
+        void *ssl = ssl_new(ctx_new(method()));
+        set_fd(ssl, s);
+        if (handshake(ssl) != 1)
+            return 4;
+        const char *body = "{\"model\": \"wheel-model\", \"max_tokens\": 2}";
+        char req[512], buf[4096];
+        int n = snprintf(req, sizeof(req),
+                         "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                         strlen(body), body);
+        ssl_write(ssl, req, n);
+        int total = 0, got;
+        while ((got = ssl_read(ssl, buf, sizeof(buf))) > 0)
+            total += got;
+        return total > 0 ? 0 : 5;
+    }
     """
 )
 
@@ -427,3 +478,31 @@ def test_grpc_generation_streams_timed_and_tokens_counted(stack):
     assert ttft.count == 1 and FIRST_S <= ttft.sum < FIRST_S + SLACK
     [tpot] = c.latest_points("gen_ai.server.time_per_output_token", **f)
     assert GAP_S * 0.9 <= tpot.sum < GAP_S + SLACK
+
+
+def test_a_wheel_s_bundled_libssl_at_any_path_is_found_and_traced(stack):
+    """A copy of libssl named as auditwheel names it, in a folder of its own, loaded with dlopen by
+    a C client the runner starts: found at its open, probed, and the client's HTTPS call traced."""
+    c, agent, runner, ports, pids, tmp, _cert = stack
+    folder = tmp / "site-packages" / "pkg.libs"
+    folder.mkdir(parents=True)
+    lib = folder / "libssl-1a2b3c4d.so.3"
+    shutil.copy("/usr/lib/x86_64-linux-gnu/libssl.so.3", lib)
+    (folder / "client.c").write_text(DLOPEN_CLIENT_C)
+    subprocess.run(["gcc", "-O1", "-o", str(folder / "client"), str(folder / "client.c"), "-ldl"], check=True)
+    runner.run(
+        f"w = subprocess.Popen([{str(folder / 'client')!r}, {str(lib)!r}, '{ports['tls']}'], stdin=subprocess.PIPE)"
+    )
+    agent.wait_attached(lib)
+    runner.run("w.stdin.write(b'go\\n'); w.stdin.close(); assert w.wait(timeout=20) == 0")
+    [client] = c.wait_for(
+        lambda: [
+            s
+            for s in c.spans()
+            if s.kind == "SPAN_KIND_CLIENT" and s.attributes.get("gen_ai.request.model") == "wheel-model"
+        ],
+        what="the bundled copy's client span",
+    )
+    a = client.attributes
+    assert (a["url.scheme"], a["server.port"], a["gen_ai.provider.name"]) == ("https", ports["tls"], "anthropic")
+    assert a["gen_ai.usage.output_tokens"] == len(TOKENS) and a["process.pid"] != pids["runner"]
