@@ -47,6 +47,12 @@ struct launch_key {
 };
 BPF_HASH(launches, struct launch_key, u64, LAUNCH_ENTRIES);
 
+#ifdef CUDA_MEMORY_PROFILE
+/* In profile.c: the launching code's stack for one launch in N (profiling's launch_stack_every). */
+static __always_inline int profile_cuda_launch(struct pt_regs *ctx, u64 id, u8 func, u64 fn, u64 seen);
+static __always_inline void profile_cuda_finish(struct pt_regs *ctx);
+#endif
+
 struct error_key {
     u32 pid;
     u32 func;
@@ -165,6 +171,7 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
     u32 tgid = id >> 32;
     struct launch_key k = {.pid = tgid, .func = func, .fn = fn};
     u64 seen = 0;
+    int counted = 1;  /* 0: the map is full (seen stays 0) */
     u64 *count = launches.lookup(&k);
     if (count) {
         seen = __sync_fetch_and_add(count, 1);
@@ -188,8 +195,10 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
             count = launches.lookup(&k);
             if (count)
                 seen = __sync_fetch_and_add(count, 1);
-            else
+            else {
+                counted = 0;
                 count_stat(STAT_LAUNCH_MAP_FULL);
+            }
         }
     }
 #if LAUNCH_SAMPLE_EVERY > 0
@@ -204,6 +213,10 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
 #endif
         emit(&e);
     }
+#endif
+#ifdef CUDA_MEMORY_PROFILE
+    if (counted && profile_cuda_launch(ctx, id, func, fn, seen))
+        profile_cuda_finish(ctx);  /* last (its callers return next): it may tail-call the Python walker */
 #endif
 }
 

@@ -14,10 +14,12 @@
  *   (profile_cuda_alloc / profile_cuda_free, compiled in with
  *   CUDA_MEMORY_PROFILE); mem_live remembers each live device address's
  *   stack and size so a free subtracts from the stack that allocated it;
- * - cuda_calls: (process, API, user stack, Python stack) -> calls, time in
- *   them and bytes copied, fed by the same return probes for every copy and
- *   synchronize that succeeded (profile_cuda_call): the code that waited for
- *   the GPU or copied, for the AI flame graphs (cuda_wait, cuda_copy).
+ * - cuda_calls: (process, API, user stack, Python stack, kernel) -> calls, time
+ *   in them, bytes copied and launches, fed by the same return probes for every
+ *   copy and synchronize that succeeded (profile_cuda_call), and by the launch
+ *   probes for one launch in LAUNCH_STACK_EVERY per kernel (profile_cuda_launch,
+ *   counted LAUNCH_STACK_EVERY times): the code that waited for the GPU, copied
+ *   or launched, for the AI flame graphs (cuda_wait, cuda_copy, cuda_launches).
  *
  * Stacks are stored once, keyed by a 64-bit hash of their content (no
  * hash-bucket collisions as with BPF_STACK_TRACE ids, memory only as used).
@@ -227,6 +229,13 @@ struct call_val {
     u64 calls;
     u64 ns;                   /* time in the calls (the thread blocked: waiting for the GPU, or staging) */
     u64 bytes;                /* copied (copies only) */
+    u64 launches;             /* kernel launches: LAUNCH_STACK_EVERY per sampled one */
+};
+
+/* cuda_calls' key: the call's stacks, and for a launch the kernel's handle (0 otherwise). */
+struct call_key {
+    struct mem_key k;
+    u64 kernel;
 };
 
 struct live_key {
@@ -260,12 +269,17 @@ struct pending_sample {
  * `addr` the ns in the call), waiting for its Python stack. */
 #define PENDING_ALLOC 1
 #define PENDING_CALL 2
+#define PENDING_LAUNCH 3          /* a sampled launch: `kernel` launched, weighs LAUNCH_STACK_EVERY */
+#ifndef LAUNCH_STACK_EVERY
+#define LAUNCH_STACK_EVERY 0
+#endif
 struct pending_alloc {
     struct mem_key k;
     u64 size;
     u64 addr;
-    u32 active;               /* 0, PENDING_ALLOC or PENDING_CALL */
+    u32 active;               /* 0, PENDING_ALLOC, PENDING_CALL or PENDING_LAUNCH */
     u32 captures;
+    u64 kernel;               /* PENDING_LAUNCH: the kernel's handle */
 };
 
 BPF_HASH(cpu_samples, struct sample_key, u64, SAMPLE_ENTRIES);
@@ -285,7 +299,7 @@ BPF_HASH(py_tables, struct py_chunk_key, struct py_chunk, PY_TABLE_ENTRIES);
 BPF_HASH(mem_alloc, struct mem_key, struct mem_val, MEM_ENTRIES);
 BPF_HASH(mem_inuse, struct mem_key, struct mem_val, MEM_ENTRIES);
 BPF_F_TABLE("hash", struct live_key, struct live_val, mem_live, LIVE_ENTRIES, BPF_F_NO_PREALLOC);
-BPF_HASH(cuda_calls, struct mem_key, struct call_val, MEM_ENTRIES);
+BPF_HASH(cuda_calls, struct call_key, struct call_val, MEM_ENTRIES);
 BPF_PERCPU_ARRAY(profile_stats, u64, PSTAT_MAX);
 /* Per-CPU scratch: these are too big for the 512-byte BPF stack. */
 BPF_PERCPU_ARRAY(scratch_native, struct native_stack, 1);
@@ -801,17 +815,23 @@ static __always_inline void mem_release(struct live_val *lv)
     }
 }
 
-static __always_inline void call_account(struct pending_alloc *pa)
+static __always_inline void call_account(struct pending_alloc *pa, u32 what)
 {
-    struct call_val *v = cuda_calls.lookup(&pa->k);
+    struct call_key ck = {.k = pa->k, .kernel = what == PENDING_LAUNCH ? pa->kernel : 0};
+    struct call_val *v = cuda_calls.lookup(&ck);
     if (!v) {
         struct call_val zero = {};
-        cuda_calls.insert(&pa->k, &zero);
-        v = cuda_calls.lookup(&pa->k);
+        cuda_calls.insert(&ck, &zero);
+        v = cuda_calls.lookup(&ck);
         if (!v) {
             profile_stat(PSTAT_MEM_FULL);
             return;
         }
+    }
+    if (what == PENDING_LAUNCH) {
+        __sync_fetch_and_add(&v->calls, LAUNCH_STACK_EVERY);
+        __sync_fetch_and_add(&v->launches, LAUNCH_STACK_EVERY);
+        return;
     }
     __sync_fetch_and_add(&v->calls, 1);
     __sync_fetch_and_add(&v->ns, pa->addr);
@@ -825,8 +845,8 @@ static __always_inline void finish_alloc(struct pending_alloc *pa)
     if (!what)
         return;
     pa->active = 0;
-    if (what == PENDING_CALL) {
-        call_account(pa);
+    if (what == PENDING_CALL || what == PENDING_LAUNCH) {
+        call_account(pa, what);
         return;
     }
     struct live_key lk = {.pid = pa->k.pid, .addr = pa->addr};
@@ -860,6 +880,7 @@ static __always_inline void profile_cuda_alloc(struct pt_regs *ctx, u64 id, u8 f
     pa->addr = addr;
     pa->active = PENDING_ALLOC;
     pa->captures = 0;
+    pa->kernel = 0;
 }
 
 /* A copy (`bytes` copied) or synchronize that succeeded after `ns` in the call:
@@ -871,6 +892,29 @@ static __always_inline void profile_cuda_call(struct pt_regs *ctx, u64 id, u8 fu
     struct pending_alloc *pa = pending_allocs.lookup(&zero);
     if (pa)
         pa->active = PENDING_CALL;
+}
+
+/* The `seen`-th launch of kernel `fn` by this process (cuda.c count_launch): one in
+ * LAUNCH_STACK_EVERY takes the launching code's merged stack (the first, then every Nth), and
+ * counts LAUNCH_STACK_EVERY launches on it, the kernel on top (cuda_calls). 1: the caller
+ * then calls profile_cuda_finish for the Python stack. A user stack per launch would cost each
+ * launch ~0.6-1.6 us, at up to 10^5-10^6 launches a second. */
+static __always_inline int profile_cuda_launch(struct pt_regs *ctx, u64 id, u8 func, u64 fn, u64 seen)
+{
+#if LAUNCH_STACK_EVERY > 0
+    if (seen % LAUNCH_STACK_EVERY)
+        return 0;
+    profile_cuda_alloc(ctx, id, func, 0, 0);
+    u32 zero = 0;
+    struct pending_alloc *pa = pending_allocs.lookup(&zero);
+    if (!pa)
+        return 0;
+    pa->active = PENDING_LAUNCH;
+    pa->kernel = fn;
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 static __always_inline void profile_cuda_finish(struct pt_regs *ctx)

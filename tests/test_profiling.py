@@ -244,16 +244,21 @@ def test_cuda_memory_by_python_call_site_alloc_and_inuse(tmp_path):
 
 def test_cuda_copies_and_synchronizes_by_python_call_site(tmp_path):
     """The AI flame graphs' code frames: every copy and synchronize on the Python line that made
-    it, with its bytes and the time the thread spent in it (issue 32, item 5)."""
+    it, with its bytes and the time the thread spent in it; one launch in 64 on the line that
+    launched it, counted 64 times, the kernel on top (issue 32, item 5)."""
     cfg = write_config(tmp_path, cuda=True)
     run_profiled(cfg, [sys.executable, str(EXAMPLES / "cuda_copy.py"), str(FAKE_CUDART), "1.5"])
     raws = profiles(tmp_path, "cuda_calls")
-    assert all(r.sample_types == ["cuda_calls/count", "cuda_wait/nanoseconds", "cuda_copy/bytes"] for r in raws)
+    assert all(
+        r.sample_types == ["cuda_calls/count", "cuda_wait/nanoseconds", "cuda_copy/bytes", "cuda_launches/count"]
+        for r in raws
+    )
     sites = {
         "cudaMemcpy": ("copy_batch", marked_line(EXAMPLES / "cuda_copy.py", "copy")),
         "cudaDeviceSynchronize": ("wait_step", marked_line(EXAMPLES / "cuda_copy.py", "sync")),
+        "abs": ("run_layers", marked_line(EXAMPLES / "cuda_copy.py", "launch")),  # the kernel, on top
     }
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for s in merged(raws):
         leaf = s.frames[0].function
         if leaf not in sites:
@@ -262,7 +267,8 @@ def test_cuda_copies_and_synchronizes_by_python_call_site(tmp_path):
         totals[leaf] = [a + b for a, b in zip(totals[leaf], s.values)]
     copies, syncs = totals["cudaMemcpy"], totals["cudaDeviceSynchronize"]
     assert copies[0] == 8 and copies[2] == 8 << 20 and copies[1] > 0
-    assert syncs[0] == 12 and syncs[2] == 0 and syncs[1] > 0
+    assert syncs[0] == 12 and syncs[2] == 0 and syncs[1] > 0 and syncs[3] == 0
+    assert totals["abs"] == [640, 0, 0, 640], dict(totals)  # 10 sampled, 64 each
 
 
 def test_cuda_memory_survives_a_burst_of_thousands_of_allocations(tmp_path):

@@ -8,11 +8,13 @@ the page says so in its legend (``Weight.rests_on``):
   call are its span ancestry (the thread, the request it served, the torch operators around
   it: ``parentSpanId``), not Python lines. Spans are budgeted and short calls are not
   spans, so these graphs hold part of what the metrics counted (``Weight.counted``).
-- ``copied``, ``sync`` from the profiling receiver's ``cuda_calls`` profiles, when the folder
-  has them (``cuda_memory: true``, the default): every copy and synchronize on the merged
-  Python + native stack that called it, weighted by the bytes it copied or the time the
-  thread spent in it. These replace the span-based graphs of the same weight: they hold every
-  call, not the spans' budgeted part, and the code under it, not the span ancestry.
+- ``copied``, ``sync``, ``launches`` from the profiling receiver's ``cuda_calls`` profiles, when
+  the folder has them (``cuda_memory: true``, the default): every copy and synchronize on the
+  merged Python + native stack that called it, weighted by the bytes it copied or the time the
+  thread spent in it; one launch in ``launch_stack_every`` (64) per kernel on the stack that
+  launched it, the kernel on top, counted that many times. These replace the span-based graphs
+  of the same weight: they hold every call (launches: scaled samples of them), not the spans'
+  budgeted part, and the code under it, not the span ancestry.
 - ``allocated``: the profiling receiver's ``cuda_memory`` profiles: bytes allocated by
   each merged Python + native stack, with the allocating CUDA function as its leaf.
 - ``cpu_in_cuda``: the CPU profiles' samples that were inside a CUDA, cuBLAS, cuDNN or NCCL
@@ -56,6 +58,12 @@ WEIGHTS = {
         "time waiting for the GPU",
         "sync/nanoseconds",
         "synchronize calls and blocking (not async) copies: the time each waited; frames: the span's ancestry",
+    ),
+    "calls_launches": (
+        "kernel launches",
+        "launches/count",
+        "one launch in launch_stack_every (64) per kernel, counted that many times, on the merged Python + native "
+        "stack that launched it, the kernel on top (the profiling receiver's cuda_calls profiles)",
     ),
     "calls_copied": (
         "bytes copied",
@@ -186,25 +194,31 @@ def from_profiles(directory: str) -> dict[int, dict[str, Weight]]:
 
 
 #: A weight from the cuda_calls profiles -> the span-based weight it replaces.
-REPLACES = {"calls_copied": "copied", "calls_sync": "sync"}
+REPLACES = {"calls_copied": "copied", "calls_sync": "sync", "calls_launches": "launches"}
 
 
 def _calls(path: str, into: dict[str, Weight]) -> None:
-    """A cuda_calls profile's bytes copied and time in calls, added to ``into``'s ``calls_copied``
-    and ``calls_sync`` (frames root first: the CUDA function is the last)."""
-    for key, sample_type in (("calls_copied", "cuda_copy"), ("calls_sync", "cuda_wait")):
+    """A cuda_calls profile's bytes copied, time in calls and launches, added to ``into``'s
+    ``calls_copied``, ``calls_sync`` and ``calls_launches`` (frames root first: the CUDA function,
+    or a launch's kernel, is the last). A profile written before launches had stacks has no
+    ``cuda_launches``: its launches keep the span-based graph."""
+    for key, sample_type in (
+        ("calls_copied", "cuda_copy"),
+        ("calls_sync", "cuda_wait"),
+        ("calls_launches", "cuda_launches"),
+    ):
         try:
             unit, samples = read_profile(path, prefer=sample_type)
         except Exception:  # noqa: BLE001 - reported by the CPU flame graphs' reader
             return
         if not unit.startswith(sample_type + "/"):
-            return
+            continue
         w = into.setdefault(key, Weight(key))
         for frames, value in samples:
             if value:
                 w.root.add(frames, value)
                 # what cuda.sync.duration counts too: the synchronize calls, not the copies' time
-                w.comparable += value if key == "calls_copied" or (frames and frames[-1] in _SYNCS) else 0
+                w.comparable += value if key != "calls_sync" or (frames and frames[-1] in _SYNCS) else 0
 
 
 def merge(*parts: dict[int, dict[str, Weight]]) -> dict[int, list[Weight]]:

@@ -21,10 +21,16 @@ MEMORY_SAMPLE_TYPES = (
     ("inuse_objects", "count"),
     ("inuse_space", "bytes"),
 )
-#: The CUDA copies and synchronizes by the merged stack that made them (bpf/profile.c ``cuda_calls``):
-#: how many, the time the thread spent in them (blocked: waiting for the GPU, or staging a copy) and the
-#: bytes copied. Pyroscope lists each beside the CPU profile (``cuda:cuda_wait:nanoseconds``, ...).
-CALL_SAMPLE_TYPES = (("cuda_calls", "count"), ("cuda_wait", "nanoseconds"), ("cuda_copy", "bytes"))
+#: The CUDA copies, synchronizes and sampled launches by the merged stack that made them (bpf/profile.c
+#: ``cuda_calls``): how many, the time the thread spent in them (blocked: waiting for the GPU, or staging a
+#: copy), the bytes copied, and the launches (one in ``launch_stack_every`` per kernel, counted that many
+#: times, the kernel on top). Pyroscope lists each beside the CPU profile (``cuda:cuda_wait:nanoseconds``, ...).
+CALL_SAMPLE_TYPES = (
+    ("cuda_calls", "count"),
+    ("cuda_wait", "nanoseconds"),
+    ("cuda_copy", "bytes"),
+    ("cuda_launches", "count"),
+)
 
 
 @dataclass(frozen=True)

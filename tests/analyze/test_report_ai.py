@@ -192,9 +192,11 @@ def test_the_cuda_calls_profiles_put_the_code_under_copies_and_waits(tmp_path: P
         CALL_SAMPLE_TYPES,
         "cuda_wait",
         samples=[
-            Sample([Frame("cudaStreamSynchronize"), *step], [2, 3 * MS, 0], {}),
-            Sample([Frame("cudaMemcpy"), Frame("py:load", "python", "train.py", 5), Frame("main")], [1, MS, 4], {}),
-            Sample([Frame("cudaMemcpyAsync"), *step], [1, 1000, 1 << 20], {}),
+            Sample([Frame("cudaStreamSynchronize"), *step], [2, 3 * MS, 0, 0], {}),
+            Sample([Frame("cudaMemcpy"), Frame("py:load", "python", "train.py", 5), Frame("main")], [1, MS, 4, 0], {}),
+            Sample([Frame("cudaMemcpyAsync"), *step], [1, 1000, 1 << 20, 0], {}),
+            # two sampled launches of 64 (launch_stack_every), the kernel above the API call
+            Sample([Frame("gemm_kernel(float*)"), Frame("cudaLaunchKernel"), *step], [128, 0, 0, 128], {}),
         ],
     )
     ex = PprofFileExporter(str(tmp_path), Health())
@@ -202,9 +204,13 @@ def test_the_cuda_calls_profiles_put_the_code_under_copies_and_waits(tmp_path: P
     ex.shutdown()
     page, _findings, problems = render(str(tmp_path))
     assert problems == []
-    (ai,) = [f for f in charts(page)["flames"] if f["weights"][0]["key"] == "launches"]
+    (ai,) = [f for f in charts(page)["flames"] if f["weights"][0]["key"] == "calls_launches"]
     w = {x["key"]: x for x in ai["weights"]}
-    assert list(w) == ["launches", "calls_copied", "calls_sync", "allocated", "cpu_in_cuda"]
+    # the launches too: on the code that launched them, not the span ancestry
+    assert list(w) == ["calls_launches", "calls_copied", "calls_sync", "allocated", "cpu_in_cuda"]
+    launched = w["calls_launches"]["tree"]
+    assert node(launched, "main", "py:step", "cudaLaunchKernel", "gemm_kernel(float*)")["value"] == 128
+    assert "launch_stack_every" in w["calls_launches"]["rests_on"]
     wait = w["calls_sync"]["tree"]
     assert node(wait, "main", "py:step", "cudaStreamSynchronize")["value"] == 3 * MS
     assert node(wait, "main", "py:load", "cudaMemcpy")["value"] == MS and wait["value"] == 4 * MS + 1000

@@ -16,6 +16,11 @@ class ProfilingReceiverConfig(ReceiverConfig):
     python: bool = True
     max_python_frames: int = 64
     cuda_memory: bool = True
+    #: With ``cuda_memory``: one kernel launch in this many (per process and kernel: the first,
+    #: then every Nth) takes the launching code's merged stack and counts this many launches
+    #: on it, the kernel on top (the ``cuda_calls`` profile's ``cuda_launches``). A stack per
+    #: launch would cost each launch ~0.6-1.6 us. 0: launches take no stack.
+    launch_stack_every: int = Field(64, ge=0, le=1 << 20)
     stack_map_entries: int = Field(16384, ge=1024, le=1 << 20)
     sample_map_entries: int = Field(16384, ge=1024, le=1 << 20)
     code_map_entries: int = Field(16384, ge=1024, le=1 << 20)

@@ -41,6 +41,7 @@ def build(name: str, cfg: ProfilingReceiverConfig, ctx: Context) -> Receiver:
         sample_entries=cfg.sample_map_entries,
         code_entries=cfg.code_map_entries,
         live_entries=cfg.live_allocations,
+        launch_stack_every=cfg.launch_stack_every,
         on_load=profiler.on_load,
         on_unload=profiler.on_unload,
     )

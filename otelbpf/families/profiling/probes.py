@@ -87,6 +87,7 @@ def profile_family(
     live_entries: int,
     on_load: Callable[[object], None],
     on_unload: Callable[[object], None],
+    launch_stack_every: int = 0,
 ) -> ProbeFamily:
     fsbase = fsbase_offset() if python else 0
     cflags = [
@@ -100,6 +101,8 @@ def profile_family(
     ]
     if cuda_memory:
         cflags.append("-DCUDA_MEMORY_PROFILE=1")
+        # one launch in N per kernel takes the launching code's stack, counted N times (cuda_calls)
+        cflags.append(f"-DLAUNCH_STACK_EVERY={int(launch_stack_every)}")
     return ProbeFamily(
         name="profiling",
         c_file="profile.c",

@@ -124,7 +124,9 @@ class _Raw:
     times: list[tuple[int, int, int, int, int, int, int]]  # pid, tid, bucket, user, kernel, py, count
     allocs: list[tuple[int, int, int, int, int, int]]  # pid, func, user, py, bytes, count
     inuse: list[tuple[int, int, int, int, int, int]]
-    calls: list[tuple[int, int, int, int, int, int, int]]  # pid, func, user, py, calls, ns, bytes
+    calls: list[
+        tuple[int, int, int, int, int, int, int, int, int]
+    ]  # pid, func, user, py, kernel, calls, ns, bytes, launches
     stats: dict[str, int]
     gone: dict[int, _Proc]  # processes that exited before this read: forgotten once it is emitted
 
@@ -160,16 +162,20 @@ def _mem_rows(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, int, int,
     )
 
 
-def _call_rows(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, int, int, int, int, int, int]]:
+def _call_rows(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, int, int, int, int, int, int, int, int]]:
+    """cuda_calls rows (struct call_key: the stacks' mem_key in ``k``, and the kernel)."""
+    k = keys["k"]
     return list(
         zip(
-            keys["pid"].tolist(),
-            keys["func"].tolist(),
-            keys["user"].tolist(),
-            keys["py"].tolist(),
+            k["pid"].tolist(),
+            k["func"].tolist(),
+            k["user"].tolist(),
+            k["py"].tolist(),
+            keys["kernel"].tolist(),
             values["calls"].tolist(),
             values["ns"].tolist(),
             values["bytes"].tolist(),
+            values["launches"].tolist(),
         )
     )
 
@@ -798,20 +804,24 @@ class Profiler:
     def _calls(self, raw: _Raw) -> list[Profile]:
         """The interval's CUDA copies and synchronizes per process, on the merged stacks that made
         them, the CUDA function on top (``CALL_SAMPLE_TYPES``; the AI flame graphs' code frames)."""
-        rows: dict[int, list[tuple[int, int, int, list[int]]]] = defaultdict(list)
-        for pid, func, user, py, calls, ns, nbytes in raw.calls:
+        rows: dict[int, list[tuple[int, int, int, int, list[int]]]] = defaultdict(list)
+        for pid, func, user, py, kern, calls, ns, nbytes, launches in raw.calls:
             if calls:
-                rows[pid].append((func, user, py, [calls, ns, nbytes]))
+                rows[pid].append((func, user, py, kern, [calls, ns, nbytes, launches]))
         out = []
         for pid, stacks in rows.items():
             proc, labels = self._proc(pid), self._labels_for(pid)
             samples = [
                 Sample(
-                    [Frame(_func_name(func), "native"), *self._frames(pid, user, 0, py, proc, raw.read_mono_ns)],
+                    [
+                        *([self._kernel_frame(pid, kern, raw.read_mono_ns)] if kern else []),
+                        Frame(_func_name(func), "native"),
+                        *self._frames(pid, user, 0, py, proc, raw.read_mono_ns),
+                    ],
                     values,
                     labels,
                 )
-                for func, user, py, values in stacks
+                for func, user, py, kern, values in stacks
             ]
             out.append(
                 Profile(
@@ -828,6 +838,13 @@ class Profiler:
                 )
             )
         return out
+
+    def _kernel_frame(self, pid: int, handle: int, fresh_after_ns: int) -> Frame:
+        """A launched kernel, by its handle: a runtime launch's is the host stub nvcc made for it,
+        whose symbol is the kernel's name (``add(float*, int)``, its ``__device_stub__``); a
+        driver handle (CUfunction) is no code address, and stays ``kernel 0x...``."""
+        name = self._sym.frame(pid, handle, fresh_after_ns).function
+        return self._frame(Frame(name or f"kernel {handle:#x}", "native"))
 
     def _health_gauge(self, name: str, total: int) -> None:
         """Kernel drop counters are cumulative per CPU: add what is new since last time."""

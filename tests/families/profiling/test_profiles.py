@@ -42,7 +42,8 @@ TABLE_KEY = np.dtype([("code", [("pid", "<u4"), ("tag", "<u4"), ("code", "<u8")]
 TABLE_LEAF = np.dtype([("b", "u1", (PY_CHUNK_LEN,))])
 MEM_KEY = np.dtype([("pid", "<u4"), ("func", "<u4"), ("user", "<u8"), ("py", "<u8")])
 MEM_VALUE = np.dtype([("bytes", "<u8"), ("count", "<u8")])
-CALL_VALUE = np.dtype([("calls", "<u8"), ("ns", "<u8"), ("bytes", "<u8")])
+CALL_KEY = np.dtype([("k", MEM_KEY), ("kernel", "<u8")])  # struct call_key
+CALL_VALUE = np.dtype([("calls", "<u8"), ("ns", "<u8"), ("bytes", "<u8"), ("launches", "<u8")])
 TIME_KEY = np.dtype([("pid", "<u4"), ("tid", "<u4"), ("bucket", "<u8")])
 TIME_VALUE = np.dtype([("user", "<u8"), ("kernel", "<u8"), ("py", "<u8"), ("count", "<u8")])
 
@@ -189,7 +190,11 @@ def maps(
         "profile_stats": FakeMap(entries={FakeMap.Key(i): [0, 0] for i in range(9)}),
         "mem_alloc": FakeMap(rows(MEM_KEY, *(a[:4] for a in allocs)), rows(MEM_VALUE, *(a[4:] for a in allocs))),
         "mem_inuse": FakeMap(rows(MEM_KEY, *(a[:4] for a in inuse)), rows(MEM_VALUE, *(a[4:] for a in inuse))),
-        "cuda_calls": FakeMap(rows(MEM_KEY, *(c[:4] for c in calls)), rows(CALL_VALUE, *(c[4:] for c in calls))),
+        # calls: (pid, func, user, py, calls, ns, bytes[, launches, kernel])
+        "cuda_calls": FakeMap(
+            rows(CALL_KEY, *((c[:4], c[8] if len(c) > 8 else 0) for c in calls)),
+            rows(CALL_VALUE, *((*c[4:7], c[7] if len(c) > 7 else 0) for c in calls)),
+        ),
         "py_procs": FakeMap(),
     }
 
@@ -314,9 +319,31 @@ def test_cuda_copies_and_synchronizes_become_a_calls_profile_led_by_the_call(pro
     assert (profile.name, profile.kind, profile.sample_rate) == ("cuda", "cuda_calls", 0)
     assert (profile.sample_types, profile.default_sample_type) == (CALL_SAMPLE_TYPES, "cuda_wait")
     by_leaf = {s.frames[0].function: s for s in profile.samples}
-    assert list(by_leaf["cudaMemcpy"].values) == [3, 900_000, 3 << 20]  # calls, ns in them, bytes copied
-    assert list(by_leaf["cudaDeviceSynchronize"].values) == [5, 2_000_000, 0]
+    assert list(by_leaf["cudaMemcpy"].values) == [3, 900_000, 3 << 20, 0]  # calls, ns in them, bytes copied
+    assert list(by_leaf["cudaDeviceSynchronize"].values) == [5, 2_000_000, 0, 0]
     assert [f.function for f in by_leaf["cudaMemcpy"].frames[2:]] == ["inner", "outer"]  # the code that copied
+
+
+def test_sampled_launches_are_on_the_calls_profile_with_the_kernel_on_top(profiled) -> None:
+    """bpf/profile.c counts one launch in launch_stack_every (64) per kernel as 64, on the
+    launching code's stack, with the kernel's handle: a runtime launch's host stub, named by its
+    symbol (here a libc function stands in for it); a handle in no file stays an address."""
+    launch = int(CudaFunc.cudaLaunchKernel)
+    stub = address(ctypes.CDLL(None).getppid)
+    out, _ = profiled(
+        [],
+        calls=[
+            (PID, launch, NATIVE_STACK, PY_STACK, 128, 0, 0, 128, stub),
+            (PID, launch, NATIVE_STACK, PY_STACK, 64, 0, 0, 64, 0x10),
+        ],
+    )
+    [profile] = out
+    by_top = {s.frames[0].function: s for s in profile.samples}
+    assert set(by_top) == {"getppid", "kernel 0x10"}, list(by_top)
+    s = by_top["getppid"]
+    assert list(s.values) == [128, 0, 0, 128]  # calls, ns, bytes, launches
+    assert s.frames[1].function == "cudaLaunchKernel"  # the kernel above the API call, above the code
+    assert "inner" in [f.function for f in s.frames] and "outer" in [f.function for f in s.frames]
 
 
 def test_nothing_sampled_makes_no_profile(profiled) -> None:
