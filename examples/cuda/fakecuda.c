@@ -67,7 +67,7 @@ enum {
     X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddKernelNode_v2) X(cuGraphInstantiate)                       \
     X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams)                         \
     X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecUpdate) X(cuGraphExecUpdate_v2) X(cuGraphExecDestroy)          \
-    X(cuGraphDestroy) X(cuGraphLaunch_ptsz)
+    X(cuGraphDestroy) X(cuGraphLaunch_ptsz) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphKernelNodeSetParams_v2)
 
 #define AS_ENUM(name) CALL_##name,
 #define AS_NAME(name) #name,
@@ -363,12 +363,20 @@ CUresult cuFuncGetName(const char **name, CUfunction hfunc)
 
 struct graph {
     size_t n, cap;
-    void **kernels; /* CUfunction / CUkernel per kernel node, in order */
+    void **kernels;     /* CUfunction / CUkernel per kernel node, in order */
+    unsigned long long id; /* tells a graph from a later one at the same address */
 };
 
 struct graph_exec {
     size_t n;
     void **kernels;
+    unsigned long long graph_id; /* the graph it was instantiated from: its nodes name its nodes */
+};
+
+struct graph_node { /* a CUgraphNode from cuGraphAddKernelNode; never freed */
+    struct graph *graph;
+    unsigned long long graph_id;
+    size_t index;
 };
 
 struct capture {
@@ -383,6 +391,8 @@ static int capturing; /* captures open, read without the lock first: launches pa
 static struct ptrmap graphs;     /* CUgraph -> itself */
 static struct ptrmap execs;      /* CUgraphExec -> itself */
 static struct ptrmap dead_execs; /* destroyed CUgraphExec -> itself, until the address is reused */
+static struct ptrmap graph_nodes; /* CUgraphNode -> itself */
+static unsigned long long graphs_made;
 
 static int graph_add(struct graph *g, void *kernel)
 {
@@ -444,6 +454,7 @@ static CUresult begin_capture(CUstream stream)
     struct graph *g = calloc(1, sizeof *g);
     if (!g)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    g->id = __atomic_add_fetch(&graphs_made, 1, __ATOMIC_RELAXED);
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
     if (capture_of(stream)) {
@@ -539,6 +550,7 @@ CUresult cuGraphCreate(CUgraph *phGraph, unsigned flags)
     struct graph *g = calloc(1, sizeof *g);
     if (!g)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    g->id = __atomic_add_fetch(&graphs_made, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&lock);
     int rc = ptrmap_put(&graphs, g, g);
     pthread_mutex_unlock(&lock);
@@ -558,13 +570,22 @@ static CUresult add_kernel_node(CUgraphNode *phGraphNode, CUgraph hGraph, void *
         return CUDA_ERROR_INVALID_VALUE;
     if (!lookup(kernel, KERNEL | FUNCTION))
         return CUDA_ERROR_INVALID_HANDLE;
+    struct graph_node *node = malloc(sizeof *node);
+    if (!node)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
     struct graph *g = ptrmap_get(&graphs, hGraph);
     int rc = !g ? CUDA_ERROR_INVALID_VALUE : graph_add(g, kernel) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
-    size_t index = g ? g->n : 0;
+    if (!rc) {
+        *node = (struct graph_node){g, g->id, g->n - 1};
+        if (ptrmap_put(&graph_nodes, node, node))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     pthread_mutex_unlock(&lock);
-    if (!rc)
-        *phGraphNode = (CUgraphNode)(uintptr_t)(index << 4 | 0x8); /* opaque, never dereferenced */
+    if (rc)
+        free(node);
+    else
+        *phGraphNode = (CUgraphNode)node;
     return rc;
 }
 
@@ -603,6 +624,7 @@ static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph)
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         e->n = g->n;
+        e->graph_id = g->id;
         if (g->n)
             memcpy(e->kernels, g->kernels, g->n * sizeof *e->kernels);
         ptrmap_remove(&dead_execs, e);
@@ -694,6 +716,61 @@ CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, void *resu
     if (resultInfo && rc == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE)
         *(int *)resultInfo = 2;
     return rc;
+}
+
+/* Under the lock: the node if it is one of a live graph's. */
+static struct graph_node *node_of(CUgraphNode hNode)
+{
+    struct graph_node *n = ptrmap_get(&graph_nodes, hNode);
+    struct graph *g = n ? ptrmap_get(&graphs, n->graph) : NULL;
+    return g && g->id == n->graph_id && n->index < g->n ? n : NULL;
+}
+
+static void *node_kernel(const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    return !p ? NULL : p->func ? (void *)p->func : (void *)p->kern;
+}
+
+/* The kernel of one node of an executable graph: the graph it was made from is left as it is. */
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                           const CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+    COUNT(cuGraphExecKernelNodeSetParams_v2);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    void *kernel = node_kernel(nodeParams);
+    if (!kernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!lookup(kernel, KERNEL | FUNCTION))
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct graph_exec *e = ptrmap_get(&execs, hGraphExec);
+    struct graph_node *n = ptrmap_get(&graph_nodes, hNode);
+    if (e && n && n->graph_id == e->graph_id && n->index < e->n) {
+        e->kernels[n->index] = kernel;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+    COUNT(cuGraphKernelNodeSetParams_v2);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    void *kernel = node_kernel(nodeParams);
+    if (!kernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!lookup(kernel, KERNEL | FUNCTION))
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    struct graph_node *n = node_of(hNode);
+    if (n)
+        n->graph->kernels[n->index] = kernel;
+    pthread_mutex_unlock(&lock);
+    return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)

@@ -82,7 +82,7 @@ enum { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice, Default };
     X(cuMemcpy2D_v2) X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuMemAllocHost_v2) X(cuMemHostAlloc)          \
     X(cuMemFreeHost) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuGraphCreate) X(cuGraphAddKernelNode_v2)     \
     X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) X(cuGraphExecUpdate_v2) X(cuGraphExecDestroy)     \
-    X(cuGraphDestroy)
+    X(cuGraphDestroy) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphKernelNodeSetParams_v2)
 
 #define AS_POINTER(name) __typeof__(name) *name;
 static struct {
@@ -507,27 +507,50 @@ cudaError_t cudaGraphCreate(void **pGraph, unsigned flags)
     return result(drv.cuGraphCreate(pGraph, flags));
 }
 
-/* The node's kernel goes to the driver as its handle: a CUkernel in kern (CUDA 13, as the real
+/* A node's kernel goes to the driver as its handle: a CUkernel in kern (CUDA 13, as the real
  * runtime's cudaKernel_t), a CUfunction in func (CUDA 12). */
+static cudaError_t node_params(const struct cudaKernelNodeParams *in, CUDA_KERNEL_NODE_PARAMS *out)
+{
+    if (!in)
+        return fail(cudaErrorInvalidValue);
+    struct kernel *k;
+    cudaError_t rc = kernel_of(in->func, &k);
+    if (rc)
+        return fail(rc);
+    const dim3 g = in->gridDim, b = in->blockDim;
+    *out = (CUDA_KERNEL_NODE_PARAMS){NULL, g.x, g.y, g.z, b.x, b.y, b.z, in->sharedMemBytes, in->kernelParams,
+                                     in->extra, NULL, NULL};
+#ifdef FAKECUDART_CUDA13
+    out->kern = (CUkernel)k->handle;
+#else
+    out->func = (CUfunction)k->handle;
+#endif
+    return cudaSuccess;
+}
+
 cudaError_t cudaGraphAddKernelNode(void **pGraphNode, void *graph, void *const *pDependencies, size_t numDependencies,
                                    const struct cudaKernelNodeParams *pNodeParams)
 {
     NEED_DRIVER();
-    if (!pNodeParams)
-        return fail(cudaErrorInvalidValue);
-    struct kernel *k;
-    cudaError_t rc = kernel_of(pNodeParams->func, &k);
-    if (rc)
-        return fail(rc);
-    const dim3 g = pNodeParams->gridDim, b = pNodeParams->blockDim;
-    CUDA_KERNEL_NODE_PARAMS p = {NULL, g.x, g.y, g.z, b.x, b.y, b.z, pNodeParams->sharedMemBytes,
-                                 pNodeParams->kernelParams, pNodeParams->extra, NULL, NULL};
-#ifdef FAKECUDART_CUDA13
-    p.kern = (CUkernel)k->handle;
-#else
-    p.func = (CUfunction)k->handle;
-#endif
-    return result(drv.cuGraphAddKernelNode_v2(pGraphNode, graph, pDependencies, numDependencies, &p));
+    CUDA_KERNEL_NODE_PARAMS p;
+    cudaError_t rc = node_params(pNodeParams, &p);
+    return rc ? rc : result(drv.cuGraphAddKernelNode_v2(pGraphNode, graph, pDependencies, numDependencies, &p));
+}
+
+cudaError_t cudaGraphKernelNodeSetParams(void *node, const struct cudaKernelNodeParams *pNodeParams)
+{
+    NEED_DRIVER();
+    CUDA_KERNEL_NODE_PARAMS p;
+    cudaError_t rc = node_params(pNodeParams, &p);
+    return rc ? rc : result(drv.cuGraphKernelNodeSetParams_v2(node, &p));
+}
+
+cudaError_t cudaGraphExecKernelNodeSetParams(void *graphExec, void *node, const struct cudaKernelNodeParams *pNodeParams)
+{
+    NEED_DRIVER();
+    CUDA_KERNEL_NODE_PARAMS p;
+    cudaError_t rc = node_params(pNodeParams, &p);
+    return rc ? rc : result(drv.cuGraphExecKernelNodeSetParams_v2(graphExec, node, &p));
 }
 
 cudaError_t cudaGraphInstantiate(void **pGraphExec, void *graph, unsigned long long flags)

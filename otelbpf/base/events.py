@@ -191,6 +191,8 @@ CudaFunc = enum.IntEnum(
         ("cudaGraphExecUpdate", 61),
         ("cudaGraphExecDestroy", 62),
         ("cudaGraphDestroy", 63),
+        ("cudaGraphExecKernelNodeSetParams", 15),
+        ("cudaGraphKernelNodeSetParams", 16),
         ("cuLaunchKernel_ptsz", 64),
         ("cuLaunchKernelEx_ptsz", 65),
         ("cuGraphLaunch", 66),
@@ -256,6 +258,10 @@ CudaFunc = enum.IntEnum(
         ("cuGraphExecUpdate_v2", 125),
         ("cuGraphExecDestroy", 126),
         ("cuGraphDestroy", 127),
+        ("cuGraphExecKernelNodeSetParams", 128),
+        ("cuGraphExecKernelNodeSetParams_v2", 129),
+        ("cuGraphKernelNodeSetParams", 130),
+        ("cuGraphKernelNodeSetParams_v2", 131),
     ],
 )
 

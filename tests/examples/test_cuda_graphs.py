@@ -70,17 +70,18 @@ def test_a_graph_replayed_100_times_reads_100_runs_of_each_captured_kernel(otlp_
     n = 100
     w, output = _run(programs["shared"], n, otlp_collector, tmp_path, standin=True)
     codes = w["return_codes"]
-    assert codes["cudaGraphLaunch"] == {"0": n + 12, "400": 1}, w  # the stand-in ran the plan
-    assert w["driver_calls"]["cuGraphLaunch"] == n + 13  # the runtime called the driver each time
+    assert codes["cudaGraphLaunch"] == {"0": n + 13, "400": 1}, w  # the stand-in ran the plan
+    assert w["driver_calls"]["cuGraphLaunch"] == n + 14  # the runtime called the driver each time
     c, pid = otlp_collector, w["pid"]
     # graph 1 (captured: add_one, scale, add_one) ran n times, then once more before its destroy;
-    # graph 2 (built: scale) 10 times, then once with add_one after its update
-    want = {(ADD_ONE, 1): 2 * (n + 1), (SCALE, 1): n + 1, (SCALE, 2): 10, (ADD_ONE, 2): 1}
+    # graph 2 (built: scale) 10 times, once with add_one after its update, once with scale again
+    # after its node's kernel was set in the executable graph
+    want = {(ADD_ONE, 1): 2 * (n + 1), (SCALE, 1): n + 1, (SCALE, 2): 11, (ADD_ONE, 2): 1}
     c.wait_for(lambda: _graph_kernels(c, pid) == want, what=f"graph kernels, got {_graph_kernels(c, pid)}")
     # the five launches made while capturing are not launches; the plain one is; each graph launch
     # is counted once (the runtime's, not the driver's inside it)
-    assert _by(c, "cuda.kernel.launches", pid) == {"cudaLaunchKernel": 1, "cudaGraphLaunch": n + 13}
-    assert _by(c, "cuda.graph.kernel.launches", pid) == {"cudaGraphLaunch": 3 * (n + 1) + 11}
+    assert _by(c, "cuda.kernel.launches", pid) == {"cudaLaunchKernel": 1, "cudaGraphLaunch": n + 14}
+    assert _by(c, "cuda.graph.kernel.launches", pid) == {"cudaGraphLaunch": 3 * (n + 1) + 12}
     c.wait_for(
         lambda: (
             _by(c, "otelbpf.cuda.graph.anomalies", pid, "reason")
@@ -101,7 +102,7 @@ def test_a_graph_replayed_100_times_reads_100_runs_of_each_captured_kernel(otlp_
         "cudaGraphInstantiate": 2,
     }
     assert not [f for f in calls if f.startswith("cu") and not f.startswith("cuda")]  # the driver's: inside
-    c.wait_for(lambda: len([s for s in c.spans("cudaGraphLaunch") if s.resource.get("process.pid") == pid]) == n + 13)
+    c.wait_for(lambda: len([s for s in c.spans("cudaGraphLaunch") if s.resource.get("process.pid") == pid]) == n + 14)
     spans = [s for s in c.spans("cudaGraphLaunch") if s.resource.get("process.pid") == pid]
     first = [s for s in spans if s.attributes.get("cuda.graph.id") == 1 and s.attributes["cuda.api.return_code"] == 0]
     assert len(first) == n + 1
@@ -118,7 +119,7 @@ def test_on_the_real_runtime_every_graph_call_is_seen_once_up_to_the_driver(otlp
     c, pid = otlp_collector, w["pid"]
     # no capture began (35): the six launches ran (as far as they could), none recorded
     c.wait_for(
-        lambda: _by(c, "cuda.kernel.launches", pid) == {"cudaLaunchKernel": 6, "cudaGraphLaunch": n + 13},
+        lambda: _by(c, "cuda.kernel.launches", pid) == {"cudaLaunchKernel": 6, "cudaGraphLaunch": n + 14},
         what=f"launches, got {_by(c, 'cuda.kernel.launches', pid)}",
     )
     planned = {f: sum(by.values()) for f, by in codes.items() if f != "cudaGraphLaunch"}
@@ -130,9 +131,9 @@ def test_on_the_real_runtime_every_graph_call_is_seen_once_up_to_the_driver(otlp
         (p.attributes["cuda.api.function"], p.attributes["cuda.error.code"]): p.value
         for p in c.latest_points("cuda.api.errors", **{"process.pid": pid})
     }
-    assert errors[("cudaStreamBeginCapture", 35)] == 3 and errors[("cudaGraphLaunch", 35)] == n + 13
+    assert errors[("cudaStreamBeginCapture", 35)] == 3 and errors[("cudaGraphLaunch", 35)] == n + 14
     assert _graph_kernels(c, pid) == {}
-    assert _by(c, "otelbpf.cuda.graph.anomalies", pid, "reason") == {"unknown_exec": n + 13}, output[-3000:]
+    assert _by(c, "otelbpf.cuda.graph.anomalies", pid, "reason") == {"unknown_exec": n + 14}, output[-3000:]
 
 
 DRIVER_ONLY = r"""

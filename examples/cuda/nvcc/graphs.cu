@@ -10,7 +10,8 @@
 //   2. build a graph node by node (cudaGraphAddKernelNode: scale); instantiate; launch 10 times
 //   3. a capture invalidated: a synchronize of the capturing stream (900), its end returns 901
 //   4. an update refused (3 nodes from a 1-node graph: 910), one accepted (graph 2 now runs
-//      add_one), then one launch of graph 2
+//      add_one), one launch of graph 2; its node set back to scale in the executable graph
+//      (cudaGraphExecKernelNodeSetParams), one launch more
 //   5. graph 1 launched, destroyed at once (no synchronize), launched again (an error)
 //   6. a capture begun and never ended (the process exits in it)
 #include <cstdio>
@@ -54,7 +55,7 @@ int main(int argc, char **argv)
     // 2. built node by node
     cudaGraph_t g2 = nullptr;
     cudaGraphExec_t e2 = nullptr;
-    cudaGraphNode_t node = nullptr;
+    cudaGraphNode_t node = nullptr, node2 = nullptr;
     r.rc("cudaGraphCreate", cudaGraphCreate(&g2, 0));
     void *args[] = {&d, &by};
     cudaKernelNodeParams p = {};
@@ -62,7 +63,7 @@ int main(int argc, char **argv)
     p.gridDim = dim3(1);
     p.blockDim = dim3(32);
     p.kernelParams = args;
-    r.rc("cudaGraphAddKernelNode", cudaGraphAddKernelNode(&node, g2, nullptr, 0, &p));
+    r.rc("cudaGraphAddKernelNode", cudaGraphAddKernelNode(&node2, g2, nullptr, 0, &p));
     r.rc("cudaGraphInstantiate", cudaGraphInstantiate(&e2, g2, 0));
     for (int i = 0; i < 10; i++)
         r.rc("cudaGraphLaunch", cudaGraphLaunch(e2, s));
@@ -85,6 +86,10 @@ int main(int argc, char **argv)
     p.kernelParams = args3;
     r.rc("cudaGraphAddKernelNode", cudaGraphAddKernelNode(&node, g3, nullptr, 0, &p));
     r.rc("cudaGraphExecUpdate", cudaGraphExecUpdate(e2, g3, &info)); // same shape: graph 2 now runs add_one
+    r.rc("cudaGraphLaunch", cudaGraphLaunch(e2, s));
+    p.func = (void *)scale; // graph 2's node (from g2) back to scale, in the executable graph only
+    p.kernelParams = args;
+    r.rc("cudaGraphExecKernelNodeSetParams", cudaGraphExecKernelNodeSetParams(e2, node2, &p));
     r.rc("cudaGraphLaunch", cudaGraphLaunch(e2, s));
 
     // 5. destroyed while launched, then launched again

@@ -447,8 +447,17 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             if "End" in name and a1:
                 attrs["cuda.graph.handle"] = f"{a1:#x}"
         # Not cuda.kernel.name nor cuda.graph.exec here: those tell a launch (report_ai.py).
+        elif "KernelNodeSetParams" in name:
+            if "Exec" in name:
+                attrs["cuda.graph.exec_handle"] = f"{a0:#x}"
+            attrs["cuda.graph.node"] = f"{a1:#x}"
+            attrs["cuda.graph.node.function_address"] = f"{a2:#x}"
+            f = CudaFunc.cuLaunchKernel if is_driver(func) else CudaFunc.cudaLaunchKernel
+            attrs["cuda.graph.node.kernel_name"] = self._kernel_name(pid, f, a2)[0]
         elif "AddKernelNode" in name:
             attrs["cuda.graph.handle"] = f"{a0:#x}"
+            if a1:
+                attrs["cuda.graph.node"] = f"{a1:#x}"
             attrs["cuda.graph.node.function_address"] = f"{a2:#x}"
             f = CudaFunc.cuLaunchKernel if is_driver(func) else CudaFunc.cudaLaunchKernel
             attrs["cuda.graph.node.kernel_name"] = self._kernel_name(pid, f, a2)[0]

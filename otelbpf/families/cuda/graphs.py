@@ -56,6 +56,10 @@ INSTANTIATE = frozenset(
     }
 )
 UPDATE = frozenset({F.cudaGraphExecUpdate, F.cuGraphExecUpdate, F.cuGraphExecUpdate_v2})
+EXEC_SET_NODE = frozenset(
+    {F.cudaGraphExecKernelNodeSetParams, F.cuGraphExecKernelNodeSetParams, F.cuGraphExecKernelNodeSetParams_v2}
+)
+SET_NODE = frozenset({F.cudaGraphKernelNodeSetParams, F.cuGraphKernelNodeSetParams, F.cuGraphKernelNodeSetParams_v2})
 EXEC_DESTROY = frozenset({F.cudaGraphExecDestroy, F.cuGraphExecDestroy})
 GRAPH_DESTROY = frozenset({F.cudaGraphDestroy, F.cuGraphDestroy})
 LAUNCH = frozenset({F.cudaGraphLaunch, F.cudaGraphLaunch_ptsz, F.cuGraphLaunch, F.cuGraphLaunch_ptsz})
@@ -74,10 +78,16 @@ REASONS = (
     "update_failed",  # cudaGraphExecUpdate of a known executable graph returned an error: it kept its kernels
     "unknown_exec",  # an executable graph not seen instantiated (or destroyed) launched, or updated
     "destroyed_in_flight",  # an executable graph destroyed with a launch not known done
+    "unknown_node",  # a kernel node's parameters set where the node is not known (captured, or unseen)
 )
 
 #: A kernel as a launch names it: (launch function id, handle).
 Kernel = tuple[int, int]
+
+
+def _node_kernel(func: int, handle: int) -> Kernel:
+    """A kernel node's kernel, named as a launch of the same API layer would name it."""
+    return int(F.cuLaunchKernel if is_driver(func) else F.cudaLaunchKernel), handle
 
 
 @dataclass
@@ -101,6 +111,7 @@ class Version:
 @dataclass
 class Exec:
     version: Version
+    nodes: dict[int, int]  # its graph's kernel nodes (cudaGraphAddKernelNode) -> their index
     pending: int | None = None  # the stream of a launch not known done
 
 
@@ -117,6 +128,9 @@ class Graphs:
     captures: dict[int, Capture] = field(default_factory=dict)  # capturing stream -> capture
     by_thread: dict[int, int] = field(default_factory=dict)  # tid -> the stream it captures
     graphs: dict[int, list[Kernel] | None] = field(default_factory=dict)  # cudaGraph_t -> kernels
+    #: cudaGraph_t -> its kernel nodes added one by one -> their index in its kernels
+    graph_nodes: dict[int, dict[int, int]] = field(default_factory=dict)
+    nodes: dict[int, int] = field(default_factory=dict)  # such a node -> its graph
     execs: dict[int, Exec] = field(default_factory=dict)  # cudaGraphExec_t -> what it runs
     event_streams: dict[int, int] = field(default_factory=dict)  # event -> stream it was last recorded on
     next_id: int = 1
@@ -184,13 +198,16 @@ class Graphs:
             if ret == 0:
                 kernels = self.graphs.get(a0)
                 if kernels is not None:
-                    kernels.append((int(F.cuLaunchKernel if is_driver(func) else F.cudaLaunchKernel), a2))
+                    if a1:
+                        self.graph_nodes.setdefault(a0, {})[a1] = len(kernels)
+                        self.nodes[a1] = a0
+                    kernels.append(_node_kernel(func, a2))
                 elif a0 not in self.graphs:
                     self.graphs[a0] = None  # a graph made before the agent watched
         elif func in INSTANTIATE:
             if ret == 0 and a1:
                 kernels = self.graphs.get(a0)
-                self.execs[a1] = Exec(self._version(self.next_id, kernels))
+                self.execs[a1] = Exec(self._version(self.next_id, kernels), dict(self.graph_nodes.get(a0, {})))
                 self.next_id += 1
         elif func in UPDATE:
             known = self.execs.get(a0)
@@ -202,6 +219,18 @@ class Graphs:
             else:
                 old, known.version = known.version, self._version(known.version.graph_id, self.graphs.get(a2))
                 self._retire(old)
+        elif func in EXEC_SET_NODE:
+            if ret == 0:
+                self._set_exec_node(a0, a1, _node_kernel(func, a2))
+        elif func in SET_NODE:
+            if ret == 0:
+                graph = self.nodes.get(a1)
+                kernels = self.graphs.get(graph) if graph is not None else None
+                index = self.graph_nodes.get(graph, {}).get(a1) if graph is not None else None
+                if kernels is None or index is None or index >= len(kernels):
+                    self.anomalies["unknown_node"] += 1
+                else:
+                    kernels[index] = _node_kernel(func, a2)
         elif func in EXEC_DESTROY:
             gone = self.execs.pop(a0, None)
             if gone is not None:
@@ -210,6 +239,8 @@ class Graphs:
                     self.anomalies["destroyed_in_flight"] += 1
         elif func in GRAPH_DESTROY and ret == 0:
             self.graphs.pop(a0, None)  # its executable graphs keep their copies
+            for node in self.graph_nodes.pop(a0, {}):
+                self.nodes.pop(node, None)
         return None
 
     def _launch(self, name: str, ret: int, exec_handle: int, stream: int) -> GraphLaunch:
@@ -222,6 +253,20 @@ class Graphs:
             self.runs.setdefault(e.version.key, Counter())[name] += 1
             e.pending = stream
         return GraphLaunch(e.version.graph_id, e.version.kernels)
+
+    def _set_exec_node(self, exec_handle: int, node: int, kernel: Kernel) -> None:
+        """One kernel node of an executable graph given another kernel: a new version."""
+        e = self.execs.get(exec_handle)
+        index = e.nodes.get(node) if e is not None else None
+        if e is None:
+            self.anomalies["unknown_exec"] += 1
+        elif index is None or e.version.kernels is None or index >= len(e.version.kernels):
+            self.anomalies["unknown_node"] += 1
+        else:
+            kernels = list(e.version.kernels)
+            kernels[index] = kernel
+            old, e.version = e.version, self._version(e.version.graph_id, kernels)
+            self._retire(old)
 
     def _version(self, graph_id: int, kernels: list[Kernel] | None) -> Version:
         v = Version(self.next_version, graph_id, tuple(kernels) if kernels is not None else None)

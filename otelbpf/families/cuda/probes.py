@@ -151,6 +151,13 @@ GRAPH_CALLS: dict[CudaFunc, tuple[str, str, str, str, str, str]] = {
     CudaFunc.cudaGraphExecUpdate: (_G, "0", _P1, "0", _P2, "0"),
     CudaFunc.cuGraphExecUpdate: (_G, "0", _P1, "0", _P2, "0"),
     CudaFunc.cuGraphExecUpdate_v2: (_G, "0", _P1, "0", _P2, "0"),
+    # executable graph (0: the graph's own node), node, its new kernel
+    CudaFunc.cudaGraphExecKernelNodeSetParams: (_G, "0", _P1, _P2, "kernel_node_fn(PT_REGS_PARM3(ctx), 0)", "0"),
+    CudaFunc.cuGraphExecKernelNodeSetParams: (_G, "0", _P1, _P2, "kernel_node_fn(PT_REGS_PARM3(ctx), 0)", "0"),
+    CudaFunc.cuGraphExecKernelNodeSetParams_v2: (_G, "0", _P1, _P2, "kernel_node_fn(PT_REGS_PARM3(ctx), 1)", "0"),
+    CudaFunc.cudaGraphKernelNodeSetParams: (_G, "0", "0", _P1, "kernel_node_fn(PT_REGS_PARM2(ctx), 0)", "0"),
+    CudaFunc.cuGraphKernelNodeSetParams: (_G, "0", "0", _P1, "kernel_node_fn(PT_REGS_PARM2(ctx), 0)", "0"),
+    CudaFunc.cuGraphKernelNodeSetParams_v2: (_G, "0", "0", _P1, "kernel_node_fn(PT_REGS_PARM2(ctx), 1)", "0"),
     # executable graph / graph destroyed
     CudaFunc.cudaGraphExecDestroy: (_G, "0", _P1, "0", "0", "0"),
     CudaFunc.cuGraphExecDestroy: (_G, "0", _P1, "0", "0", "0"),

@@ -233,3 +233,25 @@ def test_an_executable_graph_updated_at_every_step_keeps_one_version() -> None:
     assert graphs is not None and len(graphs.versions) == 1 and len(graphs.runs) == 0
     _launches, top, ran, bad = graph_metrics(h)
     assert top == {("getuid", 1): 100, ("getgid", 1): 100} and ran == {"cudaGraphLaunch": 200} and bad == {}
+
+
+def test_a_kernel_node_given_another_kernel_in_the_graph_or_the_executable_graph() -> None:
+    h = Harness()
+    ev = GraphEvents()
+    ev.add(G, F.cudaGraphCreate, a1=GRAPH)
+    ev.add(G, F.cudaGraphAddKernelNode, a0=GRAPH, a1=0x1, a2=A)
+    ev.add(G, F.cudaGraphAddKernelNode, a0=GRAPH, a1=0x2, a2=A)
+    ev.add(G, F.cudaGraphKernelNodeSetParams, a1=0x2, a2=B)  # the graph's: later instantiations
+    ev.instantiate().graph_launch()  # A, B
+    ev.add(G, F.cudaGraphExecKernelNodeSetParams, a0=EXEC, a1=0x1, a2=C)  # this executable graph only
+    ev.graph_launch()  # C, B
+    ev.add(G, F.cudaGraphExecKernelNodeSetParams, a0=EXEC, a1=0x77, a2=C)  # a node it does not have
+    ev.begin().captured(A).end(graph=GRAPH + 1).instantiate(graph=GRAPH + 1, exec_=EXEC + 1)
+    ev.add(G, F.cudaGraphExecKernelNodeSetParams, a0=EXEC + 1, a1=0x99, a2=B)  # a captured node: unknown
+    h.correlator.on_events(ev.array())
+    _launches, top, ran, bad = graph_metrics(h)
+    assert top == {("getuid", 1): 1, ("getgid", 1): 2, ("geteuid", 1): 1}
+    assert ran == {"cudaGraphLaunch": 4}
+    assert bad == {"unknown_node": 2}
+    node = next(s for s in h.spans if s.name == "cudaGraphExecKernelNodeSetParams")
+    assert node.attributes["cuda.graph.node.kernel_name"] == "geteuid" and node.attributes["cuda.graph.node"] == "0x1"
