@@ -51,7 +51,7 @@ struct strevent {
 #define EV_CUDA_KERNEL_ALIAS 19 /* a0 handle, a1 what it stands for (host stub, CUkernel) */
 #define EV_CUDA_LAUNCH_SITE 60  /* first launch of (process, API, handle): a0 handle, a1 return address, a2 the caller's (frame pointer) */
 #define EV_CUDA_GRAPH 61        /* a CUDA Graphs call returned (capture, construction, instantiation, update, destruction, launch): a0..a3 per function, see cuda.c */
-#define EV_CUDA_CAPTURED 62     /* a kernel launch made while its thread was capturing a stream: a0 handle, a1 grid, a2 block, a3 stream */
+#define EV_CUDA_CAPTURED 62     /* a kernel launch made while its thread was capturing a stream: a0 handle, a1 return address, a2 the caller's (frame pointer), a3 stream */
 #define EV_NCCL_ENTER 20        /* NCCL: see bpf/nccl.c for each kind's arguments */
 #define EV_NCCL_RETURN 21
 #define EV_NCCL_COMM 22

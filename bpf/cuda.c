@@ -221,7 +221,9 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
 }
 
 /* A launch made while its thread captures a stream: recorded into the graph, not run. One
- * event each (captures are rare: once per graph), never counted in `launches`. */
+ * event each (captures are rare: once per graph), never counted in `launches`; with its stream
+ * and where it was launched from, as a first launch's EV_CUDA_LAUNCH_SITE says (names kernels
+ * whose registration happened before the attach). */
 static __always_inline void captured_launch(struct pt_regs *ctx, u64 id, u8 func, u8 variant, u16 flags, u64 fn)
 {
     struct event e = {};
@@ -229,6 +231,9 @@ static __always_inline void captured_launch(struct pt_regs *ctx, u64 id, u8 func
     e.flags = flags;
     e.a0 = fn;
     fill_launch(ctx, variant, &e);
+    e.a1 = return_address(ctx);
+    e.a2 = 0;
+    read_user(&e.a2, sizeof(e.a2), (void *)(PT_REGS_FP(ctx) + 8));
     emit(&e);
 }
 

@@ -82,7 +82,8 @@ class Kind(enum.IntEnum):
     #: a CUDA Graphs call returned (capture, construction, instantiation, update, destruction,
     #: launch); a0..a3 per function (bpf/cuda.c, GRAPH_CALLS in families/cuda/probes.py)
     CUDA_GRAPH = 61
-    CUDA_CAPTURED = 62  # a launch made while its thread captured a stream: a0 handle, a1 grid, a2 block, a3 stream
+    #: a launch made while its thread captured a stream: a0 handle, a1 return address, a2 its caller's, a3 stream
+    CUDA_CAPTURED = 62
     TORCH_OP = 70  # a torch operator returned (bpf/torch.c): a0 entry address, a1 depth, a2 exit address
     #: the thread's last wake-up by another thread of its process, ahead of its next CUDA event
     #: (common.h): ts_ns the wake-up, a0 the waker's tid, a1 the waker's own waker (0: none), a2 when

@@ -68,7 +68,9 @@ PAIRED_KINDS = np.array(
 _GRAPH_KINDS = np.array([Kind.CUDA_GRAPH, Kind.CUDA_CAPTURED], dtype=np.uint8)
 _GRAPH_CONTEXT = np.array([Kind.CUDA_GRAPH, Kind.CUDA_CAPTURED, Kind.CUDA_CALL, Kind.CUDA_SYNC], dtype=np.uint8)
 #: What a launch handle means comes from these (kernel_names.py).
-_FACT_KINDS = np.array([Kind.CUDA_KERNEL_NAME, Kind.CUDA_KERNEL_ALIAS, Kind.CUDA_LAUNCH_SITE], dtype=np.uint8)
+_FACT_KINDS = np.array(
+    [Kind.CUDA_KERNEL_NAME, Kind.CUDA_KERNEL_ALIAS, Kind.CUDA_LAUNCH_SITE, Kind.CUDA_CAPTURED], dtype=np.uint8
+)
 #: Event kinds this correlator owns (events.py: 10-19 and 60).
 CUDA_KINDS = (Kind.CUDA_LAUNCH, Kind.CUDA_KERNEL_ALIAS)
 #: Return codes that are answers, not errors: cudaErrorNotReady / CUDA_ERROR_NOT_READY
@@ -284,6 +286,9 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 k.registered[a0] = a1
             elif kind == Kind.CUDA_KERNEL_ALIAS:
                 k.aliases[a0] = a1
+            elif kind == Kind.CUDA_CAPTURED:  # also where the launch was made, each time: kept once
+                if (func, a0) not in k.sites:
+                    k.sites[(func, a0)] = (a1, a2)
             else:
                 k.sites[(func, a0)] = (a1, a2)
         k.learn()

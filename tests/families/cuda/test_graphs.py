@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from families.cuda.test_cuda import ME, Events, Harness, fn_address, pack_dim, points
+from families.cuda.test_cuda import ME, Events, Harness, fn_address, points
 from otelbpf.base.events import FLAG_DRIVER, CudaFunc, Kind
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.spans import new_context
@@ -27,7 +27,9 @@ class GraphEvents(Events):
         return self
 
     def captured(self, fn: int, stream: int = STREAM, func: int = F.cudaLaunchKernel, **kw) -> GraphEvents:
-        self.add(Kind.CUDA_CAPTURED, func, a0=fn, a1=pack_dim(1), a2=pack_dim(32), a3=stream, dur=0, **kw)
+        kw.setdefault("a1", 0)  # the return address, and its caller's (where it was launched from)
+        kw.setdefault("a2", 0)
+        self.add(Kind.CUDA_CAPTURED, func, a0=fn, a3=stream, dur=0, **kw)
         return self
 
     def end(self, graph: int = GRAPH, stream: int = STREAM, ret: int = 0) -> GraphEvents:
@@ -255,3 +257,16 @@ def test_a_kernel_node_given_another_kernel_in_the_graph_or_the_executable_graph
     assert bad == {"unknown_node": 2}
     node = next(s for s in h.spans if s.name == "cudaGraphExecKernelNodeSetParams")
     assert node.attributes["cuda.graph.node.kernel_name"] == "geteuid" and node.attributes["cuda.graph.node"] == "0x1"
+
+
+def test_a_kernel_only_ever_captured_is_named_by_where_it_was_launched_from() -> None:
+    """Attached late (registration and handle look-ups long past): a kernel launched only inside
+    captures is named from the captured launch's return address, as a first launch's site names
+    an ordinary one."""
+    h = Harness()
+    ev = GraphEvents()
+    handle = 0x7F00DEAD0000  # a driver-made handle: no symbol, nothing registered while watched
+    ev.begin().captured(handle, a1=fn_address("getuid") + 4).end().instantiate().graph_launch()
+    h.correlator.on_events(ev.array())
+    [name] = [n for n, _gid in graph_metrics(h)[1]]
+    assert name.startswith("[launched at libc.so.6+0x"), name
