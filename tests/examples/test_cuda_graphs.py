@@ -15,6 +15,7 @@ Expected numbers come from the program's plan (graphs.cu's header), never from t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -180,3 +181,30 @@ def test_a_direct_driver_user_captures_and_replays(otlp_collector, tmp_path):
     c.wait_for(lambda: _graph_kernels(c, pid) == want, what=f"graph kernels, got {_graph_kernels(c, pid)}")
     assert _by(c, "cuda.kernel.launches", pid) == {"cuGraphLaunch": n, "cuLaunchKernel": 1}
     assert _by(c, "cuda.graph.kernel.launches", pid) == {"cuGraphLaunch": 2 * n}
+
+
+def test_attached_late_a_captured_graphs_kernels_are_still_named(otlp_collector, programs, tmp_path):
+    """The agent attached after the program registered its kernels (a server up for days): the
+    graphs it captures and builds afterwards are counted exactly and their kernels named (by the
+    host stub's symbol or the handles looked up since), never left unresolved."""
+    n = 20
+    gate = tmp_path / "go"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(FAKE_CUDART13.parent)}
+    cmd = [str(programs["shared"]), str(n), str(gate)]
+    prog = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert prog.stdout is not None and prog.stdout.readline().strip() == "ready"
+        cfg = config(otlp_grpc(otlp_collector), tmp=tmp_path)
+        with AgentProcess(["-c", str(cfg), "--pid", str(prog.pid)]) as agent:
+            agent.wait_ready()
+            agent.wait_attached(FAKE_CUDART13)
+            gate.touch()
+            out, _ = prog.communicate(timeout=60)
+            w = json.loads(out.strip().splitlines()[-1])
+            c, pid = otlp_collector, w["pid"]
+            want = {(ADD_ONE, 1): 2 * (n + 1), (SCALE, 1): n + 1, (SCALE, 2): 11, (ADD_ONE, 2): 1}
+            c.wait_for(lambda: _graph_kernels(c, pid) == want, what=f"graph kernels, got {_graph_kernels(c, pid)}")
+            agent.stop()
+    finally:
+        if prog.poll() is None:
+            prog.kill()

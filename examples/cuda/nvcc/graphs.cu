@@ -1,7 +1,8 @@
 // nvcc_graphs: a real nvcc 13 program that captures a CUDA graph and replays it, builds one node by
 // node, and then misuses graphs the ways the agent must survive. Built by the tests
 // (tests/examples/test_cuda_graphs.py) with -cudart shared and with nvcc's default static runtime.
-// Prints one JSON line: what it did, and what each call returned (35 from NVIDIA's runtime without
+// With a second argument, prints "ready" and waits for that file before its first CUDA call
+// (registration is done by then: an agent attached meanwhile attaches "late"). Prints one JSON line: what it did, and what each call returned (35 from NVIDIA's runtime without
 // a driver; 0 or CUDA's graph errors on the stand-in libcudart.so.13, which runs graphs as CUDA 13
 // does: captures record, launches of an executable graph queue its kernels).
 //
@@ -32,6 +33,11 @@ __global__ void scale(float *x, float by)
 int main(int argc, char **argv)
 {
     long replays = argc > 1 ? atol(argv[1]) : 100;
+    if (argc > 2) {
+        printf("ready\n");
+        fflush(stdout);
+        wait_before_launching(0, argv[2]);
+    }
     Report r;
     cudaStream_t s = cudaStreamPerThread;
     float *d = nullptr;
