@@ -19,6 +19,9 @@ Measures, in one invocation (every number shares the same machine state):
    each allocation, in-kernel accounting).
 5. The same for one cudaDeviceSynchronize and one 4 KiB cudaMemcpy, whose stacks the profiler
    takes too (the cuda_calls profiles). ``--calls-only``: step 5 alone.
+6. ``--launches-only``: one cudaLaunchKernel from Python, with the cuda receiver alone, with
+   cuda_memory and launch stacks off (``launch_stack_every: 0``), at the default (one launch in
+   64 per kernel takes the stack) and at every launch (1): the BPF ns per uprobe run of each.
 
 Results: a table on stdout and bench/results/profile-<date>.json; docs/BENCHMARKS.md
 ("Profiling") holds the numbers and how to read them.
@@ -74,7 +77,13 @@ def sync():
     lib.cudaDeviceSynchronize()
 def copy():
     lib.cudaMemcpy(dst, src, 4096, 1)
-call = {"alloc": alloc, "sync": sync, "copy": copy}[what]
+class Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+lib.cudaLaunchKernel.argtypes = [ctypes.c_void_p, Dim3, Dim3, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+kernel, one, block = ctypes.cast(ctypes.CDLL(None).abs, ctypes.c_void_p), Dim3(1, 1, 1), Dim3(32, 1, 1)
+def launch():
+    lib.cudaLaunchKernel(kernel, one, block, None, 0, None)
+call = {"alloc": alloc, "sync": sync, "copy": copy, "launch": launch}[what]
 for _ in range(1000):  # warm up; the agent inspects the process meanwhile
     call()
 time.sleep(1.0)
@@ -85,12 +94,16 @@ print((time.perf_counter() - t0) / n * 1e9)
 """
 
 
-def config(tmp: Path, *, cuda: bool, profiling: bool, cuda_memory: bool = False) -> Path:
+def config(tmp: Path, *, cuda: bool, profiling: bool, cuda_memory: bool = False, launch_stack_every: int = 64) -> Path:
     receivers: dict = {}
     pipelines: dict = {}
     exporters = {"file": {"directory": str(tmp / "out")}}
     if profiling:
-        receivers["profiling"] = {"interval": "5s", "cuda_memory": cuda_memory}
+        receivers["profiling"] = {
+            "interval": "5s",
+            "cuda_memory": cuda_memory,
+            "launch_stack_every": launch_stack_every,
+        }
         pipelines["profiles"] = {"receivers": ["profiling"], "exporters": ["file"]}
     if cuda:
         receivers["cuda"] = {"search_paths": []}
@@ -100,7 +113,7 @@ def config(tmp: Path, *, cuda: bool, profiling: bool, cuda_memory: bool = False)
         "exporters": exporters,
         "service": {"pipelines": pipelines, "telemetry": {"log_level": "warning"}},
     }
-    path = tmp / f"cfg-{int(cuda)}{int(profiling)}{int(cuda_memory)}.yaml"
+    path = tmp / f"cfg-{int(cuda)}{int(profiling)}{int(cuda_memory)}-{launch_stack_every}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -349,6 +362,57 @@ def alloc_cost(tmp: Path, calls: int, what: str = "alloc") -> dict:
     }
 
 
+def launch_cost(tmp: Path, calls: int, rounds: int = 2) -> dict:
+    """ns per cudaLaunchKernel from Python (the stand-in runtime) and BPF ns per uprobe run:
+    the cuda receiver alone; with profiling's cuda_memory and launch stacks off
+    (launch_stack_every 0); at the default, one launch in 64 per kernel; at every launch (1)."""
+    script = tmp / "calls.py"
+    script.write_text(CALL_LOOP)
+
+    def loop() -> float:
+        out = subprocess.run(
+            [sys.executable, str(script), str(FAKE_CUDART), str(calls), "launch"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return float(out.stdout.strip())
+
+    configs = {
+        "cuda": config(tmp, cuda=True, profiling=False),
+        "stacks_off": config(tmp, cuda=True, profiling=True, cuda_memory=True, launch_stack_every=0),
+        "every_64": config(tmp, cuda=True, profiling=True, cuda_memory=True, launch_stack_every=64),
+        "every_1": config(tmp, cuda=True, profiling=True, cuda_memory=True, launch_stack_every=1),
+    }
+    wall: dict[str, list[float]] = {"no_agent": [], **{k: [] for k in configs}}
+    bpf: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(rounds):
+        wall["no_agent"].append(loop())
+        for name, cfg in configs.items():
+            agent = Agent(cfg)
+            try:
+                agent.settle()
+                ns0, cnt0 = agent.bpf_run_stats(2)
+                wall[name].append(loop())
+                ns1, cnt1 = agent.bpf_run_stats(2)
+                bpf[name].append((ns1 - ns0) / max(cnt1 - cnt0, 1))
+            finally:
+                agent.stop()
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    bpf_med = {k: statistics.median(v) for k, v in bpf.items()}
+    return {
+        "calls": calls,
+        "rounds": rounds,
+        "ns_per_launch": wall,
+        "median_ns": med,
+        "bpf_ns_per_probe_run": bpf_med,
+        "bpf_added_per_launch_ns": {
+            "every_64_vs_stacks_off": bpf_med["every_64"] - bpf_med["stacks_off"],
+            "every_1_vs_stacks_off": bpf_med["every_1"] - bpf_med["stacks_off"],
+        },
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
@@ -358,6 +422,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--cpu-only", action="store_true", help="only step 1 (the workload with and without)")
     parser.add_argument("--calls-only", action="store_true", help="only step 5 (copies and synchronizes, with stacks)")
+    parser.add_argument(
+        "--launches-only", action="store_true", help="only launches: stacks off, 1 in 64 (the default), every one"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the agent loads eBPF")
@@ -373,6 +440,14 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        if args.launches_only:
+            result["launch"] = a = launch_cost(tmp, args.alloc_calls)
+            stats.write_text(stats_before)
+            print(f"launch from Python: wall ns {a['median_ns']}; BPF ns per uprobe run {a['bpf_ns_per_probe_run']}")
+            out = args.out or REPO / "bench" / "results" / f"profile-launches-{dt.date.today().isoformat()}.json"
+            out.write_text(json.dumps(result, indent=2))
+            print(f"wrote {out}")
+            return 0
         if args.calls_only:
             for what in ("sync", "copy"):
                 print(f"{what} from Python, without the agent, with cuda, with cuda + its stacks", flush=True)
