@@ -39,7 +39,7 @@ from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.families.cuda.errors import error_name
 from otelbpf.families.cuda.graphs import LAUNCH as _GRAPH
 from otelbpf.families.cuda.graphs import REASONS as _GRAPH_REASONS
-from otelbpf.families.cuda.graphs import GraphLaunch, Graphs
+from otelbpf.families.cuda.graphs import GraphLaunch, Graphs, Kernel, Version
 from otelbpf.families.cuda.kernel_names import KernelNames
 from otelbpf.sensor.family import MapReader
 
@@ -435,16 +435,10 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             launched = self._graph_launch.get((pid, tid, ts))
             if launched is not None and launched.graph_id is not None:
                 attrs["cuda.graph.id"] = launched.graph_id
-            if launched is not None and launched.kernels is not None:
-                attrs["cuda.graph.kernel_count"] = len(launched.kernels)
-                names: list[str] = []
-                for f, fn in launched.kernels:
-                    name = self._kernel_name(pid, f, fn)[0]
-                    if name not in names:
-                        names.append(name)
-                    if len(names) == _GRAPH_NAMES:
-                        break
-                attrs["cuda.graph.kernel_names"] = names
+            v = launched.version if launched is not None else None
+            if v is not None and v.kernels is not None:
+                attrs["cuda.graph.kernel_count"] = len(v.kernels)
+                attrs["cuda.graph.kernel_names"] = self._graph_kernel_names(pid, v)
             return attrs
         name = func.name
         if "Capture" in name:
@@ -478,6 +472,25 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         else:  # cudaGraphCreate, cudaGraphDestroy
             attrs["cuda.graph.handle"] = f"{(a1 if 'Create' in name else a0):#x}"
         return attrs
+
+    def _graph_kernel_names(self, pid: int, v: Version) -> list[str]:
+        """The distinct names of a graph version's kernels (at most _GRAPH_NAMES, in graph order),
+        resolved once per version and again only when a kernel-name fact arrived since."""
+        facts = self._proc(pid).kernels.facts
+        if v.names is None or v.names_facts != facts:
+            names: list[str] = []
+            seen: set[Kernel] = set()
+            for k in v.kernels or ():
+                if k in seen:
+                    continue
+                seen.add(k)
+                name = self._kernel_name(pid, k[0], k[1])[0]
+                if name not in names:
+                    names.append(name)
+                    if len(names) == _GRAPH_NAMES:
+                        break
+            v.names, v.names_facts = names, facts
+        return v.names
 
     def _launch_attrs(self, pid: int, func: int, fn: int, grid: int, block: int, stream: int) -> dict[str, object]:
         attrs: dict[str, object] = {"cuda.stream": f"{stream:#x}"}

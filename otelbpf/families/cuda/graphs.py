@@ -106,6 +106,10 @@ class Version:
     key: int  # Graphs.versions
     graph_id: int
     kernels: tuple[Kernel, ...] | None  # None: not known (made before the agent watched)
+    #: its kernels' distinct names for launch spans (correlator), and the kernel-name facts
+    #: count they were resolved at: resolved once per version, not per launch
+    names: list[str] | None = None
+    names_facts: int = -1
 
 
 @dataclass
@@ -120,7 +124,7 @@ class GraphLaunch:
     """What one graph launch ran (for its span)."""
 
     graph_id: int | None
-    kernels: tuple[Kernel, ...] | None
+    version: Version | None  # None: the executable graph is not known
 
 
 @dataclass
@@ -252,7 +256,7 @@ class Graphs:
         if ret == 0:  # a launch that failed ran nothing
             self.runs.setdefault(e.version.key, Counter())[name] += 1
             e.pending = stream
-        return GraphLaunch(e.version.graph_id, e.version.kernels)
+        return GraphLaunch(e.version.graph_id, e.version)
 
     def _set_exec_node(self, exec_handle: int, node: int, kernel: Kernel) -> None:
         """One kernel node of an executable graph given another kernel: a new version."""

@@ -57,6 +57,11 @@ class KernelNames:
     def learn(self) -> None:
         self._facts += 1
 
+    @property
+    def facts(self) -> int:
+        """Bumps whenever a fact arrives: names resolved before may resolve better now."""
+        return self._facts
+
     def resolve(self, sym: Symbolizer, pid: int, func: int, fn: int) -> tuple[str, str]:
         """(name, source) of the kernel launched through API ``func`` with handle ``fn``."""
         key = (func, fn)
