@@ -211,6 +211,9 @@ class Graphs:
         elif func in INSTANTIATE:
             if ret == 0 and a1:
                 kernels = self.graphs.get(a0)
+                replaced = self.execs.get(a1)  # its destroy was not seen: what it ran is kept
+                if replaced is not None:
+                    self._retire(replaced.version)
                 self.execs[a1] = Exec(self._version(self.next_id, kernels), dict(self.graph_nodes.get(a0, {})))
                 self.next_id += 1
         elif func in UPDATE:
