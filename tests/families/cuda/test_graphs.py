@@ -270,3 +270,34 @@ def test_a_kernel_only_ever_captured_is_named_by_where_it_was_launched_from() ->
     h.correlator.on_events(ev.array())
     [name] = [n for n, _gid in graph_metrics(h)[1]]
     assert name.startswith("[launched at libc.so.6+0x"), name
+
+
+def test_any_order_of_graph_calls_is_taken_without_raising() -> None:
+    """Bad input at large: graph calls, captured launches, stream events and syncs in random
+    order, with random return codes and handles drawn from a few (reused, unknown, destroyed):
+    every batch is taken, every collect answers, and no count goes negative."""
+    import random
+
+    from otelbpf.families.cuda.probes import GRAPH_CALLS
+
+    rng = random.Random(37)
+    funcs = list(GRAPH_CALLS)
+    handles = [0, STREAM, SIDE, GRAPH, GRAPH + 1, EXEC, EXEC + 1, 0x1, 0x2, A, B]
+    h = Harness()
+    for _batch in range(20):
+        ev = GraphEvents(tid=ME + rng.randrange(3))
+        for _ in range(200):
+            r = rng.random()
+            kw = {f"a{i}": rng.choice(handles) for i in range(4)}
+            if r < 0.6:
+                f = rng.choice(funcs)
+                ev.add(G, f, ret=rng.choice([0, 0, 0, 35, 400, 901, 910]), flags=FLAG_DRIVER if f >= 64 else 0, **kw)
+            elif r < 0.8:
+                ev.add(Kind.CUDA_CAPTURED, F.cudaLaunchKernel, dur=0, **kw)
+            elif r < 0.9:
+                ev.add(Kind.CUDA_CALL, rng.choice([F.cudaEventRecord, F.cudaStreamWaitEvent, F.cudaEventQuery]), **kw)
+            else:
+                ev.sync(func=rng.choice([F.cudaStreamSynchronize, F.cudaDeviceSynchronize]), stream=kw["a0"])
+        h.correlator.on_events(ev.array())
+        m = h.collect()[ME]
+        assert all(v >= 0 for metric in m.values() for v in points(metric).values())
