@@ -69,6 +69,7 @@ from cuda_launch import (  # noqa: E402  (bench/ is not a package)
     FAKE_CUDART,
     LAUNCH_LOOP,
     ROOT,
+    TICKS,
     cpu_by_thread,
     cpu_times,
     finish_paced,
@@ -447,15 +448,30 @@ def measure_churn(name: str, workdir: Path, lib: Path, port: int, a: argparse.Na
         "at_running": {"anon_mib": round(anon / 1024, 1), "file_mib": round(file / 1024, 1)},
     }
     churn = Churn(workdir / name / "churn")
+    # the agent's CPU seconds (all its threads) and the machine's load, once a minute
+    cpu_minutes: list[dict] = []
+    t_cpu0, ticks0 = time.monotonic(), sum(t for _, t in thread_ticks(agent.proc.pid).values())
     try:
         churn.start()
         t_end = time.monotonic() + a.seconds
         while time.monotonic() < t_end:
             time.sleep(min(60.0, max(t_end - time.monotonic(), 0)))
             t, anon, file = rss.split[-1] if rss.split else (0, 0, 0)
+            ticks = sum(t for _, t in thread_ticks(agent.proc.pid).values())
+            now = time.monotonic()
+            cpu_minutes.append(
+                {
+                    "t_s": round(now - t_cpu0, 1),
+                    "agent_cpu_s": round((ticks - ticks0) / TICKS, 2),
+                    "agent_cpu_s_per_min": round((ticks - ticks0) / TICKS * 60 / max(now - t_cpu0, 1e-9), 2),
+                    "load_average": load(),
+                }
+            )
+            t_cpu0, ticks0 = now, ticks
             log(
                 f"  {name} {t:6.0f} s: anon {anon / 1024:.1f} MiB, file {file / 1024:.1f} MiB, "
-                f"{churn.started} short-lived processes, load {load()[0]}"
+                f"{churn.started} short-lived processes, load {load()[0]}, "
+                f"agent cpu {cpu_minutes[-1]['agent_cpu_s_per_min']} s/min"
             )
     finally:
         churn.stop()
@@ -463,6 +479,7 @@ def measure_churn(name: str, workdir: Path, lib: Path, port: int, a: argparse.Na
         out["peak_rss_mib"] = peak_rss_mib(agent.proc.pid)  # before the stop and its report.html
         out["stop"] = agent.stop()
     out["short_lived_processes"] = churn.started
+    out["agent_cpu_by_minute"] = cpu_minutes
     out["at_minutes"] = {str(m): at_minutes(rss, 0.0, m) for m in (1, 5, 10)}
     anon_series = [(t, k) for t, k, _ in rss.split]
     total_series = [(t, k + f) for t, k, f in rss.split]
