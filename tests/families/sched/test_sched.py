@@ -308,3 +308,22 @@ def test_an_exec_reads_the_resource_again(tmp_path: Path) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_window_and_floor_are_options_compiled_in() -> None:
+    from otelbpf.families.sched.config import SchedReceiverConfig
+
+    cfg = SchedReceiverConfig.model_validate({"aggregate_window": "0s", "aggregate_min": "20us"})
+    assert (cfg.aggregate_window, cfg.aggregate_min) == (0, 20_000)
+    assert SchedReceiverConfig().aggregate_window == 1_000_000 and SchedReceiverConfig().aggregate_min == 50_000
+    fam = sched_family(
+        span_threshold_ns=1_000_000,
+        ring_bytes=1 << 20,
+        aggregate_window_ns=cfg.aggregate_window,
+        aggregate_min_ns=cfg.aggregate_min,
+        thread_entries=4096,
+        off_entries=8192,
+        runq_entries=16384,
+        stack_entries=2048,
+    )
+    assert {"-DSCHED_AGG_NS=0ULL", "-DSCHED_AGG_MIN_NS=20000ULL"} <= set(fam.cflags)  # 0: nothing summed
