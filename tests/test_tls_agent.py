@@ -165,11 +165,11 @@ class Runner:
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tls")
     cert, key = make_cert(tmp)
-    sse_port, tls_port, plain_port, gw_port, grpc_port = free_ports(5)
+    sse_port, tls_port, plain_port, gw_port, grpc_port, h2_port = free_ports(6)
     with OtlpCollector() as collector:
         doc = {
             "receivers": {
-                "http": {"processes": "all", "ports": [sse_port, tls_port, plain_port, gw_port, grpc_port]},
+                "http": {"processes": "all", "ports": [sse_port, tls_port, plain_port, gw_port, grpc_port, h2_port]},
                 "tls": {"processes": "all"},
             },
             "processors": {"batch": {"timeout": "100ms"}},
@@ -193,25 +193,34 @@ def stack(tmp_path_factory):
                 service("providers", str(plain_port)) as plain_srv,
                 service("gateway", str(gw_port), f"https://127.0.0.1:{tls_port}", str(cert)) as gateway,
                 service("grpc-gen", str(grpc_port)) as grpc_gen,
+                service("h2-tls", str(h2_port), str(cert), str(key)) as h2_srv,
                 AgentProcess(
                     [
                         "-c",
                         str(tmp / "otelbpf.yaml"),
                         *(
                             a
-                            for p in (sse, tls_srv, plain_srv, gateway, grpc_gen, runner.proc)
+                            for p in (sse, tls_srv, plain_srv, gateway, grpc_gen, h2_srv, runner.proc)
                             for a in ("--pid", str(p.pid))
                         ),
                     ]
                 ) as agent,
             ):
                 agent.wait_ready()
-                ports = {"sse": sse_port, "tls": tls_port, "plain": plain_port, "gateway": gw_port, "grpc": grpc_port}
+                ports = {
+                    "sse": sse_port,
+                    "tls": tls_port,
+                    "plain": plain_port,
+                    "gateway": gw_port,
+                    "grpc": grpc_port,
+                    "h2": h2_port,
+                }
                 pids = {
                     "sse": sse.pid,
                     "tls": tls_srv.pid,
                     "gateway": gateway.pid,
                     "grpc": grpc_gen.pid,
+                    "h2": h2_srv.pid,
                     "runner": runner.proc.pid,
                 }
                 yield collector, agent, runner, ports, pids, tmp, cert
@@ -506,3 +515,27 @@ def test_a_wheel_s_bundled_libssl_at_any_path_is_found_and_traced(stack):
     a = client.attributes
     assert (a["url.scheme"], a["server.port"], a["gen_ai.provider.name"]) == ("https", ports["tls"], "anthropic")
     assert a["gen_ai.usage.output_tokens"] == len(TOKENS) and a["process.pid"] != pids["runner"]
+
+
+def test_http2_over_tls_curl_and_an_h2_server(stack):
+    """curl --http2 (ALPN h2: OpenSSL carries the preface and frames) against an h2 server on
+    Python's ssl: HTTP/2 client and server spans with the completion's GenAI attributes."""
+    c, _agent, runner, ports, pids, _tmp, cert = stack
+    body = json.dumps({"model": "h2-model", "max_tokens": 3})
+    runner.run(
+        f"subprocess.run(['curl', '-sS', '--http2', '--cacert', {str(cert)!r}, '-o', '/dev/null', '-H', "
+        f"'Content-Type: application/json', '-d', {body!r}, "
+        f"'https://127.0.0.1:{ports['h2']}/v1/chat/completions'], check=True)"
+    )
+
+    def found():
+        both = [s for s in c.spans() if s.attributes.get("gen_ai.request.model") == "h2-model"]
+        return len(both) == 2 and both
+
+    spans = c.wait_for(found, what="the HTTP/2 client and server spans")
+    by_kind = {s.kind: s.attributes for s in spans}
+    assert set(by_kind) == {"SPAN_KIND_CLIENT", "SPAN_KIND_SERVER"}
+    for a in by_kind.values():
+        assert (a["network.protocol.version"], a["url.scheme"], a["http.response.status_code"]) == ("2", "https", 200)
+        assert (a["gen_ai.response.model"], a["gen_ai.usage.output_tokens"]) == ("h2-model-served", len(TOKENS))
+    assert by_kind["SPAN_KIND_SERVER"]["process.pid"] == pids["h2"]

@@ -23,6 +23,9 @@
     request, then ``GAP_S`` apart, and a final one without outputs (as decoupled models end);
     and a TGI-style ``generate.v2.TextGeneration/GenerateStream`` streaming ``len(TOKENS)``
     messages with the same pacing.
+``python -m harness.tls_apps h2-tls PORT CERT KEY``
+    HTTP/2 over TLS (ALPN ``h2``; the ``h2`` library over Python's ``ssl``): every request gets
+    200 and an OpenAI-style JSON completion (model ``<request's>-served``, 5 output tokens).
 Each prints ``ready`` once listening.
 
 ``make_cert(folder)`` writes a self-signed certificate for 127.0.0.1 and localhost (the
@@ -295,6 +298,60 @@ def tgi_stream(port: int) -> int:
         return len(list(channel.unary_stream("/generate.v2.TextGeneration/GenerateStream")(pb(1, "hi"), timeout=10)))
 
 
+def _h2_connection(sock) -> None:
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    bodies: dict[int, bytes] = {}
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                request = json.loads(bodies.pop(event.stream_id, b"") or b"{}")
+                body = json.dumps(
+                    {
+                        "id": "h2-1",
+                        "model": request.get("model", "") + "-served",
+                        "choices": [{"index": 0, "message": {"content": "".join(TOKENS)}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": request.get("max_tokens", 0), "completion_tokens": len(TOKENS)},
+                    }
+                ).encode()
+                headers = [(":status", "200"), ("content-type", "application/json"), ("content-length", str(len(body)))]
+                conn.send_headers(event.stream_id, headers)
+                conn.send_data(event.stream_id, body, end_stream=True)
+        sock.sendall(conn.data_to_send())
+
+
+def serve_h2_tls(port: int, cert: str, key: str) -> None:
+    import socket
+    import threading
+
+    ctx = server_context(cert, key)
+    ctx.set_alpn_protocols(["h2"])
+    listener = socket.create_server(("127.0.0.1", port))
+    print("ready", flush=True)
+    while True:
+        raw, _ = listener.accept()
+
+        def run(raw=raw) -> None:
+            try:
+                with ctx.wrap_socket(raw, server_side=True) as sock:
+                    _h2_connection(sock)
+            except (OSError, ssl.SSLError):
+                pass
+
+        threading.Thread(target=run, daemon=True).start()
+
+
 def serve(handler: type[BaseHTTPRequestHandler], port: int, tls: tuple[str, str] | None) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
     if tls:
@@ -309,6 +366,8 @@ if __name__ == "__main__":
         grpc_server = serve_grpc_generation(port)
         print("ready", flush=True)
         grpc_server.wait_for_termination()
+    if kind == "h2-tls":
+        serve_h2_tls(port, sys.argv[3], sys.argv[4])
     if kind == "gateway":
         Gateway.upstream, Gateway.context = sys.argv[3], ssl.create_default_context(cafile=sys.argv[4])
         serve(Gateway, port, None)

@@ -240,7 +240,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         self._count = count  # (metric name, value, **attributes): the agent's own otelbpf.* counters
         self._causality = causality
         self._conns = Connections(ports, update_map)
-        self._tls = TlsConns(self._conns.get, self._conns.addresses)  # the tls receiver's plaintext (tls.py)
+        # the tls receiver's plaintext (tls.py)
+        self._tls = TlsConns(self._conns.get, self._conns.describe, wanted=self._conns.wanted)
         self._links = PeerLinks()
         redacted = ALWAYS_REDACTED | {h.lower() for h in redact_headers}
         self._capture = [h.lower() for h in capture_headers if h.lower() not in redacted]
@@ -264,6 +265,9 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
     def on_events(self, arr: np.ndarray) -> None:
         """Process exits end that process's connections."""
         exits = arr[arr["kind"] == Kind.PROC_EXIT]
+        if len(exits) and self._tls.waiting:
+            with self._lock:
+                self._tls_rows(self._tls.release())
         for pid in np.unique(exits["pid"]).tolist() if len(exits) else ():
             with self._lock:
                 for conn in self._conns.forget_process(pid) + self._tls.forget_process(pid):
@@ -301,6 +305,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                     self._send(spans)
             self._conns.flush()
             self._tls.batch += 1
+            self._tls_rows(self._tls.release())
             self._end_tls(self._tls.sweep())
             self._flush_durations()
         self._flush_spans()
@@ -315,23 +320,39 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         ssl = [int.from_bytes(a.tobytes()[:8], "little") for a in arr["addr"]]
         with self._lock:
             self._tls.batch += 1
-            for i in order.tolist():
-                try:
-                    self._tls_record(rows[i], ssl[i])
-                except Exception as exc:
-                    self._failed("tls_record", exc)
+            self._tls_rows(self._tls.release())
+            self._tls_rows([(rows[i], ssl[i]) for i in order.tolist()], wait=True)
             self._end_tls(self._tls.sweep())
             self._flush_durations()
         self._flush_spans()
 
+    def _tls_rows(self, items: list[tuple[_Row, int]], wait: bool = False) -> None:
+        """TLS records with their SSL pointers; ``wait``: those of a connection neither path knows
+        yet are held for the next batch (tls.py)."""
+        for row, ssl in items:
+            try:
+                if not (wait and self._tls.wait(row[2], row[4], (row, ssl))):
+                    self._tls_record(row, ssl)
+            except Exception as exc:
+                self._failed("tls_record", exc)
+
     def _tls_record(self, row: _Row, ssl: int) -> None:
         ts, dur, pid, tid, fd, ret, kind, func, cap, _flags, _family, _port, _local, payload = row
-        if kind != _DATA:
+        if kind != _DATA or self._tls.unwanted(pid, fd):
             return
         conn, ended = self._tls.conn(pid, fd, ssl, ts)
         self._end_tls(ended)
+        if conn is None:
+            return
         stamp = (ts, ts + dur, tid)
         egress = func in _EGRESS_FUNCS
+        if conn.role is None and ret > 0:  # no socket record nor /proc said (tls.py): the bytes decide
+            if looks_like_preface(payload):
+                conn.role = "client" if egress else "server"
+            elif egress and payload[3:4] == b"\x04" and len(conn.pending) < _PENDING_CHUNKS:
+                # an h2 server's SETTINGS frame, written before it read the preface: kept for it
+                conn.pending.append((egress, payload, ret - cap, stamp))
+                return
         if ret <= 0:
             if ret < 0 or (not egress and conn.role != "server"):  # as a socket EOF (_record)
                 self._peer_gone(conn, stamp, ret)
@@ -389,7 +410,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             if self._conns.get(pid, fd) is None:
                 self._conns.unknown(pid, fd, ts)
         elif kind == _CLOSE:
-            self._tls.socket_closed(pid, fd, ts)
+            self._tls.socket_closed(pid, fd, ts, self._conns.get(pid, fd))
             conn = self._conns.closed(pid, fd)
             if conn is not None:
                 self._end(conn, stamp, "")
@@ -1014,6 +1035,13 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
     # -- metrics ----------------------------------------------------------------
 
     def collect(self) -> list[tuple[Resource, list[Metric]]]:
+        if self._tls.waiting:  # plaintext that waited for a socket record that never came (tls.py)
+            with self._lock:
+                self._tls.batch += 1
+                self._tls_rows(self._tls.release())
+                self._end_tls(self._tls.sweep())
+                self._flush_durations()
+            self._flush_spans()
         now = self._clock.now_wall()
         out = []
         with self._lock:

@@ -167,9 +167,15 @@ class Connections:
 
     # -- lookups ---------------------------------------------------------------
 
-    def addresses(self, pid: int, fd: int) -> tuple[Address | None, Address | None]:
-        """(local, remote) of a process's socket, from /proc (None, None when not TCP)."""
-        return self._addresses(pid, fd)
+    def describe(self, pid: int, fd: int) -> tuple[str | None, Address | None, Address | None]:
+        """(role, local, remote) of a process's TCP socket, from /proc: ``server`` when its local
+        port is one the process listens on (as ``unknown`` decides); all None when not TCP."""
+        inode = fd_inode(pid, fd)
+        sock = self._tables.lookup(pid, inode) if inode is not None else None
+        if sock is None:
+            return None, None, None
+        role = "server" if sock.local[1] in self._tables.listening_ports(pid) else "client"
+        return role, sock.local, sock.remote
 
     def _addresses(self, pid: int, fd: int) -> tuple[Address | None, Address | None]:
         inode = fd_inode(pid, fd)

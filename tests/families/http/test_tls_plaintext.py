@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import struct
 
+from hpack import Encoder
 from opentelemetry.trace import SpanKind
 from test_http_unit import CLIENT_IP, CLIENT_PORT, SERVER_PID, SERVER_PORT, Http, Records, assert_attributes
 
+from harness.hostile import grpc_call, h2_connection
 from otelbpf.base.events import Kind, SockFunc
 from otelbpf.families.http.tls import RING, TlsConns
 from otelbpf.families.tls.probes import RING as TLS_FAMILY_RING
@@ -102,6 +104,9 @@ def test_a_socket_close_ends_the_tls_connection_two_batches_later_and_a_new_one_
     http.correlator.on_tls(late.array())
     assert [s.attributes["http.response.status_code"] for s in http.spans] == [200]
     # a new connection on the reused fd number, after the close
+    reopened = Records()
+    reopened.accept(2_900_000)
+    http.deliver(reopened)
     again = Records()
     tls(again, SockFunc.read, REQUEST + BODY, 3_000_000, 3_000, fd=5)
     tls(again, SockFunc.write, RESPONSE, 3_050_000, 4_000, fd=5)
@@ -115,11 +120,82 @@ def test_an_ssl_read_of_zero_ends_a_client_exchange_and_garbage_plaintext_is_onl
     tls(plain, SockFunc.write, b"\x00\x01garbage that is no protocol", 1_000, 100, fd=9)
     tls(plain, SockFunc.read, b"", 2_000, 100, fd=9, ret=0)
     http.correlator.on_tls(plain.array())
+    assert not any(k[0] == "otelbpf.http.unparsed_bytes" for k in http.counts)  # waits: fd 9 is new to both paths
+    http.deliver(Records())  # the next batch (no socket record came for it): taken as it is
     assert http.spans == []
     assert any(k[0] == "otelbpf.http.unparsed_bytes" for k in http.counts)
 
 
 def test_tls_conns_are_bounded() -> None:
-    conns = TlsConns(lambda pid, fd: None, lambda pid, fd: (None, None), max_conns=2)
+    conns = TlsConns(lambda pid, fd: None, lambda pid, fd: (None, None, None), max_conns=2)
     ended = [conns.conn(1, fd, 0, fd)[1] for fd in range(4)]
     assert len(conns) == 2 and [len(e) for e in ended] == [0, 0, 1, 1]
+
+
+def test_plaintext_drained_before_its_accept_waits_for_it_and_gets_its_addresses() -> None:
+    """The rings drain apart: a short-lived peer's records may come before the socket's accept
+    record (and its /proc be gone): they wait one batch of either ring."""
+    http = Http()
+    plain = Records()
+    tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
+    tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=5)
+    http.correlator.on_tls(plain.array())
+    assert http.spans == []
+    sock = Records()
+    sock.accept(1_000_000)
+    http.deliver(sock)
+    span = http.span(SpanKind.SERVER)
+    assert_attributes(span, {"client.address": CLIENT_IP, "server.port": SERVER_PORT, "url.scheme": "https"})
+
+
+def test_plaintext_on_a_port_the_http_receiver_does_not_trace_is_dropped() -> None:
+    conns = TlsConns(
+        lambda pid, fd: None,
+        lambda pid, fd: ("client", ("10.0.0.2", 40000), ("10.0.0.9", 9999)),
+        wanted=lambda *ports: SERVER_PORT in ports,
+    )
+    conn, _ = conns.conn(1, 7, 0, 10)
+    assert conn is None and conns.unwanted(1, 7)
+    conns.socket_closed(1, 7, 20)
+    assert not conns.unwanted(1, 7)
+
+
+def test_a_whole_connection_closed_before_its_plaintext_is_processed_keeps_its_addresses() -> None:
+    """One drain held the accept, the ciphertext and the close: the plaintext comes after."""
+    http = Http()
+    sock = Records()
+    sock.accept(1_000_000)
+    sock.close(3_000_000, pid=SERVER_PID, fd=5)
+    http.deliver(sock)
+    plain = Records()
+    tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
+    tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=5)
+    http.correlator.on_tls(plain.array())
+    span = http.span(SpanKind.SERVER)
+    assert_attributes(span, {"client.address": CLIENT_IP, "server.port": SERVER_PORT, "url.scheme": "https"})
+
+
+def test_plaintext_no_socket_record_ever_names_is_released_by_the_metrics_collection() -> None:
+    http = Http()
+    plain = Records()
+    tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=11)
+    tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=11)
+    http.correlator.on_tls(plain.array())
+    assert http.spans == []
+    http.correlator.collect()
+    assert http.span(SpanKind.SERVER).attributes["url.scheme"] == "https"
+
+
+def test_an_h2_server_s_settings_before_the_preface_on_a_connection_of_unknown_role() -> None:
+    """No socket record and no /proc: the client's preface decides the role, the server's first
+    SETTINGS frame (written before it read anything) is kept for it."""
+    preface_c2s, preface_s2c = h2_connection([])
+    call_c2s, call_s2c = grpc_call(Encoder(), Encoder(), 1, path="/demo.Svc/Do")
+    http = Http()
+    plain = Records()
+    tls(plain, SockFunc.write, preface_s2c, 1_900_000, 1_000, fd=12)  # the server's SETTINGS, first
+    tls(plain, SockFunc.read, preface_c2s + call_c2s, 2_000_000, 3_000, fd=12)
+    tls(plain, SockFunc.write, call_s2c, 2_050_000, 4_000, fd=12)
+    http.correlator.on_tls(plain.array())
+    http.correlator.collect()
+    assert http.span(SpanKind.SERVER).name == "demo.Svc/Do"
