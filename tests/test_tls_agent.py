@@ -165,11 +165,14 @@ class Runner:
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tls")
     cert, key = make_cert(tmp)
-    sse_port, tls_port, plain_port, gw_port, grpc_port, h2_port = free_ports(6)
+    sse_port, tls_port, plain_port, gw_port, grpc_port, h2_port, async_port = free_ports(7)
     with OtlpCollector() as collector:
         doc = {
             "receivers": {
-                "http": {"processes": "all", "ports": [sse_port, tls_port, plain_port, gw_port, grpc_port, h2_port]},
+                "http": {
+                    "processes": "all",
+                    "ports": [sse_port, tls_port, plain_port, gw_port, grpc_port, h2_port, async_port],
+                },
                 "tls": {"processes": "all"},
             },
             "processors": {"batch": {"timeout": "100ms"}},
@@ -194,13 +197,14 @@ def stack(tmp_path_factory):
                 service("gateway", str(gw_port), f"https://127.0.0.1:{tls_port}", str(cert)) as gateway,
                 service("grpc-gen", str(grpc_port)) as grpc_gen,
                 service("h2-tls", str(h2_port), str(cert), str(key)) as h2_srv,
+                service("async-tls", str(async_port), str(cert), str(key)) as async_srv,
                 AgentProcess(
                     [
                         "-c",
                         str(tmp / "otelbpf.yaml"),
                         *(
                             a
-                            for p in (sse, tls_srv, plain_srv, gateway, grpc_gen, h2_srv, runner.proc)
+                            for p in (sse, tls_srv, plain_srv, gateway, grpc_gen, h2_srv, async_srv, runner.proc)
                             for a in ("--pid", str(p.pid))
                         ),
                     ]
@@ -214,6 +218,7 @@ def stack(tmp_path_factory):
                     "gateway": gw_port,
                     "grpc": grpc_port,
                     "h2": h2_port,
+                    "async": async_port,
                 }
                 pids = {
                     "sse": sse.pid,
@@ -221,6 +226,7 @@ def stack(tmp_path_factory):
                     "gateway": gateway.pid,
                     "grpc": grpc_gen.pid,
                     "h2": h2_srv.pid,
+                    "async": async_srv.pid,
                     "runner": runner.proc.pid,
                 }
                 yield collector, agent, runner, ports, pids, tmp, cert
@@ -539,3 +545,27 @@ def test_http2_over_tls_curl_and_an_h2_server(stack):
         assert (a["network.protocol.version"], a["url.scheme"], a["http.response.status_code"]) == ("2", "https", 200)
         assert (a["gen_ai.response.model"], a["gen_ai.usage.output_tokens"]) == ("h2-model-served", len(TOKENS))
     assert by_kind["SPAN_KIND_SERVER"]["process.pid"] == pids["h2"]
+
+
+def test_asyncio_tls_memory_bios_are_traced_without_addresses(stack):
+    """asyncio's TLS (uvicorn's: OpenSSL with memory BIOs, no syscall inside an SSL call): the
+    connection is keyed by its SSL object; spans, TTFT and the model as over a socket BIO, no
+    peer address (none can be known from the calls)."""
+    c, _agent, _runner, ports, pids, _tmp, cert = stack
+    context = ssl.create_default_context(cafile=str(cert))
+    conn = http.client.HTTPSConnection("127.0.0.1", ports["async"], timeout=10, context=context)
+    for _ in range(2):  # keep-alive: two requests on one connection
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": "async-model", "stream": True}))
+        assert b"[DONE]" in conn.getresponse().read()
+    conn.close()
+    spans = c.wait_for(lambda: len(spans_of(c, pids["async"], "SERVER")) == 2 and spans_of(c, pids["async"], "SERVER"))
+    for s in spans:
+        a = s.attributes
+        assert (a["url.scheme"], a["gen_ai.request.model"], a["gen_ai.response.model"]) == (
+            "https",
+            "async-model",
+            "async-model-served",
+        )
+        assert FIRST_S <= a["otelbpf.http.response.time_to_first_event"] < FIRST_S + SLACK
+        assert a["gen_ai.usage.output_tokens"] == len(TOKENS) and "client.address" not in a
+    c.wait_for(lambda: self_metric(c, "otelbpf.tls.calls", outcome="no_fd") >= 4, what="records without an fd counted")

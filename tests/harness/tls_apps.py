@@ -26,6 +26,11 @@
 ``python -m harness.tls_apps h2-tls PORT CERT KEY``
     HTTP/2 over TLS (ALPN ``h2``; the ``h2`` library over Python's ``ssl``): every request gets
     200 and an OpenAI-style JSON completion (model ``<request's>-served``, 5 output tokens).
+``python -m harness.tls_apps async-tls PORT CERT KEY``
+    The completions stream again, on asyncio's TLS (``asyncio.start_server(ssl=...)``: OpenSSL
+    with memory BIOs, as uvicorn serves vLLM's and SGLang's APIs): each request gets a chunked
+    ``text/event-stream`` of ``len(TOKENS)`` token events (``FIRST_S``, then ``GAP_S`` apart)
+    and ``[DONE]``.
 Each prints ``ready`` once listening.
 
 ``make_cert(folder)`` writes a self-signed certificate for 127.0.0.1 and localhost (the
@@ -352,6 +357,46 @@ def serve_h2_tls(port: int, cert: str, key: str) -> None:
         threading.Thread(target=run, daemon=True).start()
 
 
+async def _async_completions(reader, writer) -> None:
+    import asyncio
+
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+            model = json.loads(await reader.readexactly(length)).get("model", "") + "-served"
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(FIRST_S)
+            events = [{"model": model, "choices": [{"index": 0, "delta": {"content": t}}]} for t in TOKENS]
+            for i, event in enumerate(events):
+                if i:
+                    await asyncio.sleep(GAP_S)
+                raw = f"data: {json.dumps(event)}\n\n".encode()
+                writer.write(b"%x\r\n%s\r\n" % (len(raw), raw))
+                await writer.drain()
+            raw = b"data: [DONE]\n\n"
+            writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(raw), raw))
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, StopIteration):
+        writer.close()
+
+
+def serve_async_tls(port: int, cert: str, key: str) -> None:
+    import asyncio
+
+    async def main() -> None:
+        server = await asyncio.start_server(_async_completions, "127.0.0.1", port, ssl=server_context(cert, key))
+        print("ready", flush=True)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
 def serve(handler: type[BaseHTTPRequestHandler], port: int, tls: tuple[str, str] | None) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
     if tls:
@@ -366,6 +411,8 @@ if __name__ == "__main__":
         grpc_server = serve_grpc_generation(port)
         print("ready", flush=True)
         grpc_server.wait_for_termination()
+    if kind == "async-tls":
+        serve_async_tls(port, sys.argv[3], sys.argv[4])
     if kind == "h2-tls":
         serve_h2_tls(port, sys.argv[3], sys.argv[4])
     if kind == "gateway":
