@@ -569,3 +569,32 @@ def test_asyncio_tls_memory_bios_are_traced_without_addresses(stack):
         assert FIRST_S <= a["otelbpf.http.response.time_to_first_event"] < FIRST_S + SLACK
         assert a["gen_ai.usage.output_tokens"] == len(TOKENS) and "client.address" not in a
     c.wait_for(lambda: self_metric(c, "otelbpf.tls.calls", outcome="no_fd") >= 4, what="records without an fd counted")
+
+
+def test_partial_reads_one_byte_at_a_time_are_reassembled(stack):
+    """A client reading its response one byte per SSL_read (most served from OpenSSL's buffer,
+    with no syscall: the fd remembered per SSL object): one client span, the body read whole."""
+    c, _agent, runner, ports, pids, _tmp, _cert = stack
+    body = json.dumps({"model": "partial-model", "max_tokens": 3})
+    request = f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+    runner.run(
+        f"p2 = ctx.wrap_socket(socket.create_connection(('127.0.0.1', {ports['tls']})), server_hostname='127.0.0.1'); "
+        f"p2.sendall({request.encode()!r}); got = b''"
+    )
+    runner.run(
+        "exec('while True:\\n b = p2.recv(1)\\n if not b: break\\n got += b'); p2.close(); assert got.endswith(b'}')"
+    )
+    [client] = c.wait_for(
+        lambda: [
+            s
+            for s in spans_of(c, pids["runner"], "CLIENT")
+            if s.attributes.get("gen_ai.request.model") == "partial-model"
+        ],
+        what="the client span read byte by byte",
+    )
+    a = client.attributes
+    assert (a["http.response.status_code"], a["gen_ai.usage.output_tokens"], a["server.port"]) == (
+        200,
+        len(TOKENS),
+        ports["tls"],
+    )
