@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from types import FrameType
 
 import numpy as np
@@ -294,9 +295,9 @@ class Agent:
             return
         from otelbpf.sensor import libraries
 
-        users = [
-            pid for pid in libraries.all_pids() if next(libraries.from_process(pid, opts.families), None) is not None
-        ]
+        # a libssl mapping makes no process a library user (LibraryKind.marks_user)
+        marking = [replace(f, libraries=tuple(k for k in f.libraries if k.marks_user)) for f in opts.families]
+        users = [pid for pid in libraries.all_pids() if next(libraries.from_process(pid, marking), None) is not None]
         self.sensor.update_map("lib_users", [(pid, 1) for pid in users])
         log.info("requests traced for %d running processes that use a probed library", len(users))
 

@@ -47,7 +47,7 @@ def test_config_typo_suggests_the_option(tmp_path):
 def test_validate_prints_pipelines():
     out = otelbpf("validate", "-c", "otelbpf/config/otelbpf.yaml")
     assert out.returncode == 0, out.stderr
-    assert "traces: receivers=['cuda', 'http', 'nccl', 'ibverbs']" in out.stdout
+    assert "traces: receivers=['cuda', 'http', 'tls', 'nccl', 'ibverbs']" in out.stdout
 
 
 @pytest.mark.bpf

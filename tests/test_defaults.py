@@ -1,16 +1,27 @@
 """The drop-in default: no config file, only the standard OTLP variable. Request tracing is
 on for the processes that use a GPU library (and the workers they fork), nothing else: an
 HTTP server that runs CUDA shows its request spans with CUDA children at the collector; a
-plain server beside it on the same host is not traced."""
+plain server beside it on the same host is not traced. Over HTTPS the same: a streaming
+server that loaded a GPU library is traced through OpenSSL (the tls receiver is on by
+default), an HTTPS server that loaded none is not, however much libssl it uses."""
 
 from __future__ import annotations
 
 import http.client
+import json
+import os
+import ssl
+import subprocess
+import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-from harness.agent import FAKE_CUDART, AgentProcess
+from harness.agent import FAKE_CUDART, REPO, AgentProcess
+from harness.streaming_apps import TOKENS
+from harness.tls_apps import make_cert
 from test_http_agent import app, free_ports, spans
 
 pytestmark = pytest.mark.bpf
@@ -56,3 +67,57 @@ def test_defaults_trace_requests_of_gpu_processes_with_their_cuda_children(otlp_
         ]
     assert len(spans(c, pid=frontend.pid, kind="client")) == 3  # its calls to the backend
     assert spans(c, pid=backend.pid) == []  # no GPU library: not traced by default
+
+
+@contextmanager
+def tls_app(kind: str, port: int, cert: Path, key: Path, library: Path | None):
+    env = {"PYTHONPATH": str(REPO / "tests"), **({"LOAD_LIBRARY": str(library)} if library else {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.tls_apps", kind, str(port), str(cert), str(key)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO / "tests",
+        env={**os.environ, **env},
+    )
+    try:
+        assert proc.stdout.readline().startswith("ready"), "service did not start"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def post(port: int, context: ssl.SSLContext, body: dict) -> bytes:
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    data = conn.getresponse().read()
+    conn.close()
+    return data
+
+
+def test_defaults_trace_https_of_gpu_processes_only(otlp_collector, tmp_path: Path):
+    gpu_port, plain_port = free_ports(2)
+    cert, key = make_cert(tmp_path)
+    context = ssl.create_default_context(cafile=str(cert))
+    c = otlp_collector
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": c.grpc_endpoint, "OTEL_METRIC_EXPORT_INTERVAL": "500"}
+    with (
+        tls_app("sse-tls", gpu_port, cert, key, FAKE_CUDART) as gpu,
+        tls_app("providers", plain_port, cert, key, None) as other,
+        AgentProcess([], env=env) as agent,
+    ):
+        agent.wait_ready()
+        time.sleep(0.5)
+        for _ in range(2):
+            assert b"[DONE]" in post(gpu_port, context, {"model": "m", "stream": True, "max_tokens": 3})
+            assert post(plain_port, context, {"model": "m", "max_tokens": 3})
+        c.wait_for(
+            lambda: len(spans(c, pid=gpu.pid, kind="server")) == 2,
+            timeout=30,
+            what="the GPU server's HTTPS request spans",
+        )
+        agent.stop()
+    for top in spans(c, pid=gpu.pid, kind="server"):
+        assert (top.attributes["url.scheme"], top.attributes["url.path"]) == ("https", "/v1/chat/completions")
+        assert top.attributes["gen_ai.usage.output_tokens"] == len(TOKENS)
+    assert spans(c, pid=other.pid) == []  # libssl alone makes no process a GPU process

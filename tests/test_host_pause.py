@@ -365,8 +365,8 @@ def test_a_stripped_library_dlopened_by_a_short_program_has_its_kernels_named_fr
 def test_a_four_rank_nccl_job_on_never_seen_libraries_has_every_communicator(otlp_collector, tmp_path):
     """The issue's second case: a 4-rank job started after the agent, its NCCL and CUDA
     libraries (the stand-ins: ranks meet in the collective, as NCCL's do) at a path the agent
-    never attached. Every rank is stopped at its first open of a library until the probes are
-    in, so each ``ncclCommInitRank`` is a span with its rank and the communicator all four
+    never attached. A rank that opens a library before its probes are in is stopped until they
+    are (one at least; the others may open it after), so each ``ncclCommInitRank`` is a span with its rank and the communicator all four
     share, and every collective after it carries ``nccl.rank.source=init``."""
     from harness.agent import BUILD
 
@@ -406,5 +406,7 @@ def test_a_four_rank_nccl_job_on_never_seen_libraries_has_every_communicator(otl
     assert len({v[0].attributes["nccl.comm.id"] for v in inits.values()}) == 1
     for rank, spans in mine("ncclAllReduce").items():
         assert {(s.attributes["nccl.rank"], s.attributes["nccl.rank.source"]) for s in spans} == {(rank, "init")}
-    assert all(_resumed(agent, pid) is not None for pid in pids.values()), agent.output[-4000:]
+    # the first rank at the never-seen path is stopped; a rank that opens it once the probes are
+    # in (the path known in its cgroup) is not, which under load can be all but one of them
+    assert any(_resumed(agent, pid) is not None for pid in pids.values()), agent.output[-4000:]
     assert f"probes to {new / 'fakenccl' / 'libnccl.so.2'} (nccl)" in agent.output

@@ -82,6 +82,11 @@ class LibraryKind:
     #: Probe sites read from the file itself (called with a path the agent can open, on the
     #: sensor's discovery thread), in place of ``probes``.
     find_probes: Callable[[str], list[ProbeAt]] | None = None
+    #: Whether a process that opens or maps this library is a library user (``lib_users``):
+    #: the processes ``processes: gpu`` traces and profiles. A GPU stack's libraries are; a
+    #: library nearly every process loads (libssl) is probed in those processes but does not
+    #: make one of them worth tracing.
+    marks_user: bool = True
 
     def matches(self, basename: str) -> bool:
         return bool(self.file_pattern.match(basename))

@@ -12,7 +12,7 @@ import ctypes
 import logging
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 from importlib import resources
@@ -61,13 +61,17 @@ def _prefix_test(prefix: str) -> str:
     return " && ".join(f"name[{i}] == {ord(c)}" for i, c in enumerate(prefix))
 
 
-def library_filter_c(prefixes: list[str]) -> str:
-    """``wanted_library(name)``: does a file name start with a watched prefix?
+def library_filter_c(prefixes: list[str], unmarked: Collection[str] = ()) -> str:
+    """``wanted_library(name)``: does a file name start with a watched prefix? 1: yes, and
+    the opener becomes a library user (``lib_users``); 2: yes, a library whose openers are
+    not (``unmarked``: LibraryKind.marks_user false); 0: no.
 
     Byte comparisons rather than string literals keep the program free of
     .rodata, which BCC handles unevenly across versions.
     """
-    body = "\n".join(f"    if ({_prefix_test(p)})\n        return 1;" for p in sorted(set(prefixes)))
+    body = "\n".join(
+        f"    if ({_prefix_test(p)})\n        return {2 if p in unmarked else 1};" for p in sorted(set(prefixes))
+    )
     return f"static __always_inline int wanted_library(const char *name)\n{{\n{body}\n    return 0;\n}}\n"
 
 
@@ -88,8 +92,14 @@ def build(
     ``pause_new_only`` (host mode): only at the open of a library path not known to be
     attached, ``paused_entries`` processes stopped at once at most (common.h)."""
     page = 4096
-    prefixes = [k.open_prefix for f in families for k in f.libraries if k.open_prefix]
-    parts = [_bpf_source("common.h"), library_filter_c(prefixes), _bpf_source("discovery.c")]
+    kinds = [k for f in families for k in f.libraries if k.open_prefix]
+    # a prefix is unmarked only if every kind with it is (a shared prefix marks its users)
+    unmarked = {k.open_prefix for k in kinds} - {k.open_prefix for k in kinds if k.marks_user}
+    parts = [
+        _bpf_source("common.h"),
+        library_filter_c([k.open_prefix for k in kinds], unmarked),
+        _bpf_source("discovery.c"),
+    ]
     cflags = [
         f"-DEVENTS_RING_PAGES={events_ring_bytes // page}",
         f"-DSTR_RING_PAGES={str_ring_bytes // page}",

@@ -39,7 +39,9 @@ Each prints ``ready`` once listening.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -406,6 +408,8 @@ def serve(handler: type[BaseHTTPRequestHandler], port: int, tls: tuple[str, str]
 
 
 if __name__ == "__main__":
+    if os.environ.get("LOAD_LIBRARY"):  # e.g. the CUDA stand-in: a process that uses a GPU library
+        ctypes.CDLL(os.environ["LOAD_LIBRARY"])
     kind, port = sys.argv[1], int(sys.argv[2])
     if kind == "grpc-gen":
         grpc_server = serve_grpc_generation(port)

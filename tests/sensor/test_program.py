@@ -102,6 +102,11 @@ def test_library_filter_is_byte_comparisons_one_per_distinct_prefix() -> None:
     assert first == " && ".join(f"name[{i}] == {ord(ch)}" for i, ch in enumerate("libcuda.so"))
 
 
+def test_a_library_whose_openers_are_not_library_users_is_told_apart() -> None:
+    c = program.library_filter_c(["libcudart.so", "libssl"], unmarked={"libssl"})
+    assert c.count("return 1;") == 1 and c.count("return 2;") == 1
+
+
 @pytest.mark.bpf
 def test_every_generated_entry_point_passes_the_verifier(filtered: Loaded) -> None:
     from bcc import BPF

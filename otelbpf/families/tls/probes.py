@@ -105,6 +105,7 @@ def tls_family(
         open_prefix="libssl",
         probes=(),
         find_probes=lambda path: openssl_probes(path, rejected),
+        marks_user=False,  # nearly every process loads libssl: that makes none a GPU process
     )
     return ProbeFamily(
         name="tls",
