@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import ssl
-import subprocess
-import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from harness.agent import FAKE_CUDART, REPO, AgentProcess
+from harness.agent import FAKE_CUDART, AgentProcess
 from harness.streaming_apps import TOKENS
 from harness.tls_apps import make_cert
 from test_http_agent import app, free_ports, spans
 
 pytestmark = pytest.mark.bpf
+TLS_APPS = "harness.tls_apps"
 
 
 def test_defaults_trace_requests_of_gpu_processes_with_their_cuda_children(otlp_collector):
@@ -69,24 +66,6 @@ def test_defaults_trace_requests_of_gpu_processes_with_their_cuda_children(otlp_
     assert spans(c, pid=backend.pid) == []  # no GPU library: not traced by default
 
 
-@contextmanager
-def tls_app(kind: str, port: int, cert: Path, key: Path, library: Path | None):
-    env = {"PYTHONPATH": str(REPO / "tests"), **({"LOAD_LIBRARY": str(library)} if library else {})}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.tls_apps", kind, str(port), str(cert), str(key)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO / "tests",
-        env={**os.environ, **env},
-    )
-    try:
-        assert proc.stdout.readline().startswith("ready"), "service did not start"
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 def post(port: int, context: ssl.SSLContext, body: dict) -> bytes:
     conn = http.client.HTTPSConnection("127.0.0.1", port, context=context)
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -98,12 +77,13 @@ def post(port: int, context: ssl.SSLContext, body: dict) -> bytes:
 def test_defaults_trace_https_of_gpu_processes_only(otlp_collector, tmp_path: Path):
     gpu_port, plain_port = free_ports(2)
     cert, key = make_cert(tmp_path)
+    tls = (str(cert), str(key))
     context = ssl.create_default_context(cafile=str(cert))
     c = otlp_collector
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": c.grpc_endpoint, "OTEL_METRIC_EXPORT_INTERVAL": "500"}
     with (
-        tls_app("sse-tls", gpu_port, cert, key, FAKE_CUDART) as gpu,
-        tls_app("providers", plain_port, cert, key, None) as other,
+        app("sse-tls", str(gpu_port), *tls, module=TLS_APPS, env={"LOAD_LIBRARY": str(FAKE_CUDART)}) as gpu,
+        app("providers", str(plain_port), *tls, module=TLS_APPS) as other,
         AgentProcess([], env=env) as agent,
     ):
         agent.wait_ready()

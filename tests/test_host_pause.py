@@ -366,8 +366,9 @@ def test_a_four_rank_nccl_job_on_never_seen_libraries_has_every_communicator(otl
     """The issue's second case: a 4-rank job started after the agent, its NCCL and CUDA
     libraries (the stand-ins: ranks meet in the collective, as NCCL's do) at a path the agent
     never attached. A rank that opens a library before its probes are in is stopped until they
-    are (one at least; the others may open it after), so each ``ncclCommInitRank`` is a span with its rank and the communicator all four
-    share, and every collective after it carries ``nccl.rank.source=init``."""
+    are (one at least; the others may open it after), so each ``ncclCommInitRank`` is a span
+    with its rank and the communicator all four share, and every collective after it carries
+    ``nccl.rank.source=init``."""
     from harness.agent import BUILD
 
     new = tmp_path / "image"

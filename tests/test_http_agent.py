@@ -72,16 +72,19 @@ def agent_running(tmp: Path, collector, ports: list[int], **options):
 
 
 @contextlib.contextmanager
-def app(*args: str):
-    """A service from harness/http_apps.py (or grpc_demo) in its own process, once it listens."""
-    module = "harness.grpc_demo" if args[0] == "grpc" else "harness.http_apps"
-    argv = list(args[1:]) if args[0] == "grpc" else list(args)
+def app(*args: str, module: str | None = None, env: dict[str, str] | None = None):
+    """A service from harness/http_apps.py (or grpc_demo, or ``module``) in its own process,
+    once it listens."""
+    argv = list(args)
+    if module is None:
+        module = "harness.grpc_demo" if args[0] == "grpc" else "harness.http_apps"
+        argv = argv[1:] if args[0] == "grpc" else argv
     proc = subprocess.Popen(
         [sys.executable, "-m", module, *argv],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO / "tests",
-        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests"), **(env or {})},
     )
     try:
         assert proc.stdout.readline().startswith("ready"), "service did not start"
