@@ -112,9 +112,11 @@ def _us(text: str) -> float:
 
 
 @contextmanager
-def agent(workdir: Path, ports: list[int], pids: list[int], cpus: set[int] | None = None) -> Iterator[dict]:
+def agent(
+    workdir: Path, ports: list[int], pids: list[int], cpus: set[int] | None = None, nice: int = 0
+) -> Iterator[dict]:
     """The real agent with the http receiver; yields a dict (its ``pid`` at once) filled with its
-    final counts on exit. ``cpus``: the agent's threads run there only."""
+    final counts on exit. ``cpus``: the agent's threads run there only, at ``nice``."""
     out = workdir / f"out-{time.monotonic_ns()}"
     cfg = workdir / "otelbpf.yaml"
     cfg.write_text(
@@ -130,7 +132,7 @@ def agent(workdir: Path, ports: list[int], pids: list[int], cpus: set[int] | Non
     )
     args = [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)] + [a for p in pids for a in ("--pid", str(p))]
     proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, preexec_fn=_pin(cpus)
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, preexec_fn=_pin(cpus, nice)
     )
     for line in proc.stdout:
         if "otelbpf running" in line:
@@ -276,11 +278,18 @@ def process(cmd: list[str], **kw) -> Iterator[subprocess.Popen]:
         proc.wait()
 
 
-def _pin(cpus: set[int] | None):
-    """A preexec_fn that pins the child (and every thread it starts) to ``cpus``."""
-    if not cpus:
+def _pin(cpus: set[int] | None, nice: int = 0):
+    """A preexec_fn that pins the child (and every thread it starts) to ``cpus``, at ``nice``."""
+    if not cpus and not nice:
         return None
-    return lambda: os.sched_setaffinity(0, cpus)
+
+    def pin() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        if nice:
+            os.nice(nice)
+
+    return pin
 
 
 def cpu_plan() -> dict:
@@ -340,7 +349,7 @@ def wrk_tail(port: int, seconds: float, conns: int, paced: bool, cpus: set[int] 
     return {"requests": n, "requests_per_s": rps, "p50_us": p50, "p99_us": p99, "p999_us": p999, "max_us": top}
 
 
-def tail(work: Path, seconds: float, repeats: int, levels: list[str]) -> dict:
+def tail(work: Path, seconds: float, repeats: int, levels: list[str], nice: int = 0) -> dict:
     """The tail apart from contention: the server, the load and the agent pinned (cpu_plan), for
     each load level (``N`` paced connections, ~N k requests/s offered; ``flood:N`` unpaced), without
     and with the agent, back to back in every repeat. With the agent: its CPU per request and per
@@ -350,6 +359,7 @@ def tail(work: Path, seconds: float, repeats: int, levels: list[str]) -> dict:
     knob_before = knob.read_text().strip()
     knob.write_text("1")
     out: dict = {"plan": {k: sorted(v) if isinstance(v, set) else v for k, v in plan.items()}, "levels": []}
+    out["agent_nice"] = nice
     try:
         for level in levels:
             paced = not level.startswith("flood:")
@@ -361,7 +371,7 @@ def tail(work: Path, seconds: float, repeats: int, levels: list[str]) -> dict:
                     os.sched_setaffinity(server.pid, plan["server"])
                 for _ in range(repeats):
                     case["without"].append(wrk_tail(port, seconds, conns, paced, plan["load"], work))
-                    with agent(work, [port], [server.pid], plan["agent"]) as stats:
+                    with agent(work, [port], [server.pid], plan["agent"], nice) as stats:
                         cpu0, bpf0, srv0 = process_cpu_ns(stats["pid"]), agent_bpf_ns(stats["pid"]), cpu_ns(server.pid)
                         run = wrk_tail(port, seconds, conns, paced, plan["load"], work)
                         cpu1, bpf1, srv1 = process_cpu_ns(stats["pid"]), agent_bpf_ns(stats["pid"]), cpu_ns(server.pid)
@@ -383,7 +393,7 @@ def tail(work: Path, seconds: float, repeats: int, levels: list[str]) -> dict:
 
 
 def report_tail(t: dict) -> None:
-    print(f"Tail, pinned ({t['plan']['note']}); wrk -t1, medians over repeats")
+    print(f"Tail, pinned ({t['plan']['note']}; agent nice {t.get('agent_nice', 0)}); wrk -t1, medians over repeats")
     for case in t["levels"]:
         name = f"{case['connections']} conns, " + ("paced 1 ms" if case["paced"] else "unpaced")
         for side in ("without", "with"):
@@ -474,6 +484,7 @@ def main() -> int:
         default="",
         help="only the pinned tail case: comma-separated levels, N (N paced connections, ~N k req/s) or flood:N",
     )
+    ap.add_argument("--agent-nice", type=int, default=0, help="the tail case's agent at this nice value")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     preflight("bench/http.py")
@@ -481,7 +492,7 @@ def main() -> int:
     results: dict = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "seconds": args.seconds}
     results["load_average"] = os.getloadavg()
     if args.tail:
-        results["tail"] = tail(work, args.seconds, args.repeats, args.tail.split(","))
+        results["tail"] = tail(work, args.seconds, args.repeats, args.tail.split(","), args.agent_nice)
         results["load_average_after"] = os.getloadavg()
         report_tail(results["tail"])
         print(f"load average before {results['load_average']}, after {results['load_average_after']}")

@@ -1045,7 +1045,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         """Requests the kernel's head sampling shed, counted there: into the same series as spans'."""
         if self._sampler is None:
             return
-        self._sampler.tick()
+        self._sampler.tick(count_only=True)
         for d in self._sampler.red_deltas(m.DURATION_BOUNDS):
             metric, series = red_series(d, KNOWN_METHODS, OTHER)
             durations = self._proc(d.pid).durations

@@ -7,6 +7,8 @@ validating a config (``otelbpf validate``) loads every factory and should not pa
 
 from __future__ import annotations
 
+import dataclasses
+
 from otelbpf.families.factory import Context, Factory, Receiver
 from otelbpf.families.http.config import HttpReceiverConfig
 
@@ -36,6 +38,7 @@ def build(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
         backlog_bytes=cfg.sampling_backlog or cfg.ring_buffer_size // 2,
         span_budget=ctx.span_rate(cfg.max_spans_per_second),
     )
+    family = dataclasses.replace(family, on_unload=sampler.on_unload)
     correlator = HttpCorrelator(
         ctx.correlator_settings(),
         ctx.counter(name),

@@ -136,7 +136,10 @@ class HeadSampler:
         self._configured = False
         self._processed = 0
         self._decisions = [0] * len(DECISIONS)
+        self._pending = [0] * len(DECISIONS)  # decisions since the controller's last tick
         self._lost = 0
+        self._lost_pending = 0
+        self._final: tuple[list[int], int] | None = None
         self._dropped = 0
         self._over_budget = 0
         self._red_seen: dict[bytes, tuple[int, int]] = {}
@@ -154,26 +157,22 @@ class HeadSampler:
         """Spans the user-space budget dropped: kept by the kernel only to be thrown away here."""
         self._over_budget += spans
 
-    def tick(self) -> None:
-        """Count the kernel's decisions and move the shift; at most once per TICK_S."""
+    def tick(self, *, count_only: bool = False) -> None:
+        """Count the kernel's decisions and move the shift; at most once per TICK_S, but for
+        ``count_only`` (a metrics export: the counts as they are now, the shift left alone)."""
         now = self._clock()
         elapsed = now - self._last_tick
+        if count_only:
+            self._count_decisions(consume=False)
+            return
         if elapsed < TICK_S:
             return
         first = self._last_tick == 0.0
         self._last_tick = now
-        read = self._with_bpf(_read_counters)
+        read = self._count_decisions(consume=True)
         if read is None:
             return
-        decisions, lost = read
-        delta = [max(0, n - seen) for n, seen in zip(decisions, self._decisions, strict=True)]
-        self._decisions = decisions
-        reported = list(delta)
-        reported[0] -= min(delta[0], delta[4])  # ring_full ones were counted kept first
-        for name, n in zip(DECISIONS, reported, strict=True):
-            if n:
-                self._count("otelbpf.http.sampled", n, decision=name)
-        lost_now, self._lost = lost - self._lost, lost
+        delta, lost_now = read
         dropped = self._queue_drops()
         dropped_now, self._dropped = dropped - self._dropped, dropped
         over, self._over_budget = self._over_budget, 0
@@ -191,6 +190,35 @@ class HeadSampler:
         if self._calm >= CALM_TICKS and self.shift > self.min_shift and fits:
             self._calm = 0
             self._set(self.shift - 1)
+
+    def _count_decisions(self, *, consume: bool) -> tuple[list[int], int] | None:
+        """Count the kernel's decisions since the last read. ``consume``: also hand the controller
+        the decisions and kernel losses since its last tick (None when the program is gone)."""
+        read = self._with_bpf(_read_counters)
+        if read is None:
+            read, self._final = self._final, None  # unloaded: what on_unload read, once
+            if read is None:
+                return None
+        decisions, lost = read
+        delta = [max(0, n - seen) for n, seen in zip(decisions, self._decisions, strict=True)]
+        self._decisions = decisions
+        reported = list(delta)
+        reported[0] -= min(delta[0], delta[4])  # ring_full ones were counted kept first
+        for name, n in zip(DECISIONS, reported, strict=True):
+            if n:
+                self._count("otelbpf.http.sampled", n, decision=name)
+        self._pending = [a + b for a, b in zip(self._pending, delta, strict=True)]
+        self._lost_pending += max(0, lost - self._lost)
+        self._lost = lost
+        if not consume:
+            return None
+        out = (self._pending, self._lost_pending)
+        self._pending, self._lost_pending = [0] * len(DECISIONS), 0
+        return out
+
+    def on_unload(self, bpf: Any) -> None:
+        """The family's last moment (under the sensor's lock): keep the final counts for the final export."""
+        self._final = _read_counters(bpf)
 
     def _set(self, shift: int) -> None:
         self.shift = shift
