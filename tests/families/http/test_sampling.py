@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
+from otelbpf.base.events import Kind, SockFunc
 from otelbpf.correlate import metrics as m
 from otelbpf.families.http.correlator import KNOWN_METHODS, OTHER
 from otelbpf.families.http.probes import (
@@ -20,6 +21,7 @@ from otelbpf.families.http.probes import (
     SAMPLING_MAP,
     SAMPLING_PROCESSED,
     SAMPLING_SHIFT,
+    SHIFT_BIT,
     bounds_c,
 )
 from otelbpf.families.http.sampling import (
@@ -209,3 +211,43 @@ def test_a_client_request_without_response_and_a_client_error():
     }
     err = RedDelta(1, False, "GET", "1.0", 404, 2, 1, 0.1, 0.1, 0.1)
     assert dict(red_series(err, KNOWN_METHODS, OTHER)[1])["error.type"] == "404"
+
+
+def test_the_correlator_marks_kept_spans_and_adds_the_shed_requests_to_their_series():
+    from families.http.test_http_unit import CLIENT_PID, SERVER_PID, Http, Records  # the correlator's own harness
+
+    k, now, counts = FakeKernel(), [100.0], []
+    http = Http(sampler=sampler(k, now, counts))
+    rec = Records()
+    rec.accept(1_000)
+    rec.connect(900)
+    rec.io(SockFunc.sendto, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n", 2_000, 500, pid=CLIENT_PID, fd=6)
+    rec.io(SockFunc.recvfrom, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n", 2_100, 600, pid=SERVER_PID, fd=5)
+    response = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    rec.io(SockFunc.sendto, response, 3_000, 500, pid=SERVER_PID, fd=5)
+    rec.io(SockFunc.recvfrom, response, 3_100, 600, pid=CLIENT_PID, fd=6)
+    arr = rec.array()
+    data = arr["kind"] == Kind.SOCK_DATA
+    arr["flags"][data] |= 2 << SHIFT_BIT  # kept at 1/4 by the kernel
+    stamps = arr["addr"][data].copy()
+    stamps.view(np.uint8).reshape(-1, 16)[:, :8] = (
+        np.arange(1, data.sum() + 1, dtype="<u8").view(np.uint8).reshape(-1, 8)
+    )
+    arr["addr"][data] = stamps
+    http.correlator.on_ring("sockdata", arr)
+    server, client = http.span(SpanKind.SERVER), http.span(SpanKind.CLIENT)
+    for span in (server, client):
+        assert span.attributes["otelbpf.http.sampling.adjusted_count"] == 4
+        assert span.context.trace_state.get("ot") == "th:c"
+        assert randomness_kept(span.context.trace_id, 2)
+    assert k.writes[SAMPLING_MAP][SAMPLING_PROCESSED] == 4  # the last data record's stamp
+    # three more GET 200s served, shed in the kernel: they join the span's series
+    key = RedKey(pid=SERVER_PID, role=1, method=1, minor=1, bucket=5, status=200)
+    k.red = [(key, SimpleNamespace(count=3, sum_ns=3_000_000, min_ns=900_000, max_ns=1_100_000))]
+    [point] = [
+        p
+        for p in http.histograms()["http.server.request.duration"]
+        if p.attributes.get("http.response.status_code") == 200
+    ]
+    assert point.count == 4
+    assert point.bucket_counts[5] == 3
