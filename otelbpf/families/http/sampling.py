@@ -24,6 +24,7 @@ OpenTelemetry threshold (``ot=th:``, the probability-sampling spec) is a short h
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,6 +141,8 @@ class HeadSampler:
         self._lost = 0
         self._lost_pending = 0
         self._final: tuple[list[int], int] | None = None
+        #: tick() runs on the processing thread, tick(count_only) on the metrics thread
+        self._lock = threading.Lock()
         self._dropped = 0
         self._over_budget = 0
         self._red_seen: dict[bytes, tuple[int, int]] = {}
@@ -160,6 +163,10 @@ class HeadSampler:
     def tick(self, *, count_only: bool = False) -> None:
         """Count the kernel's decisions and move the shift; at most once per TICK_S, but for
         ``count_only`` (a metrics export: the counts as they are now, the shift left alone)."""
+        with self._lock:
+            self._tick(count_only)
+
+    def _tick(self, count_only: bool) -> None:
         now = self._clock()
         elapsed = now - self._last_tick
         if count_only:
