@@ -2,6 +2,7 @@
 side by side in one run.
 
     sudo .venv/bin/python bench/http.py [--seconds 5] [--repeats 3] [--out FILE]
+    sudo .venv/bin/python bench/http.py --tail 8,32,64,flood:32 [--seconds 5] [--repeats 3]
 
 Measures, on this machine and in one invocation:
 
@@ -25,6 +26,16 @@ Measures, on this machine and in one invocation:
 4. gRPC unary calls/s and per-call p50/p99 from a Python grpcio client against the
    harness's grpcio server (tests/harness/grpc_demo.py) over one channel, without and with the
    agent (host mode, the server's port: both ends traced).
+
+5. ``--tail 8,32,64,flood:32`` (that case alone): the tail apart from contention. The server,
+   wrk (``-t1``) and the agent pinned to CPUs of their own where there are three or more; with
+   two the server keeps CPU 0 alone and the agent shares CPU 1 with wrk (said in the output).
+   Per load level (N paced connections at one request per ms each: ~N k requests/s offered;
+   ``flood:N`` unpaced), without and with the agent: requests/s, p50/p99/p99.9 (wrk's own
+   histogram, a ``done()`` script), and with the agent its CPU per request and per span built
+   (/proc/PID/stat, every thread), the run time of its BPF programs per request
+   (``kernel.bpf_stats_enabled``, the programs' fdinfo: the in-kernel cost), the requests it
+   counted (``http.server.request.duration``) against wrk's, and its head-sampling decisions.
 
 Added time per traced syscall is derived from (1): (1/rate_with - 1/rate_without) / 2, the
 server making two traced syscalls per request. On a machine whose cores are all busy (wrk,
@@ -101,8 +112,11 @@ def _us(text: str) -> float:
 
 
 @contextmanager
-def agent(workdir: Path, ports: list[int], pids: list[int]) -> Iterator[dict]:
-    """The real agent with the http receiver; yields a dict filled with its final counts on exit."""
+def agent(
+    workdir: Path, ports: list[int], pids: list[int], cpus: set[int] | None = None, nice: int = 0
+) -> Iterator[dict]:
+    """The real agent with the http receiver; yields a dict (its ``pid`` at once) filled with its
+    final counts on exit. ``cpus``: the agent's threads run there only, at ``nice``."""
     out = workdir / f"out-{time.monotonic_ns()}"
     cfg = workdir / "otelbpf.yaml"
     cfg.write_text(
@@ -117,13 +131,15 @@ def agent(workdir: Path, ports: list[int], pids: list[int]) -> Iterator[dict]:
         )
     )
     args = [sys.executable, "-m", "otelbpf.cli", "run", "-c", str(cfg)] + [a for p in pids for a in ("--pid", str(p))]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, preexec_fn=_pin(cpus, nice)
+    )
     for line in proc.stdout:
         if "otelbpf running" in line:
             break
     else:
         raise RuntimeError("the agent did not start")
-    stats: dict = {}
+    stats: dict = {"pid": proc.pid}
     try:
         yield stats
     finally:
@@ -154,7 +170,28 @@ def _final_counts(path: Path) -> dict:
     out = {v: 0 for v in names.values()}
     for (name, _), value in last.items():
         out[names[name]] += value
+    out |= _red_and_decisions(path)
     return out
+
+
+def _red_and_decisions(path: Path) -> dict:
+    """The server requests the agent counted (http.server.request.duration, all series) and its
+    head-sampling decisions (otelbpf.http.sampled), last cumulative values."""
+    counts: dict = {}
+    decisions: dict = {}
+    for line in path.read_text().splitlines() if path.exists() else ():
+        for rm in json.loads(line).get("resourceMetrics", []):
+            for sm in rm.get("scopeMetrics", []):
+                for metric in sm.get("metrics", []):
+                    points = metric.get("histogram", metric.get("sum", {})).get("dataPoints", [])
+                    for p in points:
+                        key = json.dumps(p.get("attributes", []), sort_keys=True)
+                        if metric["name"] == "http.server.request.duration":
+                            counts[key] = int(p["count"])
+                        elif metric["name"] == "otelbpf.http.sampled":
+                            attrs = {a["key"]: a["value"].get("stringValue") for a in p.get("attributes", [])}
+                            decisions[attrs.get("decision")] = int(p.get("asInt", 0))
+    return {"requests_counted": sum(counts.values()), "sampling_decisions": decisions}
 
 
 @contextmanager
@@ -241,6 +278,146 @@ def process(cmd: list[str], **kw) -> Iterator[subprocess.Popen]:
         proc.wait()
 
 
+def _pin(cpus: set[int] | None, nice: int = 0):
+    """A preexec_fn that pins the child (and every thread it starts) to ``cpus``, at ``nice``."""
+    if not cpus and not nice:
+        return None
+
+    def pin() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        if nice:
+            os.nice(nice)
+
+    return pin
+
+
+def cpu_plan() -> dict:
+    """Where the server, the load generator and the agent run: each on its own CPU when there
+    are three; with two, the agent shares the load generator's (never the server's); else none."""
+    n = len(os.sched_getaffinity(0))
+    if n >= 3:
+        return {"server": {0}, "load": {1}, "agent": set(range(2, n)), "note": f"{n} CPUs: each on its own"}
+    if n == 2:
+        return {
+            "server": {0},
+            "load": {1},
+            "agent": {1},
+            "note": "2 CPUs: the server alone on CPU 0; the agent shares CPU 1 with the load generator",
+        }
+    return {"server": None, "load": None, "agent": None, "note": f"{n} CPU: nothing pinned"}
+
+
+def process_cpu_ns(pid: int) -> int:
+    """User + system CPU of every thread of a process so far (/proc/PID/stat, in clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def agent_bpf_ns(pid: int) -> int:
+    """run_time_ns summed over the BPF programs a process holds (kernel.bpf_stats_enabled on)."""
+    total = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if "bpf-prog" not in os.readlink(fd):
+                continue
+            info = Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text()
+        except OSError:
+            continue
+        m = re.search(r"^run_time_ns:\s+(\d+)", info, re.M)
+        total += int(m.group(1)) if m else 0
+    return total
+
+
+TAIL_LUA = """
+{delay}
+done = function(summary, latency, requests)
+  io.write(string.format("TAIL %d %d %d %d %d\\n", summary.requests, latency:percentile(50),
+                         latency:percentile(99), latency:percentile(99.9), latency.max))
+end
+"""
+
+
+def wrk_tail(port: int, seconds: float, conns: int, paced: bool, cpus: set[int] | None, work: Path) -> dict:
+    """wrk -t1 on ``cpus``: requests, p50/p99/p99.9/max in us (one request per connection per ms when ``paced``)."""
+    script = work / f"tail-{int(paced)}.lua"
+    script.write_text(TAIL_LUA.format(delay="function delay() return 1 end" if paced else ""))
+    cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "-s", str(script), f"http://127.0.0.1:{port}/"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, preexec_fn=_pin(cpus)).stdout
+    n, p50, p99, p999, top = map(int, re.search(r"^TAIL (\d+) (\d+) (\d+) (\d+) (\d+)", out, re.M).groups())
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    return {"requests": n, "requests_per_s": rps, "p50_us": p50, "p99_us": p99, "p999_us": p999, "max_us": top}
+
+
+def tail(work: Path, seconds: float, repeats: int, levels: list[str], nice: int = 0) -> dict:
+    """The tail apart from contention: the server, the load and the agent pinned (cpu_plan), for
+    each load level (``N`` paced connections, ~N k requests/s offered; ``flood:N`` unpaced), without
+    and with the agent, back to back in every repeat. With the agent: its CPU per request and per
+    span, the BPF programs' run time per request, the requests it counted against wrk's."""
+    plan = cpu_plan()
+    knob = Path("/proc/sys/kernel/bpf_stats_enabled")
+    knob_before = knob.read_text().strip()
+    knob.write_text("1")
+    out: dict = {"plan": {k: sorted(v) if isinstance(v, set) else v for k, v in plan.items()}, "levels": []}
+    out["agent_nice"] = nice
+    try:
+        for level in levels:
+            paced = not level.startswith("flood:")
+            conns = int(level.split(":")[-1])
+            port = free_port()
+            case: dict = {"level": level, "connections": conns, "paced": paced, "without": [], "with": []}
+            with process([str(SERVER), str(port), "0"]) as server:
+                if plan["server"]:
+                    os.sched_setaffinity(server.pid, plan["server"])
+                for _ in range(repeats):
+                    case["without"].append(wrk_tail(port, seconds, conns, paced, plan["load"], work))
+                    with agent(work, [port], [server.pid], plan["agent"], nice) as stats:
+                        cpu0, bpf0, srv0 = process_cpu_ns(stats["pid"]), agent_bpf_ns(stats["pid"]), cpu_ns(server.pid)
+                        run = wrk_tail(port, seconds, conns, paced, plan["load"], work)
+                        cpu1, bpf1, srv1 = process_cpu_ns(stats["pid"]), agent_bpf_ns(stats["pid"]), cpu_ns(server.pid)
+                        time.sleep(1.5)  # the agent's last drain and metrics export
+                    n = max(1, run["requests"])
+                    run |= {
+                        "agent_cpu_us_per_request": (cpu1 - cpu0) / 1e3 / n,
+                        "bpf_ns_per_request": (bpf1 - bpf0) / n,
+                        "server_cpu_us_per_request": (srv1 - srv0) / 1e3 / n,
+                        "agent": stats,
+                    }
+                    spans = stats.get("spans") or 0
+                    run["agent_cpu_us_per_span"] = (cpu1 - cpu0) / 1e3 / spans if spans else None
+                    case["with"].append(run)
+            out["levels"].append(case)
+    finally:
+        knob.write_text(knob_before)
+    return out
+
+
+def report_tail(t: dict) -> None:
+    print(f"Tail, pinned ({t['plan']['note']}; agent nice {t.get('agent_nice', 0)}); wrk -t1, medians over repeats")
+    for case in t["levels"]:
+        name = f"{case['connections']} conns, " + ("paced 1 ms" if case["paced"] else "unpaced")
+        for side in ("without", "with"):
+            runs = case[side]
+            line = (
+                f"  {name:22} {side:7} {_median(runs, 'requests_per_s'):8.0f} req/s  p50 {_median(runs, 'p50_us'):6.0f}"
+                f"  p99 {_median(runs, 'p99_us'):6.0f}  p99.9 {_median(runs, 'p999_us'):6.0f} us"
+            )
+            if side == "with":
+                per_span = [r["agent_cpu_us_per_span"] for r in runs if r["agent_cpu_us_per_span"]]
+                line += (
+                    f"  agent {_median(runs, 'agent_cpu_us_per_request'):5.2f} us CPU/req"
+                    f" ({statistics.median(per_span) if per_span else 0:5.1f}/span)"
+                    f"  BPF {_median(runs, 'bpf_ns_per_request'):5.0f} ns/req"
+                )
+            print(line)
+        for r in case["with"]:
+            a = r["agent"]
+            print(
+                f"    wrk {r['requests']} requests, agent counted {a.get('requests_counted')}, spans {a.get('spans')}, "
+                f"lost in kernel {a.get('lost_in_kernel')}, decisions {a.get('sampling_decisions')}"
+            )
+
+
 def cpu_ns(pid: int) -> int:
     """CPU time the process's main thread has run (the bench server has one thread)."""
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
@@ -302,11 +479,28 @@ def main() -> int:
         default="0,20,100",
         help="comma-separated CPU microseconds the server spends per request, one throughput case each",
     )
+    ap.add_argument(
+        "--tail",
+        default="",
+        help="only the pinned tail case: comma-separated levels, N (N paced connections, ~N k req/s) or flood:N",
+    )
+    ap.add_argument("--agent-nice", type=int, default=0, help="the tail case's agent at this nice value")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     preflight("bench/http.py")
     work = Path(tempfile.mkdtemp(prefix="otelbpf-bench-http-"))
     results: dict = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "seconds": args.seconds}
+    results["load_average"] = os.getloadavg()
+    if args.tail:
+        results["tail"] = tail(work, args.seconds, args.repeats, args.tail.split(","), args.agent_nice)
+        results["load_average_after"] = os.getloadavg()
+        report_tail(results["tail"])
+        print(f"load average before {results['load_average']}, after {results['load_average_after']}")
+        RESULTS.mkdir(exist_ok=True)
+        out = args.out or RESULTS / f"http-tail-{dt.date.today().isoformat()}.json"
+        out.write_text(json.dumps(results, indent=2))
+        print(f"\nwrote {out}")
+        return 0
     results["throughput"] = [throughput(work, args.seconds, args.repeats, int(w)) for w in args.work_us.split(",")]
     port = free_port()
     with process([str(SERVER), str(port)]) as server:

@@ -45,11 +45,33 @@
 struct sk_state {
     u32 seq;
     u8  state;
-    u8  pad[3];
+    u8  role;     /* SK_ROLE_*: which end of the connection this fd is */
+    u8  req;      /* REQ_*: the current HTTP/1 request's sampling decision */
+    u8  shift;    /* the current request's sampling: kept with probability 2^-shift */
+    u64 req_ts;   /* when the current request started (server: its first read's exit; client: first write's entry) */
+    u8  method;   /* HM_* of the current request */
+    u8  answered; /* a shed request's response was counted */
+    u8  pad2[6];
 };
+
+#define SK_ROLE_SERVER 1  /* accept()ed */
+#define SK_ROLE_CLIENT 2  /* connect()ed */
+
+/* Head sampling of HTTP/1 requests, decided here at each request's first bytes (see
+ * http_gate()): REQ_KEPT requests go to the ring whole, REQ_SHED ones not at all (and are
+ * counted in http_red instead); REQ_OTHER connections (HTTP/2, TLS, anything not an
+ * HTTP/1 request line in its first bytes) always go whole. */
+#define REQ_NONE 0
+#define REQ_KEPT 1
+#define REQ_SHED 2
+#define REQ_OTHER 3
 
 #define SOCKF_LISTENER_UNKNOWN 1
 #define SOCKF_VECTOR_TRUNCATED 2
+/* Bits 8-12 of a data record's flags: its request's sampling shift (kept with probability
+ * 2^-shift); addr[0..8] of a data record: the sockdata bytes written up to it (its stamp, which
+ * user space hands back in http_sampling[SAMPLING_PROCESSED] once it has processed it). */
+#define SOCKF_SHIFT_BIT 8
 
 #define SF_READ 1
 #define SF_WRITE 2
@@ -110,7 +132,11 @@ struct sock_args {
     s32 fd;
     u8  func;
     u8  pending; /* the fd was not classified yet at entry */
-    u8  pad[2];
+    /* The thread's own, kept across calls: the head-sampling decision (REQ_KEPT, REQ_SHED; 0
+     * none) and shift of the server request it is serving, which the client requests it makes
+     * meanwhile inherit (http_gate), so that a kept request keeps its downstream calls. */
+    u8  serving;
+    u8  serving_shift;
     u16 family; /* connect/bind: from the sockaddr read at entry */
     u16 port;
     u8  addr[16];
@@ -143,6 +169,160 @@ BPF_TABLE("lru_hash", u64, u32, listen_ports, 16384);
  * dies mid-call. `func` is 0 between calls. */
 BPF_TASK_STORAGE(sock_args, struct sock_args);
 BPF_PERCPU_ARRAY(sock_scratch, struct sock_scratch, 1);
+
+/* ---- HTTP/1 head sampling and exact RED counts ------------------------------------------
+ *
+ * A request's fate is decided at its first bytes (a server's read, a client's write that
+ * starts with an HTTP/1 method): kept with probability 2^-shift (user space raises shift
+ * under pressure and lowers it when calm), and shed at once, whatever the draw, while user
+ * space is more than SAMPLING_BACKLOG bytes of this ring behind (written to the ring minus
+ * processed: the ring and the agent's processing queue together), so that the ring does not
+ * fill. A shed request puts nothing on the ring (its reads, its response); its response's
+ * status line is read here and the request counted in http_red by (process, end, method,
+ * version, status, duration bucket), which user space adds to the same RED histograms as
+ * the spans it builds. Loss in the kernel becomes the exception: only a kept request whose
+ * record finds the ring full is lost (counted STAT_SOCK_LOST, as before). */
+#define SAMPLING_SHIFT 0      /* u64: 2^-shift of requests kept (0: all) */
+#define SAMPLING_PROCESSED 1  /* u64: the last processed data record's stamp */
+#define SAMPLING_BACKLOG 2    /* u64: bytes behind past which requests are shed (0: SOCK_BACKLOG_BYTES) */
+BPF_ARRAY(http_sampling, u64, 4);
+
+#define DECISION_KEPT 0
+#define DECISION_PROBABILITY 1  /* shed by the draw */
+#define DECISION_BACKLOG 2      /* shed: user space behind */
+#define DECISION_RED_FULL 3     /* a shed request not counted: http_red full */
+#define DECISION_RING_FULL 4    /* kept, then shed: its first record found the ring full */
+#define DECISION_PARENT 5       /* a client request shed with the server request it was made for */
+BPF_PERCPU_ARRAY(http_decisions, u64, 6);
+
+struct red_key {
+    u32 pid;
+    u8  role;     /* SK_ROLE_* */
+    u8  method;   /* HM_* */
+    u8  minor;    /* HTTP/1.<minor> of the response */
+    u8  bucket;   /* index into HTTP_BOUNDS_NS (HTTP_BUCKETS: above the last) */
+    u16 status;   /* 0: no response (the connection ended, or a next request came first) */
+    u16 pad;
+};
+
+struct red_val {
+    u64 count;
+    u64 sum_ns;
+    u64 min_ns;
+    u64 max_ns;
+};
+BPF_HASH(http_red, struct red_key, struct red_val, 16384);
+
+#define HM_GET 1
+#define HM_POST 2
+#define HM_PUT 3
+#define HM_DELETE 4
+#define HM_HEAD 5
+#define HM_PATCH 6
+#define HM_OPTIONS 7
+#define HM_CONNECT 8
+#define HM_TRACE 9
+#define HM_QUERY 10
+
+static __always_inline int has(const u8 *h, const char *word, int n)
+{
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (i >= n)
+            break;
+        if (h[i] != (u8)word[i])
+            return 0;
+    }
+    return 1;
+}
+
+/* HM_* for a request line's first bytes (the method and its space), 0 for anything else. */
+static __always_inline u8 http_method(const u8 *h, u64 n)
+{
+    if (n >= 4 && has(h, "GET ", 4))
+        return HM_GET;
+    if (n >= 5 && has(h, "POST ", 5))
+        return HM_POST;
+    if (n >= 4 && has(h, "PUT ", 4))
+        return HM_PUT;
+    if (n >= 7 && has(h, "DELETE ", 7))
+        return HM_DELETE;
+    if (n >= 5 && has(h, "HEAD ", 5))
+        return HM_HEAD;
+    if (n >= 6 && has(h, "PATCH ", 6))
+        return HM_PATCH;
+    if (n >= 8 && has(h, "OPTIONS ", 8))
+        return HM_OPTIONS;
+    if (n >= 8 && has(h, "CONNECT ", 8))
+        return HM_CONNECT;
+    if (n >= 6 && has(h, "TRACE ", 6))
+        return HM_TRACE;
+    if (n >= 6 && has(h, "QUERY ", 6))
+        return HM_QUERY;
+    return 0;
+}
+
+static __always_inline int digit(u8 c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static __always_inline void count_decision(u32 which)
+{
+    u64 *n = http_decisions.lookup(&which);
+    if (n)
+        (*n)++;
+}
+
+/* A shed request, counted: status 0 when it had no response. */
+static __always_inline void red_count(u32 pid, struct sk_state *st, u16 status, u8 minor, u64 now)
+{
+    u64 ns = now > st->req_ts ? now - st->req_ts : 0;
+    struct red_key k = {.pid = pid, .role = st->role, .method = st->method, .minor = minor, .status = status};
+    u64 bounds[] = HTTP_BOUNDS_NS;
+    u8 b = HTTP_BUCKETS;
+#pragma unroll
+    for (int i = 0; i < HTTP_BUCKETS; i++) {
+        if (ns <= bounds[i]) {  /* OTel buckets are (lower, upper] */
+            b = i;
+            break;
+        }
+    }
+    k.bucket = b;
+    struct red_val *v = http_red.lookup(&k);
+    if (!v) {
+        struct red_val zero = {.min_ns = ns, .max_ns = ns};
+        if (http_red.update(&k, &zero) != 0) {
+            count_decision(DECISION_RED_FULL);
+            return;
+        }
+        v = http_red.lookup(&k);
+        if (!v)
+            return;
+    }
+    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->sum_ns, ns);
+    if (ns < v->min_ns)
+        v->min_ns = ns;
+    if (ns > v->max_ns)
+        v->max_ns = ns;
+    st->answered = 1;
+}
+
+static __always_inline u64 sampling(u32 slot)
+{
+    u64 *v = http_sampling.lookup(&slot);
+    return v ? *v : 0;
+}
+
+/* Bytes of this ring not yet processed by user space. */
+static __always_inline u64 sock_backlog(void)
+{
+    u32 ring = RING_SOCKDATA;
+    u64 *written = ring_written.lookup(&ring);
+    u64 done = sampling(SAMPLING_PROCESSED);
+    return written && *written > done ? *written - done : 0;
+}
 
 /* The calling thread's sock_args, created on first use when ``create``. */
 static __always_inline struct sock_args *thread_args(int create)
@@ -189,9 +369,9 @@ static __always_inline struct sk_state *fd_state(u64 key)
 }
 
 /* Set by the kernel: a new sequence, so no verdict on an earlier state applies to it. */
-static __always_inline void set_state(u64 key, u8 state, u64 ts)
+static __always_inline void set_state(u64 key, u8 state, u64 ts, u8 role)
 {
-    struct sk_state st = {.seq = (u32)ts, .state = state};
+    struct sk_state st = {.seq = (u32)ts, .state = state, .role = role};
     sock_state.update(&key, &st);
 }
 
@@ -266,7 +446,7 @@ static __always_inline int data_enter(u8 func, s32 fd, u64 buf, u64 vlen)
     struct sk_state *st = fd_state(key);
     if (!st) {
         u64 ts = bpf_ktime_get_ns();
-        set_state(key, SK_PENDING, ts);
+        set_state(key, SK_PENDING, ts, 0);
         struct sock_rec *r = control_record(id, ts, fd, 0, EV_SOCK_UNKNOWN, func);
         if (r)
             sockdata.ringbuf_submit(r, sock_wake(SOCK_HEADER_BYTES));
@@ -295,37 +475,60 @@ static __always_inline u64 clamp_payload(s64 len, u64 limit)
     return n;
 }
 
-/* Send the assembled record, header plus ``n`` bytes of payload. */
-static __always_inline void emit_scratch(struct sock_scratch *s, u64 n)
+/* sock_wake() for a data record, which also says the bytes written to the ring up to and
+ * including it: the record's stamp (see SAMPLING_PROCESSED). */
+static __always_inline u64 sock_wake_stamp(u64 bytes, u64 *stamp)
+{
+    u32 ring = RING_SOCKDATA;
+    u64 *written = ring_written.lookup(&ring);
+    if (!written) {
+        *stamp = 0;
+        return BPF_RB_NO_WAKEUP;
+    }
+    u64 before = *written;
+    __sync_fetch_and_add(written, bytes);
+    *stamp = before + bytes;
+    return ((before + bytes) ^ before) >= SOCK_RING_PAGES * 4096ULL / RING_WAKE_PARTS ? BPF_RB_FORCE_WAKEUP
+                                                                                      : BPF_RB_NO_WAKEUP;
+}
+
+/* Send the assembled record, header plus ``n`` bytes of payload, of a request sampled at 2^-shift. */
+static __always_inline int emit_scratch(struct sock_scratch *s, u64 n, u8 shift)
 {
     n = clamp_payload(n, SOCK_PAYLOAD);
     s->rec.cap = n;
-    u64 flags = sock_wake(SOCK_HEADER_BYTES + n);
-    if (sockdata.ringbuf_output(&s->rec, SOCK_HEADER_BYTES + n, flags) != 0)
+    s->rec.flags |= (u32)shift << SOCKF_SHIFT_BIT;
+    u64 stamp = 0;
+    u64 flags = sock_wake_stamp(SOCK_HEADER_BYTES + n, &stamp);
+    __builtin_memcpy(s->rec.addr, &stamp, sizeof(stamp));
+    if (sockdata.ringbuf_output(&s->rec, SOCK_HEADER_BYTES + n, flags) != 0) {
         count_stat(STAT_SOCK_LOST);
+        return -1;
+    }
+    return 0;
 }
 
 /* One buffer. */
-static __always_inline void emit_buffer(u64 id, struct sock_args *a, s32 ret)
+static __always_inline int emit_buffer(u64 id, struct sock_args *a, s32 ret, u8 shift)
 {
     u32 zero = 0;
     struct sock_scratch *s = sock_scratch.lookup(&zero);
     if (!s)
-        return;
+        return -1;
     fill_header(&s->rec, id, a->ts, a->fd, ret, EV_SOCK_DATA, a->func);
     u64 n = clamp_payload(ret, SOCK_PAYLOAD);
     if (n && read_user(s->rec.data, n, (void *)a->buf) != 0)
         n = 0;
-    emit_scratch(s, n);
+    return emit_scratch(s, n, shift);
 }
 
 /* Several iovecs: bytes are laid out across them in order, up to ret. */
-static __always_inline void emit_vector(u64 id, struct sock_args *a, s32 ret, u64 vec, u64 vlen)
+static __always_inline int emit_vector(u64 id, struct sock_args *a, s32 ret, u64 vec, u64 vlen, u8 shift)
 {
     u32 zero = 0;
     struct sock_scratch *s = sock_scratch.lookup(&zero);
     if (!s)
-        return;
+        return -1;
     fill_header(&s->rec, id, a->ts, a->fd, ret, EV_SOCK_DATA, a->func);
     u64 want = clamp_payload(ret, SOCK_PAYLOAD);
     u64 off = 0;
@@ -345,7 +548,7 @@ static __always_inline void emit_vector(u64 id, struct sock_args *a, s32 ret, u6
     }
     if (off < want && i == SOCK_MAX_IOV)
         s->rec.flags |= SOCKF_VECTOR_TRUNCATED;
-    emit_scratch(s, off);
+    return emit_scratch(s, off, shift);
 }
 
 /* A data call's exit is split in two. The exit tracepoint (eight of them, one per
@@ -386,6 +589,116 @@ static __always_inline int data_exit(void *ctx, long ret)
     return 0;
 }
 
+/* The first bytes a data call moved (up to 16, from its first buffer), for http_gate(). */
+static __always_inline u64 head_bytes(struct sock_args *a, s32 ret, u8 *h)
+{
+    u64 ptr = a->buf;
+    u64 len = ret > 0 ? (u64)ret : 0;
+    if (a->func == SF_READV || a->func == SF_WRITEV || a->func == SF_SENDMSG || a->func == SF_RECVMSG) {
+        u64 vec = a->buf;
+        u64 vlen = a->vlen;
+        if (a->func == SF_SENDMSG || a->func == SF_RECVMSG) {
+            u64 hdr[2] = {};
+            if (read_user(hdr, sizeof(hdr), (void *)(a->buf + 16)) != 0)
+                return 0;
+            vec = hdr[0];
+            vlen = hdr[1];
+        }
+        struct otel_iovec iov = {};
+        if (!vlen || read_user(&iov, sizeof(iov), (void *)vec) != 0)
+            return 0;
+        ptr = iov.base;
+        if (iov.len < len)
+            len = iov.len;
+    }
+    u64 n = clamp_payload(len, 16);
+    if (n < 4 || read_user(h, n, (void *)ptr) != 0)
+        return 0;
+    return n;
+}
+
+/* Head sampling (see http_sampling): GATE_SHED when this data call belongs to a shed HTTP/1
+ * request and puts nothing on the ring; else GATE_EMIT, or GATE_STARTED for the first bytes of
+ * a kept request, with its request's shift. */
+#define GATE_EMIT 0
+#define GATE_SHED 1
+#define GATE_STARTED 2
+static __always_inline int http_gate(struct sock_args *a, struct sock_args *thread, s32 ret, u64 id, u8 *shift)
+{
+    u64 key = fd_key(id >> 32, a->fd);
+    struct sk_state *st = sock_state.lookup(&key);
+    if (!st)
+        return 0;
+    if (!st->role || st->req == REQ_OTHER || ret <= 0) {
+        *shift = st->req == REQ_KEPT ? st->shift : 0;
+        return 0;
+    }
+    int ingress = a->func == SF_READ || a->func == SF_READV || a->func == SF_RECVFROM || a->func == SF_RECVMSG;
+    u8 h[16] = {};
+    u64 n = head_bytes(a, ret, h);
+    u64 now = bpf_ktime_get_ns();
+    if ((st->role == SK_ROLE_SERVER) == ingress) {
+        /* the request's side: a request line starts a request, anything else continues one */
+        u8 m = http_method(h, n);
+        if (m) {
+            if (st->req == REQ_SHED && !st->answered)
+                red_count(id >> 32, st, 0, 1, now);
+            u64 sh = sampling(SAMPLING_SHIFT);
+            if (sh < SAMPLING_MIN_SHIFT)
+                sh = SAMPLING_MIN_SHIFT;  /* the configured probability, before user space says */
+            if (sh > 20)
+                sh = 20;
+            u8 req = REQ_KEPT;
+            u32 why = DECISION_KEPT;
+            u8 inherited = st->role == SK_ROLE_CLIENT ? thread->serving : 0;
+            if (inherited == REQ_KEPT || inherited == REQ_SHED) {
+                /* made while serving a request: that request's fate */
+                req = inherited;
+                sh = thread->serving_shift;
+                why = req == REQ_KEPT ? DECISION_KEPT : DECISION_PARENT;
+            } else if (sh && (bpf_get_prandom_u32() & ((1U << sh) - 1)) != 0) {
+                req = REQ_SHED;
+                why = DECISION_PROBABILITY;
+            } else {
+                u64 limit = sampling(SAMPLING_BACKLOG);
+                if (!limit)
+                    limit = SOCK_BACKLOG_BYTES;  /* compiled in: in force from the first request */
+                if (sock_backlog() > limit) {
+                    req = REQ_SHED;
+                    why = DECISION_BACKLOG;
+                }
+            }
+            st->req = req;
+            st->shift = sh;
+            st->method = m;
+            st->answered = 0;
+            st->req_ts = st->role == SK_ROLE_SERVER ? now : a->ts;
+            count_decision(why);
+            if (st->role == SK_ROLE_SERVER) {
+                thread->serving = req;
+                thread->serving_shift = sh;
+            }
+            *shift = sh;
+            return req == REQ_SHED ? GATE_SHED : GATE_STARTED;
+        } else if (st->req == REQ_NONE) {
+            st->req = REQ_OTHER;  /* not HTTP/1: HTTP/2, TLS, ... never sampled here */
+            return 0;
+        }
+    } else if (n >= 12 && has(h, "HTTP/1.", 7) && h[8] == ' ' && digit(h[9]) && digit(h[10]) && digit(h[11])) {
+        /* a response's status line (1xx interim ones wait for the final): a server's thread is
+         * done with the request; a shed request is counted */
+        u16 status = (h[9] - '0') * 100 + (h[10] - '0') * 10 + (h[11] - '0');
+        if (status >= 200 || status == 101) {
+            if (st->role == SK_ROLE_SERVER)
+                thread->serving = 0;
+            if (st->req == REQ_SHED && !st->answered)
+                red_count(id >> 32, st, status, h[7] - '0', now);
+        }
+    }
+    *shift = st->req == REQ_KEPT ? st->shift : 0;
+    return st->req == REQ_SHED ? GATE_SHED : GATE_EMIT;
+}
+
 /* The capture of a data call whose exit data_exit() let through. */
 int sock_capture(void *ctx)
 {
@@ -396,16 +709,31 @@ int sock_capture(void *ctx)
     p->func = 0;
     s32 ret = a.ret;
     u64 id = bpf_get_current_pid_tgid();
+    u8 shift = 0;
+    int gate = http_gate(&a, p, ret, id, &shift);
+    if (gate == GATE_SHED)
+        return 0;
+    int err;
     if (a.func == SF_READ || a.func == SF_WRITE || a.func == SF_SENDTO || a.func == SF_RECVFROM) {
-        emit_buffer(id, &a, ret);
+        err = emit_buffer(id, &a, ret, shift);
     } else if (a.func == SF_READV || a.func == SF_WRITEV) {
-        emit_vector(id, &a, ret, a.buf, a.vlen);
+        err = emit_vector(id, &a, ret, a.buf, a.vlen, shift);
     } else {
         /* struct user_msghdr: msg_iov at offset 16, msg_iovlen at 24 (x86-64 and arm64 ABI). */
         u64 hdr[2] = {};
         if (ret > 0)
             read_user(hdr, sizeof(hdr), (void *)(a.buf + 16));
-        emit_vector(id, &a, ret, hdr[0], hdr[1]);
+        err = emit_vector(id, &a, ret, hdr[0], hdr[1], shift);
+    }
+    if (err && gate == GATE_STARTED) {
+        /* A kept request whose first bytes found the ring full: user space has seen nothing of
+         * it, so it is shed from here on (its response too) and counted here, not lost. */
+        u64 key = fd_key(id >> 32, a.fd);
+        struct sk_state *st = sock_state.lookup(&key);
+        if (st) {
+            st->req = REQ_SHED;
+            count_decision(DECISION_RING_FULL);
+        }
     }
     return 0;
 }
@@ -472,7 +800,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
     u8 state = SK_IGNORE;
     if ((a.family == AF_INET_ || a.family == AF_INET6_) && port_wanted(a.port))
         state = SK_TRACK;
-    set_state(fd_key(id >> 32, a.fd), state, a.ts);
+    set_state(fd_key(id >> 32, a.fd), state, a.ts, SK_ROLE_CLIENT);
     if (state != SK_TRACK)
         return 0;
     struct sock_rec *r = control_record(id, a.ts, a.fd, args->ret, EV_SOCK_CONNECT, SF_CONNECT);
@@ -576,7 +904,7 @@ static __always_inline int accept_exit(u8 func, long ret)
         flags = SOCKF_LISTENER_UNKNOWN;
         state = SK_PROVISIONAL;
     }
-    set_state(fd_key(tgid, (s32)ret), state, a.ts);
+    set_state(fd_key(tgid, (s32)ret), state, a.ts, SK_ROLE_SERVER);
     if (state == SK_IGNORE)
         return 0;
     r = control_record(id, a.ts, (s32)ret, a.fd, EV_SOCK_ACCEPT, func);
@@ -621,6 +949,8 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     struct sk_state *st = sock_state.lookup(&key);
     if (!st || (st->state != SK_TRACK && st->state != SK_PROVISIONAL))
         return 0;
+    if (st->req == REQ_SHED && !st->answered)
+        red_count(tgid, st, 0, 1, bpf_ktime_get_ns());  /* a shed request that had no response */
     sock_state.delete(&key);
     struct sock_rec *r = control_record(id, bpf_ktime_get_ns(), fd, 0, EV_SOCK_CLOSE, SF_CLOSE);
     if (r)

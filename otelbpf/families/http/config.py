@@ -32,6 +32,16 @@ class HttpReceiverConfig(ReceiverConfig):
     #: clipped). Off: bodies never leave the agent, only the model and token counts read from them.
     capture_message_content: bool = False
     max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
+    #: HTTP/1 requests whose spans are built, decided in the kernel at each request's first
+    #: bytes (the rest never reach the ring; RED metrics count every request either way). Rounded
+    #: down to a power of two (1, 0.5, 0.25, ...): the most that is ever kept.
+    sampling_probability: float = Field(1.0, gt=0.0, le=1.0)
+    #: Halve the probability on pressure (requests shed for the backlog, records lost or
+    #: dropped, spans over max_spans_per_second); double it back when calm.
+    adaptive_sampling: bool = True
+    #: Bytes of socket records waiting for the agent (in the ring and its processing queue)
+    #: past which new HTTP/1 requests are shed whatever the draw; 0: half the ring.
+    sampling_backlog: Size = 0
     #: Follow work handed to another thread of the process (a thread pool) by wake-ups: a
     #: sched_wakeup tracepoint keeps who last woke each thread of a traced process.
     handoffs: bool = True

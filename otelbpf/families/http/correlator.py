@@ -65,6 +65,7 @@ from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.families.http import genai, grpc_genai
 from otelbpf.families.http.links import ClientRequest, PeerLinks
 from otelbpf.families.http.netaddr import address_from_raw
+from otelbpf.families.http.probes import SHIFT_BIT, SHIFT_MASK
 from otelbpf.families.http.protocols.http1 import (
     Exchange,
     Http1Connection,
@@ -76,6 +77,7 @@ from otelbpf.families.http.protocols.http1 import (
 from otelbpf.families.http.protocols.http2 import H2Connection, Stream, looks_like_preface
 from otelbpf.families.http.protocols.limits import DEFAULT, Held, Limits
 from otelbpf.families.http.redact import quiet_payload_loggers, split_target, strip_userinfo
+from otelbpf.families.http.sampling import HeadSampler, add_counted, last_stamp, red_series, sampled_context
 from otelbpf.families.http.sockets import Conn, Connections
 from otelbpf.families.http.streaming import Gaps, ResponseWatch
 from otelbpf.families.http.tls import TlsConns
@@ -127,6 +129,8 @@ _DATA, _CONNECT, _ACCEPT, _LOCAL, _UNKNOWN, _CLOSE = (
     int(k)
     for k in (Kind.SOCK_DATA, Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT, Kind.SOCK_LOCAL, Kind.SOCK_UNKNOWN, Kind.SOCK_CLOSE)
 )
+#: A data record's sampling shift in its flags (sockets.c SOCKF_SHIFT_BIT).
+_SHIFT_BIT, _SHIFT_MASK = SHIFT_BIT, SHIFT_MASK
 #: The record fields _record reads, in the order of its row tuples (the payload follows).
 _FIELDS = (
     "ts_ns",
@@ -169,6 +173,7 @@ class _Open:
     parent_from: str = ""  # traceparent | peer | thread
     genai: genai.RequestFacts | None = None  # an OpenAI-compatible request's body facts
     watch: ResponseWatch | None = None  # how its response streamed
+    shift: int = 0  # kept by the kernel's head sampling with probability 2^-shift
 
 
 @dataclass
@@ -230,6 +235,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         max_routes: int = MAX_ROUTES,
         max_models: int = MAX_MODELS,
         capture_message_content: bool = False,
+        sampler: HeadSampler | None = None,
     ) -> None:
         """``limits``: what one connection and one process may hold (protocols/limits.py);
         ``max_routes``, ``max_models``: gRPC routes and GenAI models with their own metric series per
@@ -256,6 +262,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         self._durations: dict[tuple[int, str, Labels], list[float]] = defaultdict(list)
         self._series: dict[Labels, Labels] = {}  # labels in insertion order -> sorted (the series key)
         self._sampled_out = 0
+        self._sampler = sampler  # the kernel's HTTP/1 head sampling (sampling.py)
 
     # -- input ------------------------------------------------------------------
 
@@ -308,6 +315,10 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             self._tls_rows(self._tls.release())
             self._end_tls(self._tls.sweep())
             self._flush_durations()
+        if self._sampler is not None and is_data.any():
+            # the last data record's stamp (sockets.c: bytes written up to it, in its addr field)
+            self._sampler.processed(last_stamp(arr["addr"][is_data]))
+            self._sampler.tick()
         self._flush_spans()
 
     def on_tls(self, arr: np.ndarray) -> None:
@@ -387,6 +398,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                 if self._conns.rejected(pid, fd):
                     return
                 conn = self._conns.joined(pid, fd)
+            conn.shift = (flags >> _SHIFT_BIT) & _SHIFT_MASK
             egress = func in _EGRESS_FUNCS
             if ret <= 0:
                 if ret < 0 or (not egress and conn.role != "server"):
@@ -600,15 +612,21 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             if parent is None and conn.local and conn.remote:
                 parent, source = self._links.find(conn.remote, conn.local[1], stream_id, start), "peer"
             ctx = new_context(parent.trace_id if parent else None)
+            if conn.shift:
+                ctx = sampled_context(ctx, conn.shift, parent is None)
             interval = self._causality.open(conn.pid, tid, start, ctx)
-            return _Open(ctx, parent, start, tid, interval=interval, parent_from=source if parent else "")
+            opened = _Open(ctx, parent, start, tid, interval=interval, parent_from=source if parent else "")
+            opened.shift = conn.shift
+            return opened
         start = enter
         parent = self._causality.parent(conn.pid, tid, start)
         ctx = new_context(parent.trace_id if parent else None)
+        if conn.shift:
+            ctx = sampled_context(ctx, conn.shift, parent is None)
         link = (
             self._links.add(conn.local, conn.remote[1], stream_id, start, ctx) if conn.local and conn.remote else None
         )
-        return _Open(ctx, parent, start, tid, link=link, parent_from="thread" if parent else "")
+        return _Open(ctx, parent, start, tid, link=link, parent_from="thread" if parent else "", shift=conn.shift)
 
     # -- exchanges done -----------------------------------------------------------
 
@@ -819,6 +837,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         attrs["process.pid"] = conn.pid
         if opened.parent_from:
             attrs["otelbpf.parent.source"] = opened.parent_from
+        if opened.shift:
+            attrs["otelbpf.http.sampling.adjusted_count"] = 1 << opened.shift
         message = ""
         if problem in PARSE_PROBLEMS:
             attrs["otelbpf.http.incomplete"] = problem  # what we could not follow, not a failure of the exchange
@@ -1021,6 +1041,19 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             hist.add(np.asarray(values))
         self._durations.clear()
 
+    def _add_shed(self) -> None:
+        """Requests the kernel's head sampling shed, counted there: into the same series as spans'."""
+        if self._sampler is None:
+            return
+        self._sampler.tick(count_only=True)
+        for d in self._sampler.red_deltas(m.DURATION_BOUNDS):
+            metric, series = red_series(d, KNOWN_METHODS, OTHER)
+            durations = self._proc(d.pid).durations
+            hist = durations.get((metric, series))
+            if hist is None:
+                hist = durations[(metric, series)] = m.HistogramState(m.DURATION_BOUNDS)
+            add_counted(hist, d)
+
     def _new_process(self, pid: int, resource: Resource, start_ns: int) -> _Proc:
         return _Proc(resource, start_ns)
 
@@ -1030,6 +1063,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             sampled_out, self._sampled_out = self._sampled_out, 0
         if sampled_out:
             self._count("otelbpf.spans.sampled_out", sampled_out)
+            if self._sampler is not None:
+                self._sampler.over_budget(sampled_out)
         self._send(spans)
 
     # -- metrics ----------------------------------------------------------------
@@ -1045,6 +1080,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         now = self._clock.now_wall()
         out = []
         with self._lock:
+            self._add_shed()
             for pid, p in list(self._procs.items()):
                 if p.exited:
                     del self._procs[pid]  # this export carries its final counts

@@ -7,13 +7,16 @@ validating a config (``otelbpf validate``) loads every factory and should not pa
 
 from __future__ import annotations
 
+import dataclasses
+
 from otelbpf.families.factory import Context, Factory, Receiver
 from otelbpf.families.http.config import HttpReceiverConfig
 
 
 def build(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
     from otelbpf.families.http.correlator import HttpCorrelator
-    from otelbpf.families.http.probes import socket_family
+    from otelbpf.families.http.probes import RING, socket_family
+    from otelbpf.families.http.sampling import HeadSampler, shift_for
 
     family = socket_family(
         cfg.ports,
@@ -21,7 +24,21 @@ def build(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
         ring_bytes=cfg.ring_buffer_size,
         lib_users_only=cfg.processes == "gpu",
         handoffs=cfg.handoffs and ctx.traces,
+        backlog_bytes=cfg.sampling_backlog,
+        min_shift=shift_for(cfg.sampling_probability),
     )
+    sampler = HeadSampler(
+        lambda m, items: ctx.maps.update(m, items),
+        ctx.read_map,
+        lambda fn: ctx.maps.with_bpf(fn),
+        ctx.counter(name),
+        lambda: ctx.health.get("otelbpf.events.dropped", reason="processing_queue_full", ring=RING),
+        min_shift=shift_for(cfg.sampling_probability),
+        adaptive=cfg.adaptive_sampling,
+        backlog_bytes=cfg.sampling_backlog or cfg.ring_buffer_size // 2,
+        span_budget=ctx.span_rate(cfg.max_spans_per_second),
+    )
+    family = dataclasses.replace(family, on_unload=sampler.on_unload)
     correlator = HttpCorrelator(
         ctx.correlator_settings(),
         ctx.counter(name),
@@ -33,6 +50,7 @@ def build(name: str, cfg: HttpReceiverConfig, ctx: Context) -> Receiver:
         capture_message_content=cfg.capture_message_content,
         max_spans_per_second=ctx.span_rate(cfg.max_spans_per_second),
         traces=ctx.traces,
+        sampler=sampler,
     )
     from otelbpf.families.http.tls import RING as TLS_RING
 

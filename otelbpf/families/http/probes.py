@@ -9,6 +9,7 @@ the payload bytes copied per call, and the ring's size.
 from __future__ import annotations
 
 from otelbpf.base.events import SOCK_RECORD_DTYPE, SockFunc
+from otelbpf.correlate.metrics import DURATION_BOUNDS
 from otelbpf.sensor.family import ProbeFamily, RingSpec, TailCall
 
 RING = "sockdata"
@@ -18,6 +19,31 @@ VERDICT_MAP = "sock_verdict"
 LISTEN_MAP = "listen_ports"
 #: ``sock_state`` values a verdict gives.
 TRACK, IGNORE = 1, 2
+#: HTTP/1 head sampling (bpf/sockets.c http_gate): user space writes the shift (requests kept
+#: with probability 2^-shift), the stamp of the last data record it processed and the backlog
+#: past which requests are shed; the kernel counts its decisions and the shed requests.
+SAMPLING_MAP = "http_sampling"
+SAMPLING_SHIFT, SAMPLING_PROCESSED, SAMPLING_BACKLOG = 0, 1, 2
+DECISIONS_MAP = "http_decisions"
+#: http_decisions slots, as otelbpf.http.sampled's ``decision``: kept; shed by the draw; shed for
+#: the backlog; shed and not counted (http_red full); kept, then shed because its first record
+#: found the ring full (also in ``kept``); a client request shed with the server request its
+#: thread was serving.
+DECISIONS = ("kept", "probability", "backlog", "red_map_full", "ring_full", "parent")
+RED_MAP = "http_red"
+#: The most the kernel will shed: 1 request in 2^20 kept.
+MAX_SHIFT = 20
+#: HM_* in sockets.c, by index.
+METHODS = ("", "GET", "POST", "PUT", "DELETE", "HEAD", "PATCH", "OPTIONS", "CONNECT", "TRACE", "QUERY")
+#: Bits of a data record's flags that hold its request's sampling shift.
+SHIFT_BIT, SHIFT_MASK = 8, 0x1F
+
+
+def bounds_c() -> tuple[str, str]:
+    """The RED histograms' bounds for the kernel's buckets (ns): the same as the spans' (metrics.py)."""
+    return f"-DHTTP_BUCKETS={len(DURATION_BOUNDS)}", "-DHTTP_BOUNDS_NS={" + ",".join(
+        f"{round(b * 1e9)}ULL" for b in DURATION_BOUNDS
+    ) + "}"
 
 
 def verdict(ts_ns: int, state: int) -> int:
@@ -50,12 +76,17 @@ def socket_family(
     state_entries: int = 65536,
     lib_users_only: bool = False,
     handoffs: bool = False,
+    backlog_bytes: int = 0,
+    min_shift: int = 0,
 ) -> ProbeFamily:
     """The family for the configured ports (empty: every TCP port). ``lib_users_only``: in
     host mode, only processes that opened a library another family probes (and their
     children) are traced; the others cost one map lookup per socket syscall. ``handoffs``:
     who woke whom among a traced process's threads (sched_wakeup, common.h), so that CUDA
-    work handed to a pool thread is a child of the request that handed it."""
+    work handed to a pool thread is a child of the request that handed it. ``backlog_bytes``:
+    records waiting for user space past which HTTP/1 requests are shed (0: half the ring);
+    ``min_shift``: requests are kept with probability 2^-min_shift at most (sampling.py); both
+    compiled in, so that they hold from the first request, before user space writes its own."""
     if payload_bytes & (payload_bytes - 1) or not MIN_PAYLOAD <= payload_bytes <= MAX_PAYLOAD:
         raise ValueError(f"payload size must be a power of two in [{MIN_PAYLOAD}, {MAX_PAYLOAD}], got {payload_bytes}")
     assert int(SockFunc.close) == 12  # SF_* in sockets.c
@@ -69,9 +100,13 @@ def socket_family(
             f"-DSOCK_RING_PAGES={ring_bytes // 4096}",
             f"-DSOCK_STATE_ENTRIES={state_entries}",
             f"-DSOCK_MAX_IOV={MAX_IOV}",
+            *bounds_c(),
+            f"-DSOCK_BACKLOG_BYTES={backlog_bytes or ring_bytes // 2}",
+            f"-DSAMPLING_MIN_SHIFT={min_shift}",
             *(("-DSOCK_LIB_USERS_ONLY=1",) if lib_users_only else ()),
             *(("-DHANDOFFS=1", f"-DHANDOFF_ENTRIES={HANDOFF_ENTRIES}") if handoffs else ()),
         ),
         rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True),),
         tail_calls=(TailCall("sock_capture_prog", 0, "sock_capture"),),
+        counting_maps=(RED_MAP,),
     )

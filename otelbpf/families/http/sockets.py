@@ -48,6 +48,8 @@ class Conn:
     #: derived once per connection rather than per request (see HttpCorrelator._host_attrs).
     ends_attrs: tuple[tuple[str | None, str | None, Address | None, Address | None], dict[str, Any]] | None = None
     tls: bool = False  # the plaintext of a TLS connection (the tls receiver's records, tls.py)
+    #: The kernel's head sampling of the request whose records came last: kept with probability 2^-shift.
+    shift: int = 0
 
 
 class Connections:
