@@ -9,9 +9,10 @@ from otelbpf.families.registry import load_config
 def test_default_config_is_valid_and_writes_files():
     config = load_config(None, env={})
 
-    # every receiver that costs nothing while unused; requests of the processes that use a GPU
-    assert config.enabled_receivers() == {"cuda", "profiling", "http", "nccl", "ibverbs", "gpu"}
-    assert config.receivers["http"].processes == "gpu"
+    # every receiver that costs nothing while unused; requests (plain and over OpenSSL) of the
+    # processes that use a GPU
+    assert config.enabled_receivers() == {"cuda", "profiling", "http", "tls", "nccl", "ibverbs", "gpu"}
+    assert config.receivers["http"].processes == "gpu" and config.receivers["tls"].processes == "gpu"
     assert config.pipeline_signals() == ["traces", "metrics", "profiles"]
     assert config.pipeline_exporters("profiles") == [("file", FileExporterConfig())]
     for signal in ("traces", "metrics"):
