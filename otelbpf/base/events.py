@@ -321,6 +321,7 @@ SOCK_EGRESS = frozenset({SockFunc.write, SockFunc.writev, SockFunc.sendto, SockF
 #: ``sock_rec.flags`` bits (bpf/sockets.c).
 SOCKF_LISTENER_UNKNOWN = 1  # accept on a listener whose port the kernel did not know
 SOCKF_VECTOR_TRUNCATED = 2  # more iovecs than the probe copies: the payload stops early
+SOCKF_SHIFT_BIT = 8  # bits 8-12: the request's head-sampling shift (kept with probability 2^-shift)
 
 #: Size of ``struct sock_rec`` without its payload.
 SOCK_HEADER_BYTES = 64

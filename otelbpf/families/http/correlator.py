@@ -129,8 +129,6 @@ _DATA, _CONNECT, _ACCEPT, _LOCAL, _UNKNOWN, _CLOSE = (
     int(k)
     for k in (Kind.SOCK_DATA, Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT, Kind.SOCK_LOCAL, Kind.SOCK_UNKNOWN, Kind.SOCK_CLOSE)
 )
-#: A data record's sampling shift in its flags (sockets.c SOCKF_SHIFT_BIT).
-_SHIFT_BIT, _SHIFT_MASK = SHIFT_BIT, SHIFT_MASK
 #: The record fields _record reads, in the order of its row tuples (the payload follows).
 _FIELDS = (
     "ts_ns",
@@ -398,7 +396,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                 if self._conns.rejected(pid, fd):
                     return
                 conn = self._conns.joined(pid, fd)
-            conn.shift = (flags >> _SHIFT_BIT) & _SHIFT_MASK
+            conn.shift = (flags >> SHIFT_BIT) & SHIFT_MASK  # sockets.c SOCKF_SHIFT_BIT
             egress = func in _EGRESS_FUNCS
             if ret <= 0:
                 if ret < 0 or (not egress and conn.role != "server"):

@@ -8,7 +8,7 @@ the payload bytes copied per call, and the ring's size.
 
 from __future__ import annotations
 
-from otelbpf.base.events import SOCK_RECORD_DTYPE, SockFunc
+from otelbpf.base.events import SOCK_RECORD_DTYPE, SOCKF_SHIFT_BIT, SockFunc
 from otelbpf.correlate.metrics import DURATION_BOUNDS
 from otelbpf.sensor.family import ProbeFamily, RingSpec, TailCall
 
@@ -36,7 +36,7 @@ MAX_SHIFT = 20
 #: HM_* in sockets.c, by index.
 METHODS = ("", "GET", "POST", "PUT", "DELETE", "HEAD", "PATCH", "OPTIONS", "CONNECT", "TRACE", "QUERY")
 #: Bits of a data record's flags that hold its request's sampling shift.
-SHIFT_BIT, SHIFT_MASK = 8, 0x1F
+SHIFT_BIT, SHIFT_MASK = SOCKF_SHIFT_BIT, 0x1F
 
 
 def bounds_c() -> tuple[str, str]:
