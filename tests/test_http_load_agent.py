@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.agent import FAKE_CUDART, REPO, AgentProcess
 from otelbpf.families.http.probes import DECISIONS
+from test_http_agent import free_ports, write_config
 
 pytestmark = pytest.mark.bpf
 
@@ -59,33 +59,6 @@ for s in socks:
     s.close()
 print(done)
 """
-
-
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        return s.getsockname()[1]
-
-
-def config(tmp: Path, collector, ports: list[int], *, cuda: bool = False, **http: object) -> Path:
-    receivers = ["http", "cuda"] if cuda else ["http"]
-    doc = {
-        "receivers": {
-            "http": {"processes": "all", "ports": ports, **http},
-            **({"cuda": {"search_paths": []}} if cuda else {}),
-        },
-        "processors": {"batch": {"timeout": "100ms"}},
-        "exporters": {"otlp": {"endpoint": collector.grpc_endpoint, "timeout": "2s"}},
-        "service": {
-            "pipelines": {
-                "traces": {"receivers": receivers, "processors": ["batch"], "exporters": ["otlp"]},
-                "metrics": {"receivers": receivers, "processors": ["batch"], "exporters": ["otlp"]},
-            },
-            "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms"},
-        },
-    }
-    path = tmp / "otelbpf.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 @contextlib.contextmanager
@@ -127,9 +100,9 @@ def server_count(c, pid: int) -> int:
 
 def test_request_count_stays_exact_when_a_small_ring_sheds_spans(otlp_collector, tmp_path):
     c = otlp_collector
-    port = free_port()
+    (port,) = free_ports(1)
     with c_server(tmp_path, port) as server:
-        cfg = config(tmp_path, c, [port], ring_buffer_size="16KiB", sampling_backlog="8KiB")
+        cfg = write_config(tmp_path, c, [port], ring_buffer_size="16KiB", sampling_backlog="8KiB")
         # the server alone (--pid): in host mode other processes' records (other fds looked up)
         # share the small ring, and a burst of theirs can fill it whatever HTTP sheds
         with agent_running(cfg, "--pid", str(server.pid)):
@@ -160,7 +133,7 @@ def test_request_count_stays_exact_when_a_small_ring_sheds_spans(otlp_collector,
 
 
 def test_sampled_requests_keep_their_cuda_calls_and_downstream_call(otlp_collector, tmp_path):
-    front_port, back_port = free_port(), free_port()
+    front_port, back_port = free_ports(2)
     c = otlp_collector
     env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
 
@@ -175,7 +148,7 @@ def test_sampled_requests_keep_their_cuda_calls_and_downstream_call(otlp_collect
     frontend = app("frontend", str(front_port), str(back_port), str(FAKE_CUDART))
     n = 48
     try:
-        cfg = config(
+        cfg = write_config(
             tmp_path, c, [front_port, back_port], cuda=True, sampling_probability=0.25, adaptive_sampling=False
         )
         with agent_running(cfg):
