@@ -71,6 +71,7 @@ struct strevent {
 #define EV_SOCK_CLOSE 43
 #define EV_SOCK_UNKNOWN 44
 #define EV_SOCK_LOCAL 45        /* the local address of a connect()ed socket (bpf/sockets.c) */
+#define EV_SOCK_COUNTED 46      /* an HTTP/2 connection's streams are counted in the kernel from here on (bpf/h2_frames.h) */
 #define EV_PROFILE_PROC 50      /* first CPU sample or CUDA allocation of a process (bpf/profile.c) */
 #define EV_TORCH_OP 70          /* a torch operator returned (bpf/torch.c): a0 entry address, a1 depth, a2 exit address */
 #define EV_HANDOFF 80           /* the wake-up that handed the thread its work, reported at its next CUDA call: ts_ns the wake-up, a0 the waker's tid (0: that work is done, none known since), a1 the waker's own waker's tid (0: none), a2 when that one woke it */

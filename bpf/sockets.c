@@ -51,8 +51,13 @@ struct sk_state {
     u64 req_ts;   /* when the current request started (server: its first read's exit; client: first write's entry) */
     u8  method;   /* HM_* of the current request */
     u8  answered; /* a shed request's response was counted */
-    u8  pad2[6];
+    u8  h2;       /* SK_H2_*: whether h2_frames.h follows it as HTTP/2 */
+    u8  pad2[5];
 };
+
+#define SK_H2_UNKNOWN 0  /* not decided (no request-side bytes yet) */
+#define SK_H2_NO 1       /* its first request-side bytes were no HTTP/2 preface */
+#define SK_H2_YES 2      /* HTTP/2 whose frames h2_frames.h walks (h2_conns) */
 
 #define SK_ROLE_SERVER 1  /* accept()ed */
 #define SK_ROLE_CLIENT 2  /* connect()ed */
@@ -72,6 +77,9 @@ struct sk_state {
  * 2^-shift); addr[0..8] of a data record: the sockdata bytes written up to it (its stamp, which
  * user space hands back in http_sampling[SAMPLING_PROCESSED] once it has processed it). */
 #define SOCKF_SHIFT_BIT 8
+/* A data record of a connection not sampled here (HTTP/2) written by a thread serving an HTTP/1
+ * request that was shed: the HTTP/2 streams it opens are shed with it (user space samples them). */
+#define SOCKF_SERVING_SHED 0x2000
 
 #define SF_READ 1
 #define SF_WRITE 2
@@ -492,12 +500,13 @@ static __always_inline u64 sock_wake_stamp(u64 bytes, u64 *stamp)
                                                                                       : BPF_RB_NO_WAKEUP;
 }
 
-/* Send the assembled record, header plus ``n`` bytes of payload, of a request sampled at 2^-shift. */
-static __always_inline int emit_scratch(struct sock_scratch *s, u64 n, u8 shift)
+/* Send the assembled record, header plus ``n`` bytes of payload, with ``xflags`` (its request's
+ * sampling shift << SOCKF_SHIFT_BIT, SOCKF_SERVING_SHED). */
+static __always_inline int emit_scratch(struct sock_scratch *s, u64 n, u32 xflags)
 {
     n = clamp_payload(n, SOCK_PAYLOAD);
     s->rec.cap = n;
-    s->rec.flags |= (u32)shift << SOCKF_SHIFT_BIT;
+    s->rec.flags |= xflags;
     u64 stamp = 0;
     u64 flags = sock_wake_stamp(SOCK_HEADER_BYTES + n, &stamp);
     __builtin_memcpy(s->rec.addr, &stamp, sizeof(stamp));
@@ -509,7 +518,7 @@ static __always_inline int emit_scratch(struct sock_scratch *s, u64 n, u8 shift)
 }
 
 /* One buffer. */
-static __always_inline int emit_buffer(u64 id, struct sock_args *a, s32 ret, u8 shift)
+static __always_inline int emit_buffer(u64 id, struct sock_args *a, s32 ret, u32 xflags)
 {
     u32 zero = 0;
     struct sock_scratch *s = sock_scratch.lookup(&zero);
@@ -519,11 +528,11 @@ static __always_inline int emit_buffer(u64 id, struct sock_args *a, s32 ret, u8 
     u64 n = clamp_payload(ret, SOCK_PAYLOAD);
     if (n && read_user(s->rec.data, n, (void *)a->buf) != 0)
         n = 0;
-    return emit_scratch(s, n, shift);
+    return emit_scratch(s, n, xflags);
 }
 
 /* Several iovecs: bytes are laid out across them in order, up to ret. */
-static __always_inline int emit_vector(u64 id, struct sock_args *a, s32 ret, u64 vec, u64 vlen, u8 shift)
+static __always_inline int emit_vector(u64 id, struct sock_args *a, s32 ret, u64 vec, u64 vlen, u32 xflags)
 {
     u32 zero = 0;
     struct sock_scratch *s = sock_scratch.lookup(&zero);
@@ -548,7 +557,7 @@ static __always_inline int emit_vector(u64 id, struct sock_args *a, s32 ret, u64
     }
     if (off < want && i == SOCK_MAX_IOV)
         s->rec.flags |= SOCKF_VECTOR_TRUNCATED;
-    return emit_scratch(s, off, shift);
+    return emit_scratch(s, off, xflags);
 }
 
 /* A data call's exit is split in two. The exit tracepoint (eight of them, one per
@@ -559,8 +568,9 @@ static __always_inline int emit_vector(u64 id, struct sock_args *a, s32 ret, u64
  * The call is handed over in the thread's own sock_args (its return value added), which
  * the capture clears as it takes it. */
 /* Slot 0: sock_capture, placed by user space right after the compile
- * (ProbeFamily.tail_calls, sensor/program.py). */
-BPF_PROG_ARRAY(sock_capture_prog, 1);
+ * (ProbeFamily.tail_calls, sensor/program.py); slots 1-4: h2_capture, which sock_capture hands
+ * the calls of connections that may be HTTP/2, and the programs it goes on to (h2_frames.h). */
+BPF_PROG_ARRAY(sock_capture_prog, 5);
 
 static __always_inline int data_exit(void *ctx, long ret)
 {
@@ -589,8 +599,9 @@ static __always_inline int data_exit(void *ctx, long ret)
     return 0;
 }
 
-/* The first bytes a data call moved (up to 16, from its first buffer), for http_gate(). */
-static __always_inline u64 head_bytes(struct sock_args *a, s32 ret, u8 *h)
+/* The first bytes a data call moved (up to ``max``, from its first buffer), for http_gate() (16)
+ * and h2_of() (24). */
+static __always_inline u64 head_bytes(struct sock_args *a, s32 ret, u8 *h, u64 max)
 {
     u64 ptr = a->buf;
     u64 len = ret > 0 ? (u64)ret : 0;
@@ -611,7 +622,7 @@ static __always_inline u64 head_bytes(struct sock_args *a, s32 ret, u8 *h)
         if (iov.len < len)
             len = iov.len;
     }
-    u64 n = clamp_payload(len, 16);
+    u64 n = clamp_payload(len, max);
     if (n < 4 || read_user(h, n, (void *)ptr) != 0)
         return 0;
     return n;
@@ -623,6 +634,14 @@ static __always_inline u64 head_bytes(struct sock_args *a, s32 ret, u8 *h)
 #define GATE_EMIT 0
 #define GATE_SHED 1
 #define GATE_STARTED 2
+#define GATE_OTHER 3  /* not HTTP/1, maybe HTTP/2: h2_capture decides (h2_frames.h) */
+
+/* Whether a connection's call may be HTTP/2's (see h2_frames.h): not HTTP/1, and not found to be
+ * anything else. */
+static __always_inline int h2_candidate(struct sk_state *st)
+{
+    return st->role && (st->req == REQ_NONE || st->req == REQ_OTHER) && st->h2 != SK_H2_NO;
+}
 static __always_inline int http_gate(struct sock_args *a, struct sock_args *thread, s32 ret, u64 id, u8 *shift)
 {
     u64 key = fd_key(id >> 32, a->fd);
@@ -631,11 +650,11 @@ static __always_inline int http_gate(struct sock_args *a, struct sock_args *thre
         return 0;
     if (!st->role || st->req == REQ_OTHER || ret <= 0) {
         *shift = st->req == REQ_KEPT ? st->shift : 0;
-        return 0;
+        return h2_candidate(st) ? GATE_OTHER : GATE_EMIT;
     }
     int ingress = a->func == SF_READ || a->func == SF_READV || a->func == SF_RECVFROM || a->func == SF_RECVMSG;
     u8 h[16] = {};
-    u64 n = head_bytes(a, ret, h);
+    u64 n = head_bytes(a, ret, h, 16);
     u64 now = bpf_ktime_get_ns();
     if ((st->role == SK_ROLE_SERVER) == ingress) {
         /* the request's side: a request line starts a request, anything else continues one */
@@ -682,7 +701,7 @@ static __always_inline int http_gate(struct sock_args *a, struct sock_args *thre
             return req == REQ_SHED ? GATE_SHED : GATE_STARTED;
         } else if (st->req == REQ_NONE) {
             st->req = REQ_OTHER;  /* not HTTP/1: HTTP/2, TLS, ... never sampled here */
-            return 0;
+            return h2_candidate(st) ? GATE_OTHER : GATE_EMIT;
         }
     } else if (n >= 12 && has(h, "HTTP/1.", 7) && h[8] == ' ' && digit(h[9]) && digit(h[10]) && digit(h[11])) {
         /* a response's status line (1xx interim ones wait for the final): a server's thread is
@@ -696,8 +715,10 @@ static __always_inline int http_gate(struct sock_args *a, struct sock_args *thre
         }
     }
     *shift = st->req == REQ_KEPT ? st->shift : 0;
-    return st->req == REQ_SHED ? GATE_SHED : GATE_EMIT;
+    return st->req == REQ_SHED ? GATE_SHED : h2_candidate(st) ? GATE_OTHER : GATE_EMIT;
 }
+
+#include "h2_frames.h"
 
 /* The capture of a data call whose exit data_exit() let through. */
 int sock_capture(void *ctx)
@@ -713,17 +734,23 @@ int sock_capture(void *ctx)
     int gate = http_gate(&a, p, ret, id, &shift);
     if (gate == GATE_SHED)
         return 0;
+    if (gate == GATE_OTHER) {
+        h2_handoff(ctx, a.func);  /* maybe HTTP/2: h2_capture sends it, and walks its frames */
+        count_stat(STAT_SOCK_LOST);  /* only reached when h2_capture is not in place */
+        return 0;
+    }
+    u32 xflags = (u32)shift << SOCKF_SHIFT_BIT;
     int err;
     if (a.func == SF_READ || a.func == SF_WRITE || a.func == SF_SENDTO || a.func == SF_RECVFROM) {
-        err = emit_buffer(id, &a, ret, shift);
+        err = emit_buffer(id, &a, ret, xflags);
     } else if (a.func == SF_READV || a.func == SF_WRITEV) {
-        err = emit_vector(id, &a, ret, a.buf, a.vlen, shift);
+        err = emit_vector(id, &a, ret, a.buf, a.vlen, xflags);
     } else {
         /* struct user_msghdr: msg_iov at offset 16, msg_iovlen at 24 (x86-64 and arm64 ABI). */
         u64 hdr[2] = {};
         if (ret > 0)
             read_user(hdr, sizeof(hdr), (void *)(a.buf + 16));
-        err = emit_vector(id, &a, ret, hdr[0], hdr[1], shift);
+        err = emit_vector(id, &a, ret, hdr[0], hdr[1], xflags);
     }
     if (err && gate == GATE_STARTED) {
         /* A kept request whose first bytes found the ring full: user space has seen nothing of
@@ -951,7 +978,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
         return 0;
     if (st->req == REQ_SHED && !st->answered)
         red_count(tgid, st, 0, 1, bpf_ktime_get_ns());  /* a shed request that had no response */
+    int report = st->h2 != SK_H2_YES || h2_close(tgid, key, st, id, fd);  /* HTTP/2 counted in the kernel */
     sock_state.delete(&key);
+    if (!report)
+        return 0;
     struct sock_rec *r = control_record(id, bpf_ktime_get_ns(), fd, 0, EV_SOCK_CLOSE, SF_CLOSE);
     if (r)
         sockdata.ringbuf_submit(r, sock_wake(SOCK_HEADER_BYTES));

@@ -77,6 +77,7 @@ class Kind(enum.IntEnum):
     SOCK_CLOSE = 43  # close() of a tracked socket (sockdata ring)
     SOCK_UNKNOWN = 44  # first I/O on an fd the kernel has not classified (sockdata ring)
     SOCK_LOCAL = 45  # a connect()ed socket's local address, once established (sockdata ring)
+    SOCK_COUNTED = 46  # an HTTP/2 connection's streams are counted in the kernel from here on (sockdata ring)
     PROFILE_PROC = 50  # first CPU sample or CUDA allocation of a process (bpf/profile.c): inspect it
     CUDA_LAUNCH_SITE = 60  # first launch of (process, API, handle): a0 handle, a1 return address, a2 its caller's
     #: a CUDA Graphs call returned (capture, construction, instantiation, update, destruction,
@@ -322,6 +323,7 @@ SOCK_EGRESS = frozenset({SockFunc.write, SockFunc.writev, SockFunc.sendto, SockF
 SOCKF_LISTENER_UNKNOWN = 1  # accept on a listener whose port the kernel did not know
 SOCKF_VECTOR_TRUNCATED = 2  # more iovecs than the probe copies: the payload stops early
 SOCKF_SHIFT_BIT = 8  # bits 8-12: the request's head-sampling shift (kept with probability 2^-shift)
+SOCKF_SERVING_SHED = 0x2000  # written by a thread serving an HTTP/1 request the kernel shed
 
 #: Size of ``struct sock_rec`` without its payload.
 SOCK_HEADER_BYTES = 64

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import signal
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -53,8 +54,15 @@ def bpf_dir() -> Traversable:
     return resources.files("otelbpf").joinpath("bpf")
 
 
+#: ``#include "name.h"`` of a header in bpf/ (a family's own, e.g. sockets.c's h2_frames.h).
+_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.h)"[ \t]*$', re.MULTILINE)
+
+
 def _bpf_source(name: str) -> str:
-    return bpf_dir().joinpath(name).read_text()
+    """A file of bpf/, its own headers (``#include "x.h"``) put in its text where included: the
+    program's text is then all of what it compiles, which the program cache keys on."""
+    text = bpf_dir().joinpath(name).read_text()
+    return _LOCAL_INCLUDE.sub(lambda m: _bpf_source(m.group(1)), text)
 
 
 def _prefix_test(prefix: str) -> str:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import random
 import re
 import traceback
 from collections import defaultdict
@@ -54,10 +55,10 @@ import numpy as np
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, Metric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
-from otelbpf.base.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, Kind
+from otelbpf.base.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, SOCKF_SERVING_SHED, Kind
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.causality import Causality, Interval
@@ -77,7 +78,21 @@ from otelbpf.families.http.protocols.http1 import (
 from otelbpf.families.http.protocols.http2 import H2Connection, Stream, looks_like_preface
 from otelbpf.families.http.protocols.limits import DEFAULT, Held, Limits
 from otelbpf.families.http.redact import quiet_payload_loggers, split_target, strip_userinfo
-from otelbpf.families.http.sampling import HeadSampler, add_counted, last_stamp, red_series, sampled_context
+from otelbpf.families.http.sampling import (
+    GRPC_SERVER_ERRORS,
+    STREAM_DECISIONS,
+    STREAM_KEPT,
+    STREAM_PARENT,
+    STREAM_PROBABILITY,
+    H2Delta,
+    HeadSampler,
+    RedDelta,
+    add_counted,
+    h2_series,
+    last_stamp,
+    red_series,
+    sampled_context,
+)
 from otelbpf.families.http.sockets import Conn, Connections
 from otelbpf.families.http.streaming import Gaps, ResponseWatch
 from otelbpf.families.http.tls import TlsConns
@@ -117,17 +132,24 @@ _GRPC_PATH = re.compile(r"/([^/]+)/([^/]+)")
 _HAND_OFF = 4096
 #: Chunks a server may send before the client's first bytes decide the protocol (HTTP/2 SETTINGS).
 _PENDING_CHUNKS = 16
-#: gRPC codes that are server errors (OpenTelemetry's rpc conventions); any non-OK code fails a client span.
-_GRPC_SERVER_ERRORS = frozenset({2, 4, 12, 13, 14, 15})
 _EGRESS = np.array(sorted(int(f) for f in SOCK_EGRESS), dtype=np.uint8)
 #: The same as plain ints, for the membership test per data record.
 _EGRESS_FUNCS = frozenset(_EGRESS.tolist())
+_getrandbits = random.Random().getrandbits
 #: Enum members read once: each read through the class costs a descriptor call, per span.
 _SERVER, _CLIENT = SpanKind.SERVER, SpanKind.CLIENT
 #: Record kinds as plain ints: compared once or more per record.
-_DATA, _CONNECT, _ACCEPT, _LOCAL, _UNKNOWN, _CLOSE = (
+_DATA, _CONNECT, _ACCEPT, _LOCAL, _UNKNOWN, _CLOSE, _COUNTED = (
     int(k)
-    for k in (Kind.SOCK_DATA, Kind.SOCK_CONNECT, Kind.SOCK_ACCEPT, Kind.SOCK_LOCAL, Kind.SOCK_UNKNOWN, Kind.SOCK_CLOSE)
+    for k in (
+        Kind.SOCK_DATA,
+        Kind.SOCK_CONNECT,
+        Kind.SOCK_ACCEPT,
+        Kind.SOCK_LOCAL,
+        Kind.SOCK_UNKNOWN,
+        Kind.SOCK_CLOSE,
+        Kind.SOCK_COUNTED,
+    )
 )
 #: The record fields _record reads, in the order of its row tuples (the payload follows).
 _FIELDS = (
@@ -172,6 +194,25 @@ class _Open:
     genai: genai.RequestFacts | None = None  # an OpenAI-compatible request's body facts
     watch: ResponseWatch | None = None  # how its response streamed
     shift: int = 0  # kept by the kernel's head sampling with probability 2^-shift
+    #: HTTP/2 stream sampling (user space): the decision (STREAM_* in sampling.py), counted when the
+    #: stream ends; a shed stream (``shed``) feeds the metrics and builds no span.
+    decision: int = -1
+    shed: bool = False
+
+
+@dataclass(slots=True)
+class _Serving:
+    """The server request a thread began reading last, and its sampling: the fate of the HTTP/2
+    client streams the thread makes meanwhile."""
+
+    start_ns: int
+    kept: bool
+    shift: int
+    end_ns: int | None = None
+
+
+#: A shed stream's context: never exported, never a parent.
+_SHED = INVALID_SPAN_CONTEXT
 
 
 @dataclass
@@ -261,6 +302,10 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         self._series: dict[Labels, Labels] = {}  # labels in insertion order -> sorted (the series key)
         self._sampled_out = 0
         self._sampler = sampler  # the kernel's HTTP/1 head sampling (sampling.py)
+        #: HTTP/2 streams are sampled here, at the sampler's shift (spans only; metrics count all)
+        self._sample_streams = sampler is not None and traces
+        self._serving: dict[tuple[int, int], _Serving] = {}  # by (pid, tid): see _Serving
+        self._stream_decisions = [0] * len(STREAM_DECISIONS)  # this batch's, handed to the sampler
 
     # -- input ------------------------------------------------------------------
 
@@ -279,6 +324,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                     self._guarded(self._end, conn, None, "process_exited")
                 self._held.pop(pid, None)
                 self._causality.forget_process(pid)
+                for key in [k for k in self._serving if k[0] == pid]:
+                    del self._serving[key]
                 self._flush_durations()
                 if pid in self._procs:
                     self._procs[pid].exited = True
@@ -397,6 +444,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                     return
                 conn = self._conns.joined(pid, fd)
             conn.shift = (flags >> SHIFT_BIT) & SHIFT_MASK  # sockets.c SOCKF_SHIFT_BIT
+            conn.serving_shed = bool(flags & SOCKF_SERVING_SHED)
             egress = func in _EGRESS_FUNCS
             if ret <= 0:
                 if ret < 0 or (not egress and conn.role != "server"):
@@ -424,6 +472,28 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             conn = self._conns.closed(pid, fd)
             if conn is not None:
                 self._end(conn, stamp, "")
+        elif kind == _COUNTED:
+            conn = self._conns.get(pid, fd)
+            if conn is not None:
+                self._counted(conn, ts)
+
+    def _counted(self, conn: Conn, ts: int) -> None:
+        """The kernel counts this HTTP/2 connection's streams from here on (bpf/h2_frames.h): its
+        streams in flight are dropped without being counted (the kernel counts their ends), the
+        threads and peers they were open on are closed, and its later bytes are not parsed."""
+        if isinstance(conn.session, H2Connection):
+            for stream in conn.session.abandon():
+                opened = stream.tag
+                if isinstance(opened, _Open):
+                    if opened.interval is not None:
+                        self._causality.close(conn.pid, opened.tid, opened.interval, max(ts, opened.start_ns))
+                    if opened.link is not None:
+                        self._links.end(opened.link, max(ts, opened.start_ns))
+            self._report_problems(conn)
+        conn.session = None
+        conn.protocol = "counted"
+        conn.pending.clear()
+        self._count("otelbpf.http.h2.counted_connections", 1)
 
     def _replace(self, pid: int, fd: int, stamp: Stamp) -> None:
         """A new connection on an fd number whose close was not seen."""
@@ -462,6 +532,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         if conn.protocol is None and not self._infer(conn, egress, payload, missing, stamp):
             return
         if conn.protocol not in ("http1", "http2"):
+            # counted: a record that raced the kernel's switch to counting (another thread's call
+            # on the same connection): its streams' ends are neither the kernel's nor parsed here
             self._count("otelbpf.http.unparsed_bytes", len(payload) + missing, protocol=conn.protocol)
             return
         c2s = egress == (conn.role == "client")
@@ -547,7 +619,10 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         msg.sink = opened.genai = self._genai_request(msg.head.method, msg.head.target)
 
     def _request_http2(self, conn: Conn, stream: Stream) -> None:
-        opened = stream.tag = self._open(conn, stream.first, stream.header("traceparent"), stream.id)
+        if self._sample_streams:
+            opened = stream.tag = self._sampled_open(conn, stream)
+        else:
+            opened = stream.tag = self._open(conn, stream.first, stream.header("traceparent"), stream.id)
         method = stream.header(":method")
         if method == "POST":  # gRPC calls are too: the path decides
             stream.request_sink = opened.genai = self._genai_request(method, stream.header(":path") or "")
@@ -602,29 +677,64 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         )
         return ResponseWatch(sse=sse, genai=facts, limits=self._limits)
 
-    def _open(self, conn: Conn, first: Stamp, traceparent: str | None, stream_id: int) -> _Open:
+    def _sampled_open(self, conn: Conn, stream: Stream) -> _Open:
+        """An HTTP/2 stream's request, sampled here (sampling.py): a server stream is kept with
+        probability 2^-shift; a client stream takes the fate of the server request its thread
+        began reading last, if that is still open (the kernel's flag says so for an HTTP/1
+        request it shed), else draws as a server stream does. A shed stream feeds the metrics
+        only: no span context, no thread interval, no peer link."""
+        enter, exit_, tid = stream.first
+        server = conn.role == "server"
+        start = exit_ if server else enter
+        serving = None if server else self._serving.get((conn.pid, tid))
+        if serving is not None and serving.start_ns <= start and (serving.end_ns is None or start <= serving.end_ns):
+            kept, shift, decision = serving.kept, serving.shift, STREAM_KEPT if serving.kept else STREAM_PARENT
+        elif not server and conn.serving_shed:
+            kept, shift, decision = False, 0, STREAM_PARENT
+        else:
+            assert self._sampler is not None  # _sample_streams
+            shift = self._sampler.shift
+            kept = not shift or not _getrandbits(shift)
+            decision = STREAM_KEPT if kept else STREAM_PROBABILITY
+        if kept:
+            opened = self._open(conn, stream.first, stream.header("traceparent"), stream.id, shift)
+        else:
+            opened = _Open(_SHED, None, start, tid, shed=True)
+            if server:
+                self._serving[(conn.pid, tid)] = _Serving(start, False, shift)
+        opened.decision = decision
+        return opened
+
+    def _open(
+        self, conn: Conn, first: Stamp, traceparent: str | None, stream_id: int, shift: int | None = None
+    ) -> _Open:
+        """``shift``: the request's sampling (kept with probability 2^-shift), if not the kernel's."""
         enter, exit_, tid = first
+        if shift is None:
+            shift = conn.shift
         if conn.role == "server":
             start = exit_
             parent, source = parse_traceparent(traceparent) if traceparent else None, "traceparent"
             if parent is None and conn.local and conn.remote:
                 parent, source = self._links.find(conn.remote, conn.local[1], stream_id, start), "peer"
             ctx = new_context(parent.trace_id if parent else None)
-            if conn.shift:
-                ctx = sampled_context(ctx, conn.shift, parent is None)
+            if shift:
+                ctx = sampled_context(ctx, shift, parent is None)
             interval = self._causality.open(conn.pid, tid, start, ctx)
             opened = _Open(ctx, parent, start, tid, interval=interval, parent_from=source if parent else "")
-            opened.shift = conn.shift
+            opened.shift = shift
+            if self._sample_streams:
+                self._serving[(conn.pid, tid)] = _Serving(start, True, shift)
             return opened
         start = enter
         parent = self._causality.parent(conn.pid, tid, start)
         ctx = new_context(parent.trace_id if parent else None)
-        if conn.shift:
-            ctx = sampled_context(ctx, conn.shift, parent is None)
+        if shift:
+            ctx = sampled_context(ctx, shift, parent is None)
         link = (
             self._links.add(conn.local, conn.remote[1], stream_id, start, ctx) if conn.local and conn.remote else None
         )
-        return _Open(ctx, parent, start, tid, link=link, parent_from="thread" if parent else "", shift=conn.shift)
+        return _Open(ctx, parent, start, tid, link=link, parent_from="thread" if parent else "", shift=shift)
 
     # -- exchanges done -----------------------------------------------------------
 
@@ -681,6 +791,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
     def _finished_http2(self, conn: Conn, s: Stream) -> None:
         if s.tag is None:
             return
+        if s.tag.decision >= 0:
+            self._stream_decisions[s.tag.decision] += 1
         attrs: dict[str, object] = {
             "network.protocol.name": "http",
             "network.protocol.version": "2",
@@ -825,6 +937,10 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         server = conn.role == "server"
         start_ns = opened.start_ns
         end_ns = end[1] if end[1] > start_ns else start_ns
+        if server and self._sample_streams:
+            serving = self._serving.get((conn.pid, opened.tid))
+            if serving is not None and serving.start_ns == start_ns:
+                serving.end_ns = end_ns
         if opened.interval is not None:
             self._causality.close(conn.pid, opened.tid, opened.interval, end_ns)
             if opened.interval.concurrent:
@@ -842,7 +958,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             attrs["otelbpf.http.incomplete"] = problem  # what we could not follow, not a failure of the exchange
         elif problem:
             attrs["error.type"] = message = problem
-        if grpc is not None and (grpc in _GRPC_SERVER_ERRORS if server else grpc != 0):
+        if grpc is not None and (grpc in GRPC_SERVER_ERRORS if server else grpc != 0):
             attrs.setdefault("error.type", str(grpc))
             message = message or grpc_message or f"gRPC status {grpc}"
         elif grpc is None and status >= (500 if server else 400):
@@ -853,7 +969,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             self._streamed(conn, server, opened.watch, attrs, start_ns, first_byte)
         if opened.genai is not None:
             self._genai(conn, server, opened.genai, opened.watch, attrs, start_ns, end_ns)
-        if not self._traces:
+        if not self._traces or opened.shed:
             return
         if not self._budget.take(1):  # decided before the span is built: building is most of its cost
             self._sampled_out += 1
@@ -1030,7 +1146,11 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         return OTHER, OTHER
 
     def _flush_durations(self) -> None:
-        """Histograms take whole arrays: one numpy call per series and batch, not per request."""
+        """Histograms take whole arrays: one numpy call per series and batch, not per request.
+        The batch's HTTP/2 sampling decisions go to the sampler with them."""
+        if self._sampler is not None and any(self._stream_decisions):
+            self._sampler.streams_decided(self._stream_decisions)
+            self._stream_decisions = [0] * len(STREAM_DECISIONS)
         for (pid, metric, labels), values in self._durations.items():
             durations = self._proc(pid).durations
             hist = durations.get((metric, labels))
@@ -1044,9 +1164,12 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         if self._sampler is None:
             return
         self._sampler.tick(count_only=True)
-        for d in self._sampler.red_deltas(m.DURATION_BOUNDS):
-            metric, series = red_series(d, KNOWN_METHODS, OTHER)
-            durations = self._proc(d.pid).durations
+        counted: list[tuple[int, str, Labels, RedDelta | H2Delta]] = [
+            (d.pid, *red_series(d, KNOWN_METHODS, OTHER), d) for d in self._sampler.red_deltas(m.DURATION_BOUNDS)
+        ]
+        counted += [(d.pid, *h2_series(d, KNOWN_METHODS, OTHER), d) for d in self._sampler.h2_deltas(m.DURATION_BOUNDS)]
+        for pid, metric, series, d in counted:
+            durations = self._proc(pid).durations
             hist = durations.get((metric, series))
             if hist is None:
                 hist = durations[(metric, series)] = m.HistogramState(m.DURATION_BOUNDS)

@@ -31,6 +31,29 @@ DECISIONS_MAP = "http_decisions"
 #: thread was serving.
 DECISIONS = ("kept", "probability", "backlog", "red_map_full", "ring_full", "parent")
 RED_MAP = "http_red"
+#: The programs in sock_capture_prog, by slot: the capture every data call's exit hands over,
+#: and HTTP/2's (bpf/h2_frames.h H2_PROG_*).
+TAIL_CALLS = ("sock_capture", "h2_capture", "h2_walk", "h2_blocks", "h2_ends")
+#: HTTP/2 streams counted in the kernel (bpf/h2_frames.h): by process, end, gRPC or not, method,
+#: :status, grpc-status, how the stream ended, duration bucket; and the walk's own counts.
+H2_RED_MAP = "h2_red"
+H2_STATS_MAP = "h2_stats"
+#: h2_stats slots (H2S_* in h2_frames.h), as otelbpf.http.problems' ``reason`` (but ``switched``:
+#: otelbpf.http.h2.counted_connections).
+H2_STATS = (
+    "switched",
+    "h2_walk_desync",
+    "h2_walk_steps",
+    "h2_not_settings",
+    "h2_stream_table_full",
+    "h2_stream_untracked",
+    "h2_red_map_full",
+    "h2_announce_lost",
+)
+#: h2_red_key.end: the response's END_STREAM, a RST_STREAM, the connection's close.
+H2_ENDS = ("", "ended", "reset", "closed")
+#: Connections whose HTTP/2 frames the kernel follows, and streams it holds (LRU maps).
+H2_CONN_ENTRIES, H2_STREAM_ENTRIES = 16384, 65536
 #: The most the kernel will shed: 1 request in 2^20 kept.
 MAX_SHIFT = 20
 #: HM_* in sockets.c, by index.
@@ -39,11 +62,17 @@ METHODS = ("", "GET", "POST", "PUT", "DELETE", "HEAD", "PATCH", "OPTIONS", "CONN
 SHIFT_BIT, SHIFT_MASK = SOCKF_SHIFT_BIT, 0x1F
 
 
-def bounds_c() -> tuple[str, str]:
-    """The RED histograms' bounds for the kernel's buckets (ns): the same as the spans' (metrics.py)."""
-    return f"-DHTTP_BUCKETS={len(DURATION_BOUNDS)}", "-DHTTP_BOUNDS_NS={" + ",".join(
-        f"{round(b * 1e9)}ULL" for b in DURATION_BOUNDS
-    ) + "}"
+def bounds_c() -> tuple[str, str, str]:
+    """The RED histograms' bounds for the kernel's buckets (ns): the same as the spans' (metrics.py).
+    As an array initializer, and as ``HTTP_BOUND(i)``, a conditional that folds to a constant for
+    a constant ``i`` (no array on the stack)."""
+    ns = [f"{round(b * 1e9)}ULL" for b in DURATION_BOUNDS]
+    chain = "".join(f"(i) == {i} ? {b} : " for i, b in enumerate(ns)) + "0ULL"
+    return (
+        f"-DHTTP_BUCKETS={len(DURATION_BOUNDS)}",
+        "-DHTTP_BOUNDS_NS={" + ",".join(ns) + "}",
+        f"-DHTTP_BOUND(i)=({chain})",
+    )
 
 
 def verdict(ts_ns: int, state: int) -> int:
@@ -103,10 +132,12 @@ def socket_family(
             *bounds_c(),
             f"-DSOCK_BACKLOG_BYTES={backlog_bytes or ring_bytes // 2}",
             f"-DSAMPLING_MIN_SHIFT={min_shift}",
+            f"-DH2_CONN_ENTRIES={H2_CONN_ENTRIES}",
+            f"-DH2_STREAM_ENTRIES={H2_STREAM_ENTRIES}",
             *(("-DSOCK_LIB_USERS_ONLY=1",) if lib_users_only else ()),
             *(("-DHANDOFFS=1", f"-DHANDOFF_ENTRIES={HANDOFF_ENTRIES}") if handoffs else ()),
         ),
         rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True),),
-        tail_calls=(TailCall("sock_capture_prog", 0, "sock_capture"),),
-        counting_maps=(RED_MAP,),
+        tail_calls=tuple(TailCall("sock_capture_prog", i, name) for i, name in enumerate(TAIL_CALLS)),
+        counting_maps=(RED_MAP, H2_RED_MAP),
     )

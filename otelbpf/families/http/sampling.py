@@ -37,6 +37,10 @@ from otelbpf.base.events import Stat
 from otelbpf.families.http.probes import (
     DECISIONS,
     DECISIONS_MAP,
+    H2_ENDS,
+    H2_RED_MAP,
+    H2_STATS,
+    H2_STATS_MAP,
     MAX_SHIFT,
     METHODS,
     RED_MAP,
@@ -52,6 +56,12 @@ TICK_S = 0.5
 CALM_TICKS = 6
 #: 56 bits of randomness in a trace id (W3C trace context level 2), as the spec's threshold counts them.
 _R_BITS = 56
+#: gRPC codes that are server errors (OpenTelemetry's rpc conventions); any non-OK code fails a client call.
+GRPC_SERVER_ERRORS = frozenset({2, 4, 12, 13, 14, 15})
+#: HTTP/2 streams are sampled in user space (correlator.py ``_sampled_open``), at the same shift:
+#: their decisions, as otelbpf.http.sampled's ``decision`` (``protocol=http2``).
+STREAM_DECISIONS = ("kept", "probability", "parent")
+STREAM_KEPT, STREAM_PROBABILITY, STREAM_PARENT = range(3)
 
 
 def last_stamp(addrs: np.ndarray) -> int:
@@ -106,6 +116,24 @@ class RedDelta:
     max_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class H2Delta:
+    """HTTP/2 streams the kernel counted (bpf/h2_frames.h) since the last read, for one series and bucket."""
+
+    pid: int
+    server: bool
+    grpc: bool
+    method: str  # "" unknown
+    status: int  # 0 unknown
+    code: int | None  # grpc-status, None unknown
+    end: str  # ended | reset | closed
+    bucket: int
+    count: int
+    sum_s: float
+    min_s: float
+    max_s: float
+
+
 class HeadSampler:
     def __init__(
         self,
@@ -140,12 +168,22 @@ class HeadSampler:
         self._pending = [0] * len(DECISIONS)  # decisions since the controller's last tick
         self._lost = 0
         self._lost_pending = 0
-        self._final: tuple[list[int], int] | None = None
+        self._final: tuple[list[int], int, list[int]] | None = None
         #: tick() runs on the processing thread, tick(count_only) on the metrics thread
         self._lock = threading.Lock()
         self._dropped = 0
         self._over_budget = 0
         self._red_seen: dict[bytes, tuple[int, int]] = {}
+        self._h2_seen: dict[bytes, tuple[int, int]] = {}
+        self._h2_stats = [0] * len(H2_STATS)
+        self._streams = [0] * len(STREAM_DECISIONS)  # HTTP/2 decisions not reported yet
+        self._streams_kept = 0  # HTTP/2 streams kept since the controller's last tick
+
+    def streams_decided(self, counts: list[int]) -> None:
+        """HTTP/2 streams sampled in user space (by STREAM_* index), ended since the last call."""
+        with self._lock:
+            self._streams = [a + b for a, b in zip(self._streams, counts, strict=True)]
+            self._streams_kept += counts[STREAM_KEPT]
 
     def processed(self, stamp: int) -> None:
         """The stamp of the last data record processed (bytes the kernel had written up to it)."""
@@ -180,6 +218,7 @@ class HeadSampler:
         if read is None:
             return
         delta, lost_now = read
+        streams_kept, self._streams_kept = self._streams_kept, 0
         dropped = self._queue_drops()
         dropped_now, self._dropped = dropped - self._dropped, dropped
         over, self._over_budget = self._over_budget, 0
@@ -192,7 +231,7 @@ class HeadSampler:
                 self._set(self.shift + 1)
             return
         self._calm += 1
-        kept_rate = delta[0] / elapsed if elapsed > 0 else 0.0
+        kept_rate = (delta[0] + streams_kept) / elapsed if elapsed > 0 else 0.0
         fits = not self._budget or 2 * kept_rate < 0.8 * self._budget  # no traces: no span budget
         if self._calm >= CALM_TICKS and self.shift > self.min_shift and fits:
             self._calm = 0
@@ -201,19 +240,27 @@ class HeadSampler:
     def _count_decisions(self, *, consume: bool) -> tuple[list[int], int] | None:
         """Count the kernel's decisions since the last read. ``consume``: also hand the controller
         the decisions and kernel losses since its last tick (None when the program is gone)."""
+        streams, self._streams = self._streams, [0] * len(STREAM_DECISIONS)
+        for name, n in zip(STREAM_DECISIONS, streams, strict=True):
+            if n:
+                self._count("otelbpf.http.sampled", n, decision=name, protocol="http2")
         read = self._with_bpf(_read_counters)
         if read is None:
             read, self._final = self._final, None  # unloaded: what on_unload read, once
             if read is None:
                 return None
-        decisions, lost = read
+        decisions, lost, h2_stats = read
+        for name, n, seen in zip(H2_STATS, h2_stats, self._h2_stats, strict=True):
+            if n > seen and name != "switched":  # switches: otelbpf.http.h2.counted_connections, as announced
+                self._count("otelbpf.http.problems", n - seen, reason=name)
+        self._h2_stats = h2_stats
         delta = [max(0, n - seen) for n, seen in zip(decisions, self._decisions, strict=True)]
         self._decisions = decisions
         reported = list(delta)
         reported[0] -= min(delta[0], delta[4])  # ring_full ones were counted kept first
         for name, n in zip(DECISIONS, reported, strict=True):
             if n:
-                self._count("otelbpf.http.sampled", n, decision=name)
+                self._count("otelbpf.http.sampled", n, decision=name, protocol="http1")
         self._pending = [a + b for a, b in zip(self._pending, delta, strict=True)]
         self._lost_pending += max(0, lost - self._lost)
         self._lost = lost
@@ -230,6 +277,40 @@ class HeadSampler:
     def _set(self, shift: int) -> None:
         self.shift = shift
         self._update(SAMPLING_MAP, [(SAMPLING_SHIFT, shift)])
+
+    def h2_deltas(self, bounds_s: tuple[float, ...]) -> list[H2Delta]:
+        """HTTP/2 streams the kernel counted since the last call (its counts are cumulative); the
+        count goes to otelbpf.http.sampled{decision=counted, protocol=http2} too."""
+        out = []
+        counted = 0
+        for k, v in self._read(H2_RED_MAP):
+            key = bytes(memoryview(k))
+            count, sum_ns = int(v.count), int(v.sum_ns)
+            seen_count, seen_sum = self._h2_seen.get(key, (0, 0))
+            if count <= seen_count:
+                continue
+            self._h2_seen[key] = (count, sum_ns)
+            method, code, end = int(k.method), int(k.code), int(k.end)
+            out.append(
+                H2Delta(
+                    pid=int(k.pid),
+                    server=int(k.role) == 1,
+                    grpc=bool(k.grpc),
+                    method=METHODS[method] if 0 < method < len(METHODS) else "",
+                    status=int(k.status),
+                    code=code - 1 if code else None,
+                    end=H2_ENDS[end] if 0 < end < len(H2_ENDS) else "ended",
+                    bucket=min(int(k.bucket), len(bounds_s)),
+                    count=count - seen_count,
+                    sum_s=(sum_ns - seen_sum) / 1e9,
+                    min_s=int(v.min_ns) / 1e9,
+                    max_s=int(v.max_ns) / 1e9,
+                )
+            )
+            counted += count - seen_count
+        if counted:
+            self._count("otelbpf.http.sampled", counted, decision="counted", protocol="http2")
+        return out
 
     def red_deltas(self, bounds_s: tuple[float, ...]) -> list[RedDelta]:
         """Shed requests the kernel counted since the last call (its counts are cumulative)."""
@@ -259,12 +340,48 @@ class HeadSampler:
         return out
 
 
-def _read_counters(bpf: Any) -> tuple[list[int], int]:
-    """The kernel's decision counts and its sockdata losses, summed over CPUs."""
+def _read_counters(bpf: Any) -> tuple[list[int], int, list[int]]:
+    """The kernel's decision counts, its sockdata losses and its HTTP/2 walk's counts, summed over CPUs."""
     table = bpf[DECISIONS_MAP]
     decisions = [int(sum(table[table.Key(i)])) for i in range(len(DECISIONS))]
     stats = bpf["stats"]
-    return decisions, int(sum(stats[stats.Key(int(Stat.SOCK_LOST))]))
+    h2 = bpf[H2_STATS_MAP]
+    h2_stats = [int(sum(h2[h2.Key(i)])) for i in range(len(H2_STATS))]
+    return decisions, int(sum(stats[stats.Key(int(Stat.SOCK_LOST))])), h2_stats
+
+
+def h2_series(d: H2Delta, known_methods: frozenset[str], other: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """The metric and the (sorted) labels an HTTP/2 stream the kernel counted goes to: the series a
+    span of it would have fed (HttpCorrelator._record_metrics) as far as the kernel could read it.
+    A gRPC call's route is never known there (its :path is HPACK-coded): ``_OTHER``, the series of
+    the routes a process has too many of; an unknown status leaves its label out."""
+    key: tuple[tuple[str, Any], ...]
+    error = {"reset": "reset", "closed": "connection_closed"}.get(d.end)
+    if d.grpc:
+        key = (("rpc.system", "grpc"), ("rpc.service", other), ("rpc.method", other))
+        if d.code is not None:
+            key += (("rpc.grpc.status_code", d.code),)
+            if error is None and (d.code in GRPC_SERVER_ERRORS if d.server else d.code != 0):
+                error = str(d.code)
+        elif error is None and d.status >= (500 if d.server else 400):
+            error = str(d.status)
+        metric = "rpc.server.duration" if d.server else "rpc.client.duration"
+    else:
+        key = (
+            ("http.request.method", d.method if d.method in known_methods else other),
+            ("network.protocol.version", "2"),
+        )
+        if d.status:
+            cls = f"{d.status // 100}xx" if 100 <= d.status < 600 else "other"
+            key += (("http.response.status_code", d.status), ("http.response.status_class", cls))
+            if error is None and d.status >= (500 if d.server else 400):
+                error = str(d.status)
+        else:
+            key += (("http.response.status_class", "none"),)
+        metric = "http.server.request.duration" if d.server else "http.client.request.duration"
+    if error is not None:
+        key += (("error.type", error),)
+    return metric, tuple(sorted(key))
 
 
 def red_series(d: RedDelta, known_methods: frozenset[str], other: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
@@ -285,7 +402,7 @@ def red_series(d: RedDelta, known_methods: frozenset[str], other: str) -> tuple[
     return metric, tuple(sorted(key))
 
 
-def add_counted(hist: Any, d: RedDelta) -> None:
+def add_counted(hist: Any, d: RedDelta | H2Delta) -> None:
     """Add the kernel's counts of one bucket to a metrics.HistogramState."""
     hist.counts[d.bucket] += d.count
     hist.total += d.sum_s

@@ -50,6 +50,9 @@ class Conn:
     tls: bool = False  # the plaintext of a TLS connection (the tls receiver's records, tls.py)
     #: The kernel's head sampling of the request whose records came last: kept with probability 2^-shift.
     shift: int = 0
+    #: The last record was written by a thread serving an HTTP/1 request the kernel shed
+    #: (SOCKF_SERVING_SHED): the HTTP/2 streams it opens are shed with it.
+    serving_shed: bool = False
 
 
 class Connections:

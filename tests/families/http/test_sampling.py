@@ -5,6 +5,7 @@ requests joining the spans' series."""
 from __future__ import annotations
 
 import ctypes
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +18,9 @@ from otelbpf.correlate import metrics as m
 from otelbpf.families.http.correlator import KNOWN_METHODS, OTHER
 from otelbpf.families.http.probes import (
     DECISIONS,
+    H2_RED_MAP,
+    H2_STATS,
+    RED_MAP,
     SAMPLING_BACKLOG,
     SAMPLING_MAP,
     SAMPLING_PROCESSED,
@@ -78,9 +82,14 @@ def test_last_stamp_reads_the_first_eight_bytes_of_each_address():
 
 
 def test_kernel_bounds_are_the_span_histograms_in_ns():
-    count, bounds = bounds_c()
+    count, bounds, bound = bounds_c()
     assert count == f"-DHTTP_BUCKETS={len(m.DURATION_BOUNDS)}"
     assert bounds.startswith("-DHTTP_BOUNDS_NS={1000ULL,5000ULL,") and bounds.endswith("60000000000ULL}")
+    # HTTP_BOUND(i): one "(i) == k ? bound : " arm per bucket, in order (a constant once unrolled)
+    arms = re.findall(r"\(i\) == (\d+) \? (\d+)ULL : ", bound)
+    got = [int(b) for _, b in arms]
+    assert [int(k) for k, _ in arms] == list(range(len(m.DURATION_BOUNDS)))
+    assert got == [round(b * 1e9) for b in m.DURATION_BOUNDS]
 
 
 class FakeKernel:
@@ -89,21 +98,26 @@ class FakeKernel:
     def __init__(self) -> None:
         self.decisions = [0] * len(DECISIONS)
         self.lost = 0
+        self.h2_stats = [0] * len(H2_STATS)
         self.writes: dict[str, dict[int, int]] = {SAMPLING_MAP: {}}
-        self.red: list[tuple[Any, Any]] = []
+        self.red: list[tuple[Any, Any]] = []  # http_red
+        self.h2_red: list[tuple[Any, Any]] = []
 
     def update(self, name: str, items: list[tuple[int, int]]) -> None:
         self.writes[name].update(items)
 
     def with_bpf(self, fn):
-        return list(self.decisions), self.lost
+        return list(self.decisions), self.lost, list(self.h2_stats)
+
+    def read(self, name: str) -> list[tuple[Any, Any]]:
+        return {RED_MAP: self.red, H2_RED_MAP: self.h2_red}[name]
 
 
 def sampler(kernel: FakeKernel, now: list[float], counts: list, **kw: Any) -> HeadSampler:
     options = {"min_shift": 0, "adaptive": True, "backlog_bytes": 4096, "span_budget": 1000, **kw}
     s = HeadSampler(
         kernel.update,
-        lambda name: kernel.red,
+        kernel.read,
         kernel.with_bpf,
         lambda metric, n, **attrs: counts.append((metric, n, attrs)),
         lambda: 0,
@@ -145,9 +159,9 @@ def test_shift_rises_on_pressure_falls_when_calm_and_never_below_the_configured_
     now[0] += TICK_S
     s.tick()
     assert s.shift == 2
-    kept = sum(n for metric, n, a in counts if a == {"decision": "kept"})
+    kept = sum(n for metric, n, a in counts if a == {"decision": "kept", "protocol": "http1"})
     assert kept == k.decisions[0]
-    assert sum(n for metric, n, a in counts if a == {"decision": "backlog"}) == 150
+    assert sum(n for metric, n, a in counts if a == {"decision": "backlog", "protocol": "http1"}) == 150
 
 
 def test_ring_full_requests_are_reported_once_not_as_kept():

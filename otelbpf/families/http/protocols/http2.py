@@ -456,6 +456,17 @@ class H2Connection:
             self._finish(stream)
         return self._take()
 
+    def abandon(self) -> list[Stream]:
+        """The kernel counts this connection's streams from here on (bpf/h2_frames.h): the open
+        ones are given up, not finished (their ends are the kernel's to count), and no more bytes
+        are parsed (the HPACK state is gone with the records the kernel no longer sends)."""
+        streams = list(self._streams.values())
+        self._held.give(len(streams))
+        self._streams.clear()
+        for d in self._dirs.values():
+            d.reader.broken = d.reader.broken or "counted_in_kernel"
+        return streams
+
     @property
     def broken(self) -> str:
         return self._dirs[True].reader.broken or self._dirs[False].reader.broken
