@@ -802,8 +802,9 @@ static __always_inline struct h2_conn *h2_begin_conn(struct h2_scratch *x, struc
             }
         }
         c->mode = H2_WALK;
-        if (c->probe_lost) {
-            c->mode = H2_COUNTED;  /* user space lost the server's first bytes: counted from the start */
+        if (c->probe_lost || st->h2 == SK_H2_UNSEEN) {
+            /* user space lost the server's first bytes, or the connection's start: counted from here */
+            c->mode = H2_COUNTED;
             h2_stat(H2S_SWITCHED);
         }
         c->c2s.left = H2_PREFACE_LEN;
@@ -824,6 +825,31 @@ static __always_inline struct h2_conn *h2_begin_conn(struct h2_scratch *x, struc
     }
     h2_conns.update(&key, fresh);
     return fresh->mode == H2_OFF ? 0 : h2_conns.lookup(&key);
+}
+
+/* A socket older than the agent (its accept or connect not seen: no role) whose first bytes are
+ * HTTP/2's: the preface is the client's, a SETTINGS frame before it the server's. Its role, set;
+ * false (and not HTTP/2 for good) for any other bytes. */
+static __always_inline int h2_role(struct h2_scratch *x, struct sock_args *a, struct sk_state *st, int ingress)
+{
+    u8 *h = x->pre;
+    __builtin_memset(h, 0, H2_PREFACE_LEN);
+    u64 n = a->ret > 0 ? head_bytes(a, a->ret, h, H2_PREFACE_LEN) : 0;
+    u64 w0 = 0, w1 = 0, w2 = 0;
+    __builtin_memcpy(&w0, h, 8);
+    __builtin_memcpy(&w1, h + 8, 8);
+    __builtin_memcpy(&w2, h + 16, 8);
+    if (n == H2_PREFACE_LEN && w0 == 0x5448202a20495250ULL && w1 == 0x0a0d302e322f5054ULL &&
+        w2 == 0x0a0d0a0d4d530a0dULL) {
+        st->role = ingress ? SK_ROLE_SERVER : SK_ROLE_CLIENT;
+        return 1;
+    }
+    if (n >= 9 && h[3] == H2F_SETTINGS && !h[4] && !h[5] && !h[6] && !h[7] && !h[8]) {
+        st->role = ingress ? SK_ROLE_CLIENT : SK_ROLE_SERVER;
+        return 1;
+    }
+    st->h2 = SK_H2_NO;
+    return 0;
 }
 
 /* A call of a connection that may be HTTP/2, handed over by sock_capture (h2_handoff): the
@@ -852,10 +878,14 @@ int h2_capture(void *ctx)
             return 0;
         }
         int ingress = func == SF_READ || func == SF_READV || func == SF_RECVFROM || func == SF_RECVMSG;
-        int s2c = (st->role == SK_ROLE_SERVER) != ingress;
-        struct h2_conn *c = h2_lookup(call->key, st->seq);
-        if (st->h2 == SK_H2_UNKNOWN && ret > 0 && (!s2c || st->req == REQ_NONE))
-            c = h2_begin_conn(x, a, st, c, call->key, s2c);
+        int s2c = 0;
+        struct h2_conn *c = 0;
+        if (st->role || h2_role(x, a, st, ingress)) {  /* no role: not HTTP/2 unless its first bytes say */
+            s2c = (st->role == SK_ROLE_SERVER) != ingress;
+            c = h2_lookup(call->key, st->seq);
+            if ((st->h2 == SK_H2_UNKNOWN || st->h2 == SK_H2_UNSEEN) && ret > 0 && (!s2c || st->req == REQ_NONE))
+                c = h2_begin_conn(x, a, st, c, call->key, s2c);
+        }
         call->seq = st->seq;
         call->role = st->role;
         call->s2c = s2c;

@@ -58,6 +58,7 @@ struct sk_state {
 #define SK_H2_UNKNOWN 0  /* not decided (no request-side bytes yet) */
 #define SK_H2_NO 1       /* its first request-side bytes were no HTTP/2 preface */
 #define SK_H2_YES 2      /* HTTP/2 whose frames h2_frames.h walks (h2_conns) */
+#define SK_H2_UNSEEN 3   /* not decided, and its connect or accept record did not fit the ring */
 
 #define SK_ROLE_SERVER 1  /* accept()ed */
 #define SK_ROLE_CLIENT 2  /* connect()ed */
@@ -637,10 +638,22 @@ static __always_inline u64 head_bytes(struct sock_args *a, s32 ret, u8 *h, u64 m
 #define GATE_OTHER 3  /* not HTTP/1, maybe HTTP/2: h2_capture decides (h2_frames.h) */
 
 /* Whether a connection's call may be HTTP/2's (see h2_frames.h): not HTTP/1, and not found to be
- * anything else. */
+ * anything else. A socket older than the agent (no role: its accept was not seen, as for a server
+ * blocked in accept() when the agent started) until its first bytes say. */
 static __always_inline int h2_candidate(struct sk_state *st)
 {
-    return st->role && (st->req == REQ_NONE || st->req == REQ_OTHER) && st->h2 != SK_H2_NO;
+    return (st->role || st->h2 == SK_H2_UNKNOWN) && (st->req == REQ_NONE || st->req == REQ_OTHER) &&
+           st->h2 != SK_H2_NO;
+}
+
+/* A connection whose connect or accept record did not fit the ring: user space will not parse
+ * it as HTTP/2 (it cannot join HTTP/2 midway), so if it is, the kernel counts it from its first
+ * frame (h2_frames.h). */
+static __always_inline void h2_unseen(u64 key)
+{
+    struct sk_state *st = sock_state.lookup(&key);
+    if (st)
+        st->h2 = SK_H2_UNSEEN;
 }
 static __always_inline int http_gate(struct sock_args *a, struct sock_args *thread, s32 ret, u64 id, u8 *shift)
 {
@@ -831,8 +844,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
     if (state != SK_TRACK)
         return 0;
     struct sock_rec *r = control_record(id, a.ts, a.fd, args->ret, EV_SOCK_CONNECT, SF_CONNECT);
-    if (!r)
+    if (!r) {
+        h2_unseen(fd_key(id >> 32, a.fd));
         return 0;
+    }
     r->family = a.family;
     r->port = a.port;
     __builtin_memcpy(r->addr, a.addr, sizeof(r->addr));
@@ -935,8 +950,10 @@ static __always_inline int accept_exit(u8 func, long ret)
     if (state == SK_IGNORE)
         return 0;
     r = control_record(id, a.ts, (s32)ret, a.fd, EV_SOCK_ACCEPT, func);
-    if (!r)
+    if (!r) {
+        h2_unseen(fd_key(tgid, (s32)ret));
         return 0;
+    }
     r->flags = flags;
     r->family = family;
     r->port = port;

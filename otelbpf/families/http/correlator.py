@@ -558,12 +558,24 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         c2s = egress == (conn.role == "client")
         if conn.midstream:
             # Only HTTP/1.x can be joined: it restarts at every message. HTTP/2's
-            # frame boundaries and header table cannot be recovered mid-stream.
-            if (c2s and looks_like_request(payload)) or (not c2s and looks_like_response(payload)):
+            # frame boundaries and header table cannot be recovered mid-stream; but a connection
+            # whose first bytes seen are its preface was not joined midway, only its accept()
+            # missed (a server blocked in accept() when the agent started): followed whole, with
+            # the server's SETTINGS written before it (held until the preface says).
+            if c2s and looks_like_preface(payload):
+                conn.midstream = False
+            elif (c2s and looks_like_request(payload)) or (not c2s and looks_like_response(payload)):
+                conn.pending.clear()
                 self._start(conn, "http1", synchronized=False)
                 return True
-            self._count("otelbpf.http.unparsed_bytes", len(payload) + missing, protocol="joined_midstream")
-            return False
+            elif not c2s and payload[3:4] == b"\x04" and not conn.pending_done and len(conn.pending) < _PENDING_CHUNKS:
+                conn.pending.append((egress, payload, missing, stamp))
+                return False
+            else:
+                conn.pending_done = True  # any other bytes: the held ones were not the start
+                conn.pending.clear()
+                self._count("otelbpf.http.unparsed_bytes", len(payload) + missing, protocol="joined_midstream")
+                return False
         if not c2s:
             if len(conn.pending) < _PENDING_CHUNKS:
                 conn.pending.append((egress, payload, missing, stamp))

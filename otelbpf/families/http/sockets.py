@@ -41,6 +41,8 @@ class Conn:
     session: Any = None  # the protocol parser
     #: Chunks that came before the protocol was known: (egress, payload, bytes missing after it, stamp).
     pending: list[tuple[bool, bytes, int, Stamp]] = field(default_factory=list)
+    #: A connection joined midway: bytes came that are no HTTP/2 server's first (nothing more is held).
+    pending_done: bool = False
     ended: bool = False  # EOF or an error was seen
     last_stamp: Stamp = (0, 0, 0)  # of the last chunk parsed
     reported: dict[str, int] = field(default_factory=dict)  # parser problems already counted, by reason
