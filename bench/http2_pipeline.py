@@ -1,7 +1,7 @@
 """CPU cost of the agent's HTTP/2 + gRPC pipeline per traced syscall, without the kernel.
 
     .venv/bin/python bench/http2_pipeline.py [--calls 500] [--conns 8] [--message 64] [--traceparent]
-                                             [--payload 4096] [--repeats 5] [--profile] [--out FILE]
+                                             [--payload 4096] [--repeats 5] [--shift K] [--profile] [--out FILE]
 
 The bytes are real: a grpcio client makes ``--calls`` unary calls (``--message`` bytes each) to the
 harness's grpcio server (tests/harness/grpc_demo.py) over one channel, through the recording relay
@@ -19,6 +19,8 @@ receiver's recvmsg, then both closes. They are fed in ring-sized batches to the 
 Reports CPU microseconds (``time.process_time``, min over ``--repeats``: noise only adds) per
 record and per call, for the whole correlator and for ``H2Connection.feed`` alone on the same
 chunks (the HTTP/2 parsing share). ``--profile`` prints the top of a cProfile of the correlator.
+``--shift K``: streams sampled at 2^-K (issue 38: every stream parsed and counted, spans built for
+the kept ones), as the head sampler's shift would have it under pressure.
 """
 
 from __future__ import annotations
@@ -119,8 +121,34 @@ def records(chunks: list[Chunk], conns: int, payload: int) -> np.ndarray:
     return rec.arr[: rec.i]
 
 
-def run_correlator(arr: np.ndarray, batch: int, profile: bool) -> dict:
-    done = feed_and_export(arr, PORT, batch, profile, top=30)
+class FixedShift:
+    """The head sampler as the correlator sees it, at a fixed shift and with no kernel behind it."""
+
+    def __init__(self, shift: int) -> None:
+        self.shift = shift
+
+    def streams_decided(self, counts: list[int]) -> None:
+        pass
+
+    def processed(self, stamp: int) -> None:
+        pass
+
+    def tick(self, *, count_only: bool = False) -> None:
+        pass
+
+    def over_budget(self, spans: int) -> None:
+        pass
+
+    def red_deltas(self, bounds: tuple[float, ...]) -> list:
+        return []
+
+    def h2_deltas(self, bounds: tuple[float, ...]) -> list:
+        return []
+
+
+def run_correlator(arr: np.ndarray, batch: int, profile: bool, shift: int | None = None) -> dict:
+    options = {} if shift is None else {"sampler": FixedShift(shift)}
+    done = feed_and_export(arr, PORT, batch, profile, top=30, **options)
     grpc_spans = sum(1 for s in done.spans if s.attributes.get("rpc.system") == "grpc")
     return {
         "spans": len(done.spans),
@@ -152,6 +180,7 @@ def main() -> None:
     ap.add_argument("--payload", type=int, default=4096, help="payload bytes a record captures")
     ap.add_argument("--batch", type=int, default=2048, help="records per on_ring call (one drain)")
     ap.add_argument("--repeats", type=int, default=5, help="runs; the fastest is reported (noise only adds)")
+    ap.add_argument("--shift", type=int, help="HTTP/2 streams sampled at 2^-SHIFT (spans of the kept ones only)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -159,7 +188,9 @@ def main() -> None:
     arr = records(chunks, args.conns, args.payload)
     data_records = 2 * len(chunks) * args.conns
     calls = args.calls * args.conns
-    runs = [run_correlator(arr, args.batch, args.profile) for _ in range(1 if args.profile else args.repeats)]
+    runs = [
+        run_correlator(arr, args.batch, args.profile, args.shift) for _ in range(1 if args.profile else args.repeats)
+    ]
     parses = [run_parser(chunks, args.conns) for _ in range(1 if args.profile else args.repeats)]
     correlate = min(r["correlate_us"] for r in runs)
     export = min(r["export_us"] for r in runs)

@@ -31,9 +31,12 @@ class PipelineRun:
         return {str(k): v for k, v in self.counts.items() if "problems" in k[0]}
 
 
-def feed_and_export(arr: np.ndarray, port: int, batch: int, profile: bool, top: int = 25) -> PipelineRun:
+def feed_and_export(
+    arr: np.ndarray, port: int, batch: int, profile: bool, top: int = 25, **options: object
+) -> PipelineRun:
     """``arr`` in batches of ``batch`` records (one drain each), then the file exporter, 512 spans
-    a request; ``profile`` prints the ``top`` functions of a cProfile of the correlator."""
+    a request; ``profile`` prints the ``top`` functions of a cProfile of the correlator.
+    ``options``: the correlator's (a ``sampler``, say)."""
     run = PipelineRun(spans=[])
 
     def count(metric: str, n: int, **attrs) -> None:
@@ -47,6 +50,7 @@ def feed_and_export(arr: np.ndarray, port: int, batch: int, profile: bool, top: 
         lambda m, items: None,
         ports=[port],
         max_spans_per_second=10**9,
+        **options,  # type: ignore[arg-type]
     )
     prof = cProfile.Profile() if profile else None
     t0 = time.process_time()

@@ -805,13 +805,14 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             return
         if s.tag.decision >= 0:
             self._stream_decisions[s.tag.decision] += 1
-        attrs: dict[str, object] = {
-            "network.protocol.name": "http",
-            "network.protocol.version": "2",
-            "http.request.body.size": s.request_bytes,
-            "http.response.body.size": s.response_bytes,
-            "otelbpf.http2.stream_id": s.id,
-        }
+        # a shed stream builds no span: only what its metrics read (a GenAI one's read the ends too)
+        lean = s.tag.shed and s.tag.genai is None
+        attrs: dict[str, object] = {"network.protocol.version": "2"}
+        if not lean:
+            attrs["network.protocol.name"] = "http"
+            attrs["http.request.body.size"] = s.request_bytes
+            attrs["http.response.body.size"] = s.response_bytes
+            attrs["otelbpf.http2.stream_id"] = s.id
         request = _first_values(s.request_headers)  # several lookups each: one scan, not one per name
         response = _first_values(s.response_headers)
         method = self._clip(request.get(":method") or "")
@@ -824,13 +825,14 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             attrs["http.request.method"] = method
         if path:
             attrs["url.path"] = self._clip(path)
-        self._host_attrs(conn, attrs, authority or request.get(":authority"))
-        ua = request.get("user-agent")
-        if ua:
-            attrs["user_agent.original"] = self._clip(ua)
-        if self._capture:
-            self._header_attrs(attrs, "request", s.request_headers)
-            self._header_attrs(attrs, "response", s.response_headers)
+        if not lean:
+            self._host_attrs(conn, attrs, authority or request.get(":authority"))
+            ua = request.get("user-agent")
+            if ua:
+                attrs["user_agent.original"] = self._clip(ua)
+            if self._capture:
+                self._header_attrs(attrs, "request", s.request_headers)
+                self._header_attrs(attrs, "response", s.response_headers)
         status = 0
         if response.get(":status"):
             if _STATUS.fullmatch(response[":status"]):
