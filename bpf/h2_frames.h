@@ -54,11 +54,12 @@
 
 #define H2_PREFACE_LEN 24
 #define H2_NO_FRAME 0xff   /* internal: a dir's type while it skips the preface */
-#define H2_STEPS 96        /* internal: walk steps per round (a frame, an iovec begun) */
-#define H2_BLOCKS 16       /* internal: header blocks noted per round */
+#define H2_STEPS 64        /* internal: walk steps per round (a frame, an iovec begun) */
+#define H2_BLOCKS 8        /* internal: header blocks noted per round */
 #define H2_ENDS 32         /* internal: stream ends noted per round */
 #define H2_ROUNDS 8        /* internal: rounds per call (tail calls: 3 each, of the 33 a program may make) */
-#define H2_PEEK 32         /* internal: bytes of a header block read */
+#define H2_PEEK 128        /* internal: bytes of a header block read */
+#define H2_WIN 512         /* internal: bytes of a chunk read at once (frame headers and block starts come from there) */
 #define H2_REPS 6          /* internal: representations read per block */
 
 /* Slots in sock_capture_prog (sockets.c). */
@@ -185,7 +186,8 @@ struct h2_call {
 struct h2_note_block {
     u32 stream;
     u8  len;      /* bytes gathered in b */
-    u8  pad[3];
+    u8  ends;     /* H2_ENDED: the frame ended its stream (read, then counted or forgotten, in h2_blocks) */
+    u8  pad[2];
     u8  b[H2_PEEK * 2];  /* room for masked copies */
 };
 
@@ -201,17 +203,26 @@ struct h2_scratch {
     u8  func;      /* the call's SF_* (sock_capture cleared it in the thread's sock_args) */
     u8  done;      /* the walk reached the call's end */
     u8  gather;    /* 1 + the block slot the current HEADERS frame's bytes go to (0: none) */
+    u8  note;      /* 1 + the block slot of the current frame (0: none) */
     u8  send;      /* h2_capture: the call's record goes to the ring */
     u8  followed;  /* h2_capture: the connection has an h2_conn */
-    u8  pad[3];
+    u8  read_responses;  /* the call's response blocks are read (see h2_capture) */
+    u8  pad[1];
     u32 xflags;    /* h2_capture: the record's SOCKF_SERVING_SHED */
     u32 pad1;
     struct h2_cursor cur;
     struct h2_call call;
     u32 nblocks, nends;  /* noted this round */
     u32 bp;              /* where a block's next representation begins */
+    u32 status_at;       /* its :status value's offset, length << 16, Huffman bit 24, found bit 25 */
+    u32 grpc_at;         /* its grpc-status value's, alike */
     u8 pre[H2_PREFACE_LEN];
     struct h2_conn fresh;  /* a new connection's, before it goes in h2_conns */
+    struct h2_stream begun;  /* a request's stream, before it goes in h2_streams */
+    u64 win_addr;          /* the call's bytes last read, at this user address (win_len 0: none) */
+    u32 win_len;
+    u32 pad4;
+    u8 win[H2_WIN + H2_PEEK];  /* room for masked reads past its end */
     struct h2_note_block blocks[H2_BLOCKS];
     struct h2_note_end ends[H2_ENDS];
 };
@@ -293,21 +304,6 @@ static __always_inline struct h2_conn *h2_lookup(u64 key, u32 seq)
 
 /* ---- h2_walk: frame headers ---------------------------------------------------------- */
 
-/* A request's HEADERS: its stream, if new, starts now. */
-static __always_inline void h2_begin(struct h2_conn *c, struct h2_call *call, u32 stream)
-{
-    struct h2_skey sk = {};
-    if (h2_stream_of(call, stream, &sk))
-        return;  /* trailers a client sends */
-    struct h2_stream s = {.start_ns = call->start};
-    if (h2_streams.insert(&sk, &s) != 0) {
-        h2_stat(H2S_TABLE_FULL);
-        return;
-    }
-    c->open++;
-    c->start_sum += call->start;
-}
-
 /* A frame header (on the call's direction ``d``). False: not an HTTP/2 frame. */
 static __always_inline int h2_frame(struct h2_conn *c, struct h2_scratch *x, struct h2_dir *d, const u8 *h)
 {
@@ -338,30 +334,24 @@ static __always_inline int h2_frame(struct h2_conn *c, struct h2_scratch *x, str
     d->stream = stream;
     d->skip = 0;
     x->gather = 0;
+    x->note = 0;
     if (type != H2F_HEADERS)
         return 1;
-    if (!call->s2c) {
-        h2_begin(c, call, stream);
-    } else {
-        struct h2_skey sk = {};
-        struct h2_stream *s = h2_stream_of(call, stream, &sk);
-        if (s) {
-            if (s->headers)
-                s->grpc = 1;  /* trailers */
-            s->headers++;
-        }
-    }
     d->skip = ((flags & H2_PADDED) ? 1 : 0) + ((flags & H2_PRIORITY_FLAG) ? 5 : 0);
     if (!(flags & H2_END_HEADERS)) {
         d->cont = stream;
         d->cont_end = flags & H2_END_STREAM;
     }
     u32 slot = x->nblocks;
+    if (call->s2c && !x->read_responses)
+        return 1;  /* a response's block, while nothing is near a switch: not read (see h2_capture) */
     if (slot < H2_BLOCKS) {  /* its block's first bytes, noted as they pass (h2_blocks reads them) */
         x->nblocks = slot + 1;
         x->blocks[slot].stream = stream;
         x->blocks[slot].len = 0;
+        x->blocks[slot].ends = 0;
         x->gather = slot + 1;
+        x->note = slot + 1;
     }
     return 1;
 }
@@ -382,6 +372,8 @@ static __always_inline void h2_frame_done(struct h2_scratch *x, struct h2_dir *d
 {
     u8 type = d->type, flags = d->flags;
     x->gather = 0;
+    if (type != H2F_HEADERS)
+        x->note = 0;
     if (type == H2F_RST) {
         h2_note_end(x, d->stream, H2_RESET);
         return;
@@ -396,6 +388,10 @@ static __always_inline void h2_frame_done(struct h2_scratch *x, struct h2_dir *d
         }
         return;
     }
+    if ((flags & H2_END_STREAM) && type == H2F_HEADERS && (flags & H2_END_HEADERS) && x->note) {
+        x->blocks[(x->note - 1) & (H2_BLOCKS - 1)].ends = H2_ENDED;  /* ended where its block is read */
+        return;
+    }
     if ((flags & H2_END_STREAM) && (type == H2F_DATA || (type == H2F_HEADERS && (flags & H2_END_HEADERS))))
         h2_note_end(x, d->stream, H2_ENDED);
 }
@@ -406,6 +402,24 @@ static __always_inline void h2_give_up(struct h2_conn *c, u32 why)
 {
     c->mode = c->mode == H2_COUNTED ? H2_LOST : H2_OFF;
     h2_stat(why);
+}
+
+/* The offset in x->win of user address ``addr``, with ``need`` bytes after it (at most 32), the
+ * window read again from ``addr`` (up to H2_WIN bytes, never past the chunk's ``clen``) when it
+ * does not hold them; -1 if it cannot be read. One read serves every small frame of a window,
+ * not one read per frame header. */
+static __always_inline int h2_window(struct h2_scratch *x, u64 addr, u64 clen, u32 need)
+{
+    u64 start = x->win_addr, len = x->win_len;
+    if (addr >= start && addr + need <= start + len)
+        return (addr - start) & (H2_WIN - 1);
+    u32 n = clamp_payload(clen, H2_WIN);
+    x->win_len = 0;
+    if (read_user(x->win, n, (void *)addr) != 0)
+        return -1;
+    x->win_addr = addr;
+    x->win_len = n;
+    return 0;
 }
 
 /* Frame headers of the call's bytes (x->cur) from where the last call left the direction, for
@@ -448,6 +462,7 @@ int h2_walk(void *ctx)
             clen = iov.len < left ? iov.len : left;
             cur->clen = clen;
             cur->total = left - clen;
+            x->win_len = 0;
             continue;
         }
         if (!d->left) {
@@ -469,10 +484,12 @@ int h2_walk(void *ctx)
                 h = d->hdr;
                 d->have = 0;
             } else {
-                if (read_user(h, 9, (void *)base) != 0) {
+                int off = h2_window(x, base, clen, 9);
+                if (off < 0) {
                     h2_give_up(c, H2S_DESYNC);
                     return 0;
                 }
+                h = &x->win[off & (H2_WIN - 1)];
                 cur->base = base + 9;
                 cur->clen = clen - 9;
             }
@@ -502,8 +519,11 @@ int h2_walk(void *ctx)
             u32 got = blk->len & (H2_PEEK - 1);
             u32 room = H2_PEEK - 1 - got;  /* at most H2_PEEK - 1 bytes gathered */
             u32 more = n - skip < room ? n - skip : room;
-            if (read_user(&blk->b[got], more & (H2_PEEK - 1), (void *)(base + skip)) == 0)
+            int off = h2_window(x, base + skip, clen - skip, more);
+            if (off >= 0) {
+                __builtin_memcpy(&blk->b[got], &x->win[off & (H2_WIN - 1)], H2_PEEK);  /* the first ``more`` count */
                 blk->len = got + (more & (H2_PEEK - 1));
+            }
             if (more >= room)
                 x->gather = 0;
         }
@@ -515,6 +535,41 @@ int h2_walk(void *ctx)
     else
         sock_capture_prog.call(ctx, H2_PROG_ENDS);
     return 0;
+}
+
+/* ---- stream ends: counted, or forgotten ------------------------------------------------ */
+
+/* Stream ``s`` (``sk``) ended in this call (``how``: H2_ENDED, H2_RESET): counted if the call is not
+ * on the ring, forgotten either way. */
+static __always_inline void h2_ended(struct h2_conn *c, struct h2_call *call, struct h2_stream *s, struct h2_skey *sk,
+                                     u8 how)
+{
+    u64 start = s->start_ns;
+    if (s->grpc)
+        c->grpc = 1;
+    if (call->counting) {
+        u64 ns = call->now > start ? call->now - start : 0;
+        struct h2_red_key k = {.pid = call->pid, .role = call->role, .grpc = s->grpc | c->grpc,
+                               .method = s->method, .status = s->status, .code = s->code, .end = how};
+        h2_red_add(&k, 1, ns, ns, ns);
+    }
+    h2_streams.delete(sk);
+    if (c->open)
+        c->open--;
+    c->start_sum -= start;
+}
+
+/* A stream ended in this call, by its id. */
+static __always_inline void h2_end(struct h2_conn *c, struct h2_call *call, u32 stream, u8 how)
+{
+    struct h2_skey sk = {};
+    struct h2_stream *s = h2_stream_of(call, stream, &sk);
+    if (!s) {
+        if (call->counting)
+            h2_stat(H2S_UNTRACKED);  /* evicted (or a pushed stream, or one already ended: not counted either way) */
+        return;
+    }
+    h2_ended(c, call, s, &sk, how);
 }
 
 /* ---- h2_blocks: what HPACK says without its dynamic table ----------------------------- */
@@ -590,17 +645,42 @@ static __always_inline int hp_digits(const u8 *b, u32 p, u32 len, int huffman)
 /* Byte ``i`` of a string at b[p] (b: a block's gathered bytes). */
 #define H2_AT(i) b[(p + (i)) & (H2_PEEK - 1)]
 
-/* Whether the string at b[p], ``len`` bytes, is the name grpc-status (plain or Huffman). */
-static __always_inline int hp_grpc_status(const u8 *b, u32 p, u32 len, int huffman)
+/* Names a literal's name string may be (hp_name). */
+#define HP_GRPC_STATUS 1
+#define HP_CONTENT_TYPE 2
+
+/* Which of the names read here the string at b[p], ``len`` bytes, is (plain or Huffman); 0: another. */
+static __always_inline int hp_name(const u8 *b, u32 p, u32 len, int huffman)
 {
-    if (!huffman && len == 11)
-        return H2_AT(0) == 'g' && H2_AT(1) == 'r' && H2_AT(2) == 'p' && H2_AT(3) == 'c' && H2_AT(4) == '-' &&
-               H2_AT(5) == 's' && H2_AT(6) == 't' && H2_AT(7) == 'a' && H2_AT(8) == 't' && H2_AT(9) == 'u' &&
-               H2_AT(10) == 's';
-    if (huffman && len == 8)  /* its Huffman code */
-        return H2_AT(0) == 0x9a && H2_AT(1) == 0xca && H2_AT(2) == 0xc8 && H2_AT(3) == 0xb2 && H2_AT(4) == 0x12 &&
-               H2_AT(5) == 0x34 && H2_AT(6) == 0xda && H2_AT(7) == 0x8f;
+    if (!huffman && len == 11 && H2_AT(0) == 'g' && H2_AT(1) == 'r' && H2_AT(2) == 'p' && H2_AT(3) == 'c' &&
+        H2_AT(4) == '-' && H2_AT(5) == 's' && H2_AT(6) == 't' && H2_AT(7) == 'a' && H2_AT(8) == 't' &&
+        H2_AT(9) == 'u' && H2_AT(10) == 's')
+        return HP_GRPC_STATUS;
+    if (huffman && len == 8 && H2_AT(0) == 0x9a && H2_AT(1) == 0xca && H2_AT(2) == 0xc8 && H2_AT(3) == 0xb2 &&
+        H2_AT(4) == 0x12 && H2_AT(5) == 0x34 && H2_AT(6) == 0xda && H2_AT(7) == 0x8f)
+        return HP_GRPC_STATUS;
+    if (!huffman && len == 12 && H2_AT(0) == 'c' && H2_AT(1) == 'o' && H2_AT(2) == 'n' && H2_AT(3) == 't' &&
+        H2_AT(4) == 'e' && H2_AT(5) == 'n' && H2_AT(6) == 't' && H2_AT(7) == '-' && H2_AT(8) == 't' &&
+        H2_AT(9) == 'y' && H2_AT(10) == 'p' && H2_AT(11) == 'e')
+        return HP_CONTENT_TYPE;
+    if (huffman && len == 9 && H2_AT(0) == 0x21 && H2_AT(1) == 0xea && H2_AT(2) == 0x49 && H2_AT(3) == 0x6a &&
+        H2_AT(4) == 0x4a && H2_AT(5) == 0xc9 && H2_AT(6) == 0xf5 && H2_AT(7) == 0x59 && H2_AT(8) == 0x7f)
+        return HP_CONTENT_TYPE;
     return 0;
+}
+
+/* Whether the value at b[p], ``len`` bytes, begins with application/grpc (plain, or its 11-byte
+ * Huffman code: 88 bits, so a prefix of any longer value's). */
+static __always_inline int hp_grpc_type(const u8 *b, u32 p, u32 len, int huffman)
+{
+    if (!huffman)
+        return len >= 16 && H2_AT(0) == 'a' && H2_AT(1) == 'p' && H2_AT(2) == 'p' && H2_AT(3) == 'l' &&
+               H2_AT(4) == 'i' && H2_AT(5) == 'c' && H2_AT(6) == 'a' && H2_AT(7) == 't' && H2_AT(8) == 'i' &&
+               H2_AT(9) == 'o' && H2_AT(10) == 'n' && H2_AT(11) == '/' && H2_AT(12) == 'g' && H2_AT(13) == 'r' &&
+               H2_AT(14) == 'p' && H2_AT(15) == 'c';
+    return len >= 11 && H2_AT(0) == 0x1d && H2_AT(1) == 0x75 && H2_AT(2) == 0xd0 && H2_AT(3) == 0x62 &&
+           H2_AT(4) == 0x0d && H2_AT(5) == 0x26 && H2_AT(6) == 0x3d && H2_AT(7) == 0x4c && H2_AT(8) == 0x4d &&
+           H2_AT(9) == 0x65 && H2_AT(10) == 0x64;
 }
 
 /* One representation of block ``b`` (``m`` bytes gathered) at x->bp, read into stream ``s``;
@@ -631,13 +711,13 @@ static __always_inline int h2_rep(struct h2_scratch *x, const u8 *b, u32 m, stru
     u32 name = hp_int(b, &p, (c & 0x40) ? 0x3f : 0x0f);
     if (p >= m)
         return 0;
-    int grpc_status = 0;
+    int which = name == 31 ? HP_CONTENT_TYPE : 0;  /* the static table's content-type */
     if (name == 0) {
         u8 h = b[p & (H2_PEEK - 1)] & 0x80;
         u32 len = hp_int(b, &p, 0x7f);
         if (len > H2_PEEK || p + len >= m)
             return 0;
-        grpc_status = hp_grpc_status(b, p, len, h);
+        which = hp_name(b, p, len, h);
         p += len;
     }
     u8 h = b[p & (H2_PEEK - 1)] & 0x80;
@@ -645,17 +725,33 @@ static __always_inline int h2_rep(struct h2_scratch *x, const u8 *b, u32 m, stru
     if (len > H2_PEEK || p + len > m)
         return 0;
     x->bp = p + len;
-    if (s2c && name == 8 && !s->status) {
-        int v = hp_digits(b, p, len, h);
+    /* a value's digits are read once the loop is over (h2_values): here only where they are */
+    if (s2c && name == 8 && !s->status)
+        x->status_at = (p & 0xffff) | (len << 16) | (h ? 1U << 24 : 0) | (1U << 25);
+    else if (s2c && which == HP_GRPC_STATUS)
+        x->grpc_at = (p & 0xffff) | (len << 16) | (h ? 1U << 24 : 0) | (1U << 25);
+    else if (which == HP_CONTENT_TYPE && hp_grpc_type(b, p, len, h))
+        s->grpc = 1;
+    return 1;
+}
+
+/* The digits of the :status and grpc-status values h2_rep found in block ``b``, into ``s``. */
+static __always_inline void h2_values(struct h2_scratch *x, const u8 *b, struct h2_stream *s)
+{
+    u32 at = x->status_at;
+    if (at & (1U << 25)) {
+        int v = hp_digits(b, at & 0xffff, (at >> 16) & 0xff, at & (1U << 24));
         if (v >= 100 && v <= 999)
             s->status = v;
-    } else if (s2c && grpc_status) {
-        int v = hp_digits(b, p, len, h);
+    }
+    h2_forget();
+    at = x->grpc_at;
+    if (at & (1U << 25)) {
+        int v = hp_digits(b, at & 0xffff, (at >> 16) & 0xff, at & (1U << 24));
         s->grpc = 1;
         if (v >= 0 && v <= 16)
             s->code = v + 1;
     }
-    return 1;
 }
 
 /* The header blocks h2_walk noted this round: :status, grpc-status, :method into their streams;
@@ -665,54 +761,63 @@ int h2_blocks(void *ctx)
     struct h2_scratch *x = h2_buffers();
     if (!x)
         return 0;
+    struct h2_call *call = &x->call;
+    struct h2_conn *c = h2_conns.lookup(&call->key);
+    if (!c)
+        return 0;
+    int s2c = call->s2c;
     for (u32 k = 0; k < H2_BLOCKS; k++) {
         h2_forget();
         if (k >= x->nblocks)
             break;
         struct h2_note_block *blk = &x->blocks[k & (H2_BLOCKS - 1)];
-        struct h2_skey sk = {};
-        struct h2_stream *s = h2_stream_of(&x->call, blk->stream, &sk);
-        if (!s)
-            continue;
         u32 m = blk->len & (H2_PEEK - 1);
-        int s2c = x->call.s2c;
+        struct h2_skey sk = {.conn = call->key, .seq = call->seq, .stream = blk->stream};
+        /* a request's block: its stream begins (with its :method), unless it is a client's
+         * trailers; a response's: its stream is looked up */
+        struct h2_stream *s = &x->begun;
+        if (s2c) {
+            s = h2_streams.lookup(&sk);
+            if (!s) {
+                if (blk->ends && call->counting)
+                    h2_stat(H2S_UNTRACKED);
+                continue;
+            }
+            if (s->headers)
+                s->grpc = 1;  /* a second response block: trailers */
+            s->headers++;
+        } else {
+            __builtin_memset(s, 0, sizeof(*s));
+            s->start_ns = call->start;
+        }
         x->bp = 0;
+        x->status_at = 0;
+        x->grpc_at = 0;
         for (int r = 0; r < H2_REPS; r++) {
             h2_forget();
             if (!h2_rep(x, blk->b, m, s, s2c))
                 break;
         }
+        h2_forget();
+        h2_values(x, blk->b, s);
+        if (s2c) {
+            if (blk->ends)
+                h2_ended(c, call, s, &sk, H2_ENDED);
+            continue;
+        }
+        s = &x->begun;
+        if (s->grpc)
+            c->grpc = 1;  /* content-type application/grpc: every call of the connection is gRPC */
+        int err = h2_streams.insert(&sk, s);
+        if (!err) {
+            c->open++;
+            c->start_sum += call->start;
+        } else if (err != -17 /* EEXIST: trailers */) {
+            h2_stat(H2S_TABLE_FULL);
+        }
     }
     sock_capture_prog.call(ctx, H2_PROG_ENDS);
     return 0;
-}
-
-/* ---- h2_ends: streams counted, or forgotten -------------------------------------------- */
-
-/* A stream ended in this call (``how``: H2_ENDED, H2_RESET): counted if the call is not on the
- * ring, forgotten either way. */
-static __always_inline void h2_end(struct h2_conn *c, struct h2_call *call, u32 stream, u8 how)
-{
-    struct h2_skey sk = {};
-    struct h2_stream *s = h2_stream_of(call, stream, &sk);
-    if (!s) {
-        if (call->counting)
-            h2_stat(H2S_UNTRACKED);  /* evicted (or a pushed stream, or one already ended: not counted either way) */
-        return;
-    }
-    u64 start = s->start_ns;
-    if (s->grpc)
-        c->grpc = 1;
-    if (call->counting) {
-        u64 ns = call->now > start ? call->now - start : 0;
-        struct h2_red_key k = {.pid = call->pid, .role = call->role, .grpc = s->grpc | c->grpc,
-                               .method = s->method, .status = s->status, .code = s->code, .end = how};
-        h2_red_add(&k, 1, ns, ns, ns);
-    }
-    h2_streams.delete(&sk);
-    if (c->open)
-        c->open--;
-    c->start_sum -= start;
 }
 
 /* The stream ends h2_walk noted this round; back to h2_walk while the call has frames left. */
@@ -934,6 +1039,12 @@ int h2_capture(void *ctx)
     call->now = now;
     call->start = call->role == SK_ROLE_SERVER ? now : a->ts;
     call->counting = err != 0;
+    /* Response blocks (:status, grpc-status, trailers) matter only for streams the kernel counts:
+     * read in a counted call, and while the ring is more than a quarter full (a switch may come,
+     * and a stream in flight then is counted with what was read of it); otherwise they cost two
+     * lookups and a read per stream for nothing. A stream in flight at a switch whose response
+     * began before that is counted with its :status unknown. */
+    x->read_responses = call->counting || sock_backlog() > SOCK_RING_PAGES * 4096ULL / 4;
     struct h2_cursor *cur = &x->cur;
     cur->base = a->buf;
     cur->clen = ret;
@@ -942,6 +1053,7 @@ int h2_capture(void *ctx)
     cur->vlen = 0;
     cur->next = 0;
     cur->round = 0;
+    x->win_len = 0;
     if (func == SF_READV || func == SF_WRITEV || func == SF_SENDMSG || func == SF_RECVMSG) {
         u64 vec = a->buf, vlen = a->vlen;
         if (func == SF_SENDMSG || func == SF_RECVMSG) {
