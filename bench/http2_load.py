@@ -330,7 +330,7 @@ def main() -> int:
                 p = run_probes(tree, port, server.pid, args, plan["rest"])
                 results["cases"].append({"tree": name, "probes": p})
                 print(
-                    f"  {name:8} probes only: {p['streams']} streams, BPF {p['bpf_ns_per_stream']:.0f} ns/stream "
+                    f"  {name:8} probes only: {p['streams']} streams, BPF {p['bpf_ns_per_stream']:.0f} ns/stream, "
                     f"lost {p['lost_in_kernel']}"
                 )
     finally:
