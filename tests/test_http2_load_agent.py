@@ -3,10 +3,10 @@ ring loses, and keeps sampled streams with their children.
 
 - An HTTP/2 server (harness/h2_apps.py: the ``h2`` library, a thread per connection) under two
   load processes (four connections each, eight streams at a time on each, each process
-  counting how its own streams ended: 200, 404, 500 or reset) with a 16 KiB ring: far more
-  records than the ring holds, so connections switch to counting in the kernel
-  (bpf/h2_frames.h), and ``http.server.request.duration``'s counts, by status, must equal the
-  clients' own, no stream counted twice nor lost.
+  counting how its own streams ended: 200, 404, 500 or reset) with a 16 KiB ring, the agent
+  stopped for 0.3 s meanwhile: far more records than the ring holds, so connections switch to
+  counting in the kernel (bpf/h2_frames.h), and ``http.server.request.duration``'s counts, by
+  status, must equal the clients' own, no stream counted twice nor lost.
 - An HTTP/2 frontend whose streams call an HTTP/2 backend and CUDA on the connection's thread,
   sampled at 1/4: every kept stream keeps its CUDA calls and its downstream call as children,
   carries its sampling (``ot=th:c``, adjusted count 4), and no span points to a shed stream.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_stream_counts_stay_exact_when_the_ring_overflows(otlp_collector, tmp_pa
     (port,) = free_ports(1)
     with h2_app("server", str(port)) as server:
         cfg = write_config(tmp_path, c, [port], ring_buffer_size="16KiB", sampling_backlog="8KiB")
-        with agent_running(cfg, "--pid", str(server.pid)):
+        with agent_running(cfg, "--pid", str(server.pid)) as agent:
             take_the_accept_from_before(port)
             loads = [
                 subprocess.Popen(
@@ -115,6 +116,11 @@ def test_stream_counts_stay_exact_when_the_ring_overflows(otlp_collector, tmp_pa
                 )
                 for _ in range(2)
             ]
+            # the agent held still for a moment, as a starved one is: the 16 KiB ring fills for sure
+            time.sleep(1.0)
+            os.kill(agent.proc.pid, signal.SIGSTOP)
+            time.sleep(0.3)
+            os.kill(agent.proc.pid, signal.SIGCONT)
             made: Counter = Counter()
             for p in loads:
                 made.update(json.loads(p.communicate(timeout=120)[0]))

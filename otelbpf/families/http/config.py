@@ -33,8 +33,9 @@ class HttpReceiverConfig(ReceiverConfig):
     capture_message_content: bool = False
     max_spans_per_second: int = Field(20_000, ge=0, le=10_000_000)
     #: HTTP/1 requests whose spans are built, decided in the kernel at each request's first
-    #: bytes (the rest never reach the ring; RED metrics count every request either way). Rounded
-    #: down to a power of two (1, 0.5, 0.25, ...): the most that is ever kept.
+    #: bytes (the rest never reach the ring; RED metrics count every request either way), and
+    #: HTTP/2 streams, decided in user space (every stream parsed and counted). Rounded down to a
+    #: power of two (1, 0.5, 0.25, ...): the most that is ever kept.
     sampling_probability: float = Field(1.0, gt=0.0, le=1.0)
     #: Halve the probability on pressure (requests shed for the backlog, records lost or
     #: dropped, spans over max_spans_per_second); double it back when calm.
