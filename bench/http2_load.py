@@ -1,14 +1,24 @@
 """HTTP/2 under overload (issue 38): the streams the agent counts against the clients' own count,
 the records the ring lost, where the streams were counted, and what the kernel's frame walk costs.
 
-    sudo .venv/bin/python bench/http2_load.py [--seconds 5] [--repeats 2] [--rings 256KiB,16MiB]
-                                              [--compare /work/main] [--out FILE]
+    sudo .venv/bin/python bench/http2_load.py [--server nghttpd|h2] [--requests 500000] [--seconds 5]
+                                              [--repeats 2] [--rings 64KiB,16MiB] [--compare /work/main]
+                                              [--out FILE]
 
-The server is tests/harness/h2_apps.py (the ``h2`` library, cleartext, a thread per connection:
-200, 404, 500 and RST_STREAM by path); the load is ``--loads`` processes of ``--conns`` HTTP/2
-connections each, ``--batch`` streams at a time on each (one write, one read per batch at the
-server), every process counting how its own streams ended. The server runs on a CPU of its own
-where there are two or more (bench/http.py's plan); the load and the agent share the rest.
+Two servers, two loads:
+
+- ``nghttpd`` (the default; Debian's nghttp2-server, C, one event loop) serving a file (200) and
+  a missing one (404, a quarter of the streams), loaded by ``h2load`` (nghttp2-client, C)
+  with ``--requests`` streams on 8 connections, 8 at a time on each: far more streams a second
+  than the agent parses, as a fast server's load is; h2load's own count of 2xx and 4xx is the
+  truth;
+- ``h2``: tests/harness/h2_apps.py (the ``h2`` library, Python, a thread per connection: 200,
+  404, 500 and RST_STREAM by path), loaded by ``--loads`` processes of ``--conns`` HTTP/2
+  connections each, ``--batch`` streams at a time on each, for ``--seconds``, every process
+  counting how its own streams ended.
+
+The server runs on a CPU of its own where there are two or more; the load and the agent share
+the rest.
 
 Per tree (this checkout, and with ``--compare`` another checkout, e.g. main, side by side in one
 run), per ring size, per repeat, back to back on one server:
@@ -136,7 +146,22 @@ def take_the_accept_from_before(port: int) -> None:
     time.sleep(0.2)
 
 
+def h2load(port: int, args: argparse.Namespace, cpus: set[int] | None) -> Counter:
+    """h2load's streams to nghttpd, by status class as 200 (2xx) and 404 (4xx)."""
+    uris = [f"http://127.0.0.1:{port}/ok"] * 3 + [f"http://127.0.0.1:{port}/missing"]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(uris) + "\n")
+    cmd = ["h2load", "-n", str(args.requests), "-c", "8", "-m", "8", "-t", "1", "-i", f.name]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, preexec_fn=_pin(cpus)).stdout
+    os.unlink(f.name)
+    m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    assert m, out
+    return Counter({k: n for k, n in (("200", int(m.group(1))), ("404", int(m.group(3)))) if n})
+
+
 def load(port: int, args: argparse.Namespace, cpus: set[int] | None) -> Counter:
+    if args.server == "nghttpd":
+        return h2load(port, args, cpus)
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     procs = [
         subprocess.Popen(
@@ -289,9 +314,11 @@ def run_probes(tree: Path, port: int, server_pid: int, args: argparse.Namespace,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--server", choices=("nghttpd", "h2"), default="nghttpd")
+    ap.add_argument("--requests", type=int, default=500_000, help="nghttpd: streams h2load makes")
+    ap.add_argument("--seconds", type=float, default=5, help="h2: seconds of load")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--rings", default="256KiB,16MiB", help="comma-separated ring_buffer_size values, one case each")
+    ap.add_argument("--rings", default="64KiB,16MiB", help="comma-separated ring_buffer_size values, one case each")
     ap.add_argument("--loads", type=int, default=2, help="load processes")
     ap.add_argument("--conns", type=int, default=4, help="connections per load process")
     ap.add_argument("--batch", type=int, default=8, help="streams at a time on each connection")
@@ -312,15 +339,25 @@ def main() -> int:
     }
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "harness.h2_apps", "server", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=_pin(plan["server"]),
-    )
+    if args.server == "nghttpd":
+        docroot = Path(tempfile.mkdtemp(prefix="otelbpf-bench-h2root-"))
+        (docroot / "ok").write_bytes(b"ok")
+        cmd = ["nghttpd", "--no-tls", "-d", str(docroot), str(port)]
+    else:
+        cmd = [sys.executable, "-m", "harness.h2_apps", "server", str(port)]
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=_pin(plan["server"]))
     try:
-        assert server.stdout is not None and server.stdout.readline().startswith("ready")
+        if args.server == "nghttpd":
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port)).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "nghttpd did not listen"
+                    time.sleep(0.05)
+        else:
+            assert server.stdout is not None and server.stdout.readline().startswith("ready")
         for _ in range(args.repeats):
             for name, tree in trees:
                 for ring in args.rings.split(","):

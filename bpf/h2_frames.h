@@ -10,8 +10,9 @@
  * the request's HEADERS to the response's END_STREAM or a RST_STREAM. Its records go to the
  * ring as every connection's do (user space parses them, builds spans, counts the streams).
  *
- * When one of its records does not fit the ring (where loss happened before), the connection
- * switches to H2_COUNTED, for good: none of its calls goes to the ring from then on, and
+ * When one of its records does not fit the ring (where loss happened before), or the agent is
+ * more than the sampling backlog behind (where HTTP/1 requests are shed, before the ring or the
+ * agent's queue overflows), the connection switches to H2_COUNTED, for good: none of its calls goes to the ring from then on, and
  * every stream that ends in a call not on the ring (that one, and all later ones) is counted
  * here in `h2_red`, like http_red counts shed HTTP/1 requests: process, end, gRPC or not,
  * method, :status, grpc-status, how it ended, duration bucket. Streams still open when a
@@ -89,7 +90,7 @@
 #define H2_CLOSED 3   /* still open when the connection closed */
 
 /* h2_stats slots (probes.py H2_STATS). */
-#define H2S_SWITCHED 0      /* connections switched to counting */
+#define H2S_SWITCHED 0      /* connections switched to counting: a record did not fit the ring */
 #define H2S_DESYNC 1        /* walks given up: an invalid frame header */
 #define H2S_STEPS 2         /* walks given up: a call with more frames than the rounds hold */
 #define H2S_NOT_SETTINGS 3  /* walks not begun: response bytes before the preface were no SETTINGS */
@@ -97,7 +98,8 @@
 #define H2S_UNTRACKED 5     /* a counted end with no stream entry (evicted): not counted */
 #define H2S_RED_FULL 6      /* a counted end not counted: h2_red full */
 #define H2S_ANNOUNCE_LOST 7 /* a counted connection closed before its announcement fit */
-#define H2S_MAX 8
+#define H2S_BACKLOG 8       /* connections switched to counting: the agent too far behind */
+#define H2S_MAX 9
 BPF_PERCPU_ARRAY(h2_stats, u64, H2S_MAX);
 
 /* One direction of a walked connection. */
@@ -994,6 +996,16 @@ int h2_capture(void *ctx)
         call->seq = st->seq;
         call->role = st->role;
         call->s2c = s2c;
+        if (c && c->mode == H2_WALK) {
+            /* the agent more than the backlog behind (the ring and its processing queue, as
+             * http_gate sheds HTTP/1 requests for): counted from this call on, before records are
+             * lost in the ring or dropped after it */
+            u64 limit = sampling(SAMPLING_BACKLOG);
+            if (sock_backlog() > (limit ? limit : SOCK_BACKLOG_BYTES)) {
+                c->mode = H2_COUNTED;
+                h2_stat(H2S_BACKLOG);
+            }
+        }
         x->send = !c || (c->mode != H2_COUNTED && c->mode != H2_LOST);
         x->followed = c != 0;
         /* a client's record, written while its thread serves a shed HTTP/1 request, says so */

@@ -4,9 +4,10 @@ ring loses, and keeps sampled streams with their children.
 - An HTTP/2 server (harness/h2_apps.py: the ``h2`` library, a thread per connection) under two
   load processes (four connections each, eight streams at a time on each, each process
   counting how its own streams ended: 200, 404, 500 or reset) with a 16 KiB ring, the agent
-  stopped for 0.3 s meanwhile: far more records than the ring holds, so connections switch to
-  counting in the kernel (bpf/h2_frames.h), and ``http.server.request.duration``'s counts, by
-  status, must equal the clients' own, no stream counted twice nor lost.
+  stopped for 0.3 s meanwhile: far more records than the agent processes, so connections switch
+  to counting in the kernel (bpf/h2_frames.h: the ring full, or the agent more than the 8 KiB
+  backlog behind), and ``http.server.request.duration``'s counts, by status, must equal the
+  clients' own, no stream counted twice nor lost.
 - An HTTP/2 frontend whose streams call an HTTP/2 backend and CUDA on the connection's thread,
   sampled at 1/4: every kept stream keeps its CUDA calls and its downstream call as children,
   carries its sampling (``ot=th:c``, adjusted count 4), and no span points to a shed stream.
@@ -140,8 +141,6 @@ def test_stream_counts_stay_exact_when_the_ring_overflows(otlp_collector, tmp_pa
     assert counted == made, (counted, made)
     # the ring overflowed: connections switched to counting in the kernel, which counted streams
     assert switched > 0 and in_kernel > 0, (switched, in_kernel)
-    lost = sum(p.value for p in c.latest_points("otelbpf.events.lost", reason="socket_ring_full"))
-    assert lost > 0  # the records whose loss switched a connection (counted, not lost to the metrics)
     spans = [s for s in c.spans() if s.scope_name == "otelbpf.http" and s.attributes.get("process.pid") == server.pid]
     assert 0 < len(spans) < total
 

@@ -38,8 +38,8 @@ TAIL_CALLS = ("sock_capture", "h2_capture", "h2_walk", "h2_blocks", "h2_ends")
 #: :status, grpc-status, how the stream ended, duration bucket; and the walk's own counts.
 H2_RED_MAP = "h2_red"
 H2_STATS_MAP = "h2_stats"
-#: h2_stats slots (H2S_* in h2_frames.h), as otelbpf.http.problems' ``reason`` (but ``switched``:
-#: otelbpf.http.h2.counted_connections).
+#: h2_stats slots (H2S_* in h2_frames.h), as otelbpf.http.problems' ``reason`` (but the switches,
+#: ``switched`` and ``switched_backlog``: otelbpf.http.h2.counted_connections counts them as announced).
 H2_STATS = (
     "switched",
     "h2_walk_desync",
@@ -49,6 +49,7 @@ H2_STATS = (
     "h2_stream_untracked",
     "h2_red_map_full",
     "h2_announce_lost",
+    "switched_backlog",
 )
 #: h2_red_key.end: the response's END_STREAM, a RST_STREAM, the connection's close.
 H2_ENDS = ("", "ended", "reset", "closed")

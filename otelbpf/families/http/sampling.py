@@ -251,7 +251,7 @@ class HeadSampler:
                 return None
         decisions, lost, h2_stats = read
         for name, n, seen in zip(H2_STATS, h2_stats, self._h2_stats, strict=True):
-            if n > seen and name != "switched":  # switches: otelbpf.http.h2.counted_connections, as announced
+            if n > seen and not name.startswith("switched"):  # otelbpf.http.h2.counted_connections, as announced
                 self._count("otelbpf.http.problems", n - seen, reason=name)
         self._h2_stats = h2_stats
         delta = [max(0, n - seen) for n, seen in zip(decisions, self._decisions, strict=True)]
