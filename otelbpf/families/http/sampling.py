@@ -239,7 +239,8 @@ class HeadSampler:
 
     def _count_decisions(self, *, consume: bool) -> tuple[list[int], int] | None:
         """Count the kernel's decisions since the last read. ``consume``: also hand the controller
-        the decisions and kernel losses since its last tick (None when the program is gone)."""
+        the decisions and kernel losses since its last tick, HTTP/2 connections switched to counting
+        among the losses (None when the program is gone)."""
         streams, self._streams = self._streams, [0] * len(STREAM_DECISIONS)
         for name, n in zip(STREAM_DECISIONS, streams, strict=True):
             if n:
@@ -251,7 +252,11 @@ class HeadSampler:
                 return None
         decisions, lost, h2_stats = read
         for name, n, seen in zip(H2_STATS, h2_stats, self._h2_stats, strict=True):
-            if n > seen and not name.startswith("switched"):  # otelbpf.http.h2.counted_connections, as announced
+            if n <= seen:
+                continue
+            if name.startswith("switched"):  # otelbpf.http.h2.counted_connections counts them, as announced
+                self._lost_pending += n - seen  # HTTP/2 connections the agent no longer keeps up with: pressure
+            else:
                 self._count("otelbpf.http.problems", n - seen, reason=name)
         self._h2_stats = h2_stats
         delta = [max(0, n - seen) for n, seen in zip(decisions, self._decisions, strict=True)]

@@ -21,6 +21,7 @@ from otelbpf.base.events import SOCKF_SERVING_SHED, Kind, SockFunc
 from otelbpf.correlate import metrics as m
 from otelbpf.families.http import correlator as correlator_module
 from otelbpf.families.http.correlator import KNOWN_METHODS, OTHER
+from otelbpf.families.http.probes import H2_STATS
 from otelbpf.families.http.protocols.http2 import PREFACE, RST_STREAM, SETTINGS
 from otelbpf.families.http.sampling import H2Delta, h2_series, randomness_kept
 
@@ -303,3 +304,21 @@ def test_a_data_frame_after_reset_is_not_a_new_stream() -> None:
     server.write(data_frame(b"late", stream, end_stream=True) + headers_frame(b"\x88", stream, end_stream=True))
     http.deliver(rec)
     assert grpc_points(http) == {0: 1}
+
+
+def test_connections_switched_to_counting_are_pressure_and_problems_are_counted() -> None:
+    """An HTTP/2 connection the kernel switched to counting is one the agent did not keep up with:
+    the controller halves the sampling as it does for records lost; the walk's other counts are
+    otelbpf.http.problems."""
+    from families.http.test_sampling import TICK_S
+
+    k, now, counts = FakeKernel(), [100.0], []
+    s = sampler(k, now, counts)
+    s.tick()  # the first tick only reads the counters
+    now[0] += TICK_S
+    k.h2_stats[H2_STATS.index("switched_backlog")] += 1
+    k.h2_stats[H2_STATS.index("h2_walk_desync")] += 2
+    s.tick()
+    assert s.shift == 1
+    assert ("otelbpf.http.problems", 2, {"reason": "h2_walk_desync"}) in counts
+    assert not [c for c in counts if c[2].get("reason", "").startswith("switched")]
