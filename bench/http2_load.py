@@ -155,8 +155,11 @@ def h2load(port: int, args: argparse.Namespace, cpus: set[int] | None) -> Counte
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, preexec_fn=_pin(cpus)).stdout
     os.unlink(f.name)
     m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
-    assert m, out
-    return Counter({k: n for k, n in (("200", int(m.group(1))), ("404", int(m.group(3)))) if n})
+    rate = re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out)
+    assert m and rate, out
+    made = Counter({k: n for k, n in (("200", int(m.group(1))), ("404", int(m.group(3)))) if n})
+    made["rate"] = int(float(rate.group(1)))  # not a stream outcome: taken out by the caller
+    return made
 
 
 def load(port: int, args: argparse.Namespace, cpus: set[int] | None) -> Counter:
@@ -211,11 +214,12 @@ def run_agent(tree: Path, port: int, server_pid: int, ring: str, args: argparse.
     take_the_accept_from_before(port)
     cpu0 = process_cpu_ns(proc.pid)
     made = load(port, args, cpus)
+    rate = made.pop("rate", 0)
     cpu1 = process_cpu_ns(proc.pid)
     time.sleep(2.5)  # the last drains and two metric exports
     proc.send_signal(signal.SIGINT)
     rest = proc.communicate(timeout=120)[0]
-    res: dict = {"made": dict(made), "streams": sum(made.values()), "agent_cpu_ns": cpu1 - cpu0}
+    res: dict = {"made": dict(made), "streams": sum(made.values()), "agent_cpu_ns": cpu1 - cpu0, "rate": rate}
     m = re.search(r"events received (\d+), spans (\d+), lost in kernel (\d+)", rest)
     if m:
         res.update(zip(("records_received", "spans", "lost_in_kernel"), map(int, m.groups())))
@@ -294,6 +298,7 @@ def run_probes(tree: Path, port: int, server_pid: int, args: argparse.Namespace,
         assert helper.stdout.readline().startswith("ready"), "the probes did not load"
         take_the_accept_from_before(port)
         made = load(port, args, cpus)
+        rate = made.pop("rate", 0)
         helper.stdin.write("\n")
         helper.stdin.flush()
         stats = json.loads(helper.stdout.readline())
@@ -306,6 +311,7 @@ def run_probes(tree: Path, port: int, server_pid: int, args: argparse.Namespace,
     total = sum(ns for _, ns in progs.values())
     return {
         "streams": sum(made.values()),
+        "rate": rate,
         "bpf_ns_per_stream": total / streams,
         "programs": progs,
         "lost_in_kernel": stats["lost_in_kernel"],
@@ -359,6 +365,10 @@ def main() -> int:
         else:
             assert server.stdout is not None and server.stdout.readline().startswith("ready")
         for _ in range(args.repeats):
+            if args.server == "nghttpd":
+                base = h2load(port, args, plan["rest"])
+                results["cases"].append({"tree": "none", "without": {"rate": base["rate"]}})
+                print(f"  without agent: {base['rate']} streams/s")
             for name, tree in trees:
                 for ring in args.rings.split(","):
                     r = run_agent(tree, port, server.pid, ring, args, plan["rest"])
@@ -367,7 +377,7 @@ def main() -> int:
                 p = run_probes(tree, port, server.pid, args, plan["rest"])
                 results["cases"].append({"tree": name, "probes": p})
                 print(
-                    f"  {name:8} probes only: {p['streams']} streams, BPF {p['bpf_ns_per_stream']:.0f} ns/stream, "
+                    f"  {name:8} probes only: {p['rate']} streams/s, BPF {p['bpf_ns_per_stream']:.0f} ns/stream, "
                     f"lost {p['lost_in_kernel']}"
                 )
     finally:
@@ -384,7 +394,7 @@ def main() -> int:
 
 def report_agent(name: str, ring: str, r: dict) -> None:
     print(
-        f"  {name:8} ring {ring:7} made {r['streams']:7} counted {r['counted_total']:7} "
+        f"  {name:8} ring {ring:7} {r['rate']:7} streams/s made {r['streams']:7} counted {r['counted_total']:7} "
         f"({100 * r['counted_total'] / max(1, r['streams']):5.1f}%)  records lost {r['socket_ring_full']:7}  "
         f"dropped {r['dropped_before_processing']}  spans {r.get('spans')}  switched {r['connections_switched']}  "
         f"agent {r['agent_cpu_us_per_stream']:.1f} us CPU/stream  decisions {r['decisions']}"
@@ -395,19 +405,27 @@ def report_agent(name: str, ring: str, r: dict) -> None:
 
 def summary(results: dict) -> None:
     print("\nMedians over repeats")
-    keys = sorted({(c["tree"], c.get("ring", "probes")) for c in results["cases"]})
+    keys = sorted({(c["tree"], c.get("ring", "probes")) for c in results["cases"] if "without" not in c})
+    base = [c["without"]["rate"] for c in results["cases"] if "without" in c]
+    if base:
+        print(f"  without agent: {statistics.median(base):.0f} streams/s")
     for tree, ring in keys:
         runs = [c for c in results["cases"] if c["tree"] == tree and c.get("ring", "probes") == ring]
         if ring == "probes":
             ns = statistics.median(c["probes"]["bpf_ns_per_stream"] for c in runs)
-            print(f"  {tree:8} probes only: BPF {ns:.0f} ns/stream (every socket program, the server's calls)")
+            rate = statistics.median(c["probes"]["rate"] for c in runs)
+            print(
+                f"  {tree:8} probes only: {rate:.0f} streams/s, BPF {ns:.0f} ns/stream "
+                "(every socket program, the server's calls)"
+            )
             continue
         share = statistics.median(c["agent"]["counted_total"] / max(1, c["agent"]["streams"]) for c in runs)
         lost = statistics.median(c["agent"]["socket_ring_full"] for c in runs)
         cpu = statistics.median(c["agent"]["agent_cpu_us_per_stream"] for c in runs)
+        rate = statistics.median(c["agent"]["rate"] for c in runs)
         print(
-            f"  {tree:8} ring {ring:7} counted/made {100 * share:5.1f}%  records lost {lost:.0f}  "
-            f"agent {cpu:.1f} us/stream"
+            f"  {tree:8} ring {ring:7} {rate:7.0f} streams/s  counted/made {100 * share:5.1f}%  "
+            f"records lost {lost:.0f}  agent {cpu:.1f} us/stream"
         )
 
 

@@ -23,7 +23,7 @@ from otelbpf.families.http import correlator as correlator_module
 from otelbpf.families.http.correlator import KNOWN_METHODS, OTHER
 from otelbpf.families.http.probes import H2_STATS
 from otelbpf.families.http.protocols.http2 import PREFACE, RST_STREAM, SETTINGS
-from otelbpf.families.http.sampling import H2Delta, h2_series, randomness_kept
+from otelbpf.families.http.sampling import TICK_S, H2Delta, h2_series, randomness_kept
 
 SETTINGS_FRAME = frame(SETTINGS, 0, 0)
 
@@ -310,8 +310,6 @@ def test_connections_switched_to_counting_are_pressure_and_problems_are_counted(
     """An HTTP/2 connection the kernel switched to counting is one the agent did not keep up with:
     the controller halves the sampling as it does for records lost; the walk's other counts are
     otelbpf.http.problems."""
-    from families.http.test_sampling import TICK_S
-
     k, now, counts = FakeKernel(), [100.0], []
     s = sampler(k, now, counts)
     s.tick()  # the first tick only reads the counters
