@@ -6,6 +6,9 @@
   holds arrive between two drains, so most requests are shed, and the exported
   ``http.server.request.duration`` count must still equal the clients' own count, nothing lost
   in the kernel.
+- A model server streaming its tokens (server-sent events in chunked encoding), every request
+  shed by the draw: each is counted once, timed to its stream's last chunk (as a kept request's
+  span is), not to its status line.
 - A frontend that calls a backend and CUDA per request, sampled at 1/4: every kept request
   keeps its CUDA calls and its downstream call as children (same thread, in time), carries its
   sampling (``ot=th:c``, adjusted count 4), and no span points to a request that was shed.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import socket
 import subprocess
@@ -24,9 +28,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import streaming_apps
 from harness.agent import FAKE_CUDART, REPO, AgentProcess
 from otelbpf.families.http.probes import DECISIONS
-from test_http_agent import free_ports, write_config
+from test_http_agent import app, free_ports, write_config
 
 pytestmark = pytest.mark.bpf
 
@@ -130,6 +135,33 @@ def test_request_count_stays_exact_when_a_small_ring_sheds_spans(otlp_collector,
     assert sum(p.value for p in c.latest_points("otelbpf.events.lost", reason="socket_ring_full")) == 0
     kinds = {p.attributes["http.response.status_code"] for p in c.latest_points("http.server.request.duration")}
     assert kinds == {200}
+
+
+def test_a_shed_streamed_response_is_timed_to_its_last_chunk(otlp_collector, tmp_path):
+    c = otlp_collector
+    (port,) = free_ports(1)
+    n = 4
+    # the headers go out at once; the last token FIRST_S + 4 gaps later, then the last chunk
+    planted = streaming_apps.FIRST_S + (len(streaming_apps.TOKENS) - 1) * streaming_apps.GAP_S
+    request = json.dumps({"model": "m", "stream": True, "max_tokens": 3})
+    with app("sse", str(port), module="harness.streaming_apps") as server:
+        cfg = write_config(tmp_path, c, [port], sampling_probability=2.0**-20, adaptive_sampling=False)
+        with agent_running(cfg, "--pid", str(server.pid)):
+            conn = http.client.HTTPConnection("127.0.0.1", port)
+            for _ in range(n):  # one keep-alive connection, held open: each ends at its last chunk
+                conn.request("POST", "/v1/chat/completions", body=request, headers={"Content-Type": "application/json"})
+                assert b"data: [DONE]" in conn.getresponse().read()
+            c.wait_for(lambda: server_count(c, server.pid) == n, timeout=20, what=f"{n} streamed requests counted")
+            conn.close()
+            time.sleep(0.7)  # two more exports: nothing more may come
+            seen = decisions(c)
+            points = c.latest_points("http.server.request.duration", **{"process.pid": server.pid})
+    assert sum(p.count for p in points) == n and seen["probability"] == n, (points, seen)
+    assert [p.attributes["http.response.status_code"] for p in points] == [200]
+    assert min(p.min for p in points) >= planted, (points, planted)
+    assert not [
+        s for s in c.spans() if s.scope_name == "otelbpf.http" and s.attributes.get("process.pid") == server.pid
+    ]
 
 
 def test_sampled_requests_keep_their_cuda_calls_and_downstream_call(otlp_collector, tmp_path):
