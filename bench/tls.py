@@ -35,6 +35,7 @@ from bcc import BPF
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from otelbpf.families.http.probes import socket_family  # noqa: E402
 from otelbpf.families.tls.probes import (  # noqa: E402
     SYSCALL_PROGRAM,
     SYSCALLS,
@@ -132,8 +133,14 @@ def main() -> None:
             lib_users_only=lib_users_only,
             rejected=Rejected(),
         )
-        text, cflags = program.build([fam], filter_pids=False, events_ring_bytes=1 << 20)
-        return BPF(text=text, cflags=cflags)
+        # tls.c uses sockets.c's sampling maps: compiled with it, its tracepoints detached so
+        # that every condition pays only what it names
+        sockets = socket_family([], payload_bytes=1024, ring_bytes=1 << 20)
+        text, cflags = program.build([sockets, fam], filter_pids=False, events_ring_bytes=1 << 20)
+        bpf = BPF(text=text, cflags=cflags)
+        for tp in list(bpf.tracepoint_fds):
+            bpf.detach_tracepoint(tp)
+        return bpf
 
     empty = BPF(text="int empty(struct pt_regs *ctx) { return 0; }")
     full, filtered = build(False), build(True)

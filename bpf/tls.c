@@ -11,7 +11,7 @@
  * is taken from the socket syscall the thread makes *inside* the SSL call (a read, recv,
  * write or send entered while the call is open: `tls_sys_enter`, attached by user space to
  * the eight sys_enter tracepoints of the data syscalls) and remembered per (process, SSL) in
- * `tls_fds`, for the calls served from OpenSSL's own buffer with no syscall (a second record
+ * `tls_conns`, for the calls served from OpenSSL's own buffer with no syscall (a second record
  * already read). An SSL whose calls never make a syscall (a memory BIO: Python's asyncio,
  * SSLObject) has no fd: its records carry fd -1 and the SSL pointer (in `addr`), and user
  * space keys the connection by that pointer, with no addresses.
@@ -20,7 +20,25 @@
  * _ex returning 0) are counted in `tls_stats`, not reported; an SSL_read returning 0 (the
  * peer's close_notify or EOF) is reported with ret 0 and no payload, and ends the exchange as
  * a socket EOF does. A call that re-enters the probes on its thread (a library whose
- * SSL_read_ex calls SSL_read) is taken once, at the outer call. */
+ * SSL_read_ex calls SSL_read) is taken once, at the outer call.
+ *
+ * HTTP/1 head sampling, as sockets.c's (`http_gate`) on the plaintext, with the same shift,
+ * decision counts and RED counts (this file follows sockets.c in the program: ProbeFamily.after):
+ * a request is decided at its first plaintext bytes (a server's SSL_read, a client's SSL_write
+ * that starts with an HTTP/1 method; which end an SSL is, is learnt from the first of them),
+ * kept with probability 2^-shift, or shed whatever the draw while user space is more than
+ * TLS_BACKLOG_BYTES of *this* ring behind (tls_ring_written minus the stamp of the last record
+ * it processed, which it writes to tls_processed). A shed request puts nothing on the ring
+ * (its reads, its response); its status is read from the response's first plaintext bytes and
+ * the request counted in sockets.c's http_red (red_count) under the same key as a plain one,
+ * so user space adds it to the same series (url.scheme is on spans only, not in the series).
+ * A client request made while its thread serves a request, plain or TLS, inherits that
+ * request's fate (the thread's sock_args.serving, shared with sockets.c). An SSL whose first
+ * plaintext is not an HTTP/1 request line (HTTP/2's preface, an h2 server's SETTINGS, a
+ * partial read of a few bytes) is never sampled: all its records go to the ring.
+ * A data record's addr holds the SSL pointer (48 bits of user address) with the request's
+ * shift in its top byte (addr[7]), then its stamp (addr[8..16]: this ring's bytes written up
+ * to and including it). */
 
 #define TLS_F_READ 1   /* = SF_READ in sockets.c: ingress */
 #define TLS_F_WRITE 2  /* = SF_WRITE: egress */
@@ -36,7 +54,8 @@
 #define TLS_STAT_NO_FD 5       /* records without an fd (memory BIO) */
 #define TLS_STAT_BAD_READ 6    /* the buffer or the _ex length could not be read */
 #define TLS_STAT_STALE 7       /* a call whose return was never seen (longjmp, thread killed), replaced */
-#define TLS_STAT_MAX 8
+#define TLS_STAT_SHED 8        /* records of shed HTTP/1 requests, not put on the ring (counted as requests in http_red) */
+#define TLS_STAT_MAX 9
 
 /* A call older than this still open on its thread was left without a return (internal). */
 #define TLS_STALE_NS 60000000000ULL
@@ -81,10 +100,19 @@ struct tls_key {
 
 BPF_RINGBUF_OUTPUT(tlsdata, TLS_RING_PAGES);
 BPF_TASK_STORAGE(tls_calls, struct tls_call);
-BPF_TABLE("lru_hash", struct tls_key, s32, tls_fds, TLS_FD_ENTRIES);
+/* Per (process, SSL): its fd, and the HTTP/1 request in progress on it (sockets.c's struct:
+ * role, req, shift, method, req_ts, answered; seq and state unused). */
+struct tls_conn {
+    s32 fd;  /* from a syscall inside a call on this SSL; -1 until one */
+    u32 pad;
+    struct sk_state st;
+};
+BPF_TABLE("lru_hash", struct tls_key, struct tls_conn, tls_conns, TLS_FD_ENTRIES);
 BPF_PERCPU_ARRAY(tls_scratch, struct tls_rec, 1);
 BPF_PERCPU_ARRAY(tls_stats, u64, TLS_STAT_MAX);
 BPF_ARRAY(tls_ring_written, u64, 1);
+/* Written by user space: the stamp of the last tlsdata record it processed. */
+BPF_ARRAY(tls_processed, u64, 1);
 
 static __always_inline void tls_count(u32 slot)
 {
@@ -93,17 +121,31 @@ static __always_inline void tls_count(u32 slot)
         (*v)++;
 }
 
-/* common.h's ring_wake, on a counter of this ring's own. */
-static __always_inline u64 tls_wake(u64 bytes)
+/* common.h's ring_wake, on a counter of this ring's own; *stamp: the bytes written up to and
+ * including this record. */
+static __always_inline u64 tls_wake(u64 bytes, u64 *stamp)
 {
     int zero = 0;
     u64 *written = tls_ring_written.lookup(&zero);
-    if (!written)
+    if (!written) {
+        *stamp = 0;
         return BPF_RB_NO_WAKEUP;
+    }
     u64 before = *written;
     __sync_fetch_and_add(written, bytes);
+    *stamp = before + bytes;
     u64 part = TLS_RING_PAGES * 4096ULL / RING_WAKE_PARTS;
     return ((before + bytes) ^ before) >= part ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
+/* Bytes of this ring not yet processed by user space (sockets.c's sock_backlog, for tlsdata). */
+static __always_inline u64 tls_backlog(void)
+{
+    int zero = 0;
+    u64 *written = tls_ring_written.lookup(&zero);
+    u64 *done = tls_processed.lookup(&zero);
+    u64 d = done ? *done : 0;
+    return written && *written > d ? *written - d : 0;
 }
 
 static __always_inline int tls_ignored_pid(u32 tgid)
@@ -175,6 +217,90 @@ static __always_inline u64 tls_clamp(s64 len, u64 limit)
     return n;
 }
 
+/* The sampling of an HTTP/1 request on this SSL (see the top): GATE_SHED when this call's
+ * plaintext belongs to a shed request and goes nowhere; else GATE_EMIT, or GATE_STARTED for a
+ * kept request's first bytes; *shift: the request's sampling shift. sockets.c's http_gate on
+ * plaintext: the same decisions, counts and thread inheritance. */
+static __always_inline int tls_gate(struct tls_call *c, struct sk_state *st, s64 moved, u64 id, u8 *shift)
+{
+    *shift = 0;
+    if (st->req == REQ_OTHER)
+        return GATE_EMIT;
+    u64 now = bpf_ktime_get_ns();
+    int ingress = c->func == TLS_F_READ;
+    if (moved <= 0) {
+        /* the peer closed: a client's shed request gets no response now (a server may still
+         * answer what it read: its response counts it) */
+        if (st->role == SK_ROLE_CLIENT && st->req == REQ_SHED && !st->answered)
+            red_count(id >> 32, st, 0, 1, now);
+        return GATE_EMIT;
+    }
+    u8 h[16] = {};
+    u64 n = tls_clamp(moved, 16);
+    if (n < 4 || read_user(h, n, (void *)c->buf) != 0)
+        n = 0;
+    u8 m = n ? http_method(h, n) : 0;
+    if (!st->role) {
+        if (!m) {
+            st->req = REQ_OTHER;  /* not HTTP/1: never sampled */
+            return GATE_EMIT;
+        }
+        st->role = ingress ? SK_ROLE_SERVER : SK_ROLE_CLIENT;
+    }
+    if ((st->role == SK_ROLE_SERVER) == ingress) {
+        if (m) {
+            if (st->req == REQ_SHED && !st->answered)
+                red_count(id >> 32, st, 0, 1, now);
+            struct sock_args *thread = thread_args(1);
+            u64 sh = sampling(SAMPLING_SHIFT);
+            if (sh < SAMPLING_MIN_SHIFT)
+                sh = SAMPLING_MIN_SHIFT;
+            if (sh > 20)
+                sh = 20;
+            u8 req = REQ_KEPT;
+            u32 why = DECISION_KEPT;
+            u8 inherited = st->role == SK_ROLE_CLIENT && thread ? thread->serving : 0;
+            if (thread && (inherited == REQ_KEPT || inherited == REQ_SHED)) {
+                req = inherited;
+                sh = thread->serving_shift;
+                why = req == REQ_KEPT ? DECISION_KEPT : DECISION_PARENT;
+            } else if (sh && (bpf_get_prandom_u32() & ((1U << sh) - 1)) != 0) {
+                req = REQ_SHED;
+                why = DECISION_PROBABILITY;
+            } else if (tls_backlog() > TLS_BACKLOG_BYTES) {
+                req = REQ_SHED;
+                why = DECISION_BACKLOG;
+            }
+            st->req = req;
+            st->shift = sh;
+            st->method = m;
+            st->answered = 0;
+            st->req_ts = st->role == SK_ROLE_SERVER ? now : c->ts;
+            count_decision(why);
+            if (st->role == SK_ROLE_SERVER && thread) {
+                thread->serving = req;
+                thread->serving_shift = sh;
+            }
+            *shift = sh;
+            return req == REQ_SHED ? GATE_SHED : GATE_STARTED;
+        }
+    } else if (n >= 12 && has(h, "HTTP/1.", 7) && h[8] == ' ' && digit(h[9]) && digit(h[10]) && digit(h[11])) {
+        /* a response's status line (1xx interim ones wait for the final) */
+        u16 status = (h[9] - '0') * 100 + (h[10] - '0') * 10 + (h[11] - '0');
+        if (status >= 200 || status == 101) {
+            if (st->role == SK_ROLE_SERVER) {
+                struct sock_args *thread = thread_args(0);
+                if (thread)
+                    thread->serving = 0;
+            }
+            if (st->req == REQ_SHED && !st->answered)
+                red_count(id >> 32, st, status, h[7] - '0', now);
+        }
+    }
+    *shift = st->req == REQ_KEPT ? st->shift : 0;
+    return st->req == REQ_SHED ? GATE_SHED : GATE_EMIT;
+}
+
 int uretprobe_ssl(struct pt_regs *ctx)
 {
     struct tls_call *c = tls_calls.task_storage_get(bpf_get_current_task_btf(), 0, 0);
@@ -205,21 +331,29 @@ int uretprobe_ssl(struct pt_regs *ctx)
         return 0;
     }
     struct tls_key key = {.tgid = id >> 32, .ssl = c->ssl};
+    struct tls_conn *conn = tls_conns.lookup(&key);
+    if (!conn) {
+        struct tls_conn fresh = {.fd = -1};
+        tls_conns.update(&key, &fresh);
+        conn = tls_conns.lookup(&key);
+    }
     u32 flags = 0;
     s32 fd = c->fd;
     if (fd >= 0) {
-        s32 *known = tls_fds.lookup(&key);
-        if (!known || *known != fd)
-            tls_fds.update(&key, &fd);
+        if (conn)
+            conn->fd = fd;
+    } else if (conn && conn->fd >= 0) {
+        fd = conn->fd;
+        flags |= TLSF_FD_CACHED;
     } else {
-        s32 *known = tls_fds.lookup(&key);
-        if (known) {
-            fd = *known;
-            flags |= TLSF_FD_CACHED;
-        } else {
-            flags |= TLSF_NO_FD;
-            tls_count(TLS_STAT_NO_FD);
-        }
+        flags |= TLSF_NO_FD;
+        tls_count(TLS_STAT_NO_FD);
+    }
+    u8 shift = 0;
+    int gate = conn ? tls_gate(c, &conn->st, moved, id, &shift) : GATE_EMIT;
+    if (gate == GATE_SHED) {
+        tls_count(TLS_STAT_SHED);
+        return 0;
     }
     u32 zero = 0;
     struct tls_rec *r = tls_scratch.lookup(&zero);
@@ -238,8 +372,8 @@ int uretprobe_ssl(struct pt_regs *ctx)
     r->port = 0;
     r->local_port = 0;
     r->pad = 0;
-    __builtin_memset(r->addr, 0, sizeof(r->addr));
-    __builtin_memcpy(r->addr, &c->ssl, sizeof(c->ssl));
+    u64 ssl_shift = (c->ssl & 0x00ffffffffffffffULL) | ((u64)shift << 56);
+    __builtin_memcpy(r->addr, &ssl_shift, sizeof(ssl_shift));
     u64 n = tls_clamp(moved, TLS_PAYLOAD);
     if (n && read_user(r->data, n, (void *)c->buf) != 0) {
         tls_count(TLS_STAT_BAD_READ);
@@ -247,8 +381,17 @@ int uretprobe_ssl(struct pt_regs *ctx)
     }
     n = tls_clamp(n, TLS_PAYLOAD);
     r->cap = n;
-    if (tlsdata.ringbuf_output(r, 64 + n, tls_wake(64 + n)) != 0) {
+    u64 stamp = 0;
+    u64 wake = tls_wake(64 + n, &stamp);
+    __builtin_memcpy(&r->addr[8], &stamp, sizeof(stamp));
+    if (tlsdata.ringbuf_output(r, 64 + n, wake) != 0) {
         tls_count(TLS_STAT_LOST);
+        if (gate == GATE_STARTED && conn) {
+            /* a kept request whose first bytes found the ring full: user space has seen
+             * nothing of it, so it is shed from here on and counted here, not lost */
+            conn->st.req = REQ_SHED;
+            count_decision(DECISION_RING_FULL);
+        }
         return 0;
     }
     tls_count(TLS_STAT_RECORDS);

@@ -166,6 +166,9 @@ class ProbeFamily:
     #: (e.g. for a final read of the family's maps). Both under the sensor's lock.
     on_load: Callable[[object], None] | None = None
     on_unload: Callable[[object], None] | None = None
+    #: Families whose C this one's uses (maps, functions): their source comes first in the
+    #: program whatever order the config names the receivers in (sensor/program.py).
+    after: tuple[str, ...] = ()
 
     def library_kind(self, basename: str) -> LibraryKind | None:
         return next((k for k in self.libraries if k.matches(basename)), None)

@@ -21,8 +21,15 @@ def build(name: str, cfg: TlsReceiverConfig, ctx: Context) -> Receiver:
         max_connections=cfg.max_connections,
         lib_users_only=cfg.processes == "gpu",
         rejected=rejected,
+        backlog_bytes=cfg.sampling_backlog,
     )
-    correlator = TlsCorrelator(lambda: ctx.ring_consumers.get(RING, ()), ctx.counter(name), ctx.read_map, rejected)
+    correlator = TlsCorrelator(
+        lambda: ctx.ring_consumers.get(RING, ()),
+        ctx.counter(name),
+        ctx.read_map,
+        rejected,
+        lambda m, items: ctx.maps.update(m, items),
+    )
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 
 

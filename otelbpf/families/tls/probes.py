@@ -10,6 +10,13 @@ read the call's arguments as OpenSSL's, and another library's could mean anythin
 The fd of each call comes from the socket syscall made inside it (bpf/tls.c); the program
 that sees those syscalls is attached here, after the load, to the data syscalls' sys_enter
 tracepoints (the sockets family owns the ``TRACEPOINT_PROBE`` names for them).
+
+HTTP/1 requests over TLS are head-sampled in the kernel as plain ones are (bpf/tls.c
+``tls_gate``, on sockets.c's maps and functions: the family's C follows sockets.c's, ``after``):
+kept with the http receiver's probability, shed while the agent is more than ``backlog_bytes``
+behind this family's own ring, shed ones counted in the kernel into the same RED series.
+User space hands the kernel the stamp of the last record it processed (``PROCESSED_MAP``,
+the correlator), and reads each kept record's shift from its ``addr`` (families/http/tls.py).
 """
 
 from __future__ import annotations
@@ -28,7 +35,12 @@ log = logging.getLogger(__name__)
 RING = "tlsdata"
 STATS_MAP = "tls_stats"
 #: ``tls_stats`` slots (TLS_STAT_* in bpf/tls.c), by the reason they are exported with.
-STATS = ("records", "lost", "no_data", "nested", "map_full", "no_fd", "bad_read", "stale")
+STATS = ("records", "lost", "no_data", "nested", "map_full", "no_fd", "bad_read", "stale", "shed")
+#: Where user space writes the stamp of the last tlsdata record it processed (slot 0).
+PROCESSED_MAP = "tls_processed"
+#: A record's ``addr``: the SSL pointer (its low 56 bits) and its request's sampling shift (the
+#: top byte) in bytes 0-8, the record's stamp (the ring's bytes written up to it) in bytes 8-16.
+SSL_BITS, STAMP_OFFSET = 56, 8
 #: ``sock_rec.flags`` bits of TLS records (TLSF_* in bpf/tls.c).
 TLSF_FD_CACHED, TLSF_NO_FD = 1, 2
 
@@ -95,8 +107,16 @@ def attach_syscalls(bpf: Any) -> None:
 
 
 def tls_family(
-    *, payload_bytes: int, ring_bytes: int, max_connections: int, lib_users_only: bool, rejected: Rejected
+    *,
+    payload_bytes: int,
+    ring_bytes: int,
+    max_connections: int,
+    lib_users_only: bool,
+    rejected: Rejected,
+    backlog_bytes: int = 0,
 ) -> ProbeFamily:
+    """``backlog_bytes``: plaintext records waiting for user space past which new HTTP/1
+    requests are shed (0: half the ring), compiled in so that it holds from the first request."""
     if payload_bytes & (payload_bytes - 1) or not MIN_PAYLOAD <= payload_bytes <= MAX_PAYLOAD:
         raise ValueError(f"payload size must be a power of two in [{MIN_PAYLOAD}, {MAX_PAYLOAD}], got {payload_bytes}")
     kind = LibraryKind(
@@ -115,9 +135,11 @@ def tls_family(
             f"-DTLS_PAYLOAD={payload_bytes}",
             f"-DTLS_RING_PAGES={ring_bytes // 4096}",
             f"-DTLS_FD_ENTRIES={max_connections}",
+            f"-DTLS_BACKLOG_BYTES={backlog_bytes or ring_bytes // 2}",
             *(("-DTLS_LIB_USERS_ONLY=1",) if lib_users_only else ()),
         ),
         rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True),),
         counting_maps=(STATS_MAP,),
         on_load=attach_syscalls,
+        after=("sockets",),  # tls.c uses sockets.c's sampling maps, RED counts and thread state
     )
