@@ -96,6 +96,9 @@ class AgentRow:
     dropped: int
     cpu_share: float | None  # of one core
     rss_bytes: float | None
+    #: Of the requests head sampling decided since the last collection, the share kept as spans
+    #: (otelbpf.http.sampled); None when it decided none.
+    http_kept_share: float | None = None
 
 
 @dataclass
@@ -419,4 +422,14 @@ def _agent(rates: Rates, points: Points) -> AgentRow | None:
         ),
         cpu,
         rss,
+        _kept_share(rates.per_s(-1, "otelbpf.http.sampled", "decision")),
     )
+
+
+def _kept_share(decided: dict[str, float] | None) -> float | None:
+    """kept / all decisions; ``red_map_full`` is not a decision of its own (a shed request the
+    kernel could not count, already counted as shed)."""
+    if not decided:
+        return None
+    total = sum(v for k, v in decided.items() if k != "red_map_full")
+    return decided.get("kept", 0.0) / total if total > 0 else None

@@ -287,3 +287,21 @@ def test_a_head_sampled_request_counts_for_its_adjusted_count() -> None:
     # 7 requests: 4 of 1 ms, 1 of 2 ms, 2 of 10 ms; the median is the 4th (1 ms), p95 the 7th
     assert (route.p50_ms, route.p95_ms) == (1.0, 10.0)
     assert route.per_s == round(7 / (2 + 10 / 1e3), 2)
+
+
+def test_the_agent_row_says_what_share_of_requests_head_sampling_kept() -> None:
+    def agent(k: int) -> MetricsData:  # per collection: 100 kept, 500 shed by the draw, 400 for the backlog
+        decided = [({"decision": "kept"}, 100 * k), ({"decision": "probability"}, 500 * k)]
+        decided += [({"decision": "backlog"}, 400 * k), ({"decision": "red_map_full"}, 7 * k)]
+        sampled = m.cumulative_sum("otelbpf.http.sampled", "{request}", "", decided, T0, T0)
+        return MetricsData([ResourceMetrics(AGENT, [ScopeMetrics(scope("otelbpf.agent"), [sampled], "")], "")])
+
+    clock = Clock()
+    state = LiveState(min_interval_s=0, clock=clock)
+    state.on_metrics(agent(1))
+    first = state.snapshot()
+    clock.now += 2 * S
+    state.on_metrics(agent(3))
+    row = model.build(first, state.snapshot()).agent
+    assert row is not None and row.http_kept_share == 0.1  # red_map_full ones are among the shed
+    assert model.build(None, LiveState(min_interval_s=0, clock=clock).snapshot()).agent is None
