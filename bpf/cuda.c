@@ -53,6 +53,24 @@ static __always_inline int profile_cuda_launch(struct pt_regs *ctx, u64 id, u8 f
 static __always_inline void profile_cuda_finish(struct pt_regs *ctx);
 #endif
 
+#ifdef SOCK_PAYLOAD
+/* In sockets.c (the http family, after this file): whether this thread is serving an HTTP/1
+ * request that head sampling shed. */
+static __always_inline int serving_shed(void);
+#endif
+
+/* EVF_SHED for a call made while its thread serves a shed request: that request put nothing on
+ * its ring, so the call's span would be a root with no request above it; user space keeps it out
+ * of trace backends and counts it, and counts the call as any other (metrics, the diagnosis). */
+static __always_inline u16 shed_flag(void)
+{
+#ifdef SOCK_PAYLOAD
+    return serving_shed() ? EVF_SHED : 0;
+#else
+    return 0;
+#endif
+}
+
 struct error_key {
     u32 pid;
     u32 func;
@@ -205,7 +223,7 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
     if (seen % LAUNCH_SAMPLE_EVERY == 0) {
         struct event e = {};
         new_event(&e, id, EV_CUDA_LAUNCH, func);
-        e.flags = flags;
+        e.flags = flags | shed_flag();
         e.a0 = fn;
         fill_launch(ctx, variant, &e);
 #ifdef HANDOFFS
@@ -345,7 +363,7 @@ static __always_inline int on_entry(u8 kind, u8 func, u16 flags, u64 a0, u64 a1,
 #ifdef HANDOFFS
     report_handoff(id);  /* the wake-up that handed this thread its work, before the call's own */
 #endif
-    remember_call(id, kind, func, flags, a0, a1, a2, a3);
+    remember_call(id, kind, func, flags | shed_flag(), a0, a1, a2, a3);
     return 0;
 }
 

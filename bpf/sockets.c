@@ -356,6 +356,13 @@ static __always_inline struct sock_args *thread_args(int create)
                                       create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 }
 
+/* cuda.c's (before this file, which it declares): this thread serves a shed HTTP/1 request. */
+static __always_inline int serving_shed(void)
+{
+    struct sock_args *a = thread_args(0);
+    return a && a->serving == REQ_SHED;
+}
+
 /* A call entered on this thread: its arguments, kept for its exit (0, counted, when the
  * storage cannot be had). */
 static __always_inline struct sock_args *begin_call(u8 func, s32 fd, u64 buf, u64 aux)

@@ -11,7 +11,8 @@
   span is), not to its status line.
 - A frontend that calls a backend and CUDA per request, sampled at 1/4: every kept request
   keeps its CUDA calls and its downstream call as children (same thread, in time), carries its
-  sampling (``ot=th:c``, adjusted count 4), and no span points to a request that was shed.
+  sampling (``ot=th:c``, adjusted count 4), and no span points to a request that was shed nor
+  stands for one (a shed request's CUDA calls are no root spans).
 """
 
 from __future__ import annotations
@@ -193,7 +194,16 @@ def test_sampled_requests_keep_their_cuda_calls_and_downstream_call(otlp_collect
             c.wait_for(
                 lambda: (
                     server_count(c, frontend.pid) == n
-                    and len([s for s in c.spans() if s.scope_name == "otelbpf.cuda"]) >= 3 * n
+                    # kept requests' CUDA spans sent, shed ones' counted
+                    and len(
+                        [
+                            s
+                            for s in c.spans()
+                            if s.scope_name == "otelbpf.cuda" and s.resource["process.pid"] == frontend.pid
+                        ]
+                    )
+                    + sum(p.value for p in c.latest_points("otelbpf.cuda.spans.shed", **{"process.pid": frontend.pid}))
+                    == 3 * n
                 ),
                 timeout=30,
                 what=f"{n} frontend requests counted and their CUDA spans",
@@ -228,8 +238,9 @@ def test_sampled_requests_keep_their_cuda_calls_and_downstream_call(otlp_collect
     # the downstream calls of shed requests were shed with them; nothing points to a shed request
     assert len(down) == len(top)
     assert all(s.parent_span_id in by_id for s in down)
-    assert all(not s.parent_span_id or s.parent_span_id in by_id for s in cuda)
-    assert len(cuda) == 3 * n  # CUDA spans are the cuda receiver's: all there, only kept ones parented
+    # the CUDA calls of shed requests stay out of the traces (tests/families/cuda/test_shed_requests.py)
+    assert all(s.parent_span_id in by_id for s in cuda)
+    assert len(cuda) == 3 * len(top)
     seen = decisions(c)
     # the frontend's calls made for shed requests were shed with them (the other ends draw on
     # their own: this test's client, the frontend serving, the backend serving)

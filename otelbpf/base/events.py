@@ -105,6 +105,9 @@ FLAG_INCOMPLETE = 1
 FLAG_NCCL_UNKNOWN_COMM = 2
 #: ``EVF_DRIVER``: a CUDA driver API call (libcuda), not the runtime's.
 FLAG_DRIVER = 4
+#: ``EVF_SHED``: a CUDA call made while its thread served an HTTP request that head sampling shed
+#: (bpf/sockets.c): its span stays out of trace backends, with no request to be the child of.
+FLAG_SHED = 0x10
 #: ``EVF_IBV_POSTED``: an ``IBV_COMPLETION`` whose post was seen: its ts and duration are real.
 FLAG_IBV_POSTED = 0x100
 

@@ -20,7 +20,16 @@ import pytest
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric
 from opentelemetry.trace import StatusCode
 
-from otelbpf.base.events import EVENT_DTYPE, FLAG_DRIVER, FLAG_INCOMPLETE, STREVENT_DTYPE, CudaFunc, Kind, StrKind
+from otelbpf.base.events import (
+    EVENT_DTYPE,
+    FLAG_DRIVER,
+    FLAG_INCOMPLETE,
+    FLAG_SHED,
+    STREVENT_DTYPE,
+    CudaFunc,
+    Kind,
+    StrKind,
+)
 from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
@@ -28,6 +37,7 @@ from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import new_context
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.families.cuda.correlator import CudaCorrelator
+from otelbpf.families.http.sampling import sampled_context
 
 F = CudaFunc
 ME = os.getpid()
@@ -642,3 +652,34 @@ def test_driver_calls_graph_launches_event_waits_and_vmm_handles_say_what_they_a
     assert event_sync.attributes["cuda.event"] == "0xe1" and "cuda.stream" not in event_sync.attributes
     assert stream_sync.attributes["cuda.stream"] == "0x5eed" and "cuda.event" not in stream_sync.attributes
     assert [s.attributes["cuda.api.layer"] for s in h.spans] == ["driver", "runtime", "driver", "runtime", "runtime"]
+
+
+def test_calls_made_for_a_shed_request_are_unsampled_spans_and_counted_as_any_call() -> None:
+    """EVF_SHED (the thread served a request head sampling shed): its span is recorded unsampled
+    with no parent nor links, though the thread has a request open at that time (that one is not
+    what the call was made for), and counted; its call counts in every metric. A kept request's
+    children inherit its tracestate (its sampling threshold)."""
+    causality = Causality()
+    h = Harness(parent_of=causality.parent, in_flight=causality.in_flight)
+    e = Events()
+    request = sampled_context(new_context(), 2, own_trace=True)
+    causality.open(ME, ME, e.ts, request)
+    e.malloc(1 << 20, 0xA000)
+    e.memcpy(1 << 20, 1, flags=FLAG_SHED)
+    e.launch(fn_address("getppid"), flags=FLAG_SHED)
+    h.correlator.on_events(e.array())
+    spans = {s.name: s for s in h.spans}
+    kept = spans["cudaMalloc"]
+    assert kept.parent == request and kept.context.trace_flags.sampled
+    assert kept.context.trace_state == request.trace_state and request.trace_state.get("ot") == "th:c"
+    for name in ("cudaMemcpy", "cudaLaunchKernel"):
+        span = spans[name]
+        assert span.parent is None and not span.links and not span.context.trace_flags.sampled, name
+        assert span.attributes["otelbpf.sampling.shed"] is True and "otelbpf.causality" not in span.attributes
+    metrics = h.collect()[ME]
+    assert value(metrics["otelbpf.cuda.spans.shed"]) == 2
+    assert points(metrics["cuda.api.calls"]) == {
+        (("cuda.api.function", "cudaMalloc"),): 1,
+        (("cuda.api.function", "cudaMemcpy"),): 1,
+    }
+    assert points(metrics["cuda.memcpy.bytes"]) == {(("cuda.memcpy.direction", "H2D"),): 1 << 20}
