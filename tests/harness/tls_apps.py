@@ -11,10 +11,13 @@
     ``message_delta`` with usage) and Gemini's ``POST /v1beta/models/{model}:generateContent``
     and ``:streamGenerateContent?alt=sse`` (``usageMetadata``). Streams send their first
     chunk ``FIRST_S`` after the request, then one per token ``GAP_S`` apart.
-``python -m harness.tls_apps gateway PORT UPSTREAM CA``
+``python -m harness.tls_apps gateway PORT UPSTREAM CA [CERT KEY]``
     An application calling a hosted model: ``GET /ask`` makes a (non-streamed) Anthropic
     ``POST UPSTREAM/v1/messages`` with urllib over HTTPS (CA: the certificate to trust), on the
-    thread serving the request, and answers ``answered``.
+    thread serving the request, and answers ``answered``; served over HTTPS with CERT and KEY.
+``python -m harness.tls_apps statuses PORT CERT KEY``
+    A keep-alive HTTPS server for load: ``GET /missing...`` gets 404 and ``missing``, any other
+    GET 200 and ``ok`` (both with Content-Length: the connection stays open).
 ``python -m harness.tls_apps grpc-gen PORT``
     gRPC generation streams (grpcio, plaintext HTTP/2; messages built here byte by byte):
     Triton's ``inference.GRPCInferenceService/ModelStreamInfer`` answering each
@@ -228,6 +231,24 @@ class Gateway(BaseHTTPRequestHandler):
         self.wfile.write(b"answered")
 
 
+class Statuses(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # the head and the body are two writes: without TCP_NODELAY the body waits for the
+    # client's delayed ACK of the head (40 ms a request)
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        missing = self.path.startswith("/missing")
+        body = b"missing" if missing else b"ok"
+        self.send_response(404 if missing else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -421,6 +442,8 @@ if __name__ == "__main__":
         serve_h2_tls(port, sys.argv[3], sys.argv[4])
     if kind == "gateway":
         Gateway.upstream, Gateway.context = sys.argv[3], ssl.create_default_context(cafile=sys.argv[4])
-        serve(Gateway, port, None)
+        serve(Gateway, port, (sys.argv[5], sys.argv[6]) if len(sys.argv) > 6 else None)
+    if kind == "statuses":
+        serve(Statuses, port, (sys.argv[3], sys.argv[4]))
     certs = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else None
     serve(Completions if kind == "sse-tls" else Providers, port, certs)

@@ -1,0 +1,227 @@
+"""HTTPS under load, end to end: the real agent sheds TLS spans in the kernel, never counts.
+
+- A keep-alive HTTPS server (harness/tls_apps.py ``statuses``: Python's ``ssl`` over the
+  system's OpenSSL 3, 404 for ``/missing...``, 200 otherwise) under real load (two client
+  processes, each on keep-alive TLS connections, every fourth request a ``/missing`` one, each
+  counting the responses it read in full by status) with a 16 KiB ``tlsdata`` ring and a 4 KiB
+  backlog: far more plaintext than the ring holds arrives between two drains, so requests are
+  shed, and the exported ``http.server.request.duration`` count, per status, must still equal
+  the clients' own, nothing lost in the kernel.
+- An HTTPS gateway that calls an HTTPS upstream while serving each request, sampled at 1/4:
+  every kept request keeps its upstream call as its child (same trace), carries its sampling
+  (``ot=th:c``, adjusted count 4), and the upstream calls of shed requests are shed with them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.agent import REPO, AgentProcess
+from harness.tls_apps import make_cert
+from otelbpf.families.http.probes import DECISIONS
+from test_tls_agent import free_ports
+
+pytestmark = pytest.mark.bpf
+
+#: One load process: CONNS keep-alive TLS connections, one request in flight on each, for
+#: SECONDS, every fourth a /missing one; prints the responses it read in full, by status (its
+#: own count).
+LOAD = r"""
+import collections, json, socket, ssl, sys, time
+port, conns, seconds, ca = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+ctx = ssl.create_default_context(cafile=ca)
+conn = lambda: ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1")
+socks = [conn() for _ in range(conns)]
+done = collections.Counter()
+n = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for s in socks:
+        path = "/missing" if n % 4 == 3 else "/ok"
+        n += 1
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    for s in socks:
+        buf = b""
+        while True:
+            head, sep, rest = buf.partition(b"\r\n\r\n")
+            if sep:
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                if len(rest) >= length:
+                    break
+            chunk = s.recv(4096)
+            if not chunk:
+                raise SystemExit("server closed")
+            buf += chunk
+        done[int(buf.split(b" ", 2)[1])] += 1
+for s in socks:
+    s.close()
+print(json.dumps(done))
+"""
+
+
+def write_config(tmp: Path, collector, ports: list[int], *, tls: dict, **http: object) -> Path:
+    doc = {
+        "receivers": {"http": {"processes": "all", "ports": ports, **http}, "tls": {"processes": "all", **tls}},
+        "processors": {"batch": {"timeout": "100ms"}},
+        "exporters": {"otlp": {"endpoint": collector.grpc_endpoint, "timeout": "2s"}},
+        "service": {
+            "pipelines": {
+                # tls named first: its C still follows the http receiver's, whose maps it uses
+                p: {"receivers": ["tls", "http"], "processors": ["batch"], "exporters": ["otlp"]}
+                for p in ("traces", "metrics")
+            },
+            "telemetry": {"metrics_interval": "300ms", "drain_interval": "20ms"},
+        },
+    }
+    path = tmp / "otelbpf.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@contextlib.contextmanager
+def service(*args: str):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.tls_apps", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO / "tests",
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
+    )
+    try:
+        assert proc.stdout.readline().startswith("ready"), f"{args[0]} did not start"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def agent_running(cfg: Path, *pids: int):
+    with AgentProcess(["-c", str(cfg), *(a for p in pids for a in ("--pid", str(p)))]) as agent:
+        agent.wait_ready()
+        yield agent
+        assert agent.proc.poll() is None, agent.output
+        assert agent.stop(timeout=120) == 0, agent.output
+
+
+def decisions(c) -> dict[str, int]:
+    return {d: int(sum(p.value for p in c.latest_points("otelbpf.http.sampled", decision=d))) for d in DECISIONS}
+
+
+def server_counts(c, pid: int) -> Counter[int]:
+    out: Counter[int] = Counter()
+    for p in c.latest_points("http.server.request.duration", **{"process.pid": pid}):
+        out[int(p.attributes.get("http.response.status_code", 0))] += p.count
+    return out
+
+
+def tls_calls(c, outcome: str) -> int:
+    return int(sum(p.value for p in c.latest_points("otelbpf.tls.calls", outcome=outcome)))
+
+
+def test_https_request_count_stays_exact_per_status_when_a_small_tls_ring_sheds_spans(otlp_collector, tmp_path):
+    c = otlp_collector
+    cert, key = make_cert(tmp_path)
+    (port,) = free_ports(1)
+    with service("statuses", str(port), str(cert), str(key)) as server:
+        cfg = write_config(tmp_path, c, [port], tls={"ring_buffer_size": "16KiB", "sampling_backlog": "4KiB"})
+        # the server alone (--pid): the clients' own TLS calls stay out of the rings
+        with agent_running(cfg, server.pid):
+            loads = [
+                subprocess.Popen(
+                    [sys.executable, "-c", LOAD, str(port), "3", "4", str(cert)], stdout=subprocess.PIPE, text=True
+                )
+                for _ in range(2)
+            ]
+            made: Counter[int] = Counter()
+            for p in loads:
+                made.update({int(k): v for k, v in json.loads(p.communicate(timeout=90)[0]).items()})
+            assert all(p.returncode == 0 for p in loads)
+            total = sum(made.values())
+            c.wait_for(
+                lambda: sum(server_counts(c, server.pid).values()) >= total,
+                timeout=30,
+                what=f"{total} requests counted",
+            )
+            time.sleep(0.7)  # two more exports: nothing more may come
+            counted = server_counts(c, server.pid)
+            seen = decisions(c)
+            shed_records, lost = tls_calls(c, "shed"), tls_calls(c, "lost")
+    spans = [s for s in c.spans() if s.scope_name == "otelbpf.http" and s.attributes.get("process.pid") == server.pid]
+    assert made[404] > 100 and made[200] > 3 * made[404] - 10, made
+    assert counted == made, (counted, made, seen)
+    # every request was decided in the kernel, some shed, and the TLS ring never overflowed
+    assert sum(n for d, n in seen.items() if d != "red_map_full") == total, seen
+    assert seen["backlog"] + seen["probability"] > 0 and shed_records > 0, (seen, shed_records)
+    assert lost == 0
+    assert 0 < len(spans) < total
+    assert all(s.attributes["url.scheme"] == "https" for s in spans)
+    # a kept span says how many it stands for whenever the probability was below 1
+    for s in spans:
+        assert s.attributes.get("otelbpf.http.sampling.adjusted_count", 1) in (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    kept_404 = [s for s in spans if s.attributes["http.response.status_code"] == 404]
+    assert all(s.attributes["url.path"] == "/missing" for s in kept_404)
+
+
+def test_a_kept_https_request_keeps_its_https_upstream_call_and_a_shed_one_sheds_it(otlp_collector, tmp_path):
+    c = otlp_collector
+    cert, key = make_cert(tmp_path)
+    gw_port, up_port = free_ports(2)
+    n = 48
+    with (
+        service("providers", str(up_port), str(cert), str(key)),
+        service("gateway", str(gw_port), f"https://127.0.0.1:{up_port}", str(cert), str(cert), str(key)) as gateway,
+    ):
+        cfg = write_config(tmp_path, c, [gw_port, up_port], tls={}, sampling_probability=0.25, adaptive_sampling=False)
+        with agent_running(cfg, gateway.pid):
+            ctx = ssl.create_default_context(cafile=str(cert))
+            conn = http.client.HTTPSConnection("127.0.0.1", gw_port, context=ctx)
+            for _ in range(n):
+                conn.request("GET", "/ask")
+                assert conn.getresponse().read() == b"answered"
+            conn.close()
+            c.wait_for(
+                lambda: sum(server_counts(c, gateway.pid).values()) == n,
+                timeout=30,
+                what=f"{n} gateway requests counted",
+            )
+            time.sleep(0.7)  # the spans of the last batch
+            seen = decisions(c)
+            clients = sum(
+                p.count for p in c.latest_points("http.client.request.duration", **{"process.pid": gateway.pid})
+            )
+    mine = [s for s in c.spans() if s.scope_name == "otelbpf.http" and s.attributes.get("process.pid") == gateway.pid]
+    top = [s for s in mine if s.kind == "SPAN_KIND_SERVER"]
+    down = [s for s in mine if s.kind == "SPAN_KIND_CLIENT"]
+    assert 0 < len(top) < n, len(top)  # 1/4 of 48: P(none or all) < 1e-5
+    assert clients == n  # every upstream call counted, kept or shed
+    states = {
+        span.span_id.hex(): span.trace_state
+        for request in c.trace_requests()
+        for rs in request.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    }
+    by_id = {s.span_id: s for s in top}
+    for span in top:
+        assert span.attributes["url.scheme"] == "https"
+        assert span.attributes["otelbpf.http.sampling.adjusted_count"] == 4
+        assert states[span.span_id] == "ot=th:c"  # p = 1/4: T = 2^56 - 2^54
+        [call] = [s for s in down if s.parent_span_id == span.span_id]
+        assert call.trace_id == span.trace_id and call.attributes["url.scheme"] == "https"
+        assert call.attributes["url.path"] == "/v1/messages"
+    # the upstream calls of shed requests were shed with them (decision "parent")
+    assert len(down) == len(top) and all(s.parent_span_id in by_id for s in down)
+    assert seen["parent"] == n - len(top), seen
