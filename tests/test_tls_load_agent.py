@@ -1,12 +1,12 @@
 """HTTPS under load, end to end: the real agent sheds TLS spans in the kernel, never counts.
 
 - A keep-alive HTTPS server (harness/tls_apps.py ``statuses``: Python's ``ssl`` over the
-  system's OpenSSL 3, 404 for ``/missing...``, 200 otherwise) under real load (two client
-  processes, each on keep-alive TLS connections, every fourth request a ``/missing`` one, each
-  counting the responses it read in full by status) with a 16 KiB ``tlsdata`` ring and a 4 KiB
-  backlog: far more plaintext than the ring holds arrives between two drains, so requests are
-  shed, and the exported ``http.server.request.duration`` count, per status, must still equal
-  the clients' own, nothing lost in the kernel.
+  system's OpenSSL 3, 404 for ``/missing...``, 200 otherwise) under real load (two
+  harness/tls_apps.py ``load`` processes, each on keep-alive TLS connections, every fourth
+  request a ``/missing`` one, each counting the responses it read in full by status) with a
+  16 KiB ``tlsdata`` ring and a 4 KiB backlog: far more plaintext than the ring holds arrives
+  between two drains, so requests are shed, and the exported ``http.server.request.duration``
+  count, per status, must still equal the clients' own, nothing lost in the kernel.
 - An HTTPS gateway that calls an HTTPS upstream while serving each request, sampled at 1/4:
   every kept request keeps its upstream call as its child (same trace), carries its sampling
   (``ot=th:c``, adjusted count 4), and the upstream calls of shed requests are shed with them.
@@ -34,41 +34,6 @@ from otelbpf.families.http.probes import DECISIONS
 from test_tls_agent import free_ports
 
 pytestmark = pytest.mark.bpf
-
-#: One load process: CONNS keep-alive TLS connections, one request in flight on each, for
-#: SECONDS, every fourth a /missing one; prints the responses it read in full, by status (its
-#: own count).
-LOAD = r"""
-import collections, json, socket, ssl, sys, time
-port, conns, seconds, ca = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-ctx = ssl.create_default_context(cafile=ca)
-conn = lambda: ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1")
-socks = [conn() for _ in range(conns)]
-done = collections.Counter()
-n = 0
-end = time.monotonic() + seconds
-while time.monotonic() < end:
-    for s in socks:
-        path = "/missing" if n % 4 == 3 else "/ok"
-        n += 1
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-    for s in socks:
-        buf = b""
-        while True:
-            head, sep, rest = buf.partition(b"\r\n\r\n")
-            if sep:
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                if len(rest) >= length:
-                    break
-            chunk = s.recv(4096)
-            if not chunk:
-                raise SystemExit("server closed")
-            buf += chunk
-        done[int(buf.split(b" ", 2)[1])] += 1
-for s in socks:
-    s.close()
-print(json.dumps(done))
-"""
 
 
 def write_config(tmp: Path, collector, ports: list[int], *, tls: dict, **http: object) -> Path:
@@ -141,7 +106,11 @@ def test_https_request_count_stays_exact_per_status_when_a_small_tls_ring_sheds_
         with agent_running(cfg, server.pid):
             loads = [
                 subprocess.Popen(
-                    [sys.executable, "-c", LOAD, str(port), "3", "4", str(cert)], stdout=subprocess.PIPE, text=True
+                    [sys.executable, "-m", "harness.tls_apps", "load", str(port), "3", "4", str(cert)],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    cwd=REPO / "tests",
+                    env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
                 )
                 for _ in range(2)
             ]

@@ -18,6 +18,10 @@
 ``python -m harness.tls_apps statuses PORT CERT KEY``
     A keep-alive HTTPS server for load: ``GET /missing...`` gets 404 and ``missing``, any other
     GET 200 and ``ok`` (both with Content-Length: the connection stays open).
+``python -m harness.tls_apps load PORT CONNS SECONDS CA``
+    Load for ``statuses``: CONNS keep-alive HTTPS connections, one request in flight on each,
+    for SECONDS, every fourth a ``/missing`` one; prints the responses it read in full, by
+    status, as JSON (its own count, to hold the agent's against). Not a server: no ``ready``.
 ``python -m harness.tls_apps grpc-gen PORT``
     gRPC generation streams (grpcio, plaintext HTTP/2; messages built here byte by byte):
     Triton's ``inference.GRPCInferenceService/ModelStreamInfer`` answering each
@@ -45,11 +49,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -249,6 +255,39 @@ class Statuses(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+def load(port: int, conns: int, seconds: float, ca: str) -> dict[int, int]:
+    """The ``load`` client: responses read in full, by status."""
+    ctx = ssl.create_default_context(cafile=ca)
+    socks = [
+        ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1")
+        for _ in range(conns)
+    ]
+    done: Counter[int] = Counter()
+    n = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for s in socks:
+            path = "/missing" if n % 4 == 3 else "/ok"
+            n += 1
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        for s in socks:
+            buf = b""
+            while True:
+                head, sep, rest = buf.partition(b"\r\n\r\n")
+                if sep:
+                    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                    if len(rest) >= length:
+                        break
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise SystemExit("server closed")
+                buf += chunk
+            done[int(buf.split(b" ", 2)[1])] += 1
+    for s in socks:
+        s.close()
+    return dict(done)
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -432,6 +471,9 @@ if __name__ == "__main__":
     if os.environ.get("LOAD_LIBRARY"):  # e.g. the CUDA stand-in: a process that uses a GPU library
         ctypes.CDLL(os.environ["LOAD_LIBRARY"])
     kind, port = sys.argv[1], int(sys.argv[2])
+    if kind == "load":
+        print(json.dumps(load(port, int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])), flush=True)
+        sys.exit(0)
     if kind == "grpc-gen":
         grpc_server = serve_grpc_generation(port)
         print("ready", flush=True)
