@@ -91,9 +91,22 @@ class TlsCorrelator:
 
     def collect(self) -> list[tuple[Resource, list[Metric]]]:
         """The kernel's counts since the last collection, into the agent's own counters."""
+        self._count_stats(self._read_map(STATS_MAP))
+        return []
+
+    def on_unload(self, bpf: Any) -> None:
+        """The family's last moment (the sensor's stop, before the final metrics export): the
+        kernel's final counts go into the agent's counters now. Counted only in the final
+        round's collect(), they would race the health source that exports those counters in
+        the same round, and the last interval's counts could miss the final export."""
+        table = bpf[STATS_MAP]
+        self._count_stats([(k, v) for k, v in table.items()])
+
+    def _count_stats(self, rows: list[tuple[Any, Any]]) -> None:
+        """``tls_stats`` rows (slot, per-CPU values): what grew since the last time, counted."""
         with self._lock:
             totals = [0] * len(STATS)
-            for key, value in self._read_map(STATS_MAP):
+            for key, value in rows:
                 slot = int(getattr(key, "value", key))
                 if 0 <= slot < len(STATS):
                     totals[slot] += _total(value)
@@ -106,4 +119,3 @@ class TlsCorrelator:
             if rejected > 0:
                 self._count("otelbpf.tls.libraries.rejected", rejected, reason="not_openssl")
                 self._rejected_seen += rejected
-        return []

@@ -6,6 +6,8 @@ The probes and the correlator are imported when a config enables the family, not
 
 from __future__ import annotations
 
+import dataclasses
+
 from otelbpf.families.factory import Context, Factory, Receiver
 from otelbpf.families.tls.config import TlsReceiverConfig
 
@@ -30,6 +32,7 @@ def build(name: str, cfg: TlsReceiverConfig, ctx: Context) -> Receiver:
         rejected,
         lambda m, items: ctx.maps.update(m, items),
     )
+    family = dataclasses.replace(family, on_unload=correlator.on_unload)
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 
 

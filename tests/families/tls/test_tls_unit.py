@@ -19,6 +19,7 @@ from otelbpf.families.tls.probes import (
     PROCESSED_MAP,
     RET_PROGRAM,
     STATS,
+    STATS_MAP,
     Rejected,
     openssl_probes,
     tls_family,
@@ -139,3 +140,11 @@ def test_the_correlator_hands_batches_on_and_counts_kernel_deltas() -> None:
     assert counts[("otelbpf.tls.calls", (("outcome", "records"),))] == 7
     assert counts[("otelbpf.tls.calls", (("outcome", "no_data"),))] == 2
     assert counts[("otelbpf.tls.libraries.rejected", (("reason", "not_openssl"),))] == 1
+    # the sensor's stop: the final counts are counted at once, before the final export's round
+    # (where the health source runs beside this collect()), and not again after
+    stats[0] = [9, 1, 2, 0, 0, 0, 0, 0, 4]
+    corr.on_unload({STATS_MAP: {i: v for i, v in enumerate(stats[0])}})
+    assert counts[("otelbpf.tls.calls", (("outcome", "records"),))] == 9
+    assert counts[("otelbpf.tls.calls", (("outcome", "lost"),))] == 1
+    corr.collect()
+    assert counts[("otelbpf.tls.calls", (("outcome", "records"),))] == 9
