@@ -67,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from otelbpf.families.http.probes import socket_family  # noqa: E402
 from otelbpf.families.tls.probes import (  # noqa: E402
+    CLOSE_PROGRAM,
     SYSCALL_PROGRAM,
     SYSCALLS,
     Rejected,
@@ -416,6 +417,7 @@ def main() -> None:
         if mode != "floor":
             for sc in SYSCALLS:
                 bpf.attach_tracepoint(tp=f"syscalls:sys_enter_{sc}", fn_name=SYSCALL_PROGRAM)
+            bpf.attach_tracepoint(tp="syscalls:sys_enter_close", fn_name=CLOSE_PROGRAM)
 
     def detach(mode: str) -> None:
         bpf = {"floor": empty, "tls": full, "filtered": filtered}[mode]
@@ -427,6 +429,7 @@ def main() -> None:
         if mode != "floor":
             for sc in SYSCALLS:
                 bpf.detach_tracepoint(tp=f"syscalls:sys_enter_{sc}")
+            bpf.detach_tracepoint(tp="syscalls:sys_enter_close")
 
     modes = ("none", "floor", "tls", "filtered")
     results: dict[str, list[float]] = {m: [] for m in modes}

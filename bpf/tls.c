@@ -29,9 +29,12 @@
  * kept with probability 2^-shift, or shed whatever the draw while user space is more than
  * TLS_BACKLOG_BYTES of *this* ring behind (tls_ring_written minus the stamp of the last record
  * it processed, which it writes to tls_processed). A shed request puts nothing on the ring
- * (its reads, its response); its status is read from the response's first plaintext bytes and
- * the request counted in sockets.c's http_red (red_count) under the same key as a plain one,
- * so user space adds it to the same series (url.scheme is on spans only, not in the series).
+ * (its reads, its response); its status is read from the response's first plaintext bytes, the
+ * response followed to its last bytes (a chunked body's last chunk, the SSL's next request, the
+ * peer's close, its socket's close(): tls_sys_close, or SSL_free: a probe of its own, for memory
+ * BIOs), and the request counted in sockets.c's
+ * http_red (red_finish) under the same key as a plain one, so user space adds it to the same
+ * series (url.scheme is on spans only, not in the series).
  * A client request made while its thread serves a request, plain or TLS, inherits that
  * request's fate (the thread's sock_args.serving, shared with sockets.c). An SSL whose first
  * plaintext is not an HTTP/1 request line (HTTP/2's preface, an h2 server's SETTINGS, a
@@ -108,6 +111,9 @@ struct tls_conn {
     struct sk_state st;
 };
 BPF_TABLE("lru_hash", struct tls_key, struct tls_conn, tls_conns, TLS_FD_ENTRIES);
+/* (process << 32 | fd) -> the SSL whose calls last used that socket: its close() ends the SSL's
+ * connection (tls_sys_close). */
+BPF_TABLE("lru_hash", u64, u64, tls_by_fd, TLS_FD_ENTRIES);
 BPF_PERCPU_ARRAY(tls_scratch, struct tls_rec, 1);
 BPF_PERCPU_ARRAY(tls_stats, u64, TLS_STAT_MAX);
 BPF_ARRAY(tls_ring_written, u64, 1);
@@ -217,10 +223,28 @@ static __always_inline u64 tls_clamp(s64 len, u64 limit)
     return n;
 }
 
+/* Whether a call's plaintext ends with a chunked body's last chunk ("0\r\n\r\n"): sockets.c's
+ * last_chunk, on an SSL call's buffer. */
+static __always_inline int tls_last_chunk(struct tls_call *c, s64 moved)
+{
+    if (moved < 5)
+        return 0;
+    u8 t[6] = {};
+    if (moved == 5) {
+        if (read_user(&t[1], 5, (void *)c->buf) != 0)
+            return 0;
+        t[0] = '\n';
+    } else if (read_user(t, 6, (void *)(c->buf + moved - 6)) != 0) {
+        return 0;
+    }
+    return t[0] == '\n' && t[1] == '0' && t[2] == '\r' && t[3] == '\n' && t[4] == '\r' && t[5] == '\n';
+}
+
 /* The sampling of an HTTP/1 request on this SSL (see the top): GATE_SHED when this call's
  * plaintext belongs to a shed request and goes nowhere; else GATE_EMIT, or GATE_STARTED for a
  * kept request's first bytes; *shift: the request's sampling shift. sockets.c's http_gate on
- * plaintext: the same decisions, counts and thread inheritance. */
+ * plaintext: the same decisions, counts (a shed request timed to its response's last bytes:
+ * red_finish) and thread inheritance. ``moved`` 0: the peer closed (an SSL_read of 0). */
 static __always_inline int tls_gate(struct tls_call *c, struct sk_state *st, s64 moved, u64 id, u8 *shift)
 {
     *shift = 0;
@@ -229,10 +253,10 @@ static __always_inline int tls_gate(struct tls_call *c, struct sk_state *st, s64
     u64 now = bpf_ktime_get_ns();
     int ingress = c->func == TLS_F_READ;
     if (moved <= 0) {
-        /* the peer closed: a client's shed request gets no response now (a server may still
-         * answer what it read: its response counts it) */
-        if (st->role == SK_ROLE_CLIENT && st->req == REQ_SHED && !st->answered)
-            red_count(id >> 32, st, 0, 1, now);
+        /* the peer closed: a shed request is over, but a server's that has no response yet
+         * (the server may still answer what it read: its response, or SSL_free, counts it) */
+        if (st->role == SK_ROLE_CLIENT || st->answered == ANS_PENDING)
+            red_finish(id >> 32, st, now);
         return GATE_EMIT;
     }
     u8 h[16] = {};
@@ -249,8 +273,7 @@ static __always_inline int tls_gate(struct tls_call *c, struct sk_state *st, s64
     }
     if ((st->role == SK_ROLE_SERVER) == ingress) {
         if (m) {
-            if (st->req == REQ_SHED && !st->answered)
-                red_count(id >> 32, st, 0, 1, now);
+            red_finish(id >> 32, st, now);
             struct sock_args *thread = thread_args(1);
             u64 sh = sampling(SAMPLING_SHIFT);
             if (sh < SAMPLING_MIN_SHIFT)
@@ -274,7 +297,7 @@ static __always_inline int tls_gate(struct tls_call *c, struct sk_state *st, s64
             st->req = req;
             st->shift = sh;
             st->method = m;
-            st->answered = 0;
+            st->answered = ANS_NONE;
             st->req_ts = st->role == SK_ROLE_SERVER ? now : c->ts;
             count_decision(why);
             if (st->role == SK_ROLE_SERVER && thread) {
@@ -285,7 +308,9 @@ static __always_inline int tls_gate(struct tls_call *c, struct sk_state *st, s64
             return req == REQ_SHED ? GATE_SHED : GATE_STARTED;
         }
     } else if (n >= 12 && has(h, "HTTP/1.", 7) && h[8] == ' ' && digit(h[9]) && digit(h[10]) && digit(h[11])) {
-        /* a response's status line (1xx interim ones wait for the final) */
+        /* a response's status line (1xx interim ones wait for the final): a server's thread is
+         * done with the request; a shed request's response is followed to its end, but one with
+         * no body to wait for (101, 204, 304, the answer to a HEAD) */
         u16 status = (h[9] - '0') * 100 + (h[10] - '0') * 10 + (h[11] - '0');
         if (status >= 200 || status == 101) {
             if (st->role == SK_ROLE_SERVER) {
@@ -293,12 +318,64 @@ static __always_inline int tls_gate(struct tls_call *c, struct sk_state *st, s64
                 if (thread)
                     thread->serving = 0;
             }
-            if (st->req == REQ_SHED && !st->answered)
-                red_count(id >> 32, st, status, h[7] - '0', now);
+            if (st->req == REQ_SHED && st->answered == ANS_NONE) {
+                st->answered = ANS_PENDING;
+                st->status = status;
+                st->minor = h[7] - '0';
+                st->resp_end = now;
+                if (status == 101 || status == 204 || status == 304 || st->method == HM_HEAD ||
+                    tls_last_chunk(c, moved))
+                    red_finish(id >> 32, st, now);
+            }
         }
+    } else if (st->req == REQ_SHED && st->answered == ANS_PENDING) {
+        /* more of a shed request's response: its end moves; a chunked body's last chunk ends it */
+        st->resp_end = now;
+        if (tls_last_chunk(c, moved))
+            red_finish(id >> 32, st, now);
     }
     *shift = st->req == REQ_KEPT ? st->shift : 0;
     return st->req == REQ_SHED ? GATE_SHED : GATE_EMIT;
+}
+
+/* sys_enter_close (attached by user space, as tls_sys_enter): a socket an SSL used is closed,
+ * so that SSL's connection is over: a shed request still open is counted and the SSL's entry
+ * goes. The end a server's last shed request on a kept-alive connection waits for: SSL_free
+ * may come much later (a garbage collector's, after the socket's close). One hash lookup per
+ * close() on the host. */
+int tls_sys_close(void *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    s32 fd = (s32)((u64 *)ctx)[2];
+    u64 fkey = (id & 0xffffffff00000000ULL) | (u32)fd;
+    u64 *ssl = tls_by_fd.lookup(&fkey);
+    if (!ssl)
+        return 0;
+    struct tls_key key = {.tgid = id >> 32, .ssl = *ssl};
+    tls_by_fd.delete(&fkey);
+    struct tls_conn *conn = tls_conns.lookup(&key);
+    if (conn && conn->fd == fd) {
+        red_finish(id >> 32, &conn->st, bpf_ktime_get_ns());
+        tls_conns.delete(&key);
+    }
+    return 0;
+}
+
+/* SSL_free: the connection is over. A shed request still open is counted (timed to its
+ * response's last bytes, or with no status at all if it had none), and the SSL's entry goes,
+ * so that a new SSL allocated at the same address starts fresh (its role and requests its own). */
+int uprobe_ssl_free(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (tls_ignored_pid(id >> 32))
+        return 0;
+    struct tls_key key = {.tgid = id >> 32, .ssl = PT_REGS_PARM1(ctx)};
+    struct tls_conn *conn = tls_conns.lookup(&key);
+    if (!conn)
+        return 0;
+    red_finish(id >> 32, &conn->st, bpf_ktime_get_ns());
+    tls_conns.delete(&key);
+    return 0;
 }
 
 int uretprobe_ssl(struct pt_regs *ctx)
@@ -340,8 +417,18 @@ int uretprobe_ssl(struct pt_regs *ctx)
     u32 flags = 0;
     s32 fd = c->fd;
     if (fd >= 0) {
-        if (conn)
+        if (conn && conn->fd != fd) {
+            if (conn->fd >= 0) {
+                /* another socket under this SSL pointer (SSL_set_fd again, or an end not
+                 * seen): a new connection, whose role and requests are its own */
+                red_finish(id >> 32, &conn->st, bpf_ktime_get_ns());
+                __builtin_memset(&conn->st, 0, sizeof(conn->st));
+            }
             conn->fd = fd;
+            u64 fkey = (id & 0xffffffff00000000ULL) | (u32)fd;
+            u64 ssl = c->ssl;
+            tls_by_fd.update(&fkey, &ssl);
+        }
     } else if (conn && conn->fd >= 0) {
         fd = conn->fd;
         flags |= TLSF_FD_CACHED;

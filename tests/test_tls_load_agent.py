@@ -10,6 +10,7 @@
 - An HTTPS gateway that calls an HTTPS upstream while serving each request, sampled at 1/4:
   every kept request keeps its upstream call as its child (same trace), carries its sampling
   (``ot=th:c``, adjusted count 4), and the upstream calls of shed requests are shed with them.
+- A streamed completion over HTTPS that head sampling sheds is counted for its whole length.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pytest
 import yaml
 
 from harness.agent import REPO, AgentProcess
+from harness.streaming_apps import FIRST_S, GAP_S, TOKENS
 from harness.tls_apps import make_cert
 from otelbpf.families.http.probes import DECISIONS
 from test_tls_agent import free_ports
@@ -194,3 +196,38 @@ def test_a_kept_https_request_keeps_its_https_upstream_call_and_a_shed_one_sheds
     # the upstream calls of shed requests were shed with them (decision "parent")
     assert len(down) == len(top) and all(s.parent_span_id in by_id for s in down)
     assert seen["parent"] == n - len(top), seen
+
+
+def test_a_shed_https_stream_is_counted_for_its_whole_length(otlp_collector, tmp_path):
+    """At 2^-20 every request is shed (P(one kept) < 1e-5): no span, and the kernel times each
+    streamed completion from its request to its response's last chunk, as a kept span would be
+    (harness/streaming_apps.py plants FIRST_S, then a token every GAP_S), not to its status line."""
+    c = otlp_collector
+    cert, key = make_cert(tmp_path)
+    (port,) = free_ports(1)
+    n = 4
+    planted = FIRST_S + GAP_S * (len(TOKENS) - 1)
+    with service("sse-tls", str(port), str(cert), str(key)) as server:
+        cfg = write_config(tmp_path, c, [port], tls={}, sampling_probability=2**-20, adaptive_sampling=False)
+        with agent_running(cfg, server.pid):
+            ctx = ssl.create_default_context(cafile=str(cert))
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx)  # kept alive: n requests on it
+            for _ in range(n):
+                body = {"model": "tiny-llm", "stream": True, "messages": [{"role": "user", "content": "q"}]}
+                conn.request("POST", "/v1/chat/completions", body=json.dumps(body))
+                assert b"[DONE]" in conn.getresponse().read()
+            conn.close()
+            [point] = c.wait_for(
+                lambda: [
+                    p
+                    for p in c.latest_points("http.server.request.duration", **{"process.pid": server.pid})
+                    if p.count == n
+                ],
+                timeout=30,
+                what=f"{n} streamed requests counted",
+            )
+            seen = decisions(c)
+    assert point.attributes["http.response.status_code"] == 200
+    assert seen["probability"] == n and seen["kept"] == 0, seen
+    assert not [s for s in c.spans() if s.attributes.get("process.pid") == server.pid]
+    assert n * planted <= point.sum < n * (planted + 1.0), (point.sum, n * planted)

@@ -51,8 +51,12 @@ ENTRY_PROGRAMS = {
     "SSL_write_ex": "uprobe_ssl_write_ex",
 }
 RET_PROGRAM = "uretprobe_ssl"
+#: SSL_free's entry: a connection's end (a shed request still open is counted, its state goes).
+FREE_SYMBOL, FREE_PROGRAM = "SSL_free", "uprobe_ssl_free"
 SYSCALL_PROGRAM = "tls_sys_enter"
 SYSCALLS = ("read", "write", "readv", "writev", "recvfrom", "sendto", "recvmsg", "sendmsg")
+#: On close()'s entry: the end of the connection of the SSL that used the socket.
+CLOSE_PROGRAM = "tls_sys_close"
 
 #: libssl.so, libssl.so.3, libssl.so.1.1, a wheel's libssl-<hash>.so.3 (auditwheel, delocate).
 LIBRARY = re.compile(r"^libssl(-[0-9a-f]{8,})?\.so(\.[0-9]+)*$")
@@ -84,9 +88,9 @@ def is_openssl(names: set[str]) -> bool:
 
 
 def openssl_probes(path: str, rejected: Rejected) -> list[ProbeAt]:
-    """Entry and return probes on the read and write functions ``path`` exports, or none
-    (counted) when it is not OpenSSL."""
-    wanted = [*ENTRY_PROGRAMS, *_REQUIRED[2:], *_ANY_OF]
+    """Entry and return probes on the read and write functions ``path`` exports and an entry
+    probe on ``SSL_free``, or none (counted) when it is not OpenSSL."""
+    wanted = [*ENTRY_PROGRAMS, FREE_SYMBOL, *_REQUIRED[2:], *_ANY_OF]
     sites = elf.resolve(path, wanted)
     if not is_openssl(set(sites)):
         log.warning("tls: %s is named like libssl but does not export OpenSSL's functions: not probed", path)
@@ -97,13 +101,17 @@ def openssl_probes(path: str, rejected: Rejected) -> list[ProbeAt]:
         for site in sites.get(symbol, ()):
             out.append(ProbeAt(site.probe_vaddr, program, symbol))
             out.append(ProbeAt(site.probe_vaddr, RET_PROGRAM, symbol, ret=True))
+    for site in sites.get(FREE_SYMBOL, ()):
+        out.append(ProbeAt(site.probe_vaddr, FREE_PROGRAM, FREE_SYMBOL))
     return out
 
 
 def attach_syscalls(bpf: Any) -> None:
-    """The fd finder on the data syscalls' entries (BCC detaches them at close)."""
+    """The fd finder on the data syscalls' entries, and the connection's end on close()'s (BCC
+    detaches them at close)."""
     for name in SYSCALLS:
         bpf.attach_tracepoint(tp=f"syscalls:sys_enter_{name}", fn_name=SYSCALL_PROGRAM)
+    bpf.attach_tracepoint(tp="syscalls:sys_enter_close", fn_name=CLOSE_PROGRAM)
 
 
 def tls_family(

@@ -15,6 +15,8 @@ from otelbpf.families.registry import load_config_text
 from otelbpf.families.tls.correlator import TlsCorrelator
 from otelbpf.families.tls.probes import (
     ENTRY_PROGRAMS,
+    FREE_PROGRAM,
+    FREE_SYMBOL,
     LIBRARY,
     PROCESSED_MAP,
     RET_PROGRAM,
@@ -50,8 +52,9 @@ def test_the_system_openssl_gets_an_entry_and_a_return_probe_on_each_function() 
     rejected = Rejected()
     probes = openssl_probes(SYSTEM_LIBSSL[0], rejected)
     assert rejected.count == 0
-    assert sorted(p.label for p in probes if not p.ret) == sorted(ENTRY_PROGRAMS)
-    assert {p.program for p in probes if p.ret} == {RET_PROGRAM} and len(probes) == 8
+    assert sorted(p.label for p in probes if not p.ret) == sorted([*ENTRY_PROGRAMS, FREE_SYMBOL])
+    assert {p.program for p in probes if p.ret} == {RET_PROGRAM} and len(probes) == 9
+    assert [p.program for p in probes if p.label == FREE_SYMBOL] == [FREE_PROGRAM]
 
 
 def test_a_library_exporting_ssl_read_that_is_not_openssl_is_rejected_and_counted(tmp_path) -> None:
