@@ -29,6 +29,7 @@ from otelbpf.base.events import (
     CudaFunc,
     Kind,
     StrKind,
+    cuda_device,
     is_driver,
     unpack_dim,
 )
@@ -355,6 +356,12 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             "cuda.api.layer": "driver" if flags & FLAG_DRIVER else "runtime",
             "thread.id": tid,
         }
+        # the device it was made for: the thread's current one; cudaSetDevice's own, the one it sets
+        device = (
+            ((a0 & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000 if cfunc == CudaFunc.cudaSetDevice else cuda_device(flags)
+        )
+        if device is not None:
+            attrs["cuda.device.id"] = device
         if kind == Kind.CUDA_MEMCPY:
             attrs["cuda.memcpy.bytes"] = a0
             attrs["cuda.memcpy.direction"] = MEMCPY_DIRECTION.get(a1, f"kind{a1}")

@@ -21,6 +21,7 @@ from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric
 from opentelemetry.trace import StatusCode
 
 from otelbpf.base.events import (
+    CUDA_DEVICE_SHIFT,
     EVENT_DTYPE,
     FLAG_DRIVER,
     FLAG_INCOMPLETE,
@@ -29,6 +30,7 @@ from otelbpf.base.events import (
     CudaFunc,
     Kind,
     StrKind,
+    cuda_device,
 )
 from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
@@ -683,3 +685,26 @@ def test_calls_made_for_a_shed_request_are_unsampled_spans_and_counted_as_any_ca
         (("cuda.api.function", "cudaMemcpy"),): 1,
     }
     assert points(metrics["cuda.memcpy.bytes"]) == {(("cuda.memcpy.direction", "H2D"),): 1 << 20}
+
+
+def test_calls_carry_the_device_their_thread_had_set() -> None:
+    """bpf/cuda.c puts the thread's current device + 1 in bits 9-15 of a record's flags (0: none
+    seen set): the span says it as cuda.device.id; cudaSetDevice's own span says the device it
+    was asked for (a0, an int: the register's upper half is not the caller's)."""
+    h = Harness()
+    e = Events()
+    e.malloc(1 << 20, 0xA000)  # no device set seen
+    e.add(Kind.CUDA_CALL, F.cudaSetDevice, a0=(0xDEAD << 32) | 3, a3=1)
+    e.memcpy(1 << 20, 1, flags=(3 + 1) << CUDA_DEVICE_SHIFT)
+    e.launch(fn_address("getppid"), flags=FLAG_SHED | (0 + 1) << CUDA_DEVICE_SHIFT)
+    e.add(Kind.CUDA_CALL, F.cudaSetDevice, a0=0xFFFFFFFF, ret=101)  # cudaSetDevice(-1): invalid
+    h.correlator.on_events(e.array())
+    spans = [(s.name, s.attributes.get("cuda.device.id")) for s in h.spans]
+    assert spans == [
+        ("cudaMalloc", None),
+        ("cudaSetDevice", 3),
+        ("cudaMemcpy", 3),
+        ("cudaLaunchKernel", 0),
+        ("cudaSetDevice", -1),
+    ]
+    assert [cuda_device(f) for f in (0, 1 << CUDA_DEVICE_SHIFT, 127 << CUDA_DEVICE_SHIFT | FLAG_SHED)] == [None, 0, 126]
