@@ -86,7 +86,6 @@ struct strevent {
 #define EVF_DRIVER 4              /* CUDA: a driver API call (libcuda) */
 #define EVF_OUT_PTR 8             /* internal (CUDA): a1 is an out-pointer, read at return */
 #define EVF_SHED 0x10             /* CUDA: made while its thread served an HTTP request head sampling shed (sockets.c) */
-#define EVF_HANDED_SHED 0x20      /* CUDA: its thread's work was handed by a thread serving a shed HTTP request (a hand-off, below) */
 #define EVF_IBV_POSTED 0x100      /* EV_IBV_COMPLETION: the post was seen, ts/duration are real */
 /* CUDA: bits 9-15 of event.flags: the thread's current device + 1 when the call was made (0: none
  * known; cuda.c says how it is kept) */
@@ -253,14 +252,8 @@ struct handoff {
     u32 waker_pid;  /* the waker's process: a wake-up from another process is not a hand-off */
     u32 waker;      /* the waker's tid; 0: the work handed is done, none known since */
     u32 hop;        /* the waker's own waker, of the same process; 0: none */
-    u16 reported;   /* EV_HANDOFF emitted for the wake-up kept */
-    u16 shed;       /* the waker served an HTTP request head sampling shed, or was handed its work by one */
+    u32 reported;   /* EV_HANDOFF emitted for the wake-up kept */
 };
-
-/* In sockets.c (always loaded with HANDOFFS: the http family asks for them): whether the
- * current thread serves an HTTP/1 request head sampling shed. The work it hands on belongs to
- * that request, whose CUDA calls stay out of the traces (cuda.c EVF_HANDED_SHED). */
-static __always_inline int serving_shed(void);
 
 /* internal: the wait a thread's first wake-up is taken to have ended (none was seen before it:
  * a new thread, or one evicted): longer than a lock's, shorter than a pool's idle spells. */
@@ -288,13 +281,10 @@ static __always_inline void handoff_wakeup(u32 wakee)
         return;
     u64 now = bpf_ktime_get_ns();
     struct handoff h = {.ts = now, .gap = HANDOFF_FRESH_GAP_NS, .last_ts = now, .waker_pid = tgid, .waker = tid};
-    h.shed = serving_shed();
     struct handoff *mine = handoffs.lookup(&tid);
     if (mine && mine->waker_pid == tgid) {
         h.hop = mine->waker;
         h.hop_ts = mine->ts;
-        if (mine->waker && mine->shed)
-            h.shed = 1;  /* work a shed request handed to the waker, handed on */
         if (mine->waker == wakee && mine->reported) {
             /* The result handed back (not a new thread's "started" signal to its creator, nor
              * a lock passed before the work was used): that work is done, and what the thread
@@ -305,7 +295,6 @@ static __always_inline void handoff_wakeup(u32 wakee)
             mine->hop = 0;
             mine->gap = 0;
             mine->reported = 0;
-            mine->shed = 0;
         }
     }
     struct handoff *kept = handoffs.lookup(&wakee);

@@ -61,24 +61,14 @@ static __always_inline int serving_shed(void);
 
 /* EVF_SHED for a call made while its thread serves a shed request: that request put nothing on
  * its ring, so the call's span would be a root with no request above it; user space keeps it out
- * of trace backends and counts it, and counts the call as any other (metrics, the diagnosis).
- * EVF_HANDED_SHED for a call of a thread whose work was handed by one serving a shed request
- * (its kept wake-up, common.h: not yet handed back): user space treats it as shed unless the
- * thread serves a kept request of its own then (which the call is a child of, as before). */
+ * of trace backends and counts it, and counts the call as any other (metrics, the diagnosis). */
 static __always_inline u16 shed_flag(void)
 {
 #ifdef SOCK_PAYLOAD
-    if (serving_shed())
-        return EVF_SHED;
-#endif
-#ifdef HANDOFFS
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tid = (u32)id;
-    struct handoff *h = handoffs.lookup(&tid);
-    if (h && h->shed && h->waker && h->waker_pid == (u32)(id >> 32))
-        return EVF_HANDED_SHED;
-#endif
+    return serving_shed() ? EVF_SHED : 0;
+#else
     return 0;
+#endif
 }
 
 /* ---- the thread's current device ------------------------------------------------------

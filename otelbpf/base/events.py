@@ -108,9 +108,6 @@ FLAG_DRIVER = 4
 #: ``EVF_SHED``: a CUDA call made while its thread served an HTTP request that head sampling shed
 #: (bpf/sockets.c): its span stays out of trace backends, with no request to be the child of.
 FLAG_SHED = 0x10
-#: ``EVF_HANDED_SHED``: a CUDA call of a thread whose work was handed (a wake-up) by one serving a
-#: shed HTTP request: shed too, unless the thread serves a kept request of its own then.
-FLAG_HANDED_SHED = 0x20
 #: ``CUDA_DEVICE_SHIFT``: bits 9-15 of a CUDA record's flags hold the calling thread's current
 #: device + 1 (0: none known; bpf/cuda.c keeps it from cudaSetDevice and the context calls).
 CUDA_DEVICE_SHIFT = 9

@@ -23,7 +23,6 @@ from opentelemetry.trace import Link, SpanContext
 
 from otelbpf.base.events import (
     FLAG_DRIVER,
-    FLAG_HANDED_SHED,
     FLAG_INCOMPLETE,
     FLAG_SHED,
     MEMCPY_DIRECTION,
@@ -414,22 +413,18 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 attrs["cuda.error.name"] = error_name(fname, ret)
                 error = f"{attrs['cuda.error.name']} ({ret})"
         start = self._clock.to_wall(ts)
+        shed = bool(flags & FLAG_SHED)
         parent: SpanContext | None = None
         links: list[Link] = []
-        shed = bool(flags & FLAG_SHED)
-        if not shed:
-            parent, how = self._parent_of(pid, tid, ts), "thread"
-            # work handed by a thread serving a shed request, this one serving none of its own
-            shed = parent is None and bool(flags & FLAG_HANDED_SHED)
         if shed:
-            # Made for a request head sampling shed (its thread, or the one that handed it the
-            # work, was serving it): that request has no span, and the call belongs to none
-            # other. Recorded for the agent's own answers (its files, the live state: the
-            # diagnosis sees every call), never sent to a trace backend, where it would be a root
-            # with no request above it.
+            # Made for a request head sampling shed (its thread was serving it): that request
+            # has no span, and the call belongs to none other. Recorded for the agent's own
+            # answers (its files, the live state: the diagnosis sees every call), never sent to
+            # a trace backend, where it would be a root with no request above it.
             self._proc(pid).shed_spans += 1
             attrs["otelbpf.sampling.shed"] = True
         else:
+            parent, how = self._parent_of(pid, tid, ts), "thread"
             if parent is None:  # work a request handed to this thread (a pool worker)
                 parent, how = self._handed(pid, tid, ts), "wakeup"
             # No single request: an event loop's or a batching engine's step serves all those in flight.

@@ -24,7 +24,6 @@ from otelbpf.base.events import (
     CUDA_DEVICE_SHIFT,
     EVENT_DTYPE,
     FLAG_DRIVER,
-    FLAG_HANDED_SHED,
     FLAG_INCOMPLETE,
     FLAG_SHED,
     STREVENT_DTYPE,
@@ -709,22 +708,3 @@ def test_calls_carry_the_device_their_thread_had_set() -> None:
         ("cudaSetDevice", -1),
     ]
     assert [cuda_device(f) for f in (0, 1 << CUDA_DEVICE_SHIFT, 127 << CUDA_DEVICE_SHIFT | FLAG_SHED)] == [None, 0, 126]
-
-
-def test_work_handed_by_a_shed_request_is_shed_unless_the_thread_serves_a_kept_one() -> None:
-    """EVF_HANDED_SHED (the thread's work was handed by one serving a shed request): shed when
-    the thread serves no request of its own; a child of the kept request it serves otherwise."""
-    causality = Causality()
-    h = Harness(parent_of=causality.parent, handed=lambda pid, tid, ts: new_context())
-    e = Events()
-    e.malloc(1 << 20, 0xA000, flags=FLAG_HANDED_SHED)  # serving nothing: shed, not handed
-    request = new_context()
-    interval = causality.open(ME, ME, e.ts + 5_000, request)
-    e.malloc(1 << 20, 0xB000, flags=FLAG_HANDED_SHED)  # serving a kept request: its child
-    causality.close(ME, ME, interval, e.ts + 5_000)
-    h.correlator.on_events(e.array())
-    first, second = h.spans
-    assert first.parent is None and not first.context.trace_flags.sampled
-    assert first.attributes["otelbpf.sampling.shed"] is True
-    assert second.parent == request and second.context.trace_flags.sampled
-    assert value(h.collect()[ME]["otelbpf.cuda.spans.shed"]) == 1

@@ -12,10 +12,6 @@ copied. Expected, from that alone:
   N x 4 API calls, N x COPY bytes; ``otelbpf.cuda.spans.shed`` counts the shed requests' spans;
 - the agent's own files, which the diagnosis and the report read, hold every call's span, as
   without sampling (the diagnosis's span loader sees N x CALLS CUDA spans of the process).
-
-And the same with the CUDA work handed to a pool thread (a ``ThreadPoolExecutor``: the request's
-thread wakes the worker, bpf/common.h hand-offs): the worker's calls for a shed request are no
-roots either, those for a kept one are its children.
 """
 
 from __future__ import annotations
@@ -88,11 +84,6 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-if len(sys.argv) > 4:  # the work handed to a pool thread, waited for
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool, work_here = ThreadPoolExecutor(1), work
-    work = lambda: pool.submit(work_here).result()  # noqa: E731
 server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
 print("ready", flush=True)
 server.serve_forever()
@@ -103,8 +94,7 @@ def total(c, metric: str, pid: int) -> int:
     return int(sum(p.value for p in c.latest_points(metric, **{"process.pid": pid})))
 
 
-@pytest.mark.parametrize("where", ["handler", "pool"])
-def test_cuda_calls_of_shed_requests_stay_out_of_traces_and_in_every_count(otlp_collector, tmp_path, where):
+def test_cuda_calls_of_shed_requests_stay_out_of_traces_and_in_every_count(otlp_collector, tmp_path):
     c = otlp_collector
     (port,) = free_ports(1)
     out = tmp_path / "out"
@@ -117,7 +107,7 @@ def test_cuda_calls_of_shed_requests_stay_out_of_traces_and_in_every_count(otlp_
         pipeline["exporters"].append("file")
     cfg.write_text(yaml.safe_dump(doc))
     server = subprocess.Popen(
-        [sys.executable, "-c", APP, str(port), str(FAKE_CUDART), str(LAUNCHES), *(["pool"] if where == "pool" else [])],
+        [sys.executable, "-c", APP, str(port), str(FAKE_CUDART), str(LAUNCHES)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
