@@ -413,18 +413,19 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 attrs["cuda.error.name"] = error_name(fname, ret)
                 error = f"{attrs['cuda.error.name']} ({ret})"
         start = self._clock.to_wall(ts)
-        shed = bool(flags & FLAG_SHED)
-        parent: SpanContext | None = None
         links: list[Link] = []
+        parent, how = self._parent_of(pid, tid, ts), "thread"
+        # The thread was serving a request head sampling shed, and no kept one of its own (an
+        # event loop may hold a kept one open beside it, the latest read being shed: the call
+        # stays that one's child): the shed request has no span, and the call belongs to none
+        # other. Recorded for the agent's own answers (its files, the live state: the diagnosis
+        # sees every call), never sent to a trace backend, where it would be a root with no
+        # request above it.
+        shed = parent is None and bool(flags & FLAG_SHED)
         if shed:
-            # Made for a request head sampling shed (its thread was serving it): that request
-            # has no span, and the call belongs to none other. Recorded for the agent's own
-            # answers (its files, the live state: the diagnosis sees every call), never sent to
-            # a trace backend, where it would be a root with no request above it.
             self._proc(pid).shed_spans += 1
             attrs["otelbpf.sampling.shed"] = True
         else:
-            parent, how = self._parent_of(pid, tid, ts), "thread"
             if parent is None:  # work a request handed to this thread (a pool worker)
                 parent, how = self._handed(pid, tid, ts), "wakeup"
             # No single request: an event loop's or a batching engine's step serves all those in flight.

@@ -658,22 +658,28 @@ def test_driver_calls_graph_launches_event_waits_and_vmm_handles_say_what_they_a
 
 def test_calls_made_for_a_shed_request_are_unsampled_spans_and_counted_as_any_call() -> None:
     """EVF_SHED (the thread served a request head sampling shed): its span is recorded unsampled
-    with no parent nor links, though the thread has a request open at that time (that one is not
-    what the call was made for), and counted; its call counts in every metric. A kept request's
-    children inherit its tracestate (its sampling threshold)."""
+    with no parent nor links (though another thread's request is in flight then: not what the
+    call was made for), and counted; its call counts in every metric. A kept request open on the
+    thread at that time (an event loop's, the latest read being shed) keeps the call as its
+    child. A kept request's children inherit its tracestate (its sampling threshold)."""
     causality = Causality()
     h = Harness(parent_of=causality.parent, in_flight=causality.in_flight)
     e = Events()
     request = sampled_context(new_context(), 2, own_trace=True)
-    causality.open(ME, ME, e.ts, request)
-    e.malloc(1 << 20, 0xA000)
-    e.memcpy(1 << 20, 1, flags=FLAG_SHED)
+    interval = causality.open(ME, ME, e.ts, request)
+    causality.open(ME, ME + 1, e.ts, new_context())  # another thread's, in flight throughout
+    e.malloc(1 << 20, 0xA000)  # +10 us: the kept request's
+    e.free(0xA000, flags=FLAG_SHED)  # +20 us: the kept request still open on the thread
+    causality.close(ME, ME, interval, e.ts + 5_000)
+    e.memcpy(1 << 20, 1, flags=FLAG_SHED)  # +30 us: the shed request's
     e.launch(fn_address("getppid"), flags=FLAG_SHED)
     h.correlator.on_events(e.array())
     spans = {s.name: s for s in h.spans}
-    kept = spans["cudaMalloc"]
-    assert kept.parent == request and kept.context.trace_flags.sampled
-    assert kept.context.trace_state == request.trace_state and request.trace_state.get("ot") == "th:c"
+    for name in ("cudaMalloc", "cudaFree"):
+        kept = spans[name]
+        assert kept.parent == request and kept.context.trace_flags.sampled, name
+        assert kept.context.trace_state == request.trace_state and request.trace_state.get("ot") == "th:c"
+        assert "otelbpf.sampling.shed" not in kept.attributes
     for name in ("cudaMemcpy", "cudaLaunchKernel"):
         span = spans[name]
         assert span.parent is None and not span.links and not span.context.trace_flags.sampled, name
@@ -682,6 +688,7 @@ def test_calls_made_for_a_shed_request_are_unsampled_spans_and_counted_as_any_ca
     assert value(metrics["otelbpf.cuda.spans.shed"]) == 2
     assert points(metrics["cuda.api.calls"]) == {
         (("cuda.api.function", "cudaMalloc"),): 1,
+        (("cuda.api.function", "cudaFree"),): 1,
         (("cuda.api.function", "cudaMemcpy"),): 1,
     }
     assert points(metrics["cuda.memcpy.bytes"]) == {(("cuda.memcpy.direction", "H2D"),): 1 << 20}
