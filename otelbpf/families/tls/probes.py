@@ -134,6 +134,7 @@ def tls_family(
         probes=(),
         find_probes=lambda path: openssl_probes(path, rejected),
         marks_user=False,  # nearly every process loads libssl: that makes none a GPU process
+        users_only=lib_users_only,  # and a libssl file only other processes map is not trapped
     )
     return ProbeFamily(
         name="tls",
