@@ -11,6 +11,7 @@
   every kept request keeps its upstream call as its child (same trace), carries its sampling
   (``ot=th:c``, adjusted count 4), and the upstream calls of shed requests are shed with them.
 - A streamed completion over HTTPS that head sampling sheds is counted for its whole length.
+- HTTP/2 over TLS is never sampled: every request a span, whatever the probability.
 """
 
 from __future__ import annotations
@@ -248,3 +249,31 @@ def test_a_shed_https_stream_is_counted_for_its_whole_length(otlp_collector, tmp
     assert seen["probability"] == n and seen["kept"] == 0, seen
     assert not [s for s in c.spans() if s.attributes.get("process.pid") == server.pid]
     assert n * planted <= point.sum < n * (planted + 1.0), (point.sum, n * planted)
+
+
+def test_http2_over_tls_is_never_sampled_in_the_kernel(otlp_collector, tmp_path):
+    """At 2^-20 an HTTP/1 request would be shed; an h2 server's (ALPN h2, Python's ssl) are all
+    kept whole: its first plaintext is the preface, not a request line, so tls.c never decides."""
+    c = otlp_collector
+    cert, key = make_cert(tmp_path)
+    (port,) = free_ports(1)
+    n = 6
+    with service("h2-tls", str(port), str(cert), str(key)) as server:
+        cfg = write_config(tmp_path, c, [port], tls={}, sampling_probability=2**-20, adaptive_sampling=False)
+        with agent_running(cfg, server.pid):
+            body = json.dumps({"model": "h2-model", "max_tokens": 3})
+            for _ in range(n):
+                subprocess.run(
+                    ["curl", "-sS", "--http2", "--cacert", str(cert), "-o", "/dev/null", "-H",
+                     "Content-Type: application/json", "-d", body, f"https://127.0.0.1:{port}/v1/chat/completions"],
+                    check=True,
+                )  # fmt: skip
+            spans = c.wait_for(
+                lambda: len(s := [x for x in c.spans() if x.attributes.get("process.pid") == server.pid]) == n and s,
+                timeout=30,
+                what=f"{n} HTTP/2 server spans",
+            )
+            seen = decisions(c)
+    assert all(s.attributes["network.protocol.version"] == "2" for s in spans)
+    assert all("otelbpf.http.sampling.adjusted_count" not in s.attributes for s in spans)
+    assert sum(seen.values()) == 0, seen  # nothing decided, nothing shed
