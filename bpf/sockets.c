@@ -1012,6 +1012,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     struct sk_state *st = sock_state.lookup(&key);
     if (!st || (st->state != SK_TRACK && st->state != SK_PROVISIONAL))
         return 0;
+    if (st->role == SK_ROLE_SERVER && st->req == REQ_SHED && st->answered == ANS_NONE) {
+        /* a shed request closed without its response: the thread is done with it (else its
+         * next calls, CUDA's included, would be shed with it until its next request) */
+        struct sock_args *a = thread_args(0);
+        if (a && a->serving == REQ_SHED)
+            a->serving = 0;
+    }
     red_finish(tgid, st, bpf_ktime_get_ns());  /* a shed request still open: its response ends here */
     sock_state.delete(&key);
     struct sock_rec *r = control_record(id, bpf_ktime_get_ns(), fd, 0, EV_SOCK_CLOSE, SF_CLOSE);

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -170,3 +171,60 @@ def test_cuda_calls_of_shed_requests_stay_out_of_traces_and_in_every_count(otlp_
     [files] = [spans for (_host, pid), spans in loader.spans.items() if pid == server.pid]
     assert len(files) == N * CALLS, len(files)
     assert sum("LaunchKernel" in s.name for s in files) == N * LAUNCHES
+
+
+#: A server that reads each request and closes the connection without answering, then makes
+#: CUDA calls of its own on the same thread (argv: port, CUDA runtime): work for no request.
+CLOSER = r"""
+import ctypes, socket, sys
+
+rt = ctypes.CDLL(sys.argv[2])
+rt.cudaFree.argtypes = [ctypes.c_void_p]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(8)
+print("ready", flush=True)
+while True:
+    conn, _ = s.accept()
+    conn.recv(4096)
+    conn.close()
+    ptr = ctypes.c_void_p()
+    assert rt.cudaMalloc(ctypes.byref(ptr), 64) == 0
+    assert rt.cudaFree(ptr) == 0
+"""
+
+
+def test_a_shed_request_closed_unanswered_leaves_its_thread_unshed(otlp_collector, tmp_path):
+    """Every request is shed (probability 2^-20), and each is closed without a response: the
+    CUDA calls the thread makes after the close serve no request, and reach the trace backend.
+    The server starts after the agent: an accept() entered before the agent is not seen, and the
+    first connection it returns has no known end to sample by (sockets.c: role unknown)."""
+    c = otlp_collector
+    (port,) = free_ports(1)
+    n = 5
+    cfg = write_config(tmp_path, c, [port], cuda=True, sampling_probability=2.0**-20, adaptive_sampling=False)
+    with agent_running(cfg):
+        server = subprocess.Popen(
+            [sys.executable, "-c", CLOSER, str(port), str(FAKE_CUDART)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert server.stdout.readline().startswith("ready")
+            for _ in range(n):
+                with socket.create_connection(("127.0.0.1", port)) as conn:
+                    conn.sendall(b"GET /never HTTP/1.1\r\nHost: x\r\n\r\n")
+                    assert conn.recv(16) == b""  # closed unanswered
+            c.wait_for(
+                lambda: len([s for s in c.spans("cudaFree") if s.resource["process.pid"] == server.pid]) >= n,
+                timeout=30,
+                what="the CUDA calls after each close, as spans",
+            )
+            time.sleep(0.7)  # two more exports: the counts of the last request
+            counted = (total(c, "cuda.api.calls", server.pid), server_count(c, server.pid))
+        finally:
+            server.kill()
+            server.wait()
+    assert counted == (2 * n, n)  # every request shed and counted, every call counted
+    mine = [s for s in c.spans() if s.scope_name == "otelbpf.cuda" and s.resource["process.pid"] == server.pid]
+    assert sorted(s.name for s in mine) == sorted(["cudaFree", "cudaMalloc"] * n), mine
+    assert all(not s.parent_span_id for s in mine)
