@@ -301,14 +301,15 @@ static __always_inline void red_count(u32 pid, struct sk_state *st, u16 status, 
     k.bucket = b;
     struct red_val *v = http_red.lookup(&k);
     if (!v) {
+        /* insert, not update: another CPU may have put the key in since the lookup, and an
+         * update would overwrite its count with this fresh one */
         struct red_val zero = {.min_ns = ns, .max_ns = ns};
-        if (http_red.update(&k, &zero) != 0) {
+        http_red.insert(&k, &zero);
+        v = http_red.lookup(&k);
+        if (!v) {
             count_decision(DECISION_RED_FULL);
             return;
         }
-        v = http_red.lookup(&k);
-        if (!v)
-            return;
     }
     __sync_fetch_and_add(&v->count, 1);
     __sync_fetch_and_add(&v->sum_ns, ns);
