@@ -7,6 +7,7 @@ default), an HTTPS server that loaded none is not, however much libssl it uses."
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import json
 import re
@@ -121,7 +122,10 @@ def test_a_libssl_only_untraced_processes_map_is_not_probed(otlp_collector, tmp_
     libssl (LD_LIBRARY_PATH): which copies the agent probed says whose TLS calls trap. A plain
     HTTPS server started before the agent and one started after it: their copies are left alone;
     a GPU server that loads its copy first (Python's ssl) and the CUDA runtime after: its copy is
-    probed at that open, before it runs on, and its first request is traced."""
+    probed at that open, before it runs on, and its first request is traced. The test process
+    itself uses a GPU library (the CUDA stand-in, loaded here): the servers it starts are its
+    children, and an exec ends what a child inherits (discovery.c), so the plain ones stay plain."""
+    ctypes.CDLL(str(FAKE_CUDART))  # as earlier tests of a run may have done: the parent is a library user
     gpu_port, early_port, late_port = free_ports(3)
     cert, key = make_cert(tmp_path)
     tls = (str(cert), str(key))
