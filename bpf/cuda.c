@@ -53,6 +53,159 @@ static __always_inline int profile_cuda_launch(struct pt_regs *ctx, u64 id, u8 f
 static __always_inline void profile_cuda_finish(struct pt_regs *ctx);
 #endif
 
+#ifdef SOCK_PAYLOAD
+/* In sockets.c (the http family, after this file): whether this thread is serving an HTTP/1
+ * request that head sampling shed. */
+static __always_inline int serving_shed(void);
+#endif
+
+/* EVF_SHED for a call made while its thread serves a shed request: that request put nothing on
+ * its ring, so the call's span would be a root with no request above it; user space keeps it out
+ * of trace backends and counts it, and counts the call as any other (metrics, the diagnosis). */
+static __always_inline u16 shed_flag(void)
+{
+#ifdef SOCK_PAYLOAD
+    return serving_shed() ? EVF_SHED : 0;
+#else
+    return 0;
+#endif
+}
+
+/* ---- the thread's current device ------------------------------------------------------
+ *
+ * cudaSetDevice(dev) makes device dev's primary context current on the calling thread. The
+ * driver keeps a context stack per thread: cuCtxSetCurrent replaces its top (NULL pops it),
+ * cuCtxPushCurrent_v2 pushes, cuCtxPopCurrent_v2 pops, cuCtxCreate pushes the context it made.
+ * A context's device is learnt where it is made (cuDevicePrimaryCtxRetain, cuCtxCreate): the
+ * runtime retains a device's primary context before making it current. Each takes effect at its
+ * successful return only. The thread's stack is kept here with the device of each entry
+ * (DEVICE_UNKNOWN: a context whose making was not seen), and every CUDA record of the thread
+ * carries its top's device + 1 in event.flags (CUDA_DEVICE_SHIFT, common.h; 0: none known).
+ *
+ * None known is not device 0, though a thread that never set one runs on device 0: the agent
+ * often attaches to a running job, whose threads may have set theirs before (a rank on device 3
+ * would read device 0). User space leaves the attribute out then (one budget per thread, as
+ * before: idle.py), which is right for one device and never splits a device in two.
+ *
+ * cudaSetDevice is a paired call (an event: counted, a span, its errors counted); the context
+ * calls, which some frameworks make around every operation, put nothing on the ring: their
+ * entry keeps its argument here and their return applies it (DEV_OP_*). */
+#define DEVICE_STACK 8       /* internal: contexts kept per thread; deeper ones are unknown */
+#define DEVICE_UNKNOWN 0x7f  /* internal: a context whose device was not seen */
+#define DEVICE_SET 1         /* internal: a3 of cudaSetDevice's event (on_return acts on it) */
+#define DEV_OP_CTX_SET 1     /* internal: cuCtxSetCurrent(ctx) */
+#define DEV_OP_CTX_PUSH 2    /* internal: cuCtxPushCurrent_v2(ctx) */
+#define DEV_OP_CTX_POP 3     /* internal: cuCtxPopCurrent_v2(&ctx) */
+#define DEV_OP_PRIMARY 4     /* internal: cuDevicePrimaryCtxRetain(&ctx, dev) */
+#define DEV_OP_CREATE 5      /* internal: cuCtxCreate_v2/v3/v4(&ctx, ..., dev): made and pushed */
+
+struct thread_device {
+    u8  dev[DEVICE_STACK];  /* device of each stack entry, DEVICE_UNKNOWN if not known */
+    u8  depth;              /* entries on the stack (past DEVICE_STACK: the top is unknown) */
+    u8  op;                 /* DEV_OP_* entered, its return not seen yet; 0 none */
+    u16 pad;
+    u32 op_dev;
+    u64 op_arg;             /* the context, or where the driver writes it */
+};
+BPF_TASK_STORAGE(thread_devices, struct thread_device);
+/* Contexts made while watched -> their device (LRU: contexts destroyed are never told). */
+BPF_TABLE("lru_hash", u64, u32, context_devices, 4096);
+
+static __always_inline struct thread_device *thread_device(int create)
+{
+    return thread_devices.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0,
+                                           create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+/* The device of ``ctx`` as learnt, DEVICE_UNKNOWN if not. */
+static __always_inline u8 context_device(u64 ctx)
+{
+    u32 *dev = context_devices.lookup(&ctx);
+    return dev && *dev < DEVICE_UNKNOWN ? *dev : DEVICE_UNKNOWN;
+}
+
+/* Replace the top of the thread's stack (an empty stack gets one entry), or push. */
+static __always_inline void device_put(struct thread_device *t, u8 dev, int push)
+{
+    if (push || !t->depth) {
+        if (t->depth < 255)
+            t->depth++;
+    }
+    u32 i = t->depth - 1;
+    if (i < DEVICE_STACK)
+        t->dev[i & (DEVICE_STACK - 1)] = dev;
+}
+
+/* cudaSetDevice(dev) returned 0: its primary context is the top of the thread's stack. */
+static __always_inline void device_set(u64 dev)
+{
+    struct thread_device *t = thread_device(1);
+    if (t)
+        device_put(t, dev < DEVICE_UNKNOWN ? dev : DEVICE_UNKNOWN, 0);
+}
+
+/* event.flags bits of the thread's current device (CUDA_DEVICE_SHIFT): 0 when none is known. */
+static __always_inline u16 device_flags(void)
+{
+    struct thread_device *t = thread_device(0);
+    if (!t || !t->depth)
+        return 0;
+    u32 i = t->depth - 1;
+    if (i >= DEVICE_STACK)
+        return 0;
+    u8 dev = t->dev[i & (DEVICE_STACK - 1)];
+    return dev < DEVICE_UNKNOWN ? (u16)(dev + 1) << CUDA_DEVICE_SHIFT : 0;
+}
+
+/* Entry of a context call: what its return applies. */
+static __always_inline int on_context_entry(u8 op, u64 arg, u64 dev)
+{
+    if (!is_watched(bpf_get_current_pid_tgid() >> 32))
+        return 0;
+    struct thread_device *t = thread_device(1);
+    if (!t) {
+        count_stat(STAT_CALL_LOST);
+        return 0;
+    }
+    t->op = op;
+    t->op_arg = arg;
+    t->op_dev = dev;
+    return 0;
+}
+
+int uretprobe_cuda_context(struct pt_regs *ctx)
+{
+    struct thread_device *t = thread_device(0);
+    if (!t || !t->op)
+        return 0;
+    u8 op = t->op;
+    t->op = 0;
+    if ((s32)PT_REGS_RC(ctx) != 0)
+        return 0;  /* nothing changed */
+    u64 context = t->op_arg;
+    if (op == DEV_OP_PRIMARY || op == DEV_OP_CREATE) {
+        context = 0;
+        read_user(&context, sizeof(context), (void *)t->op_arg);
+        u32 dev = t->op_dev;
+        if (context && dev < DEVICE_UNKNOWN)
+            context_devices.update(&context, &dev);  /* LRU: the oldest context gives way */
+        if (op == DEV_OP_CREATE)
+            device_put(t, dev < DEVICE_UNKNOWN ? dev : DEVICE_UNKNOWN, 1);
+    } else if (op == DEV_OP_CTX_POP || (op == DEV_OP_CTX_SET && !context)) {
+        if (t->depth)
+            t->depth--;
+    } else {
+        device_put(t, context_device(context), op == DEV_OP_CTX_PUSH);
+    }
+    return 0;
+}
+
+/* What a CUDA record of this thread carries in event.flags besides its own flags. */
+static __always_inline u16 thread_flags(void)
+{
+    return shed_flag() | device_flags();
+}
+
 struct error_key {
     u32 pid;
     u32 func;
@@ -205,7 +358,7 @@ static __always_inline void count_launch(struct pt_regs *ctx, u64 id, u8 func, u
     if (seen % LAUNCH_SAMPLE_EVERY == 0) {
         struct event e = {};
         new_event(&e, id, EV_CUDA_LAUNCH, func);
-        e.flags = flags;
+        e.flags = flags | thread_flags();
         e.a0 = fn;
         fill_launch(ctx, variant, &e);
 #ifdef HANDOFFS
@@ -345,7 +498,7 @@ static __always_inline int on_entry(u8 kind, u8 func, u16 flags, u64 a0, u64 a1,
 #ifdef HANDOFFS
     report_handoff(id);  /* the wake-up that handed this thread its work, before the call's own */
 #endif
-    remember_call(id, kind, func, flags, a0, a1, a2, a3);
+    remember_call(id, kind, func, flags | thread_flags(), a0, a1, a2, a3);
     return 0;
 }
 
@@ -503,6 +656,9 @@ static __always_inline int on_return(struct pt_regs *ctx, u16 driver)
             capture_mark(e.ts_ns, e.a0, 1);
         else if (e.a3 == GRAPH_CAPTURE_END)
             capture_mark(0, 0, 0);  /* whatever it returned, the stream no longer captures */
+    } else if (e.kind == EV_CUDA_CALL && e.a3 == DEVICE_SET) {
+        if (e.ret == 0)
+            device_set((u32)e.a0);  /* an int: the register's upper half is not the caller's */
     } else if (e.kind == EV_CUDA_GET_HANDLE) {
         /* handle -> what it stands for (a host stub, a CUkernel); not when equal
          * (a runtime without a driver leaves the host stub in place). */

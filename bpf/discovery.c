@@ -5,9 +5,9 @@
  * - openat: a process opening a library whose file name starts with one of
  *   LIB_PREFIXES is reported with the path, so user space can attach to that
  *   file before the dynamic loader has even mapped it;
- * - exec/exit: process life cycle; on thread exit, a call still in flight is
- *   reported as incomplete instead of vanishing. With EXEC_REPORT (a family
- *   recognises executables by content: a runtime linked in statically), each
+ * - exec/exit: process life cycle (an exec ends a process's library use: lib_users); on
+ *   thread exit, a call still in flight is reported as incomplete instead of vanishing. With
+ *   EXEC_REPORT (a family recognises executables by content: a runtime linked in statically), each
  *   exec is also reported with its path, as a LIB_OPEN string record with
  *   exec = 1, so user space reads the program before it runs (and, under
  *   PAUSE_ON_LOAD, before its constructors run: it is paused as at an open). */
@@ -32,6 +32,11 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
     u64 id = bpf_get_current_pid_tgid();
+    /* A new program maps nothing of what its parent had: a GPU process's `curl` or shell is no
+     * library user (it becomes one again at its own GPU library's open, as a fork's child of a
+     * user is one without opening anything). */
+    u32 tgid = id >> 32;
+    lib_users.delete(&tgid);
     if (!is_watched(id >> 32))
         return 0;
     struct event e = {};

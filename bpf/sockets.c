@@ -50,10 +50,19 @@ struct sk_state {
     u8  shift;    /* the current request's sampling: kept with probability 2^-shift */
     u64 req_ts;   /* when the current request started (server: its first read's exit; client: first write's entry) */
     u8  method;   /* HM_* of the current request */
-    u8  answered; /* a shed request's response was counted */
+    u8  answered; /* a shed request's response: ANS_* */
+    u8  minor;    /* ANS_PENDING: HTTP/1.<minor> of its status line */
     u8  h2;       /* SK_H2_*: whether h2_frames.h follows it as HTTP/2 */
-    u8  pad2[5];
+    u16 status;   /* ANS_PENDING: its status */
+    u16 pad3;
+    u64 resp_end; /* ANS_PENDING: when its last response bytes moved (so far) */
 };
+
+/* A shed request's response (sk_state.answered): none yet; its final status line seen, counted
+ * at the response's end (red_finish); counted. */
+#define ANS_NONE 0
+#define ANS_PENDING 1
+#define ANS_COUNTED 2
 
 #define SK_H2_UNKNOWN 0  /* not decided (no request-side bytes yet) */
 #define SK_H2_NO 1       /* its first request-side bytes were no HTTP/2 preface */
@@ -300,14 +309,15 @@ static __always_inline void red_count(u32 pid, struct sk_state *st, u16 status, 
     k.bucket = b;
     struct red_val *v = http_red.lookup(&k);
     if (!v) {
+        /* insert, not update: another CPU may have put the key in since the lookup, and an
+         * update would overwrite its count with this fresh one */
         struct red_val zero = {.min_ns = ns, .max_ns = ns};
-        if (http_red.update(&k, &zero) != 0) {
+        http_red.insert(&k, &zero);
+        v = http_red.lookup(&k);
+        if (!v) {
             count_decision(DECISION_RED_FULL);
             return;
         }
-        v = http_red.lookup(&k);
-        if (!v)
-            return;
     }
     __sync_fetch_and_add(&v->count, 1);
     __sync_fetch_and_add(&v->sum_ns, ns);
@@ -315,7 +325,22 @@ static __always_inline void red_count(u32 pid, struct sk_state *st, u16 status, 
         v->min_ns = ns;
     if (ns > v->max_ns)
         v->max_ns = ns;
-    st->answered = 1;
+    st->answered = ANS_COUNTED;
+}
+
+/* A shed request is over (its connection's next request starts, the connection closes, or its
+ * response's last bytes moved): counted, timed to its response's last bytes, or with status 0
+ * at ``now`` when it had no response. A response is followed to its end, not to its status
+ * line, because a streamed one (chunked, server-sent events: a model's tokens) lasts as long
+ * as its stream, and a kept request's span is timed the same way. */
+static __always_inline void red_finish(u32 pid, struct sk_state *st, u64 now)
+{
+    if (st->req != REQ_SHED)
+        return;
+    if (st->answered == ANS_PENDING)
+        red_count(pid, st, st->status, st->minor, st->resp_end);
+    else if (st->answered == ANS_NONE)
+        red_count(pid, st, 0, 1, now);
 }
 
 static __always_inline u64 sampling(u32 slot)
@@ -338,6 +363,13 @@ static __always_inline struct sock_args *thread_args(int create)
 {
     return sock_args.task_storage_get(bpf_get_current_task_btf(), 0,
                                       create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+/* cuda.c's (before this file, which it declares): this thread serves a shed HTTP/1 request. */
+static __always_inline int serving_shed(void)
+{
+    struct sock_args *a = thread_args(0);
+    return a && a->serving == REQ_SHED;
 }
 
 /* A call entered on this thread: its arguments, kept for its exit (0, counted, when the
@@ -629,6 +661,25 @@ static __always_inline u64 head_bytes(struct sock_args *a, s32 ret, u8 *h, u64 m
     return n;
 }
 
+/* Whether a data call's bytes end with a chunked body's last chunk ("0\r\n\r\n", at the start of
+ * the call or after the line end of the chunk before it; trailers after it are not looked for:
+ * such a response ends at the connection's next request). One buffer only: a vector call's
+ * response ends at the next request too. */
+static __always_inline int last_chunk(struct sock_args *a, s32 ret)
+{
+    if (ret < 5 || !(a->func == SF_READ || a->func == SF_WRITE || a->func == SF_SENDTO || a->func == SF_RECVFROM))
+        return 0;
+    u8 t[6] = {};
+    if (ret == 5) {
+        if (read_user(&t[1], 5, (void *)a->buf) != 0)
+            return 0;
+        t[0] = '\n';
+    } else if (read_user(t, 6, (void *)(a->buf + ret - 6)) != 0) {
+        return 0;
+    }
+    return t[0] == '\n' && t[1] == '0' && t[2] == '\r' && t[3] == '\n' && t[4] == '\r' && t[5] == '\n';
+}
+
 /* Head sampling (see http_sampling): GATE_SHED when this data call belongs to a shed HTTP/1
  * request and puts nothing on the ring; else GATE_EMIT, or GATE_STARTED for the first bytes of
  * a kept request, with its request's shift. */
@@ -673,8 +724,7 @@ static __always_inline int http_gate(struct sock_args *a, struct sock_args *thre
         /* the request's side: a request line starts a request, anything else continues one */
         u8 m = http_method(h, n);
         if (m) {
-            if (st->req == REQ_SHED && !st->answered)
-                red_count(id >> 32, st, 0, 1, now);
+            red_finish(id >> 32, st, now);
             u64 sh = sampling(SAMPLING_SHIFT);
             if (sh < SAMPLING_MIN_SHIFT)
                 sh = SAMPLING_MIN_SHIFT;  /* the configured probability, before user space says */
@@ -703,7 +753,7 @@ static __always_inline int http_gate(struct sock_args *a, struct sock_args *thre
             st->req = req;
             st->shift = sh;
             st->method = m;
-            st->answered = 0;
+            st->answered = ANS_NONE;
             st->req_ts = st->role == SK_ROLE_SERVER ? now : a->ts;
             count_decision(why);
             if (st->role == SK_ROLE_SERVER) {
@@ -718,14 +768,27 @@ static __always_inline int http_gate(struct sock_args *a, struct sock_args *thre
         }
     } else if (n >= 12 && has(h, "HTTP/1.", 7) && h[8] == ' ' && digit(h[9]) && digit(h[10]) && digit(h[11])) {
         /* a response's status line (1xx interim ones wait for the final): a server's thread is
-         * done with the request; a shed request is counted */
+         * done with the request; a shed request's response is followed to its end (red_finish),
+         * except one that has no body to wait for (101 switches protocols, 204 and 304 have none,
+         * nor has the answer to a HEAD) */
         u16 status = (h[9] - '0') * 100 + (h[10] - '0') * 10 + (h[11] - '0');
         if (status >= 200 || status == 101) {
             if (st->role == SK_ROLE_SERVER)
                 thread->serving = 0;
-            if (st->req == REQ_SHED && !st->answered)
-                red_count(id >> 32, st, status, h[7] - '0', now);
+            if (st->req == REQ_SHED && st->answered == ANS_NONE) {
+                st->answered = ANS_PENDING;
+                st->status = status;
+                st->minor = h[7] - '0';
+                st->resp_end = now;
+                if (status == 101 || status == 204 || status == 304 || st->method == HM_HEAD || last_chunk(a, ret))
+                    red_finish(id >> 32, st, now);
+            }
         }
+    } else if (st->req == REQ_SHED && st->answered == ANS_PENDING) {
+        /* more of a shed request's response: its end moves; a chunked body's last chunk ends it */
+        st->resp_end = now;
+        if (last_chunk(a, ret))
+            red_finish(id >> 32, st, now);
     }
     *shift = st->req == REQ_KEPT ? st->shift : 0;
     return st->req == REQ_SHED ? GATE_SHED : h2_candidate(st) ? GATE_OTHER : GATE_EMIT;
@@ -993,8 +1056,14 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     struct sk_state *st = sock_state.lookup(&key);
     if (!st || (st->state != SK_TRACK && st->state != SK_PROVISIONAL))
         return 0;
-    if (st->req == REQ_SHED && !st->answered)
-        red_count(tgid, st, 0, 1, bpf_ktime_get_ns());  /* a shed request that had no response */
+    if (st->role == SK_ROLE_SERVER && st->req == REQ_SHED && st->answered == ANS_NONE) {
+        /* a shed request closed without its response: the thread is done with it (else its
+         * next calls, CUDA's included, would be shed with it until its next request) */
+        struct sock_args *a = thread_args(0);
+        if (a && a->serving == REQ_SHED)
+            a->serving = 0;
+    }
+    red_finish(tgid, st, bpf_ktime_get_ns());  /* a shed request still open: its response ends here */
     int report = st->h2 != SK_H2_YES || h2_close(tgid, key, st, id, fd);  /* HTTP/2 counted in the kernel */
     sock_state.delete(&key);
     if (!report)

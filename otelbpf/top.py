@@ -315,6 +315,7 @@ class Viewer:
             f"agent: {_rate(a.events_per_s)} events/s ({a.events_received} received), lost {a.lost}, "
             f"dropped {a.dropped}, CPU {'-' if a.cpu_share is None else f'{a.cpu_share:.1%}'}, "
             f"RSS {_bytes(a.rss_bytes)}"
+            + ("" if a.http_kept_share is None else f", HTTP requests traced {a.http_kept_share:.1%} (head sampling)")
         )
 
 

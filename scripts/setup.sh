@@ -2,13 +2,15 @@
 # Host set-up for otelbpf on Debian 12, in two sizes (idempotent: safe and fast to re-run):
 #   scripts/setup.sh          what the demo and `otelbpf run` need (scripts/demo.sh runs it)
 #   scripts/setup.sh --test   that, plus what the test suite needs (scripts/test.sh runs it)
+#   scripts/setup.sh --bench  --test's, plus the load generator bench/ drives HTTP with (wrk)
 # It runs as root; started as a user it runs itself again under sudo.
 #
 # What it does, and why:
 #   1. apt packages: BCC (bpfcc-tools, python3-bpfcc, libbpfcc), a C toolchain for the example
 #      libraries (build-essential), python3-venv.  With --test also: libibverbs (libibverbs1,
 #      ibverbs-providers, libibverbs-dev: the ibverbs examples and tests), golang-go, tmux, chromium,
-#      prometheus (promtool and the server the straggler rules are tested with).
+#      prometheus (promtool and the server the straggler rules are tested with).  With --bench
+#      also wrk (bench/http.py and bench/ring_size.py's HTTP/1 load; 0.3 MB).
 #      apt-get runs only when something is missing.
 #   2. kernel headers BCC compiles against: linux-headers-$(uname -r) when Debian has it; otherwise
 #      (custom kernels such as this 6.18 VM) linux-headers-<arch> and /lib/modules/$(uname -r)/{build,source}
@@ -32,11 +34,13 @@ log() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: ERROR: %s\n' "$*" >&2; exit 1; }
 
 test_tools=0
+bench_tools=0
 for arg in "$@"; do
   case $arg in
     --test) test_tools=1 ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
-    *) die "unknown option $arg (scripts/setup.sh [--test])" ;;
+    --bench) test_tools=1 bench_tools=1 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) die "unknown option $arg (scripts/setup.sh [--test|--bench])" ;;
   esac
 done
 
@@ -71,6 +75,7 @@ if ((test_tools)); then
   # prometheus: promtool for the NCCL straggler rules and the real server the fleet test scrapes with
   wanted+=(libibverbs1 ibverbs-providers libibverbs-dev golang-go tmux chromium prometheus)
 fi
+((bench_tools)) && wanted+=(wrk)
 missing=()
 for pkg in "${wanted[@]}"; do is_installed "$pkg" || missing+=("$pkg"); done
 

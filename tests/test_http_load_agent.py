@@ -6,15 +6,20 @@
   holds arrive between two drains, so most requests are shed, and the exported
   ``http.server.request.duration`` count must still equal the clients' own count, nothing lost
   in the kernel.
+- A model server streaming its tokens (server-sent events in chunked encoding), every request
+  shed by the draw: each is counted once, timed to its stream's last chunk (as a kept request's
+  span is), not to its status line.
 - A frontend that calls a backend and CUDA per request, sampled at 1/4: every kept request
   keeps its CUDA calls and its downstream call as children (same thread, in time), carries its
-  sampling (``ot=th:c``, adjusted count 4), and no span points to a request that was shed.
+  sampling (``ot=th:c``, adjusted count 4), and no span points to a request that was shed nor
+  stands for one (a shed request's CUDA calls are no root spans).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import socket
 import subprocess
@@ -24,9 +29,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import streaming_apps
 from harness.agent import FAKE_CUDART, REPO, AgentProcess
 from otelbpf.families.http.probes import DECISIONS
-from test_http_agent import free_ports, write_config
+from test_http_agent import app, free_ports, write_config
 
 pytestmark = pytest.mark.bpf
 
@@ -132,6 +138,33 @@ def test_request_count_stays_exact_when_a_small_ring_sheds_spans(otlp_collector,
     assert kinds == {200}
 
 
+def test_a_shed_streamed_response_is_timed_to_its_last_chunk(otlp_collector, tmp_path):
+    c = otlp_collector
+    (port,) = free_ports(1)
+    n = 4
+    # the headers go out at once; the last token FIRST_S + 4 gaps later, then the last chunk
+    planted = streaming_apps.FIRST_S + (len(streaming_apps.TOKENS) - 1) * streaming_apps.GAP_S
+    request = json.dumps({"model": "m", "stream": True, "max_tokens": 3})
+    with app("sse", str(port), module="harness.streaming_apps") as server:
+        cfg = write_config(tmp_path, c, [port], sampling_probability=2.0**-20, adaptive_sampling=False)
+        with agent_running(cfg, "--pid", str(server.pid)):
+            conn = http.client.HTTPConnection("127.0.0.1", port)
+            for _ in range(n):  # one keep-alive connection, held open: each ends at its last chunk
+                conn.request("POST", "/v1/chat/completions", body=request, headers={"Content-Type": "application/json"})
+                assert b"data: [DONE]" in conn.getresponse().read()
+            c.wait_for(lambda: server_count(c, server.pid) == n, timeout=20, what=f"{n} streamed requests counted")
+            conn.close()
+            time.sleep(0.7)  # two more exports: nothing more may come
+            seen = decisions(c)
+            points = c.latest_points("http.server.request.duration", **{"process.pid": server.pid})
+    assert sum(p.count for p in points) == n and seen["probability"] == n, (points, seen)
+    assert [p.attributes["http.response.status_code"] for p in points] == [200]
+    assert min(p.min for p in points) >= planted, (points, planted)
+    assert not [
+        s for s in c.spans() if s.scope_name == "otelbpf.http" and s.attributes.get("process.pid") == server.pid
+    ]
+
+
 def test_sampled_requests_keep_their_cuda_calls_and_downstream_call(otlp_collector, tmp_path):
     front_port, back_port = free_ports(2)
     c = otlp_collector
@@ -161,7 +194,16 @@ def test_sampled_requests_keep_their_cuda_calls_and_downstream_call(otlp_collect
             c.wait_for(
                 lambda: (
                     server_count(c, frontend.pid) == n
-                    and len([s for s in c.spans() if s.scope_name == "otelbpf.cuda"]) >= 3 * n
+                    # kept requests' CUDA spans sent, shed ones' counted
+                    and len(
+                        [
+                            s
+                            for s in c.spans()
+                            if s.scope_name == "otelbpf.cuda" and s.resource["process.pid"] == frontend.pid
+                        ]
+                    )
+                    + sum(p.value for p in c.latest_points("otelbpf.cuda.spans.shed", **{"process.pid": frontend.pid}))
+                    == 3 * n
                 ),
                 timeout=30,
                 what=f"{n} frontend requests counted and their CUDA spans",
@@ -196,8 +238,9 @@ def test_sampled_requests_keep_their_cuda_calls_and_downstream_call(otlp_collect
     # the downstream calls of shed requests were shed with them; nothing points to a shed request
     assert len(down) == len(top)
     assert all(s.parent_span_id in by_id for s in down)
-    assert all(not s.parent_span_id or s.parent_span_id in by_id for s in cuda)
-    assert len(cuda) == 3 * n  # CUDA spans are the cuda receiver's: all there, only kept ones parented
+    # the CUDA calls of shed requests stay out of the traces (tests/families/cuda/test_shed_requests.py)
+    assert all(s.parent_span_id in by_id for s in cuda)
+    assert len(cuda) == 3 * len(top)
     seen = decisions(c)
     # the frontend's calls made for shed requests were shed with them (the other ends draw on
     # their own: this test's client, the frontend serving, the backend serving)

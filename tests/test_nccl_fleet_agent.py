@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -175,14 +176,19 @@ def test_prometheus_names_the_straggler_on_the_other_node(tmp_path):
     summary = json.loads(out.strip().splitlines()[-1])
     assert all(r["ended"] == "completed" for r in summary["ranks"])
     # node-b's agent names it live; the offline report over both nodes names the same rank
-    live = set()
+    live: Counter[int] = Counter()
     for line in (tmp_path / "node-b" / "traces.jsonl").read_text().splitlines():
         for rs in json.loads(line)["resourceSpans"]:
             for ss in rs["scopeSpans"]:
                 for sp in ss["spans"]:
                     if any(e["name"] == "nccl.straggler" for e in sp.get("events", [])):
-                        live |= {next(iter(x["value"].values())) for x in sp["attributes"] if x["key"] == "nccl.rank"}
-    assert {int(r) for r in live} == {SLOW}
+                        live.update(
+                            int(next(iter(x["value"].values()))) for x in sp["attributes"] if x["key"] == "nccl.rank"
+                        )
+    # the planted rank, collective after collective; another may be late once on a loaded host
+    # (rank 3 once in a full run beside other work), never as often
+    [(first, times), *others] = live.most_common()
+    assert first == SLOW and all(n * 5 <= times for _, n in others), live
     report = subprocess.run(
         [
             sys.executable,

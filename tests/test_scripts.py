@@ -19,7 +19,7 @@ def test_the_scripts_parse(script: str) -> None:
 
 def test_setup_has_a_demo_size_and_a_test_size() -> None:
     usage = subprocess.run(["bash", str(REPO / "scripts/setup.sh"), "--help"], capture_output=True, text=True)
-    assert usage.returncode == 0 and "--test" in usage.stdout
+    assert usage.returncode == 0 and "--test" in usage.stdout and "--bench" in usage.stdout and "wrk" in usage.stdout
     bad = subprocess.run(["bash", str(REPO / "scripts/setup.sh"), "--tests"], capture_output=True, text=True)
     assert bad.returncode == 1 and "unknown option --tests" in bad.stderr
     test_sh = (REPO / "scripts/test.sh").read_text()

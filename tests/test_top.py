@@ -114,3 +114,36 @@ def test_waiting_for_the_first_snapshot() -> None:
     v.refresh()
     shown = text(v)
     assert "no agent socket" in shown and "waiting for the first snapshot" in shown
+
+
+def test_the_agent_line_says_when_head_sampling_keeps_a_share_of_requests() -> None:
+    def with_agent(k: int, kept: int, shed: int) -> dict:
+        agent = {
+            "resource": {"service.name": "otelbpf", "process.pid": 1},
+            "metrics": [
+                {
+                    "name": "otelbpf.http.sampled",
+                    "kind": "sum",
+                    "points": [
+                        {"attributes": {"decision": "kept"}, "value": kept * k},
+                        {"attributes": {"decision": "backlog"}, "value": shed * k},
+                    ],
+                },
+                {"name": "otelbpf.events.received", "kind": "sum", "points": [{"attributes": {}, "value": 10 * k}]},
+            ],
+        }
+        s = snap(k)
+        return {**s, "processes": [*s["processes"], agent]}
+
+    v = Viewer(Source(with_agent(1, 125, 875), with_agent(2, 125, 875)))
+    v.refresh()
+    v.refresh()
+    assert "HTTP requests traced 12.5% (head sampling)" in text(v)
+    calm = Viewer(Source(with_agent(1, 100, 0), with_agent(2, 100, 0)))
+    calm.refresh()
+    calm.refresh()
+    assert "HTTP requests traced 100.0%" in text(calm)
+    quiet = Viewer(Source(snap(1), snap(2)))
+    quiet.refresh()
+    quiet.refresh()
+    assert "head sampling" not in text(quiet)

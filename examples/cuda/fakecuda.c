@@ -34,6 +34,8 @@ enum {
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
@@ -67,7 +69,10 @@ enum {
     X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddKernelNode_v2) X(cuGraphInstantiate)                       \
     X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams)                         \
     X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecUpdate) X(cuGraphExecUpdate_v2) X(cuGraphExecDestroy)          \
-    X(cuGraphDestroy) X(cuGraphLaunch_ptsz) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphKernelNodeSetParams_v2)
+    X(cuGraphDestroy) X(cuGraphLaunch_ptsz) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphKernelNodeSetParams_v2)   \
+    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2)                 \
+    X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuCtxSetCurrent) X(cuCtxGetCurrent)    \
+    X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice)
 
 #define AS_ENUM(name) CALL_##name,
 #define AS_NAME(name) #name,
@@ -133,9 +138,17 @@ static struct ptrmap mappings;     /* start address -> struct range (cuMemMap) *
 static struct ptrmap host_pinned;  /* start address -> struct range (registered or allocated) */
 static struct ptrmap host_alloced; /* start address -> itself (cuMemAllocHost_v2/cuMemHostAlloc) */
 
+/* Devices: FAKECUDA_DEVICES of them (1 to MAX_DEVICES, 2 by default), so that a job can drive
+ * several. They share one memory and one set of streams: only who asks for which is told. */
+#define MAX_DEVICES 8
+static int device_count = 2;
+
 __attribute__((constructor)) static void read_settings(void)
 {
     streams_read_settings();
+    const char *devices = getenv("FAKECUDA_DEVICES");
+    if (devices && atoi(devices) >= 1 && atoi(devices) <= MAX_DEVICES)
+        device_count = atoi(devices);
 }
 
 CUresult cuInit(unsigned flags)
@@ -1530,5 +1543,230 @@ CUresult cuMemFreeHost(void *p)
         return CUDA_ERROR_INVALID_VALUE;
     munmap(p, r->size);
     free(r);
+    return CUDA_SUCCESS;
+}
+
+/* ---- devices and contexts
+ *
+ * As the driver keeps them: each device has a primary context (cuDevicePrimaryCtxRetain, what the
+ * runtime's cudaSetDevice makes current), cuCtxCreate makes others (pushed onto the calling
+ * thread's stack), and each thread has its own context stack: cuCtxSetCurrent replaces its top
+ * (NULL pops it), cuCtxPushCurrent and cuCtxPopCurrent push and pop. A context is a struct
+ * context; any other non-NULL handle is CUDA_ERROR_INVALID_CONTEXT. */
+
+#define CTX_STACK 16
+
+struct context {
+    CUdevice device;
+};
+
+static struct context primaries[MAX_DEVICES];
+static struct ptrmap created; /* cuCtxCreate's contexts -> themselves */
+static __thread CUcontext ctx_stack[CTX_STACK];
+static __thread int ctx_depth;
+
+/* Not inlined, so that the entry points below are no leaf functions: GCC gives them a frame
+ * (endbr64; push %rbp) as the other entry points have, where the agent's probes go. */
+static __attribute__((noinline)) int unready(void)
+{
+    return !ready();
+}
+
+static int valid_device(CUdevice dev)
+{
+    return dev >= 0 && dev < device_count;
+}
+
+static int valid_context(CUcontext ctx)
+{
+    struct context *c = ctx;
+    if (c >= primaries && c < primaries + device_count)
+        return 1;
+    pthread_mutex_lock(&lock);
+    int known = ptrmap_get(&created, ctx) != NULL;
+    pthread_mutex_unlock(&lock);
+    return known;
+}
+
+CUresult cuDeviceGetCount(int *count)
+{
+    COUNT(cuDeviceGetCount);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = device_count;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    COUNT(cuDeviceGet);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(ordinal))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    COUNT(cuDevicePrimaryCtxRetain);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    primaries[dev].device = dev;
+    *pctx = &primaries[dev];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    COUNT(cuDevicePrimaryCtxRelease_v2);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return valid_device(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* cuCtxCreate_v2/v3/v4's work: a context of dev, pushed onto the calling thread's stack. */
+static CUresult create_context(CUcontext *pctx, CUdevice dev)
+{
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_depth == CTX_STACK)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct context *c = malloc(sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->device = dev;
+    pthread_mutex_lock(&lock);
+    int err = ptrmap_put(&created, c, c);
+    pthread_mutex_unlock(&lock);
+    if (err) {
+        free(c);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ctx_stack[ctx_depth++] = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    COUNT(cuCtxCreate_v2);
+    (void)flags;
+    return create_context(pctx, dev);
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsigned flags, CUdevice dev)
+{
+    COUNT(cuCtxCreate_v3);
+    (void)paramsArray;
+    (void)numParams;
+    (void)flags;
+    return create_context(pctx, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned flags, CUdevice dev)
+{
+    COUNT(cuCtxCreate_v4);
+    (void)ctxCreateParams;
+    (void)flags;
+    return create_context(pctx, dev);
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    COUNT(cuCtxDestroy_v2);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&lock);
+    int known = ctx && ptrmap_get(&created, ctx) != NULL;
+    if (known)
+        ptrmap_remove(&created, ctx);
+    pthread_mutex_unlock(&lock);
+    if (!known)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth && ctx_stack[ctx_depth - 1] == ctx)
+        ctx_depth--; /* current on this thread: popped, as the driver does */
+    free(ctx);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    COUNT(cuCtxSetCurrent);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx) {
+        if (ctx_depth)
+            ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!valid_context(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx_depth)
+        ctx_depth = 1;
+    ctx_stack[ctx_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    COUNT(cuCtxGetCurrent);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    COUNT(cuCtxPushCurrent_v2);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx || !valid_context(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == CTX_STACK)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_stack[ctx_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    COUNT(cuCtxPopCurrent_v2);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext top = ctx_stack[--ctx_depth];
+    if (pctx)
+        *pctx = top;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+    COUNT(cuCtxGetDevice);
+    if (unready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *device = ((struct context *)ctx_stack[ctx_depth - 1])->device;
     return CUDA_SUCCESS;
 }

@@ -58,6 +58,7 @@ enum {
     cudaErrorInsufficientDriver = 35,
     cudaErrorMissingConfiguration = 52,
     cudaErrorInvalidDeviceFunction = 98,
+    cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorSymbolNotFound = 500,
     cudaErrorNotReady = 600,
@@ -82,7 +83,8 @@ enum { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice, Default };
     X(cuMemcpy2D_v2) X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuMemAllocHost_v2) X(cuMemHostAlloc)          \
     X(cuMemFreeHost) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuGraphCreate) X(cuGraphAddKernelNode_v2)     \
     X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) X(cuGraphExecUpdate_v2) X(cuGraphExecDestroy)     \
-    X(cuGraphDestroy) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphKernelNodeSetParams_v2)
+    X(cuGraphDestroy) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphKernelNodeSetParams_v2) X(cuDeviceGetCount)    \
+    X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent)
 
 #define AS_POINTER(name) __typeof__(name) *name;
 static struct {
@@ -160,6 +162,54 @@ static cudaError_t result(CUresult rc)
 static cudaStream_t per_thread(cudaStream_t stream)
 {
     return stream ? stream : CU_STREAM_PER_THREAD;
+}
+
+/* ---- devices
+ *
+ * As the real runtime: a thread's current device is 0 until it calls cudaSetDevice, which
+ * retains the device's primary context (once per process) and makes it current on the calling
+ * thread through the driver (cuDevicePrimaryCtxRetain, cuCtxSetCurrent). */
+
+#define MAX_DEVICES 8
+static __thread int current_device;
+static CUcontext primary[MAX_DEVICES];
+static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    if (!count)
+        return fail(cudaErrorInvalidValue);
+    NEED_DRIVER();
+    return result(drv.cuDeviceGetCount(count));
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    int count = 0;
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc)
+        return rc;
+    if (device < 0 || device >= count || device >= MAX_DEVICES)
+        return fail(cudaErrorInvalidDevice);
+    pthread_mutex_lock(&primary_lock);
+    CUresult drc = primary[device] ? 0 : drv.cuDevicePrimaryCtxRetain(&primary[device], device);
+    CUcontext ctx = primary[device];
+    pthread_mutex_unlock(&primary_lock);
+    if (!drc)
+        drc = drv.cuCtxSetCurrent(ctx);
+    if (drc)
+        return result(drc);
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    if (!device)
+        return fail(cudaErrorInvalidValue);
+    NEED_DRIVER();
+    *device = current_device;
+    return cudaSuccess;
 }
 
 /* ---- registered kernels */

@@ -106,6 +106,20 @@ FLAG_INCOMPLETE = 1
 FLAG_NCCL_UNKNOWN_COMM = 2
 #: ``EVF_DRIVER``: a CUDA driver API call (libcuda), not the runtime's.
 FLAG_DRIVER = 4
+#: ``EVF_SHED``: a CUDA call made while its thread served an HTTP request that head sampling shed
+#: (bpf/sockets.c): its span stays out of trace backends, with no request to be the child of.
+FLAG_SHED = 0x10
+#: ``CUDA_DEVICE_SHIFT``: bits 9-15 of a CUDA record's flags hold the calling thread's current
+#: device + 1 (0: none known; bpf/cuda.c keeps it from cudaSetDevice and the context calls).
+CUDA_DEVICE_SHIFT = 9
+
+
+def cuda_device(flags: int) -> int | None:
+    """The device a CUDA record's call was made for (``CUDA_DEVICE_SHIFT``), None if not known."""
+    dev = (flags >> CUDA_DEVICE_SHIFT) & 0x7F
+    return dev - 1 if dev else None
+
+
 #: ``EVF_IBV_POSTED``: an ``IBV_COMPLETION`` whose post was seen: its ts and duration are real.
 FLAG_IBV_POSTED = 0x100
 
@@ -195,6 +209,7 @@ CudaFunc = enum.IntEnum(
         ("cudaGraphDestroy", 63),
         ("cudaGraphExecKernelNodeSetParams", 15),
         ("cudaGraphKernelNodeSetParams", 16),
+        ("cudaSetDevice", 17),
         ("cuLaunchKernel_ptsz", 64),
         ("cuLaunchKernelEx_ptsz", 65),
         ("cuGraphLaunch", 66),
@@ -264,6 +279,14 @@ CudaFunc = enum.IntEnum(
         ("cuGraphExecKernelNodeSetParams_v2", 129),
         ("cuGraphKernelNodeSetParams", 130),
         ("cuGraphKernelNodeSetParams_v2", 131),
+        # the thread's current context (bpf/cuda.c: kept in the kernel, no event of their own)
+        ("cuCtxSetCurrent", 132),
+        ("cuCtxPushCurrent_v2", 133),
+        ("cuCtxPopCurrent_v2", 134),
+        ("cuDevicePrimaryCtxRetain", 135),
+        ("cuCtxCreate_v2", 136),
+        ("cuCtxCreate_v3", 137),
+        ("cuCtxCreate_v4", 138),
     ],
 )
 

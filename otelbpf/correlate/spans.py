@@ -15,7 +15,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
 from otelbpf import __version__
@@ -30,9 +30,15 @@ def scope(name: str) -> InstrumentationScope:
     return InstrumentationScope(name, __version__)
 
 
-def new_context(trace_id: int | None = None) -> SpanContext:
+_UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+def new_context(
+    trace_id: int | None = None, trace_state: TraceState | None = None, *, sampled: bool = True
+) -> SpanContext:
     bits = _rand.getrandbits
-    return SpanContext(trace_id or bits(128) or 1, bits(64) or 1, False, _SAMPLED)
+    flags = _SAMPLED if sampled else _UNSAMPLED
+    return SpanContext(trace_id or bits(128) or 1, bits(64) or 1, False, flags, trace_state)
 
 
 def make_span(
@@ -49,10 +55,18 @@ def make_span(
     context: SpanContext | None = None,
     events: Sequence[Event] = (),
     links: Sequence[Link] = (),
+    sampled: bool = True,
 ) -> ReadableSpan:
     """``context``: the span's own, when it was chosen before the span ended
-    (children may have been made with it as their parent already)."""
-    ctx = context or new_context(parent.trace_id if parent else None)
+    (children may have been made with it as their parent already). A child inherits its
+    parent's tracestate: a request's head-sampling threshold (``ot=th:``) holds for its whole
+    subtree, as the OpenTelemetry probability-sampling spec has children inherit ``th``, so a
+    backend re-weights the children of a request kept at 1/4 by 4 too. ``sampled``: False for a
+    span recorded for the agent's own answers (its files, the live state) but kept out of trace
+    backends (export/span_queue.py), the W3C sampled flag off."""
+    ctx = context or new_context(
+        parent.trace_id if parent else None, parent.trace_state if parent else None, sampled=sampled
+    )
     status = Status(StatusCode.ERROR, error) if error else _UNSET
     return ReadableSpan(
         name=name,

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelbpf.base.health import Health
 from otelbpf.base.threadname import name_os_thread
+from otelbpf.export.jsonfile import FileSpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +79,25 @@ class SpanQueue:
                 return
 
     def _export(self, batch: list[ReadableSpan]) -> None:
+        # A span recorded unsampled (the CUDA calls of a request head sampling shed:
+        # correlate/spans.py) goes to the agent's own files, which its answers are read from
+        # (diagnose, report), and to no trace backend, where it would be a root with no request.
+        sampled = [s for s in batch if s.context.trace_flags.sampled]
         for name, exporter in self._exporters:
+            mine = batch if isinstance(exporter, FileSpanExporter) else sampled
+            if not mine:
+                continue
             try:
-                result = exporter.export(batch)
+                result = exporter.export(mine)
             except Exception as exc:  # an exporter bug must not stop the others
                 log.warning("span exporter %s raised: %s", name, exc)
                 result = SpanExportResult.FAILURE
             if result == SpanExportResult.SUCCESS:
-                self._health.add("otelbpf.export.sent", len(batch), signal="traces", exporter=name)
+                self._health.add("otelbpf.export.sent", len(mine), signal="traces", exporter=name)
             else:
                 self._health.add("otelbpf.export.failures", 1, signal="traces", exporter=name)
                 self._health.add(
-                    "otelbpf.export.dropped", len(batch), signal="traces", reason="export_failed", exporter=name
+                    "otelbpf.export.dropped", len(mine), signal="traces", reason="export_failed", exporter=name
                 )
 
     def close(self, timeout_s: float = 30.0) -> None:

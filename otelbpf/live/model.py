@@ -4,8 +4,10 @@ Rates come from two metric collections (cumulative counts, divided by the time b
 them), so they change at the agent's metrics interval. Latency percentiles and HTTP routes
 come from the spans in the newest snapshot (the agent's last ``max_spans`` spans, the ones its
 span budget and ``min_span_duration`` let through): they say "in the recent spans", not "of
-every call". Live findings are the diagnosis engine's (analyze/diagnose.py) over those spans
-and the latest metrics, plus the NCCL correlator's live straggler counts.
+every call". A head-sampled request span counts for as many requests as it was kept for (its
+adjusted count), so a route's numbers estimate all its requests under sampling. Live findings
+are the diagnosis engine's (analyze/diagnose.py) over those spans and the latest metrics, plus
+the NCCL correlator's live straggler counts.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class RankRow:
 class RouteRow:
     pid: int
     route: str
-    requests: int  # in the recent spans
+    requests: int  # in the recent spans, each counted for as many as its sampling kept it for
     per_s: float | None
     errors: int
     p50_ms: float
@@ -94,6 +96,9 @@ class AgentRow:
     dropped: int
     cpu_share: float | None  # of one core
     rss_bytes: float | None
+    #: Of the requests head sampling decided since the last collection, the share kept as spans
+    #: (otelbpf.http.sampled); None when it decided none.
+    http_kept_share: float | None = None
 
 
 @dataclass
@@ -148,6 +153,30 @@ def _pct(values: list[float], q: float) -> float:
     """The nearest-rank percentile: the smallest value with at least ``q`` of them at or below it."""
     values = sorted(values)
     return values[max(0, math.ceil(q * len(values)) - 1)]
+
+
+def _weighted_pct(values: list[tuple[float, int]], q: float) -> float:
+    """``_pct`` of (value, weight) pairs, each value standing for ``weight`` of them: the smallest
+    value with at least ``q`` of the total weight at or below it (with weights of 1, ``_pct``)."""
+    values = sorted(values)
+    need = max(1, math.ceil(q * sum(w for _, w in values)))
+    seen = 0
+    for value, weight in values:
+        seen += weight
+        if seen >= need:
+            return value
+    return values[-1][0]
+
+
+#: What a head-sampled request span stands for (families/http/sampling.py: 2^shift); 1 without it.
+ADJUSTED_COUNT = "otelbpf.http.sampling.adjusted_count"
+
+
+def _adjusted(span: JsonObject) -> int:
+    try:
+        return max(1, int(span.get("attributes", {}).get(ADJUSTED_COUNT, 1)))
+    except (TypeError, ValueError):
+        return 1
 
 
 class Rates:
@@ -309,20 +338,25 @@ def _routes(tables: Tables, pid: int, spans: list[JsonObject]) -> None:
             )
             groups[route.strip()].append(s)
     for route, reqs in groups.items():
-        d = [(s["end"] - s["start"]) / 1e6 for s in reqs]
+        # A request kept with probability 2^-k stands for 2^k of them (its adjusted count): under
+        # head sampling the table estimates every request, not only the ones traced.
+        d = [((s["end"] - s["start"]) / 1e6, _adjusted(s)) for s in reqs]
+        n = sum(w for _, w in d)
         window = (max(s["end"] for s in reqs) - min(s["start"] for s in reqs)) / 1e9
         errors = sum(
-            1 for s in reqs if s.get("error") or int(s["attributes"].get("http.response.status_code", 0) or 0) >= 500
+            _adjusted(s)
+            for s in reqs
+            if s.get("error") or int(s["attributes"].get("http.response.status_code", 0) or 0) >= 500
         )
         tables.routes.append(
             RouteRow(
                 pid,
                 route,
-                len(reqs),
-                round(len(reqs) / window, 2) if window > 0 else None,
+                n,
+                round(n / window, 2) if window > 0 else None,
                 errors,
-                _pct(d, 0.5),
-                _pct(d, 0.95),
+                _weighted_pct(d, 0.5),
+                _weighted_pct(d, 0.95),
             )
         )
 
@@ -388,4 +422,14 @@ def _agent(rates: Rates, points: Points) -> AgentRow | None:
         ),
         cpu,
         rss,
+        _kept_share(rates.per_s(-1, "otelbpf.http.sampled", "decision")),
     )
+
+
+def _kept_share(decided: dict[str, float] | None) -> float | None:
+    """kept / all decisions; ``red_map_full`` is not a decision of its own (a shed request the
+    kernel could not count, already counted as shed)."""
+    if not decided:
+        return None
+    total = sum(v for k, v in decided.items() if k != "red_map_full")
+    return decided.get("kept", 0.0) / total if total > 0 else None

@@ -30,8 +30,33 @@ from elftools.elf.segments import Segment
 
 #: endbr64: CET-enabled code starts every function with it. A uprobe on it is
 #: single-stepped (~3.6 µs here); the instruction after it is usually emulated
-#: or optimized (~0.2-0.4 µs), and nothing jumps to sym+4, so probes go there.
+#: or optimized (~0.2-0.4 µs), and nothing jumps to sym+4, so probes go there
+#: (``probe_address``).
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
+#: Prefixes x86's uprobes refuse an instruction for (arch/x86/kernel/uprobes.c, is_prefix_bad:
+#: lock and the es/cs/ss/ds overrides). The refusal comes when the breakpoint would go in, not
+#: at the attach: a probe on ``endbr64; lock addl ...`` at sym+4 attaches without an error and
+#: never fires (measured on 6.18: 0 hits at sym+4, every call at sym+0).
+_REFUSED_PREFIXES = frozenset(b"\xf0\x26\x2e\x36\x3e")
+#: Every legacy prefix, which may stand before a refused one (``66 f0 ...``).
+_LEGACY_PREFIXES = frozenset(b"\xf0\xf2\xf3\x26\x2e\x36\x3e\x64\x65\x66\x67")
+#: Bytes of a function's start read for ``probe_address``: endbr64 and the prefixes after it.
+HEAD_BYTES = 12
+
+
+def probe_address(vaddr: int, head: bytes) -> int:
+    """Where to probe the function at ``vaddr`` whose first bytes are ``head``: past its
+    endbr64, unless the kernel would refuse the instruction there (then on the endbr64: slower,
+    but it fires)."""
+    if head[:4] != ENDBR64:
+        return vaddr
+    for byte in head[4:]:
+        if byte in _REFUSED_PREFIXES:
+            return vaddr
+        if byte not in _LEGACY_PREFIXES:
+            break
+    return vaddr + 4
+
 
 #: Elf64_Sym, as .symtab stores it (little-endian x86-64).
 _ELF64_SYM = np.dtype(
@@ -79,7 +104,7 @@ class SymbolSite:
     version: str | None
     vaddr: int
     file_offset: int
-    probe_vaddr: int  # vaddr, or vaddr + 4 past an endbr64
+    probe_vaddr: int  # vaddr, or vaddr + 4 past an endbr64 (probe_address)
     size: int = 0  # the function's length in bytes (st_size), where read: exported_sites
 
     @property
@@ -106,7 +131,7 @@ class Content:
     needed: tuple[str, ...]  # DT_NEEDED, read only without .symtab
 
 
-# One row per defined function: (version, vaddr, file offset, first 4 bytes).
+# One row per defined function: (version, vaddr, file offset, its first HEAD_BYTES bytes).
 _Row = tuple[str | None, int, int, bytes]
 
 _dynamic_tables: LruCache[tuple[int, int], dict[str, list[_Row]]] = LruCache(64)
@@ -165,7 +190,7 @@ def _dynamic_functions(path: str, key: tuple[int, int]) -> dict[str, list[_Row]]
             vaddr = sym["st_value"]
             offset = _vaddr_to_offset(loads, vaddr)
             f.seek(offset)
-            table.setdefault(sym.name, []).append((version, vaddr, offset, f.read(4)))
+            table.setdefault(sym.name, []).append((version, vaddr, offset, f.read(HEAD_BYTES)))
     _dynamic_tables.put(key, table)
     return table
 
@@ -185,7 +210,7 @@ def _symtab_functions(path: str, key: tuple[int, int], names: tuple[str, ...]) -
         for name, vaddrs in _match_functions(img, symtab, names).items():
             for vaddr in vaddrs:
                 offset = img.vaddr_to_offset(vaddr)
-                rows.setdefault(name, []).append((None, vaddr, offset, bytes(img.mm[offset : offset + 4])))
+                rows.setdefault(name, []).append((None, vaddr, offset, bytes(img.mm[offset : offset + HEAD_BYTES])))
     _symtab_rows.put((*key, names), rows)
     return rows
 
@@ -434,7 +459,7 @@ def resolve(path: str, names: list[str], *, symtab: bool = False) -> dict[str, l
             if vaddr in seen:
                 continue
             seen.add(vaddr)
-            probe = vaddr + 4 if head == ENDBR64 else vaddr
+            probe = probe_address(vaddr, head)
             result.setdefault(name, []).append(SymbolSite(tuple(by_addr[vaddr]), version, vaddr, offset, probe))
     return result
 
@@ -466,7 +491,7 @@ def exported_sites(path: str, prefix: str) -> dict[str, list[SymbolSite]]:
                 continue
             name = img.string(str_lo, str_hi, name_off)
             offset = img.vaddr_to_offset(vaddr)
-            probe = vaddr + 4 if img.mm[offset : offset + 4] == ENDBR64 else vaddr
+            probe = probe_address(vaddr, bytes(img.mm[offset : offset + HEAD_BYTES]))
             out.setdefault(name, []).append(SymbolSite((name,), None, vaddr, offset, probe, size))
     return out
 

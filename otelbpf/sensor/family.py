@@ -87,6 +87,11 @@ class LibraryKind:
     #: library nearly every process loads (libssl) is probed in those processes but does not
     #: make one of them worth tracing.
     marks_user: bool = True
+    #: In host mode, probe a file of this kind only once a library user maps it. A uprobe traps
+    #: in every process that maps its file, traced or not (~9 us a call on this VM for OpenSSL's
+    #: functions), and the filter on traced processes runs in BPF, after the trap: a libssl file
+    #: that only processes not traced map is left alone, so they pay nothing.
+    users_only: bool = False
 
     def matches(self, basename: str) -> bool:
         return bool(self.file_pattern.match(basename))
@@ -166,6 +171,9 @@ class ProbeFamily:
     #: (e.g. for a final read of the family's maps). Both under the sensor's lock.
     on_load: Callable[[object], None] | None = None
     on_unload: Callable[[object], None] | None = None
+    #: Families whose C this one's uses (maps, functions): their source comes first in the
+    #: program whatever order the config names the receivers in (sensor/program.py).
+    after: tuple[str, ...] = ()
 
     def library_kind(self, basename: str) -> LibraryKind | None:
         return next((k for k in self.libraries if k.matches(basename)), None)

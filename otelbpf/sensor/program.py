@@ -83,6 +83,28 @@ def library_filter_c(prefixes: list[str], unmarked: Collection[str] = ()) -> str
     return f"static __always_inline int wanted_library(const char *name)\n{{\n{body}\n    return 0;\n}}\n"
 
 
+def source_order(families: Sequence[ProbeFamily]) -> list[ProbeFamily]:
+    """The families in the order their C is put together: as given, except that each comes after
+    the families it names in ``after`` (BPF C sees only what is above it: tls.c uses sockets.c's
+    maps). A family that names one absent is an error here, not a compile error later."""
+    names = {f.name for f in families}
+    for f in families:
+        missing = [a for a in f.after if a not in names]
+        if missing:
+            raise ValueError(f"the {f.name} family's C needs the {', '.join(missing)} family's")
+    out: list[ProbeFamily] = []
+    placed: set[str] = set()
+    pending = list(families)
+    while pending:
+        ready = next((f for f in pending if all(a in placed for a in f.after)), None)
+        if ready is None:
+            raise ValueError(f"families that need each other: {', '.join(f.name for f in pending)}")
+        pending.remove(ready)
+        out.append(ready)
+        placed.add(ready.name)
+    return out
+
+
 def build(
     families: list[ProbeFamily],
     *,
@@ -120,7 +142,7 @@ def build(
         cflags += ["-DPAUSE_NEW_ONLY=1", f"-DPAUSED_ENTRIES={paused_entries}"]
     if any(k.content_symbol for f in families for k in f.libraries):
         cflags.append("-DEXEC_REPORT=1")  # executables are recognised by content: report execs
-    for fam in families:
+    for fam in source_order(families):
         if fam.c_file:  # a poller family (gpu: NVML) has no C
             parts.append(_bpf_source(fam.c_file))
         parts.append(fam.generated_c)

@@ -156,6 +156,10 @@ class Sensor:
         self._probes: set[tuple[int, int, int, str]] = set()  # (dev, inode, vaddr, program) attached
         self._retry: dict[tuple[int, int], _Retry] = {}
         self._unprobeable: set[tuple[int, int]] = set()  # stripped: nothing to retry
+        self._left_alone: set[tuple[int, int]] = set()  # users_only files no library user mapped yet (said once)
+        #: Host mode with a ``users_only`` library kind (LibraryKind.users_only): a process that
+        #: becomes a library user has those of its libraries probed then.
+        self._users_only_kinds = not options.pids and any(k.users_only for f in options.families for k in f.libraries)
         self._own_pid = os.getpid()
         self._work: queue.Queue[int | None] = queue.Queue()  # pids to rescan
         self._stop = threading.Event()
@@ -445,7 +449,10 @@ class Sensor:
                 else:
                     lib = libraries.in_process(pid, path, self.options.families)
                 if lib is not None:
-                    self._attach(lib)
+                    if self._wanted(lib, self._is_library_user(pid)):
+                        self._attach(lib)
+                    if self._users_only_kinds and self._kind(lib).marks_user:
+                        self._attach_users_only(pid)  # it just became a library user
                 if self.on_process is not None:
                     self.on_process(pid, int(rec["a0"]) if is_exec else None)
             except Exception as exc:
@@ -568,7 +575,43 @@ class Sensor:
     def _rescan(self) -> None:
         pids = self.watched_pids() if self.options.pids else libraries.all_pids()
         for pid in pids:
-            for lib in libraries.from_process(pid, self.options.families):
+            libs = list(libraries.from_process(pid, self.options.families))
+            user = any(self._kind(lib).marks_user for lib in libs)
+            for lib in libs:
+                if self._wanted(lib, user):
+                    self._attach(lib)
+
+    def _kind(self, lib: LibraryFile) -> LibraryKind:
+        fam = next(f for f in self.options.families if f.name == lib.family)
+        return next(k for k in fam.libraries if k.name == lib.kind)
+
+    def _wanted(self, lib: LibraryFile, by_user: bool) -> bool:
+        """Whether to probe ``lib``, shown by a process that is (``by_user``) a library user or
+        not: always, but for a ``users_only`` kind in host mode, which waits for a library user
+        to map the file (LibraryKind.users_only). Said once per file left alone."""
+        if by_user or self.options.pids or not self._kind(lib).users_only:
+            return True
+        if lib.key not in self._left_alone:
+            self._left_alone.add(lib.key)
+            log.info("%s (%s): not probed while no process that uses a GPU library maps it", lib.shown_path, lib.kind)
+        return False
+
+    def _is_library_user(self, pid: int) -> bool:
+        """``pid`` in the kernel's ``lib_users`` (discovery.c: it opened a GPU stack's library,
+        or its parent had)."""
+
+        def look(bpf: Any) -> bool:
+            table = bpf["lib_users"]
+            return table.get(table.Key(pid)) is not None
+
+        return bool(self.with_bpf(look))
+
+    def _attach_users_only(self, pid: int) -> None:
+        """The ``users_only`` libraries ``pid`` maps, now that it is a library user: a process
+        loads libssl (Python's ``ssl``) before it opens the CUDA runtime, and it is stopped at
+        that open until its probes, these too, are in place."""
+        for lib in libraries.from_process(pid, self.options.families):
+            if self._kind(lib).users_only:
                 self._attach(lib)
 
     def watched_pids(self) -> list[int]:
@@ -627,8 +670,7 @@ class Sensor:
     def _try_attach(self, lib: LibraryFile) -> bool:
         """Attach every probe of ``lib`` not attached yet; True when all are in place
         (or the file cannot be probed at all, which retrying would not change)."""
-        fam = next(f for f in self.options.families if f.name == lib.family)
-        kind = next(k for k in fam.libraries if k.name == lib.kind)
+        kind = self._kind(lib)
         lib = _by_host_path(lib)
         try:
             targets = _targets(kind, lib.path)

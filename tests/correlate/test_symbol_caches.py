@@ -57,8 +57,11 @@ def test_resolved_names_are_bounded_and_evictions_counted():
 
 
 def test_process_snapshots_are_bounded_and_evictions_counted():
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(3)]
+    sleeper = "import time; print('ready', flush=True); time.sleep(30)"
+    procs = [subprocess.Popen([sys.executable, "-c", sleeper], stdout=subprocess.PIPE, text=True) for _ in range(3)]
     try:
+        for p in procs:  # running Python: libc mapped (read right after the fork, it may not be yet)
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
         sym = Symbolizer(max_processes=2)
         before = EVICTIONS["processes"]
         for p in procs:

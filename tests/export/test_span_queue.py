@@ -169,3 +169,30 @@ def test_spans_reach_a_real_file_exporter(tmp_path: Path) -> None:
                 written += [s["name"] for s in ss["spans"]]
     assert written == [f"s{i}" for i in range(12)]
     assert health.get("otelbpf.export.sent", exporter="file", signal="traces") == 12
+
+
+def test_unsampled_spans_go_to_the_agents_files_and_no_trace_backend(tmp_path: Path) -> None:
+    # the CUDA calls of a request head sampling shed (correlate/spans.py: sampled=False)
+    health = Health()
+    backend = Recording()
+    shed = [
+        make_span(f"shed{i}", resource=RESOURCE, scope=SCOPE, start_ns=i, end_ns=i + 1, attributes={}, sampled=False)
+        for i in range(2)
+    ]
+    queue = SpanQueue(
+        [("file", FileSpanExporter(str(tmp_path))), ("otlp", backend)], health, batch_size=100, timeout_s=0.05
+    )
+    queue.offer([*spans(2), *shed])
+    queue.offer(shed)  # a batch of nothing else: the backend is not called with an empty one
+    queue.close()
+    written = [
+        s["name"]
+        for line in (tmp_path / "traces.jsonl").read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
+    assert sorted(written) == ["s0", "s1", "shed0", "shed0", "shed1", "shed1"]
+    assert backend.batches == [["s0", "s1"]]
+    assert health.get("otelbpf.export.sent", exporter="otlp", signal="traces") == 2
+    assert health.get("otelbpf.export.sent", exporter="file", signal="traces") == 6

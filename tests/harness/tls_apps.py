@@ -11,10 +11,17 @@
     ``message_delta`` with usage) and Gemini's ``POST /v1beta/models/{model}:generateContent``
     and ``:streamGenerateContent?alt=sse`` (``usageMetadata``). Streams send their first
     chunk ``FIRST_S`` after the request, then one per token ``GAP_S`` apart.
-``python -m harness.tls_apps gateway PORT UPSTREAM CA``
+``python -m harness.tls_apps gateway PORT UPSTREAM CA [CERT KEY]``
     An application calling a hosted model: ``GET /ask`` makes a (non-streamed) Anthropic
     ``POST UPSTREAM/v1/messages`` with urllib over HTTPS (CA: the certificate to trust), on the
-    thread serving the request, and answers ``answered``.
+    thread serving the request, and answers ``answered``; served over HTTPS with CERT and KEY.
+``python -m harness.tls_apps statuses PORT CERT KEY``
+    A keep-alive HTTPS server for load: ``GET /missing...`` gets 404 and ``missing``, any other
+    GET 200 and ``ok`` (both with Content-Length: the connection stays open).
+``python -m harness.tls_apps load PORT CONNS SECONDS CA``
+    Load for ``statuses``: CONNS keep-alive HTTPS connections, one request in flight on each,
+    for SECONDS, every fourth a ``/missing`` one; prints the responses it read in full, by
+    status, as JSON (its own count, to hold the agent's against). Not a server: no ``ready``.
 ``python -m harness.tls_apps grpc-gen PORT``
     gRPC generation streams (grpcio, plaintext HTTP/2; messages built here byte by byte):
     Triton's ``inference.GRPCInferenceService/ModelStreamInfer`` answering each
@@ -42,11 +49,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -226,6 +235,57 @@ class Gateway(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "8")
         self.end_headers()
         self.wfile.write(b"answered")
+
+
+class Statuses(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # the head and the body are two writes: without TCP_NODELAY the body waits for the
+    # client's delayed ACK of the head (40 ms a request)
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        missing = self.path.startswith("/missing")
+        body = b"missing" if missing else b"ok"
+        self.send_response(404 if missing else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def load(port: int, conns: int, seconds: float, ca: str) -> dict[int, int]:
+    """The ``load`` client: responses read in full, by status."""
+    ctx = ssl.create_default_context(cafile=ca)
+    socks = [
+        ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1")
+        for _ in range(conns)
+    ]
+    done: Counter[int] = Counter()
+    n = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for s in socks:
+            path = "/missing" if n % 4 == 3 else "/ok"
+            n += 1
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        for s in socks:
+            buf = b""
+            while True:
+                head, sep, rest = buf.partition(b"\r\n\r\n")
+                if sep:
+                    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                    if len(rest) >= length:
+                        break
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise SystemExit("server closed")
+                buf += chunk
+            done[int(buf.split(b" ", 2)[1])] += 1
+    for s in socks:
+        s.close()
+    return dict(done)
 
 
 def _varint(n: int) -> bytes:
@@ -411,6 +471,9 @@ if __name__ == "__main__":
     if os.environ.get("LOAD_LIBRARY"):  # e.g. the CUDA stand-in: a process that uses a GPU library
         ctypes.CDLL(os.environ["LOAD_LIBRARY"])
     kind, port = sys.argv[1], int(sys.argv[2])
+    if kind == "load":
+        print(json.dumps(load(port, int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])), flush=True)
+        sys.exit(0)
     if kind == "grpc-gen":
         grpc_server = serve_grpc_generation(port)
         print("ready", flush=True)
@@ -421,6 +484,8 @@ if __name__ == "__main__":
         serve_h2_tls(port, sys.argv[3], sys.argv[4])
     if kind == "gateway":
         Gateway.upstream, Gateway.context = sys.argv[3], ssl.create_default_context(cafile=sys.argv[4])
-        serve(Gateway, port, None)
+        serve(Gateway, port, (sys.argv[5], sys.argv[6]) if len(sys.argv) > 6 else None)
+    if kind == "statuses":
+        serve(Statuses, port, (sys.argv[3], sys.argv[4]))
     certs = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else None
     serve(Completions if kind == "sse-tls" else Providers, port, certs)

@@ -254,3 +254,54 @@ def test_before_a_second_collection_rates_are_means_since_the_start_and_none_acr
     assert t.processes[0].calls_per_s == 3300 / 2 and t.apis[0].calls_per_s is not None
     back = model.build(second, {**first, "metrics_time_unix_nano": second["metrics_time_unix_nano"] + S})
     assert back.processes[0].calls_per_s == 1100.0  # counts fell: counted from zero, not negative
+
+
+def test_a_head_sampled_request_counts_for_its_adjusted_count() -> None:
+    """Under head sampling (families/http/sampling.py) a kept request stands for 2^shift of them:
+    the route's requests, errors and percentiles estimate every request, not the traced ones."""
+    clock = Clock()
+    state = LiveState(min_interval_s=0, clock=clock)
+    state.on_metrics(collection(1))
+    planted = [(1, 4, 200), (2, 1, 200), (10, 2, 500)]  # (ms, adjusted count, status)
+    state.on_spans(
+        [
+            make_span(
+                "POST",
+                resource=GPU,
+                scope=HTTP,
+                start_ns=T0 + i * S,
+                end_ns=T0 + i * S + ms * MS,
+                kind=SpanKind.SERVER,
+                attributes={
+                    "http.request.method": "POST",
+                    "url.path": "/generate",
+                    "http.response.status_code": status,
+                    model.ADJUSTED_COUNT: adjusted,
+                },
+            )
+            for i, (ms, adjusted, status) in enumerate(planted)
+        ]
+    )
+    [route] = model.build(None, state.snapshot()).routes
+    assert (route.route, route.requests, route.errors) == ("POST /generate", 7, 2)
+    # 7 requests: 4 of 1 ms, 1 of 2 ms, 2 of 10 ms; the median is the 4th (1 ms), p95 the 7th
+    assert (route.p50_ms, route.p95_ms) == (1.0, 10.0)
+    assert route.per_s == round(7 / (2 + 10 / 1e3), 2)
+
+
+def test_the_agent_row_says_what_share_of_requests_head_sampling_kept() -> None:
+    def agent(k: int) -> MetricsData:  # per collection: 100 kept, 500 shed by the draw, 400 for the backlog
+        decided = [({"decision": "kept"}, 100 * k), ({"decision": "probability"}, 500 * k)]
+        decided += [({"decision": "backlog"}, 400 * k), ({"decision": "red_map_full"}, 7 * k)]
+        sampled = m.cumulative_sum("otelbpf.http.sampled", "{request}", "", decided, T0, T0)
+        return MetricsData([ResourceMetrics(AGENT, [ScopeMetrics(scope("otelbpf.agent"), [sampled], "")], "")])
+
+    clock = Clock()
+    state = LiveState(min_interval_s=0, clock=clock)
+    state.on_metrics(agent(1))
+    first = state.snapshot()
+    clock.now += 2 * S
+    state.on_metrics(agent(3))
+    row = model.build(first, state.snapshot()).agent
+    assert row is not None and row.http_kept_share == 0.1  # red_map_full ones are among the shed
+    assert model.build(None, LiveState(min_interval_s=0, clock=clock).snapshot()).agent is None

@@ -138,6 +138,9 @@ void g(void) __attribute__((alias("f")));
 int h(int x) { return x * 3; }
 static int hidden(int x) { return x + 1; }
 int (*keep)(int) = hidden;
+static int counter;
+void bump(void) { __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED); } /* endbr64; lock addl */
+int bumped(void) { return counter; }
 """
 
 
@@ -184,6 +187,32 @@ def test_file_offsets_follow_the_load_segments(tiny: Path) -> None:
         assert site.vaddr >= 0x200000 > site.file_offset  # code loaded well above its place in the file
         assert file_bytes(tiny, site.file_offset) == instruction_bytes(tiny, site.vaddr) == elf.ENDBR64
         assert site.probe_vaddr == site.vaddr + 4
+
+
+def test_a_lock_prefixed_instruction_after_endbr64_is_probed_on_the_endbr64(tiny: Path) -> None:
+    """x86's uprobes refuse a lock-prefixed instruction, silently, when the breakpoint would go
+    in (tests/sensor/test_uprobe_sites.py shows it on this kernel): ``bump`` is probed at sym+0."""
+    [site] = elf.resolve(str(tiny), ["bump"])["bump"]
+    assert instruction_bytes(tiny, site.vaddr) == elf.ENDBR64
+    assert file_bytes(tiny, site.file_offset + 4)[:1] == b"\xf0"  # lock
+    assert site.probe_vaddr == site.vaddr and not site.skipped_endbr64
+
+
+@pytest.mark.parametrize(
+    ("after", "skipped"),
+    [
+        (b"\x55\x48\x89\xe5", True),  # push %rbp
+        (b"\x48\x83\xec\x08", True),  # sub $8,%rsp (REX is no legacy prefix)
+        (b"\xf0\x83\x05\x00", False),  # lock addl
+        (b"\x66\xf0\x0f\xb1", False),  # operand size, then lock: cmpxchg
+        (b"\x64\x48\x8b\x04", True),  # %fs: (the stack protector's canary load)
+        (b"\x2e\x0f\x1f\x84", False),  # %cs: (a long nop's form)
+        (b"", True),  # the file ended after the endbr64: nothing refused there
+    ],
+)
+def test_probe_address_skips_endbr64_unless_the_kernel_refuses_what_follows(after: bytes, skipped: bool) -> None:
+    assert elf.probe_address(0x1000, elf.ENDBR64 + after) == (0x1004 if skipped else 0x1000)
+    assert elf.probe_address(0x1000, b"\x55" + after) == 0x1000  # no endbr64: the function's start
 
 
 def test_a_library_replaced_on_disk_is_read_again(tiny: Path, tmp_path: Path) -> None:

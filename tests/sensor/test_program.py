@@ -107,6 +107,21 @@ def test_a_library_whose_openers_are_not_library_users_is_told_apart() -> None:
     assert c.count("return 1;") == 1 and c.count("return 2;") == 1
 
 
+def test_a_family_s_c_comes_after_the_families_it_uses_whatever_the_config_order() -> None:
+    from otelbpf.sensor.family import ProbeFamily
+
+    def fam(name: str, *after: str) -> ProbeFamily:
+        return ProbeFamily(name=name, c_file=f"{name}.c", libraries=(), after=after)
+
+    tls, sockets, cuda = fam("tls", "sockets"), fam("sockets"), fam("cuda")
+    assert [f.name for f in program.source_order([tls, cuda, sockets])] == ["cuda", "sockets", "tls"]
+    assert [f.name for f in program.source_order([sockets, tls, cuda])] == ["sockets", "tls", "cuda"]
+    with pytest.raises(ValueError, match="needs the sockets"):
+        program.source_order([tls, cuda])
+    with pytest.raises(ValueError, match="need each other"):
+        program.source_order([fam("a", "b"), fam("b", "a")])
+
+
 @pytest.mark.bpf
 def test_every_generated_entry_point_passes_the_verifier(filtered: Loaded) -> None:
     from bcc import BPF

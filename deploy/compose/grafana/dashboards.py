@@ -209,6 +209,12 @@ def agent() -> dashboard.Dashboard:
                                       "skipped: {{ring}}", "D"),
                                description="Non-zero lines say what to raise: ring_buffer_size, max_queue_size, "
                                            "max_spans_per_second (otelbpf/config/otelbpf.yaml)."))
+            .with_panel(series("HTTP requests traced as spans (head sampling)", "percentunit", promql(
+                f'sum by (host_name) (rate(otelbpf_http_sampled_total{{{me}, decision="kept"}}[{RATE}])) '
+                f'/ sum by (host_name) (rate(otelbpf_http_sampled_total{{{me}, decision!="red_map_full"}}[{RATE}]))',
+                "{{host_name}}"),
+                description="The share of HTTP/1 requests kept as spans; the rest are counted in the kernel, so "
+                            "request rates and durations stay exact (docs/semantic-conventions.md)."))
             .with_panel(series("Export: sent and failed per second", "ops",
                                promql(f"sum by (signal, exporter) (rate(otelbpf_export_sent_total{{{me}}}[{RATE}]))",
                                       "sent {{signal}} {{exporter}}"),

@@ -24,10 +24,12 @@ from opentelemetry.trace import Link, SpanContext
 from otelbpf.base.events import (
     FLAG_DRIVER,
     FLAG_INCOMPLETE,
+    FLAG_SHED,
     MEMCPY_DIRECTION,
     CudaFunc,
     Kind,
     StrKind,
+    cuda_device,
     is_driver,
     unpack_dim,
 )
@@ -103,6 +105,7 @@ class _Process:
     pinned_copy_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     exited: bool = False
     graphs: Graphs | None = None  # from its first CUDA Graphs call
+    shed_spans: int = 0  # spans of calls made for a shed HTTP request (FLAG_SHED): recorded, not sent
 
     def host_memory(self, addr: int) -> str:
         """'pinned' when ``addr`` lies in page-locked memory the process allocated or
@@ -353,6 +356,12 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             "cuda.api.layer": "driver" if flags & FLAG_DRIVER else "runtime",
             "thread.id": tid,
         }
+        # the device it was made for: the thread's current one; cudaSetDevice's own, the one it sets
+        device = (
+            ((a0 & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000 if cfunc == CudaFunc.cudaSetDevice else cuda_device(flags)
+        )
+        if device is not None:
+            attrs["cuda.device.id"] = device
         if kind == Kind.CUDA_MEMCPY:
             attrs["cuda.memcpy.bytes"] = a0
             attrs["cuda.memcpy.direction"] = MEMCPY_DIRECTION.get(a1, f"kind{a1}")
@@ -404,16 +413,28 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                 attrs["cuda.error.name"] = error_name(fname, ret)
                 error = f"{attrs['cuda.error.name']} ({ret})"
         start = self._clock.to_wall(ts)
+        links: list[Link] = []
         parent, how = self._parent_of(pid, tid, ts), "thread"
-        if parent is None:  # work a request handed to this thread (a pool worker)
-            parent, how = self._handed(pid, tid, ts), "wakeup"
-        # No single request: an event loop's or a batching engine's step serves all those in flight.
-        links = [Link(c) for c in self._in_flight(pid, tid, ts)] if parent is None else ()
-        if links:
-            attrs["otelbpf.links.in_flight"] = len(links)
-            how = "link"
-        if parent is not None or links:
-            attrs["otelbpf.causality"] = how
+        # The thread was serving a request head sampling shed, and no kept one of its own (an
+        # event loop may hold a kept one open beside it, the latest read being shed: the call
+        # stays that one's child): the shed request has no span, and the call belongs to none
+        # other. Recorded for the agent's own answers (its files, the live state: the diagnosis
+        # sees every call), never sent to a trace backend, where it would be a root with no
+        # request above it.
+        shed = parent is None and bool(flags & FLAG_SHED)
+        if shed:
+            self._proc(pid).shed_spans += 1
+            attrs["otelbpf.sampling.shed"] = True
+        else:
+            if parent is None:  # work a request handed to this thread (a pool worker)
+                parent, how = self._handed(pid, tid, ts), "wakeup"
+            # No single request: an event loop's or a batching engine's step serves all those in flight.
+            links = [Link(c) for c in self._in_flight(pid, tid, ts)] if parent is None else []
+            if links:
+                attrs["otelbpf.links.in_flight"] = len(links)
+                how = "link"
+            if parent is not None or links:
+                attrs["otelbpf.causality"] = how
         return make_span(
             fname,
             resource=self._proc(pid).resource,
@@ -424,6 +445,7 @@ class CudaCorrelator(CorrelatorBase[_Process]):
             error=error,
             parent=parent,
             links=links,
+            sampled=not shed,
         )
 
     def _graph_attrs(self, pid: int, tid: int, ts: int, func: CudaFunc, a0: int, a1: int, a2: int) -> dict[str, object]:
@@ -712,6 +734,19 @@ class CudaCorrelator(CorrelatorBase[_Process]):
                         for r, v in (("incomplete", p.incomplete), ("untracked_free", p.untracked_frees))
                         if v
                     ],
+                    p.start_ns,
+                    now,
+                )
+            )
+        if p.shed_spans:
+            built.append(
+                m.cumulative_sum(
+                    "otelbpf.cuda.spans.shed",
+                    "{span}",
+                    "Spans of CUDA calls made while their thread served an HTTP request that head sampling "
+                    "shed: written to the agent's own files and live state (the diagnosis counts every call), "
+                    "not sent to trace backends (the calls are counted in every CUDA metric as any other)",
+                    [({}, p.shed_spans)],
                     p.start_ns,
                     now,
                 )

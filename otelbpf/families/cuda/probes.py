@@ -68,6 +68,8 @@ _PAIRED: dict[CudaFunc, tuple[str, str, str, str, str, str]] = {
     CudaFunc.cudaFreeHost: ("EV_CUDA_HOST_FREE", "0", _P1, "0", "0", "0"),
     CudaFunc["__cudaGetKernel"]: ("EV_CUDA_GET_HANDLE", _OUT, "0", _P1, _P2, "0"),  # -, &handle, host stub
     CudaFunc.cudaGetKernel: ("EV_CUDA_GET_HANDLE", _OUT, "0", _P1, _P2, "0"),
+    # device, -, -, DEVICE_SET: its return (0) makes the device current on the thread (cuda.c)
+    CudaFunc.cudaSetDevice: ("EV_CUDA_CALL", "0", _P1, "0", "0", "DEVICE_SET"),
     # the driver's
     CudaFunc.cuMemAlloc_v2: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, "0", "0"),
     CudaFunc.cuMemAllocAsync: ("EV_CUDA_MALLOC", _OUT, _P2, _P1, _P3, "0"),
@@ -186,6 +188,19 @@ _FACTS = {
     CudaFunc["__cudaRegisterFunction"]: ("EV_CUDA_KERNEL_NAME", _P2, _P4),  # host stub, device name
 }
 
+# The calls that set the thread's current context, or make a context of a device: kept in the
+# kernel (bpf/cuda.c thread_devices), no event. (DEV_OP_*, the context or its out-pointer, the device)
+_CONTEXT_CALLS = {
+    CudaFunc.cuCtxSetCurrent: ("DEV_OP_CTX_SET", _P1, "0"),
+    CudaFunc.cuCtxPushCurrent_v2: ("DEV_OP_CTX_PUSH", _P1, "0"),
+    CudaFunc.cuCtxPopCurrent_v2: ("DEV_OP_CTX_POP", _P1, "0"),
+    CudaFunc.cuDevicePrimaryCtxRetain: ("DEV_OP_PRIMARY", _P1, _P2),
+    CudaFunc.cuCtxCreate_v2: ("DEV_OP_CREATE", _P1, _P3),  # (&ctx, flags, dev)
+    CudaFunc.cuCtxCreate_v3: ("DEV_OP_CREATE", _P1, _P5),  # (&ctx, params, n, flags, dev)
+    CudaFunc.cuCtxCreate_v4: ("DEV_OP_CREATE", _P1, _P4),  # (&ctx, params, flags, dev)
+}
+CONTEXT_RETURN_PROGRAM = "uretprobe_cuda_context"
+
 RETURN_PROGRAM = "uretprobe_cuda"
 #: The shared body of every paired call's entry, and the program array it is tail-called from.
 CALL_PROGRAM = "cuda_call"
@@ -221,6 +236,8 @@ def _generate(launch_errors: bool) -> tuple[str, dict[CudaFunc, ProbeSpec]]:
     for func, (dims, stream) in _DESCRIBED_COPIES.items():
         desc = f"hand_over(ctx, EV_CUDA_MEMCPY, {int(func)}, EVF_DRIVER, 1, {dims}, {stream}, 0, 0)"
         entry(func, desc, DRIVER_RETURN_PROGRAM)
+    for func, (op, arg, dev) in _CONTEXT_CALLS.items():
+        entry(func, f"on_context_entry({op}, {arg}, {dev})", CONTEXT_RETURN_PROGRAM)
     for func, (kind, a0, a1) in _FACTS.items():
         entry(func, f"on_fact({kind}, {int(func)}, {a0}, {a1})", None)
     return "\n".join(lines) + "\n", specs

@@ -3,7 +3,10 @@ their own, parsed like socket payloads.
 
 A record is laid out as a socket record (``SOCK_RECORD_DTYPE``): ``func`` 1 for SSL_read, 2
 for SSL_write, ``ret`` the bytes moved (0: the peer closed), ``fd`` the socket the call used
-(-1 when none was seen: a memory BIO), the SSL pointer in the first 8 bytes of ``addr``.
+(-1 when none was seen: a memory BIO), the SSL pointer in the first 8 bytes of ``addr``, with
+the HTTP/1 head sampling's shift of its request in their top byte (bpf/tls.c ``tls_gate``:
+kept with probability 2^-shift), which each record sets on its connection as a socket record's
+flags do (``Conn.shift``), so that a kept span carries its sampling.
 
 The socket path sees the same connection's ciphertext: it infers ``tls`` from the handshake
 and counts the bytes unparsed (``otelbpf.http.unparsed_bytes{protocol=tls}``), so nothing is
@@ -31,6 +34,8 @@ from typing import Any
 from otelbpf.families.http.sockets import Address, Conn
 
 RING = "tlsdata"  # = otelbpf.families.tls.probes.RING (tests/families/tls check it)
+#: The SSL pointer's bits in a record's ``addr`` (tls.probes.SSL_BITS); the shift sits above.
+SSL_BITS = 56
 #: TLS connections held at once; the oldest beyond are ended.
 MAX_CONNS = 16384
 #: Records held at once waiting for their connection's socket record (tls.py ``wait``).
@@ -108,8 +113,11 @@ class TlsConns:
 
     def conn(self, pid: int, fd: int, ssl: int, ts: int) -> tuple[Conn | None, list[Conn]]:
         """The connection of a record at ``ts`` (None: on a port not traced), and those it ends (a
-        new connection on a closed fd, the oldest beyond the bound)."""
+        new connection on a closed fd, the oldest beyond the bound). ``ssl``: the record's first
+        ``addr`` bytes, the SSL pointer with the record's sampling shift on top (set on the
+        connection for the request it belongs to)."""
         ended: list[Conn] = []
+        shift, ssl = ssl >> SSL_BITS, ssl & ((1 << SSL_BITS) - 1)
         key = (pid, fd) if fd >= 0 else (pid, _NO_FD | (ssl & 0xFFFFFFFFFFFF))
         conn = self._conns.get(key)
         closed = self._closed.get(key)
@@ -127,6 +135,7 @@ class TlsConns:
                 ended.append(self._conns.popitem(last=False)[1])
         else:
             self._conns.move_to_end(key)
+        conn.shift = shift
         return conn, ended
 
     def _new(self, pid: int, fd: int, ts: int) -> Conn | None:

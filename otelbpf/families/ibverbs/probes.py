@@ -46,7 +46,7 @@ from otelbpf.base.events import IbvFunc, StrKind
 from otelbpf.base.health import Health
 from otelbpf.base.procfs import read_maps
 from otelbpf.families.ibverbs import abi
-from otelbpf.sensor.elf import ENDBR64, file_key
+from otelbpf.sensor.elf import HEAD_BYTES, file_key, probe_address
 from otelbpf.sensor.family import Attacher, LibraryKind, ProbeFamily, ProbeSpec, RuntimeTargets
 
 log = logging.getLogger(__name__)
@@ -242,10 +242,10 @@ def site_of(pid: int, function: str, addr: int) -> Target:
         raise ResolveError("not_in_segment", f"{shown}: offset {offset:#x} is in no loadable segment")
     with open(path, "rb") as f:
         f.seek(offset)
-        head = f.read(4)
+        head = f.read(HEAD_BYTES)
     i = bisect.bisect_right(funcs, (vaddr, float("inf"), "")) - 1
     symbol = funcs[i][2] if i >= 0 and funcs[i][0] <= vaddr < funcs[i][0] + max(funcs[i][1], 1) else None
-    probe = vaddr + 4 if head == ENDBR64 else vaddr
+    probe = probe_address(vaddr, head)
     return Target(function, path, shown, probe, offset, symbol)
 
 

@@ -34,6 +34,10 @@ class TlsReceiverConfig(ReceiverConfig):
     search_paths: list[SearchPath] = list(DEFAULT_SEARCH_PATHS)
     #: SSL objects whose fd is remembered (an LRU of (process, SSL)).
     max_connections: int = 65536
+    #: Plaintext records waiting for the agent (ring plus processing queue) past which new HTTP/1
+    #: requests over TLS are shed whatever the draw, before the ring can fill; 0: half the ring.
+    #: The probability and its adaptation are the http receiver's (one for plain and TLS).
+    sampling_backlog: Size = 0
 
     @field_validator("payload_size")
     @classmethod

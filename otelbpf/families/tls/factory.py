@@ -6,6 +6,8 @@ The probes and the correlator are imported when a config enables the family, not
 
 from __future__ import annotations
 
+import dataclasses
+
 from otelbpf.families.factory import Context, Factory, Receiver
 from otelbpf.families.tls.config import TlsReceiverConfig
 
@@ -21,8 +23,16 @@ def build(name: str, cfg: TlsReceiverConfig, ctx: Context) -> Receiver:
         max_connections=cfg.max_connections,
         lib_users_only=cfg.processes == "gpu",
         rejected=rejected,
+        backlog_bytes=cfg.sampling_backlog,
     )
-    correlator = TlsCorrelator(lambda: ctx.ring_consumers.get(RING, ()), ctx.counter(name), ctx.read_map, rejected)
+    correlator = TlsCorrelator(
+        lambda: ctx.ring_consumers.get(RING, ()),
+        ctx.counter(name),
+        ctx.read_map,
+        rejected,
+        lambda m, items: ctx.maps.update(m, items),
+    )
+    family = dataclasses.replace(family, on_unload=correlator.on_unload)
     return Receiver(name, family, correlator, list(cfg.search_paths), cfg.ring_buffer_size)
 
 

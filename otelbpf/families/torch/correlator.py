@@ -252,7 +252,9 @@ class TorchCorrelator(CorrelatorBase[_Process]):
         """A call below ``min_span_ns`` makes no span: its children go to its parent."""
         own = parent
         if call.duration_ns >= self._min_span_ns:
-            own = new_context(parent.trace_id if parent else None)
+            # the request's tracestate too: its head-sampling threshold (ot=th:) holds for the
+            # whole trace, so an operator of a 1/4-kept request stands for 4 as its request does
+            own = new_context(parent.trace_id if parent else None, parent.trace_state if parent else None)
             self._causality.scope(call.pid, call.tid, call.start_ns, call.end_ns, own)
             start = self._clock.to_wall(call.start_ns)
             spans.append(

@@ -20,7 +20,18 @@ import pytest
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric
 from opentelemetry.trace import StatusCode
 
-from otelbpf.base.events import EVENT_DTYPE, FLAG_DRIVER, FLAG_INCOMPLETE, STREVENT_DTYPE, CudaFunc, Kind, StrKind
+from otelbpf.base.events import (
+    CUDA_DEVICE_SHIFT,
+    EVENT_DTYPE,
+    FLAG_DRIVER,
+    FLAG_INCOMPLETE,
+    FLAG_SHED,
+    STREVENT_DTYPE,
+    CudaFunc,
+    Kind,
+    StrKind,
+    cuda_device,
+)
 from otelbpf.correlate.base import CorrelatorSettings
 from otelbpf.correlate.causality import Causality
 from otelbpf.correlate.clock import MonotonicClock
@@ -28,6 +39,7 @@ from otelbpf.correlate.process_info import ProcessInfo
 from otelbpf.correlate.spans import new_context
 from otelbpf.correlate.symbolizer import Symbolizer
 from otelbpf.families.cuda.correlator import CudaCorrelator
+from otelbpf.families.http.sampling import sampled_context
 
 F = CudaFunc
 ME = os.getpid()
@@ -642,3 +654,64 @@ def test_driver_calls_graph_launches_event_waits_and_vmm_handles_say_what_they_a
     assert event_sync.attributes["cuda.event"] == "0xe1" and "cuda.stream" not in event_sync.attributes
     assert stream_sync.attributes["cuda.stream"] == "0x5eed" and "cuda.event" not in stream_sync.attributes
     assert [s.attributes["cuda.api.layer"] for s in h.spans] == ["driver", "runtime", "driver", "runtime", "runtime"]
+
+
+def test_calls_made_for_a_shed_request_are_unsampled_spans_and_counted_as_any_call() -> None:
+    """EVF_SHED (the thread served a request head sampling shed): its span is recorded unsampled
+    with no parent nor links (though another thread's request is in flight then: not what the
+    call was made for), and counted; its call counts in every metric. A kept request open on the
+    thread at that time (an event loop's, the latest read being shed) keeps the call as its
+    child. A kept request's children inherit its tracestate (its sampling threshold)."""
+    causality = Causality()
+    h = Harness(parent_of=causality.parent, in_flight=causality.in_flight)
+    e = Events()
+    request = sampled_context(new_context(), 2, own_trace=True)
+    interval = causality.open(ME, ME, e.ts, request)
+    causality.open(ME, ME + 1, e.ts, new_context())  # another thread's, in flight throughout
+    e.malloc(1 << 20, 0xA000)  # +10 us: the kept request's
+    e.free(0xA000, flags=FLAG_SHED)  # +20 us: the kept request still open on the thread
+    causality.close(ME, ME, interval, e.ts + 5_000)
+    e.memcpy(1 << 20, 1, flags=FLAG_SHED)  # +30 us: the shed request's
+    e.launch(fn_address("getppid"), flags=FLAG_SHED)
+    h.correlator.on_events(e.array())
+    spans = {s.name: s for s in h.spans}
+    for name in ("cudaMalloc", "cudaFree"):
+        kept = spans[name]
+        assert kept.parent == request and kept.context.trace_flags.sampled, name
+        assert kept.context.trace_state == request.trace_state and request.trace_state.get("ot") == "th:c"
+        assert "otelbpf.sampling.shed" not in kept.attributes
+    for name in ("cudaMemcpy", "cudaLaunchKernel"):
+        span = spans[name]
+        assert span.parent is None and not span.links and not span.context.trace_flags.sampled, name
+        assert span.attributes["otelbpf.sampling.shed"] is True and "otelbpf.causality" not in span.attributes
+    metrics = h.collect()[ME]
+    assert value(metrics["otelbpf.cuda.spans.shed"]) == 2
+    assert points(metrics["cuda.api.calls"]) == {
+        (("cuda.api.function", "cudaMalloc"),): 1,
+        (("cuda.api.function", "cudaFree"),): 1,
+        (("cuda.api.function", "cudaMemcpy"),): 1,
+    }
+    assert points(metrics["cuda.memcpy.bytes"]) == {(("cuda.memcpy.direction", "H2D"),): 1 << 20}
+
+
+def test_calls_carry_the_device_their_thread_had_set() -> None:
+    """bpf/cuda.c puts the thread's current device + 1 in bits 9-15 of a record's flags (0: none
+    seen set): the span says it as cuda.device.id; cudaSetDevice's own span says the device it
+    was asked for (a0, an int: the register's upper half is not the caller's)."""
+    h = Harness()
+    e = Events()
+    e.malloc(1 << 20, 0xA000)  # no device set seen
+    e.add(Kind.CUDA_CALL, F.cudaSetDevice, a0=(0xDEAD << 32) | 3, a3=1)
+    e.memcpy(1 << 20, 1, flags=(3 + 1) << CUDA_DEVICE_SHIFT)
+    e.launch(fn_address("getppid"), flags=FLAG_SHED | (0 + 1) << CUDA_DEVICE_SHIFT)
+    e.add(Kind.CUDA_CALL, F.cudaSetDevice, a0=0xFFFFFFFF, ret=101)  # cudaSetDevice(-1): invalid
+    h.correlator.on_events(e.array())
+    spans = [(s.name, s.attributes.get("cuda.device.id")) for s in h.spans]
+    assert spans == [
+        ("cudaMalloc", None),
+        ("cudaSetDevice", 3),
+        ("cudaMemcpy", 3),
+        ("cudaLaunchKernel", 0),
+        ("cudaSetDevice", -1),
+    ]
+    assert [cuda_device(f) for f in (0, 1 << CUDA_DEVICE_SHIFT, 127 << CUDA_DEVICE_SHIFT | FLAG_SHED)] == [None, 0, 126]

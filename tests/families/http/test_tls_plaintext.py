@@ -23,7 +23,11 @@ RESPONSE_BODY = b'{"model": "m1-s", "usage": {"prompt_tokens": 3, "completion_to
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(RESPONSE_BODY), RESPONSE_BODY)
 
 
-def tls(r: Records, func: SockFunc, data: bytes, ts: int, dur: int, *, fd: int, ssl: int = SSL, ret=None) -> None:
+def tls(
+    r: Records, func: SockFunc, data: bytes, ts: int, dur: int, *, fd: int, ssl: int = SSL, ret=None, shift: int = 0
+) -> None:
+    """A plaintext record as bpf/tls.c writes it: ``shift`` (its request's head sampling) in the
+    SSL pointer's top byte."""
     r._add(
         ts_ns=ts,
         duration_ns=dur,
@@ -35,7 +39,7 @@ def tls(r: Records, func: SockFunc, data: bytes, ts: int, dur: int, *, fd: int, 
         func=func,
         cap=len(data),
         data=data,
-        addr=struct.pack("<Q", ssl) + bytes(8),
+        addr=struct.pack("<Q", ssl | shift << 56) + bytes(8),
     )
 
 
@@ -72,6 +76,24 @@ def test_plaintext_makes_the_span_the_ciphertext_cannot_and_takes_the_socket_s_a
     # the ciphertext was counted as TLS, never parsed
     assert http.counts[("otelbpf.http.connections", (("protocol", "tls"),))] == 1
     assert not [k for k in http.counts if k[0] == "otelbpf.http.problems"]
+
+
+def test_a_kept_request_carries_its_sampling_and_the_shift_does_not_split_the_connection() -> None:
+    """bpf/tls.c kept the first request at 1/4 (shift 2, in the SSL pointer's top byte) and the
+    second whole (shift 0): the same SSL, so one connection, and each span its own sampling."""
+    http = Http()
+    plain = Records()
+    tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=-1, shift=2)
+    tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=-1, shift=2)
+    tls(plain, SockFunc.read, REQUEST + BODY, 3_000_000, 3_000, fd=-1)
+    tls(plain, SockFunc.write, RESPONSE, 3_050_000, 4_000, fd=-1)
+    http.correlator.on_tls(plain.array())
+    first, second = sorted((s for s in http.spans if s.kind == SpanKind.SERVER), key=lambda s: s.start_time)
+    assert first.attributes["otelbpf.http.sampling.adjusted_count"] == 4
+    assert first.context.trace_state.get("ot") == "th:c"  # p = 1/4
+    assert "otelbpf.http.sampling.adjusted_count" not in second.attributes
+    assert first.attributes["url.scheme"] == second.attributes["url.scheme"] == "https"
+    assert http.counts[("otelbpf.http.connections", (("protocol", "http1"),))] == 1
 
 
 def test_without_an_fd_the_ssl_pointer_keys_the_connection() -> None:

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+from opentelemetry.trace import TraceState
 
 from otelbpf.base.events import EVENT_DTYPE, Kind
 from otelbpf.correlate.base import CorrelatorSettings
@@ -94,6 +95,16 @@ def test_request_operator_and_cuda_nest(world):
     assert causality.parent(PID, TID, int(7.5 * MS)) == outer.context
     assert causality.parent(PID, TID, int(9 * MS)) == request  # between operators: the request
     assert causality.parent(PID, TID + 1, 3 * MS) is None  # another thread
+
+
+def test_operators_carry_their_requests_sampling_threshold(world):
+    """A request kept by head sampling at 1/4 (tracestate ot=th:c): its operators stand for 4 too."""
+    make, spans, causality, _ = world
+    request = new_context(trace_state=TraceState([("ot", "th:c")]))
+    causality.open(PID, TID, 0, request)
+    make().on_events(records((_SOFTMAX, 2 * MS, 5 * MS, 1), (SOFTMAX, 1 * MS, 7 * MS, 0)))
+    assert {s.name for s in spans} == {"softmax_int", "_softmax"}
+    assert all(s.context.trace_state == request.trace_state for s in spans)
 
 
 def test_a_nested_call_waits_for_the_call_around_it_across_batches(world):
