@@ -209,7 +209,7 @@ struct h2_scratch {
     u8  send;      /* h2_capture: the call's record goes to the ring */
     u8  followed;  /* h2_capture: the connection has an h2_conn */
     u8  read_responses;  /* the call's response blocks are read (see h2_capture) */
-    u8  pad[1];
+    u8  shift;     /* an HTTP/2 server's call: the shift its streams are sampled at (SOCKF_H2_DECIDED) */
     u32 xflags;    /* h2_capture: the record's SOCKF_SERVING_SHED */
     u32 pad1;
     struct h2_cursor cur;
@@ -302,6 +302,20 @@ static __always_inline struct h2_conn *h2_lookup(u64 key, u32 seq)
         c = 0;
     }
     return c;
+}
+
+/* Whether a server stream is kept at probability 2^-shift: a hash of the connection's sequence (its
+ * accept's time) and the stream's id, so that user space, knowing both, decides alike
+ * (sampling.py h2_keep): murmur3's finalizer. */
+static __always_inline int h2_keep(u32 seq, u32 stream, u8 shift)
+{
+    u32 h = seq ^ (stream * 0x9e3779b1U);
+    h ^= h >> 16;
+    h *= 0x85ebca6bU;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35U;
+    h ^= h >> 16;
+    return !(h & ((1U << (shift & 31)) - 1));
 }
 
 /* ---- h2_walk: frame headers ---------------------------------------------------------- */
@@ -559,6 +573,11 @@ static __always_inline void h2_ended(struct h2_conn *c, struct h2_call *call, st
     if (c->open)
         c->open--;
     c->start_sum -= start;
+    if (call->role == SK_ROLE_SERVER && call->s2c) {
+        struct sock_args *thread = thread_args(0);
+        if (thread)
+            thread->serving = 0;  /* its response written: the thread is done with it */
+    }
 }
 
 /* A stream ended in this call, by its id. */
@@ -817,6 +836,17 @@ int h2_blocks(void *ctx)
         } else if (err != -17 /* EEXIST: trailers */) {
             h2_stat(H2S_TABLE_FULL);
         }
+        if (err != -17 && call->role == SK_ROLE_SERVER) {
+            /* a request read: its thread serves it, kept or shed (as http_gate does for HTTP/1), so
+             * that its HTTP/1 calls and CUDA calls meanwhile share its fate; one the kernel counts
+             * has no span */
+            struct sock_args *thread = thread_args(0);
+            if (thread) {
+                int keep = !call->counting && h2_keep(call->seq, blk->stream, x->shift);
+                thread->serving = keep ? REQ_KEPT : REQ_SHED;
+                thread->serving_shift = x->shift;
+            }
+        }
     }
     sock_capture_prog.call(ctx, H2_PROG_ENDS);
     return 0;
@@ -1008,8 +1038,17 @@ int h2_capture(void *ctx)
         }
         x->send = !c || (c->mode != H2_COUNTED && c->mode != H2_LOST);
         x->followed = c != 0;
-        /* a client's record, written while its thread serves a shed HTTP/1 request, says so */
+        /* a client's record, written while its thread serves a shed HTTP/1 request, says so; a
+         * walked server's says at which shift its streams are sampled (h2_keep) */
         x->xflags = st->role == SK_ROLE_CLIENT && a->serving == REQ_SHED ? SOCKF_SERVING_SHED : 0;
+        u64 sh = sampling(SAMPLING_SHIFT);
+        if (sh < SAMPLING_MIN_SHIFT)
+            sh = SAMPLING_MIN_SHIFT;  /* the configured probability, before user space says */
+        if (sh > 20)
+            sh = 20;
+        x->shift = sh;
+        if (c && c->mode == H2_WALK && st->role == SK_ROLE_SERVER)
+            x->xflags |= SOCKF_H2_DECIDED | ((u32)sh << SOCKF_SHIFT_BIT);
     }
     h2_forget();
     /* 2: the record, as sock_capture sends it */

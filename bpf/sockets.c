@@ -90,6 +90,10 @@ struct sk_state {
 /* A data record of a connection not sampled here (HTTP/2) written by a thread serving an HTTP/1
  * request that was shed: the HTTP/2 streams it opens are shed with it (user space samples them). */
 #define SOCKF_SERVING_SHED 0x2000
+/* A data record of an HTTP/2 server connection the kernel walks: the streams whose requests it
+ * carries were sampled here at its shift (bits 8-12), each kept when h2_keep(seq, stream) says
+ * so (h2_frames.h), which user space computes alike; their threads serve that decision. */
+#define SOCKF_H2_DECIDED 0x4000
 
 #define SF_READ 1
 #define SF_WRITE 2

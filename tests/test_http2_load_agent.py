@@ -8,9 +8,12 @@ ring loses, and keeps sampled streams with their children.
   to counting in the kernel (bpf/h2_frames.h: the ring full, or the agent more than the 8 KiB
   backlog behind), and ``http.server.request.duration``'s counts, by status, must equal the
   clients' own, no stream counted twice nor lost.
-- An HTTP/2 frontend whose streams call an HTTP/2 backend and CUDA on the connection's thread,
-  sampled at 1/4: every kept stream keeps its CUDA calls and its downstream call as children,
-  carries its sampling (``ot=th:c``, adjusted count 4), and no span points to a shed stream.
+- An HTTP/2 frontend whose streams call an HTTP/2 backend, an HTTP/1 backend and CUDA on the
+  connection's thread, sampled at 1/4: every kept stream keeps its CUDA calls and both
+  downstream calls as children, carries its sampling (``ot=th:c``, adjusted count 4), and no
+  span points to a shed stream: the kernel decided each stream (bpf/h2_frames.h h2_keep), so
+  the HTTP/1 call and the CUDA calls of a shed one were shed with it (the HTTP/1 call in the
+  kernel, the CUDA calls kept out of the traces as an HTTP/1 request's are).
 """
 
 from __future__ import annotations
@@ -146,16 +149,22 @@ def test_stream_counts_stay_exact_when_the_ring_overflows(otlp_collector, tmp_pa
 
 
 def test_sampled_streams_keep_their_cuda_calls_and_downstream_call(otlp_collector, tmp_path):
-    front_port, back_port = free_ports(2)
+    front_port, back_port, http1_port = free_ports(3)
     c = otlp_collector
     n = 48
+    http1 = subprocess.Popen(
+        [sys.executable, "-m", "harness.http_apps", "backend", str(http1_port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    assert http1.stdout is not None and http1.stdout.readline().startswith("ready")
     with (
         h2_app("server", str(back_port)) as backend,
-        h2_app("frontend", str(front_port), str(back_port), str(FAKE_CUDART)) as frontend,
+        h2_app("frontend", str(front_port), str(back_port), str(http1_port), str(FAKE_CUDART)) as frontend,
     ):
-        cfg = write_config(
-            tmp_path, c, [front_port, back_port], cuda=True, sampling_probability=0.25, adaptive_sampling=False
-        )
+        ports = [front_port, back_port, http1_port]
+        cfg = write_config(tmp_path, c, ports, cuda=True, sampling_probability=0.25, adaptive_sampling=False)
         with agent_running(cfg):
             take_the_accept_from_before(front_port, back_port)
             time.sleep(0.5)  # the agent's first /proc scan attaches the CUDA probes to the frontend
@@ -166,13 +175,24 @@ def test_sampled_streams_keep_their_cuda_calls_and_downstream_call(otlp_collecto
             c.wait_for(
                 lambda: (
                     sum(served(c, frontend.pid).values()) == n
-                    and len([s for s in c.spans() if s.scope_name == "otelbpf.cuda"]) >= 3 * n
+                    and sum(
+                        p.count
+                        for p in c.latest_points("http.client.request.duration", **{"process.pid": frontend.pid})
+                    )
+                    == 2 * n
+                    and sum(p.value for p in c.latest_points("cuda.api.calls", **{"process.pid": frontend.pid}))
+                    >= 3 * n
                 ),
                 timeout=30,
-                what=f"{n} frontend streams counted and their CUDA spans",
+                what=f"{n} frontend streams counted, their downstream calls and CUDA calls",
             )
-            time.sleep(0.5)  # the HTTP spans of the last batch
-            parent = sampled(c, "parent")
+            time.sleep(1.0)  # the spans of the last batch
+            parent = sampled(c, "parent")  # fmt: skip
+            http1_parent = int(
+                sum(p.value for p in c.latest_points("otelbpf.http.sampled", decision="parent", protocol="http1"))
+            )
+    http1.kill()
+    http1.wait()
     http_spans = [s for s in c.spans() if s.scope_name == "otelbpf.http"]
     front = [s for s in http_spans if s.attributes.get("process.pid") == frontend.pid]
     top = [s for s in front if s.kind == "SPAN_KIND_SERVER"]
@@ -193,16 +213,19 @@ def test_sampled_streams_keep_their_cuda_calls_and_downstream_call(otlp_collecto
         assert states[span.span_id] == "ot=th:c"  # p = 1/4: T = 2^56 - 2^54 = 0xc0000000000000
         kids = sorted(s.name for s in cuda if s.parent_span_id == span.span_id)
         assert len(kids) == 3 and all(k.startswith("cu") for k in kids), kids
-        [call] = [s for s in down if s.parent_span_id == span.span_id]
-        assert call.trace_id == span.trace_id and call.attributes["url.path"] == "/ok"
-        assert call.attributes["otelbpf.http.sampling.adjusted_count"] == 4
+        calls = {s.attributes["network.protocol.version"]: s for s in down if s.parent_span_id == span.span_id}
+        assert sorted(calls) == ["1.1", "2"], calls
+        assert calls["2"].attributes["url.path"] == "/ok" and calls["1.1"].attributes["url.path"] == "/work"
+        for call in calls.values():
+            assert call.trace_id == span.trace_id
+            assert call.attributes["otelbpf.http.sampling.adjusted_count"] == 4
     # the downstream calls of shed streams were shed with them; nothing points to a shed stream
-    assert len(down) == len(top)
+    assert len(down) == 2 * len(top)
     assert all(s.parent_span_id in by_id for s in down)
-    assert all(not s.parent_span_id or s.parent_span_id in by_id for s in cuda)
-    assert len(cuda) == 3 * n  # CUDA spans are the cuda receiver's: all there, only kept ones parented
-    assert parent == n - len(top), parent
+    # the CUDA calls of shed streams stay out of the traces, as a shed HTTP/1 request's do
+    assert all(s.parent_span_id in by_id for s in cuda)
+    assert len(cuda) == 3 * len(top)
+    assert parent == n - len(top), parent  # the HTTP/2 calls, shed in the agent
+    assert http1_parent == n - len(top), http1_parent  # the HTTP/1 calls, shed in the kernel
     # every downstream call counted, kept or shed
-    assert sum(p.count for p in c.latest_points("http.client.request.duration", **{"process.pid": frontend.pid})) == n
-    backend_served = sum(served(c, backend.pid).values())
-    assert backend_served == n, backend_served
+    assert sum(served(c, backend.pid).values()) == n

@@ -6,10 +6,11 @@ their own processes, for end-to-end tests of HTTP/2 under load.
     (INTERNAL_ERROR) instead of a response; anything else -> 200. Every stream of a batch read
     together is answered in one write. The server's SETTINGS go out as soon as it accepts,
     before it reads the client's preface (as many servers do).
-``python -m harness.h2_apps frontend PORT BACKEND_PORT CUDART``
-    ``GET /predict`` calls the backend's ``/ok`` over HTTP/2 and then a probed CUDA function
-    (``cudaMalloc``/``cudaMemcpy``/``cudaFree`` through ctypes from the library at CUDART), on
-    the connection's own thread, then answers 200.
+``python -m harness.h2_apps frontend PORT BACKEND_PORT HTTP1_PORT CUDART``
+    ``GET /predict`` calls the backend's ``/ok`` over HTTP/2, an HTTP/1 service's ``/work``
+    (harness/http_apps.py ``backend``), and then a probed CUDA function (``cudaMalloc``/
+    ``cudaMemcpy``/``cudaFree`` through ctypes from the library at CUDART), on the connection's
+    own thread, then answers 200.
 Each prints ``ready`` once listening.
 
 ``H2Client`` (imported by tests): one client connection; ``run(paths)`` sends a stream per
@@ -19,6 +20,7 @@ path at once and reads until every one ended, and says how each did (the status,
 from __future__ import annotations
 
 import ctypes
+import http.client
 import socket
 import sys
 import threading
@@ -119,16 +121,19 @@ class Server:
         conn.send_data(stream, body, end_stream=True)
 
 
-def frontend(port: int, backend_port: int, cudart_path: str) -> Server:
+def frontend(port: int, backend_port: int, http1_port: int, cudart_path: str) -> Server:
     cudart = ctypes.CDLL(cudart_path)
     local = threading.local()
 
     def handle(path: str) -> int:
         if path != "/predict":
             return STATUS.get(path, 200)
-        if not hasattr(local, "backend"):  # one HTTP/2 connection to the backend per serving thread
+        if not hasattr(local, "backend"):  # one connection to each backend per serving thread
             local.backend = H2Client(backend_port)
+            local.http1 = http.client.HTTPConnection("127.0.0.1", http1_port, timeout=10)
         assert local.backend.run(["/ok"]) == ["200"]
+        local.http1.request("GET", "/work")
+        assert local.http1.getresponse().read() == b"done"
         ptr = ctypes.c_void_p()
         assert cudart.cudaMalloc(ctypes.byref(ptr), 4096) == 0
         host = ctypes.create_string_buffer(4096)
@@ -142,7 +147,7 @@ def frontend(port: int, backend_port: int, cudart_path: str) -> Server:
 def main(argv: list[str]) -> None:
     role, port = argv[0], int(argv[1])
     if role == "frontend":
-        frontend(port, int(argv[2]), argv[3]).serve()
+        frontend(port, int(argv[2]), int(argv[3]), argv[4]).serve()
     else:
         Server(port).serve()
 

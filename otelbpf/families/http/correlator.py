@@ -58,7 +58,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
-from otelbpf.base.events import SOCK_EGRESS, SOCKF_LISTENER_UNKNOWN, SOCKF_SERVING_SHED, Kind
+from otelbpf.base.events import SOCK_EGRESS, SOCKF_H2_DECIDED, SOCKF_LISTENER_UNKNOWN, SOCKF_SERVING_SHED, Kind
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.causality import Causality, Interval
@@ -88,6 +88,7 @@ from otelbpf.families.http.sampling import (
     HeadSampler,
     RedDelta,
     add_counted,
+    h2_keep,
     h2_series,
     last_stamp,
     red_series,
@@ -445,6 +446,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                 conn = self._conns.joined(pid, fd)
             conn.shift = (flags >> SHIFT_BIT) & SHIFT_MASK  # sockets.c SOCKF_SHIFT_BIT
             conn.serving_shed = bool(flags & SOCKF_SERVING_SHED)
+            conn.h2_decided = bool(flags & SOCKF_H2_DECIDED)
             egress = func in _EGRESS_FUNCS
             if ret <= 0:
                 if ret < 0 or (not egress and conn.role != "server"):
@@ -455,18 +457,22 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             self._feed(conn, egress, payload, ret - cap, stamp)
         elif kind == _CONNECT:
             self._replace(pid, fd, stamp)
-            self._conns.connected(pid, fd, family, port, addrs[i].tobytes())
+            self._conns.connected(pid, fd, family, port, addrs[i].tobytes()).seq = ts & 0xFFFFFFFF
         elif kind == _ACCEPT:
             self._replace(pid, fd, stamp)
             known = not flags & SOCKF_LISTENER_UNKNOWN
-            self._conns.accepted(pid, fd, ret, family, port, addrs[i].tobytes(), local_port, known, ts)
+            accepted = self._conns.accepted(pid, fd, ret, family, port, addrs[i].tobytes(), local_port, known, ts)
+            if accepted is not None:
+                accepted.seq = ts & 0xFFFFFFFF  # the kernel's sk_state.seq
         elif kind == _LOCAL:
             conn = self._conns.get(pid, fd)
             if conn is not None and conn.role == "client":
                 conn.local = address_from_raw(family, port, addrs[i].tobytes()) or conn.local
         elif kind == _UNKNOWN:
             if self._conns.get(pid, fd) is None:
-                self._conns.unknown(pid, fd, ts)
+                joined = self._conns.unknown(pid, fd, ts)
+                if joined is not None:
+                    joined.seq = ts & 0xFFFFFFFF
         elif kind == _CLOSE:
             self._tls.socket_closed(pid, fd, ts, self._conns.get(pid, fd))
             conn = self._conns.closed(pid, fd)
@@ -690,11 +696,13 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         return ResponseWatch(sse=sse, genai=facts, limits=self._limits)
 
     def _sampled_open(self, conn: Conn, stream: Stream) -> _Open:
-        """An HTTP/2 stream's request, sampled here (sampling.py): a server stream is kept with
-        probability 2^-shift; a client stream takes the fate of the server request its thread
-        began reading last, if that is still open (the kernel's flag says so for an HTTP/1
-        request it shed), else draws as a server stream does. A shed stream feeds the metrics
-        only: no span context, no thread interval, no peer link."""
+        """An HTTP/2 stream's request, sampled (sampling.py): a server stream is kept with
+        probability 2^-shift, as the kernel decided it when it walks the connection (its threads
+        then serve that decision: their HTTP/1 and CUDA calls share the stream's fate), else drawn
+        here; a client stream takes the fate of the server request its thread began reading
+        last, if that is still open (the kernel's flag says so for an HTTP/1 request it shed),
+        else draws as a server stream does. A shed stream feeds the metrics only: no span
+        context, no thread interval, no peer link."""
         enter, exit_, tid = stream.first
         server = conn.role == "server"
         start = exit_ if server else enter
@@ -703,6 +711,11 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             kept, shift, decision = serving.kept, serving.shift, STREAM_KEPT if serving.kept else STREAM_PARENT
         elif not server and conn.serving_shed:
             kept, shift, decision = False, 0, STREAM_PARENT
+        elif server and conn.h2_decided:
+            # decided in the kernel, whose threads serve it (sockets.c, h2_frames.h): alike here
+            shift = conn.shift
+            kept = h2_keep(conn.seq, stream.id, shift)
+            decision = STREAM_KEPT if kept else STREAM_PROBABILITY
         else:
             assert self._sampler is not None  # _sample_streams
             shift = self._sampler.shift

@@ -76,6 +76,18 @@ def shift_for(probability: float) -> int:
     return min(MAX_SHIFT, math.ceil(-math.log2(probability) - 1e-9))
 
 
+def h2_keep(seq: int, stream: int, shift: int) -> bool:
+    """Whether the kernel kept an HTTP/2 server stream at 2^-shift (bpf/h2_frames.h ``h2_keep``, bit
+    for bit): murmur3's finalizer over the connection's sequence and the stream's id."""
+    h = (seq ^ (stream * 0x9E3779B1)) & 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return not h & ((1 << shift) - 1)
+
+
 def threshold(shift: int) -> str:
     """The ``th`` value of OpenTelemetry's tracestate for probability 2^-shift: the 56-bit rejection
     threshold T = 2^56 - 2^(56-shift) in hex, trailing zeros removed ("0" for probability 1)."""

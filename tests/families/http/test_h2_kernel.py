@@ -377,3 +377,80 @@ client.close()
 server.close()
 step("done")
 """
+
+
+#: An HTTP/2 server thread that, while serving each of 64 streams, makes an HTTP/1 call on
+#: another connection: the kernel decides the stream (h2_keep) and the call inherits it.
+INHERIT = r"""
+import socket, sys
+def fr(t, f, s, p=b""):
+    return len(p).to_bytes(3, "big") + bytes([t, f]) + s.to_bytes(4, "big") + p
+def read_exactly(sock, n):
+    got = b""
+    while len(got) < n:
+        got += sock.recv(n - len(got))
+    return got
+h2l = socket.create_server(("127.0.0.1", 0))
+h1l = socket.create_server(("127.0.0.1", 0))
+client = socket.create_connection(h2l.getsockname())
+server, _ = h2l.accept()
+up = socket.create_connection(h1l.getsockname())  # the server thread's HTTP/1 upstream
+back, _ = h1l.accept()
+sys.stdin.readline()
+client.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + fr(4, 0, 0))
+read_exactly(server, 33)
+server.sendall(fr(4, 0, 0))
+read_exactly(client, 9)
+for s in range(1, 129, 2):
+    req = fr(1, 5, s, b"\x82\x86\x84")
+    client.sendall(req)
+    read_exactly(server, len(req))  # the stream is read: the thread serves it
+    call = b"GET /s%d HTTP/1.1\r\nHost: x\r\n\r\n" % s
+    up.sendall(call)  # made while serving it
+    read_exactly(back, len(call))
+    back.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    read_exactly(up, 38)
+    resp = fr(1, 5, s, b"\x88")
+    server.sendall(resp)  # answered: the thread is done with it
+    read_exactly(client, len(resp))
+print(up.fileno(), server.fileno(), flush=True)
+"""
+
+
+def test_a_server_stream_is_decided_in_the_kernel_and_its_thread_serves_the_decision() -> None:
+    """At 1/4, each HTTP/2 server stream is kept or shed in the kernel as sampling.h2_keep says
+    (the connection's sequence: its accept record's time; the shift: its record's flags); the
+    HTTP/1 call its thread makes meanwhile is kept or shed with it (only the kept ones' reach the
+    ring), as a call made while serving an HTTP/1 request is."""
+    from otelbpf.base.events import SOCKF_H2_DECIDED, SockFunc
+    from otelbpf.families.http.probes import SAMPLING_MAP, SAMPLING_SHIFT, SHIFT_BIT, SHIFT_MASK
+    from otelbpf.families.http.sampling import h2_keep
+
+    prog = Loaded(1 << 20)
+    sampling = prog.bpf[SAMPLING_MAP.encode()]
+    sampling[sampling.Key(SAMPLING_SHIFT)] = sampling.Leaf(2)
+    child = subprocess.Popen([sys.executable, "-c", INHERIT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        prog.watch(child.pid)
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write("\n")
+        child.stdin.flush()
+        up_fd, server_fd = map(int, child.stdout.readline().split())
+        assert child.wait(timeout=30) == 0
+        recs = prog.ring.drain()
+        mine = recs[recs["pid"] == child.pid]
+        [accept] = mine[(mine["kind"] == Kind.SOCK_ACCEPT) & (mine["fd"] == server_fd)]
+        seq = int(accept["ts_ns"]) & 0xFFFFFFFF
+        reads = mine[(mine["kind"] == Kind.SOCK_DATA) & (mine["fd"] == server_fd) & (mine["func"] == SockFunc.recvfrom)]
+        stream_reads = [r for r in reads if int(r["ret"]) == 12]  # a request HEADERS frame each
+        assert len(stream_reads) == 64
+        assert all(int(r["flags"]) & SOCKF_H2_DECIDED for r in stream_reads)
+        assert {(int(r["flags"]) >> SHIFT_BIT) & SHIFT_MASK for r in stream_reads} == {2}
+        expected = [f"/s{s}" for s in range(1, 129, 2) if h2_keep(seq, s, 2)]
+        calls = mine[(mine["kind"] == Kind.SOCK_DATA) & (mine["fd"] == up_fd) & (mine["func"] == SockFunc.sendto)]
+        got = [bytes(r["data"][: r["cap"]]).split(b" ")[1].decode() for r in calls]
+        assert got == expected
+        assert 0 < len(expected) < 64  # 1/4 of 64: P(none or all) < 1e-7
+    finally:
+        child.kill()
+        prog.close()
