@@ -320,3 +320,27 @@ def test_connections_switched_to_counting_are_pressure_and_problems_are_counted(
     assert s.shift == 1
     assert ("otelbpf.http.problems", 2, {"reason": "h2_walk_desync"}) in counts
     assert not [c for c in counts if c[2].get("reason", "").startswith("switched")]
+
+
+def test_a_stream_the_kernel_decided_is_decided_alike_here() -> None:
+    """A server record with SOCKF_H2_DECIDED: its streams were sampled in the kernel at the shift its
+    flags carry, by h2_keep over the connection's sequence (its accept record's time) and the
+    stream id; the agent keeps exactly those (no draw of its own)."""
+    from otelbpf.base.events import SOCKF_H2_DECIDED
+    from otelbpf.families.http.probes import SHIFT_BIT
+    from otelbpf.families.http.sampling import h2_keep
+
+    k, now, counts = FakeKernel(), [100.0], []
+    http = Http(sampler=sampler(k, now, counts, min_shift=5))  # the agent's own shift is not used
+    rec = Records()
+    server = H2Server(rec)
+    streams = [server.call() for _ in range(16)]
+    for row in rec.rows:
+        if row.get("kind") == Kind.SOCK_DATA:
+            row["flags"] = SOCKF_H2_DECIDED | (1 << SHIFT_BIT)
+    http.deliver(rec)
+    seq = rec.rows[0]["ts_ns"] & 0xFFFFFFFF
+    kept = [sp.attributes["otelbpf.http2.stream_id"] for sp in http.spans if sp.kind == SpanKind.SERVER]
+    assert kept == [s for s in streams if h2_keep(seq, s, 1)]
+    assert 0 < len(kept) < 16
+    assert all(sp.attributes["otelbpf.http.sampling.adjusted_count"] == 2 for sp in http.spans)
