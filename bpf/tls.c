@@ -41,7 +41,10 @@
  * partial read of a few bytes) is never sampled: all its records go to the ring.
  * A data record's addr holds the SSL pointer (48 bits of user address) with the request's
  * shift in its top byte (addr[7]), then its stamp (addr[8..16]: this ring's bytes written up
- * to and including it). */
+ * to and including it). Its port and local_port hold the connection's id (low and high 16
+ * bits; 0: unknown), new for each (process, SSL) entry and each new socket under one: user
+ * space keys a connection by its fd, and a closed fd comes back for the next connection
+ * before the socket ring has told of the close (tls.py). */
 
 #define TLS_F_READ 1   /* = SF_READ in sockets.c: ingress */
 #define TLS_F_WRITE 2  /* = SF_WRITE: egress */
@@ -107,13 +110,15 @@ BPF_TASK_STORAGE(tls_calls, struct tls_call);
  * role, req, shift, method, req_ts, answered; seq and state unused). */
 struct tls_conn {
     s32 fd;  /* from a syscall inside a call on this SSL; -1 until one */
-    u32 pad;
+    u32 id;  /* this connection's, from tls_ids: told apart from the fd's earlier ones */
     struct sk_state st;
 };
 BPF_TABLE("lru_hash", struct tls_key, struct tls_conn, tls_conns, TLS_FD_ENTRIES);
 /* (process << 32 | fd) -> the SSL whose calls last used that socket: its close() ends the SSL's
  * connection (tls_sys_close). */
 BPF_TABLE("lru_hash", u64, u64, tls_by_fd, TLS_FD_ENTRIES);
+/* The last connection id given (tls_conn.id). */
+BPF_ARRAY(tls_ids, u64, 1);
 BPF_PERCPU_ARRAY(tls_scratch, struct tls_rec, 1);
 BPF_PERCPU_ARRAY(tls_stats, u64, TLS_STAT_MAX);
 BPF_ARRAY(tls_ring_written, u64, 1);
@@ -125,6 +130,17 @@ static __always_inline void tls_count(u32 slot)
     u64 *v = tls_stats.lookup(&slot);
     if (v)
         (*v)++;
+}
+
+/* A new connection id: never 0, which says none (the map full); wraps after 2^32. */
+static __always_inline u32 tls_new_id(void)
+{
+    u32 zero = 0;
+    u64 *last = tls_ids.lookup(&zero);
+    if (!last)
+        return 0;
+    u32 id = (u32)(__sync_fetch_and_add(last, 1) + 1);
+    return id ? id : 1;
 }
 
 /* common.h's ring_wake, on a counter of this ring's own; *stamp: the bytes written up to and
@@ -410,7 +426,7 @@ int uretprobe_ssl(struct pt_regs *ctx)
     struct tls_key key = {.tgid = id >> 32, .ssl = c->ssl};
     struct tls_conn *conn = tls_conns.lookup(&key);
     if (!conn) {
-        struct tls_conn fresh = {.fd = -1};
+        struct tls_conn fresh = {.fd = -1, .id = tls_new_id()};
         tls_conns.update(&key, &fresh);
         conn = tls_conns.lookup(&key);
     }
@@ -423,6 +439,7 @@ int uretprobe_ssl(struct pt_regs *ctx)
                  * seen): a new connection, whose role and requests are its own */
                 red_finish(id >> 32, &conn->st, bpf_ktime_get_ns());
                 __builtin_memset(&conn->st, 0, sizeof(conn->st));
+                conn->id = tls_new_id();
             }
             conn->fd = fd;
             u64 fkey = (id & 0xffffffff00000000ULL) | (u32)fd;
@@ -456,8 +473,9 @@ int uretprobe_ssl(struct pt_regs *ctx)
     r->func = c->func;
     r->flags = flags;
     r->family = 0;
-    r->port = 0;
-    r->local_port = 0;
+    u32 conn_id = conn ? conn->id : 0;
+    r->port = (u16)conn_id;
+    r->local_port = (u16)(conn_id >> 16);
     r->pad = 0;
     u64 ssl_shift = (c->ssl & 0x00ffffffffffffffULL) | ((u64)shift << 56);
     __builtin_memcpy(r->addr, &ssl_shift, sizeof(ssl_shift));

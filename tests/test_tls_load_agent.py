@@ -256,21 +256,30 @@ def test_http2_over_tls_is_never_sampled_in_the_kernel(otlp_collector, tmp_path)
     """At 2^-20 an HTTP/1 request would be shed in the kernel; an h2 server's (ALPN h2, Python's
     ssl) reach the agent whole: its first plaintext is the preface, not a request line, so tls.c
     never decides. The agent samples the streams as it does plain HTTP/2's (issue 38): every one
-    counted, their spans kept with probability 2^-20 (none of six, but once in ~170,000 runs)."""
+    counted, their spans kept with probability 2^-20 (none of seven, but once in ~150,000 runs).
+
+    One connection per request, each on the fd the last one closed (a thread per connection):
+    the first, a second's pause, then six back to back, so that a connection's plaintext comes
+    before the socket ring has told of the last one's close. Each is its own by the kernel's
+    connection id (bpf/tls.c): without it, the next preface was parsed as the middle of the last
+    connection (both lost, and the next one took stale addresses)."""
     c = otlp_collector
     cert, key = make_cert(tmp_path)
     (port,) = free_ports(1)
-    n = 6
+    models = ["first", *(f"m{i}" for i in range(6))]
     with service("h2-tls", str(port), str(cert), str(key)) as server:
         cfg = write_config(tmp_path, c, [port], tls={}, sampling_probability=2**-20, adaptive_sampling=False)
         with agent_running(cfg, server.pid):
-            body = json.dumps({"model": "h2-model", "max_tokens": 3})
-            for _ in range(n):
+            for i, model in enumerate(models):
+                body = json.dumps({"model": model, "max_tokens": 3})
                 subprocess.run(
                     ["curl", "-sS", "--http2", "--cacert", str(cert), "-o", "/dev/null", "-H",
                      "Content-Type: application/json", "-d", body, f"https://127.0.0.1:{port}/v1/chat/completions"],
                     check=True,
                 )  # fmt: skip
+                if i == 0:
+                    time.sleep(1)
+            n = len(models)
             points = c.wait_for(
                 lambda: [
                     p
@@ -279,6 +288,18 @@ def test_http2_over_tls_is_never_sampled_in_the_kernel(otlp_collector, tmp_path)
                 ],
                 timeout=30,
                 what=f"{n} HTTP/2 streams counted",
+            )
+            served = c.wait_for(
+                lambda: (
+                    {
+                        p.attributes["gen_ai.request.model"]: (p.count, p.attributes.get("server.port"))
+                        for p in c.latest_points("gen_ai.server.request.duration")
+                    }
+                    if sum(p.count for p in c.latest_points("gen_ai.server.request.duration")) == n
+                    else None
+                ),
+                timeout=30,
+                what=f"{n} completions by model",
             )
             shed = c.wait_for(
                 lambda: (
@@ -289,7 +310,14 @@ def test_http2_over_tls_is_never_sampled_in_the_kernel(otlp_collector, tmp_path)
                 what=f"{n} HTTP/2 sampling decisions",
             )
             kernel = [p for p in c.latest_points("otelbpf.http.sampled", protocol="http1") if p.value]
+            broken = [
+                (p.attributes["reason"], p.value)
+                for p in c.latest_points("otelbpf.http.problems")
+                if p.value and p.attributes["reason"] != "joined_midstream"  # the first accept() predates the agent
+            ]
     assert points[0].attributes["network.protocol.version"] == "2"
+    assert served == {m: (1, port) for m in models}, served  # each connection its own, with its addresses
+    assert broken == [], broken
     assert {p.attributes["decision"]: p.value for p in shed} == {"probability": n}
     assert kernel == [], kernel  # nothing decided in the kernel
     assert not [s for s in c.spans() if s.attributes.get("process.pid") == server.pid]

@@ -172,6 +172,12 @@ _FIELDS = (
 #: A record's _FIELDS (ints) and its payload, as _record unpacks them.
 _Row = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, bytes]
 
+
+def _tls_id(row: _Row) -> int:
+    """A TLS record's connection id (bpf/tls.c: in the socket layout's port and local_port)."""
+    return row[11] | row[12] << 16
+
+
 #: (entry ns, exit ns, thread id) of the syscall that carried a chunk.
 Stamp = tuple[int, int, int]
 #: An exchange's span attributes, by semantic-convention name: each name's own value type (str, int,
@@ -388,7 +394,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         yet are held for the next batch (tls.py)."""
         for row, ssl in items:
             try:
-                if not (wait and self._tls.wait(row[2], row[4], (row, ssl))):
+                if not (wait and self._tls.wait(row[2], row[4], (row, ssl), row[0], _tls_id(row))):
                     self._tls_record(row, ssl)
             except Exception as exc:
                 self._failed("tls_record", exc)
@@ -397,7 +403,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         ts, dur, pid, tid, fd, ret, kind, func, cap, _flags, _family, _port, _local, payload = row
         if kind != _DATA or self._tls.unwanted(pid, fd):
             return
-        conn, ended = self._tls.conn(pid, fd, ssl, ts)
+        conn, ended = self._tls.conn(pid, fd, ssl, ts, _tls_id(row))
         self._end_tls(ended)
         if conn is None:
             return

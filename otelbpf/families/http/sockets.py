@@ -50,6 +50,10 @@ class Conn:
     #: derived once per connection rather than per request (see HttpCorrelator._host_attrs).
     ends_attrs: tuple[tuple[str | None, str | None, Address | None, Address | None], dict[str, Any]] | None = None
     tls: bool = False  # the plaintext of a TLS connection (the tls receiver's records, tls.py)
+    #: A TLS connection's: the kernel's id for it (0: none given), and the socket path's
+    #: connection its addresses came from (tls.py tells a reused fd's next connection by them).
+    tls_id: int = 0
+    origin: Conn | None = None
     #: The kernel's head sampling of the request whose records came last: kept with probability 2^-shift.
     shift: int = 0
     #: The last record was written by a thread serving an HTTP/1 request the kernel shed

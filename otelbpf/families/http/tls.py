@@ -22,7 +22,11 @@ a port the http receiver does not trace is dropped; one whose socket close was p
 first (the whole connection in one drain) takes the closed socket's addresses. And a socket's
 close can come before the last plaintext records written before it: a close only marks the TLS
 connection, which ends two batches (of either ring) later (``sweep``), or at once when a newer
-record on the same fd shows a new connection.
+record on the same fd shows a new connection: one made after the close, or one whose kernel id
+differs. That id (bpf/tls.c: a record's ``port`` and ``local_port``, the low and high 16 bits)
+is new for each connection, so a closed fd reused at once is told apart even when the socket
+ring has not yet told of the close: without it the next connection's preface was parsed as the
+middle of the last one's (HTTP/2: every stream of both lost), and took the last one's addresses.
 """
 
 from __future__ import annotations
@@ -73,24 +77,31 @@ class TlsConns:
         self._recent: OrderedDict[tuple[int, int], tuple[int, Conn]] = OrderedDict()
         self.batch = 0
 
-    def wait(self, pid: int, fd: int, item: Any) -> bool:
-        """Hold ``item`` (a record) if it belongs to a connection that neither path knows yet."""
+    def wait(self, pid: int, fd: int, item: Any, ts: int = 0, tls_id: int = 0) -> bool:
+        """Hold ``item`` (a record at ``ts`` of the kernel's connection ``tls_id``) if it belongs to
+        a connection that neither path knows yet."""
         if fd < 0:
             return False
         key = (pid, fd)
         held = self._waiting.get(key)
         if held is None:
-            if (
-                key in self._conns
-                or key in self._recent
-                or self._socket_conn(pid, fd) is not None
-                or self._waiting_n >= MAX_WAITING
-            ):
+            if self._waiting_n >= MAX_WAITING or self._known(key, ts, tls_id):
                 return False
             held = self._waiting[key] = []
         held.append(item)
         self._waiting_n += 1
         return True
+
+    def _known(self, key: tuple[int, int], ts: int, tls_id: int) -> bool:
+        """Whether a record on ``key`` belongs to a connection one of the paths has told of."""
+        tls = self._conns.get(key)
+        if tls is not None and (not tls_id or not tls.tls_id or tls.tls_id == tls_id):
+            return True  # a connection parsed already
+        sock = self._socket_conn(*key)
+        if sock is not None:
+            return tls is None or sock is not tls.origin  # else the last connection's, not yet closed
+        recent = self._recent.get(key)
+        return recent is not None and ts <= recent[0]  # written before that socket's close
 
     def release(self) -> list[Any]:
         """Every record held, each connection's in order."""
@@ -111,25 +122,29 @@ class TlsConns:
     def __len__(self) -> int:
         return len(self._conns)
 
-    def conn(self, pid: int, fd: int, ssl: int, ts: int) -> tuple[Conn | None, list[Conn]]:
+    def conn(self, pid: int, fd: int, ssl: int, ts: int, tls_id: int = 0) -> tuple[Conn | None, list[Conn]]:
         """The connection of a record at ``ts`` (None: on a port not traced), and those it ends (a
         new connection on a closed fd, the oldest beyond the bound). ``ssl``: the record's first
         ``addr`` bytes, the SSL pointer with the record's sampling shift on top (set on the
-        connection for the request it belongs to)."""
+        connection for the request it belongs to); ``tls_id``: the kernel's id of its connection."""
         ended: list[Conn] = []
         shift, ssl = ssl >> SSL_BITS, ssl & ((1 << SSL_BITS) - 1)
         key = (pid, fd) if fd >= 0 else (pid, _NO_FD | (ssl & 0xFFFFFFFFFFFF))
         conn = self._conns.get(key)
         closed = self._closed.get(key)
-        if conn is not None and closed is not None and ts > closed[0]:
+        stale = None  # the socket connection the ended one came from, if the socket path still has it
+        if conn is not None and (
+            (closed is not None and ts > closed[0]) or (tls_id and conn.tls_id and tls_id != conn.tls_id)
+        ):
             ended.append(self._conns.pop(key))
-            del self._closed[key]
-            conn = None
+            self._closed.pop(key, None)
+            stale, conn = conn.origin, None
         if conn is None:
-            conn = self._new(pid, fd, ts)
+            conn = self._new(pid, fd, ts, stale)
             if conn is None:
                 self._unwanted.add((pid, fd))
                 return None, ended
+            conn.tls_id = tls_id
             self._conns[key] = conn
             while len(self._conns) > self._max:
                 ended.append(self._conns.popitem(last=False)[1])
@@ -138,8 +153,10 @@ class TlsConns:
         conn.shift = shift
         return conn, ended
 
-    def _new(self, pid: int, fd: int, ts: int) -> Conn | None:
+    def _new(self, pid: int, fd: int, ts: int, stale: Conn | None = None) -> Conn | None:
         sock = self._socket_conn(pid, fd) if fd >= 0 else None
+        if sock is not None and sock is stale:
+            sock = None  # the last connection on this fd, its close not processed yet
         recent = self._recent.get((pid, fd)) if sock is None and fd >= 0 else None
         if recent is not None and ts <= recent[0]:
             sock = recent[1]  # a connection whose socket's close was processed first
@@ -152,9 +169,7 @@ class TlsConns:
                 return None
         else:
             local, remote, role = None, None, None
-        conn = Conn(pid, fd, role, local, remote, midstream=False)
-        conn.tls = True
-        return conn
+        return Conn(pid, fd, role, local, remote, midstream=False, tls=True, origin=sock)
 
     def socket_closed(self, pid: int, fd: int, ts: int, sock: Conn | None = None) -> None:
         """The socket path saw (pid, fd) closed at ``ts``; ``sock``: its connection, if it traced it."""

@@ -20,6 +20,7 @@ fires, is counted as a call and an error, sets nothing (the calls after it carry
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -176,8 +177,11 @@ def test_each_call_carries_its_threads_device_and_the_idle_budget_is_per_device(
         assert (planted - launching) * gaps <= by_device[device] <= (planted + slack) * gaps, by_device
 
 
-@pytest.mark.skipif(not REAL_CUDART13.exists(), reason="the CUDA 13 toolkit is not installed")
 def test_the_real_cuda13_runtime_set_device_fires_and_sets_nothing_when_it_fails(tmp_path):
+    if not REAL_CUDART13.exists():  # as tests/examples/test_cuda13.py: CI must have the toolkit
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no {REAL_CUDART13}: CI needs the CUDA 13 toolkit")
+        pytest.skip("no real libcudart.so.13 here")
     out, agent = run_job(tmp_path, REAL_CUDART13, REAL_JOB)
     assert "rc 35 35" in agent.output, agent.output
     spans = Spans()

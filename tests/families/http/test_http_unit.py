@@ -41,8 +41,8 @@ class Records:
     def _add(self, **row: object) -> None:
         self.rows.append(row)
 
-    def accept(self, ts: int, *, pid: int = SERVER_PID, fd: int = 5) -> None:
-        """The server accepted ``CLIENT_IP:CLIENT_PORT`` on ``SERVER_PORT`` as ``fd``."""
+    def accept(self, ts: int, *, pid: int = SERVER_PID, fd: int = 5, port: int = CLIENT_PORT) -> None:
+        """The server accepted ``CLIENT_IP:port`` on ``SERVER_PORT`` as ``fd``."""
         self._add(
             ts_ns=ts,
             duration_ns=500,
@@ -53,7 +53,7 @@ class Records:
             kind=Kind.SOCK_ACCEPT,
             func=SockFunc.accept4,
             family=AF_INET,
-            port=CLIENT_PORT,
+            port=port,
             local_port=SERVER_PORT,
             addr=raw(CLIENT_IP),
         )

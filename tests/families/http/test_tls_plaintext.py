@@ -24,10 +24,20 @@ RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(RESPONSE_BO
 
 
 def tls(
-    r: Records, func: SockFunc, data: bytes, ts: int, dur: int, *, fd: int, ssl: int = SSL, ret=None, shift: int = 0
+    r: Records,
+    func: SockFunc,
+    data: bytes,
+    ts: int,
+    dur: int,
+    *,
+    fd: int,
+    ssl: int = SSL,
+    ret=None,
+    shift: int = 0,
+    conn_id: int = 0,
 ) -> None:
     """A plaintext record as bpf/tls.c writes it: ``shift`` (its request's head sampling) in the
-    SSL pointer's top byte."""
+    SSL pointer's top byte, the kernel's connection id in ``port`` and ``local_port``."""
     r._add(
         ts_ns=ts,
         duration_ns=dur,
@@ -40,6 +50,8 @@ def tls(
         cap=len(data),
         data=data,
         addr=struct.pack("<Q", ssl | shift << 56) + bytes(8),
+        port=conn_id & 0xFFFF,
+        local_port=conn_id >> 16,
     )
 
 
@@ -221,3 +233,44 @@ def test_an_h2_server_s_settings_before_the_preface_on_a_connection_of_unknown_r
     http.correlator.on_tls(plain.array())
     http.correlator.collect()
     assert http.span(SpanKind.SERVER).name == "demo.Svc/Do"
+
+
+def test_a_reused_fd_s_next_connection_is_told_apart_by_the_kernel_s_id_before_the_close_is_known() -> None:
+    """A thread-per-connection h2 server closes a connection and accepts the next on the same fd:
+    the plaintext ring can bring the next connection's preface before the socket ring's close
+    and accept. The kernel's connection id ends the first (both its streams counted, not the
+    second's preface parsed as its middle), and the second waits for its own accept's addresses
+    rather than taking the first's."""
+    ids = (0x1_0002, 0x1_0003)  # both halves used: the id spans port and local_port
+    http = Http()
+    sock = Records()
+    sock.accept(1_000_000, port=40001)
+    http.deliver(sock)
+    plain = Records()
+    for n, conn_id in enumerate(ids):
+        c2s, s2c = h2_connection([])
+        call_c2s, call_s2c = grpc_call(Encoder(), Encoder(), 1, path=f"/demo.Svc/Do{n}")
+        at = 2_000_000 + n * 1_000_000
+        tls(plain, SockFunc.write, s2c, at, 1_000, fd=5, conn_id=conn_id)
+        tls(plain, SockFunc.read, c2s + call_c2s, at + 100_000, 3_000, fd=5, conn_id=conn_id)
+        tls(plain, SockFunc.write, call_s2c, at + 200_000, 4_000, fd=5, conn_id=conn_id)
+    http.correlator.on_tls(plain.array())  # the socket ring has said nothing of the close yet
+    assert [s.name for s in http.spans] == ["demo.Svc/Do0"]  # the second waits for its accept
+    later = Records()
+    later.close(2_500_000, pid=SERVER_PID, fd=5)
+    later.accept(2_900_000, port=40002)
+    http.deliver(later)
+    http.correlator.collect()
+    spans = {s.name: s.attributes["client.port"] for s in http.spans}
+    assert spans == {"demo.Svc/Do0": 40001, "demo.Svc/Do1": 40002}
+    assert not [k for k in http.counts if k[0] == "otelbpf.http.problems"]
+
+
+def test_without_ids_a_new_connection_after_the_close_still_starts_fresh() -> None:
+    """Id 0 (the kernel's map was full) says nothing: the close's time decides, as before."""
+    conns = TlsConns(lambda pid, fd: None, lambda pid, fd: (None, None, None))
+    first, _ = conns.conn(1, 5, SSL, 100, 0)
+    assert conns.conn(1, 5, SSL, 150, 7) == (first, [])  # an id after none: the same connection
+    conns.socket_closed(1, 5, 200)
+    second, ended = conns.conn(1, 5, SSL, 300, 0)
+    assert ended == [first] and second is not first
