@@ -318,6 +318,72 @@ static __always_inline int h2_keep(u32 seq, u32 stream, u8 shift)
     return !(h & ((1U << (shift & 31)) - 1));
 }
 
+/* ---- the threads serving server streams --------------------------------------------------
+ *
+ * A thread that reads a server stream's request serves it, as http_gate's thread serves an HTTP/1
+ * request: its HTTP/1 calls inherit the stream's fate, and its CUDA calls of a shed one are marked
+ * (cuda.c EVF_SHED). HTTP/2 multiplexes: a thread may read several streams (in one read, or one
+ * after the other) before it answers them. So a shed stream does not shed the thread's calls while
+ * the last kept stream it read is still open (kept_key: a kept stream's calls are never lost;
+ * a shed one's made meanwhile are kept as the kept one's, which user space's causality says too),
+ * and a stream end it writes leaves it serving that kept one, if any, else nothing. */
+
+/* Whether the kept stream the thread points to is still open: its connection the same one, still
+ * walked (not closed, given up, nor counted: a counted connection's streams lost their spans), and
+ * the stream in h2_streams. Forgotten when not: one check per kept stream, not per read. */
+static __always_inline int h2_kept_open(struct sock_args *t)
+{
+    u64 key = t->kept_key;
+    if (!key)
+        return 0;
+    struct h2_conn *c = h2_conns.lookup(&key);
+    struct h2_skey sk = {.conn = key, .seq = t->kept_seq, .stream = t->kept_stream};
+    if (c && c->seq == t->kept_seq && c->mode == H2_WALK && h2_streams.lookup(&sk))
+        return 1;
+    t->kept_key = 0;
+    return 0;
+}
+
+/* A server stream's request read on this thread, decided (h2_keep; shed when the call is counted:
+ * it has no span): the thread serves it. */
+static __always_inline void h2_serve(struct h2_call *call, u32 stream, u8 shift)
+{
+    struct sock_args *t = thread_args(0);
+    if (!t)
+        return;
+    if (!call->counting && h2_keep(call->seq, stream, shift)) {
+        t->kept_key = call->key;
+        t->kept_seq = call->seq;
+        t->kept_stream = stream;
+        t->kept_shift = shift;
+    } else if (!h2_kept_open(t)) {
+        t->serving = REQ_SHED;
+        t->serving_shift = shift;
+        return;
+    }
+    t->serving = REQ_KEPT;
+    t->serving_shift = t->kept_shift;
+}
+
+/* A server stream of connection ``key`` (``seq``) ended on this thread (``stream``; 0: all of them,
+ * the connection closed or its walk given up); ``done``: the thread is done with what it served (it
+ * wrote the stream's end, or closed). Then it serves the kept stream still open, if any, else nothing
+ * (as after an HTTP/1 response); a stream the client reset ends only the thread's kept one. */
+static __always_inline void h2_unserve(u64 key, u32 seq, u32 stream, int done)
+{
+    struct sock_args *t = thread_args(0);
+    if (!t)
+        return;
+    if (t->kept_key == key && t->kept_seq == seq && (!stream || t->kept_stream == stream)) {
+        t->kept_key = 0;
+        done = 1;
+    }
+    if (!done)
+        return;
+    t->serving = t->kept_key ? REQ_KEPT : 0;
+    t->serving_shift = t->kept_shift;
+}
+
 /* ---- h2_walk: frame headers ---------------------------------------------------------- */
 
 /* A frame header (on the call's direction ``d``). False: not an HTTP/2 frame. */
@@ -414,10 +480,12 @@ static __always_inline void h2_frame_done(struct h2_scratch *x, struct h2_dir *d
 
 /* The walk gives up on this connection (counted): as before from now on, but a counted one
  * stays off the ring (user space has dropped it), its streams no longer counted. */
-static __always_inline void h2_give_up(struct h2_conn *c, u32 why)
+static __always_inline void h2_give_up(struct h2_conn *c, struct h2_call *call, u32 why)
 {
     c->mode = c->mode == H2_COUNTED ? H2_LOST : H2_OFF;
     h2_stat(why);
+    if (call->role == SK_ROLE_SERVER)
+        h2_unserve(call->key, call->seq, 0, 1);  /* its streams are the agent's to draw from now on */
 }
 
 /* The offset in x->win of user address ``addr``, with ``need`` bytes after it (at most 32), the
@@ -470,7 +538,7 @@ int h2_walk(void *ctx)
             }
             struct otel_iovec iov = {};
             if (read_user(&iov, sizeof(iov), (void *)(cur->vec + next * sizeof(iov))) != 0) {
-                h2_give_up(c, H2S_DESYNC);
+                h2_give_up(c, call, H2S_DESYNC);
                 return 0;
             }
             cur->next = next + 1;
@@ -488,7 +556,7 @@ int h2_walk(void *ctx)
                 u32 have = d->have & 15;
                 u32 n = 9 - have < clen ? 9 - have : clen;
                 if (read_user(&d->hdr[have], n & 15, (void *)base) != 0) {
-                    h2_give_up(c, H2S_DESYNC);
+                    h2_give_up(c, call, H2S_DESYNC);
                     return 0;
                 }
                 cur->base = base + n;
@@ -502,7 +570,7 @@ int h2_walk(void *ctx)
             } else {
                 int off = h2_window(x, base, clen, 9);
                 if (off < 0) {
-                    h2_give_up(c, H2S_DESYNC);
+                    h2_give_up(c, call, H2S_DESYNC);
                     return 0;
                 }
                 h = &x->win[off & (H2_WIN - 1)];
@@ -510,7 +578,7 @@ int h2_walk(void *ctx)
                 cur->clen = clen - 9;
             }
             if (!h2_frame(c, x, d, h)) {
-                h2_give_up(c, H2S_DESYNC);
+                h2_give_up(c, call, H2S_DESYNC);
                 return 0;
             }
             if (!d->left) {
@@ -573,11 +641,8 @@ static __always_inline void h2_ended(struct h2_conn *c, struct h2_call *call, st
     if (c->open)
         c->open--;
     c->start_sum -= start;
-    if (call->role == SK_ROLE_SERVER && call->s2c) {
-        struct sock_args *thread = thread_args(0);
-        if (thread)
-            thread->serving = 0;  /* its response written: the thread is done with it */
-    }
+    if (call->role == SK_ROLE_SERVER)
+        h2_unserve(call->key, call->seq, sk->stream, call->s2c);  /* its end written: done with it */
 }
 
 /* A stream ended in this call, by its id. */
@@ -836,17 +901,8 @@ int h2_blocks(void *ctx)
         } else if (err != -17 /* EEXIST: trailers */) {
             h2_stat(H2S_TABLE_FULL);
         }
-        if (err != -17 && call->role == SK_ROLE_SERVER) {
-            /* a request read: its thread serves it, kept or shed (as http_gate does for HTTP/1), so
-             * that its HTTP/1 calls and CUDA calls meanwhile share its fate; one the kernel counts
-             * has no span */
-            struct sock_args *thread = thread_args(0);
-            if (thread) {
-                int keep = !call->counting && h2_keep(call->seq, blk->stream, x->shift);
-                thread->serving = keep ? REQ_KEPT : REQ_SHED;
-                thread->serving_shift = x->shift;
-            }
-        }
+        if (err != -17 && call->role == SK_ROLE_SERVER)
+            h2_serve(call, blk->stream, x->shift);  /* a request read: its thread serves it */
     }
     sock_capture_prog.call(ctx, H2_PROG_ENDS);
     return 0;
@@ -871,7 +927,7 @@ int h2_ends(void *ctx)
         return 0;
     x->cur.round++;
     if (x->cur.round >= H2_ROUNDS) {
-        h2_give_up(c, H2S_STEPS);
+        h2_give_up(c, &x->call, H2S_STEPS);
         return 0;
     }
     sock_capture_prog.call(ctx, H2_PROG_WALK);
@@ -1147,6 +1203,8 @@ static __always_inline int h2_close(u32 tgid, u64 key, struct sk_state *st, u64 
             h2_red_add(&k, c->open, sum, mean, mean);
         }
     }
+    if (st->role == SK_ROLE_SERVER)
+        h2_unserve(key, st->seq, 0, 1);  /* a stream closed without its response ends here */
     h2_conns.delete(&key);
     return emit;
 }

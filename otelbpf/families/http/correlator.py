@@ -205,12 +205,15 @@ class _Open:
     #: stream ends; a shed stream (``shed``) feeds the metrics and builds no span.
     decision: int = -1
     shed: bool = False
+    #: A server stream's: what its thread serves while it is open (_Serving), ended with it.
+    serving: _Serving | None = None
 
 
 @dataclass(slots=True)
 class _Serving:
-    """The server request a thread began reading last, and its sampling: the fate of the HTTP/2
-    client streams the thread makes meanwhile."""
+    """A server stream a thread read, and its sampling: the fate of the HTTP/2 client streams the
+    thread makes while it is open, as the kernel passes it on to the thread's HTTP/1 calls
+    (bpf/h2_frames.h ``h2_serve``): the last kept one while it is open, else the last one read."""
 
     start_ns: int
     kept: bool
@@ -311,7 +314,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         self._sampler = sampler  # the kernel's HTTP/1 head sampling (sampling.py)
         #: HTTP/2 streams are sampled here, at the sampler's shift (spans only; metrics count all)
         self._sample_streams = sampler is not None and traces
-        self._serving: dict[tuple[int, int], _Serving] = {}  # by (pid, tid): see _Serving
+        self._serving: dict[tuple[int, int], _Serving] = {}  # by (pid, tid): the last read (_Serving)
+        self._serving_kept: dict[tuple[int, int], _Serving] = {}  # by (pid, tid): the last kept one
         self._stream_decisions = [0] * len(STREAM_DECISIONS)  # this batch's, handed to the sampler
 
     # -- input ------------------------------------------------------------------
@@ -333,6 +337,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                 self._causality.forget_process(pid)
                 for key in [k for k in self._serving if k[0] == pid]:
                     del self._serving[key]
+                for key in [k for k in self._serving_kept if k[0] == pid]:
+                    del self._serving_kept[key]
                 self._flush_durations()
                 if pid in self._procs:
                     self._procs[pid].exited = True
@@ -452,7 +458,6 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                 conn = self._conns.joined(pid, fd)
             conn.shift = (flags >> SHIFT_BIT) & SHIFT_MASK  # sockets.c SOCKF_SHIFT_BIT
             conn.serving_shed = bool(flags & SOCKF_SERVING_SHED)
-            conn.h2_decided = bool(flags & SOCKF_H2_DECIDED)
             egress = func in _EGRESS_FUNCS
             if ret <= 0:
                 if ret < 0 or (not egress and conn.role != "server"):
@@ -460,7 +465,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                     # its own close() ends the connection.
                     self._peer_gone(conn, stamp, ret)
                 return
-            self._feed(conn, egress, payload, ret - cap, stamp)
+            self._feed(conn, egress, payload, ret - cap, stamp, flags)
         elif kind == _CONNECT:
             self._replace(pid, fd, stamp)
             self._conns.connected(pid, fd, family, port, addrs[i].tobytes()).seq = ts & 0xFFFFFFFF
@@ -497,6 +502,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             for stream in conn.session.abandon():
                 opened = stream.tag
                 if isinstance(opened, _Open):
+                    if opened.serving is not None:  # its span is gone: its thread serves it no more
+                        opened.serving.end_ns = max(ts, opened.start_ns)
                     if opened.interval is not None:
                         self._causality.close(conn.pid, opened.tid, opened.interval, max(ts, opened.start_ns))
                     if opened.link is not None:
@@ -533,7 +540,10 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
 
     # -- protocol ---------------------------------------------------------------
 
-    def _feed(self, conn: Conn, egress: bool, payload: bytes, missing: int, stamp: Stamp) -> None:
+    def _feed(self, conn: Conn, egress: bool, payload: bytes, missing: int, stamp: Stamp, flags: int = 0) -> None:
+        """``flags``: the socket record's (SOCKF_*), which an HTTP/2 stream whose request HEADERS
+        begin in it keeps: the kernel decided it there (SOCKF_H2_DECIDED, at the shift they carry),
+        and the next record may say another shift."""
         if conn.ended:
             return
         if conn.midstream and conn.last_stamp == (0, 0, 0):
@@ -549,7 +559,11 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             self._count("otelbpf.http.unparsed_bytes", len(payload) + missing, protocol=conn.protocol)
             return
         c2s = egress == (conn.role == "client")
-        for result in conn.session.feed(c2s, payload, missing, stamp):
+        if conn.protocol == "http2":
+            results = conn.session.feed(c2s, payload, missing, stamp, flags)
+        else:
+            results = conn.session.feed(c2s, payload, missing, stamp)
+        for result in results:
             try:
                 self._finished(conn, result)
             except Exception as exc:
@@ -705,21 +719,24 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         """An HTTP/2 stream's request, sampled (sampling.py): a server stream is kept with
         probability 2^-shift, as the kernel decided it when it walks the connection (its threads
         then serve that decision: their HTTP/1 and CUDA calls share the stream's fate), else drawn
-        here; a client stream takes the fate of the server request its thread began reading
-        last, if that is still open (the kernel's flag says so for an HTTP/1 request it shed),
+        here. The kernel decided it in the record that carried its HEADERS' frame header, at that
+        record's shift (``stream.mark``: a block may end in a later record, at another shift). A
+        client stream takes the fate of the server stream its thread serves (the last kept one it
+        read while that is open, else the last one it read, if open: as the kernel passes it on
+        to the thread's HTTP/1 calls), or of an HTTP/1 request the kernel shed (its flag says so),
         else draws as a server stream does. A shed stream feeds the metrics only: no span
         context, no thread interval, no peer link."""
         enter, exit_, tid = stream.first
         server = conn.role == "server"
         start = exit_ if server else enter
-        serving = None if server else self._serving.get((conn.pid, tid))
-        if serving is not None and serving.start_ns <= start and (serving.end_ns is None or start <= serving.end_ns):
+        serving = None if server else self._served(conn.pid, tid, start)
+        if serving is not None:
             kept, shift, decision = serving.kept, serving.shift, STREAM_KEPT if serving.kept else STREAM_PARENT
         elif not server and conn.serving_shed:
             kept, shift, decision = False, 0, STREAM_PARENT
-        elif server and conn.h2_decided:
+        elif server and stream.mark & SOCKF_H2_DECIDED:
             # decided in the kernel, whose threads serve it (sockets.c, h2_frames.h): alike here
-            shift = conn.shift
+            shift = (stream.mark >> SHIFT_BIT) & SHIFT_MASK
             kept = h2_keep(conn.seq, stream.id, shift)
             decision = STREAM_KEPT if kept else STREAM_PROBABILITY
         else:
@@ -729,12 +746,22 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             decision = STREAM_KEPT if kept else STREAM_PROBABILITY
         if kept:
             opened = self._open(conn, stream.first, stream.header("traceparent"), stream.id, shift)
+            if decision == STREAM_KEPT and server and stream.mark & SOCKF_H2_DECIDED and opened.serving is not None:
+                self._serving_kept[(conn.pid, tid)] = opened.serving  # as the kernel's thread keeps it
         else:
             opened = _Open(_SHED, None, start, tid, shed=True)
             if server:
-                self._serving[(conn.pid, tid)] = _Serving(start, False, shift)
+                opened.serving = self._serving[(conn.pid, tid)] = _Serving(start, False, shift)
         opened.decision = decision
         return opened
+
+    def _served(self, pid: int, tid: int, at: int) -> _Serving | None:
+        """The server stream thread ``tid`` serves at ``at``: the last kept one it read, while open
+        (a shed one read beside it does not shed its calls), else the last one it read, if open."""
+        for serving in (self._serving_kept.get((pid, tid)), self._serving.get((pid, tid))):
+            if serving is not None and serving.start_ns <= at and (serving.end_ns is None or at <= serving.end_ns):
+                return serving
+        return None
 
     def _open(
         self, conn: Conn, first: Stamp, traceparent: str | None, stream_id: int, shift: int | None = None
@@ -755,7 +782,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             opened = _Open(ctx, parent, start, tid, interval=interval, parent_from=source if parent else "")
             opened.shift = shift
             if self._sample_streams:
-                self._serving[(conn.pid, tid)] = _Serving(start, True, shift)
+                opened.serving = self._serving[(conn.pid, tid)] = _Serving(start, True, shift)
             return opened
         start = enter
         parent = self._causality.parent(conn.pid, tid, start)
@@ -970,10 +997,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         server = conn.role == "server"
         start_ns = opened.start_ns
         end_ns = end[1] if end[1] > start_ns else start_ns
-        if server and self._sample_streams:
-            serving = self._serving.get((conn.pid, opened.tid))
-            if serving is not None and serving.start_ns == start_ns:
-                serving.end_ns = end_ns
+        if opened.serving is not None:
+            opened.serving.end_ns = end_ns  # its thread is done with it
         if opened.interval is not None:
             self._causality.close(conn.pid, opened.tid, opened.interval, end_ns)
             if opened.interval.concurrent:

@@ -62,8 +62,6 @@ class Conn:
     #: The kernel's sequence of this connection (the low 32 bits of its accept's, connect's or first
     #: call's record time), with which it samples an HTTP/2 server's streams (sampling.h2_keep).
     seq: int = 0
-    #: The last record's streams were sampled in the kernel (SOCKF_H2_DECIDED), at ``shift``.
-    h2_decided: bool = False
 
 
 class Connections:

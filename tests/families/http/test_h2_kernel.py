@@ -454,3 +454,152 @@ def test_a_server_stream_is_decided_in_the_kernel_and_its_thread_serves_the_deci
     finally:
         child.kill()
         prog.close()
+
+
+#: An HTTP/2 server thread that reads its streams two at a time, then one whose HEADERS come in
+#: two reads, then one on a connection it closes unanswered; an HTTP/1 call per stream it serves.
+#: Driven a step per line on stdin (the test moves the shift between steps).
+MULTIPLEX = r"""
+import socket, sys
+def fr(t, f, s, p=b""):
+    return len(p).to_bytes(3, "big") + bytes([t, f]) + s.to_bytes(4, "big") + p
+def read_exactly(sock, n):
+    got = b""
+    while len(got) < n:
+        got += sock.recv(n - len(got))
+    return got
+def step(what):
+    print(what, flush=True)
+    sys.stdin.readline()
+GET = b"\x82\x86\x84"
+h2l = socket.create_server(("127.0.0.1", 0))
+h1l = socket.create_server(("127.0.0.1", 0))
+up = socket.create_connection(h1l.getsockname())  # the server thread's HTTP/1 upstream
+back, _ = h1l.accept()
+def call(path):
+    req = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path
+    up.sendall(req)
+    read_exactly(back, len(req))
+    back.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    read_exactly(up, 38)
+def connect():
+    client = socket.create_connection(h2l.getsockname())
+    server, _ = h2l.accept()
+    client.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + fr(4, 0, 0))
+    read_exactly(server, 33)
+    server.sendall(fr(4, 0, 0))
+    read_exactly(client, 9)
+    return client, server
+client, server = connect()
+step("%d %d" % (up.fileno(), server.fileno()))
+for s in range(1, 129, 4):  # two streams in one read, both served before either is answered
+    reqs = fr(1, 5, s, GET) + fr(1, 5, s + 2, GET)
+    client.sendall(reqs)
+    read_exactly(server, len(reqs))
+    call(b"/pair%d" % s)
+    call(b"/pair%d" % (s + 2))
+    resp = fr(1, 5, s, b"\x88") + fr(1, 5, s + 2, b"\x88")
+    server.sendall(resp)
+    read_exactly(client, len(resp))
+for s in range(129, 161, 2):  # the frame header and a byte of the block, then the rest
+    req = fr(1, 5, s, GET)
+    client.sendall(req)
+    step("first")
+    read_exactly(server, 10)
+    step("second")
+    read_exactly(server, 2)
+    call(b"/split%d" % s)
+    resp = fr(1, 5, s, b"\x88")
+    server.sendall(resp)
+    read_exactly(client, len(resp))
+step("close")
+client2, server2 = connect()
+req = fr(1, 5, 1, GET)
+client2.sendall(req)
+read_exactly(server2, len(req))
+server2.close()  # unanswered: the thread is done with it
+call(b"/after_close")
+step("done")
+"""
+
+
+def test_a_thread_serving_several_streams_keeps_a_kept_ones_calls_and_decides_where_the_headers_began() -> None:
+    """The kernel's threads serving HTTP/2 streams, where HTTP/2 differs from HTTP/1:
+    - two streams read in one call, served together (a thread serving several streams): the HTTP/1
+      calls made meanwhile are kept when either stream was kept (a kept stream's children are
+      never shed), shed with them only when both were shed;
+    - a request whose HEADERS frame comes in two reads, the shift moved from 1/2 to 2^-20 between
+      them: decided at the shift of the read that carried the frame header (its record's flags),
+      where user space takes it too (Stream.mark);
+    - a shed stream whose connection the thread closes unanswered: the thread is done with it, and
+      its next call draws on its own instead of being shed with it."""
+    from otelbpf.base.events import SOCKF_H2_DECIDED, SockFunc
+    from otelbpf.families.http.probes import (
+        DECISIONS,
+        DECISIONS_MAP,
+        SAMPLING_BACKLOG,
+        SAMPLING_MAP,
+        SAMPLING_SHIFT,
+        SHIFT_BIT,
+        SHIFT_MASK,
+    )
+    from otelbpf.families.http.sampling import h2_keep
+
+    prog = Loaded(1 << 20)
+    sampling = prog.bpf[SAMPLING_MAP.encode()]
+
+    def shift(k: int) -> None:
+        sampling[sampling.Key(SAMPLING_SHIFT)] = sampling.Leaf(k)
+
+    sampling[sampling.Key(SAMPLING_BACKLOG)] = sampling.Leaf(1 << 40)  # the ring is read at the end
+    shift(2)
+    child = subprocess.Popen(
+        [sys.executable, "-c", MULTIPLEX], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        prog.watch(child.pid)
+        assert child.stdin is not None and child.stdout is not None
+
+        def step(expect: str | None = None) -> str:
+            line = child.stdout.readline().strip()
+            assert expect is None or line == expect, line
+            child.stdin.write("\n")
+            child.stdin.flush()
+            return line
+
+        up_fd, server_fd = map(int, step().split())
+        for _ in range(129, 161, 2):
+            shift(1)
+            step("first")
+            shift(20)
+            step("second")
+        step("close")  # still 2^-20: the call after the close is shed by its own draw
+        step("done")
+        assert child.wait(timeout=30) == 0
+        recs = prog.ring.drain()
+        table = prog.bpf[DECISIONS_MAP.encode()]
+        parent = int(sum(table[table.Key(DECISIONS.index("parent"))]))
+    finally:
+        child.kill()
+        prog.close()
+    mine = recs[recs["pid"] == child.pid]
+    [accept] = mine[(mine["kind"] == Kind.SOCK_ACCEPT) & (mine["fd"] == server_fd)]
+    seq = int(accept["ts_ns"]) & 0xFFFFFFFF
+    reads = mine[(mine["kind"] == Kind.SOCK_DATA) & (mine["fd"] == server_fd) & (mine["func"] == SockFunc.recvfrom)]
+    assert all(int(r["flags"]) & SOCKF_H2_DECIDED for r in reads if int(r["ret"]) in (24, 10, 2))
+    calls = mine[(mine["kind"] == Kind.SOCK_DATA) & (mine["fd"] == up_fd) & (mine["func"] == SockFunc.sendto)]
+    got = [bytes(r["data"][: r["cap"]]).split(b" ")[1].decode() for r in calls]
+
+    pairs = [(s, s + 2) for s in range(1, 129, 4)]
+    either = [p for p in pairs if h2_keep(seq, p[0], 2) or h2_keep(seq, p[1], 2)]
+    assert 0 < len(either) < len(pairs)  # 7/16 shed, 32 pairs: P(none or all) < 1e-7
+    split_shifts = [(int(r["flags"]) >> SHIFT_BIT) & SHIFT_MASK for r in reads if int(r["ret"]) in (10, 2)]
+    assert split_shifts == [1, 20] * 16  # the frame header's read at 1/2, the block's end at 2^-20
+    split = [s for s in range(129, 161, 2) if h2_keep(seq, s, 1)]
+    assert split != [s for s in range(129, 161, 2) if h2_keep(seq, s, 20)]  # P(equal) = 2^-16
+
+    expected = [f"/pair{s}" for p in either for s in p] + [f"/split{s}" for s in split]
+    assert got == expected  # "/after_close": drawn at 2^-20, not kept
+    # shed with their stream: both calls of each pair with both shed, each split one shed; not the
+    # call after the close
+    assert parent == 2 * (len(pairs) - len(either)) + (16 - len(split))

@@ -344,3 +344,89 @@ def test_a_stream_the_kernel_decided_is_decided_alike_here() -> None:
     assert kept == [s for s in streams if h2_keep(seq, s, 1)]
     assert 0 < len(kept) < 16
     assert all(sp.attributes["otelbpf.http.sampling.adjusted_count"] == 2 for sp in http.spans)
+
+
+def _decided(shift: int) -> int:
+    """A walked server record's flags: its streams decided in the kernel at ``shift``."""
+    from otelbpf.base.events import SOCKF_H2_DECIDED
+    from otelbpf.families.http.probes import SHIFT_BIT
+
+    return SOCKF_H2_DECIDED | (shift << SHIFT_BIT)
+
+
+@pytest.mark.parametrize("cut", [11, 5], ids=["block_in_the_next_read", "frame_header_in_the_next_read"])
+def test_a_stream_is_decided_at_the_shift_of_the_read_its_headers_frame_began_in(cut: int) -> None:
+    """A request HEADERS frame read in two pieces, the kernel's shift moved between them: the kernel
+    decided the stream in the read that completed the frame's 9-byte header (bpf/h2_frames.h walks
+    frame headers there), so the agent takes that read's shift, not the one of the read that
+    completed the block (where it decodes it). ``cut`` 11: the header whole in the first read, its
+    block in the second; 5: the header itself cut, completed in the second."""
+    from otelbpf.families.http.sampling import h2_keep
+
+    k, now, counts = FakeKernel(), [100.0], []
+    http = Http(sampler=sampler(k, now, counts, min_shift=5))
+    rec = Records()
+    server = H2Server(rec)
+    for row in rec.rows:
+        if row.get("kind") == Kind.SOCK_DATA:
+            row["flags"] = _decided(0)
+    shifts = []
+    for _ in range(24):
+        stream = server.next_stream
+        server.next_stream += 2
+        c2s, s2c = grpc_call(server.enc_c, server.enc_s, stream)
+        first, second = (1, 3) if stream % 4 == 1 else (3, 1)  # each shift first as often
+        server.read(c2s[:cut])
+        rec.rows[-1]["flags"] = _decided(first)
+        server.read(c2s[cut:])
+        rec.rows[-1]["flags"] = _decided(second)
+        server.write(s2c)
+        shifts.append((stream, first if cut >= 9 else second, second if cut >= 9 else first))
+    http.deliver(rec)
+    seq = rec.rows[0]["ts_ns"] & 0xFFFFFFFF
+    spans = [sp for sp in http.spans if sp.kind == SpanKind.SERVER]
+    attrs = [sp.attributes for sp in spans]
+    kept = {a["otelbpf.http2.stream_id"]: a["otelbpf.http.sampling.adjusted_count"] for a in attrs}
+    assert kept == {s: 2**at for s, at, _ in shifts if h2_keep(seq, s, at)}
+    # the other read's shift would have decided otherwise: the test tells them apart
+    assert kept != {s: 2**other for s, _, other in shifts if h2_keep(seq, s, other)}
+    assert grpc_points(http) == {0: 24}
+
+
+def test_a_thread_serving_a_kept_stream_passes_it_on_while_it_is_open() -> None:
+    """One read carries two request HEADERS the kernel decided, the first kept and the second shed:
+    the thread serves both, and the kernel does not shed its calls while the kept one is open
+    (bpf/h2_frames.h h2_serve: a kept stream's children are never lost). A client stream the
+    thread makes meanwhile is kept with it, as its child; once the kept one is answered, the
+    thread serves the shed one, and its next client stream is shed with it."""
+    from otelbpf.families.http.sampling import h2_keep
+
+    t = next(t for t in range(1_000_000, 2_000_000, 1_000) if h2_keep(t, 1, 1) and not h2_keep(t, 3, 1))
+    k, now, counts = FakeKernel(), [100.0], []
+    s = sampler(k, now, counts, min_shift=5)
+    http = Http(sampler=s)
+    rec = Records()
+    rec.connect(t - 300_000, pid=CLIENT_PID, fd=6)
+    enc_c, enc_s = Encoder(), Encoder()
+    rec.io(SockFunc.write, PREFACE + SETTINGS_FRAME, t - 200_000, 1_000, pid=CLIENT_PID, fd=6)
+    rec.io(SockFunc.read, SETTINGS_FRAME, t - 100_000, 1_000, pid=CLIENT_PID, fd=6)
+    server = H2Server(rec, pid=CLIENT_PID, fd=9, t=t)
+    (kept_c2s, kept_s2c), (shed_c2s, shed_s2c) = (grpc_call(server.enc_c, server.enc_s, i) for i in (1, 3))
+    server.read(kept_c2s + shed_c2s, tid=77)
+    for row in rec.rows:
+        if row.get("kind") == Kind.SOCK_DATA and row["pid"] == CLIENT_PID and row["fd"] == 9:
+            row["flags"] = _decided(1)
+    _client_call(rec, enc_c, enc_s, 1, server.t + 50_000, 77)  # both open: the kept one's
+    server.t += 100_000
+    server.write(kept_s2c)
+    _client_call(rec, enc_c, enc_s, 3, server.t + 50_000, 77)  # the shed one's alone
+    server.t += 100_000
+    server.write(shed_s2c)
+    http.deliver(rec)
+    [top] = [sp for sp in http.spans if sp.kind == SpanKind.SERVER]
+    [client] = [sp for sp in http.spans if sp.kind == SpanKind.CLIENT]
+    assert top.attributes["otelbpf.http2.stream_id"] == 1
+    assert client.parent.span_id == top.context.span_id
+    assert client.attributes["otelbpf.http.sampling.adjusted_count"] == 2
+    s.tick(count_only=True)
+    assert decisions(counts) == {"kept": 2, "probability": 1, "parent": 1}

@@ -99,6 +99,7 @@ class Frame:
     #: A whole DATA frame's chunk, its payload at ``at``: cut out only if a sink wants it.
     src: bytes | None = None
     at: int = 0
+    mark: int = 0  # the caller's mark of the chunk that carried the frame header (FrameReader.mark)
 
 
 class FrameReader:
@@ -131,6 +132,9 @@ class FrameReader:
         self._buf = bytearray()  # its payload so far (kept types)
         #: Why this direction can no longer be read ("" while it can).
         self.broken = ""
+        #: The caller's mark of the chunk being fed, given to each frame whose header it completes:
+        #: what the chunk's record said (the kernel's sampling of the streams it begins).
+        self.mark = 0
 
     def deliver_to(self, on_frame: Callable[[Frame], None], wants_data: Callable[[int], bool]) -> None:
         """Hand each frame to ``on_frame`` as it ends (``feed`` then returns none), and keep the
@@ -219,7 +223,7 @@ class FrameReader:
                 self.broken = "invalid_frame"
                 return None
             self._first = False
-        return Frame(ftype, flags, stream_id, length, stamp, b"", False, stamp, ftype in _KEPT)
+        return Frame(ftype, flags, stream_id, length, stamp, b"", False, stamp, ftype in _KEPT, mark=self.mark)
 
     def _begin(self, frame: Frame) -> None:
         """A frame whose payload runs into later chunks: carried over (a DATA frame's only if wanted)."""
@@ -298,6 +302,9 @@ class Stream:
     complete: bool = False
     headers_lost: bool = False  # some header block of the stream could not be decoded
     problem: str = ""
+    #: The mark of the chunk that carried its request HEADERS' frame header (H2Connection.feed):
+    #: where the kernel decided the stream, which a block spanning two chunks must not move.
+    mark: int = 0
     tag: Any = None  # the consumer's own (the span opened for it)
     response_frames: int = 0  # DATA frames with a payload, server to client
     first_data: Stamp = None  # chunk with the first of them
@@ -437,10 +444,13 @@ class H2Connection:
     def _problem(self, reason: str) -> None:
         self.problems[reason] = self.problems.get(reason, 0) + 1
 
-    def feed(self, client_to_server: bool, data: bytes, missing: int, stamp: Stamp) -> list[Stream]:
+    def feed(self, client_to_server: bool, data: bytes, missing: int, stamp: Stamp, mark: int = 0) -> list[Stream]:
+        """``mark``: the caller's word on this chunk, which a stream whose request HEADERS begin in it
+        keeps (``Stream.mark``)."""
         d = self._dirs[client_to_server]
         if d.reader.broken:
             return []
+        d.reader.mark = mark
         d.reader.feed(data, missing, stamp)  # each frame goes to _frame as it ends
         if d.reader.broken:
             self._problem(d.reader.broken)
@@ -634,7 +644,7 @@ class H2Connection:
                 return None
             self._evict("process_limit", f.stamp)
             self._held.take()
-        stream = self._streams[f.stream_id] = Stream(f.stream_id, first=f.stamp)
+        stream = self._streams[f.stream_id] = Stream(f.stream_id, first=f.stamp, mark=f.mark)
         return stream
 
     def _evict(self, reason: str, stamp: Stamp) -> None:
