@@ -58,8 +58,8 @@ CALM_TICKS = 6
 _R_BITS = 56
 #: gRPC codes that are server errors (OpenTelemetry's rpc conventions); any non-OK code fails a client call.
 GRPC_SERVER_ERRORS = frozenset({2, 4, 12, 13, 14, 15})
-#: HTTP/2 streams are sampled in user space (correlator.py ``_sampled_open``), at the same shift:
-#: their decisions, as otelbpf.http.sampled's ``decision`` (``protocol=http2``).
+#: HTTP/2 streams are sampled at the same shift (correlator.py ``_sampled_open``; a walked server's
+#: in the kernel, ``h2_keep``): their decisions, as otelbpf.http.sampled's ``decision`` (``protocol=http2``).
 STREAM_DECISIONS = ("kept", "probability", "parent")
 STREAM_KEPT, STREAM_PROBABILITY, STREAM_PARENT = range(3)
 
