@@ -3,7 +3,7 @@ the records the ring lost, where the streams were counted, and what the kernel's
 
     sudo .venv/bin/python bench/http2_load.py [--server nghttpd|h2] [--requests 500000] [--seconds 5]
                                               [--repeats 2] [--rings 64KiB,16MiB] [--compare /work/main]
-                                              [--out FILE]
+                                              [--probes-only] [--shift K] [--out FILE]
 
 Two servers, two loads:
 
@@ -31,7 +31,10 @@ run), per ring size, per repeat, back to back on one server:
 - that tree's socket probes alone (loaded by a helper process, ring drained and discarded,
   ``kernel.bpf_stats_enabled``): the BPF run time per stream, every socket program (tail-called
   programs, the capture and this branch's HTTP/2 walk, count in the tracepoint that called them:
-  the kernel's statistics do not split them).
+  the kernel's statistics do not split them), at sampling shift ``--shift`` (0: every stream
+  kept; K: kept with probability 2^-K, the kernel deciding a walked server's streams and the
+  threads serving them, which costs more for a shed stream than for a kept one).
+``--probes-only`` runs the second alone.
 
 A connection the server's accept() returned from a call made before the agent started is
 neither parsed nor walked (its beginning was not seen): one throwaway connection takes it.
@@ -90,11 +93,13 @@ from pathlib import Path
 from otelbpf.families.http.probes import socket_family
 from otelbpf.sensor import program
 from otelbpf.sensor.ringbuf import VariableRingReader
-port, pid = int(sys.argv[1]), int(sys.argv[2])
+port, pid, shift = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 fam = socket_family([port], payload_bytes=4096, ring_bytes=16 << 20)
 text, cflags = program.build([fam], filter_pids=True, events_ring_bytes=256 << 10)
 bpf = program.load(text, cflags, [fam])
 bpf["watched"][bpf["watched"].Key(pid)] = bpf["watched"].Leaf(1)
+sampling = bpf["http_sampling"]
+sampling[sampling.Key(0)] = sampling.Leaf(shift)  # SAMPLING_SHIFT
 reader = VariableRingReader(bpf["sockdata"].map_fd, 16 << 20, fam.rings[0].dtype)
 stop = threading.Event()
 records = [0]
@@ -286,7 +291,7 @@ def run_probes(tree: Path, port: int, server_pid: int, args: argparse.Namespace,
     knob.write_text("1")
     env = {**os.environ, "PYTHONPATH": str(tree)}
     helper = subprocess.Popen(
-        [sys.executable, "-c", PROBES, str(port), str(server_pid)],
+        [sys.executable, "-c", PROBES, str(port), str(server_pid), str(args.shift)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -329,6 +334,8 @@ def main() -> int:
     ap.add_argument("--conns", type=int, default=4, help="connections per load process")
     ap.add_argument("--batch", type=int, default=8, help="streams at a time on each connection")
     ap.add_argument("--compare", type=Path, help="another checkout (main) run side by side")
+    ap.add_argument("--probes-only", action="store_true", help="only each tree's socket probes, no agent")
+    ap.add_argument("--shift", type=int, default=0, help="probes: the sampling shift (streams kept at 2^-shift)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -370,7 +377,7 @@ def main() -> int:
                 results["cases"].append({"tree": "none", "without": {"rate": base["rate"]}})
                 print(f"  without agent: {base['rate']} streams/s")
             for name, tree in trees:
-                for ring in args.rings.split(","):
+                for ring in [] if args.probes_only else args.rings.split(","):
                     r = run_agent(tree, port, server.pid, ring, args, plan["rest"])
                     results["cases"].append({"tree": name, "ring": ring, "agent": r})
                     report_agent(name, ring, r)
