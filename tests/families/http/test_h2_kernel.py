@@ -560,19 +560,20 @@ def test_a_thread_serving_several_streams_keeps_a_kept_ones_calls_and_decides_wh
         prog.watch(child.pid)
         assert child.stdin is not None and child.stdout is not None
 
-        def step(expect: str | None = None) -> str:
+        def step(expect: str | None = None, then_shift: int | None = None) -> str:
+            """The child's next step (its line), the shift moved before it goes on."""
             line = child.stdout.readline().strip()
             assert expect is None or line == expect, line
+            if then_shift is not None:
+                shift(then_shift)
             child.stdin.write("\n")
             child.stdin.flush()
             return line
 
         up_fd, server_fd = map(int, step().split())
         for _ in range(129, 161, 2):
-            shift(1)
-            step("first")
-            shift(20)
-            step("second")
+            step("first", then_shift=1)
+            step("second", then_shift=20)
         step("close")  # still 2^-20: the call after the close is shed by its own draw
         step("done")
         assert child.wait(timeout=30) == 0
