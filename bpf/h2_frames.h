@@ -1110,7 +1110,9 @@ int h2_capture(void *ctx)
     /* 2: the record, as sock_capture sends it */
     int err = 1;
     if (x->send) {
-        u32 xflags = x->xflags;
+        u64 xflags = x->xflags;
+        if (xflags & SOCKF_H2_DECIDED)
+            xflags |= (u64)call->seq << 32;  /* the connection's, for user space's h2_keep */
         if (func == SF_READ || func == SF_WRITE || func == SF_SENDTO || func == SF_RECVFROM) {
             err = emit_buffer(id, a, ret, xflags);
         } else if (func == SF_READV || func == SF_WRITEV) {

@@ -90,9 +90,10 @@ struct sk_state {
 /* A data record of a connection not sampled here (HTTP/2) written by a thread serving an HTTP/1
  * request that was shed: the HTTP/2 streams it opens are shed with it (user space samples them). */
 #define SOCKF_SERVING_SHED 0x2000
-/* A data record of an HTTP/2 server connection the kernel walks: the streams whose requests it
- * carries were sampled here at its shift (bits 8-12), each kept when h2_keep(seq, stream) says
- * so (h2_frames.h), which user space computes alike; their threads serve that decision. */
+/* A data record of an HTTP/2 server connection the kernel walks: the streams whose requests' HEADERS
+ * frames begin in it were sampled here at its shift (bits 8-12), each kept when h2_keep(seq, stream)
+ * says so (h2_frames.h), which user space computes alike from the connection's seq the record
+ * carries in its port (low 16 bits) and local_port (high 16); their threads serve that decision. */
 #define SOCKF_H2_DECIDED 0x4000
 
 #define SF_READ 1
@@ -544,13 +545,17 @@ static __always_inline u64 sock_wake_stamp(u64 bytes, u64 *stamp)
                                                                                       : BPF_RB_NO_WAKEUP;
 }
 
-/* Send the assembled record, header plus ``n`` bytes of payload, with ``xflags`` (its request's
- * sampling shift << SOCKF_SHIFT_BIT, SOCKF_SERVING_SHED). */
-static __always_inline int emit_scratch(struct sock_scratch *s, u64 n, u32 xflags)
+/* Send the assembled record, header plus ``n`` bytes of payload, with ``xflags``' low 32 bits in its
+ * flags (its request's sampling shift << SOCKF_SHIFT_BIT, SOCKF_SERVING_SHED, SOCKF_H2_DECIDED) and
+ * its high 32 in its port (low 16) and local_port (high 16), which a data record does not use
+ * otherwise: a SOCKF_H2_DECIDED record's connection sequence (h2_frames.h h2_keep). */
+static __always_inline int emit_scratch(struct sock_scratch *s, u64 n, u64 xflags)
 {
     n = clamp_payload(n, SOCK_PAYLOAD);
     s->rec.cap = n;
-    s->rec.flags |= xflags;
+    s->rec.flags |= (u32)xflags;
+    s->rec.port = (u16)(xflags >> 32);
+    s->rec.local_port = (u16)(xflags >> 48);
     u64 stamp = 0;
     u64 flags = sock_wake_stamp(SOCK_HEADER_BYTES + n, &stamp);
     __builtin_memcpy(s->rec.addr, &stamp, sizeof(stamp));
@@ -562,7 +567,7 @@ static __always_inline int emit_scratch(struct sock_scratch *s, u64 n, u32 xflag
 }
 
 /* One buffer. */
-static __always_inline int emit_buffer(u64 id, struct sock_args *a, s32 ret, u32 xflags)
+static __always_inline int emit_buffer(u64 id, struct sock_args *a, s32 ret, u64 xflags)
 {
     u32 zero = 0;
     struct sock_scratch *s = sock_scratch.lookup(&zero);
@@ -576,7 +581,7 @@ static __always_inline int emit_buffer(u64 id, struct sock_args *a, s32 ret, u32
 }
 
 /* Several iovecs: bytes are laid out across them in order, up to ret. */
-static __always_inline int emit_vector(u64 id, struct sock_args *a, s32 ret, u64 vec, u64 vlen, u32 xflags)
+static __always_inline int emit_vector(u64 id, struct sock_args *a, s32 ret, u64 vec, u64 vlen, u64 xflags)
 {
     u32 zero = 0;
     struct sock_scratch *s = sock_scratch.lookup(&zero);

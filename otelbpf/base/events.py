@@ -347,7 +347,9 @@ SOCKF_LISTENER_UNKNOWN = 1  # accept on a listener whose port the kernel did not
 SOCKF_VECTOR_TRUNCATED = 2  # more iovecs than the probe copies: the payload stops early
 SOCKF_SHIFT_BIT = 8  # bits 8-12: the request's head-sampling shift (kept with probability 2^-shift)
 SOCKF_SERVING_SHED = 0x2000  # written by a thread serving an HTTP/1 request the kernel shed
-SOCKF_H2_DECIDED = 0x4000  # an HTTP/2 server's record: its streams sampled in the kernel at its shift
+#: An HTTP/2 server's record: the streams whose HEADERS begin in it sampled in the kernel at its shift
+#: (bpf/h2_frames.h h2_keep), with the connection's sequence in port (low 16 bits) and local_port (high).
+SOCKF_H2_DECIDED = 0x4000
 
 #: Size of ``struct sock_rec`` without its payload.
 SOCK_HEADER_BYTES = 64

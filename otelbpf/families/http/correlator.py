@@ -465,25 +465,22 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
                     # its own close() ends the connection.
                     self._peer_gone(conn, stamp, ret)
                 return
-            self._feed(conn, egress, payload, ret - cap, stamp, flags)
+            # a walked server's record: the connection's kernel sequence, for the streams it decided
+            self._feed(conn, egress, payload, ret - cap, stamp, flags | (port | local_port << 16) << 32)
         elif kind == _CONNECT:
             self._replace(pid, fd, stamp)
-            self._conns.connected(pid, fd, family, port, addrs[i].tobytes()).seq = ts & 0xFFFFFFFF
+            self._conns.connected(pid, fd, family, port, addrs[i].tobytes())
         elif kind == _ACCEPT:
             self._replace(pid, fd, stamp)
             known = not flags & SOCKF_LISTENER_UNKNOWN
-            accepted = self._conns.accepted(pid, fd, ret, family, port, addrs[i].tobytes(), local_port, known, ts)
-            if accepted is not None:
-                accepted.seq = ts & 0xFFFFFFFF  # the kernel's sk_state.seq
+            self._conns.accepted(pid, fd, ret, family, port, addrs[i].tobytes(), local_port, known, ts)
         elif kind == _LOCAL:
             conn = self._conns.get(pid, fd)
             if conn is not None and conn.role == "client":
                 conn.local = address_from_raw(family, port, addrs[i].tobytes()) or conn.local
         elif kind == _UNKNOWN:
             if self._conns.get(pid, fd) is None:
-                joined = self._conns.unknown(pid, fd, ts)
-                if joined is not None:
-                    joined.seq = ts & 0xFFFFFFFF
+                self._conns.unknown(pid, fd, ts)
         elif kind == _CLOSE:
             self._tls.socket_closed(pid, fd, ts, self._conns.get(pid, fd))
             conn = self._conns.closed(pid, fd)
@@ -541,9 +538,10 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
     # -- protocol ---------------------------------------------------------------
 
     def _feed(self, conn: Conn, egress: bool, payload: bytes, missing: int, stamp: Stamp, flags: int = 0) -> None:
-        """``flags``: the socket record's (SOCKF_*), which an HTTP/2 stream whose request HEADERS
-        begin in it keeps: the kernel decided it there (SOCKF_H2_DECIDED, at the shift they carry),
-        and the next record may say another shift."""
+        """``flags``: the socket record's (SOCKF_*; above bit 32, the connection's kernel sequence a
+        SOCKF_H2_DECIDED record carries), which an HTTP/2 stream whose request HEADERS begin in it
+        keeps: the kernel decided it there, at the shift they carry, and the next record may say
+        another shift."""
         if conn.ended:
             return
         if conn.midstream and conn.last_stamp == (0, 0, 0):
@@ -737,7 +735,7 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         elif server and stream.mark & SOCKF_H2_DECIDED:
             # decided in the kernel, whose threads serve it (sockets.c, h2_frames.h): alike here
             shift = (stream.mark >> SHIFT_BIT) & SHIFT_MASK
-            kept = h2_keep(conn.seq, stream.id, shift)
+            kept = h2_keep(stream.mark >> 32, stream.id, shift)  # the record's connection sequence
             decision = STREAM_KEPT if kept else STREAM_PROBABILITY
         else:
             assert self._sampler is not None  # _sample_streams

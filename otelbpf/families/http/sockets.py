@@ -59,9 +59,6 @@ class Conn:
     #: The last record was written by a thread serving an HTTP/1 request the kernel shed
     #: (SOCKF_SERVING_SHED): the HTTP/2 streams it opens are shed with it.
     serving_shed: bool = False
-    #: The kernel's sequence of this connection (the low 32 bits of its accept's, connect's or first
-    #: call's record time), with which it samples an HTTP/2 server's streams (sampling.h2_keep).
-    seq: int = 0
 
 
 class Connections:

@@ -419,9 +419,9 @@ print(up.fileno(), server.fileno(), flush=True)
 
 def test_a_server_stream_is_decided_in_the_kernel_and_its_thread_serves_the_decision() -> None:
     """At 1/4, each HTTP/2 server stream is kept or shed in the kernel as sampling.h2_keep says
-    (the connection's sequence: its accept record's time; the shift: its record's flags); the
-    HTTP/1 call its thread makes meanwhile is kept or shed with it (only the kept ones' reach the
-    ring), as a call made while serving an HTTP/1 request is."""
+    (the connection's sequence: its accept record's time, which the record carries; the shift: its
+    record's flags); the HTTP/1 call its thread makes meanwhile is kept or shed with it (only the
+    kept ones' reach the ring), as a call made while serving an HTTP/1 request is."""
     from otelbpf.base.events import SOCKF_H2_DECIDED, SockFunc
     from otelbpf.families.http.probes import SAMPLING_MAP, SAMPLING_SHIFT, SHIFT_BIT, SHIFT_MASK
     from otelbpf.families.http.sampling import h2_keep
@@ -445,6 +445,7 @@ def test_a_server_stream_is_decided_in_the_kernel_and_its_thread_serves_the_deci
         stream_reads = [r for r in reads if int(r["ret"]) == 12]  # a request HEADERS frame each
         assert len(stream_reads) == 64
         assert all(int(r["flags"]) & SOCKF_H2_DECIDED for r in stream_reads)
+        assert {int(r["port"]) | int(r["local_port"]) << 16 for r in stream_reads} == {seq}  # for user space
         assert {(int(r["flags"]) >> SHIFT_BIT) & SHIFT_MASK for r in stream_reads} == {2}
         expected = [f"/s{s}" for s in range(1, 129, 2) if h2_keep(seq, s, 2)]
         calls = mine[(mine["kind"] == Kind.SOCK_DATA) & (mine["fd"] == up_fd) & (mine["func"] == SockFunc.sendto)]
@@ -587,7 +588,9 @@ def test_a_thread_serving_several_streams_keeps_a_kept_ones_calls_and_decides_wh
     [accept] = mine[(mine["kind"] == Kind.SOCK_ACCEPT) & (mine["fd"] == server_fd)]
     seq = int(accept["ts_ns"]) & 0xFFFFFFFF
     reads = mine[(mine["kind"] == Kind.SOCK_DATA) & (mine["fd"] == server_fd) & (mine["func"] == SockFunc.recvfrom)]
-    assert all(int(r["flags"]) & SOCKF_H2_DECIDED for r in reads if int(r["ret"]) in (24, 10, 2))
+    decided = [r for r in reads if int(r["ret"]) in (24, 10, 2)]
+    assert all(int(r["flags"]) & SOCKF_H2_DECIDED for r in decided)
+    assert {int(r["port"]) | int(r["local_port"]) << 16 for r in decided} == {seq}  # user space's h2_keep's
     calls = mine[(mine["kind"] == Kind.SOCK_DATA) & (mine["fd"] == up_fd) & (mine["func"] == SockFunc.sendto)]
     got = [bytes(r["data"][: r["cap"]]).split(b" ")[1].decode() for r in calls]
 

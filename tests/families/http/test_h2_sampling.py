@@ -322,12 +322,20 @@ def test_connections_switched_to_counting_are_pressure_and_problems_are_counted(
     assert not [c for c in counts if c[2].get("reason", "").startswith("switched")]
 
 
-def test_a_stream_the_kernel_decided_is_decided_alike_here() -> None:
-    """A server record with SOCKF_H2_DECIDED: its streams were sampled in the kernel at the shift its
-    flags carry, by h2_keep over the connection's sequence (its accept record's time) and the
-    stream id; the agent keeps exactly those (no draw of its own)."""
+def _decide(row: dict, shift: int, seq: int) -> None:
+    """``row`` as a walked server's record: the streams whose HEADERS begin in it decided in the
+    kernel at ``shift``, with its connection's sequence ``seq`` (bpf/sockets.c SOCKF_H2_DECIDED)."""
     from otelbpf.base.events import SOCKF_H2_DECIDED
     from otelbpf.families.http.probes import SHIFT_BIT
+
+    row.update(flags=SOCKF_H2_DECIDED | (shift << SHIFT_BIT), port=seq & 0xFFFF, local_port=seq >> 16)
+
+
+def test_a_stream_the_kernel_decided_is_decided_alike_here() -> None:
+    """A server record with SOCKF_H2_DECIDED: its streams were sampled in the kernel at the shift its
+    flags carry, by h2_keep over the connection's sequence (which the record carries) and the
+    stream id; the agent keeps exactly those (no draw of its own). The record's sequence, not one
+    the agent would derive from a control record it may have missed."""
     from otelbpf.families.http.sampling import h2_keep
 
     k, now, counts = FakeKernel(), [100.0], []
@@ -335,23 +343,16 @@ def test_a_stream_the_kernel_decided_is_decided_alike_here() -> None:
     rec = Records()
     server = H2Server(rec)
     streams = [server.call() for _ in range(16)]
+    seq = 0x9E3779B9  # not the accept record's time
     for row in rec.rows:
         if row.get("kind") == Kind.SOCK_DATA:
-            row["flags"] = SOCKF_H2_DECIDED | (1 << SHIFT_BIT)
+            _decide(row, 1, seq)
     http.deliver(rec)
-    seq = rec.rows[0]["ts_ns"] & 0xFFFFFFFF
     kept = [sp.attributes["otelbpf.http2.stream_id"] for sp in http.spans if sp.kind == SpanKind.SERVER]
     assert kept == [s for s in streams if h2_keep(seq, s, 1)]
+    assert kept != [s for s in streams if h2_keep(rec.rows[0]["ts_ns"], s, 1)]  # P(equal) = 2^-16
     assert 0 < len(kept) < 16
     assert all(sp.attributes["otelbpf.http.sampling.adjusted_count"] == 2 for sp in http.spans)
-
-
-def _decided(shift: int) -> int:
-    """A walked server record's flags: its streams decided in the kernel at ``shift``."""
-    from otelbpf.base.events import SOCKF_H2_DECIDED
-    from otelbpf.families.http.probes import SHIFT_BIT
-
-    return SOCKF_H2_DECIDED | (shift << SHIFT_BIT)
 
 
 @pytest.mark.parametrize("cut", [11, 5], ids=["block_in_the_next_read", "frame_header_in_the_next_read"])
@@ -367,9 +368,10 @@ def test_a_stream_is_decided_at_the_shift_of_the_read_its_headers_frame_began_in
     http = Http(sampler=sampler(k, now, counts, min_shift=5))
     rec = Records()
     server = H2Server(rec)
+    seq = rec.rows[0]["ts_ns"] & 0xFFFFFFFF
     for row in rec.rows:
         if row.get("kind") == Kind.SOCK_DATA:
-            row["flags"] = _decided(0)
+            _decide(row, 0, seq)
     shifts = []
     for _ in range(24):
         stream = server.next_stream
@@ -377,13 +379,12 @@ def test_a_stream_is_decided_at_the_shift_of_the_read_its_headers_frame_began_in
         c2s, s2c = grpc_call(server.enc_c, server.enc_s, stream)
         first, second = (1, 3) if stream % 4 == 1 else (3, 1)  # each shift first as often
         server.read(c2s[:cut])
-        rec.rows[-1]["flags"] = _decided(first)
+        _decide(rec.rows[-1], first, seq)
         server.read(c2s[cut:])
-        rec.rows[-1]["flags"] = _decided(second)
+        _decide(rec.rows[-1], second, seq)
         server.write(s2c)
         shifts.append((stream, first if cut >= 9 else second, second if cut >= 9 else first))
     http.deliver(rec)
-    seq = rec.rows[0]["ts_ns"] & 0xFFFFFFFF
     spans = [sp for sp in http.spans if sp.kind == SpanKind.SERVER]
     attrs = [sp.attributes for sp in spans]
     kept = {a["otelbpf.http2.stream_id"]: a["otelbpf.http.sampling.adjusted_count"] for a in attrs}
@@ -415,7 +416,7 @@ def test_a_thread_serving_a_kept_stream_passes_it_on_while_it_is_open() -> None:
     server.read(kept_c2s + shed_c2s, tid=77)
     for row in rec.rows:
         if row.get("kind") == Kind.SOCK_DATA and row["pid"] == CLIENT_PID and row["fd"] == 9:
-            row["flags"] = _decided(1)
+            _decide(row, 1, t)
     _client_call(rec, enc_c, enc_s, 1, server.t + 50_000, 77)  # both open: the kept one's
     server.t += 100_000
     server.write(kept_s2c)
