@@ -461,7 +461,7 @@ def test_a_server_stream_is_decided_in_the_kernel_and_its_thread_serves_the_deci
 #: two reads, then one on a connection it closes unanswered; an HTTP/1 call per stream it serves.
 #: Driven a step per line on stdin (the test moves the shift between steps).
 MULTIPLEX = r"""
-import socket, sys
+import socket, sys, threading
 def fr(t, f, s, p=b""):
     return len(p).to_bytes(3, "big") + bytes([t, f]) + s.to_bytes(4, "big") + p
 def read_exactly(sock, n):
@@ -477,11 +477,19 @@ h2l = socket.create_server(("127.0.0.1", 0))
 h1l = socket.create_server(("127.0.0.1", 0))
 up = socket.create_connection(h1l.getsockname())  # the server thread's HTTP/1 upstream
 back, _ = h1l.accept()
+def upstream():  # on a thread of its own: what it serves is not the HTTP/2 thread's
+    buf = b""
+    while True:
+        data = back.recv(4096)
+        if not data:
+            return
+        buf += data
+        while b"\r\n\r\n" in buf:
+            buf = buf.split(b"\r\n\r\n", 1)[1]
+            back.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+threading.Thread(target=upstream, daemon=True).start()
 def call(path):
-    req = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path
-    up.sendall(req)
-    read_exactly(back, len(req))
-    back.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    up.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path)
     read_exactly(up, 38)
 def connect():
     client = socket.create_connection(h2l.getsockname())
