@@ -209,9 +209,9 @@ def test_a_kept_request_keeps_its_upstream_call_and_a_shed_one_sheds_it(otlp_col
     assert len(down) == len(top) and seen["parent"] == n - len(top), seen
     assert all(not s.parent_span_id or s.parent_span_id in by_id for s in down)
     # each kept request has its call as its child. Served plain, the request's records come on
-    # the sockets ring and the call's on the tls ring, drained one after the other: each drain
-    # tick is a cut, parsed as one (sensor.py TICK), or the call was often parsed before the
-    # request was open, and left without a parent
+    # the sockets ring and the call's on the tls ring (or the other way), drained one after the
+    # other: each drain tick is a cut, parsed as one (sensor.py TICK); before, a call whose
+    # request straddled a drain was parsed before the request was open, without a parent
     for span in top:
         [call] = [s for s in down if s.parent_span_id == span.span_id]
         assert call.trace_id == span.trace_id
