@@ -11,11 +11,13 @@ Threads, each with one job:
   The rings are drained one after another, so one ring's batch can hold a
   record (an HTTPS call, on the TLS ring) later than what another ring was
   drained up to (the plain request it was made for, on the socket ring): so a
-  tick takes its ``mark`` (CLOCK_MONOTONIC, the probes' clock) before it drains
-  anything, the records of ``RingSpec.cut`` rings written at or after it wait
-  for the next tick, and ``deliver(TICK, ...)`` ends the tick. Each tick is then
-  a cut: every such record written before its mark, of every ring, delivered,
-  none after; a correlator that reads two rings merges a tick's batches by time;
+  tick takes its ``mark`` (CLOCK_MONOTONIC, the probes' clock) once ``events``
+  is drained and before any family ring, the records of ``RingSpec.cut`` rings
+  written at or after it wait for the next tick, and ``deliver(TICK, ...)`` ends
+  the tick. Each tick is then a cut: every such record written before its mark,
+  of every ring, delivered, none after, and every event delivered was written
+  before the mark; a correlator that reads two rings merges a tick's batches by
+  time;
 - discovery: woken by epoll on the string ring, attaches to library files
   as processes open them and to executables as they start (and on /proc
   rescans), then resumes a process the kernel paused at that open or exec; a
@@ -392,9 +394,11 @@ class Sensor:
         with self._drain_lock:
             if "events" not in self._readers:
                 return 0
-            mark = time.monotonic_ns() if hold else None
             reader = self._readers["events"]
             events = reader.drain() if reader.pending_bytes() else EMPTY_EVENTS
+            # after the events: what they parent on (a request read) or end (an exit ends what
+            # its process did) was written before them, so before the mark, and is delivered
+            mark = time.monotonic_ns() if hold else None
             n = len(events)
             for ring in self._family_rings():
                 n += self._drain_ring(ring, mark) if ring.cut else self.drain_once(ring.name)
