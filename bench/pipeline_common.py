@@ -58,6 +58,7 @@ def feed_and_export(
         prof.enable()
     for s in range(0, len(arr), batch):
         corr.on_ring("sockdata", arr[s : s + batch])
+        corr.on_tick()
     if prof:
         prof.disable()
     run.correlate_s = time.process_time() - t0

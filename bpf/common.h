@@ -86,7 +86,7 @@ struct strevent {
 #define EVF_NCCL_UNKNOWN_COMM 2   /* NCCL: the communicator predates the probes: a0 is its pointer */
 #define EVF_DRIVER 4              /* CUDA: a driver API call (libcuda) */
 #define EVF_OUT_PTR 8             /* internal (CUDA): a1 is an out-pointer, read at return */
-#define EVF_SHED 0x10             /* CUDA: made while its thread served an HTTP request head sampling shed (sockets.c) */
+#define EVF_SHED 0x10             /* CUDA, torch: made while its thread served an HTTP request head sampling shed (sockets.c) */
 #define EVF_IBV_POSTED 0x100      /* EV_IBV_COMPLETION: the post was seen, ts/duration are real */
 /* CUDA: bits 9-15 of event.flags: the thread's current device + 1 when the call was made (0: none
  * known; cuda.c says how it is kept) */

@@ -17,7 +17,15 @@
  *
  * One record per operator call, at its return (EV_TORCH_OP): ts_ns entry time, duration_ns,
  * a0 the entry address (user space names the operator from it), a1 the number of probed
- * operators open around it on the thread, a2 the exit address. */
+ * operators open around it on the thread, a2 the exit address; flags EVF_SHED when the thread
+ * serves an HTTP request head sampling shed (sockets.c, when the http receiver runs): the
+ * operator belongs to no span a backend gets, and neither do the CUDA calls inside it. */
+
+#ifdef SOCK_PAYLOAD
+/* In sockets.c (the http family, after this file): whether this thread is serving an HTTP/1
+ * request that head sampling shed. */
+static __always_inline int serving_shed(void);
+#endif
 
 #define TORCH_MASK (TORCH_DEPTH - 1)
 
@@ -106,6 +114,10 @@ int uprobe_torch_exit(struct pt_regs *ctx)
     e.a0 = f->ip;
     e.a1 = d - 1;
     e.a2 = PT_REGS_IP(ctx);
+#ifdef SOCK_PAYLOAD
+    if (serving_shed())
+        e.flags = EVF_SHED;
+#endif
     s->depth = d - 1;
     emit(&e);
     return 0;

@@ -48,14 +48,14 @@ from otelbpf.export.profile_export import profile_exporter
 from otelbpf.export.self_profiling import self_profiler
 from otelbpf.export.span_queue import SpanQueue
 from otelbpf.families import registry
-from otelbpf.families.factory import Context, MapAccess, Receiver, RingCorrelator
+from otelbpf.families.factory import Context, CutCorrelator, MapAccess, Receiver, RingCorrelator
 from otelbpf.jobguard import Job
 from otelbpf.live import endpoint as live_endpoint
 from otelbpf.live import status
 from otelbpf.live.findings import FindingsReporter
 from otelbpf.live.state import LiveState
 from otelbpf.sensor.program_cache import ProgramCache
-from otelbpf.sensor.sensor import Sensor, SensorError, SensorOptions, require_root
+from otelbpf.sensor.sensor import TICK, Sensor, SensorError, SensorOptions, require_root
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +212,9 @@ class Agent:
 
     def _deliver(self, ring: str, arr: np.ndarray) -> None:
         """Called on the drain thread: enqueue only, never block."""
+        if ring == TICK:  # no records: never refused
+            self._work.put((ring, arr))
+            return
         with self._queued_lock:
             if self._queued + _weight(arr) > self._queued_max:
                 full = True
@@ -238,6 +241,12 @@ class Agent:
                 item.set()
                 continue
             ring, arr = item
+            if ring in (TICK, "events"):
+                # the tick's family batches are all in (the events ring is delivered last): merged
+                # first, so that a request is open before the CUDA calls made for it are processed
+                self._tick()
+                if ring == TICK:
+                    continue
             with self._queued_lock:
                 self._queued -= _weight(arr)
             for r in self.receivers:
@@ -256,6 +265,19 @@ class Agent:
                     self.health.add(
                         "otelbpf.events.dropped", len(arr), reason="processing_error", ring=ring, receiver=r.name
                     )
+                finally:
+                    self.watchdog.end()
+
+    def _tick(self) -> None:
+        """A drain tick's family batches are all delivered: correlators that merge rings go on
+        (a no-op for one with nothing pending: each tick with events ends twice)."""
+        for r in self.receivers:
+            if isinstance(r.correlator, CutCorrelator):
+                self.watchdog.begin(f"{r.name} tick")
+                try:
+                    r.correlator.on_tick()
+                except Exception:  # counted by the correlator where it can; the agent goes on
+                    log.exception("%s: processing a drain tick failed", r.name)
                 finally:
                     self.watchdog.end()
 

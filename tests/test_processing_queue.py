@@ -3,13 +3,19 @@ the embedded default, never started): where the drain pauses, what is dropped, w
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from otelbpf.agent import QUEUE_PAUSE_DIVISOR, Agent
-from otelbpf.base.events import EVENT_DTYPE
+from otelbpf.base.events import EVENT_DTYPE, SOCK_RECORD_DTYPE
 from otelbpf.config.default import DEFAULT_CONFIG_YAML
+from otelbpf.families.factory import Receiver
 from otelbpf.families.registry import load_config_text
+from otelbpf.sensor.family import RingSpec
+from otelbpf.sensor.sensor import TICK
 
 
 @pytest.fixture
@@ -54,3 +60,56 @@ def test_a_forced_drain_past_the_full_queue_is_dropped_and_counted(agent):
     assert agent.health.get("otelbpf.events.dropped") == 0
     agent._deliver("events", events)
     assert agent.health.get("otelbpf.events.dropped") == 1024
+
+
+class _Recorder:
+    """A correlator that writes down what it is handed, in order."""
+
+    scope = None
+
+    def __init__(self, name: str, log: list[tuple[str, str]]) -> None:
+        self.name, self.log = name, log
+
+    def on_events(self, arr) -> None:
+        self.log.append((self.name, "events"))
+
+    def on_strings(self, arr) -> None:
+        pass
+
+    def collect(self):
+        return []
+
+
+class _Merging(_Recorder):
+    def on_ring(self, name: str, arr) -> None:
+        self.log.append((self.name, name))
+
+    def on_tick(self) -> None:
+        self.log.append((self.name, "tick"))
+
+
+def test_a_tick_s_family_batches_are_merged_before_its_events_are_processed(agent):
+    """The events ring is delivered last in a drain tick (sensor.py): a correlator that merges its
+    rings (CutCorrelator) is told the tick is in before any correlator sees the events, so that
+    the requests they parent on are open; TICK ends the tick again (nothing pending then)."""
+    log: list[tuple[str, str]] = []
+    rings = SimpleNamespace(rings=(RingSpec("sockdata", SOCK_RECORD_DTYPE, 4096, cut=True),))
+    cuda = Receiver("cuda", SimpleNamespace(rings=()), _Recorder("cuda", log), [], 0)  # type: ignore[arg-type]
+    http = Receiver("http", rings, _Merging("http", log), [], 0)  # type: ignore[arg-type]
+    agent.receivers = [cuda, http]  # the one that parents on http's work comes first
+    loop = threading.Thread(target=agent._process_loop, daemon=True)
+    loop.start()
+    socks = np.zeros(2, SOCK_RECORD_DTYPE)
+    socks["data"] = [b"", b""]
+    for ring, arr in (("sockdata", socks), ("events", np.zeros(1, EVENT_DTYPE))):
+        agent._deliver(ring, arr)
+    agent._deliver(TICK, np.zeros(0, EVENT_DTYPE))
+    agent._work.put(None)
+    loop.join(10)
+    assert log == [
+        ("http", "sockdata"),
+        ("http", "tick"),
+        ("cuda", "events"),
+        ("http", "events"),
+        ("http", "tick"),
+    ]

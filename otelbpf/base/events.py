@@ -106,8 +106,9 @@ FLAG_INCOMPLETE = 1
 FLAG_NCCL_UNKNOWN_COMM = 2
 #: ``EVF_DRIVER``: a CUDA driver API call (libcuda), not the runtime's.
 FLAG_DRIVER = 4
-#: ``EVF_SHED``: a CUDA call made while its thread served an HTTP request that head sampling shed
-#: (bpf/sockets.c): its span stays out of trace backends, with no request to be the child of.
+#: ``EVF_SHED``: a CUDA call or torch operator made while its thread served an HTTP request that
+#: head sampling shed (bpf/sockets.c): its span stays out of trace backends, with no request to
+#: be the child of.
 FLAG_SHED = 0x10
 #: ``CUDA_DEVICE_SHIFT``: bits 9-15 of a CUDA record's flags hold the calling thread's current
 #: device + 1 (0: none known; bpf/cuda.c keeps it from cudaSetDevice and the context calls).

@@ -63,7 +63,11 @@ def make_span(
     subtree, as the OpenTelemetry probability-sampling spec has children inherit ``th``, so a
     backend re-weights the children of a request kept at 1/4 by 4 too. ``sampled``: False for a
     span recorded for the agent's own answers (its files, the live state) but kept out of trace
-    backends (export/span_queue.py), the W3C sampled flag off."""
+    backends (export/span_queue.py), the W3C sampled flag off; the child of such a span is such
+    a span too (a backend would get a child without its parent), but not the child of a remote
+    parent: a caller's own sampling flag does not decide what the agent exports."""
+    if parent is not None and not parent.is_remote and not parent.trace_flags.sampled:
+        sampled = False
     ctx = context or new_context(
         parent.trace_id if parent else None, parent.trace_state if parent else None, sampled=sampled
     )

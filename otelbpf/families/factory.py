@@ -108,6 +108,16 @@ class RingCorrelator(Correlator, Protocol):
     def on_ring(self, name: str, arr: np.ndarray) -> None: ...
 
 
+@runtime_checkable
+class CutCorrelator(Correlator, Protocol):
+    """A correlator that reads several rings and merges each tick's batches by time: the
+    sensor's drain tick is a cut (sensor.py ``TICK``), and ``on_tick`` says its family rings'
+    batches are all delivered: called before the tick's ``events`` batch (delivered last, and
+    what other correlators parent on this one's work) and at its end."""
+
+    def on_tick(self) -> None: ...
+
+
 @dataclass
 class Receiver:
     name: str

@@ -115,6 +115,9 @@ class RingSpec:
     #: Records of any length (a header plus a payload): ``dtype`` ends with an object
     #: field ``data`` for the payload (sensor/ringbuf.py VariableRingReader).
     variable: bool = False
+    #: Delivered in cuts (sensor.py ``TICK``): ``dtype`` has ``ts_ns`` and ``duration_ns``, a
+    #: record written at their sum, and those written after a tick's mark wait for the next.
+    cut: bool = False
 
 
 class Attacher(Protocol):

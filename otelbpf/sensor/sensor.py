@@ -7,7 +7,17 @@ Threads, each with one job:
   of the event ring and the families' own rings and hands the arrays to
   ``deliver`` (which must only enqueue): family rings first, then ``events``,
   drained in the opposite order, so that a family record (a request read) that
-  happened before an event (a CUDA call it caused) is never delivered after it;
+  happened before an event (a CUDA call it caused) is never delivered after it.
+  The rings are drained one after another, so one ring's batch can hold a
+  record (an HTTPS call, on the TLS ring) later than what another ring was
+  drained up to (the plain request it was made for, on the socket ring): so a
+  tick takes its ``mark`` (CLOCK_MONOTONIC, the probes' clock) once ``events``
+  is drained and before any family ring, the records of ``RingSpec.cut`` rings
+  written at or after it wait for the next tick, and ``deliver(TICK, ...)`` ends
+  the tick. Each tick is then a cut: every such record written before its mark,
+  of every ring, delivered, none after, and every event delivered was written
+  before the mark; a correlator that reads two rings merges a tick's batches by
+  time;
 - discovery: woken by epoll on the string ring, attaches to library files
   as processes open them and to executables as they start (and on /proc
   rescans), then resumes a process the kernel paused at that open or exec; a
@@ -55,6 +65,9 @@ Deliver = Callable[[str, np.ndarray], None]
 #: back.
 IDLE_DRAIN_FACTOR = 8
 EMPTY_EVENTS = np.zeros(0, dtype=EVENT_DTYPE)
+#: The name ``deliver`` is called with, an empty array, after each drain tick that delivered
+#: something: every ``RingSpec.cut`` ring's records written before the tick's mark are in.
+TICK = "tick"
 T = TypeVar("T")
 
 
@@ -167,6 +180,8 @@ class Sensor:
         self._wake_fd: int | None = None
         self._threads: list[threading.Thread] = []
         self._readers: dict[str, RingBufferReader | VariableRingReader] = {}
+        #: Records of ``cut`` rings written after the last tick's mark, for the next (drain_tick).
+        self._held: dict[str, np.ndarray] = {}
         self._skipped: dict[str, int] = {}
         self.attach_stats = AttachStats()
         self.compile_seconds = 0.0
@@ -305,7 +320,7 @@ class Sensor:
                     for name in list(self._bpf.tracepoint_fds):
                         self._bpf.detach_tracepoint(name)
         self.drain_once("strevents")
-        self.drain_tick()
+        self.drain_tick(hold=False)
         for fam in self.options.families:
             if fam.on_unload is not None:
                 with self._lock:
@@ -370,8 +385,10 @@ class Sensor:
                 self._deliver(ring, arr)
         return n
 
-    def drain_tick(self) -> int:
-        """One timer tick: ``events`` drained first and delivered last (see the module doc).
+    def drain_tick(self, hold: bool = True) -> int:
+        """One timer tick: ``events`` drained first and delivered last, ``cut`` rings' records
+        written from the mark on held for the next tick (see the module doc); ``hold`` False:
+        none held (the final drain). The records drained and delivered (held ones too).
 
         Returns 0 once the sensor is stopped and its rings are closed."""
         with self._drain_lock:
@@ -379,13 +396,41 @@ class Sensor:
                 return 0
             reader = self._readers["events"]
             events = reader.drain() if reader.pending_bytes() else EMPTY_EVENTS
+            # after the events: what they parent on (a request read) or end (an exit ends what
+            # its process did) was written before them, so before the mark, and is delivered
+            mark = time.monotonic_ns() if hold else None
             n = len(events)
             for ring in self._family_rings():
-                n += self.drain_once(ring.name)
+                n += self._drain_ring(ring, mark) if ring.cut else self.drain_once(ring.name)
             if len(events):
                 self.records_received["events"] += len(events)
                 self._deliver("events", events)
+            if n:
+                self._deliver(TICK, EMPTY_EVENTS)
             return n
+
+    def _drain_ring(self, ring: RingSpec, mark: int | None) -> int:
+        """Drain a ``cut`` ring: deliver what the last tick held and what was written before
+        ``mark`` (a record is written at its call's end: ``ts_ns + duration_ns``), hold the rest
+        (at most one tick: a held record is delivered next time whatever its time)."""
+        reader = self._readers[ring.name]
+        held = self._held.pop(ring.name, None)
+        arr = reader.drain() if reader.pending_bytes() else None
+        n = 0
+        if arr is not None and len(arr):
+            n = len(arr)
+            self.records_received[ring.name] += n
+            if mark is not None:
+                later = (arr["ts_ns"] + arr["duration_ns"]) >= mark
+                if later.any():
+                    self._held[ring.name] = arr[later]
+                    arr = arr[~later]
+        if held is not None:
+            arr = held if arr is None or not len(arr) else np.concatenate((held, arr))
+            n += len(held)
+        if arr is not None and len(arr):
+            self._deliver(ring.name, arr)
+        return n
 
     def _drain_loop(self) -> None:
         """Every ``drain_interval`` while records come, unless the consumer is backlogged;

@@ -173,6 +173,7 @@ class Wire:
                 r["family"], r["port"], r["local_port"], r["addr"] = 2, PEER + fd, PORT, LOCALHOST
             arr["data"][i] = data
         self.correlator.on_ring("sockdata", arr)
+        self.correlator.on_tick()
 
     def exchange(self, fd: int, request: bytes, response: bytes, *, pid: int = PID) -> None:
         """A whole connection: accept, one read, one write, close; delivered."""

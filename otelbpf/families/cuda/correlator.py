@@ -418,13 +418,15 @@ class CudaCorrelator(CorrelatorBase[_Process]):
         # The thread was serving a request head sampling shed, and no kept one of its own (an
         # event loop may hold a kept one open beside it, the latest read being shed: the call
         # stays that one's child): the shed request has no span, and the call belongs to none
-        # other. Recorded for the agent's own answers (its files, the live state: the diagnosis
-        # sees every call), never sent to a trace backend, where it would be a root with no
-        # request above it.
-        shed = parent is None and bool(flags & FLAG_SHED)
+        # other, or to an operator of it (torch, itself shed). Recorded for the agent's own
+        # answers (its files, the live state: the diagnosis sees every call), never sent to a
+        # trace backend, where it would be a root with no request above it.
+        shed = bool(flags & FLAG_SHED) and (parent is None or not parent.trace_flags.sampled)
         if shed:
             self._proc(pid).shed_spans += 1
             attrs["otelbpf.sampling.shed"] = True
+            if parent is not None:
+                attrs["otelbpf.causality"] = how
         else:
             if parent is None:  # work a request handed to this thread (a pool worker)
                 parent, how = self._handed(pid, tid, ts), "wakeup"

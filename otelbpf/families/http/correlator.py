@@ -173,6 +173,13 @@ _FIELDS = (
 _Row = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, bytes]
 
 
+def _joined(batches: list[np.ndarray]) -> np.ndarray | None:
+    """One array of a tick's batches of a ring (None for none)."""
+    if not batches:
+        return None
+    return batches[0] if len(batches) == 1 else np.concatenate(batches)
+
+
 def _tls_id(row: _Row) -> int:
     """A TLS record's connection id (bpf/tls.c: in the socket layout's port and local_port)."""
     return row[11] | row[12] << 16
@@ -316,6 +323,9 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         self._sample_streams = sampler is not None and traces
         self._serving: dict[tuple[int, int], _Serving] = {}  # by (pid, tid): the last read (_Serving)
         self._serving_kept: dict[tuple[int, int], _Serving] = {}  # by (pid, tid): the last kept one
+        #: This drain tick's batches of each ring, parsed together at its end (on_tick).
+        self._pending_socks: list[np.ndarray] = []
+        self._pending_tls: list[np.ndarray] = []
         self._stream_decisions = [0] * len(STREAM_DECISIONS)  # this batch's, handed to the sampler
 
     # -- input ------------------------------------------------------------------
@@ -324,7 +334,8 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         pass
 
     def on_events(self, arr: np.ndarray) -> None:
-        """Process exits end that process's connections."""
+        """Process exits end that process's connections (the tick's socket records are parsed
+        by then: CutCorrelator)."""
         exits = arr[arr["kind"] == Kind.PROC_EXIT]
         if len(exits) and self._tls.waiting:
             with self._lock:
@@ -345,54 +356,82 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
             self._flush_spans()
 
     def on_ring(self, name: str, arr: np.ndarray) -> None:
-        kind = arr["kind"]
-        is_data = kind == Kind.SOCK_DATA
-        ingress = (is_data & ~np.isin(arr["func"], _EGRESS)) | (kind == Kind.SOCK_ACCEPT)
-        when = arr["ts_ns"] + np.where(ingress, arr["duration_ns"], 0)
-        order = np.argsort(when, kind="stable")
-        # One tuple per record, built in C: a record's fields are then unpacked at once, not looked up one by one.
-        rows = list(zip(*(arr[f].tolist() for f in _FIELDS), arr["data"].tolist()))  # payload: the bytes captured
-        addrs = arr["addr"]
-        unknown = kind == Kind.SOCK_UNKNOWN
+        """A batch of socket records: parsed when the drain tick ends (``on_tick``), merged by time
+        with the tick's TLS plaintext."""
         with self._lock:
-            if unknown.any():
-                self._conns.prepare(list(zip(arr["pid"][unknown].tolist(), arr["fd"][unknown].tolist())))
-            record = self._record
+            self._pending_socks.append(arr)
+
+    def on_tls(self, arr: np.ndarray) -> None:
+        """The tls receiver's plaintext records (tls.py): parsed as socket records are, on
+        connections of their own, when the drain tick ends (``on_tick``)."""
+        with self._lock:
+            self._pending_tls.append(arr)
+
+    def on_tick(self) -> None:
+        """The drain tick is complete (sensor.py ``TICK``: every socket and plaintext record written
+        before its mark is in): its batches of both rings are parsed as one, in time order. Apart,
+        the ring processed first had its records parsed before the other's older ones: a plain
+        request's HTTPS call parsed before the request was open (no parent), an HTTPS request's
+        plain call likewise."""
+        with self._lock:
+            socks, tls = self._pending_socks, self._pending_tls
+            self._pending_socks, self._pending_tls = [], []
+        if socks or tls:
+            self._process(_joined(socks), _joined(tls))
+
+    def _process(self, sock: np.ndarray | None, tls: np.ndarray | None) -> None:
+        """Socket records and TLS plaintext records, merged: each ring's ingress records at their
+        call's end (the bytes were there then), the rest at its start."""
+        n_sock = len(sock) if sock is not None else 0
+        whens = []
+        rows: list[_Row] = []
+        if sock is not None:
+            kind = sock["kind"]
+            is_data = kind == Kind.SOCK_DATA
+            ingress = (is_data & ~np.isin(sock["func"], _EGRESS)) | (kind == Kind.SOCK_ACCEPT)
+            whens.append(sock["ts_ns"] + np.where(ingress, sock["duration_ns"], 0))
+            # One tuple per record, built in C: a record's fields are then unpacked at once, not looked up one by one.
+            rows = list(zip(*(sock[f].tolist() for f in _FIELDS), sock["data"].tolist()))  # payload: the bytes
+            addrs = sock["addr"]
+            unknown = kind == Kind.SOCK_UNKNOWN
+        ssl: list[int] = []
+        if tls is not None:
+            ingress = (tls["kind"] == Kind.SOCK_DATA) & ~np.isin(tls["func"], _EGRESS)
+            whens.append(tls["ts_ns"] + np.where(ingress, tls["duration_ns"], 0))
+            rows += list(zip(*(tls[f].tolist() for f in _FIELDS), tls["data"].tolist()))
+            ssl = [int.from_bytes(a.tobytes()[:8], "little") for a in tls["addr"]]
+        order = np.argsort(np.concatenate(whens), kind="stable")  # ties: the socket record first
+        with self._lock:
+            if sock is not None and unknown.any():
+                self._conns.prepare(list(zip(sock["pid"][unknown].tolist(), sock["fd"][unknown].tolist())))
+            self._tls.batch += 1
+            # plaintext an earlier tick held for a socket record: parsed after this tick's (tls.py)
+            late = self._tls.release()
+            record, tls_wait, tls_record = self._record, self._tls.wait, self._tls_record
             for i in order.tolist():
+                row = rows[i]
                 try:  # inline, not _guarded: once per record
-                    record(rows[i], addrs, i)
+                    if i < n_sock:
+                        record(row, addrs, i)
+                    else:
+                        item = (row, ssl[i - n_sock])
+                        if not tls_wait(row[2], row[4], item, row[0], _tls_id(row)):
+                            tls_record(*item)
                 except Exception as exc:
-                    self._failed("record", exc)
+                    self._failed("record" if i < n_sock else "tls_record", exc)
                 if len(self._spans) >= _HAND_OFF:
                     # A record can finish hundreds of streams (evicted by a flood): hand spans over
                     # within the batch rather than hold a whole ring's worth (the queue never blocks).
                     spans, self._spans = self._spans, []
                     self._send(spans)
+            self._tls_rows(late)
             self._conns.flush()
-            self._tls.batch += 1
-            self._tls_rows(self._tls.release())
             self._end_tls(self._tls.sweep())
             self._flush_durations()
-        if self._sampler is not None and is_data.any():
+        if self._sampler is not None and sock is not None and is_data.any():
             # the last data record's stamp (sockets.c: bytes written up to it, in its addr field)
-            self._sampler.processed(last_stamp(arr["addr"][is_data]))
+            self._sampler.processed(last_stamp(sock["addr"][is_data]))
             self._sampler.tick()
-        self._flush_spans()
-
-    def on_tls(self, arr: np.ndarray) -> None:
-        """The tls receiver's plaintext records (tls.py): parsed as socket records are, on
-        connections of their own."""
-        kind = arr["kind"]
-        ingress = (kind == Kind.SOCK_DATA) & ~np.isin(arr["func"], _EGRESS)
-        order = np.argsort(arr["ts_ns"] + np.where(ingress, arr["duration_ns"], 0), kind="stable")
-        rows = list(zip(*(arr[f].tolist() for f in _FIELDS), arr["data"].tolist()))
-        ssl = [int.from_bytes(a.tobytes()[:8], "little") for a in arr["addr"]]
-        with self._lock:
-            self._tls.batch += 1
-            self._tls_rows(self._tls.release())
-            self._tls_rows([(rows[i], ssl[i]) for i in order.tolist()], wait=True)
-            self._end_tls(self._tls.sweep())
-            self._flush_durations()
         self._flush_spans()
 
     def _tls_rows(self, items: list[tuple[_Row, int]], wait: bool = False) -> None:

@@ -138,7 +138,7 @@ def socket_family(
             *(("-DSOCK_LIB_USERS_ONLY=1",) if lib_users_only else ()),
             *(("-DHANDOFFS=1", f"-DHANDOFF_ENTRIES={HANDOFF_ENTRIES}") if handoffs else ()),
         ),
-        rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True),),
+        rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True, cut=True),),
         tail_calls=tuple(TailCall("sock_capture_prog", i, name) for i, name in enumerate(TAIL_CALLS)),
         counting_maps=(RED_MAP, H2_RED_MAP),
     )

@@ -147,7 +147,7 @@ def tls_family(
             f"-DTLS_BACKLOG_BYTES={backlog_bytes or ring_bytes // 2}",
             *(("-DTLS_LIB_USERS_ONLY=1",) if lib_users_only else ()),
         ),
-        rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True),),
+        rings=(RingSpec(RING, SOCK_RECORD_DTYPE, ring_bytes, variable=True, cut=True),),
         counting_maps=(STATS_MAP,),
         on_load=attach_syscalls,
         after=("sockets",),  # tls.c uses sockets.c's sampling maps, RED counts and thread state

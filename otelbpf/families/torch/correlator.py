@@ -16,6 +16,12 @@ the others (``opens_scopes``), so CUDA records drained in the same batch find th
 A call whose enclosing call never arrives (an exception left it: counted by the kernel as
 ``torch_unwound``) is emitted as a root once it is ``ORPHAN_NS`` older than the newest record.
 
+Head sampling. A root made while its thread served an HTTP request the kernel shed (``EVF_SHED``,
+bpf/torch.c) and under no kept request has no request to be the child of: its tree is recorded
+unsampled (the agent's own files and live state, never a trace backend, as the CUDA calls of a
+shed request are), and so are the CUDA calls inside it (spans.py: an unsampled parent's
+children), and counted (``otelbpf.torch.spans.shed``).
+
 Metrics count every call, whatever the span budget or ``min_span_ns`` leave out.
 """
 
@@ -31,7 +37,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
-from otelbpf.base.events import Kind
+from otelbpf.base.events import FLAG_SHED, Kind
 from otelbpf.correlate import metrics as m
 from otelbpf.correlate.base import CorrelatorBase, CorrelatorSettings
 from otelbpf.correlate.causality import Causality
@@ -64,6 +70,7 @@ class Call:
     start_ns: int  # CLOCK_MONOTONIC
     duration_ns: int
     depth: int
+    shed: bool = False  # made while its thread served a request head sampling shed (FLAG_SHED)
     children: list[Call] = field(default_factory=list)
 
     @property
@@ -85,6 +92,7 @@ class _Process:
     first_seen_ns: int
     calls: dict[str, int] = field(default_factory=dict)
     durations: dict[str, m.HistogramState] = field(default_factory=dict)
+    shed_spans: int = 0  # spans of operators of shed HTTP requests: recorded, not sent
     exited: bool = False
 
 
@@ -167,6 +175,15 @@ class TorchCorrelator(CorrelatorBase[_Process]):
                         p.first_seen_ns,
                         now,
                     ),
+                    m.cumulative_sum(
+                        "otelbpf.torch.spans.shed",
+                        "{span}",
+                        "Operator spans of HTTP requests head sampling shed: written to the agent's own files "
+                        "and live state, not to trace backends",
+                        [({}, p.shed_spans)] if p.shed_spans else [],
+                        p.first_seen_ns,
+                        now,
+                    ),
                     m.histogram(
                         "otelbpf.torch.operator.duration",
                         "s",
@@ -188,14 +205,15 @@ class TorchCorrelator(CorrelatorBase[_Process]):
 
     def _calls(self, calls: np.ndarray) -> list[Call]:
         return [
-            Call(self._name(pid, entry), pid, tid, ts, dur, depth)
-            for pid, tid, ts, dur, entry, depth in zip(
+            Call(self._name(pid, entry), pid, tid, ts, dur, depth, bool(flags & FLAG_SHED))
+            for pid, tid, ts, dur, entry, depth, flags in zip(
                 calls["pid"].tolist(),
                 calls["tid"].tolist(),
                 calls["ts_ns"].tolist(),
                 calls["duration_ns"].tolist(),
                 calls["a0"].tolist(),
                 calls["a1"].tolist(),
+                calls["flags"].tolist(),
                 strict=True,
             )
         ]
@@ -243,20 +261,33 @@ class TorchCorrelator(CorrelatorBase[_Process]):
             self._on_sampled_out(wanted)
             return
         parent = self._causality.parent(root.pid, root.tid, root.start_ns)
-        self._build(root, parent, spans)
+        shed = root.shed and (parent is None or not parent.trace_flags.sampled)
+        if shed:
+            self._proc(root.pid).shed_spans += wanted
+        self._build(root, parent, spans, shed)
 
     def _count(self, call: Call) -> int:
         return int(call.duration_ns >= self._min_span_ns) + sum(self._count(c) for c in call.children)
 
-    def _build(self, call: Call, parent: SpanContext | None, spans: list[ReadableSpan]) -> None:
-        """A call below ``min_span_ns`` makes no span: its children go to its parent."""
+    def _build(self, call: Call, parent: SpanContext | None, spans: list[ReadableSpan], shed: bool) -> None:
+        """A call below ``min_span_ns`` makes no span: its children go to its parent. ``shed``:
+        the tree of a shed request, recorded unsampled."""
         own = parent
         if call.duration_ns >= self._min_span_ns:
             # the request's tracestate too: its head-sampling threshold (ot=th:) holds for the
             # whole trace, so an operator of a 1/4-kept request stands for 4 as its request does
-            own = new_context(parent.trace_id if parent else None, parent.trace_state if parent else None)
+            own = new_context(
+                parent.trace_id if parent else None, parent.trace_state if parent else None, sampled=not shed
+            )
             self._causality.scope(call.pid, call.tid, call.start_ns, call.end_ns, own)
             start = self._clock.to_wall(call.start_ns)
+            attrs: dict[str, object] = {
+                "torch.operator.name": call.operator,
+                "torch.operator.depth": call.depth,
+                "thread.id": call.tid,
+            }
+            if shed:
+                attrs["otelbpf.sampling.shed"] = True
             spans.append(
                 make_span(
                     call.operator,
@@ -264,14 +295,10 @@ class TorchCorrelator(CorrelatorBase[_Process]):
                     scope=SCOPE,
                     start_ns=start,
                     end_ns=start + call.duration_ns,
-                    attributes={
-                        "torch.operator.name": call.operator,
-                        "torch.operator.depth": call.depth,
-                        "thread.id": call.tid,
-                    },
+                    attributes=attrs,
                     parent=parent,
                     context=own,
                 )
             )
         for child in call.children:
-            self._build(child, own, spans)
+            self._build(child, own, spans, shed)

@@ -140,7 +140,14 @@ class Http:
         self.counts[key] = self.counts.get(key, 0) + n
 
     def deliver(self, records: Records) -> None:
+        """``records`` as one drain tick's socket batch."""
         self.correlator.on_ring("sockdata", records.array())
+        self.correlator.on_tick()
+
+    def plaintext(self, records: Records) -> None:
+        """``records`` as one drain tick's TLS plaintext batch (tls.py)."""
+        self.correlator.on_tls(records.array())
+        self.correlator.on_tick()
 
     def span(self, kind: SpanKind):
         [span] = [s for s in self.spans if s.kind == kind]

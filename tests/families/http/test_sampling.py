@@ -249,6 +249,7 @@ def test_the_correlator_marks_kept_spans_and_adds_the_shed_requests_to_their_ser
     )
     arr["addr"][data] = stamps
     http.correlator.on_ring("sockdata", arr)
+    http.correlator.on_tick()
     server, client = http.span(SpanKind.SERVER), http.span(SpanKind.CLIENT)
     for span in (server, client):
         assert span.attributes["otelbpf.http.sampling.adjusted_count"] == 4

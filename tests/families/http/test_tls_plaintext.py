@@ -68,7 +68,7 @@ def test_plaintext_makes_the_span_the_ciphertext_cannot_and_takes_the_socket_s_a
     plain = Records()
     tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
     tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=5)
-    http.correlator.on_tls(plain.array())
+    http.plaintext(plain)
     span = http.span(SpanKind.SERVER)
     assert_attributes(
         span,
@@ -99,7 +99,7 @@ def test_a_kept_request_carries_its_sampling_and_the_shift_does_not_split_the_co
     tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=-1, shift=2)
     tls(plain, SockFunc.read, REQUEST + BODY, 3_000_000, 3_000, fd=-1)
     tls(plain, SockFunc.write, RESPONSE, 3_050_000, 4_000, fd=-1)
-    http.correlator.on_tls(plain.array())
+    http.plaintext(plain)
     first, second = sorted((s for s in http.spans if s.kind == SpanKind.SERVER), key=lambda s: s.start_time)
     assert first.attributes["otelbpf.http.sampling.adjusted_count"] == 4
     assert first.context.trace_state.get("ot") == "th:c"  # p = 1/4
@@ -116,7 +116,7 @@ def test_without_an_fd_the_ssl_pointer_keys_the_connection() -> None:
     tls(plain, SockFunc.read, REQUEST + BODY, 2_001_000, 3_000, fd=-1, ssl=SSL + 64)
     tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=-1, ssl=SSL)
     tls(plain, SockFunc.write, RESPONSE, 2_060_000, 4_000, fd=-1, ssl=SSL + 64)
-    http.correlator.on_tls(plain.array())
+    http.plaintext(plain)
     spans = [s for s in http.spans if s.kind == SpanKind.SERVER]
     assert len(spans) == 2 and all(s.attributes["url.scheme"] == "https" for s in spans)
 
@@ -129,13 +129,13 @@ def test_a_socket_close_ends_the_tls_connection_two_batches_later_and_a_new_one_
     http.deliver(sock)
     first = Records()
     tls(first, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
-    http.correlator.on_tls(first.array())
+    http.plaintext(first)
     closing = Records()
     closing.close(2_100_000, pid=SERVER_PID, fd=5)
     http.deliver(closing)  # before the response's record
     late = Records()
     tls(late, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=5)
-    http.correlator.on_tls(late.array())
+    http.plaintext(late)
     assert [s.attributes["http.response.status_code"] for s in http.spans] == [200]
     # a new connection on the reused fd number, after the close
     reopened = Records()
@@ -144,7 +144,7 @@ def test_a_socket_close_ends_the_tls_connection_two_batches_later_and_a_new_one_
     again = Records()
     tls(again, SockFunc.read, REQUEST + BODY, 3_000_000, 3_000, fd=5)
     tls(again, SockFunc.write, RESPONSE, 3_050_000, 4_000, fd=5)
-    http.correlator.on_tls(again.array())
+    http.plaintext(again)
     assert len(http.spans) == 2
 
 
@@ -153,7 +153,7 @@ def test_an_ssl_read_of_zero_ends_a_client_exchange_and_garbage_plaintext_is_onl
     plain = Records()
     tls(plain, SockFunc.write, b"\x00\x01garbage that is no protocol", 1_000, 100, fd=9)
     tls(plain, SockFunc.read, b"", 2_000, 100, fd=9, ret=0)
-    http.correlator.on_tls(plain.array())
+    http.plaintext(plain)
     assert not any(k[0] == "otelbpf.http.unparsed_bytes" for k in http.counts)  # waits: fd 9 is new to both paths
     http.deliver(Records())  # the next batch (no socket record came for it): taken as it is
     assert http.spans == []
@@ -173,7 +173,7 @@ def test_plaintext_drained_before_its_accept_waits_for_it_and_gets_its_addresses
     plain = Records()
     tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
     tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=5)
-    http.correlator.on_tls(plain.array())
+    http.plaintext(plain)
     assert http.spans == []
     sock = Records()
     sock.accept(1_000_000)
@@ -204,7 +204,7 @@ def test_a_whole_connection_closed_before_its_plaintext_is_processed_keeps_its_a
     plain = Records()
     tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
     tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=5)
-    http.correlator.on_tls(plain.array())
+    http.plaintext(plain)
     span = http.span(SpanKind.SERVER)
     assert_attributes(span, {"client.address": CLIENT_IP, "server.port": SERVER_PORT, "url.scheme": "https"})
 
@@ -214,7 +214,7 @@ def test_plaintext_no_socket_record_ever_names_is_released_by_the_metrics_collec
     plain = Records()
     tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=11)
     tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=11)
-    http.correlator.on_tls(plain.array())
+    http.plaintext(plain)
     assert http.spans == []
     http.correlator.collect()
     assert http.span(SpanKind.SERVER).attributes["url.scheme"] == "https"
@@ -230,7 +230,7 @@ def test_an_h2_server_s_settings_before_the_preface_on_a_connection_of_unknown_r
     tls(plain, SockFunc.write, preface_s2c, 1_900_000, 1_000, fd=12)  # the server's SETTINGS, first
     tls(plain, SockFunc.read, preface_c2s + call_c2s, 2_000_000, 3_000, fd=12)
     tls(plain, SockFunc.write, call_s2c, 2_050_000, 4_000, fd=12)
-    http.correlator.on_tls(plain.array())
+    http.plaintext(plain)
     http.correlator.collect()
     assert http.span(SpanKind.SERVER).name == "demo.Svc/Do"
 
@@ -254,7 +254,7 @@ def test_a_reused_fd_s_next_connection_is_told_apart_by_the_kernel_s_id_before_t
         tls(plain, SockFunc.write, s2c, at, 1_000, fd=5, conn_id=conn_id)
         tls(plain, SockFunc.read, c2s + call_c2s, at + 100_000, 3_000, fd=5, conn_id=conn_id)
         tls(plain, SockFunc.write, call_s2c, at + 200_000, 4_000, fd=5, conn_id=conn_id)
-    http.correlator.on_tls(plain.array())  # the socket ring has said nothing of the close yet
+    http.plaintext(plain)  # the socket ring has said nothing of the close yet
     assert [s.name for s in http.spans] == ["demo.Svc/Do0"]  # the second waits for its accept
     later = Records()
     later.close(2_500_000, pid=SERVER_PID, fd=5)
@@ -274,3 +274,56 @@ def test_without_ids_a_new_connection_after_the_close_still_starts_fresh() -> No
     conns.socket_closed(1, 5, 200)
     second, ended = conns.conn(1, 5, SSL, 300, 0)
     assert ended == [first] and second is not first
+
+
+UPSTREAM_REQUEST = b"GET /up HTTP/1.1\r\nHost: up\r\n\r\n"
+UPSTREAM_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+
+
+def _tick(http: Http, sock: Records, plain: Records, *, tls_first: bool) -> None:
+    """One drain tick whose batches come in either order (the sensor drains rings one by one)."""
+    batches = [lambda: http.correlator.on_tls(plain.array()), lambda: http.correlator.on_ring("sockdata", sock.array())]
+    for deliver in batches if tls_first else batches[::-1]:
+        deliver()
+    http.correlator.on_tick()
+
+
+def test_a_plain_request_s_https_call_is_its_child_whichever_ring_comes_first() -> None:
+    """A gateway serving plain HTTP calls an HTTPS upstream: the request on the socket ring, the
+    call on the TLS ring (a kept-alive upstream connection), the TLS batch delivered first. The
+    tick is parsed as one, in time order: the request is open when the call starts."""
+    http = Http()
+    earlier = Records()
+    earlier.connect(500_000, pid=SERVER_PID, fd=8)
+    http.deliver(earlier)
+    sock = Records()
+    sock.accept(1_000_000)
+    sock.io(SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, pid=SERVER_PID, fd=5)
+    sock.io(SockFunc.write, RESPONSE, 2_400_000, 4_000, pid=SERVER_PID, fd=5)
+    plain = Records()
+    tls(plain, SockFunc.write, UPSTREAM_REQUEST, 2_100_000, 2_000, fd=8)
+    tls(plain, SockFunc.read, UPSTREAM_RESPONSE, 2_200_000, 90_000, fd=8)
+    _tick(http, sock, plain, tls_first=True)
+    server, client = http.span(SpanKind.SERVER), http.span(SpanKind.CLIENT)
+    assert client.attributes["url.scheme"] == "https"
+    assert client.parent is not None and client.parent.span_id == server.context.span_id
+    assert client.context.trace_id == server.context.trace_id
+
+
+def test_an_https_request_s_plain_call_is_its_child_whichever_ring_comes_first() -> None:
+    """The other way: an HTTPS server (plaintext on the TLS ring) calls a plain upstream (socket
+    ring), the socket batch delivered first."""
+    http = Http()
+    sock = Records()
+    sock.accept(1_000_000)
+    sock.io(SockFunc.read, CLIENT_HELLO, 1_100_000, 1_000, pid=SERVER_PID, fd=5)
+    sock.connect(2_050_000, pid=SERVER_PID, fd=8)
+    sock.io(SockFunc.write, UPSTREAM_REQUEST, 2_100_000, 2_000, pid=SERVER_PID, fd=8)
+    sock.io(SockFunc.read, UPSTREAM_RESPONSE, 2_200_000, 90_000, pid=SERVER_PID, fd=8)
+    plain = Records()
+    tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
+    tls(plain, SockFunc.write, RESPONSE, 2_400_000, 4_000, fd=5)
+    _tick(http, sock, plain, tls_first=False)
+    server, client = http.span(SpanKind.SERVER), http.span(SpanKind.CLIENT)
+    assert server.attributes["url.scheme"] == "https"
+    assert client.parent is not None and client.parent.span_id == server.context.span_id

@@ -200,3 +200,43 @@ def test_a_cuda_call_in_the_same_batch_nests_under_the_operator(world):
     assert inside.parent == inner.context and inside.context.trace_id == request.trace_id
     assert inner.parent == outer.context and outer.parent == request
     assert after.parent == request
+
+
+def test_the_operators_of_a_shed_request_and_their_cuda_calls_are_recorded_unsampled(world):
+    """A thread serving an HTTP request head sampling shed (FLAG_SHED on its records, bpf/torch.c
+    and cuda.c): no request span to be the child of. The operator tree and the CUDA call inside
+    it are recorded unsampled (the agent's files, never a backend), marked and counted; under a
+    kept request (an event loop holding one open) the same flag changes nothing."""
+    from otelbpf.base.events import FLAG_SHED, CudaFunc
+    from otelbpf.correlate.symbolizer import Symbolizer
+    from otelbpf.families.cuda.correlator import CudaCorrelator
+
+    make, spans, causality, _ = world
+    torch = make()
+    settings = CorrelatorSettings(ProcessInfo(), MonotonicClock(), spans.extend)
+    cuda = CudaCorrelator(settings, Symbolizer(), lambda name: [], lambda name, keys: None, parent_of=causality.parent)
+    ops = records((_SOFTMAX, 2 * MS, 5 * MS, 1), (SOFTMAX, 1 * MS, 7 * MS, 0))
+    sync = np.zeros(1, EVENT_DTYPE)
+    sync[0]["ts_ns"], sync[0]["duration_ns"], sync[0]["pid"], sync[0]["tid"] = 3 * MS, MS, PID, TID
+    sync[0]["kind"], sync[0]["func"] = int(Kind.CUDA_SYNC), int(CudaFunc.cudaDeviceSynchronize)
+    batch = np.concatenate([sync, ops])
+    batch["flags"] |= FLAG_SHED
+    torch.on_events(batch)
+    cuda.on_events(batch)
+    by_name = {s.name: s for s in spans}
+    outer, inner, call = by_name["softmax_int"], by_name["_softmax"], by_name["cudaDeviceSynchronize"]
+    assert outer.parent is None and inner.parent == outer.context and call.parent == inner.context
+    assert not any(s.context.trace_flags.sampled for s in (outer, inner, call))
+    assert all(s.attributes["otelbpf.sampling.shed"] is True for s in (outer, inner, call))
+    ((_resource, metrics),) = torch.collect()
+    [shed] = [m for m in metrics if m.name == "otelbpf.torch.spans.shed"]
+    assert [p.value for p in shed.data.data_points] == [2]
+    # the same flag under a kept request: its child, sampled
+    spans.clear()
+    request = new_context()
+    causality.open(PID, TID, 20 * MS, request)
+    later = records((MM, 21 * MS, MS, 0))
+    later["flags"] |= FLAG_SHED
+    torch.on_events(later)
+    [mm] = spans
+    assert mm.parent == request and mm.context.trace_flags.sampled and "otelbpf.sampling.shed" not in mm.attributes
