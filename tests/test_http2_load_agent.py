@@ -200,13 +200,7 @@ def test_sampled_streams_keep_their_cuda_calls_and_downstream_call(otlp_collecto
     cuda = [s for s in c.spans() if s.scope_name == "otelbpf.cuda" and s.resource["process.pid"] == frontend.pid]
     assert 0 < len(top) < n, len(top)  # 1/4 of 48: P(none or all) < 1e-5
     by_id = {s.span_id: s for s in top}
-    states = {
-        span.span_id.hex(): span.trace_state
-        for request in c.trace_requests()
-        for rs in request.resource_spans
-        for ss in rs.scope_spans
-        for span in ss.spans
-    }
+    states = c.trace_states()
     for span in top:
         assert span.attributes["otelbpf.http.sampling.adjusted_count"] == 4
         assert span.attributes["network.protocol.version"] == "2"

@@ -145,6 +145,17 @@ class OtlpCollector:
         """The raw ``ExportTraceServiceRequest``s rotel forwarded, for checks the records do not cover."""
         return self._sink.trace_requests()
 
+    def trace_states(self) -> dict[str, str]:
+        """Each span's W3C tracestate as sent (span id in hex -> ``ot=th:...``): the records keep
+        no tracestate, and a head-sampled span's threshold is what a backend re-weights by."""
+        return {
+            span.span_id.hex(): span.trace_state
+            for request in self.trace_requests()
+            for rs in request.resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        }
+
     def metric_requests(self) -> list[ExportMetricsServiceRequest]:
         """The raw ``ExportMetricsServiceRequest``s rotel forwarded."""
         return self._sink.metric_requests()

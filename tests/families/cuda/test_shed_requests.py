@@ -143,13 +143,7 @@ def test_cuda_calls_of_shed_requests_stay_out_of_traces_and_in_every_count(otlp_
     ]
     cuda = [s for s in c.spans() if s.scope_name == "otelbpf.cuda" and s.resource["process.pid"] == server.pid]
     assert 0 < len(top) < N, len(top)  # 1/4 of 48: P(none or all) < 1e-5
-    states = {
-        span.span_id.hex(): span.trace_state
-        for request in c.trace_requests()
-        for rs in request.resource_spans
-        for ss in rs.scope_spans
-        for span in ss.spans
-    }
+    states = c.trace_states()
     kept = {s.span_id: s for s in top}
     # no CUDA span without its request: every one is a kept request's child, in its trace
     assert all(s.parent_span_id in kept for s in cuda), [s.name for s in cuda if s.parent_span_id not in kept]

@@ -111,13 +111,7 @@ def test_operators_of_shed_requests_stay_out_of_traces_and_in_every_count(otlp_c
     # no operator span without its request (a shed request's would be a root)
     assert all(s.parent_span_id in kept for s in ops), [s.name for s in ops if s.parent_span_id not in kept]
     assert all(s.trace_id == kept[s.parent_span_id].trace_id for s in ops)
-    states = {
-        span.span_id.hex(): span.trace_state
-        for request in c.trace_requests()
-        for rs in request.resource_spans
-        for ss in rs.scope_spans
-        for span in ss.spans
-    }
+    states = c.trace_states()
     for request in top:
         kids = [s for s in ops if s.parent_span_id == request.span_id]
         assert [k.name for k in kids] == ["mm"] * OPS
