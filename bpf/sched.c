@@ -21,7 +21,8 @@
  * SCHED_AGG_MIN_NS (a 0.3 ms fsync, a pipe wait; not the few-us switches of threads
  * handing work back and forth, which would make a record per thread and window) are
  * summed per thread in its entry over a window of SCHED_AGG_NS (from the window's first
- * interval; 0: not summed, only counted in sched_off) and go on the ring
+ * interval; 0: not summed, only counted in sched_off), with the shorter ones that fall in
+ * a window already open (they cost no record there), and go on the ring
  * as one record when the next interval falls past the window, crosses into or out of a
  * CUDA call, or is a long one: at most one record per thread and window, however often
  * it switches. The record carries the window's first switch-out and last switch-in, the
@@ -243,7 +244,18 @@ static __always_inline void sched_close(u32 tid, struct sched_thread *t, u64 now
         sched_emit(tid, t, t->off_ts, now, blocked, runq, t->kstack, k.state, 1);
     }
 #if SCHED_AGG_NS
-    else if (blocked + runq >= SCHED_AGG_MIN_NS) {
+    else if (blocked + runq < SCHED_AGG_MIN_NS) {
+        /* too short to open a window (a hand-off's few us), but inside an open one it costs no
+         * record: summed there, so the window's waits are whole (an fsync's small waits beside
+         * its long one were lost, a quarter of the off-CPU time of a job fsyncing 0.3 ms) */
+        if (t->agg_count && t->off_ts - t->agg_start < SCHED_AGG_NS && !((t->agg_state ^ k.state) & 0x100)) {
+            t->agg_end = now;
+            t->agg_blocked += blocked;
+            t->agg_runq += runq;
+            t->agg_count++;
+        }
+    }
+    else {
         if (t->agg_count && (t->off_ts - t->agg_start >= SCHED_AGG_NS || ((t->agg_state ^ k.state) & 0x100)))
             sched_flush(tid, t);
         if (!t->agg_count) {

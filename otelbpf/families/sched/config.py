@@ -23,8 +23,10 @@ class SchedReceiverConfig(ReceiverConfig):
     #: window (``otelbpf.sched.intervals``: how many), so that the diagnosis charges them
     #: without a record per context switch. 0: not summed (only counted in the metrics).
     aggregate_window: Duration = Field(1_000_000, ge=0, le=1_000_000_000)
-    #: Intervals shorter than this are not summed (only counted in the metrics): a thread
+    #: Intervals shorter than this open no window (only counted in the metrics): a thread
     #: handing work back and forth switches every few us, and would make a span per window.
+    #: Inside a window one of them opened they are summed (no record more): an fsync's few-us
+    #: waits beside its long one belong to its time.
     aggregate_min: Duration = Field(50_000, ge=0, le=1_000_000_000)
     max_spans_per_second: int = Field(2000, ge=0, le=1_000_000)
     ring_buffer_size: RingSize = 1 << 20
