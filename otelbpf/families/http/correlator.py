@@ -66,7 +66,7 @@ from otelbpf.correlate.spans import make_span, new_context, scope
 from otelbpf.families.http import genai, grpc_genai
 from otelbpf.families.http.links import ClientRequest, PeerLinks
 from otelbpf.families.http.netaddr import address_from_raw
-from otelbpf.families.http.probes import SHIFT_BIT, SHIFT_MASK
+from otelbpf.families.http.probes import RING, SHIFT_BIT, SHIFT_MASK
 from otelbpf.families.http.protocols.http1 import (
     Exchange,
     Http1Connection,
@@ -96,6 +96,7 @@ from otelbpf.families.http.sampling import (
 )
 from otelbpf.families.http.sockets import Conn, Connections
 from otelbpf.families.http.streaming import Gaps, ResponseWatch
+from otelbpf.families.http.tls import RING as TLS_RING
 from otelbpf.families.http.tls import TlsConns
 
 log = logging.getLogger(__name__)
@@ -376,8 +377,15 @@ class HttpCorrelator(CorrelatorBase[_Proc]):
         with self._lock:
             socks, tls = self._pending_socks, self._pending_tls
             self._pending_socks, self._pending_tls = [], []
-        if socks or tls:
+        if not (socks or tls):
+            return
+        try:
             self._process(_joined(socks), _joined(tls))
+        except Exception as exc:  # one record's failure is caught inside: this is the whole tick's
+            self._failed("tick", exc)
+            for ring, batches in ((RING, socks), (TLS_RING, tls)):
+                if batches:  # as the agent counts a batch its correlator failed on
+                    self._count("otelbpf.events.dropped", sum(map(len, batches)), reason="processing_error", ring=ring)
 
     def _process(self, sock: np.ndarray | None, tls: np.ndarray | None) -> None:
         """Socket records and TLS plaintext records, merged: each ring's ingress records at their

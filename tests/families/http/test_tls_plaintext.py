@@ -327,3 +327,23 @@ def test_an_https_request_s_plain_call_is_its_child_whichever_ring_comes_first()
     server, client = http.span(SpanKind.SERVER), http.span(SpanKind.CLIENT)
     assert server.attributes["url.scheme"] == "https"
     assert client.parent is not None and client.parent.span_id == server.context.span_id
+
+
+def test_a_tick_that_cannot_be_parsed_is_counted_by_ring_not_lost_silently(monkeypatch) -> None:
+    """One record's failure is caught where it is parsed; a failure of the whole tick (here the
+    merge itself) counts every record of it as dropped, by ring, as the agent counts a batch."""
+    http = Http()
+    sock = Records()
+    sock.accept(1_000_000)
+    plain = Records()
+    tls(plain, SockFunc.read, REQUEST + BODY, 2_000_000, 3_000, fd=5)
+    tls(plain, SockFunc.write, RESPONSE, 2_050_000, 4_000, fd=5)
+
+    def broken(*args: object) -> None:
+        raise ValueError("merge")
+
+    monkeypatch.setattr(http.correlator, "_process", broken)
+    _tick(http, sock, plain, tls_first=True)
+    dropped = {dict(k[1])["ring"]: n for k, n in http.counts.items() if k[0] == "otelbpf.events.dropped"}
+    assert dropped == {"sockdata": 1, "tlsdata": 2}
+    assert http.counts[("otelbpf.http.problems", (("reason", "processing_error"),))] == 1
